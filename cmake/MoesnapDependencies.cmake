@@ -1,0 +1,40 @@
+# Finds every dependency once, as imported targets, so that folder CMakeLists only name them.
+# All come from Debian packages (deploy/install-deps.sh); nothing is downloaded at build time.
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED CONFIG)
+find_package(Protobuf REQUIRED)
+find_package(GTest REQUIRED CONFIG)
+find_package(CLI11 REQUIRED CONFIG)
+
+# Debian's gRPC is used through pkg-config: its CMake package config is incomplete on this release.
+pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++)
+find_program(MOESNAP_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+
+# Intel ISA-L ships neither pkg-config nor CMake files.
+find_path(ISAL_INCLUDE_DIR isa-l/erasure_code.h REQUIRED)
+find_library(ISAL_LIBRARY isal REQUIRED)
+add_library(moesnap::isal UNKNOWN IMPORTED)
+set_target_properties(moesnap::isal PROPERTIES
+  IMPORTED_LOCATION ${ISAL_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${ISAL_INCLUDE_DIR})
+
+# CUDA: only the runtime API is used (IPC, events, async copies, host registration), so the CUDA
+# language is never enabled; the toolkit is a library dependency.
+string(TOUPPER "${MOESNAP_CUDA}" MOESNAP_CUDA)
+if(NOT MOESNAP_CUDA MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "MOESNAP_CUDA must be AUTO, ON or OFF, not '${MOESNAP_CUDA}'")
+endif()
+set(MOESNAP_HAVE_CUDA OFF)
+if(NOT MOESNAP_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(MOESNAP_HAVE_CUDA ON)
+    message(STATUS "moesnap: CUDA ${CUDAToolkit_VERSION} found, the CUDA copy backend is built")
+  elseif(MOESNAP_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "MOESNAP_CUDA=ON but no CUDA toolkit was found "
+                        "(set CUDAToolkit_ROOT, or use MOESNAP_CUDA=AUTO|OFF)")
+  else()
+    message(STATUS "moesnap: no CUDA toolkit found, building the host copy backend only")
+  endif()
+endif()

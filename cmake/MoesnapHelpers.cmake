@@ -1,0 +1,53 @@
+# Helper functions so that each folder's CMakeLists.txt is a few lines: one call per library,
+# program or test, with warnings, sanitizers and include paths applied in one place.
+
+set(MOESNAP_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Werror=return-type)
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  list(APPEND MOESNAP_WARNINGS -Wthread-safety)
+endif()
+
+if(MOESNAP_SANITIZE)
+  add_compile_options(-fsanitize=${MOESNAP_SANITIZE} -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=${MOESNAP_SANITIZE})
+endif()
+
+# Applies the project's compile settings to a target we own (not to generated code).
+function(moesnap_target_defaults target)
+  target_compile_options(${target} PRIVATE ${MOESNAP_WARNINGS})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+endfunction()
+
+# moesnap_library(NAME SOURCES a.cc b.cc PUBLIC_DEPS x PRIVATE_DEPS y)
+function(moesnap_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  moesnap_target_defaults(${name})
+  target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# moesnap_program(NAME SOURCES main.cc DEPS x y): an installed program in build/bin/.
+function(moesnap_program name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  moesnap_target_defaults(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  install(TARGETS ${name} RUNTIME DESTINATION bin)
+endfunction()
+
+# moesnap_test(NAME SOURCES x_test.cc DEPS lib LABELS unit): a GoogleTest binary whose cases
+# CTest discovers one by one, so `ctest -R` can run a single case.
+function(moesnap_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  moesnap_target_defaults(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} moesnap_testing GTest::gmock GTest::gtest_main)
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  gtest_discover_tests(${name}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES LABELS "${ARG_LABELS}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()
+
+include(GoogleTest)

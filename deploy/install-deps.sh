@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs every Debian package moesnap builds, tests and runs with. Idempotent: packages already
+# present are skipped, so a second run costs one dpkg query. Needs root (or sudo) only when something
+# is missing. The README lists what each package is for.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config          # toolchain
+  protobuf-compiler libprotobuf-dev                     # .proto -> C++, protobuf runtime
+  libgrpc++-dev protobuf-compiler-grpc                  # gRPC control plane, grpc_cpp_plugin
+  libisal-dev                                           # Reed-Solomon and CRC32C (Intel ISA-L)
+  libabsl-dev                                           # Status/StatusOr, synchronization, containers
+  libboost-dev libboost-system-dev                      # Asio data plane, Beast HTTP
+  libtomlplusplus-dev                                   # TOML configuration
+  libcli11-dev                                          # moesnapctl command line
+  libgtest-dev libgmock-dev                             # unit and integration tests
+  libbenchmark-dev                                      # benchmark harness
+  pybind11-dev python3-dev                              # the Python package
+  python3-torch python3-numpy python3-pytest            # PyTorch integration and its tests
+  systemd                                               # systemd-analyze verify of the unit file
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$package")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: done"
