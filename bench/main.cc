@@ -1,0 +1,60 @@
+// moesnap-bench: runs one benchmark suite or all of them and writes the figures as a table, as JSON
+// records and as the Markdown of bench/RESULTS.md.
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_join.h"
+#include "bench/report.h"
+#include "bench/suites.h"
+
+int main(int argc, char** argv) {
+  using moesnap::bench::Report;
+  const std::map<std::string, std::function<absl::Status(Report&)>> suites = {
+      {"erasure", moesnap::bench::RunErasureSuite},
+  };
+
+  CLI::App app{"moesnap benchmarks: every figure beside its physical limit, measured in one run"};
+  std::string suite_name;
+  std::string json_path;
+  std::string markdown_path;
+  std::vector<std::string> names;
+  for (const auto& [name, run] : suites) names.push_back(name);
+  names.push_back("all");
+  app.add_option("suite", suite_name, "Suite to run: " + absl::StrJoin(names, ", "))
+      ->required()
+      ->check(CLI::IsMember(names));
+  app.add_option("--json", json_path, "Also write the figures as JSON records to this file");
+  app.add_option("--markdown", markdown_path,
+                 "Also write the figures as Markdown (the format of bench/RESULTS.md) to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  std::printf("machine: %s\n", moesnap::bench::MachineDescription().c_str());
+  Report::PrintHeader();
+  Report report;
+  for (const auto& [name, run] : suites) {
+    if (suite_name != "all" && suite_name != name) continue;
+    if (absl::Status status = run(report); !status.ok()) {
+      std::fprintf(stderr, "moesnap-bench: suite %s failed: %s\n", name.c_str(),
+                   status.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!json_path.empty()) {
+    if (absl::Status status = report.WriteJson(json_path); !status.ok()) {
+      std::fprintf(stderr, "moesnap-bench: %s\n", status.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!markdown_path.empty()) {
+    const std::string command = "moesnap-bench " + suite_name;
+    if (absl::Status status = report.WriteMarkdown(markdown_path, command); !status.ok()) {
+      std::fprintf(stderr, "moesnap-bench: %s\n", status.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,14 @@
+// Every benchmark suite of moesnap-bench, each a function that appends its figures to a report.
+#ifndef MOESNAP_BENCH_SUITES_H_
+#define MOESNAP_BENCH_SUITES_H_
+
+#include "absl/status/status.h"
+#include "bench/report.h"
+
+namespace moesnap::bench {
+
+absl::Status RunErasureSuite(Report& report);
+
+}  // namespace moesnap::bench
+
+#endif  // MOESNAP_BENCH_SUITES_H_
