@@ -1,0 +1,116 @@
+// The trainer's side of moesnap: connect to the node's moesnapd, register the regions that make up a
+// rank's training state, snapshot them after each optimizer step, and restore them after a crash.
+//
+// The consistency rule: parameters change only in the optimizer step. Call Snapshot(step) right after
+// it (it returns at once; the daemon copies while forward and backward run) and WaitCaptured(step)
+// before the next optimizer step. For GPU regions, Snapshot records an event on the trainer's stream
+// that the daemon waits on before copying.
+//
+// Ownership: a Client owns its connection; registered host regions must stay allocated (hold their
+// SharedBuffer) while registered. Thread safety: all methods may be called from several threads;
+// calls are serialized per Client where the protocol needs it.
+#ifndef MOESNAP_CLIENT_CLIENT_H_
+#define MOESNAP_CLIENT_CLIENT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "moesnap/shared_buffer.h"
+
+namespace moesnap {
+
+struct ClientOptions {
+  std::string socket_path = "/run/moesnap/agent.sock";
+  uint32_t rank = 0;
+  // How long Connect and each short call may take.
+  std::chrono::milliseconds call_timeout{30000};
+  // How long WaitCaptured / WaitCommitted / Restore may wait for copies in flight.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
+};
+
+// Describes a region: its name (unique within the rank), dtype and shape are metadata the daemon
+// stores and checks on restore.
+struct RegionInfo {
+  std::string name;
+  std::string dtype;           // e.g. "float32"; empty: unchecked
+  std::vector<int64_t> shape;  // empty: unchecked
+};
+
+// GPU memory inside one cudaMalloc allocation: `allocation_base` is the pointer cudaMalloc returned,
+// the region starts `offset` bytes into it. `stream` is the trainer's cudaStream_t (null: the legacy
+// default stream), on which Snapshot records the capture event.
+struct DeviceMemory {
+  int device = 0;
+  void* allocation_base = nullptr;
+  size_t offset = 0;
+  size_t bytes = 0;
+  void* stream = nullptr;
+};
+
+struct RestoredRegion {
+  std::string name;
+  int64_t step = 0;  // the step whose bytes the region now holds
+  uint64_t bytes = 0;
+};
+
+struct RestoreResult {
+  int64_t step = 0;  // the committed step restored
+  std::vector<RestoredRegion> regions;
+};
+
+class Client {
+ public:
+  // Connects and starts a session for `options.rank` (forgetting regions an earlier process of the
+  // rank registered). UNAVAILABLE, naming the socket, when no daemon answers.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Allocates host memory the daemon can map (see SharedBuffer), with the daemon's group.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateHost(size_t bytes) const;
+
+  // Registers `bytes` bytes at `offset` of `buffer` as a region.
+  absl::Status RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
+                                  size_t offset, size_t bytes);
+  // Registers GPU memory shared by CUDA IPC. UNIMPLEMENTED in a build without CUDA,
+  // FAILED_PRECONDITION when the daemon has no GPU backend.
+  absl::Status RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory);
+
+  // Starts the capture of `regions` (every registered region when empty) at `step` and returns the
+  // bytes the daemon will copy. Returns as soon as the copies are queued.
+  absl::StatusOr<uint64_t> Snapshot(int64_t step, const std::vector<std::string>& regions = {});
+  // Blocks until the regions of `step` are copied: from then on they may change again.
+  absl::Status WaitCaptured(int64_t step);
+  // Blocks until `step` is committed (restorable after a crash).
+  absl::Status WaitCommitted(int64_t step);
+
+  // Writes the latest committed state (or `step`, which must be the latest) into the registered
+  // regions (all when `regions` is empty), checking every chunk's checksum.
+  absl::StatusOr<RestoreResult> Restore(std::optional<int64_t> step = std::nullopt,
+                                        const std::vector<std::string>& regions = {});
+  absl::StatusOr<std::optional<int64_t>> LatestCommitted();
+
+  // After the daemon restarted: start a new session and register every region again.
+  absl::Status Reconnect();
+
+  uint32_t rank() const;
+  uint32_t node_id() const;
+  const std::string& shm_group() const;
+
+ private:
+  struct State;
+  explicit Client(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace moesnap
+
+#endif  // MOESNAP_CLIENT_CLIENT_H_

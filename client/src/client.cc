@@ -1,0 +1,211 @@
+// Client: the Agent protocol over gRPC on the daemon's Unix socket. Registrations are remembered so
+// that Reconnect can replay them to a restarted daemon.
+#include "moesnap/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "client/src/device_regions.h"
+#include "common/grpc_status.h"
+#include "proto/moesnap.grpc.pb.h"
+
+namespace moesnap {
+
+struct Client::State {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Agent::Stub> stub;
+  v1::HelloResponse hello;
+
+  std::mutex mutex;  // guards the registrations below
+  std::map<std::string, v1::RegionSpec> regions;
+  std::map<std::string, std::shared_ptr<SharedBuffer>> buffers;  // keeps host regions mapped
+  std::unique_ptr<DeviceRegions> device_regions = CreateDeviceRegions();
+
+  void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
+    context.set_deadline(std::chrono::system_clock::now() + timeout);
+  }
+
+  // Adds the socket to errors that mean "no daemon there", so the caller knows where it looked.
+  absl::Status Check(const grpc::Status& status, const char* call) const {
+    if (status.ok()) return absl::OkStatus();
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::UnavailableError(absl::StrCat(
+          "moesnapd at ", options.socket_path, " is not answering ", call,
+          " (is the daemon running?): ", status.error_message()));
+    }
+    return FromGrpcStatus(status);
+  }
+
+  absl::Status Hello() {
+    grpc::ClientContext context;
+    SetDeadline(context, options.call_timeout);
+    context.set_wait_for_ready(true);  // ride out a daemon that is still binding its socket
+    v1::HelloRequest request;
+    request.set_rank(options.rank);
+    return Check(stub->Hello(&context, request, &hello), "Hello");
+  }
+
+  absl::Status Wait(int64_t step, bool until_committed) {
+    grpc::ClientContext context;
+    SetDeadline(context, options.wait_timeout);
+    v1::WaitRequest request;
+    request.set_rank(options.rank);
+    request.set_step(step);
+    v1::WaitResponse response;
+    return until_committed
+               ? Check(stub->WaitCommitted(&context, request, &response), "WaitCommitted")
+               : Check(stub->WaitCaptured(&context, request, &response), "WaitCaptured");
+  }
+
+  absl::Status Register(const v1::RegionSpec& spec) {
+    grpc::ClientContext context;
+    SetDeadline(context, options.call_timeout);
+    v1::RegisterRegionsRequest request;
+    request.set_rank(options.rank);
+    *request.add_regions() = spec;
+    v1::RegisterRegionsResponse response;
+    return Check(stub->RegisterRegions(&context, request, &response), "RegisterRegions");
+  }
+};
+
+Client::Client(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto state = std::make_unique<State>();
+  state->options = options;
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
+                                             grpc::InsecureChannelCredentials(), arguments);
+  state->stub = v1::Agent::NewStub(state->channel);
+  if (absl::Status status = state->Hello(); !status.ok()) return status;
+  return std::unique_ptr<Client>(new Client(std::move(state)));
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateHost(size_t bytes) const {
+  return SharedBuffer::Allocate(bytes, state_->hello.shm_group());
+}
+
+absl::Status Client::RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
+                                        size_t offset, size_t bytes) {
+  if (buffer == nullptr) return absl::InvalidArgumentError("null buffer for region '" + info.name + "'");
+  if (offset + bytes > buffer->size() || offset + bytes < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("region '", info.name, "' [", offset, ", +", bytes,
+                                                   ") lies outside its ", buffer->size(),
+                                                   "-byte buffer"));
+  }
+  v1::RegionSpec spec;
+  spec.set_name(info.name);
+  spec.set_device(v1::DEVICE_HOST);
+  spec.set_bytes(bytes);
+  spec.set_dtype(info.dtype);
+  for (int64_t dimension : info.shape) spec.add_shape(dimension);
+  spec.mutable_handle()->set_shm_name(buffer->name());
+  spec.mutable_handle()->set_shm_offset(offset);
+  if (absl::Status status = state_->Register(spec); !status.ok()) return status;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->regions[info.name] = spec;
+  state_->buffers[info.name] = std::move(buffer);
+  return absl::OkStatus();
+}
+
+absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {
+  if (!state_->hello.supports_device_memory()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region '", info.name, "' is GPU memory but moesnapd at ", state_->options.socket_path,
+        " has no CUDA copy backend"));
+  }
+  absl::StatusOr<v1::RegionHandle> handle = state_->device_regions->Share(info.name, memory);
+  if (!handle.ok()) return handle.status();
+  v1::RegionSpec spec;
+  spec.set_name(info.name);
+  spec.set_device(v1::DEVICE_CUDA);
+  spec.set_bytes(memory.bytes);
+  spec.set_dtype(info.dtype);
+  for (int64_t dimension : info.shape) spec.add_shape(dimension);
+  *spec.mutable_handle() = *std::move(handle);
+  if (absl::Status status = state_->Register(spec); !status.ok()) return status;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->regions[info.name] = spec;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Client::Snapshot(int64_t step, const std::vector<std::string>& regions) {
+  if (absl::Status status = state_->device_regions->RecordCaptureEvents(regions); !status.ok()) {
+    return status;
+  }
+  grpc::ClientContext context;
+  state_->SetDeadline(context, state_->options.call_timeout);
+  v1::SnapshotRequest request;
+  request.set_rank(state_->options.rank);
+  request.set_step(step);
+  for (const std::string& region : regions) request.add_regions(region);
+  v1::SnapshotResponse response;
+  if (absl::Status status = state_->Check(state_->stub->Snapshot(&context, request, &response),
+                                          "Snapshot");
+      !status.ok()) {
+    return status;
+  }
+  return response.bytes();
+}
+
+absl::Status Client::WaitCaptured(int64_t step) { return state_->Wait(step, false); }
+
+absl::Status Client::WaitCommitted(int64_t step) { return state_->Wait(step, true); }
+
+absl::StatusOr<RestoreResult> Client::Restore(std::optional<int64_t> step,
+                                              const std::vector<std::string>& regions) {
+  grpc::ClientContext context;
+  state_->SetDeadline(context, state_->options.wait_timeout);
+  v1::RestoreRequest request;
+  request.set_rank(state_->options.rank);
+  if (step) request.set_step(*step);
+  for (const std::string& region : regions) request.add_regions(region);
+  v1::RestoreResponse response;
+  if (absl::Status status = state_->Check(state_->stub->Restore(&context, request, &response),
+                                          "Restore");
+      !status.ok()) {
+    return status;
+  }
+  RestoreResult result;
+  result.step = response.step();
+  for (const auto& restored : response.regions()) {
+    result.regions.push_back({restored.region(), restored.step(), restored.bytes()});
+  }
+  return result;
+}
+
+absl::StatusOr<std::optional<int64_t>> Client::LatestCommitted() {
+  grpc::ClientContext context;
+  state_->SetDeadline(context, state_->options.call_timeout);
+  v1::LatestCommittedRequest request;
+  request.set_rank(state_->options.rank);
+  v1::LatestCommittedResponse response;
+  if (absl::Status status = state_->Check(
+          state_->stub->LatestCommitted(&context, request, &response), "LatestCommitted");
+      !status.ok()) {
+    return status;
+  }
+  if (!response.has_step()) return std::optional<int64_t>();
+  return std::optional<int64_t>(response.step());
+}
+
+absl::Status Client::Reconnect() {
+  if (absl::Status status = state_->Hello(); !status.ok()) return status;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (const auto& [name, spec] : state_->regions) {
+    if (absl::Status status = state_->Register(spec); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+uint32_t Client::rank() const { return state_->options.rank; }
+uint32_t Client::node_id() const { return state_->hello.node_id(); }
+const std::string& Client::shm_group() const { return state_->hello.shm_group(); }
+
+}  // namespace moesnap

@@ -1,0 +1,69 @@
+// Named POSIX shared-memory files (/dev/shm/<name>), mapped into this process. The daemon keeps its
+// snapshot pool and journal in them so that they outlive the daemon process; trainers keep their host
+// regions in them so that the daemon can copy without a copy through a socket.
+#ifndef MOESNAP_COMMON_SHARED_MEMORY_H_
+#define MOESNAP_COMMON_SHARED_MEMORY_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace moesnap {
+
+// One mapping of a named shared-memory file. Move-only; unmaps on destruction (the file stays until
+// Unlink). Not thread-safe to move; the mapped bytes are the caller's to synchronize.
+class SharedMemory {
+ public:
+  struct CreateOptions {
+    // Mode of the new file: 0600, or 0660 when `group` is set (the file is then chowned to it).
+    std::optional<gid_t> group;
+    // Reserve the memory now (posix_fallocate), so that a full /dev/shm is an error here rather than
+    // a SIGBUS on first write.
+    bool reserve = true;
+  };
+
+  // Creates the file exclusively (ALREADY_EXISTS if it exists) with `bytes` bytes and maps it.
+  static absl::StatusOr<SharedMemory> Create(const std::string& name, size_t bytes,
+                                             const CreateOptions& options);
+  // Maps an existing file whole (NOT_FOUND if absent).
+  static absl::StatusOr<SharedMemory> Open(const std::string& name, bool writable);
+  // Removes the name; existing mappings stay valid. NOT_FOUND if absent.
+  static absl::Status Unlink(const std::string& name);
+  static bool Exists(const std::string& name);
+
+  SharedMemory(SharedMemory&& other) noexcept;
+  SharedMemory& operator=(SharedMemory&& other) noexcept;
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+  ~SharedMemory();
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  SharedMemory(std::string name, uint8_t* data, size_t size)
+      : name_(std::move(name)), data_(data), size_(size) {}
+  void Release();
+
+  std::string name_;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Trainers name their region files "moesnap-region.<pid>.<unique>", so that the daemon can remove the
+// files of trainers that died before removing them (a dead trainer's file is memory nobody frees).
+inline constexpr char kRegionFilePrefix[] = "moesnap-region.";
+std::string RegionFileName(const std::string& unique_part);
+// Removes region files whose creating process no longer exists; returns how many.
+int RemoveOrphanedRegionFiles();
+
+}  // namespace moesnap
+
+#endif  // MOESNAP_COMMON_SHARED_MEMORY_H_

@@ -1,0 +1,42 @@
+// moesnapd's configuration: one TOML file whose tables map to the Options struct of each component.
+// A missing key takes the component's default; an unknown or malformed key is an error naming the
+// key and the file. deploy/moesnapd.toml documents every key.
+#ifndef MOESNAP_DAEMON_CONFIG_H_
+#define MOESNAP_DAEMON_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/log.h"
+#include "daemon/pool.h"
+#include "daemon/store.h"
+
+namespace moesnap::daemon {
+
+// Who may talk to the daemon: its own uid, root, members of `group`, and `allowed_uids`.
+struct AccessOptions {
+  std::string group;  // owns the sockets (0660) and the pool files; empty: the daemon's own group
+  std::vector<uid_t> allowed_uids;
+};
+
+struct DaemonOptions {
+  uint32_t node_id = 0;
+  std::string agent_socket = "/run/moesnap/agent.sock";
+  std::string admin_socket = "/run/moesnap/admin.sock";
+  AccessOptions access;
+  PoolOptions pool;
+  CaptureOptions capture;
+  LogLevel log_level = LogLevel::kInfo;
+};
+
+absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);
+// The same from TOML text; `origin` names it in errors.
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin);
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_CONFIG_H_

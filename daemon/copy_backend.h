@@ -1,0 +1,56 @@
+// How the daemon reads a trainer's region and writes it back: one interface, one backend per kind of
+// memory (host shared memory; CUDA IPC). The store never knows which backend it talks to.
+#ifndef MOESNAP_DAEMON_COPY_BACKEND_H_
+#define MOESNAP_DAEMON_COPY_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+// A trainer's region as opened by a backend (a mapping, an opened IPC handle). Held by every copy in
+// flight, so that a trainer re-registering never unmaps memory a copy is reading.
+class RegionSource {
+ public:
+  virtual ~RegionSource() = default;
+  virtual uint64_t bytes() const = 0;
+};
+
+// Thread-safe: copies of different chunks run concurrently on the capture threads.
+class CopyBackend {
+ public:
+  virtual ~CopyBackend() = default;
+  virtual std::string name() const = 0;
+  virtual bool supports_device_memory() const = 0;
+
+  // Page-locks daemon memory (the pool) so copies run at full speed and it is never swapped.
+  virtual absl::Status PinHostMemory(void* data, uint64_t bytes) = 0;
+
+  // Opens the region a trainer registered. INVALID_ARGUMENT/NOT_FOUND/PERMISSION_DENIED name it.
+  virtual absl::StatusOr<std::shared_ptr<RegionSource>> Open(const v1::RegionSpec& spec) = 0;
+
+  // Copies region bytes [offset, offset + bytes) to `destination` and returns their CRC-32C,
+  // computed while the bytes are in cache. Waits first for the trainer's capture event, if any.
+  virtual absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset,
+                                           uint8_t* destination, uint64_t bytes) = 0;
+
+  // Copies `bytes` from `origin` into the region at `offset`, returning the CRC-32C of the bytes read
+  // from `origin`, so that a restore checks what it wrote against the stored checksums.
+  virtual absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset,
+                                          const uint8_t* origin, uint64_t bytes) = 0;
+};
+
+// Host regions in shared-memory files; page-locks with mlock.
+std::unique_ptr<CopyBackend> CreateHostCopyBackend();
+
+// GPU regions by CUDA IPC into pinned memory; page-locks with cudaHostRegister. UNAVAILABLE when the
+// build has no CUDA, or no driver or device is present (then the daemon serves host regions only).
+absl::StatusOr<std::unique_ptr<CopyBackend>> CreateCudaCopyBackend();
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_COPY_BACKEND_H_

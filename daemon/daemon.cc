@@ -1,0 +1,88 @@
+// Daemon::Start: the start-up sequence, with page-locking by the best backend available.
+#include "daemon/daemon.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+#include "common/log.h"
+
+namespace moesnap::daemon {
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  absl::StatusOr<AccessPolicy> policy = AccessPolicy::FromOptions(options.access);
+  if (!policy.ok()) return policy.status();
+
+  daemon->host_backend_ = CreateHostCopyBackend();
+  absl::StatusOr<std::unique_ptr<CopyBackend>> device = CreateCudaCopyBackend();
+  if (device.ok()) {
+    daemon->device_backend_ = *std::move(device);
+  } else {
+    Log(LogLevel::kInfo, "GPU regions disabled: ", device.status().message());
+  }
+
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options.pool, policy->group());
+  if (!pool.ok()) return pool.status();
+  daemon->pool_ = *std::move(pool);
+  Log(LogLevel::kInfo, daemon->pool_->reattached() ? "re-attached" : "created", " pool /dev/shm/",
+      daemon->pool_->file_name(), " of ", FormatByteSize(daemon->pool_->capacity()));
+
+  bool locked = false;
+  if (options.pool.lock != PoolLockMode::kOff) {
+    CopyBackend* pinner = daemon->device_backend_ ? daemon->device_backend_.get()
+                                                  : daemon->host_backend_.get();
+    absl::Status pinned = pinner->PinHostMemory(daemon->pool_->base(), daemon->pool_->capacity());
+    locked = pinned.ok();
+    if (!pinned.ok() && options.pool.lock == PoolLockMode::kRequired) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool.lock is 'required' but the pool cannot be page-locked: ",
+                       pinned.message()));
+    }
+    if (!pinned.ok()) {
+      Log(LogLevel::kWarning, "the pool is not page-locked (copies run slower and it may be "
+          "swapped): ", pinned.message());
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<Journal>> journal =
+      Journal::OpenOrCreate(options.pool.name, options.pool.journal_bytes, policy->group());
+  if (!journal.ok()) return journal.status();
+  daemon->journal_ = *std::move(journal);
+  if (const char* crash = std::getenv("MOESNAP_CRASH_IN_JOURNAL_WRITE")) {
+    int64_t sequence = 0;
+    if (absl::SimpleAtoi(crash, &sequence)) {
+      daemon->journal_->set_crash_in_write_for_testing(sequence);
+      Log(LogLevel::kWarning, "fault injection: SIGKILL during journal write ", sequence);
+    }
+  }
+
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      Store::Open(daemon->pool_.get(), daemon->journal_.get(),
+                  {daemon->host_backend_.get(), daemon->device_backend_.get()}, options.capture);
+  if (!store.ok()) return store.status();
+  daemon->store_ = *std::move(store);
+
+  daemon->agent_service_ = std::make_unique<AgentService>(
+      daemon->store_.get(),
+      NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
+  daemon->admin_service_ =
+      std::make_unique<AdminService>(daemon->store_.get(), options.node_id, locked);
+  absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
+      {{options.agent_socket, daemon->agent_service_.get()},
+       {options.admin_socket, daemon->admin_service_.get()}},
+      *std::move(policy));
+  if (!server.ok()) return server.status();
+  daemon->server_ = *std::move(server);
+  Log(LogLevel::kInfo, "moesnapd node ", options.node_id, " serving trainers on ",
+      options.agent_socket, " and operators on ", options.admin_socket);
+  return daemon;
+}
+
+Daemon::~Daemon() {
+  server_.reset();  // no new calls
+  store_.reset();   // finishes queued copies
+}
+
+}  // namespace moesnap::daemon

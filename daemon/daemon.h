@@ -1,0 +1,40 @@
+// moesnapd assembled: pool, journal, copy backends, store, services and sockets, built from the
+// configuration in dependency order and torn down in reverse.
+#ifndef MOESNAP_DAEMON_DAEMON_H_
+#define MOESNAP_DAEMON_DAEMON_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "daemon/copy_backend.h"
+#include "daemon/journal.h"
+#include "daemon/pool.h"
+#include "daemon/services.h"
+#include "daemon/store.h"
+#include "daemon/unix_server.h"
+
+namespace moesnap::daemon {
+
+class Daemon {
+ public:
+  // Opens or re-attaches the pool and journal, recovers the store, and starts serving.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();  // stops serving, finishes queued copies; the pool and journal stay in /dev/shm
+
+ private:
+  Daemon() = default;
+
+  std::unique_ptr<CopyBackend> host_backend_;
+  std::unique_ptr<CopyBackend> device_backend_;
+  std::unique_ptr<Pool> pool_;
+  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<AgentService> agent_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<UnixServer> server_;
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_DAEMON_H_

@@ -1,0 +1,89 @@
+// Journal: two slots of [header | serialized JournalState]; the newest slot whose CRC matches wins.
+#include "daemon/journal.h"
+
+#include <csignal>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon {
+namespace {
+
+constexpr uint64_t kMagic = 0x4c4e524a534d4f4dULL;  // "MOMSJRNL"
+constexpr uint64_t kMinimumBytes = 64 * 1024;
+
+struct SlotHeader {
+  uint64_t magic;
+  int64_t sequence;
+  uint64_t payload_bytes;
+  uint32_t crc;  // over sequence, payload_bytes and the payload
+  uint32_t reserved;
+};
+static_assert(sizeof(SlotHeader) == 32);
+
+uint32_t SlotCrc(const SlotHeader& header, const uint8_t* payload) {
+  uint32_t crc = erasure::Crc32c(&header.sequence, sizeof(header.sequence));
+  crc = erasure::Crc32cExtend(crc, &header.payload_bytes, sizeof(header.payload_bytes));
+  return erasure::Crc32cExtend(crc, payload, header.payload_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Journal>> Journal::OpenOrCreate(const std::string& pool_name,
+                                                               uint64_t bytes,
+                                                               std::optional<gid_t> group) {
+  if (bytes < kMinimumBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool.journal_bytes must be at least ", kMinimumBytes, ", got ", bytes));
+  }
+  const std::string name = pool_name + ".journal";
+  absl::StatusOr<SharedMemory> memory = SharedMemory::Open(name, /*writable=*/true);
+  if (absl::IsNotFound(memory.status())) {
+    memory = SharedMemory::Create(name, bytes, {.group = group, .reserve = true});
+  }
+  if (!memory.ok()) return memory.status();
+  std::unique_ptr<Journal> journal(new Journal(*std::move(memory)));
+  journal->Recover();
+  return journal;
+}
+
+void Journal::Recover() {
+  for (int slot = 0; slot < 2; ++slot) {
+    const uint8_t* base = memory_.data() + slot * slot_bytes();
+    SlotHeader header;
+    std::memcpy(&header, base, sizeof(header));
+    if (header.magic != kMagic || header.payload_bytes > slot_bytes() - sizeof(header)) continue;
+    const uint8_t* payload = base + sizeof(header);
+    if (SlotCrc(header, payload) != header.crc || header.sequence <= sequence_) continue;
+    v1::JournalState state;
+    if (!state.ParseFromArray(payload, static_cast<int>(header.payload_bytes))) continue;
+    recovered_ = std::move(state);
+    sequence_ = header.sequence;
+  }
+}
+
+absl::Status Journal::Write(const v1::JournalState& state) {
+  const std::string payload = state.SerializeAsString();
+  if (payload.size() > slot_bytes() - sizeof(SlotHeader)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the journal state is ", payload.size(), " bytes but a slot of /dev/shm/", memory_.name(),
+        " holds ", slot_bytes() - sizeof(SlotHeader), ": raise pool.journal_bytes to at least ",
+        2 * (payload.size() + sizeof(SlotHeader))));
+  }
+  const int64_t next = sequence_ + 1;
+  // Odd sequences go to slot 1, even to slot 0: the newest intact slot is never the one written.
+  uint8_t* base = memory_.data() + (next % 2) * slot_bytes();
+  SlotHeader header{kMagic, next, payload.size(), 0, 0};
+  header.crc = SlotCrc(header, reinterpret_cast<const uint8_t*>(payload.data()));
+  std::memcpy(base, &header, sizeof(header));
+  if (next == crash_in_write_) {
+    std::memcpy(base + sizeof(header), payload.data(), payload.size() / 2);
+    std::raise(SIGKILL);
+  }
+  std::memcpy(base + sizeof(header), payload.data(), payload.size());
+  sequence_ = next;
+  return absl::OkStatus();
+}
+
+}  // namespace moesnap::daemon

@@ -1,0 +1,140 @@
+// AgentService and AdminService: request/response conversion around Store.
+#include "daemon/services.h"
+
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+
+namespace moesnap::daemon {
+namespace {
+
+// Waits without a client deadline are bounded so a forgotten call cannot pin a thread forever.
+constexpr absl::Duration kLongestWait = absl::Hours(1);
+
+absl::Time DeadlineOf(const grpc::ServerContext* context) {
+  const absl::Time client = absl::FromChrono(context->deadline());
+  return std::min(client, absl::Now() + kLongestWait);
+}
+
+std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::string>& names) {
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
+}  // namespace
+
+grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* request,
+                                 v1::HelloResponse* response) {
+  if (absl::Status status = store_->StartSession(request->rank()); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  response->set_node_id(facts_.node_id);
+  response->set_shm_group(facts_.shm_group);
+  response->set_pool_bytes(store_->Status().pool_bytes());
+  response->set_supports_device_memory(facts_.supports_device_memory);
+  if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {
+    response->set_latest_committed_step(*latest);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::RegisterRegions(grpc::ServerContext*,
+                                           const v1::RegisterRegionsRequest* request,
+                                           v1::RegisterRegionsResponse*) {
+  std::vector<v1::RegionSpec> regions(request->regions().begin(), request->regions().end());
+  return ToGrpcStatus(store_->RegisterRegions(request->rank(), regions));
+}
+
+grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* request,
+                                    v1::SnapshotResponse* response) {
+  absl::StatusOr<uint64_t> bytes =
+      store_->Snapshot(request->rank(), request->step(), Names(request->regions()));
+  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  response->set_bytes(*bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::WaitCaptured(grpc::ServerContext* context, const v1::WaitRequest* request,
+                                        v1::WaitResponse* response) {
+  absl::StatusOr<v1::StepState> state = store_->WaitCaptured(
+      request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  response->set_state(*state);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::WaitCommitted(grpc::ServerContext* context,
+                                         const v1::WaitRequest* request,
+                                         v1::WaitResponse* response) {
+  absl::StatusOr<v1::StepState> state = store_->WaitCommitted(
+      request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  response->set_state(*state);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
+                                   v1::RestoreResponse* response) {
+  std::optional<int64_t> step;
+  if (request->has_step()) step = request->step();
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
+  if (!restored.ok()) return ToGrpcStatus(restored.status());
+  *response = *std::move(restored);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::LatestCommitted(grpc::ServerContext*,
+                                           const v1::LatestCommittedRequest* request,
+                                           v1::LatestCommittedResponse* response) {
+  if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {
+    response->set_step(*latest);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Status(grpc::ServerContext*, const v1::StatusRequest*,
+                                  v1::StatusResponse* response) {
+  *response = store_->Status();
+  response->set_node_id(node_id_);
+  response->set_pool_locked(pool_locked_);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
+                                     v1::ListStepsResponse* response) {
+  *response = store_->ListSteps();
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::InspectStep(grpc::ServerContext*, const v1::InspectStepRequest* request,
+                                       v1::InspectStepResponse* response) {
+  std::optional<uint32_t> rank;
+  if (request->has_rank()) rank = request->rank();
+  *response = store_->InspectStep(request->step(), rank);
+  if (response->steps_size() == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        "step " + std::to_string(request->step()) + " is not stored");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Verify(grpc::ServerContext*, const v1::VerifyRequest* request,
+                                  v1::VerifyResponse* response) {
+  std::optional<int64_t> step;
+  if (request->has_step()) step = request->step();
+  *response = store_->Verify(step);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::DropStep(grpc::ServerContext*, const v1::DropStepRequest* request,
+                                    v1::DropStepResponse* response) {
+  std::optional<uint32_t> rank;
+  if (request->has_rank()) rank = request->rank();
+  absl::StatusOr<v1::DropStepResponse> dropped = store_->DropStep(request->step(), rank);
+  if (!dropped.ok()) return ToGrpcStatus(dropped.status());
+  *response = *std::move(dropped);
+  return grpc::Status::OK;
+}
+
+}  // namespace moesnap::daemon

@@ -1,0 +1,66 @@
+// The gRPC handlers of the Agent (trainers) and Admin (moesnapctl) services: each converts its
+// request, calls the store, and converts the result at the edge. No logic lives here.
+#ifndef MOESNAP_DAEMON_SERVICES_H_
+#define MOESNAP_DAEMON_SERVICES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "daemon/store.h"
+#include "proto/moesnap.grpc.pb.h"
+
+namespace moesnap::daemon {
+
+// Facts about this daemon that trainers learn in Hello.
+struct NodeFacts {
+  uint32_t node_id = 0;
+  std::string shm_group;  // group name region files should be given to; empty: none
+  bool supports_device_memory = false;
+};
+
+class AgentService final : public v1::Agent::Service {
+ public:
+  AgentService(Store* store, NodeFacts facts) : store_(store), facts_(std::move(facts)) {}
+
+  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
+  grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
+                               v1::RegisterRegionsResponse*) override;
+  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest*,
+                        v1::SnapshotResponse*) override;
+  grpc::Status WaitCaptured(grpc::ServerContext*, const v1::WaitRequest*, v1::WaitResponse*) override;
+  grpc::Status WaitCommitted(grpc::ServerContext*, const v1::WaitRequest*,
+                             v1::WaitResponse*) override;
+  grpc::Status Restore(grpc::ServerContext*, const v1::RestoreRequest*,
+                       v1::RestoreResponse*) override;
+  grpc::Status LatestCommitted(grpc::ServerContext*, const v1::LatestCommittedRequest*,
+                               v1::LatestCommittedResponse*) override;
+
+ private:
+  Store* store_;
+  NodeFacts facts_;
+};
+
+class AdminService final : public v1::Admin::Service {
+ public:
+  AdminService(Store* store, uint32_t node_id, bool pool_locked)
+      : store_(store), node_id_(node_id), pool_locked_(pool_locked) {}
+
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
+  grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
+                         v1::ListStepsResponse*) override;
+  grpc::Status InspectStep(grpc::ServerContext*, const v1::InspectStepRequest*,
+                           v1::InspectStepResponse*) override;
+  grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
+  grpc::Status DropStep(grpc::ServerContext*, const v1::DropStepRequest*,
+                        v1::DropStepResponse*) override;
+
+ private:
+  Store* store_;
+  uint32_t node_id_;
+  bool pool_locked_;
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_SERVICES_H_

@@ -1,0 +1,653 @@
+// Store: step state machine, chunked captures on the worker pool, journaled commits, restores.
+#include "daemon/store.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/byte_size.h"
+#include "common/log.h"
+#include "common/shared_memory.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon {
+namespace {
+
+// Finished steps remembered per rank, so a late WaitCaptured still learns how its step ended.
+constexpr size_t kFinishedStepsKept = 64;
+constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
+
+bool IsFinished(v1::StepState state) {
+  return state == v1::STEP_STATE_COMMITTED || state == v1::STEP_STATE_ABORTED;
+}
+
+std::string StateName(v1::StepState state) {
+  switch (state) {
+    case v1::STEP_STATE_CAPTURING: return "capturing";
+    case v1::STEP_STATE_CAPTURED: return "captured";
+    case v1::STEP_STATE_ENCODED: return "encoded";
+    case v1::STEP_STATE_COMMITTED: return "committed";
+    case v1::STEP_STATE_ABORTED: return "aborted";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+struct Store::Version {
+  uint32_t rank = 0;
+  std::string region;
+  int64_t step = 0;
+  uint64_t bytes = 0;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t chunk_bytes = 0;
+  std::vector<uint32_t> chunk_crcs;
+  std::shared_ptr<PoolExtent> extent;
+
+  uint32_t chunks() const { return static_cast<uint32_t>(chunk_crcs.size()); }
+  uint64_t ChunkLength(uint32_t chunk) const {
+    return std::min(chunk_bytes, bytes - uint64_t{chunk} * chunk_bytes);
+  }
+};
+
+struct Store::StepRecord {
+  int64_t step = 0;
+  v1::StepState state = v1::STEP_STATE_CAPTURING;
+  std::vector<std::shared_ptr<Version>> versions;  // released once the step finishes
+  uint64_t pending_chunks = 0;
+  uint64_t bytes = 0;
+  uint32_t regions = 0;
+  absl::Status failure;
+};
+
+struct Store::RankState {
+  struct Registered {
+    v1::RegionSpec spec;
+    std::shared_ptr<RegionSource> source;
+    CopyBackend* backend = nullptr;
+  };
+  std::map<std::string, Registered> regions;
+  std::map<std::string, std::shared_ptr<Version>> committed;
+  std::map<int64_t, StepRecord> steps;
+  std::optional<int64_t> latest_committed;
+  std::optional<int64_t> latest_snapshot;
+
+  const StepRecord* Capturing() const {
+    for (const auto& [step, record] : steps) {
+      if (record.state == v1::STEP_STATE_CAPTURING) return &record;
+    }
+    return nullptr;
+  }
+};
+
+Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options)
+    : pool_(pool), journal_(journal), backends_(backends), options_(options),
+      workers_(options.threads) {}
+
+Store::~Store() = default;
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(Pool* pool, Journal* journal,
+                                                   CopyBackends backends,
+                                                   const CaptureOptions& options) {
+  if (options.threads < 1 || options.threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("capture.threads must be in [1, 256], got ", options.threads));
+  }
+  if (options.chunk_bytes < 4096 || options.chunk_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capture.chunk_bytes must be in [4 KiB, 1 GiB], got ", options.chunk_bytes));
+  }
+  std::unique_ptr<Store> store(new Store(pool, journal, backends, options));
+  if (absl::Status status = store->Recover(); !status.ok()) return status;
+  return store;
+}
+
+absl::Status Store::Recover() {
+  const v1::JournalState& state = journal_->recovered_state();
+  absl::MutexLock lock(&mutex_);
+  if (!pool_->reattached() && state.versions_size() > 0) {
+    Log(LogLevel::kWarning, "the pool /dev/shm/", pool_->file_name(),
+        " was created anew, so the ", state.versions_size(),
+        " versions in the journal are gone; starting empty");
+    return journal_->Write(v1::JournalState());
+  }
+  for (const v1::JournalVersion& saved : state.versions()) {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Claim(saved.pool_offset(), saved.bytes());
+    if (!extent.ok()) {
+      return absl::DataLossError(absl::StrCat("journal entry for region '", saved.region(),
+                                              "' of rank ", saved.rank(), " at step ", saved.step(),
+                                              ": ", extent.status().message()));
+    }
+    auto version = std::make_shared<Version>();
+    version->rank = saved.rank();
+    version->region = saved.region();
+    version->step = saved.step();
+    version->bytes = saved.bytes();
+    version->dtype = saved.dtype();
+    version->shape.assign(saved.shape().begin(), saved.shape().end());
+    version->chunk_bytes = saved.chunk_bytes();
+    version->chunk_crcs.assign(saved.chunk_crcs().begin(), saved.chunk_crcs().end());
+    version->extent = *std::move(extent);
+    ranks_[saved.rank()].committed[saved.region()] = std::move(version);
+  }
+  for (const v1::JournalRank& saved : state.ranks()) {
+    RankState& rank_state = ranks_[saved.rank()];
+    rank_state.latest_committed = saved.latest_committed_step();
+    rank_state.latest_snapshot = saved.latest_committed_step();
+  }
+  if (state.versions_size() > 0) {
+    Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
+        state.ranks_size(), " ranks from journal sequence ", journal_->sequence());
+  }
+  return absl::OkStatus();
+}
+
+CopyBackend* Store::BackendFor(v1::Device device) const {
+  return device == v1::DEVICE_CUDA ? backends_.device : backends_.host;
+}
+
+absl::Status Store::StartSession(uint32_t rank) {
+  if (int removed = RemoveOrphanedRegionFiles(); removed > 0) {
+    Log(LogLevel::kInfo, "removed ", removed, " region files left by trainers that died");
+  }
+  absl::MutexLock lock(&mutex_);
+  ranks_[rank].regions.clear();  // copies in flight keep their own references to the old sources
+  return absl::OkStatus();
+}
+
+absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
+  // Open everything first, outside the lock: a bad region fails the call without changing anything.
+  std::vector<RankState::Registered> opened;
+  for (const v1::RegionSpec& spec : regions) {
+    if (spec.name().empty()) return absl::InvalidArgumentError("a region needs a name");
+    if (spec.bytes() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("region '", spec.name(), "' has 0 bytes"));
+    }
+    CopyBackend* backend = BackendFor(spec.device());
+    if (backend == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region '", spec.name(), "' is GPU memory but this daemon has no CUDA copy backend"));
+    }
+    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(spec);
+    if (!source.ok()) return source.status();
+    opened.push_back({spec, *std::move(source), backend});
+  }
+  absl::MutexLock lock(&mutex_);
+  RankState& rank_state = ranks_[rank];
+  for (RankState::Registered& region : opened) {
+    const std::string name = region.spec.name();
+    rank_state.regions[name] = std::move(region);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
+                                         const std::vector<std::string>& regions) {
+  absl::MutexLock lock(&mutex_);
+  RankState& rank_state = ranks_[rank];
+  if (rank_state.regions.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " has no registered regions to snapshot"));
+  }
+  if (const StepRecord* capturing = rank_state.Capturing()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", capturing->step, " of rank ", rank, " is still capturing: call WaitCaptured(",
+        capturing->step, ") before the next Snapshot"));
+  }
+  if (rank_state.latest_snapshot && step <= *rank_state.latest_snapshot) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
+                                                   " is not after step ",
+                                                   *rank_state.latest_snapshot,
+                                                   ", its latest snapshot"));
+  }
+
+  std::vector<const RankState::Registered*> selected;
+  if (regions.empty()) {
+    for (const auto& [name, region] : rank_state.regions) selected.push_back(&region);
+  } else {
+    for (const std::string& name : regions) {
+      auto it = rank_state.regions.find(name);
+      if (it == rank_state.regions.end()) {
+        return absl::NotFoundError(absl::StrCat("rank ", rank, " has no registered region '", name,
+                                                "' (", rank_state.regions.size(),
+                                                " regions are registered)"));
+      }
+      selected.push_back(&it->second);
+    }
+  }
+
+  StepRecord record;
+  record.step = step;
+  for (const RankState::Registered* region : selected) record.bytes += region->spec.bytes();
+  for (const RankState::Registered* region : selected) {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(region->spec.bytes());
+    if (!extent.ok()) {
+      // Extents taken so far are released with `record`; nothing stored is touched.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "step ", step, " of rank ", rank, " needs ", record.bytes, " bytes (",
+          FormatByteSize(record.bytes), ") for ", selected.size(), " regions: ",
+          extent.status().message()));
+    }
+    auto version = std::make_shared<Version>();
+    version->rank = rank;
+    version->region = region->spec.name();
+    version->step = step;
+    version->bytes = region->spec.bytes();
+    version->dtype = region->spec.dtype();
+    version->shape.assign(region->spec.shape().begin(), region->spec.shape().end());
+    version->chunk_bytes = options_.chunk_bytes;
+    version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
+    version->extent = *std::move(extent);
+    record.pending_chunks += version->chunks();
+    record.versions.push_back(std::move(version));
+  }
+  record.regions = static_cast<uint32_t>(selected.size());
+  const uint64_t bytes = record.bytes;
+  in_flight_bytes_ += bytes;
+  rank_state.latest_snapshot = step;
+  StepRecord& stored = rank_state.steps[step] = std::move(record);
+  for (size_t i = 0; i < stored.versions.size(); ++i) {
+    const std::shared_ptr<Version>& version = stored.versions[i];
+    for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
+      workers_.Submit([this, rank, step, version, chunk, source = selected[i]->source,
+                       backend = selected[i]->backend] {
+        CopyChunk(rank, step, version, chunk, source, backend);
+      });
+    }
+  }
+  Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", stored.regions,
+      " regions, ", bytes, " bytes");
+  return bytes;
+}
+
+void Store::CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
+                      std::shared_ptr<RegionSource> source, CopyBackend* backend) {
+  const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
+  absl::StatusOr<uint32_t> crc = backend->CopyOut(*source, offset, version->extent->data() + offset,
+                                                  version->ChunkLength(chunk));
+  absl::MutexLock lock(&mutex_);
+  RankState& rank_state = ranks_[rank];
+  auto it = rank_state.steps.find(step);
+  if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURING) return;
+  StepRecord& record = it->second;
+  if (!crc.ok()) {
+    AbortStep(rank_state, record,
+              absl::Status(crc.status().code(),
+                           absl::StrCat("copy of region '", version->region, "' chunk ", chunk,
+                                        " failed: ", crc.status().message())));
+    return;
+  }
+  version->chunk_crcs[chunk] = *crc;
+  if (--record.pending_chunks == 0) FinishStep(rank_state, rank, record);
+}
+
+v1::JournalState Store::JournalStateWith(uint32_t rank, const StepRecord* committing) const {
+  v1::JournalState state;
+  auto add = [&state](const Version& version) {
+    v1::JournalVersion* saved = state.add_versions();
+    saved->set_rank(version.rank);
+    saved->set_region(version.region);
+    saved->set_step(version.step);
+    saved->set_pool_offset(version.extent->offset());
+    saved->set_bytes(version.bytes);
+    saved->set_dtype(version.dtype);
+    for (int64_t dimension : version.shape) saved->add_shape(dimension);
+    saved->set_chunk_bytes(version.chunk_bytes);
+    for (uint32_t crc : version.chunk_crcs) saved->add_chunk_crcs(crc);
+  };
+  for (const auto& [rank_id, rank_state] : ranks_) {
+    std::map<std::string, const Version*> versions;
+    for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
+    std::optional<int64_t> latest = rank_state.latest_committed;
+    if (committing != nullptr && rank_id == rank) {
+      for (const auto& version : committing->versions) versions[version->region] = version.get();
+      latest = committing->step;
+    }
+    for (const auto& [region, version] : versions) add(*version);
+    if (latest) {
+      v1::JournalRank* saved = state.add_ranks();
+      saved->set_rank(rank_id);
+      saved->set_latest_committed_step(*latest);
+    }
+  }
+  return state;
+}
+
+void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
+  record.state = v1::STEP_STATE_CAPTURED;
+  // On a single node a captured step is ready to commit: the journal write is the commit point.
+  if (absl::Status status = journal_->Write(JournalStateWith(rank, &record)); !status.ok()) {
+    AbortStep(rank_state, record, status);
+    return;
+  }
+  for (std::shared_ptr<Version>& version : record.versions) {
+    rank_state.committed[version->region] = std::move(version);  // frees the older version
+  }
+  record.versions.clear();
+  record.state = v1::STEP_STATE_COMMITTED;
+  rank_state.latest_committed = record.step;
+  in_flight_bytes_ -= record.bytes;
+  Log(LogLevel::kDebug, "rank ", rank, " step ", record.step, ": committed");
+  step_changed_.SignalAll();
+  while (rank_state.steps.size() > kFinishedStepsKept &&
+         IsFinished(rank_state.steps.begin()->second.state)) {
+    rank_state.steps.erase(rank_state.steps.begin());
+  }
+}
+
+void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status why) {
+  Log(LogLevel::kWarning, "step ", record.step, " aborted: ", why.ToString());
+  record.state = v1::STEP_STATE_ABORTED;
+  record.failure = std::move(why);
+  record.versions.clear();  // chunks still copying hold their version until they finish
+  in_flight_bytes_ -= record.bytes;
+  // The step never became the rank's latest, so the next snapshot may reuse a later step number.
+  rank_state.latest_snapshot = rank_state.latest_committed;
+  step_changed_.SignalAll();
+}
+
+absl::StatusOr<v1::StepState> Store::WaitFor(uint32_t rank, int64_t step, bool until_committed,
+                                             absl::Time deadline,
+                                             const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    const RankState& rank_state = ranks_[rank];
+    auto it = rank_state.steps.find(step);
+    if (it != rank_state.steps.end()) {
+      const StepRecord& record = it->second;
+      if (record.state == v1::STEP_STATE_ABORTED) {
+        return absl::Status(record.failure.code(),
+                            absl::StrCat("step ", step, " of rank ", rank, " failed: ",
+                                         record.failure.message()));
+      }
+      if (record.state == v1::STEP_STATE_COMMITTED ||
+          (!until_committed && record.state != v1::STEP_STATE_CAPTURING)) {
+        return record.state;
+      }
+    } else if (rank_state.latest_committed && step <= *rank_state.latest_committed &&
+               (rank_state.steps.empty() || step < rank_state.steps.begin()->first)) {
+      return v1::STEP_STATE_COMMITTED;  // older than the steps remembered, and superseded
+    } else {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has no snapshot of step ", step));
+    }
+    if (cancelled()) return absl::CancelledError("the caller went away");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("step ", step, " of rank ", rank, " is still ",
+                                                      StateName(it->second.state)));
+    }
+    step_changed_.WaitWithDeadline(&mutex_, std::min(deadline, now + kWaitPollInterval));
+  }
+}
+
+absl::StatusOr<v1::StepState> Store::WaitCaptured(uint32_t rank, int64_t step, absl::Time deadline,
+                                                  const std::function<bool()>& cancelled) {
+  return WaitFor(rank, step, /*until_committed=*/false, deadline, cancelled);
+}
+
+absl::StatusOr<v1::StepState> Store::WaitCommitted(uint32_t rank, int64_t step, absl::Time deadline,
+                                                   const std::function<bool()>& cancelled) {
+  return WaitFor(rank, step, /*until_committed=*/true, deadline, cancelled);
+}
+
+}  // namespace moesnap::daemon
+
+namespace moesnap::daemon {
+
+absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
+                                                   const std::vector<std::string>& regions,
+                                                   absl::Time deadline) {
+  struct Work {
+    std::shared_ptr<Version> version;
+    std::shared_ptr<RegionSource> source;
+    CopyBackend* backend;
+  };
+  std::vector<Work> work;
+  v1::RestoreResponse response;
+  {
+    absl::MutexLock lock(&mutex_);
+    RankState& rank_state = ranks_[rank];
+    while (const StepRecord* capturing = rank_state.Capturing()) {
+      if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "step ", capturing->step, " of rank ", rank, " is still capturing; restore after it"));
+      }
+    }
+    if (!rank_state.latest_committed) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
+    }
+    const int64_t latest = *rank_state.latest_committed;
+    if (step && *step > latest) {
+      return absl::NotFoundError(absl::StrCat("step ", *step, " of rank ", rank,
+                                              " is not committed; the latest committed is ", latest));
+    }
+    if (step && *step < latest) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", *step, " of rank ", rank, " was superseded: only the latest committed step, ",
+          latest, ", is kept"));
+    }
+    if (rank_state.regions.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " has no registered regions to restore into: register them first"));
+    }
+    std::vector<std::string> names = regions;
+    if (names.empty()) {
+      for (const auto& [name, region] : rank_state.regions) names.push_back(name);
+    }
+    for (const std::string& name : names) {
+      auto registered = rank_state.regions.find(name);
+      if (registered == rank_state.regions.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("rank ", rank, " has not registered region '", name, "'"));
+      }
+      auto stored = rank_state.committed.find(name);
+      if (stored == rank_state.committed.end()) {
+        return absl::NotFoundError(absl::StrCat("region '", name, "' of rank ", rank,
+                                                " has no committed version to restore"));
+      }
+      const v1::RegionSpec& spec = registered->second.spec;
+      const Version& version = *stored->second;
+      if (spec.bytes() != version.bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "region '", name, "' is ", spec.bytes(), " bytes in this trainer, but step ",
+            version.step, " stored ", version.bytes));
+      }
+      if (!spec.dtype().empty() && !version.dtype.empty() && spec.dtype() != version.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat("region '", name, "' is ", spec.dtype(),
+                                                       " in this trainer, but step ", version.step,
+                                                       " stored ", version.dtype));
+      }
+      if (spec.shape_size() > 0 && !version.shape.empty() &&
+          !std::equal(spec.shape().begin(), spec.shape().end(), version.shape.begin(),
+                      version.shape.end())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "region '", name, "' has shape [", absl::StrJoin(spec.shape(), ", "),
+            "] in this trainer, but step ", version.step, " stored [",
+            absl::StrJoin(version.shape, ", "), "]"));
+      }
+      work.push_back({stored->second, registered->second.source, registered->second.backend});
+    }
+    response.set_step(latest);
+  }
+
+  // Copy outside the lock; the versions held here cannot be freed by a concurrent commit.
+  for (const Work& item : work) {
+    const Version& version = *item.version;
+    for (uint32_t chunk = 0; chunk < version.chunks(); ++chunk) {
+      const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
+      absl::StatusOr<uint32_t> crc = item.backend->CopyIn(
+          *item.source, offset, version.extent->data() + offset, version.ChunkLength(chunk));
+      if (!crc.ok()) return crc.status();
+      if (*crc != version.chunk_crcs[chunk]) {
+        return absl::DataLossError(absl::StrFormat(
+            "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the pool holds "
+            "%08x; the snapshot is corrupt (moesnapctl verify lists every damaged chunk)",
+            version.region, rank, version.step, chunk, version.chunk_crcs[chunk], *crc));
+      }
+    }
+    v1::RestoreResponse::Restored* restored = response.add_regions();
+    restored->set_region(version.region);
+    restored->set_step(version.step);
+    restored->set_bytes(version.bytes);
+  }
+  return response;
+}
+
+std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? std::nullopt : it->second.latest_committed;
+}
+
+v1::StatusResponse Store::Status() const {
+  v1::StatusResponse status;
+  status.set_pool_bytes(pool_->capacity());
+  status.set_pool_name(pool_->file_name());
+  status.set_uptime_seconds(static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
+  absl::MutexLock lock(&mutex_);
+  status.set_pool_in_flight_bytes(in_flight_bytes_);
+  status.set_pool_used_bytes(pool_->capacity() - pool_->free_bytes() - in_flight_bytes_);
+  status.set_ranks(static_cast<uint32_t>(ranks_.size()));
+  status.set_journal_sequence(journal_->sequence());
+  return status;
+}
+
+v1::ListStepsResponse Store::ListSteps() const {
+  v1::ListStepsResponse response;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [rank, rank_state] : ranks_) {
+    // Committed state: one row per step that still has versions (sparse steps leave several).
+    std::map<int64_t, v1::StepInfo> by_step;
+    for (const auto& [region, version] : rank_state.committed) {
+      v1::StepInfo& info = by_step[version->step];
+      info.set_rank(rank);
+      info.set_step(version->step);
+      info.set_state(v1::STEP_STATE_COMMITTED);
+      info.set_regions(info.regions() + 1);
+      info.set_bytes(info.bytes() + version->bytes);
+    }
+    for (const auto& [step, record] : rank_state.steps) {
+      if (record.state == v1::STEP_STATE_COMMITTED) continue;
+      v1::StepInfo& info = by_step[step];
+      info.set_rank(rank);
+      info.set_step(step);
+      info.set_state(record.state);
+      info.set_regions(record.regions);
+      info.set_bytes(record.bytes);
+    }
+    for (auto& [step, info] : by_step) *response.add_steps() = std::move(info);
+  }
+  return response;
+}
+
+v1::InspectStepResponse Store::InspectStep(int64_t step, std::optional<uint32_t> rank) const {
+  v1::InspectStepResponse response;
+  const v1::ListStepsResponse steps = ListSteps();
+  for (const v1::StepInfo& info : steps.steps()) {
+    if (info.step() == step && (!rank || info.rank() == *rank)) *response.add_steps() = info;
+  }
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [rank_id, rank_state] : ranks_) {
+    if (rank && rank_id != *rank) continue;
+    for (const auto& [region, version] : rank_state.committed) {
+      if (version->step != step) continue;
+      v1::VersionInfo* info = response.add_versions();
+      info->set_rank(rank_id);
+      info->set_region(region);
+      info->set_step(step);
+      info->set_state(v1::STEP_STATE_COMMITTED);
+      info->set_bytes(version->bytes);
+      info->set_dtype(version->dtype);
+      for (int64_t dimension : version->shape) info->add_shape(dimension);
+      info->set_chunks(version->chunks());
+    }
+  }
+  return response;
+}
+
+v1::VerifyResponse Store::Verify(std::optional<int64_t> step) const {
+  std::vector<std::shared_ptr<Version>> versions;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [rank, rank_state] : ranks_) {
+      for (const auto& [region, version] : rank_state.committed) {
+        if (!step || version->step == *step) versions.push_back(version);
+      }
+    }
+  }
+  v1::VerifyResponse response;
+  for (const std::shared_ptr<Version>& version : versions) {
+    for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
+      const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
+      const uint32_t actual =
+          erasure::Crc32c(version->extent->data() + offset, version->ChunkLength(chunk));
+      if (actual != version->chunk_crcs[chunk]) {
+        v1::VerifyResponse::Corruption* corruption = response.add_corruptions();
+        corruption->set_rank(version->rank);
+        corruption->set_region(version->region);
+        corruption->set_step(version->step);
+        corruption->set_chunk(chunk);
+        corruption->set_expected_crc(version->chunk_crcs[chunk]);
+        corruption->set_actual_crc(actual);
+      }
+      response.set_chunks_checked(response.chunks_checked() + 1);
+    }
+    response.set_versions_checked(response.versions_checked() + 1);
+    response.set_bytes_checked(response.bytes_checked() + version->bytes);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional<uint32_t> rank) {
+  absl::MutexLock lock(&mutex_);
+  // Take the versions out, journal the reduced state, and put them back if that write fails: a failed
+  // drop drops nothing.
+  v1::DropStepResponse response;
+  std::vector<std::pair<uint32_t, std::string>> dropped;
+  for (const auto& [rank_id, rank_state] : ranks_) {
+    if (rank && rank_id != *rank) continue;
+    for (const auto& [region, version] : rank_state.committed) {
+      if (version->step != step) continue;
+      dropped.emplace_back(rank_id, region);
+      response.set_versions_dropped(response.versions_dropped() + 1);
+      response.set_bytes_freed(response.bytes_freed() + version->extent->bytes());
+    }
+  }
+  if (dropped.empty()) {
+    return absl::NotFoundError(absl::StrCat("no committed version of step ", step,
+                                            rank ? absl::StrCat(" for rank ", *rank) : "",
+                                            " is stored"));
+  }
+  std::map<uint32_t, std::map<std::string, std::shared_ptr<Version>>> removed;
+  for (const auto& [rank_id, region] : dropped) {
+    RankState& rank_state = ranks_[rank_id];
+    removed[rank_id][region] = std::move(rank_state.committed[region]);
+    rank_state.committed.erase(region);
+  }
+  std::map<uint32_t, std::optional<int64_t>> previous_latest;
+  for (const auto& [rank_id, regions] : removed) {
+    RankState& rank_state = ranks_[rank_id];
+    previous_latest[rank_id] = rank_state.latest_committed;
+    std::optional<int64_t> latest;
+    for (const auto& [region, version] : rank_state.committed) {
+      latest = std::max(latest.value_or(version->step), version->step);
+    }
+    rank_state.latest_committed = latest;
+  }
+  if (absl::Status status = journal_->Write(JournalStateWith(0, nullptr)); !status.ok()) {
+    for (auto& [rank_id, regions] : removed) {
+      RankState& rank_state = ranks_[rank_id];
+      for (auto& [region, version] : regions) rank_state.committed[region] = std::move(version);
+      rank_state.latest_committed = previous_latest[rank_id];
+    }
+    return status;
+  }
+  Log(LogLevel::kInfo, "dropped ", response.versions_dropped(), " versions of step ", step);
+  return response;  // `removed` goes out of scope here and frees the extents
+}
+
+}  // namespace moesnap::daemon

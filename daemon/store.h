@@ -1,0 +1,121 @@
+// The store: versions of every region of every rank on this node, keyed by (rank, region, step), and
+// the life of each step: capturing -> captured -> committed (or aborted). A region's last committed
+// version stays until a newer one commits, so a failure mid-snapshot never loses the previous state.
+// Every chunk carries a CRC-32C computed during the copy and checked on restore and verify.
+#ifndef MOESNAP_DAEMON_STORE_H_
+#define MOESNAP_DAEMON_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/copy_backend.h"
+#include "daemon/journal.h"
+#include "daemon/pool.h"
+#include "daemon/worker_pool.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+struct CaptureOptions {
+  int threads = 2;
+  uint64_t chunk_bytes = uint64_t{4} << 20;  // unit of copy, CRC and (later) transfer
+};
+
+// The copy backends the store may use; `device` is null when no GPU backend is available.
+struct CopyBackends {
+  CopyBackend* host = nullptr;
+  CopyBackend* device = nullptr;
+};
+
+// Thread-safe: every public method may be called from any gRPC thread.
+class Store {
+ public:
+  // Recovers the committed versions recorded in the journal into the pool.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(Pool* pool, Journal* journal,
+                                                     CopyBackends backends,
+                                                     const CaptureOptions& options);
+  ~Store();
+
+  // A trainer rank (re)connects: forget the regions a previous process of this rank registered.
+  absl::Status StartSession(uint32_t rank);
+
+  // Adds or replaces named regions of a rank. Refused while a step of the rank is capturing.
+  absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
+
+  // Queues the copies of `regions` (all registered regions when empty) for `step` and returns the
+  // bytes to copy, at once. The step must come after every earlier snapshot of the rank.
+  absl::StatusOr<uint64_t> Snapshot(uint32_t rank, int64_t step,
+                                    const std::vector<std::string>& regions);
+
+  // Waits until `step` is captured (or committed) and returns its state; the step's failure if it
+  // failed. `cancelled` is polled so a client that goes away frees the thread.
+  absl::StatusOr<v1::StepState> WaitCaptured(uint32_t rank, int64_t step, absl::Time deadline,
+                                             const std::function<bool()>& cancelled);
+  absl::StatusOr<v1::StepState> WaitCommitted(uint32_t rank, int64_t step, absl::Time deadline,
+                                              const std::function<bool()>& cancelled);
+
+  // Writes the latest committed version of each requested region (all registered regions when
+  // empty) back into the rank's registered regions, checking every chunk's CRC.
+  // A step of the rank still capturing (a crashed trainer's last snapshot) is waited for first, up
+  // to `deadline`, so that it can become the state restored.
+  absl::StatusOr<v1::RestoreResponse> Restore(uint32_t rank, std::optional<int64_t> step,
+                                              const std::vector<std::string>& regions,
+                                              absl::Time deadline);
+
+  std::optional<int64_t> LatestCommitted(uint32_t rank) const;
+
+  // Admin views and operations.
+  v1::StatusResponse Status() const;
+  v1::ListStepsResponse ListSteps() const;
+  v1::InspectStepResponse InspectStep(int64_t step, std::optional<uint32_t> rank) const;
+  v1::VerifyResponse Verify(std::optional<int64_t> step) const;
+  absl::StatusOr<v1::DropStepResponse> DropStep(int64_t step, std::optional<uint32_t> rank);
+
+ private:
+  struct Version;
+  struct StepRecord;
+  struct RankState;
+
+  Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options);
+  absl::Status Recover();
+  CopyBackend* BackendFor(v1::Device device) const;
+  void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
+                 std::shared_ptr<RegionSource> source, CopyBackend* backend);
+  // Called when the last chunk of a step is copied: commits it (single node: captured == ready).
+  void FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  v1::JournalState JournalStateWith(uint32_t rank, const StepRecord* committing) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
+                                        absl::Time deadline, const std::function<bool()>& cancelled);
+
+  Pool* const pool_;
+  Journal* const journal_;
+  const CopyBackends backends_;
+  const CaptureOptions options_;
+  const absl::Time started_ = absl::Now();
+
+  mutable absl::Mutex mutex_;
+  std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
+  uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::CondVar step_changed_;  // signalled when a step commits or aborts
+
+  // Declared last: destroyed first, so queued copies finish while the state they touch still lives.
+  WorkerPool workers_;
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_STORE_H_

@@ -1,0 +1,227 @@
+// UnixServer: bind with stale-socket detection, an accept loop that sorts peers by credentials, and
+// the refusing generic service.
+#include "daemon/unix_server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/server_posix.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+
+namespace moesnap::daemon {
+namespace {
+
+absl::StatusOr<sockaddr_un> SocketAddress(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path ", path, " is longer than ",
+                                                   sizeof(address.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  return address;
+}
+
+// True when a process accepts connections on `path` now.
+bool SomeoneListens(const sockaddr_un& address) {
+  const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return false;
+  const bool connected =
+      connect(probe, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+  close(probe);
+  return connected;
+}
+
+absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> group) {
+  absl::StatusOr<sockaddr_un> address = SocketAddress(path);
+  if (!address.ok()) return address.status();
+  struct stat info {};
+  if (lstat(path.c_str(), &info) == 0) {
+    if (!S_ISSOCK(info.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a socket"));
+    }
+    if (SomeoneListens(*address)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("another moesnapd is already serving ", path, "; stop it first"));
+    }
+    unlink(path.c_str());  // left behind by a daemon that died
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket(): ", std::strerror(errno)));
+  // Created private, then opened to the group: no window in which others may connect.
+  const mode_t old_umask = umask(0177);
+  const int bound = bind(fd, reinterpret_cast<const sockaddr*>(&*address), sizeof(*address));
+  const int bind_error = errno;
+  umask(old_umask);
+  if (bound != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot bind ", path, ": ",
+                                               std::strerror(bind_error)));
+  }
+  if ((group && chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) ||
+      chmod(path.c_str(), 0660) != 0 || listen(fd, 128) != 0) {
+    const int error = errno;
+    close(fd);
+    unlink(path.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot set up ", path, ": ", std::strerror(error)));
+  }
+  return fd;
+}
+
+// Answers every call on a connection from a refused peer.
+class RefusalService : public grpc::CallbackGenericService {
+ public:
+  explicit RefusalService(std::string message) : message_(std::move(message)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Refusal : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refusal(const std::string& message) {
+        Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, message));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(message_);
+  }
+
+ private:
+  std::string message_;
+};
+
+}  // namespace
+
+absl::StatusOr<AccessPolicy> AccessPolicy::FromOptions(const AccessOptions& options) {
+  AccessPolicy policy;
+  policy.allowed_uids_ = options.allowed_uids;
+  if (!options.group.empty()) {
+    const struct group* entry = getgrnam(options.group.c_str());
+    if (entry == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("access.group '", options.group, "' is not a group on this machine"));
+    }
+    policy.group_ = entry->gr_gid;
+    policy.group_name_ = options.group;
+  }
+  return policy;
+}
+
+bool AccessPolicy::Allows(uid_t uid, gid_t gid) const {
+  if (uid == 0 || uid == geteuid()) return true;
+  if (std::find(allowed_uids_.begin(), allowed_uids_.end(), uid) != allowed_uids_.end()) return true;
+  if (!group_) return false;
+  if (gid == *group_) return true;
+  // Supplementary groups of the peer's user, as the system lists them.
+  const passwd* user = getpwuid(uid);
+  if (user == nullptr) return false;
+  int count = 64;
+  std::vector<gid_t> groups(count);
+  if (getgrouplist(user->pw_name, user->pw_gid, groups.data(), &count) < 0) {
+    groups.resize(count);
+    getgrouplist(user->pw_name, user->pw_gid, groups.data(), &count);
+  }
+  groups.resize(std::max(count, 0));
+  return std::find(groups.begin(), groups.end(), *group_) != groups.end();
+}
+
+std::string AccessPolicy::Describe() const {
+  std::string rule = absl::StrCat("root and uid ", geteuid(), " (the daemon's own)");
+  if (group_) absl::StrAppend(&rule, ", members of group '", group_name_, "'");
+  if (!allowed_uids_.empty()) absl::StrAppend(&rule, ", uids ", absl::StrJoin(allowed_uids_, ","));
+  return rule;
+}
+
+absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<Endpoint>& endpoints,
+                                                              AccessPolicy policy) {
+  std::unique_ptr<UnixServer> server(new UnixServer());
+  server->policy_ = std::move(policy);
+  for (const Endpoint& endpoint : endpoints) {
+    absl::StatusOr<int> fd = BindSocket(endpoint.path, server->policy_.group());
+    if (!fd.ok()) return fd.status();  // the destructor closes and removes what was bound
+    server->listeners_.push_back(*fd);
+    server->paths_.push_back(endpoint.path);
+  }
+  if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe(): ", std::strerror(errno)));
+  }
+
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  for (const Endpoint& endpoint : endpoints) builder.RegisterService(endpoint.service);
+  server->server_ = builder.BuildAndStart();
+  server->refusal_service_ = std::make_unique<RefusalService>(absl::StrCat(
+      "permission denied: this moesnapd accepts ", server->policy_.Describe(),
+      "; ask the operator to add your user to the group or to access.allowed_uids"));
+  grpc::ServerBuilder refusal_builder;
+  refusal_builder.RegisterCallbackGenericService(server->refusal_service_.get());
+  server->refusal_server_ = refusal_builder.BuildAndStart();
+  if (server->server_ == nullptr || server->refusal_server_ == nullptr) {
+    return absl::InternalError("cannot start the gRPC servers");
+  }
+  server->accept_thread_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
+  return server;
+}
+
+void UnixServer::AcceptLoop() {
+  std::vector<pollfd> watched;
+  for (int fd : listeners_) watched.push_back({fd, POLLIN, 0});
+  watched.push_back({wake_pipe_[0], POLLIN, 0});
+  while (true) {
+    if (poll(watched.data(), watched.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      Log(LogLevel::kError, "poll on the daemon sockets failed: ", std::strerror(errno));
+      return;
+    }
+    if (watched.back().revents != 0) return;  // stopping
+    for (size_t i = 0; i + 1 < watched.size(); ++i) {
+      if ((watched[i].revents & POLLIN) == 0) continue;
+      // gRPC drives the connection from its own poller, which needs a non-blocking socket.
+      const int connection = accept4(watched[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (connection < 0) continue;
+      ucred peer{};
+      socklen_t length = sizeof(peer);
+      if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+        close(connection);
+        continue;
+      }
+      if (policy_.Allows(peer.uid, peer.gid)) {
+        grpc::AddInsecureChannelFromFd(server_.get(), connection);
+      } else {
+        Log(LogLevel::kWarning, "refused a connection on ", paths_[i], " from pid ", peer.pid,
+            " uid ", peer.uid, " gid ", peer.gid, ": allowed are ", policy_.Describe());
+        grpc::AddInsecureChannelFromFd(refusal_server_.get(), connection);
+      }
+    }
+  }
+}
+
+UnixServer::~UnixServer() {
+  if (accept_thread_.joinable()) {
+    const char stop = 1;
+    if (write(wake_pipe_[1], &stop, 1) != 1) Log(LogLevel::kError, "cannot wake the accept loop");
+    accept_thread_.join();
+  }
+  for (int fd : listeners_) close(fd);
+  for (const std::string& path : paths_) unlink(path.c_str());
+  for (int fd : wake_pipe_) {
+    if (fd >= 0) close(fd);
+  }
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (server_) server_->Shutdown(deadline);
+  if (refusal_server_) refusal_server_->Shutdown(deadline);
+}
+
+}  // namespace moesnap::daemon

@@ -1,0 +1,69 @@
+// The daemon's Unix-socket gRPC endpoints with access control. gRPC cannot tell a handler who is on
+// the other end of a Unix socket, so the daemon accepts connections itself, reads the peer's
+// credentials (SO_PEERCRED), and hands each connection to one of two gRPC servers: the real one for
+// allowed peers, and one that answers every call with PERMISSION_DENIED and the rule it applied.
+#ifndef MOESNAP_DAEMON_UNIX_SERVER_H_
+#define MOESNAP_DAEMON_UNIX_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+
+namespace moesnap::daemon {
+
+// Who may connect: the daemon's own uid, root, members of the configured group, listed uids.
+class AccessPolicy {
+ public:
+  static absl::StatusOr<AccessPolicy> FromOptions(const AccessOptions& options);
+  bool Allows(uid_t uid, gid_t gid) const;
+  std::optional<gid_t> group() const { return group_; }
+  std::string Describe() const;  // the rule, for refusals and logs
+
+ private:
+  std::optional<gid_t> group_;
+  std::string group_name_;
+  std::vector<uid_t> allowed_uids_;
+};
+
+// Not thread-safe to construct or stop; serves from its own accept thread.
+class UnixServer {
+ public:
+  struct Endpoint {
+    std::string path;
+    grpc::Service* service;
+  };
+
+  // Binds every endpoint's socket (mode 0660, the policy's group), refusing a path another live
+  // daemon serves, then starts serving.
+  static absl::StatusOr<std::unique_ptr<UnixServer>> Start(const std::vector<Endpoint>& endpoints,
+                                                           AccessPolicy policy);
+  ~UnixServer();  // stops accepting, shuts the servers down, removes the socket files
+
+ private:
+  UnixServer() = default;
+  void AcceptLoop();
+
+  AccessPolicy policy_;
+  std::vector<std::string> paths_;
+  std::vector<int> listeners_;
+  int wake_pipe_[2] = {-1, -1};
+  std::unique_ptr<grpc::CallbackGenericService> refusal_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> refusal_server_;
+  std::thread accept_thread_;
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_UNIX_SERVER_H_

@@ -1,0 +1,141 @@
+// moesnap-test-trainer: a stand-in for one trainer rank with deterministic state, for the crash
+// tests. Region r holds, after step s, bytes that are a pure function of (rank, r, s); a step
+// captures every region (full steps) or a subset (sparse steps), and changes exactly what it
+// captures. So after any crash, the expected content of every region at the restored step is known.
+//
+//   train:  restore the latest committed step if there is one (verifying it), then run steps up to
+//           --steps: change the step's regions, Snapshot, print "snapshot S", WaitCaptured, print
+//           "captured S".
+//   verify: restore the latest committed step into fresh regions and compare every byte; print
+//           "verified step S" (exit 0) or the first mismatches (exit 1).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "moesnap/client.h"
+#include "tests/testing/deterministic_bytes.h"
+
+namespace {
+
+struct TrainerOptions {
+  std::string socket;
+  uint32_t rank = 0;
+  int regions = 64;
+  size_t region_bytes = 4 << 20;
+  int64_t steps = 100;
+  std::string mode = "train";
+};
+
+// Steps 1, 5, 9, ... capture every region; the others capture regions with (region + step) % 3 == 0.
+bool Captures(int region, int64_t step) { return step % 4 == 1 || (region + step) % 3 == 0; }
+
+int64_t LastCaptured(int region, int64_t step) {
+  while (step > 0 && !Captures(region, step)) --step;
+  return step;
+}
+
+void FillExpected(uint8_t* out, size_t bytes, uint32_t rank, int region, int64_t step) {
+  moesnap::testing::DeterministicBytes(uint64_t{rank} << 48 ^ uint64_t(region) << 32 ^ uint64_t(step))
+      .Fill(out, bytes);
+}
+
+std::string RegionName(int region) {
+  return absl::StrCat("layer", region / 8, ".expert", region % 8, ".master");
+}
+
+int Fail(const std::string& what, const absl::Status& status) {
+  std::printf("error %s: %s\n", what.c_str(), status.ToString().c_str());
+  std::fflush(stdout);
+  return 3;
+}
+
+// Compares every region with its expected content at `step`; prints mismatches.
+int CheckRegions(const TrainerOptions& options, const moesnap::SharedBuffer& buffer, int64_t step) {
+  std::vector<uint8_t> expected(options.region_bytes);
+  int mismatches = 0;
+  for (int region = 0; region < options.regions; ++region) {
+    const int64_t source_step = LastCaptured(region, step);
+    FillExpected(expected.data(), expected.size(), options.rank, region, source_step);
+    const uint8_t* actual = buffer.data() + region * options.region_bytes;
+    if (std::memcmp(actual, expected.data(), expected.size()) != 0 && mismatches++ < 5) {
+      std::printf("mismatch region %s: expected the bytes of step %lld\n", RegionName(region).c_str(),
+                  static_cast<long long>(source_step));
+    }
+  }
+  std::fflush(stdout);
+  return mismatches == 0 ? 0 : 1;
+}
+
+int Run(const TrainerOptions& options) {
+  absl::StatusOr<std::unique_ptr<moesnap::Client>> client =
+      moesnap::Client::Connect({.socket_path = options.socket, .rank = options.rank});
+  if (!client.ok()) return Fail("connect", client.status());
+  absl::StatusOr<std::shared_ptr<moesnap::SharedBuffer>> buffer =
+      (*client)->AllocateHost(options.regions * options.region_bytes);
+  if (!buffer.ok()) return Fail("allocate", buffer.status());
+  for (int region = 0; region < options.regions; ++region) {
+    const moesnap::RegionInfo info{RegionName(region), "uint8",
+                                   {static_cast<int64_t>(options.region_bytes)}};
+    if (absl::Status status = (*client)->RegisterHostRegion(
+            info, *buffer, region * options.region_bytes, options.region_bytes);
+        !status.ok()) {
+      return Fail("register", status);
+    }
+  }
+
+  int64_t step = 0;
+  absl::StatusOr<std::optional<int64_t>> latest = (*client)->LatestCommitted();
+  if (!latest.ok()) return Fail("latest", latest.status());
+  if (latest->has_value() || options.mode == "verify") {
+    absl::StatusOr<moesnap::RestoreResult> restored = (*client)->Restore();
+    if (!restored.ok()) return Fail("restore", restored.status());
+    step = restored->step;
+    if (int result = CheckRegions(options, **buffer, step); result != 0) return result;
+    std::printf("verified step %lld\n", static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+  if (options.mode == "verify") return 0;
+
+  for (++step; step <= options.steps; ++step) {
+    std::vector<std::string> names;
+    for (int region = 0; region < options.regions; ++region) {
+      if (!Captures(region, step)) continue;
+      FillExpected((*buffer)->data() + region * options.region_bytes, options.region_bytes,
+                   options.rank, region, step);
+      if (step % 4 != 1) names.push_back(RegionName(region));
+    }
+    absl::StatusOr<uint64_t> bytes = (*client)->Snapshot(step, names);
+    if (!bytes.ok()) return Fail(absl::StrCat("snapshot ", step), bytes.status());
+    std::printf("snapshot %lld\n", static_cast<long long>(step));
+    std::fflush(stdout);
+    if (absl::Status status = (*client)->WaitCaptured(step); !status.ok()) {
+      return Fail(absl::StrCat("wait captured ", step), status);
+    }
+    std::printf("captured %lld\n", static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+  if (absl::Status status = (*client)->WaitCommitted(options.steps); !status.ok()) {
+    return Fail("wait committed", status);
+  }
+  std::printf("done %lld\n", static_cast<long long>(options.steps));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainerOptions options;
+  CLI::App app{"A deterministic stand-in trainer for moesnap's crash tests"};
+  app.add_option("--socket", options.socket, "moesnapd agent socket")->required();
+  app.add_option("--rank", options.rank, "Trainer rank");
+  app.add_option("--regions", options.regions, "Number of regions")->check(CLI::Range(1, 4096));
+  app.add_option("--region-bytes", options.region_bytes, "Bytes per region");
+  app.add_option("--steps", options.steps, "Last step to train to");
+  app.add_option("--mode", options.mode, "train or verify")
+      ->check(CLI::IsMember({"train", "verify"}));
+  CLI11_PARSE(app, argc, argv);
+  return Run(options);
+}

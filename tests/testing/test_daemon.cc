@@ -1,0 +1,69 @@
+#include "tests/testing/test_daemon.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace moesnap::testing {
+namespace {
+
+bool Accepts(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::string BinaryPath(const std::string& program) {
+  return absl::StrCat(MOESNAP_BIN_DIR, "/", program);
+}
+
+TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_config) {
+  static std::atomic<int> counter{0};
+  char directory[] = "/tmp/moesnap-test-XXXXXX";
+  directory_ = mkdtemp(directory);
+  pool_name_ = absl::StrCat("moesnap-test-", getpid(), "-", counter++);
+  agent_socket_ = directory_ + "/agent.sock";
+  admin_socket_ = directory_ + "/admin.sock";
+  config_path_ = directory_ + "/moesnapd.toml";
+  std::ofstream(config_path_) << absl::StrCat(
+      "[node]\nid = 0\n[agent]\nsocket = \"", agent_socket_, "\"\n[admin]\nsocket = \"",
+      admin_socket_, "\"\n[pool]\nname = \"", pool_name_, "\"\nbytes = \"", pool_bytes,
+      "\"\njournal_bytes = \"1MiB\"\nlock = \"off\"\n[capture]\nthreads = 2\n", extra_config);
+}
+
+TestDaemon::~TestDaemon() {
+  process_.reset();
+  for (const char* suffix : {".data", ".journal"}) {
+    std::filesystem::remove("/dev/shm/" + pool_name_ + suffix);
+  }
+  std::filesystem::remove_all(directory_);
+}
+
+bool TestDaemon::Start(const std::vector<std::string>& environment) {
+  process_ = std::make_unique<ChildProcess>(
+      std::vector<std::string>{BinaryPath("moesnapd"), "--config", config_path_}, environment);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    if (Accepts(agent_socket_)) return true;
+    if (!process_->running()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+int TestDaemon::Kill(int signal) { return process_ ? process_->Kill(signal) : 0; }
+
+}  // namespace moesnap::testing

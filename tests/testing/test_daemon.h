@@ -1,0 +1,51 @@
+// A real moesnapd for integration tests: its own config, sockets in a fresh temporary folder and a
+// pool name of its own, started as a child process and killed for real. The pool files are removed
+// when the TestDaemon is destroyed, not when the process dies: restarts re-attach them.
+#ifndef MOESNAP_TESTS_TESTING_TEST_DAEMON_H_
+#define MOESNAP_TESTS_TESTING_TEST_DAEMON_H_
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tests/testing/child_process.h"
+
+namespace moesnap::testing {
+
+class TestDaemon {
+ public:
+  // `extra_config` is appended to the generated TOML (tables must not repeat generated ones).
+  explicit TestDaemon(const std::string& pool_bytes = "768MiB", const std::string& extra_config = "");
+  ~TestDaemon();
+
+  // Starts moesnapd and waits until its agent socket accepts connections. False if it exited.
+  bool Start(const std::vector<std::string>& environment = {});
+  int Kill(int signal);
+  // Waits for the daemon to exit on its own: its exit code, -signal, or nullopt on timeout.
+  std::optional<int> WaitExit(std::chrono::milliseconds timeout) {
+    return process_ ? process_->Wait(timeout) : std::nullopt;
+  }
+  bool running() { return process_ && process_->running(); }
+
+  const std::string& agent_socket() const { return agent_socket_; }
+  const std::string& admin_socket() const { return admin_socket_; }
+  const std::string& config_path() const { return config_path_; }
+  const std::string& directory() const { return directory_; }
+  const std::string& pool_name() const { return pool_name_; }
+
+ private:
+  std::string directory_;
+  std::string config_path_;
+  std::string agent_socket_;
+  std::string admin_socket_;
+  std::string pool_name_;
+  std::unique_ptr<ChildProcess> process_;
+};
+
+std::string BinaryPath(const std::string& program);
+
+}  // namespace moesnap::testing
+
+#endif  // MOESNAP_TESTS_TESTING_TEST_DAEMON_H_
