@@ -14,10 +14,13 @@ namespace moesnap::testing {
 
 class ChildProcess {
  public:
+  enum class Stderr { kPassThrough, kCapture };
   // Starts `argv[0]` with `argv`; `environment` entries ("NAME=value") are added to ours. stdout is
-  // captured; stderr goes to the test's stderr (so daemon logs show up in failing test output).
+  // captured; stderr goes to the test's stderr (so daemon logs show up in failing test output), or
+  // into the captured stream with kCapture.
   ChildProcess(const std::vector<std::string>& argv,
-               const std::vector<std::string>& environment = {});
+               const std::vector<std::string>& environment = {},
+               Stderr stderr_mode = Stderr::kPassThrough);
   ~ChildProcess();  // SIGKILLs the child if it still runs
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

@@ -1,0 +1,182 @@
+// Bad input against a real moesnapd: each mistake gets an error that names what was wrong, and the
+// state already committed stays restorable, byte for byte.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/match.h"
+#include "moesnap/client.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_daemon.h"
+
+namespace moesnap {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using testing::TestDaemon;
+using namespace std::chrono_literals;
+
+constexpr size_t kRegionBytes = 1 << 20;
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start());
+    ASSERT_NO_FATAL_FAILURE(Connect(client_, buffer_));
+    for (size_t i = 0; i < kRegionBytes; ++i) buffer_->data()[i] = static_cast<uint8_t>(i * 7 + 1);
+    ASSERT_OK(client_->Snapshot(1));
+    ASSERT_OK(client_->WaitCommitted(1));
+  }
+
+  // A client with region "weights" of kRegionBytes registered.
+  void Connect(std::unique_ptr<Client>& client, std::shared_ptr<SharedBuffer>& buffer,
+               size_t bytes = kRegionBytes) {
+    absl::StatusOr<std::unique_ptr<Client>> connected =
+        Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
+    ASSERT_OK(connected);
+    client = *std::move(connected);
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> allocated = client->AllocateHost(bytes);
+    ASSERT_OK(allocated);
+    buffer = *allocated;
+    ASSERT_OK(client->RegisterHostRegion({"weights", "uint8", {static_cast<int64_t>(bytes)}},
+                                         buffer, 0, bytes));
+  }
+
+  // A fresh trainer process's view: restore step 1 into new memory and compare.
+  void ExpectStepOneIntact() {
+    std::unique_ptr<Client> client;
+    std::shared_ptr<SharedBuffer> buffer;
+    ASSERT_NO_FATAL_FAILURE(Connect(client, buffer));
+    absl::StatusOr<RestoreResult> restored = client->Restore();
+    ASSERT_OK(restored);
+    EXPECT_EQ(restored->step, 1);
+    for (size_t i = 0; i < kRegionBytes; ++i) {
+      ASSERT_EQ(buffer->data()[i], static_cast<uint8_t>(i * 7 + 1)) << "byte " << i;
+    }
+  }
+
+  static void ExpectError(const absl::Status& status, absl::StatusCode code,
+                          const std::string& mentions) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), mentions))
+        << "'" << status.message() << "' does not mention '" << mentions << "'";
+  }
+
+  TestDaemon daemon_{"16MiB"};
+  std::unique_ptr<Client> client_;
+  std::shared_ptr<SharedBuffer> buffer_;
+};
+
+TEST_F(BadInputTest, UnknownRegionIsNamed) {
+  ExpectError(client_->Snapshot(2, {"weights", "layer9.missing"}).status(),
+              absl::StatusCode::kNotFound, "layer9.missing");
+  ExpectError(client_->Restore(std::nullopt, {"layer9.missing"}).status(),
+              absl::StatusCode::kNotFound, "layer9.missing");
+  ExpectStepOneIntact();
+}
+
+TEST_F(BadInputTest, RestoreIntoARegionOfAnotherSizeNamesBothSizes) {
+  std::unique_ptr<Client> client;
+  std::shared_ptr<SharedBuffer> buffer;
+  ASSERT_NO_FATAL_FAILURE(Connect(client, buffer, kRegionBytes + 4));
+  ExpectError(client->Restore().status(), absl::StatusCode::kInvalidArgument,
+              "region 'weights' is 1048580 bytes in this trainer, but step 1 stored 1048576");
+  ExpectStepOneIntact();
+}
+
+TEST_F(BadInputTest, StepNotAfterTheLatestIsRefused) {
+  ExpectError(client_->Snapshot(1).status(), absl::StatusCode::kInvalidArgument,
+              "step 1 of rank 0 is not after step 1");
+  ExpectError(client_->Restore(0).status(), absl::StatusCode::kFailedPrecondition,
+              "only the latest committed step, 1, is kept");
+  ExpectStepOneIntact();
+}
+
+TEST_F(BadInputTest, SnapshotLargerThanThePoolSaysHowMuchMoreIsNeeded) {
+  // A 16 MiB pool holds step 1 (1 MiB); a 20 MiB region cannot fit.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> big = client_->AllocateHost(20 << 20);
+  ASSERT_OK(big);
+  ASSERT_OK(client_->RegisterHostRegion({"huge", "uint8", {}}, *big, 0, 20 << 20));
+  const absl::Status status = client_->Snapshot(2).status();
+  ExpectError(status, absl::StatusCode::kResourceExhausted, "needs 22020096 bytes");
+  EXPECT_TRUE(absl::StrContains(status.message(), "more")) << status;
+  // The refused step is not a step: a later one still works, and step 1 was never touched.
+  ASSERT_OK(client_->Snapshot(2, {"weights"}));
+  ASSERT_OK(client_->WaitCommitted(2));
+  ExpectError(client_->Snapshot(3, {"huge"}).status(), absl::StatusCode::kResourceExhausted, "pool");
+}
+
+TEST_F(BadInputTest, MalformedConfigNamesTheKeyAndTheFile) {
+  const std::string path = daemon_.directory() + "/bad.toml";
+  for (const auto& [text, mentions] : std::vector<std::pair<std::string, std::string>>{
+           {"[pool]\nbytes = \"12 parsecs\"\n", "pool.bytes"},
+           {"[pool]\nsize = 5\n", "unknown key pool.size"},
+           {"[capture]\nthreads = 0\n", "capture.threads"},
+           {"[pool\n", "bad.toml:"}}) {
+    std::ofstream(path) << text;
+    ChildProcess daemon({BinaryPath("moesnapd"), "--config", path}, {},
+                        ChildProcess::Stderr::kCapture);
+    std::string output;
+    while (std::optional<std::string> line = daemon.ReadLine(10s)) output += *line;
+    EXPECT_EQ(daemon.Wait(10s), 2) << text;
+    EXPECT_TRUE(absl::StrContains(output, mentions)) << output;
+    EXPECT_TRUE(absl::StrContains(output, path)) << output;
+  }
+  ExpectStepOneIntact();
+}
+
+TEST_F(BadInputTest, SecondDaemonOnTheSameSocketOrPoolIsRefused) {
+  ChildProcess second({BinaryPath("moesnapd"), "--config", daemon_.config_path()}, {},
+                      ChildProcess::Stderr::kCapture);
+  std::string output;
+  while (std::optional<std::string> line = second.ReadLine(10s)) output += *line;
+  EXPECT_EQ(second.Wait(10s), 1);
+  EXPECT_TRUE(absl::StrContains(output, "in use by another moesnapd")) << output;
+
+  // Another pool but the same sockets: refused at the socket, naming it.
+  std::ifstream original(daemon_.config_path());
+  std::string config((std::istreambuf_iterator<char>(original)), std::istreambuf_iterator<char>());
+  const size_t name = config.find(daemon_.pool_name());
+  config.replace(name, daemon_.pool_name().size(), daemon_.pool_name() + "-other");
+  const std::string other_config = daemon_.directory() + "/other.toml";
+  std::ofstream(other_config) << config;
+  ChildProcess third({BinaryPath("moesnapd"), "--config", other_config}, {},
+                     ChildProcess::Stderr::kCapture);
+  output.clear();
+  while (std::optional<std::string> line = third.ReadLine(10s)) output += *line;
+  EXPECT_EQ(third.Wait(10s), 1);
+  EXPECT_TRUE(absl::StrContains(output, "already serving " + daemon_.agent_socket())) << output;
+  for (const char* suffix : {".data", ".journal"}) {
+    std::remove(("/dev/shm/" + daemon_.pool_name() + "-other" + suffix).c_str());
+  }
+  EXPECT_TRUE(daemon_.running());
+  ExpectStepOneIntact();
+}
+
+TEST_F(BadInputTest, PeerWithoutCredentialsIsRefusedByName) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  // Open the socket's file permissions, as a misconfiguration would: the credential check must still
+  // refuse a user who is neither root, the daemon's uid, in its group, nor listed.
+  ASSERT_EQ(chmod(daemon_.agent_socket().c_str(), 0666), 0);
+  ASSERT_EQ(chmod(daemon_.directory().c_str(), 0755), 0);
+  ChildProcess stranger({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                         BinaryPath("moesnap-test-trainer"), "--socket", daemon_.agent_socket(),
+                         "--regions", "1", "--region-bytes", "4096", "--mode", "verify"});
+  std::string output;
+  while (std::optional<std::string> line = stranger.ReadLine(20s)) output += *line;
+  EXPECT_EQ(stranger.Wait(10s), 3);
+  EXPECT_TRUE(absl::StrContains(output, "PERMISSION_DENIED")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "accepts root and uid")) << output;
+  ExpectStepOneIntact();
+}
+
+}  // namespace
+}  // namespace moesnap

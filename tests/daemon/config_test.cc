@@ -1,0 +1,93 @@
+// ParseDaemonOptions: defaults, every key, and errors that name the key and the file.
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "common/byte_size.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon {
+namespace {
+
+TEST(ConfigTest, EmptyFileTakesEveryDefault) {
+  absl::StatusOr<DaemonOptions> options = ParseDaemonOptions("", "empty.toml");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->agent_socket, "/run/moesnap/agent.sock");
+  EXPECT_EQ(options->pool.bytes, uint64_t{8} << 30);
+  EXPECT_EQ(options->capture.chunk_bytes, uint64_t{4} << 20);
+  EXPECT_EQ(options->pool.lock, PoolLockMode::kAuto);
+}
+
+TEST(ConfigTest, ReadsEveryKey) {
+  absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(R"(
+[node]
+id = 7
+[agent]
+socket = "/tmp/a.sock"
+[admin]
+socket = "/tmp/b.sock"
+[access]
+group = "moesnap"
+allowed_uids = [1000, 1001]
+[pool]
+name = "p"
+bytes = "2GiB"
+lock = "required"
+journal_bytes = 1048576
+[capture]
+threads = 4
+chunk_bytes = "1 MiB"
+[log]
+level = "debug"
+)", "full.toml");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->node_id, 7u);
+  EXPECT_EQ(options->admin_socket, "/tmp/b.sock");
+  EXPECT_EQ(options->access.group, "moesnap");
+  EXPECT_EQ(options->access.allowed_uids, (std::vector<uid_t>{1000, 1001}));
+  EXPECT_EQ(options->pool.bytes, uint64_t{2} << 30);
+  EXPECT_EQ(options->pool.lock, PoolLockMode::kRequired);
+  EXPECT_EQ(options->pool.journal_bytes, 1048576u);
+  EXPECT_EQ(options->capture.threads, 4);
+  EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
+  EXPECT_EQ(options->log_level, LogLevel::kDebug);
+}
+
+TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[pool]\nbytes = \"8 GB\"\n", "site.toml: pool.bytes"},
+      {"[pool]\nlock = \"maybe\"\n", "site.toml: pool.lock"},
+      {"[node]\nid = -1\n", "site.toml: node.id"},
+      {"[node]\nid = \"zero\"\n", "site.toml: node.id: expected an integer"},
+      {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
+      {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
+      {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
+      {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},
+      {"[agent]\nsocket = \"/x\"\n[admin]\nsocket = \"/x\"\n", "admin.socket"},
+      {"pool = 3\n", "unknown key pool"},
+      {"[pool\n", "site.toml:1:"},
+  };
+  for (const auto& [text, mentions] : cases) {
+    absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(text, "site.toml");
+    ASSERT_STATUS(options, absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(absl::StrContains(options.status().message(), mentions))
+        << options.status() << " should mention " << mentions;
+  }
+}
+
+TEST(ByteSizeTest, ParsesUnitsAndRejectsAmbiguity) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+  EXPECT_EQ(*ParseByteSize("4KiB"), 4096u);
+  EXPECT_EQ(*ParseByteSize(" 3 MiB "), 3u << 20);
+  EXPECT_EQ(*ParseByteSize("1TiB"), uint64_t{1} << 40);
+  EXPECT_EQ(*ParseByteSize("12B"), 12u);
+  for (const char* bad : {"", "MiB", "4MB", "-4KiB", "1.5GiB", "99999999999999999999", "16777216TiB"}) {
+    EXPECT_STATUS(ParseByteSize(bad), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(FormatByteSize(256u << 20), "256.0 MiB");
+  EXPECT_EQ(FormatByteSize(12), "12 B");
+}
+
+}  // namespace
+}  // namespace moesnap::daemon

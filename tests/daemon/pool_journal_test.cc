@@ -1,0 +1,142 @@
+// Pool allocation and the journal's crash consistency, in process (the crash tests do it for real).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/shared_memory.h"
+#include "daemon/journal.h"
+#include "daemon/pool.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon {
+namespace {
+
+std::string UniqueName(const std::string& what) {
+  static int counter = 0;
+  return absl::StrCat("moesnap-unit-", what, "-", getpid(), "-", counter++);
+}
+
+class PoolTest : public ::testing::Test {
+ protected:
+  void TearDown() override { SharedMemory::Unlink(options_.name + ".data").IgnoreError(); }
+  PoolOptions options_{.name = UniqueName("pool"), .bytes = 64 * Pool::kAlignment};
+};
+
+TEST_F(PoolTest, AllocatesFreesAndCoalesces) {
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+  ASSERT_OK(pool);
+  EXPECT_FALSE((*pool)->reattached());
+  auto a = (*pool)->Allocate(10 * Pool::kAlignment);
+  auto b = (*pool)->Allocate(1);  // rounds up to one page
+  auto c = (*pool)->Allocate(53 * Pool::kAlignment);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(c);
+  EXPECT_EQ((*pool)->free_bytes(), 0u);
+  absl::StatusOr<std::shared_ptr<PoolExtent>> none = (*pool)->Allocate(1);
+  ASSERT_STATUS(none, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("4096 more"), std::string::npos) << none.status();
+  a->reset();
+  c->reset();
+  // a and c are not adjacent: 53 pages fit, 64 do not; once b goes, they do.
+  EXPECT_STATUS((*pool)->Allocate(64 * Pool::kAlignment), absl::StatusCode::kResourceExhausted);
+  b->reset();
+  EXPECT_OK((*pool)->Allocate(64 * Pool::kAlignment));
+}
+
+TEST_F(PoolTest, ReattachesTheSameBytesAndRefusesAnotherSizeOrASecondOwner) {
+  {
+    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+    ASSERT_OK(pool);
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = (*pool)->Allocate(4096);
+    ASSERT_OK(extent);
+    std::memset((*extent)->data(), 0x5a, 4096);
+    EXPECT_STATUS(Pool::OpenOrCreate(options_, std::nullopt), absl::StatusCode::kFailedPrecondition);
+  }
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+  ASSERT_OK(pool);
+  EXPECT_TRUE((*pool)->reattached());
+  absl::StatusOr<std::shared_ptr<PoolExtent>> claimed = (*pool)->Claim(0, 4096);
+  ASSERT_OK(claimed);
+  EXPECT_EQ((*claimed)->data()[4095], 0x5a);
+  EXPECT_STATUS((*pool)->Claim(0, 4096), absl::StatusCode::kDataLoss);
+  claimed->reset();  // extents go before their pool
+  pool->reset();
+  PoolOptions bigger = options_;
+  bigger.bytes *= 2;
+  absl::StatusOr<std::unique_ptr<Pool>> resized = Pool::OpenOrCreate(bigger, std::nullopt);
+  ASSERT_STATUS(resized, absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(resized.status().message().find("pool.bytes"), std::string::npos);
+}
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void TearDown() override { SharedMemory::Unlink(name_ + ".journal").IgnoreError(); }
+
+  static v1::JournalState StateAtStep(int64_t step) {
+    v1::JournalState state;
+    v1::JournalVersion* version = state.add_versions();
+    version->set_region("weights");
+    version->set_step(step);
+    version->set_bytes(100 * step);
+    for (int i = 0; i < 1000; ++i) version->add_chunk_crcs(static_cast<uint32_t>(i * step));
+    state.add_ranks()->set_latest_committed_step(step);
+    return state;
+  }
+
+  std::string name_ = UniqueName("journal");
+};
+
+TEST_F(JournalTest, RecoversTheNewestWriteAfterReopen) {
+  {
+    auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+    ASSERT_OK(journal);
+    EXPECT_EQ((*journal)->recovered_state().versions_size(), 0);
+    for (int step = 1; step <= 5; ++step) ASSERT_OK((*journal)->Write(StateAtStep(step)));
+  }
+  auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+  ASSERT_OK(journal);
+  EXPECT_EQ((*journal)->sequence(), 5);
+  EXPECT_EQ((*journal)->recovered_state().versions(0).step(), 5);
+}
+
+TEST_F(JournalTest, AProcessKilledMidWriteLeavesThePreviousStateReadable) {
+  for (int64_t crash_at = 1; crash_at <= 4; ++crash_at) {
+    SharedMemory::Unlink(name_ + ".journal").IgnoreError();
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+      if (!journal.ok()) _exit(1);
+      (*journal)->set_crash_in_write_for_testing(crash_at);
+      for (int step = 1; step <= 10; ++step) (*journal)->Write(StateAtStep(step)).IgnoreError();
+      _exit(0);  // not reached: the write of sequence crash_at kills the process
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "crash at " << crash_at;
+    auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+    ASSERT_OK(journal);
+    EXPECT_EQ((*journal)->sequence(), crash_at - 1);
+    if (crash_at > 1) {
+      EXPECT_EQ((*journal)->recovered_state().versions(0).step(), crash_at - 1);
+      EXPECT_EQ((*journal)->recovered_state().versions(0).chunk_crcs_size(), 1000);
+    }
+  }
+}
+
+TEST_F(JournalTest, StateLargerThanASlotIsRefusedWithTheSizeNeeded) {
+  auto journal = Journal::OpenOrCreate(name_, 64 * 1024, std::nullopt);
+  ASSERT_OK(journal);
+  ASSERT_OK((*journal)->Write(StateAtStep(1)));
+  v1::JournalState huge = StateAtStep(2);
+  for (int i = 0; i < 20000; ++i) huge.mutable_versions(0)->add_chunk_crcs(i);
+  absl::Status status = (*journal)->Write(huge);
+  ASSERT_STATUS(status, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("pool.journal_bytes"), std::string::npos);
+  EXPECT_EQ((*journal)->sequence(), 1);
+}
+
+}  // namespace
+}  // namespace moesnap::daemon
