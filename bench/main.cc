@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   using moesnap::bench::Report;
   const std::map<std::string, std::function<absl::Status(Report&)>> suites = {
       {"erasure", moesnap::bench::RunErasureSuite},
+      {"capture", moesnap::bench::RunCaptureSuite},
   };
 
   CLI::App app{"moesnap benchmarks: every figure beside its physical limit, measured in one run"};

@@ -8,6 +8,7 @@
 namespace moesnap::bench {
 
 absl::Status RunErasureSuite(Report& report);
+absl::Status RunCaptureSuite(Report& report);
 
 }  // namespace moesnap::bench
 
