@@ -70,7 +70,7 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name, size_
                                       " (is /dev/shm large enough?)"));
     }
   }
-  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) return fail(errno, absl::StrCat("cannot map /dev/shm/", name));
   close(fd);
   return SharedMemory(name, static_cast<uint8_t*>(data), bytes);
@@ -91,7 +91,8 @@ absl::StatusOr<SharedMemory> SharedMemory::Open(const std::string& name, bool wr
     return absl::FailedPreconditionError(absl::StrCat("/dev/shm/", name, " is empty"));
   }
   const size_t bytes = static_cast<size_t>(info.st_size);
-  void* data = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  void* data = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                    MAP_SHARED | MAP_POPULATE, fd, 0);
   const int error = errno;
   close(fd);
   if (data == MAP_FAILED) return ErrnoStatus(error, absl::StrCat("cannot map /dev/shm/", name));

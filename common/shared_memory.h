@@ -16,7 +16,9 @@
 
 namespace moesnap {
 
-// One mapping of a named shared-memory file. Move-only; unmaps on destruction (the file stays until
+// One mapping of a named shared-memory file, with its page tables filled at map time (MAP_POPULATE):
+// first-touch page faults cost about 10 us each on virtual machines, which made a 256 MiB restore
+// into freshly mapped memory take 0.7 s instead of tens of milliseconds. Move-only; unmaps on destruction (the file stays until
 // Unlink). Not thread-safe to move; the mapped bytes are the caller's to synchronize.
 class SharedMemory {
  public:
