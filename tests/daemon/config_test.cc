@@ -91,3 +91,26 @@ TEST(ByteSizeTest, ParsesUnitsAndRejectsAmbiguity) {
 
 }  // namespace
 }  // namespace moesnap::daemon
+
+namespace moesnap::daemon {
+namespace {
+
+// The documented example must load, and document exactly the defaults.
+TEST(ConfigTest, ExampleConfigLoadsWithTheDefaults) {
+  absl::StatusOr<DaemonOptions> example =
+      LoadDaemonOptions(std::string(MOESNAP_SOURCE_DIR) + "/deploy/moesnapd.toml");
+  ASSERT_OK(example);
+  const DaemonOptions defaults;
+  EXPECT_EQ(example->agent_socket, defaults.agent_socket);
+  EXPECT_EQ(example->admin_socket, defaults.admin_socket);
+  EXPECT_EQ(example->pool.name, defaults.pool.name);
+  EXPECT_EQ(example->pool.bytes, defaults.pool.bytes);
+  EXPECT_EQ(example->pool.journal_bytes, defaults.pool.journal_bytes);
+  EXPECT_EQ(example->pool.lock, defaults.pool.lock);
+  EXPECT_EQ(example->capture.threads, defaults.capture.threads);
+  EXPECT_EQ(example->capture.chunk_bytes, defaults.capture.chunk_bytes);
+  EXPECT_EQ(example->log_level, defaults.log_level);
+}
+
+}  // namespace
+}  // namespace moesnap::daemon

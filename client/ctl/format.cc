@@ -1,0 +1,138 @@
+#include "client/ctl/format.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/byte_size.h"
+
+namespace moesnap::ctl {
+
+ExitCode ExitCodeFor(const grpc::Status& status) {
+  if (status.ok()) return kSuccess;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return kDaemonUnreachable;
+  }
+  return kDaemonRefused;
+}
+
+std::string DescribeError(const grpc::Status& status, const std::string& socket_path) {
+  if (ExitCodeFor(status) == kDaemonUnreachable) {
+    return absl::StrCat("moesnapctl: cannot reach moesnapd at ", socket_path,
+                        " (is the service running? try: systemctl status moesnapd): ",
+                        status.error_message());
+  }
+  static constexpr const char* kCodes[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int code = static_cast<int>(status.error_code());
+  return absl::StrCat("moesnapctl: ", code >= 0 && code <= 16 ? kCodes[code] : "UNKNOWN", ": ",
+                      status.error_message());
+}
+
+std::string StateName(v1::StepState state) {
+  switch (state) {
+    case v1::STEP_STATE_CAPTURING: return "capturing";
+    case v1::STEP_STATE_CAPTURED: return "captured";
+    case v1::STEP_STATE_ENCODED: return "encoded";
+    case v1::STEP_STATE_COMMITTED: return "committed";
+    case v1::STEP_STATE_ABORTED: return "aborted";
+    default: return "unknown";
+  }
+}
+
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      absl::StrAppend(&line, row[i], i + 1 < row.size() ? std::string(widths[i] - row[i].size() + 2, ' ') : "");
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string Json(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
+  return json + "\n";
+}
+
+std::string FormatStatus(const v1::StatusResponse& status) {
+  return Table({
+      {"node", absl::StrCat(status.node_id())},
+      {"pool", absl::StrCat("/dev/shm/", status.pool_name(), " ", FormatByteSize(status.pool_bytes()),
+                            status.pool_locked() ? ", page-locked" : ", not page-locked")},
+      {"committed", FormatByteSize(status.pool_used_bytes())},
+      {"in flight", FormatByteSize(status.pool_in_flight_bytes())},
+      {"free", FormatByteSize(status.pool_bytes() - status.pool_used_bytes() -
+                              status.pool_in_flight_bytes())},
+      {"ranks", absl::StrCat(status.ranks())},
+      {"journal", absl::StrCat("sequence ", status.journal_sequence())},
+      {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
+  });
+}
+
+std::string FormatSteps(const v1::ListStepsResponse& steps) {
+  if (steps.steps_size() == 0) return "no steps stored\n";
+  std::vector<std::vector<std::string>> rows = {{"RANK", "STEP", "STATE", "REGIONS", "BYTES"}};
+  for (const v1::StepInfo& step : steps.steps()) {
+    rows.push_back({absl::StrCat(step.rank()), absl::StrCat(step.step()), StateName(step.state()),
+                    absl::StrCat(step.regions()), FormatByteSize(step.bytes())});
+  }
+  return Table(rows);
+}
+
+std::string FormatInspect(const v1::InspectStepResponse& inspect) {
+  v1::ListStepsResponse steps;
+  *steps.mutable_steps() = inspect.steps();
+  const std::string out = FormatSteps(steps);
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "REGION", "DTYPE", "SHAPE", "BYTES", "CHUNKS"}};
+  for (const v1::VersionInfo& version : inspect.versions()) {
+    rows.push_back({absl::StrCat(version.rank()), version.region(), version.dtype(),
+                    absl::StrCat("[", absl::StrJoin(version.shape(), ","), "]"),
+                    FormatByteSize(version.bytes()), absl::StrCat(version.chunks())});
+  }
+  return absl::StrCat(out, "\n", Table(rows));
+}
+
+std::string FormatVerify(const v1::VerifyResponse& verify) {
+  std::string out = absl::StrCat("checked ", verify.versions_checked(), " versions, ",
+                                 verify.chunks_checked(), " chunks, ",
+                                 FormatByteSize(verify.bytes_checked()), ": ",
+                                 verify.corruptions_size() == 0
+                                     ? "every CRC-32C matches\n"
+                                     : absl::StrCat(verify.corruptions_size(), " corrupt chunks\n"));
+  if (verify.corruptions_size() == 0) return out;
+  std::vector<std::vector<std::string>> rows = {{"RANK", "REGION", "STEP", "CHUNK", "STORED", "ACTUAL"}};
+  for (const auto& corruption : verify.corruptions()) {
+    rows.push_back({absl::StrCat(corruption.rank()), corruption.region(),
+                    absl::StrCat(corruption.step()), absl::StrCat(corruption.chunk()),
+                    absl::StrFormat("%08x", corruption.expected_crc()),
+                    absl::StrFormat("%08x", corruption.actual_crc())});
+  }
+  return absl::StrCat(out, Table(rows));
+}
+
+std::string FormatDrop(int64_t step, const v1::DropStepResponse& drop) {
+  return absl::StrCat("dropped ", drop.versions_dropped(), " versions of step ", step, ", freed ",
+                      FormatByteSize(drop.bytes_freed()), "\n");
+}
+
+}  // namespace moesnap::ctl

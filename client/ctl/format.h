@@ -1,0 +1,43 @@
+// What moesnapctl prints: tables for people, one JSON object for scripts, and the exit code a
+// result maps to. Pure functions of the daemon's responses, testable without a daemon.
+#ifndef MOESNAP_CLIENT_CTL_FORMAT_H_
+#define MOESNAP_CLIENT_CTL_FORMAT_H_
+
+#include <grpcpp/support/status.h>
+
+#include <string>
+#include <vector>
+
+#include "google/protobuf/message.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::ctl {
+
+// Exit codes scripts can rely on.
+enum ExitCode {
+  kSuccess = 0,
+  kProblemFound = 1,       // the command ran and found something wrong (verify: corruptions)
+  kUsage = 2,              // bad command line
+  kDaemonUnreachable = 3,  // nothing answered on the socket, or not in time
+  kDaemonRefused = 4,      // the daemon answered with an error (its message is printed)
+};
+
+ExitCode ExitCodeFor(const grpc::Status& status);
+// "moesnapctl: cannot reach moesnapd at PATH ..." or "moesnapctl: NOT_FOUND: message".
+std::string DescribeError(const grpc::Status& status, const std::string& socket_path);
+
+std::string StateName(v1::StepState state);
+// Columns padded to their widest cell; the first row is the header.
+std::string Table(const std::vector<std::vector<std::string>>& rows);
+// The response as one JSON object, every field present.
+std::string Json(const google::protobuf::Message& message);
+
+std::string FormatStatus(const v1::StatusResponse& status);
+std::string FormatSteps(const v1::ListStepsResponse& steps);
+std::string FormatInspect(const v1::InspectStepResponse& inspect);
+std::string FormatVerify(const v1::VerifyResponse& verify);
+std::string FormatDrop(int64_t step, const v1::DropStepResponse& drop);
+
+}  // namespace moesnap::ctl
+
+#endif  // MOESNAP_CLIENT_CTL_FORMAT_H_

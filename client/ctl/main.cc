@@ -1,0 +1,124 @@
+// moesnapctl: the operator's view of a node's moesnapd, over the daemon's admin socket.
+#include <cstdio>
+#include <cstdlib>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "client/ctl/format.h"
+#include "proto/moesnap.grpc.pb.h"
+
+namespace {
+
+struct Session {
+  std::string socket_path;
+  bool json = false;
+  int timeout_seconds = 30;
+
+  // Calls `rpc` and prints the response with `format` (or as JSON); returns the exit code.
+  template <typename Response, typename Rpc, typename Format>
+  int Run(Rpc rpc, Format format) {
+    auto stub = moesnap::v1::Admin::NewStub(
+        grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(timeout_seconds));
+    Response response;
+    const grpc::Status status = rpc(*stub, context, response);
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s\n", moesnap::ctl::DescribeError(status, socket_path).c_str());
+      return moesnap::ctl::ExitCodeFor(status);
+    }
+    const std::string text = json ? moesnap::ctl::Json(response) : format(response);
+    std::fputs(text.c_str(), stdout);
+    return moesnap::ctl::kSuccess;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace moesnap;
+  Session session;
+  const char* socket_from_environment = std::getenv("MOESNAP_ADMIN_SOCKET");
+  session.socket_path = socket_from_environment ? socket_from_environment : "/run/moesnap/admin.sock";
+
+  CLI::App app{"moesnapctl: inspect and manage the snapshots a node's moesnapd holds"};
+  app.footer(
+      "Exit codes: 0 success; 1 the command ran and found a problem (verify: corrupt chunks); "
+      "2 usage error; 3 the daemon is unreachable or did not answer in time; 4 the daemon refused "
+      "or failed the request (its message is printed).");
+  app.require_subcommand(1);
+  app.add_option("--socket", session.socket_path,
+                 "Admin socket of the daemon (default: $MOESNAP_ADMIN_SOCKET, else "
+                 "/run/moesnap/admin.sock)");
+  app.add_flag("--json", session.json, "Print one JSON object instead of tables");
+  app.add_option("--timeout", session.timeout_seconds, "Seconds to wait for the daemon")
+      ->check(CLI::PositiveNumber);
+
+  auto* status = app.add_subcommand("status", "Pool capacity and use, ranks, journal, uptime");
+  auto* ls = app.add_subcommand("ls", "Every stored step of every rank, with its state and size");
+  int64_t step = 0;
+  uint32_t rank = 0;
+  auto* inspect = app.add_subcommand("inspect", "The regions one step holds: dtype, shape, bytes, chunks");
+  inspect->add_option("STEP", step, "Step to inspect")->required();
+  auto* inspect_rank = inspect->add_option("--rank", rank, "Only this rank");
+  auto* verify = app.add_subcommand(
+      "verify", "Recompute the CRC-32C of every stored chunk (of STEP, or of everything)");
+  auto* verify_step = verify->add_option("STEP", step, "Only this step");
+  auto* drop = app.add_subcommand("drop", "Delete a step's stored versions and free their memory");
+  drop->add_option("STEP", step, "Step to drop")->required();
+  auto* drop_rank = drop->add_option("--rank", rank, "Only this rank");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version are "errors" with exit code 0; every real one becomes the usage code.
+    return app.exit(error) == 0 ? ctl::kSuccess : ctl::kUsage;
+  }
+
+  using Stub = v1::Admin::Stub;
+  if (*status) {
+    return session.Run<v1::StatusResponse>(
+        [](Stub& stub, grpc::ClientContext& context, v1::StatusResponse& response) {
+          return stub.Status(&context, v1::StatusRequest(), &response);
+        },
+        ctl::FormatStatus);
+  }
+  if (*ls) {
+    return session.Run<v1::ListStepsResponse>(
+        [](Stub& stub, grpc::ClientContext& context, v1::ListStepsResponse& response) {
+          return stub.ListSteps(&context, v1::ListStepsRequest(), &response);
+        },
+        ctl::FormatSteps);
+  }
+  if (*inspect) {
+    v1::InspectStepRequest request;
+    request.set_step(step);
+    if (*inspect_rank) request.set_rank(rank);
+    return session.Run<v1::InspectStepResponse>(
+        [&](Stub& stub, grpc::ClientContext& context, v1::InspectStepResponse& response) {
+          return stub.InspectStep(&context, request, &response);
+        },
+        ctl::FormatInspect);
+  }
+  if (*verify) {
+    v1::VerifyRequest request;
+    if (*verify_step) request.set_step(step);
+    bool corrupt = false;
+    const int code = session.Run<v1::VerifyResponse>(
+        [&](Stub& stub, grpc::ClientContext& context, v1::VerifyResponse& response) {
+          grpc::Status result = stub.Verify(&context, request, &response);
+          corrupt = response.corruptions_size() > 0;
+          return result;
+        },
+        ctl::FormatVerify);
+    return code == ctl::kSuccess && corrupt ? ctl::kProblemFound : code;
+  }
+  v1::DropStepRequest request;
+  request.set_step(step);
+  if (*drop_rank) request.set_rank(rank);
+  return session.Run<v1::DropStepResponse>(
+      [&](Stub& stub, grpc::ClientContext& context, v1::DropStepResponse& response) {
+        return stub.DropStep(&context, request, &response);
+      },
+      [&](const v1::DropStepResponse& response) { return ctl::FormatDrop(step, response); });
+}

@@ -1,0 +1,114 @@
+// moesnapctl against a real daemon: tables, JSON, and the exit codes scripts rely on, including a
+// corrupt chunk found by verify (and refused by restore) after a byte of the pool is flipped.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "client/ctl/format.h"
+#include "moesnap/client.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_daemon.h"
+
+namespace moesnap {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using testing::TestDaemon;
+using namespace std::chrono_literals;
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Result Ctl(const std::string& socket, std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), {BinaryPath("moesnapctl"), "--socket", socket});
+  ChildProcess ctl(arguments, {}, ChildProcess::Stderr::kCapture);
+  Result result{-1, ""};
+  while (std::optional<std::string> line = ctl.ReadLine(30s)) result.output += *line + "\n";
+  result.exit_code = ctl.Wait(30s).value_or(-1);
+  return result;
+}
+
+TEST(MoesnapctlTest, ReportsStepsVerifiesDropsAndFindsACorruptChunk) {
+  TestDaemon daemon("64MiB");
+  ASSERT_TRUE(daemon.Start());
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon.agent_socket(), .rank = 3});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(1 << 20);
+  ASSERT_OK(buffer);
+  std::memset((*buffer)->data(), 0x11, 1 << 20);
+  ASSERT_OK((*client)->RegisterHostRegion({"layer0.gate", "float32", {512, 512}}, *buffer, 0, 1 << 20));
+  ASSERT_OK((*client)->Snapshot(40));
+  ASSERT_OK((*client)->WaitCommitted(40));
+
+  Result status = Ctl(daemon.admin_socket(), {"status"});
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, "1.0 MiB")) << status.output;
+
+  Result ls = Ctl(daemon.admin_socket(), {"ls"});
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(ls.output, "3     40    committed  1        1.0 MiB")) << ls.output;
+
+  Result inspect = Ctl(daemon.admin_socket(), {"--json", "inspect", "40"});
+  EXPECT_EQ(inspect.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(inspect.output, "\"region\":\"layer0.gate\"")) << inspect.output;
+  EXPECT_TRUE(absl::StrContains(inspect.output, "\"shape\":[\"512\",\"512\"]")) << inspect.output;
+
+  Result clean = Ctl(daemon.admin_socket(), {"verify"});
+  EXPECT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_TRUE(absl::StrContains(clean.output, "every CRC-32C matches")) << clean.output;
+
+  // The only version sits at the start of the pool: flip one byte of it behind the daemon's back.
+  {
+    std::fstream pool("/dev/shm/" + daemon.pool_name() + ".data",
+                      std::ios::in | std::ios::out | std::ios::binary);
+    pool.seekp(777);
+    pool.put(0x12);
+  }
+  Result corrupt = Ctl(daemon.admin_socket(), {"verify", "40"});
+  EXPECT_EQ(corrupt.exit_code, ctl::kProblemFound) << corrupt.output;
+  EXPECT_TRUE(absl::StrContains(corrupt.output, "1 corrupt chunks")) << corrupt.output;
+  EXPECT_TRUE(absl::StrContains(corrupt.output, "layer0.gate")) << corrupt.output;
+  absl::StatusOr<RestoreResult> restored = (*client)->Restore();
+  ASSERT_STATUS(restored, absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(restored.status().message(), "layer0.gate")) << restored.status();
+
+  Result missing = Ctl(daemon.admin_socket(), {"drop", "41"});
+  EXPECT_EQ(missing.exit_code, ctl::kDaemonRefused);
+  EXPECT_TRUE(absl::StrContains(missing.output, "NOT_FOUND: no committed version of step 41"))
+      << missing.output;
+  Result dropped = Ctl(daemon.admin_socket(), {"drop", "40", "--rank", "3"});
+  EXPECT_EQ(dropped.exit_code, 0) << dropped.output;
+  EXPECT_TRUE(absl::StrContains(dropped.output, "dropped 1 versions of step 40")) << dropped.output;
+  EXPECT_TRUE(absl::StrContains(Ctl(daemon.admin_socket(), {"ls"}).output, "no steps stored"));
+}
+
+TEST(MoesnapctlTest, UsageAndUnreachableDaemonHaveTheirOwnExitCodes) {
+  EXPECT_EQ(Ctl("/nonexistent/admin.sock", {"drop"}).exit_code, ctl::kUsage);
+  EXPECT_EQ(Ctl("/nonexistent/admin.sock", {"frobnicate"}).exit_code, ctl::kUsage);
+  EXPECT_EQ(Ctl("/nonexistent/admin.sock", {"status", "--help"}).exit_code, ctl::kSuccess);
+  Result unreachable = Ctl("/nonexistent/admin.sock", {"--timeout", "2", "status"});
+  EXPECT_EQ(unreachable.exit_code, ctl::kDaemonUnreachable);
+  EXPECT_TRUE(absl::StrContains(unreachable.output, "/nonexistent/admin.sock")) << unreachable.output;
+}
+
+TEST(FormatTest, TablesAlignAndBytesReadAsPeopleWrite) {
+  EXPECT_EQ(ctl::Table({{"A", "BB"}, {"ccc", "d"}}), "A    BB\nccc  d\n");
+  v1::VerifyResponse verify;
+  verify.set_versions_checked(2);
+  verify.set_chunks_checked(3);
+  verify.set_bytes_checked(3 << 20);
+  EXPECT_EQ(ctl::FormatVerify(verify),
+            "checked 2 versions, 3 chunks, 3.0 MiB: every CRC-32C matches\n");
+  EXPECT_EQ(ctl::ExitCodeFor(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "")),
+            ctl::kDaemonUnreachable);
+  EXPECT_EQ(ctl::ExitCodeFor(grpc::Status(grpc::StatusCode::DATA_LOSS, "")), ctl::kDaemonRefused);
+}
+
+}  // namespace
+}  // namespace moesnap
