@@ -250,17 +250,19 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
   in_flight_bytes_ += bytes;
   rank_state.latest_snapshot = step;
   StepRecord& stored = rank_state.steps[step] = std::move(record);
+  std::vector<std::function<void()>> copies;
   for (size_t i = 0; i < stored.versions.size(); ++i) {
     const std::shared_ptr<Version>& version = stored.versions[i];
     for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
-      workers_.Submit([this, rank, step, version, chunk, source = selected[i]->source,
-                       backend = selected[i]->backend] {
+      copies.push_back([this, rank, step, version, chunk, source = selected[i]->source,
+                        backend = selected[i]->backend] {
         CopyChunk(rank, step, version, chunk, source, backend);
       });
     }
   }
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", stored.regions,
       " regions, ", bytes, " bytes");
+  workers_.SubmitAll(std::move(copies));
   return bytes;
 }
 
@@ -474,25 +476,50 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     response.set_step(latest);
   }
 
-  // Copy outside the lock; the versions held here cannot be freed by a concurrent commit.
+  // Copy outside the lock, chunk by chunk on the capture threads; the versions held here cannot be
+  // freed by a concurrent commit. The first failure is reported; the other chunks still finish.
+  struct Progress {
+    absl::Mutex mutex;
+    uint64_t pending ABSL_GUARDED_BY(mutex) = 0;
+    absl::Status status ABSL_GUARDED_BY(mutex);
+  };
+  auto progress = std::make_shared<Progress>();
+  {
+    absl::MutexLock lock(&progress->mutex);
+    for (const Work& item : work) progress->pending += item.version->chunks();
+  }
   for (const Work& item : work) {
-    const Version& version = *item.version;
-    for (uint32_t chunk = 0; chunk < version.chunks(); ++chunk) {
-      const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
-      absl::StatusOr<uint32_t> crc = item.backend->CopyIn(
-          *item.source, offset, version.extent->data() + offset, version.ChunkLength(chunk));
-      if (!crc.ok()) return crc.status();
-      if (*crc != version.chunk_crcs[chunk]) {
-        return absl::DataLossError(absl::StrFormat(
-            "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the pool holds "
-            "%08x; the snapshot is corrupt (moesnapctl verify lists every damaged chunk)",
-            version.region, rank, version.step, chunk, version.chunk_crcs[chunk], *crc));
-      }
+    for (uint32_t chunk = 0; chunk < item.version->chunks(); ++chunk) {
+      workers_.Submit([item, chunk, rank, progress] {
+        const Version& version = *item.version;
+        const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
+        absl::StatusOr<uint32_t> crc = item.backend->CopyIn(
+            *item.source, offset, version.extent->data() + offset, version.ChunkLength(chunk));
+        absl::Status status = crc.status();
+        if (crc.ok() && *crc != version.chunk_crcs[chunk]) {
+          status = absl::DataLossError(absl::StrFormat(
+              "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the pool holds "
+              "%08x; the snapshot is corrupt (moesnapctl verify lists every damaged chunk)",
+              version.region, rank, version.step, chunk, version.chunk_crcs[chunk], *crc));
+        }
+        absl::MutexLock lock(&progress->mutex);
+        progress->status.Update(status);
+        --progress->pending;
+      });
     }
+  }
+  {
+    absl::MutexLock lock(&progress->mutex);
+    progress->mutex.Await(absl::Condition(
+        +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mutex) { return p->pending == 0; },
+        progress.get()));
+    if (!progress->status.ok()) return progress->status;
+  }
+  for (const Work& item : work) {
     v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(version.region);
-    restored->set_step(version.step);
-    restored->set_bytes(version.bytes);
+    restored->set_region(item.version->region);
+    restored->set_step(item.version->step);
+    restored->set_bytes(item.version->bytes);
   }
   return response;
 }

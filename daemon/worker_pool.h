@@ -21,6 +21,8 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void Submit(std::function<void()> task);
+  // Queues every task under one lock acquisition, so the workers start once all are queued.
+  void SubmitAll(std::vector<std::function<void()>> tasks);
   int threads() const { return static_cast<int>(threads_.size()); }
 
  private:
