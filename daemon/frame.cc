@@ -1,0 +1,102 @@
+// Frame header encoding and validation.
+#include "daemon/frame.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon {
+namespace {
+
+template <typename T>
+void Put(uint8_t* out, size_t offset, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[offset + i] = static_cast<uint8_t>(uint64_t(value) >> (8 * i));
+}
+
+template <typename T>
+T Get(const uint8_t* in, size_t offset) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value |= uint64_t{in[offset + i]} << (8 * i);
+  return static_cast<T>(value);
+}
+
+constexpr size_t kHeaderCrcOffset = 60;
+
+}  // namespace
+
+void EncodeFrameHeader(const FrameHeader& header, uint8_t out[FrameHeader::kBytes]) {
+  std::memset(out, 0, FrameHeader::kBytes);
+  Put<uint32_t>(out, 0, FrameHeader::kMagic);
+  Put<uint16_t>(out, 4, FrameHeader::kVersion);
+  Put<uint16_t>(out, 6, static_cast<uint16_t>(header.kind));
+  Put<int64_t>(out, 8, header.step);
+  Put<uint32_t>(out, 16, header.rank);
+  Put<uint32_t>(out, 20, header.stripe_unit);
+  Put<uint64_t>(out, 24, header.stripe);
+  Put<uint64_t>(out, 32, header.offset);
+  Put<uint32_t>(out, 40, header.length);
+  Put<uint32_t>(out, 44, header.payload_crc);
+  Put<uint16_t>(out, 48, static_cast<uint16_t>(header.region.size()));
+  Put<uint32_t>(out, kHeaderCrcOffset, erasure::Crc32c(out, kHeaderCrcOffset));
+}
+
+absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, uint32_t max_payload) {
+  if (bytes.size() != FrameHeader::kBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("frame header is ", FrameHeader::kBytes,
+                                                   " bytes, got ", bytes.size()));
+  }
+  const uint8_t* in = bytes.data();
+  if (const uint32_t magic = Get<uint32_t>(in, 0); magic != FrameHeader::kMagic) {
+    return absl::InvalidArgumentError(absl::StrFormat("bad frame magic %08x", magic));
+  }
+  if (const uint16_t version = Get<uint16_t>(in, 4); version != FrameHeader::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported frame version ", version,
+                                                   " (this daemon speaks ", FrameHeader::kVersion, ")"));
+  }
+  const uint32_t expected_crc = Get<uint32_t>(in, kHeaderCrcOffset);
+  if (const uint32_t actual = erasure::Crc32c(in, kHeaderCrcOffset); actual != expected_crc) {
+    return absl::DataLossError(absl::StrFormat("frame header CRC-32C is %08x, the header says %08x",
+                                               actual, expected_crc));
+  }
+  FrameHeader header;
+  const uint16_t kind = Get<uint16_t>(in, 6);
+  if (kind < 1 || kind > 3) return absl::InvalidArgumentError(absl::StrCat("unknown frame kind ", kind));
+  header.kind = static_cast<FrameKind>(kind);
+  header.step = Get<int64_t>(in, 8);
+  header.rank = Get<uint32_t>(in, 16);
+  header.stripe_unit = Get<uint32_t>(in, 20);
+  header.stripe = Get<uint64_t>(in, 24);
+  header.offset = Get<uint64_t>(in, 32);
+  header.length = Get<uint32_t>(in, 40);
+  header.payload_crc = Get<uint32_t>(in, 44);
+  const uint16_t region_bytes = Get<uint16_t>(in, 48);
+  if (header.length > max_payload) {
+    return absl::InvalidArgumentError(absl::StrCat("frame payload of ", header.length,
+                                                   " bytes exceeds the limit of ", max_payload));
+  }
+  if (region_bytes > FrameHeader::kMaxRegionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("frame region name of ", region_bytes,
+                                                   " bytes exceeds the limit of ",
+                                                   FrameHeader::kMaxRegionBytes));
+  }
+  header.region.resize(region_bytes);  // filled by the reader from the bytes after the header
+  return header;
+}
+
+absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload) {
+  if (payload.size() != header.length) {
+    return absl::DataLossError(absl::StrCat("frame payload is ", payload.size(), " bytes, the header says ",
+                                            header.length));
+  }
+  if (const uint32_t actual = erasure::Crc32c(payload.data(), payload.size());
+      actual != header.payload_crc) {
+    return absl::DataLossError(absl::StrFormat(
+        "payload CRC-32C of step %d stripe %d unit %d is %08x, the frame says %08x", header.step,
+        header.stripe, header.stripe_unit, actual, header.payload_crc));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesnap::daemon

@@ -1,0 +1,63 @@
+// The bulk data plane's wire format: every chunk that crosses between daemons (parity units, parity
+// deltas of sparse steps, units fetched for a rebuild) travels as one frame, a fixed 64-byte header,
+// the region name, then the payload:
+//
+//   offset size field
+//   0      4    magic "MSDP"            32     8    offset   byte offset within the unit
+//   4      2    version (1)             40     4    length   payload bytes
+//   6      2    kind (FrameKind)        44     4    payload_crc   CRC-32C of the payload
+//   8      8    step                    48     2    region_bytes  length of the region name
+//   16     4    rank                    50     10   reserved, zero
+//   20     4    stripe_unit (index in stripe)   60     4    header_crc  CRC-32C of bytes 0..59
+//   24     8    stripe
+//
+// All integers little-endian. A frame is accepted only if magic, version, kind, every length bound and
+// both CRCs hold; anything else is rejected with the reason and the connection is closed, so a
+// malformed or truncated frame can never reach stored data.
+#ifndef MOESNAP_DAEMON_FRAME_H_
+#define MOESNAP_DAEMON_FRAME_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace moesnap::daemon {
+
+enum class FrameKind : uint16_t {
+  kParityUnit = 1,   // a whole parity unit for its holder
+  kParityDelta = 2,  // coefficient-ready data delta of a sparse step (ec_encode_data_update input)
+  kFetchedUnit = 3,  // a unit served to a rebuilding or restoring peer
+};
+
+struct FrameHeader {
+  static constexpr uint32_t kMagic = 0x5044534d;  // "MSDP" little-endian
+  static constexpr uint16_t kVersion = 1;
+  static constexpr size_t kBytes = 64;
+  static constexpr size_t kMaxRegionBytes = 1024;
+
+  FrameKind kind = FrameKind::kParityUnit;
+  int64_t step = 0;
+  uint32_t rank = 0;
+  uint32_t stripe_unit = 0;
+  uint64_t stripe = 0;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  uint32_t payload_crc = 0;
+  std::string region;
+};
+
+// Writes the 64-byte header (region name not included) for `header`.
+void EncodeFrameHeader(const FrameHeader& header, uint8_t out[FrameHeader::kBytes]);
+
+// Parses and checks a 64-byte header; the region name and payload follow on the wire. `max_payload`
+// bounds `length` (the receiver's buffer). INVALID_ARGUMENT / DATA_LOSS name the field at fault.
+absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, uint32_t max_payload);
+
+// Checks a received payload against the header's CRC.
+absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload);
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_FRAME_H_
