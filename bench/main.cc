@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::function<absl::Status(Report&)>> suites = {
       {"erasure", moesnap::bench::RunErasureSuite},
       {"capture", moesnap::bench::RunCaptureSuite},
+      {"dataplane", moesnap::bench::RunDataPlaneSuite},
   };
 
   CLI::App app{"moesnap benchmarks: every figure beside its physical limit, measured in one run"};

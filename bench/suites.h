@@ -9,6 +9,7 @@ namespace moesnap::bench {
 
 absl::Status RunErasureSuite(Report& report);
 absl::Status RunCaptureSuite(Report& report);
+absl::Status RunDataPlaneSuite(Report& report);
 
 }  // namespace moesnap::bench
 

@@ -50,4 +50,35 @@ function(moesnap_test name)
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
+# moesnap_proto_library(NAME PROTOS a.proto b.proto): C++ messages (protoc) and services
+# (grpc_cpp_plugin) generated from .proto files of the current folder, as one static library. Imports
+# resolve from the project root; generated headers are included as "<folder>/<name>.pb.h".
+function(moesnap_proto_library name)
+  cmake_parse_arguments(ARG "" "" "PROTOS" ${ARGN})
+  file(RELATIVE_PATH folder ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  set(generated_root ${CMAKE_CURRENT_BINARY_DIR}/generated)
+  set(generated_sources)
+  foreach(proto ${ARG_PROTOS})
+    get_filename_component(stem ${proto} NAME_WE)
+    set(prefix ${generated_root}/${folder}/${stem})
+    set(outputs ${prefix}.pb.cc ${prefix}.pb.h ${prefix}.grpc.pb.cc ${prefix}.grpc.pb.h)
+    add_custom_command(
+      OUTPUT ${outputs}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${generated_root}
+      COMMAND protobuf::protoc
+        --proto_path=${PROJECT_SOURCE_DIR}
+        --cpp_out=${generated_root}
+        --grpc_out=${generated_root}
+        --plugin=protoc-gen-grpc=${MOESNAP_GRPC_CPP_PLUGIN}
+        ${CMAKE_CURRENT_SOURCE_DIR}/${proto}
+      DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${proto} protobuf::protoc
+      COMMENT "Generating C++ from ${folder}/${proto}")
+    list(APPEND generated_sources ${outputs})
+  endforeach()
+  add_library(${name} STATIC ${generated_sources})
+  # Generated code is not ours to lint: no project warnings here.
+  target_include_directories(${name} PUBLIC ${generated_root})
+  target_link_libraries(${name} PUBLIC protobuf::libprotobuf PkgConfig::GRPCPP)
+endfunction()
+
 include(GoogleTest)
