@@ -52,6 +52,14 @@ class Reader {
     return absl::OkStatus();
   }
 
+  absl::Status Bool(const std::string& table, const std::string& key, bool& out) {
+    const toml::node* node = Find(table, key);
+    if (node == nullptr) return absl::OkStatus();
+    if (!node->is_boolean()) return Error(table + "." + key, "expected true or false");
+    out = *node->value<bool>();
+    return absl::OkStatus();
+  }
+
   absl::Status Bytes(const std::string& table, const std::string& key, uint64_t& out) {
     const toml::node* node = Find(table, key);
     if (node == nullptr) return absl::OkStatus();
@@ -91,6 +99,58 @@ class Reader {
   std::string origin_;
   std::set<std::string> known_;
 };
+
+absl::StatusOr<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
+  ClusterOptions cluster;
+  int64_t integer = cluster.data_units;
+  if (absl::Status s = reader.Integer("cluster", "data_units", 1, 255, integer); !s.ok()) return s;
+  cluster.data_units = static_cast<int>(integer);
+  integer = cluster.parity_units;
+  if (absl::Status s = reader.Integer("cluster", "parity_units", 1, 255, integer); !s.ok()) return s;
+  cluster.parity_units = static_cast<int>(integer);
+  if (absl::Status s = reader.Bytes("cluster", "stripe_unit_bytes", cluster.stripe_unit_bytes); !s.ok()) {
+    return s;
+  }
+  integer = cluster.heartbeat_timeout_ms;
+  if (absl::Status s = reader.Integer("cluster", "heartbeat_timeout_ms", 100, 3600000, integer); !s.ok()) {
+    return s;
+  }
+  cluster.heartbeat_timeout_ms = static_cast<uint32_t>(integer);
+  if (absl::Status s = reader.Bool("cluster", "allow_degraded", cluster.allow_degraded); !s.ok()) return s;
+
+  const toml::node* nodes = reader.Find("cluster", "nodes");
+  const toml::array* list = nodes == nullptr ? nullptr : nodes->as_array();
+  if (list == nullptr || list->empty()) {
+    return reader.Error("cluster.nodes", "a cluster needs its nodes as [[cluster.nodes]] tables");
+  }
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string where = absl::StrCat("cluster.nodes[", i, "]");
+    const toml::table* table = list->get(i)->as_table();
+    if (table == nullptr) return reader.Error(where, "expected a table with id, host, control_port, data_port");
+    ClusterNode node;
+    for (const auto& [key_name, value] : *table) {
+      const std::string key(key_name.str());
+      const auto number = value.value<int64_t>();
+      if (key == "host" && value.is_string()) {
+        node.host = *value.value<std::string>();
+      } else if (key == "id" && value.is_integer() && *number >= 0 && *number <= UINT32_MAX) {
+        node.id = static_cast<uint32_t>(*number);
+      } else if ((key == "control_port" || key == "data_port") && value.is_integer() && *number > 0 &&
+                 *number < 65536) {
+        (key == "control_port" ? node.control_port : node.data_port) = static_cast<uint16_t>(*number);
+      } else if (key == "host" || key == "id" || key == "control_port" || key == "data_port") {
+        return reader.Error(absl::StrCat(where, ".", key), "malformed value");
+      } else {
+        return reader.Error(absl::StrCat(where, ".", key), "unknown key");
+      }
+    }
+    cluster.nodes.push_back(std::move(node));
+  }
+  if (absl::Status s = cluster.Validate(node_id); !s.ok()) {
+    return reader.Error("cluster", std::string(s.message()));
+  }
+  return cluster;
+}
 
 }  // namespace
 
@@ -162,6 +222,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   absl::StatusOr<LogLevel> level = ParseLogLevel(text_value);
   if (!level.ok()) return reader.Error("log.level", std::string(level.status().message()));
   options.log_level = *level;
+
+  if (root.contains("cluster")) {
+    absl::StatusOr<ClusterOptions> cluster = ParseCluster(reader, options.node_id);
+    if (!cluster.ok()) return cluster.status();
+    options.cluster = *std::move(cluster);
+  }
 
   if (absl::Status s = reader.UnknownKeys(); !s.ok()) return s;
   return options;

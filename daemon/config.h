@@ -7,11 +7,13 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/log.h"
+#include "daemon/cluster_config.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
 
@@ -31,6 +33,8 @@ struct DaemonOptions {
   PoolOptions pool;
   CaptureOptions capture;
   LogLevel log_level = LogLevel::kInfo;
+  // Absent: a single node, no peers.
+  std::optional<ClusterOptions> cluster;
 };
 
 absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);
