@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/shared_memory.h"
 #include "erasure/crc32c.h"
+#include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -22,17 +23,6 @@ constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
 
 bool IsFinished(v1::StepState state) {
   return state == v1::STEP_STATE_COMMITTED || state == v1::STEP_STATE_ABORTED;
-}
-
-std::string StateName(v1::StepState state) {
-  switch (state) {
-    case v1::STEP_STATE_CAPTURING: return "capturing";
-    case v1::STEP_STATE_CAPTURED: return "captured";
-    case v1::STEP_STATE_ENCODED: return "encoded";
-    case v1::STEP_STATE_COMMITTED: return "committed";
-    case v1::STEP_STATE_ABORTED: return "aborted";
-    default: return "unknown";
-  }
 }
 
 }  // namespace
@@ -380,7 +370,7 @@ absl::StatusOr<v1::StepState> Store::WaitFor(uint32_t rank, int64_t step, bool u
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("step ", step, " of rank ", rank, " is still ",
-                                                      StateName(it->second.state)));
+                                                      StepStateName(it->second.state)));
     }
     step_changed_.WaitWithDeadline(&mutex_, std::min(deadline, now + kWaitPollInterval));
   }

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "proto/step_state_name.h"
 
 namespace moesnap::ctl {
 
@@ -26,25 +28,10 @@ std::string DescribeError(const grpc::Status& status, const std::string& socket_
                         " (is the service running? try: systemctl status moesnapd): ",
                         status.error_message());
   }
-  static constexpr const char* kCodes[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int code = static_cast<int>(status.error_code());
-  return absl::StrCat("moesnapctl: ", code >= 0 && code <= 16 ? kCodes[code] : "UNKNOWN", ": ",
-                      status.error_message());
-}
-
-std::string StateName(v1::StepState state) {
-  switch (state) {
-    case v1::STEP_STATE_CAPTURING: return "capturing";
-    case v1::STEP_STATE_CAPTURED: return "captured";
-    case v1::STEP_STATE_ENCODED: return "encoded";
-    case v1::STEP_STATE_COMMITTED: return "committed";
-    case v1::STEP_STATE_ABORTED: return "aborted";
-    default: return "unknown";
-  }
+  return absl::StrCat(
+      "moesnapctl: ",
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+      status.error_message());
 }
 
 std::string Table(const std::vector<std::vector<std::string>>& rows) {
@@ -92,7 +79,7 @@ std::string FormatSteps(const v1::ListStepsResponse& steps) {
   if (steps.steps_size() == 0) return "no steps stored\n";
   std::vector<std::vector<std::string>> rows = {{"RANK", "STEP", "STATE", "REGIONS", "BYTES"}};
   for (const v1::StepInfo& step : steps.steps()) {
-    rows.push_back({absl::StrCat(step.rank()), absl::StrCat(step.step()), StateName(step.state()),
+    rows.push_back({absl::StrCat(step.rank()), absl::StrCat(step.step()), StepStateName(step.state()),
                     absl::StrCat(step.regions()), FormatByteSize(step.bytes())});
   }
   return Table(rows);

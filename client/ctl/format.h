@@ -26,7 +26,6 @@ ExitCode ExitCodeFor(const grpc::Status& status);
 // "moesnapctl: cannot reach moesnapd at PATH ..." or "moesnapctl: NOT_FOUND: message".
 std::string DescribeError(const grpc::Status& status, const std::string& socket_path);
 
-std::string StateName(v1::StepState state);
 // Columns padded to their widest cell; the first row is the header.
 std::string Table(const std::vector<std::vector<std::string>>& rows);
 // The response as one JSON object, every field present.
