@@ -37,6 +37,11 @@ struct Client::State {
           "moesnapd at ", options.socket_path, " is not answering ", call,
           " (is the daemon running?): ", status.error_message()));
     }
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "moesnapd at ", options.socket_path, " did not complete ", call,
+          " in time (is the daemon running? is the socket path right?)"));
+    }
     return FromGrpcStatus(status);
   }
 

@@ -1,0 +1,210 @@
+"""PyTorch on top of libmoesnap: tensors moved into memory the daemon shares, optimizer state,
+and non-tensor state (RNG, data-loader position) serialized into host regions at each snapshot."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import struct
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple
+
+import numpy
+import torch
+
+from . import _moesnap
+from ._moesnap import Error
+
+_ALIGNMENT = 64  # bytes between tensors in a shared buffer: SIMD copies and CRCs stay aligned
+_LENGTH_PREFIX = struct.Struct("<Q")
+
+
+class StateProvider(Protocol):
+    """Anything with ``state_dict()`` and ``load_state_dict(state)``: a loss scaler, a sampler."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class RandomState:
+    """The Python, NumPy and PyTorch CPU random generators as one state provider."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"python": random.getstate(), "numpy": numpy.random.get_state(),
+                "torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        numpy.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+
+
+def initialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Creates Adam/AdamW state now, as their first ``step()`` would, so it can be registered
+    before training starts. The values are exactly those of the lazy initialization (zero moments,
+    step 0), so a run that calls this trains bit-identically to one that does not."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise TypeError(f"initialize_optimizer_state knows Adam and AdamW, not "
+                        f"{type(optimizer).__name__}: run one optimizer step before registering")
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state[parameter]
+            if state:
+                continue
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+            if group.get("amsgrad", False):
+                state["max_exp_avg_sq"] = torch.zeros_like(parameter,
+                                                           memory_format=torch.preserve_format)
+
+
+class Client:
+    """One trainer rank's connection to its node's moesnapd.
+
+    Register everything first (modules, optimizers, other state), then per step: ``snapshot(step)``
+    right after ``optimizer.step()`` and ``wait_captured()`` before the next ``optimizer.step()``.
+    Not thread-safe: use it from the training thread.
+    """
+
+    def __init__(self, socket_path: str, rank: int, *, call_timeout_s: float = 30.0,
+                 wait_timeout_s: float = 600.0) -> None:
+        self._native = _moesnap.Client(socket_path, rank, call_timeout_s, wait_timeout_s)
+        self._tensors: Dict[str, Tuple[torch.Tensor, int, int]] = {}  # name -> (tensor, address, bytes)
+        self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
+        self._buffers: List[_moesnap.SharedBuffer] = []  # keep shared memory mapped
+        self._last_snapshot: Optional[int] = None
+
+    # Registration -------------------------------------------------------------------------------
+
+    def register_module(self, name: str, module: torch.nn.Module) -> None:
+        """Registers every parameter and buffer of ``module`` as a region named ``name.<key>``
+        (its state-dict key). Their storage moves into shared memory in place: the module keeps
+        its Parameter objects, and optimizers holding them keep working."""
+        self._register_tensors((f"{name}.{key}", tensor)
+                               for key, tensor in module.state_dict(keep_vars=True).items())
+
+    def register_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
+        """Registers the optimizer's state tensors as regions ``name.state.<index>.<key>``. Adam
+        and AdamW state is created first if the optimizer has not stepped yet."""
+        if not optimizer.state:
+            initialize_optimizer_state(optimizer)
+        index = 0
+        tensors = []
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                for key, value in optimizer.state[parameter].items():
+                    if not isinstance(value, torch.Tensor):
+                        raise Error("INVALID_ARGUMENT",
+                                    f"optimizer state '{name}.state.{index}.{key}' is a "
+                                    f"{type(value).__name__}, not a tensor")
+                    tensors.append((f"{name}.state.{index}.{key}", value))
+                index += 1
+        self._register_tensors(tensors)
+
+    def register_state(self, name: str, provider: StateProvider, capacity: int = 1 << 20) -> None:
+        """Registers non-tensor state: ``provider.state_dict()`` is pickled into a host region of
+        ``capacity`` bytes at every snapshot, and handed back to ``load_state_dict`` on restore."""
+        self._check_registration_open(name)
+        buffer = self._native.allocate_host(capacity + _LENGTH_PREFIX.size)
+        self._native.register_host_region(name, buffer, 0, buffer.size, "pickle", [])
+        self._buffers.append(buffer)
+        self._states[name] = (provider, memoryview(buffer).cast("B"))
+
+    def _check_registration_open(self, name: str) -> None:
+        if self._last_snapshot is not None:
+            raise Error("FAILED_PRECONDITION",
+                        f"cannot register '{name}' after snapshots started (last step "
+                        f"{self._last_snapshot}): register every tensor and state first")
+        if name in self._tensors or name in self._states:
+            raise Error("ALREADY_EXISTS", f"region '{name}' is already registered")
+
+    def _register_tensors(self, named: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        unique: List[Tuple[str, torch.Tensor]] = []
+        seen = set()
+        for name, tensor in named:
+            self._check_registration_open(name)
+            if id(tensor) in seen:  # tied weights: one region serves every name of the tensor
+                continue
+            seen.add(id(tensor))
+            if tensor.device.type != "cpu":
+                raise Error("UNIMPLEMENTED",
+                            f"tensor '{name}' is on {tensor.device}: this package shares CPU "
+                            f"tensors; GPU regions are available from the C++ client")
+            unique.append((name, tensor))
+        if not unique:
+            return
+        offsets = []
+        total = 0
+        for _, tensor in unique:
+            offsets.append(total)
+            nbytes = tensor.numel() * tensor.element_size()
+            total += (nbytes + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
+        buffer = self._native.allocate_host(max(total, _ALIGNMENT))
+        self._buffers.append(buffer)
+        for (name, tensor), offset in zip(unique, offsets):
+            nbytes = tensor.numel() * tensor.element_size()
+            shared = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset) \
+                if nbytes > 0 else torch.empty(0, dtype=torch.uint8)
+            shared = shared.view(tensor.dtype).view(tensor.shape)
+            shared.copy_(tensor.detach())
+            tensor.data = shared  # the same Parameter/tensor object, now in shared memory
+            self._native.register_host_region(name, buffer, offset, max(nbytes, 1),
+                                              str(tensor.dtype), list(tensor.shape))
+            self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
+
+    # Snapshots ----------------------------------------------------------------------------------
+
+    def snapshot(self, step: int, names: Optional[List[str]] = None) -> int:
+        """Starts capturing ``names`` (every registered region when None) at ``step``; non-tensor
+        state is always included. Returns the bytes the daemon copies; returns at once."""
+        for name, (tensor, address, nbytes) in self._tensors.items():
+            if tensor.data_ptr() != address or tensor.numel() * tensor.element_size() != nbytes:
+                raise Error("FAILED_PRECONDITION",
+                            f"tensor '{name}' was resized or reallocated after registration "
+                            f"(registered {nbytes} bytes, now "
+                            f"{tensor.numel() * tensor.element_size()} bytes elsewhere): "
+                            f"change tensors in place only")
+        for name, (provider, view) in self._states.items():
+            payload = pickle.dumps(provider.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+            capacity = len(view) - _LENGTH_PREFIX.size
+            if len(payload) > capacity:
+                raise Error("RESOURCE_EXHAUSTED",
+                            f"state '{name}' pickles to {len(payload)} bytes but its region holds "
+                            f"{capacity}: register it with a larger capacity")
+            view[:_LENGTH_PREFIX.size] = _LENGTH_PREFIX.pack(len(payload))
+            view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + len(payload)] = payload
+        regions = [] if names is None else list(names) + list(self._states)
+        copied = self._native.snapshot(step, regions)
+        self._last_snapshot = step
+        return copied
+
+    def wait_captured(self) -> None:
+        """Blocks until the last snapshot's regions are copied (they may then change again)."""
+        if self._last_snapshot is not None:
+            self._native.wait_captured(self._last_snapshot)
+
+    def wait_committed(self, step: int) -> None:
+        """Blocks until ``step`` is committed: restorable after a crash."""
+        self._native.wait_committed(step)
+
+    def restore(self, step: Optional[int] = None) -> int:
+        """Writes the latest committed state (or ``step``, which must be the latest) into the
+        registered tensors and state providers, and returns its step."""
+        restored_step, _ = self._native.restore(step, [])
+        for name, (provider, view) in self._states.items():
+            (length,) = _LENGTH_PREFIX.unpack(bytes(view[:_LENGTH_PREFIX.size]))
+            if length == 0:
+                continue  # never snapshotted with content
+            provider.load_state_dict(
+                pickle.loads(bytes(view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + length])))
+        self._last_snapshot = restored_step
+        return restored_step
+
+    def latest_committed(self) -> Optional[int]:
+        """The latest committed step of this rank, or None."""
+        return self._native.latest_committed()
+
+    @property
+    def rank(self) -> int:
+        return self._native.rank

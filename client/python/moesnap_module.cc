@@ -1,0 +1,168 @@
+// moesnap._moesnap: the C++ client (libmoesnap) for Python. No protocol lives here: every call goes
+// through moesnap::Client. Blocking calls release the GIL; errors become moesnap.Error carrying the
+// daemon's status code name and message.
+#include <pybind11/eval.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "moesnap/client.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// moesnap.Error, created at import; module state lives as long as the interpreter.
+PyObject* g_error_type = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::object error = py::reinterpret_borrow<py::object>(g_error_type)(
+      std::string(absl::StatusCodeToString(status.code())), std::string(status.message()));
+  PyErr_SetObject(g_error_type, error.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> result) {
+  if (!result.ok()) Raise(result.status());
+  return *std::move(result);
+}
+
+// Runs a blocking client call without the GIL; the result is checked (and may raise) after the GIL
+// is held again.
+template <typename Call>
+auto WithoutGil(Call call) {
+  py::gil_scoped_release release;
+  return call();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_moesnap, module) {
+  module.doc() = "Bindings of libmoesnap, the trainer-side client of moesnapd.";
+
+  py::dict scope;
+  py::exec(R"(
+class Error(Exception):
+    """An error from moesnapd or libmoesnap.
+
+    ``code`` is the status code name (for example ``'NOT_FOUND'``); ``message`` says what was wrong,
+    naming the region, step and sizes involved.
+    """
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+)", scope);
+  py::object error_type = scope["Error"];
+  error_type.attr("__module__") = "moesnap";
+  module.attr("Error") = error_type;
+  g_error_type = error_type.release().ptr();
+
+  py::class_<moesnap::SharedBuffer, std::shared_ptr<moesnap::SharedBuffer>>(
+      module, "SharedBuffer", py::buffer_protocol(),
+      "Host memory shared with moesnapd (a /dev/shm file). Exposes the buffer protocol: wrap it "
+      "with torch.frombuffer or numpy.frombuffer; keep this object alive while tensors use it.")
+      .def_buffer([](moesnap::SharedBuffer& buffer) {
+        return py::buffer_info(buffer.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(buffer.size())}, {1});
+      })
+      .def_property_readonly("size", &moesnap::SharedBuffer::size)
+      .def_property_readonly("name", &moesnap::SharedBuffer::name)
+      .def_property_readonly("address",
+                             [](const moesnap::SharedBuffer& buffer) {
+                               return reinterpret_cast<uintptr_t>(buffer.data());
+                             });
+
+  py::class_<moesnap::Client>(module, "Client", "A connection of one trainer rank to moesnapd.")
+      .def(py::init([](const std::string& socket_path, uint32_t rank, double call_timeout_s,
+                       double wait_timeout_s) {
+             moesnap::ClientOptions options;
+             options.socket_path = socket_path;
+             options.rank = rank;
+             options.call_timeout = std::chrono::milliseconds(static_cast<int64_t>(call_timeout_s * 1000));
+             options.wait_timeout = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout_s * 1000));
+             return Value(WithoutGil([&] { return moesnap::Client::Connect(options); }));
+           }),
+           py::arg("socket_path"), py::arg("rank"), py::arg("call_timeout_s") = 30.0,
+           py::arg("wait_timeout_s") = 600.0)
+      .def("allocate_host",
+           [](const moesnap::Client& client, size_t bytes) { return Value(client.AllocateHost(bytes)); },
+           py::arg("bytes"))
+      .def(
+          "register_host_region",
+          [](moesnap::Client& client, const std::string& name,
+             std::shared_ptr<moesnap::SharedBuffer> buffer, size_t offset, size_t bytes,
+             const std::string& dtype, const std::vector<int64_t>& shape) {
+            Check(WithoutGil([&] {
+              return client.RegisterHostRegion({name, dtype, shape}, std::move(buffer), offset, bytes);
+            }));
+          },
+          py::arg("name"), py::arg("buffer"), py::arg("offset"), py::arg("bytes"),
+          py::arg("dtype") = "", py::arg("shape") = std::vector<int64_t>{})
+      .def(
+          "register_device_region",
+          [](moesnap::Client& client, const std::string& name, int device, uintptr_t allocation_base,
+             size_t offset, size_t bytes, uintptr_t stream, const std::string& dtype,
+             const std::vector<int64_t>& shape) {
+            Check(WithoutGil([&] {
+              return client.RegisterDeviceRegion(
+                  {name, dtype, shape},
+                  {device, reinterpret_cast<void*>(allocation_base), offset, bytes,
+                   reinterpret_cast<void*>(stream)});
+            }));
+          },
+          py::arg("name"), py::arg("device"), py::arg("allocation_base"), py::arg("offset"),
+          py::arg("bytes"), py::arg("stream") = 0, py::arg("dtype") = "",
+          py::arg("shape") = std::vector<int64_t>{})
+      .def(
+          "snapshot",
+          [](moesnap::Client& client, int64_t step, const std::vector<std::string>& regions) {
+            return Value(WithoutGil([&] { return client.Snapshot(step, regions); }));
+          },
+          py::arg("step"), py::arg("regions") = std::vector<std::string>{})
+      .def(
+          "wait_captured",
+          [](moesnap::Client& client, int64_t step) {
+            Check(WithoutGil([&] { return client.WaitCaptured(step); }));
+          },
+          py::arg("step"))
+      .def(
+          "wait_committed",
+          [](moesnap::Client& client, int64_t step) {
+            Check(WithoutGil([&] { return client.WaitCommitted(step); }));
+          },
+          py::arg("step"))
+      .def(
+          "restore",
+          [](moesnap::Client& client, std::optional<int64_t> step,
+             const std::vector<std::string>& regions) {
+            const moesnap::RestoreResult result =
+                Value(WithoutGil([&] { return client.Restore(step, regions); }));
+            py::list restored;
+            for (const moesnap::RestoredRegion& region : result.regions) {
+              restored.append(py::make_tuple(region.name, region.step, region.bytes));
+            }
+            return py::make_tuple(result.step, restored);
+          },
+          py::arg("step") = std::nullopt, py::arg("regions") = std::vector<std::string>{})
+      .def("latest_committed",
+           [](moesnap::Client& client) {
+             return Value(WithoutGil([&] { return client.LatestCommitted(); }));
+           })
+      .def("reconnect",
+           [](moesnap::Client& client) {
+             Check(WithoutGil([&] { return client.Reconnect(); }));
+           })
+      .def_property_readonly("rank", &moesnap::Client::rank)
+      .def_property_readonly("node_id", &moesnap::Client::node_id);
+}
