@@ -1,0 +1,77 @@
+"""Fixtures for the Python tests: a real moesnapd per test, started and SIGKILLed like in
+production, and the example MoE trainer as a real process."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+BIN_DIR = Path(os.environ.get("MOESNAP_BIN_DIR", Path(__file__).resolve().parents[3] / "build" / "bin"))
+TRAINER = Path(__file__).resolve().parents[1] / "examples" / "moe_train.py"
+
+
+class Daemon:
+    """A moesnapd with its own pool and sockets; restarts re-attach the same pool."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.pool = f"moesnap-pytest-{os.getpid()}-{directory.name}"
+        self.agent_socket = str(directory / "agent.sock")
+        self.config = directory / "moesnapd.toml"
+        self.config.write_text(
+            f'[agent]\nsocket = "{self.agent_socket}"\n[admin]\nsocket = "{directory}/admin.sock"\n'
+            f'[pool]\nname = "{self.pool}"\nbytes = "256MiB"\nlock = "off"\n')
+        self.process: Optional[subprocess.Popen] = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([str(BIN_DIR / "moesnapd"), "--config", str(self.config)])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(self.agent_socket)
+                return
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"moesnapd exited with {self.process.returncode}")
+                time.sleep(0.02)
+            finally:
+                probe.close()
+        raise RuntimeError("moesnapd did not start")
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def remove(self) -> None:
+        self.kill()
+        for suffix in (".data", ".journal"):
+            Path(f"/dev/shm/{self.pool}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.fixture
+def daemon() -> Iterator[Daemon]:
+    with tempfile.TemporaryDirectory(prefix="moesnap-pytest-") as directory:
+        started = Daemon(Path(directory))
+        started.start()
+        try:
+            yield started
+        finally:
+            started.remove()
+
+
+def start_trainer(steps: int, socket_path: Optional[str], out: Optional[Path] = None) -> subprocess.Popen:
+    command: List[str] = [sys.executable, str(TRAINER), "--steps", str(steps)]
+    if socket_path:
+        command += ["--socket", socket_path]
+    if out:
+        command += ["--out", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
