@@ -79,8 +79,9 @@ class Client:
 
     def register_module(self, name: str, module: torch.nn.Module) -> None:
         """Registers every parameter and buffer of ``module`` as a region named ``name.<key>``
-        (its state-dict key). Their storage moves into shared memory in place: the module keeps
-        its Parameter objects, and optimizers holding them keep working."""
+        (its state-dict key). CPU storage moves into shared memory in place: the module keeps its
+        Parameter objects, and optimizers holding them keep working. CUDA tensors stay where they
+        are and are shared with the daemon by CUDA IPC."""
         self._register_tensors((f"{name}.{key}", tensor)
                                for key, tensor in module.state_dict(keep_vars=True).items())
 
@@ -127,11 +128,13 @@ class Client:
             if id(tensor) in seen:  # tied weights: one region serves every name of the tensor
                 continue
             seen.add(id(tensor))
-            if tensor.device.type != "cpu":
-                raise Error("UNIMPLEMENTED",
-                            f"tensor '{name}' is on {tensor.device}: this package shares CPU "
-                            f"tensors; GPU regions are available from the C++ client")
-            unique.append((name, tensor))
+            if tensor.device.type == "cuda":
+                self._register_cuda_tensor(name, tensor)
+            elif tensor.device.type == "cpu":
+                unique.append((name, tensor))
+            else:
+                raise Error("UNIMPLEMENTED", f"tensor '{name}' is on {tensor.device}: moesnap "
+                                             f"shares CPU tensors and CUDA tensors")
         if not unique:
             return
         offsets = []
@@ -152,6 +155,21 @@ class Client:
             self._native.register_host_region(name, buffer, offset, max(nbytes, 1),
                                               str(tensor.dtype), list(tensor.shape))
             self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
+
+    def _register_cuda_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Shares a CUDA tensor by IPC: the daemon opens its allocation's handle and copies the
+        region after waiting on an event recorded on the current stream at each snapshot."""
+        storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") \
+            else tensor.storage()._storage  # torch 1.x: TypedStorage wraps the untyped storage
+        # _share_cuda_ reports the storage's offset inside the cudaMalloc block that holds it.
+        storage_offset_in_block = storage._share_cuda_()[3]
+        block_base = storage.data_ptr() - storage_offset_in_block
+        nbytes = tensor.numel() * tensor.element_size()
+        stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        self._native.register_device_region(name, tensor.device.index, block_base,
+                                            tensor.data_ptr() - block_base, nbytes, stream,
+                                            str(tensor.dtype), list(tensor.shape))
+        self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
 
     # Snapshots ----------------------------------------------------------------------------------
 

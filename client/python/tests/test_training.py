@@ -81,8 +81,13 @@ def test_trainer_killed_five_times_resumes_bit_identically(daemon: Daemon, refer
     all_lines += lines
     restored_steps += [int(line.split()[1]) for line in lines if line.startswith("restored ")]
 
-    # Each fresh trainer resumed from the last committed step: at least the last snapshot started.
-    assert restored_steps == [2, 3, 6, 7, 10], all_lines
+    # Each fresh trainer resumed from the last committed step. After "snapshot k" that is k (the
+    # daemon finishes a copy whose trainer died); after "step k loss" it is k - 1, or k when the
+    # trainer got its Snapshot call out before the SIGKILL landed.
+    allowed = [{2}, {3, 4}, {6}, {7, 8}, {10}]
+    assert len(restored_steps) == len(allowed), all_lines
+    for restored, possible in zip(restored_steps, allowed):
+        assert restored in possible, (restored_steps, all_lines)
     for step, values in losses_of(all_lines).items():
         assert all(value == expected_losses[step] for value in values), (step, values)
     assert_identical_state(torch.load(out), expected_state)
