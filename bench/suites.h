@@ -10,6 +10,8 @@ namespace moesnap::bench {
 absl::Status RunErasureSuite(Report& report);
 absl::Status RunCaptureSuite(Report& report);
 absl::Status RunDataPlaneSuite(Report& report);
+// UNAVAILABLE (and skipped by `all`) where no GPU is usable.
+absl::Status RunGpuSuite(Report& report);
 
 }  // namespace moesnap::bench
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -28,7 +29,9 @@ bool Accepts(const std::string& path) {
 }  // namespace
 
 std::string BinaryPath(const std::string& program) {
-  return absl::StrCat(MOESNAP_BIN_DIR, "/", program);
+  // MOESNAP_BIN_DIR overrides the build's folder, for programs run from a bundle elsewhere.
+  const char* directory = std::getenv("MOESNAP_BIN_DIR");
+  return absl::StrCat(directory != nullptr ? directory : MOESNAP_BIN_DIR, "/", program);
 }
 
 TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_config) {

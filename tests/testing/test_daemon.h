@@ -44,6 +44,7 @@ class TestDaemon {
   std::unique_ptr<ChildProcess> process_;
 };
 
+// A program of this build (build/bin), or of $MOESNAP_BIN_DIR when set.
 std::string BinaryPath(const std::string& program);
 
 }  // namespace moesnap::testing
