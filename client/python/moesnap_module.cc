@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "moesnap/client.h"
+#include "moesnap/sparse_schedule.h"
 
 namespace py = pybind11;
 
@@ -165,4 +166,57 @@ class Error(Exception):
            })
       .def_property_readonly("rank", &moesnap::Client::rank)
       .def_property_readonly("node_id", &moesnap::Client::node_id);
+
+  py::class_<moesnap::Operator>(module, "Operator",
+                                "One expert of one layer, or a layer's non-expert and gate part.")
+      .def(py::init([](std::string name, bool is_expert, uint64_t full_state_bytes,
+                       uint64_t weight_bytes, double token_count) {
+             return moesnap::Operator{std::move(name), is_expert, full_state_bytes, weight_bytes,
+                                      token_count};
+           }),
+           py::arg("name"), py::arg("is_expert"), py::arg("full_state_bytes"),
+           py::arg("weight_bytes"), py::arg("token_count") = 0.0)
+      .def_readwrite("name", &moesnap::Operator::name)
+      .def_readwrite("is_expert", &moesnap::Operator::is_expert)
+      .def_readwrite("full_state_bytes", &moesnap::Operator::full_state_bytes)
+      .def_readwrite("weight_bytes", &moesnap::Operator::weight_bytes)
+      .def_readwrite("token_count", &moesnap::Operator::token_count);
+
+  py::class_<moesnap::SparseSchedule>(
+      module, "SparseSchedule",
+      "The MoEtion sparse snapshot schedule: window size, operator order, what each slot captures.")
+      .def_static(
+          "build",
+          [](const std::vector<moesnap::Operator>& operators, double iteration_seconds,
+             double copy_bytes_per_second, uint64_t every_step_bytes) {
+            moesnap::ScheduleOptions options;
+            options.iteration_seconds = iteration_seconds;
+            options.copy_bytes_per_second = copy_bytes_per_second;
+            options.every_step_bytes = every_step_bytes;
+            return Value(moesnap::SparseSchedule::Build(operators, options));
+          },
+          py::arg("operators"), py::arg("iteration_seconds"), py::arg("copy_bytes_per_second"),
+          py::arg("every_step_bytes") = 0)
+      .def("with_window",
+           [](const moesnap::SparseSchedule& schedule, int window) {
+             return Value(schedule.WithWindow(window));
+           }, py::arg("window"))
+      .def_static("agreed_window", &moesnap::SparseSchedule::AgreedWindow, py::arg("windows"))
+      .def_property_readonly("window", &moesnap::SparseSchedule::window)
+      .def_property_readonly("budget_bytes", &moesnap::SparseSchedule::budget_bytes)
+      .def_property_readonly("order", &moesnap::SparseSchedule::order)
+      .def("slot_of_step", &moesnap::SparseSchedule::SlotOfStep, py::arg("step"))
+      .def("captured_in_slot",
+           [](const moesnap::SparseSchedule& schedule, int slot) {
+             return schedule.slots().at(slot).captured;
+           }, py::arg("slot"))
+      .def("slot_bytes",
+           [](const moesnap::SparseSchedule& schedule, int slot) {
+             return schedule.slots().at(slot).bytes;
+           }, py::arg("slot"))
+      .def("captured_by", &moesnap::SparseSchedule::CapturedBy, py::arg("operator_index"),
+           py::arg("slot"))
+      .def("needs_reorder", &moesnap::SparseSchedule::NeedsReorder, py::arg("token_counts"))
+      .def("needs_regeneration", &moesnap::SparseSchedule::NeedsRegeneration,
+           py::arg("iteration_seconds"));
 }

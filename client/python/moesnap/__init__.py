@@ -10,7 +10,8 @@ A training loop adds four lines::
 See ``moesnap.Client`` for the whole API. Errors are ``moesnap.Error`` with the daemon's message.
 """
 
-from ._moesnap import Error, SharedBuffer
+from ._moesnap import Error, Operator, SharedBuffer, SparseSchedule
 from .torch_helpers import Client, RandomState, initialize_optimizer_state
 
-__all__ = ["Client", "Error", "RandomState", "SharedBuffer", "initialize_optimizer_state"]
+__all__ = ["Client", "Error", "Operator", "RandomState", "SharedBuffer", "SparseSchedule",
+           "initialize_optimizer_state"]
