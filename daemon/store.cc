@@ -347,7 +347,11 @@ absl::StatusOr<v1::StepState> Store::WaitFor(uint32_t rank, int64_t step, bool u
                                              const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mutex_);
   while (true) {
-    const RankState& rank_state = ranks_[rank];
+    auto rank_it = ranks_.find(rank);
+    if (rank_it == ranks_.end()) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has never connected to this daemon"));
+    }
+    const RankState& rank_state = rank_it->second;
     auto it = rank_state.steps.find(step);
     if (it != rank_state.steps.end()) {
       const StepRecord& record = it->second;
@@ -402,7 +406,11 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   v1::RestoreResponse response;
   {
     absl::MutexLock lock(&mutex_);
-    RankState& rank_state = ranks_[rank];
+    auto rank_it = ranks_.find(rank);
+    if (rank_it == ranks_.end()) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
+    }
+    RankState& rank_state = rank_it->second;
     while (const StepRecord* capturing = rank_state.Capturing()) {
       if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
         return absl::DeadlineExceededError(absl::StrCat(
