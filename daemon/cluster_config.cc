@@ -22,6 +22,10 @@ absl::Status ClusterOptions::Validate(uint32_t self) {
       !layout.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("cluster: ", layout.status().message()));
   }
+  if (commit_timeout_ms < 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.commit_timeout_ms must be at least 100, got ", commit_timeout_ms));
+  }
   if (heartbeat_timeout_ms < 100) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cluster.heartbeat_timeout_ms must be at least 100, got ", heartbeat_timeout_ms));
@@ -78,6 +82,7 @@ std::optional<std::pair<int, int>> ClusterOptions::GroupOf(uint32_t id) const {
 std::string ClusterOptions::Canonical() const {
   std::string text = absl::StrCat("k=", data_units, ";m=", parity_units, ";unit=", stripe_unit_bytes,
                                   ";heartbeat_ms=", heartbeat_timeout_ms,
+                                  ";commit_ms=", commit_timeout_ms,
                                   ";degraded=", allow_degraded ? 1 : 0, ";nodes=");
   for (const ClusterNode& node : nodes) absl::StrAppend(&text, NodeText(node), ",");
   return text;
@@ -103,6 +108,9 @@ std::string ClusterOptions::DifferenceFrom(const ClusterOptions& other) const {
   }
   if (heartbeat_timeout_ms != other.heartbeat_timeout_ms) {
     return differs("heartbeat_timeout_ms", heartbeat_timeout_ms, other.heartbeat_timeout_ms);
+  }
+  if (commit_timeout_ms != other.commit_timeout_ms) {
+    return differs("commit_timeout_ms", commit_timeout_ms, other.commit_timeout_ms);
   }
   if (allow_degraded != other.allow_degraded) {
     return differs("allow_degraded", allow_degraded, other.allow_degraded);

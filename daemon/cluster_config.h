@@ -26,6 +26,7 @@ struct ClusterOptions {
   int parity_units = 2;  // m
   uint64_t stripe_unit_bytes = uint64_t{4} << 20;
   uint32_t heartbeat_timeout_ms = 10000;  // a node silent this long is marked lost
+  uint32_t commit_timeout_ms = 60000;     // a step's trainers must capture it within this time
   bool allow_degraded = false;            // keep snapshotting with lost nodes in a group
   std::vector<ClusterNode> nodes;         // sorted by id once validated
 

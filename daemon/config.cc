@@ -116,6 +116,11 @@ absl::StatusOr<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
     return s;
   }
   cluster.heartbeat_timeout_ms = static_cast<uint32_t>(integer);
+  integer = cluster.commit_timeout_ms;
+  if (absl::Status s = reader.Integer("cluster", "commit_timeout_ms", 100, 3600000, integer); !s.ok()) {
+    return s;
+  }
+  cluster.commit_timeout_ms = static_cast<uint32_t>(integer);
   if (absl::Status s = reader.Bool("cluster", "allow_degraded", cluster.allow_degraded); !s.ok()) return s;
 
   const toml::node* nodes = reader.Find("cluster", "nodes");

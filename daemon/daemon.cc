@@ -11,13 +11,6 @@
 namespace moesnap::daemon {
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
-  if (options.cluster) {
-    // Parsed and validated already, so configs can be written against the final schema; serving a
-    // cluster needs the peer protocol, which this daemon does not have yet.
-    return absl::UnimplementedError(
-        "this moesnapd serves a single node: remove the [cluster] section (the cluster protocol, "
-        "erasure coding across nodes, is not built yet)");
-  }
   std::unique_ptr<Daemon> daemon(new Daemon());
   absl::StatusOr<AccessPolicy> policy = AccessPolicy::FromOptions(options.access);
   if (!policy.ok()) return policy.status();
@@ -67,15 +60,31 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   absl::StatusOr<std::unique_ptr<Store>> store =
       Store::Open(daemon->pool_.get(), daemon->journal_.get(),
-                  {daemon->host_backend_.get(), daemon->device_backend_.get()}, options.capture);
+                  {daemon->host_backend_.get(), daemon->device_backend_.get()}, options.capture,
+                  options.cluster ? CommitMode::kCluster : CommitMode::kLocal);
   if (!store.ok()) return store.status();
   daemon->store_ = *std::move(store);
+
+  if (options.cluster) {
+    absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(
+        options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get());
+    if (!cluster.ok()) return cluster.status();
+    daemon->cluster_ = *std::move(cluster);
+    if (const char* crash = std::getenv("MOESNAP_CRASH_IN_COMMIT")) {
+      int64_t step = 0;
+      if (absl::SimpleAtoi(crash, &step)) {
+        daemon->cluster_->set_crash_in_commit_for_testing(step);
+        Log(LogLevel::kWarning, "fault injection: SIGKILL in the middle of committing step ", step);
+      }
+    }
+  }
 
   daemon->agent_service_ = std::make_unique<AgentService>(
       daemon->store_.get(),
       NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
   daemon->admin_service_ =
-      std::make_unique<AdminService>(daemon->store_.get(), options.node_id, locked);
+      std::make_unique<AdminService>(daemon->store_.get(), daemon->cluster_.get(),
+                                                         options.node_id, locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
       {{options.agent_socket, daemon->agent_service_.get()},
        {options.admin_socket, daemon->admin_service_.get()}},
@@ -88,8 +97,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 }
 
 Daemon::~Daemon() {
-  server_.reset();  // no new calls
-  store_.reset();   // finishes queued copies
+  server_.reset();   // no new calls
+  cluster_.reset();  // no peer calls, no rounds
+  store_.reset();    // finishes queued copies
 }
 
 }  // namespace moesnap::daemon

@@ -1,11 +1,12 @@
-// moesnapd assembled: pool, journal, copy backends, store, services and sockets, built from the
-// configuration in dependency order and torn down in reverse.
+// moesnapd assembled: pool, journal, copy backends, store, cluster, services and sockets, built
+// from the configuration in dependency order and torn down in reverse.
 #ifndef MOESNAP_DAEMON_DAEMON_H_
 #define MOESNAP_DAEMON_DAEMON_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "daemon/cluster.h"
 #include "daemon/config.h"
 #include "daemon/copy_backend.h"
 #include "daemon/journal.h"
@@ -30,6 +31,7 @@ class Daemon {
   std::unique_ptr<Pool> pool_;
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<UnixServer> server_;

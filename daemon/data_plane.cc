@@ -3,6 +3,7 @@
 #include "daemon/data_plane.h"
 
 #include <boost/asio.hpp>
+#include <poll.h>
 
 #include <list>
 
@@ -163,6 +164,18 @@ struct DataPlaneClient::Impl {
   }
 };
 
+namespace {
+
+// Receivers never write on a data-plane connection, so anything readable on it is the end of the
+// connection: the peer closed it (restarted, or was killed). Checked before each frame, so a frame is
+// never written into a connection whose other end is gone (the first such write would "succeed").
+bool PeerClosed(tcp::socket& socket) {
+  pollfd poll_fd{socket.native_handle(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&poll_fd, 1, 0) != 0;
+}
+
+}  // namespace
+
 DataPlaneClient::DataPlaneClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DataPlaneClient::~DataPlaneClient() = default;
 
@@ -196,6 +209,9 @@ absl::Status DataPlaneClient::Send(FrameHeader header, absl::Span<const uint8_t>
   Impl::Connection& connection =
       *impl_->connections[impl_->next++ % impl_->connections.size()];
   std::lock_guard<std::mutex> lock(connection.mutex);
+  if (connection.socket != nullptr && PeerClosed(*connection.socket)) {
+    connection.socket.reset();  // the receiver restarted or went away since this was opened
+  }
   if (connection.socket == nullptr) {
     if (absl::Status status = impl_->Open(connection); !status.ok()) return status;
   }

@@ -26,9 +26,11 @@
 namespace moesnap::daemon {
 
 enum class FrameKind : uint16_t {
-  kParityUnit = 1,   // a whole parity unit for its holder
-  kParityDelta = 2,  // coefficient-ready data delta of a sparse step (ec_encode_data_update input)
-  kFetchedUnit = 3,  // a unit served to a rebuilding or restoring peer
+  // 1 is retired (whole parity units are never sent: holders build their own).
+  // A data unit's change for a parity holder, old XOR new bytes (the unit itself when the holder
+  // starts from zero parity); the holder adds coefficient * delta to its parity unit.
+  kParityDelta = 2,
+  kFetchedUnit = 3,  // a data or parity unit served to a rebuilding or repairing peer
 };
 
 struct FrameHeader {
@@ -37,7 +39,7 @@ struct FrameHeader {
   static constexpr size_t kBytes = 64;
   static constexpr size_t kMaxRegionBytes = 1024;
 
-  FrameKind kind = FrameKind::kParityUnit;
+  FrameKind kind = FrameKind::kParityDelta;
   int64_t step = 0;
   uint32_t rank = 0;
   uint32_t stripe_unit = 0;

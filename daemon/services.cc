@@ -123,7 +123,40 @@ grpc::Status AdminService::Verify(grpc::ServerContext*, const v1::VerifyRequest*
                                   v1::VerifyResponse* response) {
   std::optional<int64_t> step;
   if (request->has_step()) step = request->step();
-  *response = store_->Verify(step);
+  if (cluster_ == nullptr) {
+    if (request->repair()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "repair rebuilds chunks from the group's parity, and this daemon serves a "
+                          "single node without parity");
+    }
+    *response = store_->Verify(step);
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<v1::VerifyResponse> verified = cluster_->Verify(step, request->repair());
+  if (!verified.ok()) return ToGrpcStatus(verified.status());
+  *response = *std::move(verified);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ClusterStatus(grpc::ServerContext*, const v1::ClusterStatusRequest*,
+                                         v1::ClusterStatusResponse* response) {
+  if (cluster_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this daemon serves a single node (its config has no [cluster])");
+  }
+  *response = cluster_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Rebuild(grpc::ServerContext*, const v1::RebuildRequest* request,
+                                   v1::RebuildResponse* response) {
+  if (cluster_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this daemon serves a single node (its config has no [cluster])");
+  }
+  absl::StatusOr<v1::RebuildResponse> rebuilt = cluster_->Rebuild(request->node_id());
+  if (!rebuilt.ok()) return ToGrpcStatus(rebuilt.status());
+  *response = *std::move(rebuilt);
   return grpc::Status::OK;
 }
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "daemon/cluster.h"
 #include "daemon/store.h"
 #include "proto/moesnap.grpc.pb.h"
 
@@ -43,8 +44,9 @@ class AgentService final : public v1::Agent::Service {
 
 class AdminService final : public v1::Admin::Service {
  public:
-  AdminService(Store* store, uint32_t node_id, bool pool_locked)
-      : store_(store), node_id_(node_id), pool_locked_(pool_locked) {}
+  // `cluster` is null on a single node.
+  AdminService(Store* store, Cluster* cluster, uint32_t node_id, bool pool_locked)
+      : store_(store), cluster_(cluster), node_id_(node_id), pool_locked_(pool_locked) {}
 
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
@@ -54,9 +56,14 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
   grpc::Status DropStep(grpc::ServerContext*, const v1::DropStepRequest*,
                         v1::DropStepResponse*) override;
+  grpc::Status ClusterStatus(grpc::ServerContext*, const v1::ClusterStatusRequest*,
+                             v1::ClusterStatusResponse*) override;
+  grpc::Status Rebuild(grpc::ServerContext*, const v1::RebuildRequest*,
+                       v1::RebuildResponse*) override;
 
  private:
   Store* store_;
+  Cluster* cluster_;
   uint32_t node_id_;
   bool pool_locked_;
 };

@@ -48,6 +48,7 @@ struct Store::StepRecord {
   int64_t step = 0;
   v1::StepState state = v1::STEP_STATE_CAPTURING;
   std::vector<std::shared_ptr<Version>> versions;  // released once the step finishes
+  std::vector<std::string> region_names;            // what the step captures, kept after it ends
   uint64_t pending_chunks = 0;
   uint64_t bytes = 0;
   uint32_t regions = 0;
@@ -74,15 +75,17 @@ struct Store::RankState {
   }
 };
 
-Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options)
-    : pool_(pool), journal_(journal), backends_(backends), options_(options),
+Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
+             CommitMode mode)
+    : pool_(pool), journal_(journal), backends_(backends), options_(options), mode_(mode),
       workers_(options.threads) {}
 
 Store::~Store() = default;
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(Pool* pool, Journal* journal,
                                                    CopyBackends backends,
-                                                   const CaptureOptions& options) {
+                                                   const CaptureOptions& options,
+                                                   CommitMode mode) {
   if (options.threads < 1 || options.threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("capture.threads must be in [1, 256], got ", options.threads));
@@ -91,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(Pool* pool, Journal* journal,
     return absl::InvalidArgumentError(absl::StrCat(
         "capture.chunk_bytes must be in [4 KiB, 1 GiB], got ", options.chunk_bytes));
   }
-  std::unique_ptr<Store> store(new Store(pool, journal, backends, options));
+  std::unique_ptr<Store> store(new Store(pool, journal, backends, options, mode));
   if (absl::Status status = store->Recover(); !status.ok()) return status;
   return store;
 }
@@ -129,6 +132,7 @@ absl::Status Store::Recover() {
     rank_state.latest_committed = saved.latest_committed_step();
     rank_state.latest_snapshot = saved.latest_committed_step();
   }
+  cluster_ = state.cluster();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
         state.ranks_size(), " ranks from journal sequence ", journal_->sequence());
@@ -233,6 +237,7 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
     version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
     version->extent = *std::move(extent);
     record.pending_chunks += version->chunks();
+    record.region_names.push_back(version->region);
     record.versions.push_back(std::move(version));
   }
   record.regions = static_cast<uint32_t>(selected.size());
@@ -277,7 +282,8 @@ void Store::CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> vers
   if (--record.pending_chunks == 0) FinishStep(rank_state, rank, record);
 }
 
-v1::JournalState Store::JournalStateWith(uint32_t rank, const StepRecord* committing) const {
+v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
+                                         const v1::JournalCluster& cluster) const {
   v1::JournalState state;
   auto add = [&state](const Version& version) {
     v1::JournalVersion* saved = state.add_versions();
@@ -295,9 +301,9 @@ v1::JournalState Store::JournalStateWith(uint32_t rank, const StepRecord* commit
     std::map<std::string, const Version*> versions;
     for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
     std::optional<int64_t> latest = rank_state.latest_committed;
-    if (committing != nullptr && rank_id == rank) {
-      for (const auto& version : committing->versions) versions[version->region] = version.get();
-      latest = committing->step;
+    if (auto it = committing.find(rank_id); it != committing.end()) {
+      for (const auto& version : it->second->versions) versions[version->region] = version.get();
+      latest = it->second->step;
     }
     for (const auto& [region, version] : versions) add(*version);
     if (latest) {
@@ -306,16 +312,28 @@ v1::JournalState Store::JournalStateWith(uint32_t rank, const StepRecord* commit
       saved->set_latest_committed_step(*latest);
     }
   }
+  *state.mutable_cluster() = cluster;
   return state;
 }
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
   record.state = v1::STEP_STATE_CAPTURED;
+  if (mode_ == CommitMode::kCluster) {
+    step_changed_.SignalAll();
+    absl::StatusOr<bool> captured = NodeCaptured(record.step);
+    if (captured.ok() && *captured && on_node_captured_) on_node_captured_(record.step);
+    return;
+  }
   // On a single node a captured step is ready to commit: the journal write is the commit point.
-  if (absl::Status status = journal_->Write(JournalStateWith(rank, &record)); !status.ok()) {
+  if (absl::Status status = journal_->Write(JournalStateWith({{rank, &record}}, cluster_));
+      !status.ok()) {
     AbortStep(rank_state, record, status);
     return;
   }
+  CommitRecord(rank_state, rank, record);
+}
+
+void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& record) {
   for (std::shared_ptr<Version>& version : record.versions) {
     rank_state.committed[version->region] = std::move(version);  // frees the older version
   }
@@ -397,6 +415,9 @@ namespace moesnap::daemon {
 absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
                                                    const std::vector<std::string>& regions,
                                                    absl::Time deadline) {
+  if (restore_gate_) {
+    if (absl::Status gate = restore_gate_(deadline); !gate.ok()) return gate;
+  }
   struct Work {
     std::shared_ptr<Version> version;
     std::shared_ptr<RegionSource> source;
@@ -628,6 +649,11 @@ v1::VerifyResponse Store::Verify(std::optional<int64_t> step) const {
 }
 
 absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional<uint32_t> rank) {
+  if (mode_ == CommitMode::kCluster) {
+    return absl::FailedPreconditionError(
+        "drop is refused in a cluster: the group's parity covers this node's committed versions, "
+        "and dropping one would make the other nodes unrecoverable");
+  }
   absl::MutexLock lock(&mutex_);
   // Take the versions out, journal the reduced state, and put them back if that write fails: a failed
   // drop drops nothing.
@@ -663,7 +689,7 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
     }
     rank_state.latest_committed = latest;
   }
-  if (absl::Status status = journal_->Write(JournalStateWith(0, nullptr)); !status.ok()) {
+  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster_)); !status.ok()) {
     for (auto& [rank_id, regions] : removed) {
       RankState& rank_state = ranks_[rank_id];
       for (auto& [region, version] : regions) rank_state.committed[region] = std::move(version);
@@ -673,6 +699,222 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
   }
   Log(LogLevel::kInfo, "dropped ", response.versions_dropped(), " versions of step ", step);
   return response;  // `removed` goes out of scope here and frees the extents
+}
+
+// --- Cluster mode ---------------------------------------------------------------------------------
+
+void Store::SetNodeCapturedCallback(std::function<void(int64_t)> callback) {
+  absl::MutexLock lock(&mutex_);
+  on_node_captured_ = std::move(callback);
+}
+
+void Store::SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate) {
+  absl::MutexLock lock(&mutex_);
+  restore_gate_ = std::move(gate);
+}
+
+absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
+  bool any = false;
+  for (const auto& [rank, rank_state] : ranks_) {
+    auto it = rank_state.steps.find(step);
+    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED) {
+      return absl::Status(it->second.failure.code(),
+                          absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
+    }
+    if (rank_state.regions.empty()) continue;  // no trainer of this rank now: nothing to wait for
+    if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) return false;
+    any = true;
+  }
+  return any;
+}
+
+absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    absl::StatusOr<bool> captured = NodeCaptured(step);
+    if (!captured.ok()) return captured.status();
+    if (*captured) break;
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      std::vector<uint32_t> waiting;
+      for (const auto& [rank, rank_state] : ranks_) {
+        auto it = rank_state.steps.find(step);
+        if (!rank_state.regions.empty() &&
+            (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED)) {
+          waiting.push_back(rank);
+        }
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", step, " is not captured on this node: ranks [", absl::StrJoin(waiting, ", "),
+          "] have not snapshotted it", waiting.empty() ? " (no trainer is registered)" : ""));
+    }
+  }
+  // A step that captures a subset of regions is a consistent state only if every region it leaves
+  // out is committed as of its latest change: an earlier step that changed one and did not commit
+  // (aborted, or still waiting) leaves the trainer's bytes ahead of anything stored.
+  for (const auto& [rank, rank_state] : ranks_) {
+    auto it = rank_state.steps.find(step);
+    if (it == rank_state.steps.end()) continue;
+    const std::vector<std::string>& captured = it->second.region_names;
+    for (const auto& [earlier, record] : rank_state.steps) {
+      if (earlier >= step || record.state == v1::STEP_STATE_COMMITTED) continue;
+      for (const std::string& region : record.region_names) {
+        if (std::find(captured.begin(), captured.end(), region) != captured.end()) continue;
+        auto committed = rank_state.committed.find(region);
+        if (committed == rank_state.committed.end() || committed->second->step < earlier) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "step ", step, " of rank ", rank, " leaves out region '", region,
+              "', which step ", earlier, " changed and did not commit; the rank's next full "
+              "snapshot is the next consistent step"));
+        }
+      }
+    }
+  }
+  v1::NodeImage manifest;
+  manifest.set_step(step);
+  std::vector<std::shared_ptr<PoolExtent>> extents;
+  for (const auto& [rank, rank_state] : ranks_) {
+    std::map<std::string, const Version*> versions;
+    for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
+    std::optional<int64_t> latest = rank_state.latest_committed;
+    if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) {
+      for (const auto& version : it->second.versions) versions[version->region] = version.get();
+      latest = step;
+    }
+    for (const auto& [name, version] : versions) {
+      v1::ImageRegion* region = manifest.add_regions();
+      region->set_rank(rank);
+      region->set_region(name);
+      region->set_step(version->step);
+      region->set_bytes(version->bytes);
+      region->set_dtype(version->dtype);
+      for (int64_t dimension : version->shape) region->add_shape(dimension);
+      region->set_chunk_bytes(version->chunk_bytes);
+      for (uint32_t crc : version->chunk_crcs) region->add_chunk_crcs(crc);
+      extents.push_back(version->extent);
+    }
+    if (latest) {
+      v1::JournalRank* saved = manifest.add_ranks();
+      saved->set_rank(rank);
+      saved->set_latest_committed_step(*latest);
+    }
+  }
+  return NodeImage(std::move(manifest), std::move(extents));
+}
+
+NodeImage Store::CommittedImage() const {
+  absl::MutexLock lock(&mutex_);
+  v1::NodeImage manifest;
+  if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());
+  std::vector<std::shared_ptr<PoolExtent>> extents;
+  for (const auto& [rank, rank_state] : ranks_) {
+    for (const auto& [name, version] : rank_state.committed) {
+      v1::ImageRegion* region = manifest.add_regions();
+      region->set_rank(rank);
+      region->set_region(name);
+      region->set_step(version->step);
+      region->set_bytes(version->bytes);
+      region->set_chunk_bytes(version->chunk_bytes);
+      for (uint32_t crc : version->chunk_crcs) region->add_chunk_crcs(crc);
+      extents.push_back(version->extent);
+    }
+  }
+  return NodeImage(std::move(manifest), std::move(extents));
+}
+
+absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
+  absl::MutexLock lock(&mutex_);
+  std::map<uint32_t, const StepRecord*> committing;
+  for (auto& [rank, rank_state] : ranks_) {
+    auto it = rank_state.steps.find(step);
+    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_CAPTURED) {
+      committing[rank] = &it->second;
+    }
+  }
+  if (absl::Status status = journal_->Write(JournalStateWith(committing, cluster)); !status.ok()) {
+    return status;
+  }
+  cluster_ = cluster;
+  for (auto& [rank, record] : committing) {
+    RankState& rank_state = ranks_[rank];
+    StepRecord& stored = rank_state.steps[record->step];
+    // Older steps still captured were never committed by the cluster: the new step supersedes them.
+    for (auto& [older, older_record] : rank_state.steps) {
+      if (older < step && !IsFinished(older_record.state)) {
+        AbortStep(rank_state, older_record,
+                  absl::AbortedError(absl::StrCat("superseded by step ", step)));
+      }
+    }
+    CommitRecord(rank_state, rank, stored);
+  }
+  step_changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Store::AbortNodeStep(int64_t step, const absl::Status& why) {
+  absl::MutexLock lock(&mutex_);
+  for (auto& [rank, rank_state] : ranks_) {
+    auto it = rank_state.steps.find(step);
+    if (it != rank_state.steps.end() && !IsFinished(it->second.state)) {
+      AbortStep(rank_state, it->second, why);
+    }
+  }
+}
+
+absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) {
+  std::map<uint32_t, RankState> rebuilt;
+  for (int i = 0; i < image.manifest().regions_size(); ++i) {
+    const v1::ImageRegion& region = image.manifest().regions(i);
+    auto version = std::make_shared<Version>();
+    version->rank = region.rank();
+    version->region = region.region();
+    version->step = region.step();
+    version->bytes = region.bytes();
+    version->dtype = region.dtype();
+    version->shape.assign(region.shape().begin(), region.shape().end());
+    version->chunk_bytes = region.chunk_bytes();
+    version->chunk_crcs.assign(region.chunk_crcs().begin(), region.chunk_crcs().end());
+    version->extent = image.extents()[i];
+    rebuilt[region.rank()].committed[region.region()] = std::move(version);
+  }
+  for (const v1::JournalRank& rank : image.manifest().ranks()) {
+    rebuilt[rank.rank()].latest_committed = rank.latest_committed_step();
+    rebuilt[rank.rank()].latest_snapshot = rank.latest_committed_step();
+  }
+  absl::MutexLock lock(&mutex_);
+  // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.
+  for (auto& [rank, rank_state] : ranks_) rebuilt[rank].regions = std::move(rank_state.regions);
+  std::swap(ranks_, rebuilt);
+  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
+    std::swap(ranks_, rebuilt);
+    for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = std::move(rank_state.regions);
+    return status;
+  }
+  cluster_ = cluster;
+  step_changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status Store::WriteClusterRecord(const v1::JournalCluster& cluster) {
+  absl::MutexLock lock(&mutex_);
+  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
+    return status;
+  }
+  cluster_ = cluster;
+  return absl::OkStatus();
+}
+
+v1::JournalCluster Store::ClusterRecord() const {
+  absl::MutexLock lock(&mutex_);
+  return cluster_;
+}
+
+uint64_t Store::CommittedBytes() const {
+  absl::MutexLock lock(&mutex_);
+  uint64_t bytes = 0;
+  for (const auto& [rank, rank_state] : ranks_) {
+    for (const auto& [region, version] : rank_state.committed) bytes += version->bytes;
+  }
+  return bytes;
 }
 
 }  // namespace moesnap::daemon

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "daemon/copy_backend.h"
 #include "daemon/journal.h"
+#include "daemon/node_image.h"
 #include "daemon/pool.h"
 #include "daemon/worker_pool.h"
 #include "proto/moesnap.pb.h"
@@ -37,13 +38,18 @@ struct CopyBackends {
   CopyBackend* device = nullptr;
 };
 
+// Who commits a captured step: the store itself (one node: the journal write is the commit point),
+// or the cluster's two-phase commit (CommitNodeStep / AbortNodeStep).
+enum class CommitMode { kLocal, kCluster };
+
 // Thread-safe: every public method may be called from any gRPC thread.
 class Store {
  public:
   // Recovers the committed versions recorded in the journal into the pool.
   static absl::StatusOr<std::unique_ptr<Store>> Open(Pool* pool, Journal* journal,
                                                      CopyBackends backends,
-                                                     const CaptureOptions& options);
+                                                     const CaptureOptions& options,
+                                                     CommitMode mode = CommitMode::kLocal);
   ~Store();
 
   // A trainer rank (re)connects: forget the regions a previous process of this rank registered.
@@ -74,6 +80,31 @@ class Store {
 
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
 
+  // --- Cluster mode ---------------------------------------------------------------------------
+  // Called (under the store's lock: it must only queue work) when every rank of this node with
+  // registered regions has captured `step`.
+  void SetNodeCapturedCallback(std::function<void(int64_t)> callback);
+  // Checked at the start of every Restore: non-OK refuses it (a rebuild still running, or data that
+  // cannot be recovered). The gate may block until `deadline`.
+  void SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate);
+  // Waits until every rank with registered regions has captured `step`, then returns the node's
+  // image of it: the step's new versions and, for regions it did not capture, the committed ones.
+  absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline);
+  // The committed image (what parity of the committed step covers).
+  NodeImage CommittedImage() const;
+  // Commits `step` for every rank that captured it, with the cluster's record, in one journal write;
+  // older captured steps are aborted as superseded. A node whose ranks did not take part (none
+  // registered) records only `cluster`.
+  absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster);
+  void AbortNodeStep(int64_t step, const absl::Status& why);
+  // Replaces every committed version by a rebuilt image and journals it with `cluster`.
+  absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster);
+  // Journals a new cluster record with the committed versions unchanged.
+  absl::Status WriteClusterRecord(const v1::JournalCluster& cluster);
+  // The cluster record of the committed step (empty on a single node or a fresh pool).
+  v1::JournalCluster ClusterRecord() const;
+  uint64_t CommittedBytes() const;
+
   // Admin views and operations.
   v1::StatusResponse Status() const;
   v1::ListStepsResponse ListSteps() const;
@@ -86,17 +117,26 @@ class Store {
   struct StepRecord;
   struct RankState;
 
-  Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options);
+  Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
+        CommitMode mode);
   absl::Status Recover();
   CopyBackend* BackendFor(v1::Device device) const;
   void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                  std::shared_ptr<RegionSource> source, CopyBackend* backend);
-  // Called when the last chunk of a step is copied: commits it (single node: captured == ready).
+  // Called when the last chunk of a step is copied: commits it on a single node (captured ==
+  // ready); in a cluster, marks it captured and tells the cluster once the whole node has it.
   void FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // True when every rank with registered regions has captured `step` (and one has), false while
+  // one is still capturing or has not started it; the failure when a rank's copy of it aborted.
+  absl::StatusOr<bool> NodeCaptured(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  v1::JournalState JournalStateWith(uint32_t rank, const StepRecord* committing) const
+  // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
+  v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
+                                    const v1::JournalCluster& cluster) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
                                         absl::Time deadline, const std::function<bool()>& cancelled);
@@ -105,11 +145,15 @@ class Store {
   Journal* const journal_;
   const CopyBackends backends_;
   const CaptureOptions options_;
+  const CommitMode mode_;
   const absl::Time started_ = absl::Now();
+  std::function<void(int64_t)> on_node_captured_;
+  std::function<absl::Status(absl::Time)> restore_gate_;
 
   mutable absl::Mutex mutex_;
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);
   absl::CondVar step_changed_;  // signalled when a step commits or aborts
 
   // Declared last: destroyed first, so queued copies finish while the state they touch still lives.

@@ -307,6 +307,31 @@ absl::Status ReedSolomon::UpdateParity(int data_index, const uint8_t* old_data,
   return absl::OkStatus();
 }
 
+absl::Status ReedSolomon::UpdateParityUnit(int data_index, int parity_index, const uint8_t* delta,
+                                           uint8_t* parity, size_t length) const {
+  if (absl::Status s = CheckLength(length); !s.ok()) return s;
+  if (data_index < 0 || data_index >= data_units_) {
+    return absl::InvalidArgumentError(absl::StrCat("data unit index ", data_index,
+                                                   " is out of range [0, ", data_units_, ")"));
+  }
+  if (parity_index < 0 || parity_index >= parity_units_) {
+    return absl::InvalidArgumentError(absl::StrCat("parity unit index ", parity_index,
+                                                   " is out of range [0, ", parity_units_, ")"));
+  }
+  if (delta == nullptr || parity == nullptr) return absl::InvalidArgumentError("a buffer is null");
+  const uint8_t* const inputs[] = {delta};
+  uint8_t* const outputs[] = {parity};
+  if (absl::Status s = CheckOutputsDisjoint(inputs, outputs, length); !s.ok()) return s;
+  // ec_init_tables lays the tables out row by row, 32 bytes per (row, data unit): row j starts at
+  // j * k * 32, and a one-row update reads only that row.
+  uint8_t* row_tables =
+      const_cast<uint8_t*>(encode_tables_.data()) + size_t{32} * data_units_ * parity_index;
+  uint8_t* row_outputs[] = {parity};
+  ec_encode_data_update(static_cast<int>(length), data_units_, 1, data_index, row_tables,
+                        const_cast<uint8_t*>(delta), row_outputs);
+  return absl::OkStatus();
+}
+
 size_t ReedSolomon::cached_decode_patterns() const { return decode_cache_->size(); }
 
 }  // namespace moesnap::erasure

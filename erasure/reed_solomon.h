@@ -84,6 +84,12 @@ class ReedSolomon {
   absl::Status UpdateParity(int data_index, const uint8_t* old_data, const uint8_t* new_data,
                             absl::Span<uint8_t* const> parity, size_t length) const;
 
+  // The same for parity unit `parity_index` alone, for a node that holds only that unit:
+  // parity ^= coefficient(parity_index, data_index) * delta. A full unit's data counts as its delta
+  // from zero, so a holder can build its parity unit from the k data units as they arrive.
+  absl::Status UpdateParityUnit(int data_index, int parity_index, const uint8_t* delta,
+                                uint8_t* parity, size_t length) const;
+
   // The (k + m) x k generator matrix, row-major: identity on top, Cauchy rows below.
   const std::vector<uint8_t>& generator_matrix() const { return generator_matrix_; }
 

@@ -55,7 +55,7 @@ std::vector<uint8_t> PayloadFor(uint32_t rank, uint64_t stripe) {
 
 FrameHeader HeaderFor(uint32_t rank, uint64_t stripe) {
   FrameHeader header;
-  header.kind = FrameKind::kParityUnit;
+  header.kind = FrameKind::kFetchedUnit;
   header.step = 5;
   header.rank = rank;
   header.stripe = stripe;

@@ -185,6 +185,31 @@ TEST(ReedSolomonUpdateTest, IncrementalUpdatesMatchFullReencode) {
   }
 }
 
+// A holder of one parity unit builds it from the k data units in any order, each as a delta from
+// zero, and gets exactly the unit a full Encode computes; bad indices are refused.
+TEST(ReedSolomonUpdateTest, OneParityUnitBuiltFromDataUnitsInAnyOrder) {
+  for (Shape shape : {Shape{4, 2}, Shape{10, 4}}) {
+    absl::StatusOr<std::unique_ptr<ReedSolomon>> codec = ReedSolomon::Create(shape.k, shape.m);
+    ASSERT_OK(codec);
+    constexpr size_t kLength = 4096 + 33;
+    const Stripe stripe = EncodedStripe(**codec, kLength, 11);
+    for (int j = 0; j < shape.m; ++j) {
+      std::vector<uint8_t> parity(kLength, 0);
+      for (int step = 0; step < shape.k; ++step) {
+        const int i = j % 2 == 0 ? shape.k - 1 - step : step;  // backwards, then forwards
+        ASSERT_OK((*codec)->UpdateParityUnit(i, j, stripe.units[i].data(), parity.data(), kLength));
+      }
+      EXPECT_EQ(parity, stripe.units[shape.k + j]) << "parity " << j << " of (" << shape.k << ","
+                                                    << shape.m << ")";
+    }
+    std::vector<uint8_t> parity(kLength);
+    EXPECT_STATUS((*codec)->UpdateParityUnit(shape.k, 0, stripe.units[0].data(), parity.data(), kLength),
+                  absl::StatusCode::kInvalidArgument);
+    EXPECT_STATUS((*codec)->UpdateParityUnit(0, shape.m, stripe.units[0].data(), parity.data(), kLength),
+                  absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(ReedSolomonTest, LargestShapesRoundTrip) {
   for (Shape shape : {Shape{1, 255}, Shape{255, 1}, Shape{200, 56}}) {
     absl::StatusOr<std::unique_ptr<ReedSolomon>> codec = ReedSolomon::Create(shape.k, shape.m);

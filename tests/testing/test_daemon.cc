@@ -34,7 +34,8 @@ std::string BinaryPath(const std::string& program) {
   return absl::StrCat(directory != nullptr ? directory : MOESNAP_BIN_DIR, "/", program);
 }
 
-TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_config) {
+TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_config,
+                       uint32_t node_id) {
   static std::atomic<int> counter{0};
   char directory[] = "/tmp/moesnap-test-XXXXXX";
   directory_ = mkdtemp(directory);
@@ -43,17 +44,21 @@ TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_c
   admin_socket_ = directory_ + "/admin.sock";
   config_path_ = directory_ + "/moesnapd.toml";
   std::ofstream(config_path_) << absl::StrCat(
-      "[node]\nid = 0\n[agent]\nsocket = \"", agent_socket_, "\"\n[admin]\nsocket = \"",
+      "[node]\nid = ", node_id, "\n[agent]\nsocket = \"", agent_socket_, "\"\n[admin]\nsocket = \"",
       admin_socket_, "\"\n[pool]\nname = \"", pool_name_, "\"\nbytes = \"", pool_bytes,
       "\"\njournal_bytes = \"1MiB\"\nlock = \"off\"\n[capture]\nthreads = 2\n", extra_config);
 }
 
 TestDaemon::~TestDaemon() {
   process_.reset();
+  DiscardPool();
+  std::filesystem::remove_all(directory_);
+}
+
+void TestDaemon::DiscardPool() {
   for (const char* suffix : {".data", ".journal"}) {
     std::filesystem::remove("/dev/shm/" + pool_name_ + suffix);
   }
-  std::filesystem::remove_all(directory_);
 }
 
 bool TestDaemon::Start(const std::vector<std::string>& environment) {

@@ -17,12 +17,16 @@ namespace moesnap::testing {
 class TestDaemon {
  public:
   // `extra_config` is appended to the generated TOML (tables must not repeat generated ones).
-  explicit TestDaemon(const std::string& pool_bytes = "768MiB", const std::string& extra_config = "");
+  explicit TestDaemon(const std::string& pool_bytes = "768MiB", const std::string& extra_config = "",
+                      uint32_t node_id = 0);
   ~TestDaemon();
 
   // Starts moesnapd and waits until its agent socket accepts connections. False if it exited.
   bool Start(const std::vector<std::string>& environment = {});
   int Kill(int signal);
+  // Deletes the pool and journal files (after a kill), so the next Start is a replacement node
+  // with fresh memory.
+  void DiscardPool();
   // Waits for the daemon to exit on its own: its exit code, -signal, or nullopt on timeout.
   std::optional<int> WaitExit(std::chrono::milliseconds timeout) {
     return process_ ? process_->Wait(timeout) : std::nullopt;

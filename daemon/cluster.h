@@ -1,0 +1,63 @@
+// The daemon's part in a cluster: membership (heartbeats, liveness, the coordinator), the per-step
+// two-phase commit across every node, parity for its group over the data plane, and rebuild.
+//
+// Commit of step S, run by the coordinator (the lowest live node id):
+//   Prepare  every node waits until its trainers captured S and reports its image (NodeImage).
+//   Encode   every node gets its group's images, opens its parity units of S, sends each of its
+//            data units to the stripe's m parity holders (kParityDelta frames), and answers once
+//            every unit it holds has received all its data: "data captured + parity stored".
+//   Commit   every node journals S (its versions, its group's images, its parity) and frees the
+//            previous step; or Abort, and S is forgotten everywhere with the previous step intact.
+// A node commits only after every node has encoded, so if the coordinator dies the next lowest
+// live node finishes the open step: commit if any node committed it, abort otherwise.
+//
+// Rebuild: a node whose journal is behind its group's (a replacement with fresh memory, or a node
+// that died during a commit) fetches k units per stripe from the group's survivors over the data
+// plane, decodes its data units and parity units, checks every chunk CRC against the group's record,
+// and installs them; Restore waits for it. More than m nodes of a group lost makes Restore fail
+// with the group, the lost nodes and the step that can no longer be recovered.
+//
+// Credentials: PeerChannelCredentials and PeerServerCredentials are the single place where mutual
+// TLS for the Peer service will be switched on; the data plane has its own (data_plane.h).
+#ifndef MOESNAP_DAEMON_CLUSTER_H_
+#define MOESNAP_DAEMON_CLUSTER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "daemon/cluster_config.h"
+#include "daemon/pool.h"
+#include "daemon/store.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+class Cluster {
+ public:
+  // Starts the Peer service and the data plane on this node's ports, checks the cluster config with
+  // every peer that answers (a difference is an error naming it), and starts a rebuild if this
+  // node's committed step is behind its group's.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
+                                                        const ClusterOptions& options, Pool* pool,
+                                                        Store* store);
+  ~Cluster();
+
+  v1::ClusterStatusResponse Status() const;
+  // Fault injection: as coordinator of `step`, commit it on the first half of the nodes and SIGKILL
+  // this process (a coordinator dying between commits).
+  void set_crash_in_commit_for_testing(int64_t step);
+  // Rebuilds node `node_id` (this one, or asks that node to).
+  absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node_id);
+  // Adds the parity check to a store verification and, with `repair`, rebuilds every corrupt data
+  // chunk and parity unit from the group and checks them again.
+  absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);
+
+ private:
+  class Impl;
+  explicit Cluster(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_CLUSTER_H_

@@ -1,0 +1,85 @@
+// NodeImage: offsets of the image mapped onto the regions' extents.
+#include "daemon/node_image.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon {
+
+NodeImage::NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolExtent>> extents)
+    : manifest_(std::move(manifest)), extents_(std::move(extents)) {
+  uint64_t offset = 0;
+  for (const v1::ImageRegion& region : manifest_.regions()) {
+    starts_.push_back(offset);
+    offset += region.bytes();
+  }
+  manifest_.set_bytes(offset);
+}
+
+absl::StatusOr<NodeImage> NodeImage::Allocate(Pool* pool, const v1::NodeImage& manifest) {
+  std::vector<std::shared_ptr<PoolExtent>> extents;
+  for (const v1::ImageRegion& region : manifest.regions()) {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool->Allocate(region.bytes());
+    if (!extent.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no room for the ", manifest.bytes(), " bytes of node ", manifest.node_id(), "'s step ",
+          manifest.step(), " (region '", region.region(), "' of rank ", region.rank(),
+          "): ", extent.status().message()));
+    }
+    extents.push_back(*std::move(extent));
+  }
+  return NodeImage(manifest, std::move(extents));
+}
+
+template <typename Visit>
+void NodeImage::ForEachPiece(uint64_t offset, uint64_t length, Visit visit) const {
+  const uint64_t end = offset + length;
+  // The first region that ends after `offset`.
+  size_t i = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin();
+  i = i == 0 ? 0 : i - 1;
+  for (; i < starts_.size() && starts_[i] < end; ++i) {
+    const uint64_t region_end = starts_[i] + manifest_.regions(static_cast<int>(i)).bytes();
+    const uint64_t from = std::max(offset, starts_[i]);
+    const uint64_t to = std::min(end, region_end);
+    if (from < to) visit(static_cast<int>(i), from - starts_[i], from - offset, to - from);
+  }
+}
+
+void NodeImage::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
+  std::memset(out, 0, length);
+  ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+    std::memcpy(out + in_range, extents_[region]->data() + in_region, bytes);
+  });
+}
+
+void NodeImage::Write(uint64_t offset, const uint8_t* in, uint64_t length) const {
+  ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+    std::memcpy(extents_[region]->data() + in_region, in + in_range, bytes);
+  });
+}
+
+std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
+  std::vector<std::pair<int, uint32_t>> corrupt;
+  for (int i = 0; i < manifest_.regions_size(); ++i) {
+    const v1::ImageRegion& region = manifest_.regions(i);
+    for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
+      const uint64_t begin = uint64_t(chunk) * region.chunk_bytes();
+      const uint64_t bytes = std::min(region.chunk_bytes(), region.bytes() - begin);
+      if (erasure::Crc32c(extents_[i]->data() + begin, bytes) != region.chunk_crcs(chunk)) {
+        corrupt.emplace_back(i, static_cast<uint32_t>(chunk));
+      }
+    }
+  }
+  return corrupt;
+}
+
+std::pair<uint64_t, uint64_t> NodeImage::ChunkRange(int region, uint32_t chunk) const {
+  const v1::ImageRegion& info = manifest_.regions(region);
+  const uint64_t begin = uint64_t{chunk} * info.chunk_bytes();
+  return {starts_[region] + begin, std::min(info.chunk_bytes(), info.bytes() - begin)};
+}
+
+}  // namespace moesnap::daemon

@@ -1,0 +1,54 @@
+// A node's snapshot of one step seen as one byte string, the unit the erasure layer codes: the
+// node's regions in (rank, region) order, back to back (v1::NodeImage is its manifest). The bytes
+// stay where the store keeps them, one pool extent per region; this view reads and writes across
+// region boundaries and keeps the extents alive while it exists.
+#ifndef MOESNAP_DAEMON_NODE_IMAGE_H_
+#define MOESNAP_DAEMON_NODE_IMAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/pool.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+class NodeImage {
+ public:
+  NodeImage() = default;
+  // `extents[i]` holds region i of `manifest` (at least its bytes).
+  NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolExtent>> extents);
+
+  // Allocates an extent per region of `manifest`, for a rebuild to fill.
+  static absl::StatusOr<NodeImage> Allocate(Pool* pool, const v1::NodeImage& manifest);
+
+  const v1::NodeImage& manifest() const { return manifest_; }
+  const std::vector<std::shared_ptr<PoolExtent>>& extents() const { return extents_; }
+  uint64_t bytes() const { return manifest_.bytes(); }
+
+  // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
+  void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
+  // Writes `length` bytes at `offset`; they must lie within the image.
+  void Write(uint64_t offset, const uint8_t* in, uint64_t length) const;
+
+  // Chunks whose CRC-32C differs from the manifest's, as (region index, chunk) pairs.
+  std::vector<std::pair<int, uint32_t>> CorruptChunks() const;
+  // Image byte range of chunk `chunk` of region `region`.
+  std::pair<uint64_t, uint64_t> ChunkRange(int region, uint32_t chunk) const;
+
+ private:
+  // Visits the pieces of [offset, offset + length) that lie in regions: (region, offset in region,
+  // offset in the range, length).
+  template <typename Visit>
+  void ForEachPiece(uint64_t offset, uint64_t length, Visit visit) const;
+
+  v1::NodeImage manifest_;
+  std::vector<std::shared_ptr<PoolExtent>> extents_;
+  std::vector<uint64_t> starts_;  // image offset of each region
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_NODE_IMAGE_H_

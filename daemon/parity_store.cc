@@ -1,0 +1,229 @@
+// ParityStore: zeroed units, coefficient-weighted accumulation of arriving data, completion.
+#include "daemon/parity_store.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon {
+namespace {
+
+// How long a frame waits for its step to be opened before the connection is dropped.
+constexpr absl::Duration kBeginWait = absl::Seconds(10);
+
+}  // namespace
+
+ParityStore::ParityStore(Pool* pool, const erasure::ReedSolomon* codec,
+                         const erasure::StripeLayout* layout, int position)
+    : pool_(pool), codec_(codec), layout_(layout), position_(position) {}
+
+absl::Status ParityStore::Recover(const v1::JournalCluster& record) {
+  absl::MutexLock lock(&mutex_);
+  for (const v1::JournalParity& saved : record.parity()) {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Claim(saved.pool_offset(), saved.bytes());
+    if (!extent.ok()) {
+      return absl::DataLossError(absl::StrCat("journal entry for parity of stripe ", saved.stripe(),
+                                              ": ", extent.status().message()));
+    }
+    committed_[saved.stripe()] = {saved.stripe(), saved.bytes(), saved.crc(), *std::move(extent)};
+  }
+  if (record.has_committed_step()) committed_step_ = record.committed_step();
+  return absl::OkStatus();
+}
+
+absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image_bytes) {
+  if (static_cast<int>(image_bytes.size()) != layout_->group_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", image_bytes.size(),
+                                                   " image sizes for a group of ",
+                                                   layout_->group_size()));
+  }
+  Pending pending;
+  const uint64_t stripes = layout_->StripeCount(image_bytes);
+  for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
+    if (!layout_->IsParityPosition(stripe, position_)) continue;
+    const uint64_t bytes = layout_->ParityLength(stripe, image_bytes);
+    if (bytes == 0) continue;
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(bytes);
+    if (!extent.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("parity of step ", step, ", stripe ", stripe,
+                                                       ": ", extent.status().message()));
+    }
+    std::memset((*extent)->data(), 0, bytes);
+    uint64_t expected = 0;
+    const erasure::StripeMembers members = layout_->Members(stripe);
+    for (int position : members.data_positions) {
+      expected += layout_->UnitLength(image_bytes[position], layout_->DataUnitOf(position, stripe));
+    }
+    pending.units[stripe] = {stripe, bytes, 0, *std::move(extent)};
+    pending.expected[stripe] = expected;
+    pending.missing += expected;
+  }
+  pending.complete = pending.missing == 0;
+  absl::MutexLock lock(&mutex_);
+  pending_[step] = std::move(pending);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
+  std::shared_ptr<PoolExtent> extent;
+  {
+    absl::MutexLock lock(&mutex_);
+    const absl::Time deadline = absl::Now() + kBeginWait;
+    while (!pending_.contains(header.step)) {
+      if (committed_step_ && header.step <= *committed_step_) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("parity data for step ", header.step, ", which is already committed"));
+      }
+      if (changed_.WaitWithDeadline(&mutex_, deadline)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("parity data for step ", header.step, ", which this node has not opened"));
+      }
+    }
+    Pending& pending = pending_[header.step];
+    auto unit = pending.units.find(header.stripe);
+    if (unit == pending.units.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ": this node holds no "
+                                                     "parity of stripe ", header.stripe));
+    }
+    if (header.stripe_unit >= static_cast<uint32_t>(layout_->data_units()) ||
+        header.offset + header.length > unit->second.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", header.step, ", stripe ", header.stripe, ": data unit ", header.stripe_unit,
+          " bytes [", header.offset, ", ", header.offset + header.length, ") do not fit a unit of ",
+          unit->second.bytes, " bytes"));
+    }
+    uint64_t& expected = pending.expected[header.stripe];
+    if (header.length > expected) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ", stripe ",
+                                                     header.stripe, ": more data than its units hold"));
+    }
+    expected -= header.length;  // reserved now; a failed addition below aborts the whole step anyway
+    extent = unit->second.extent;
+  }
+  const int parity_index = [&] {
+    const std::vector<int> holders = layout_->Members(header.stripe).parity_positions;
+    for (size_t j = 0; j < holders.size(); ++j) {
+      if (holders[j] == position_) return static_cast<int>(j);
+    }
+    return -1;
+  }();
+  {
+    absl::MutexLock lock(&stripe_locks_[header.stripe % kStripeLocks]);
+    if (absl::Status status = codec_->UpdateParityUnit(static_cast<int>(header.stripe_unit),
+                                                       parity_index, payload.data(),
+                                                       extent->data() + header.offset,
+                                                       payload.size());
+        !status.ok()) {
+      return status;
+    }
+  }
+  absl::MutexLock lock(&mutex_);
+  auto it = pending_.find(header.step);
+  if (it == pending_.end()) return absl::OkStatus();  // aborted meanwhile
+  it->second.missing -= header.length;
+  if (it->second.missing == 0) {
+    it->second.complete = true;
+    changed_.SignalAll();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
+  std::vector<ParityUnit*> units;
+  {
+    absl::MutexLock lock(&mutex_);
+    while (true) {
+      auto it = pending_.find(step);
+      if (it == pending_.end()) {
+        return absl::AbortedError(absl::StrCat("parity of step ", step, " was aborted"));
+      }
+      if (it->second.complete) break;
+      if (changed_.WaitWithDeadline(&mutex_, deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "parity of step ", step, ": ", it->second.missing,
+            " bytes of data units have not arrived from the group's data nodes"));
+      }
+    }
+    for (auto& [stripe, unit] : pending_[step].units) units.push_back(&unit);
+  }
+  // Complete units are no longer written; checksum them outside the lock.
+  for (ParityUnit* unit : units) unit->crc = erasure::Crc32c(unit->extent->data(), unit->bytes);
+  return absl::OkStatus();
+}
+
+std::vector<v1::JournalParity> ParityStore::Records(int64_t step) const {
+  std::vector<v1::JournalParity> records;
+  absl::MutexLock lock(&mutex_);
+  auto it = pending_.find(step);
+  const std::map<uint64_t, ParityUnit>& units =
+      it != pending_.end() ? it->second.units : committed_;
+  for (const auto& [stripe, unit] : units) {
+    v1::JournalParity record;
+    record.set_stripe(stripe);
+    record.set_pool_offset(unit.extent->offset());
+    record.set_bytes(unit.bytes);
+    record.set_crc(unit.crc);
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+void ParityStore::Commit(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  auto it = pending_.find(step);
+  if (it == pending_.end()) return;
+  committed_ = std::move(it->second.units);  // frees the previous step's units
+  committed_step_ = step;
+  // Older open steps can never commit now.
+  pending_.erase(pending_.begin(), std::next(it));
+  changed_.SignalAll();
+}
+
+void ParityStore::Abort(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  pending_.erase(step);
+  changed_.SignalAll();
+}
+
+void ParityStore::Install(int64_t step, std::vector<ParityUnit> units) {
+  absl::MutexLock lock(&mutex_);
+  committed_.clear();
+  for (ParityUnit& unit : units) committed_[unit.stripe] = std::move(unit);
+  committed_step_ = step;
+  pending_.erase(pending_.begin(), pending_.upper_bound(step));
+}
+
+std::optional<ParityUnit> ParityStore::Committed(uint64_t stripe) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = committed_.find(stripe);
+  if (it == committed_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<ParityUnit> ParityStore::CommittedUnits() const {
+  absl::MutexLock lock(&mutex_);
+  std::vector<ParityUnit> units;
+  for (const auto& [stripe, unit] : committed_) units.push_back(unit);
+  return units;
+}
+
+uint64_t ParityStore::committed_bytes() const {
+  absl::MutexLock lock(&mutex_);
+  uint64_t bytes = 0;
+  for (const auto& [stripe, unit] : committed_) bytes += unit.bytes;
+  return bytes;
+}
+
+uint64_t ParityStore::in_flight_bytes() const {
+  absl::MutexLock lock(&mutex_);
+  uint64_t bytes = 0;
+  for (const auto& [step, pending] : pending_) {
+    for (const auto& [stripe, unit] : pending.units) bytes += unit.bytes;
+  }
+  return bytes;
+}
+
+}  // namespace moesnap::daemon

@@ -1,0 +1,89 @@
+// The parity units this node holds for its group, per step. A step's units are opened (zeroed) when
+// the coordinator tells the node every image size of the group, filled as the data nodes' units
+// arrive over the data plane (each added with its Reed-Solomon coefficient), and are complete when
+// every expected byte has arrived. The committed step's units stay until the next step commits.
+#ifndef MOESNAP_DAEMON_PARITY_STORE_H_
+#define MOESNAP_DAEMON_PARITY_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "daemon/frame.h"
+#include "daemon/pool.h"
+#include "erasure/reed_solomon.h"
+#include "erasure/stripe_layout.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+struct ParityUnit {
+  uint64_t stripe = 0;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;  // set once complete
+  std::shared_ptr<PoolExtent> extent;
+};
+
+// Thread-safe.
+class ParityStore {
+ public:
+  ParityStore(Pool* pool, const erasure::ReedSolomon* codec, const erasure::StripeLayout* layout,
+              int position);
+
+  // Claims the committed units recorded in the journal (the pool was re-attached).
+  absl::Status Recover(const v1::JournalCluster& record);
+
+  // Opens `step`: a zeroed unit for every stripe in which this node is a parity holder and some
+  // data node has bytes, given each group position's image size.
+  absl::Status Begin(int64_t step, const std::vector<uint64_t>& image_bytes);
+  // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin (a fast data node's
+  // units can arrive before the coordinator's Encode reaches this node).
+  absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
+  // Waits until every expected byte of `step` has arrived, then checksums the units.
+  absl::Status WaitComplete(int64_t step, absl::Time deadline);
+  // The journal records of `step`'s complete units.
+  std::vector<v1::JournalParity> Records(int64_t step) const;
+  // `step` becomes the committed parity; the previous committed units are freed.
+  void Commit(int64_t step);
+  void Abort(int64_t step);
+  // Replaces the committed units (rebuild).
+  void Install(int64_t step, std::vector<ParityUnit> units);
+
+  // The committed unit of `stripe` (nullopt when this node holds none for it).
+  std::optional<ParityUnit> Committed(uint64_t stripe) const;
+  std::vector<ParityUnit> CommittedUnits() const;
+  uint64_t committed_bytes() const;
+  uint64_t in_flight_bytes() const;
+
+ private:
+  struct Pending {
+    std::map<uint64_t, ParityUnit> units;
+    std::map<uint64_t, uint64_t> expected;  // stripe -> data bytes still to arrive
+    uint64_t missing = 0;
+    bool complete = false;
+  };
+
+  Pool* const pool_;
+  const erasure::ReedSolomon* const codec_;
+  const erasure::StripeLayout* const layout_;
+  const int position_;
+
+  mutable absl::Mutex mutex_;
+  absl::CondVar changed_;
+  std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  std::optional<int64_t> committed_step_ ABSL_GUARDED_BY(mutex_);
+  std::map<uint64_t, ParityUnit> committed_ ABSL_GUARDED_BY(mutex_);
+  // Serializes additions into one unit; one lock per stripe residue keeps contention low.
+  static constexpr int kStripeLocks = 64;
+  absl::Mutex stripe_locks_[kStripeLocks];
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_PARITY_STORE_H_
