@@ -195,7 +195,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   // Decodes this node's units of `stripes` from k units of the group's other nodes.
   absl::Status RebuildStripes(const RebuildTarget& target, const std::vector<uint64_t>& stripes,
                               v1::RebuildResponse* stats);
-  bool SourceHolds(int position, int64_t step) const;
+  // Which group positions hold `step` whole now (live, not rebuilding, committed it).
+  std::vector<bool> HoldersOf(int64_t step);
   absl::Status WaitForFetches(const std::vector<FetchKey>& keys, absl::Time deadline);
 
   const uint32_t node_id_;
@@ -1000,14 +1001,25 @@ absl::Status Cluster::Impl::Accept(const FrameHeader& header, absl::Span<const u
 
 // --- Rebuild and repair --------------------------------------------------------------------------
 
-bool Cluster::Impl::SourceHolds(int position, int64_t step) const {
-  const uint32_t id = NodeAt(position);
-  if (id == node_id_) return false;
-  absl::MutexLock lock(&mutex_);
-  if (!LiveLocked(id)) return false;
-  const v1::HeartbeatResponse& last = peers_.at(id).last;
-  return !last.rebuilding() && last.has_latest_committed_step() &&
-         last.latest_committed_step() == step;
+std::vector<bool> Cluster::Impl::HoldersOf(int64_t step) {
+  std::vector<int> positions(layout_.group_size());
+  for (int position = 0; position < layout_.group_size(); ++position) positions[position] = position;
+  std::vector<absl::Status> holds = InParallel(positions, [&](int position) -> absl::Status {
+    if (NodeAt(position) == node_id_) return absl::NotFoundError("self");
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(absl::Seconds(2)));
+    v1::GroupStateResponse response;
+    const grpc::Status status = Stub(NodeAt(position))->GroupState(&context, {}, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    if (response.rebuilding() || !response.cluster().has_committed_step() ||
+        response.cluster().committed_step() != step) {
+      return absl::NotFoundError("does not hold the step");
+    }
+    return absl::OkStatus();
+  });
+  std::vector<bool> result;
+  for (const absl::Status& status : holds) result.push_back(status.ok());
+  return result;
 }
 
 absl::Status Cluster::Impl::WaitForFetches(const std::vector<FetchKey>& keys, absl::Time deadline) {
@@ -1031,8 +1043,8 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
   const int64_t step = target.record.committed_step();
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : target.record.group_images()) sizes.push_back(image.bytes());
-  std::vector<bool> holds(n);
-  for (int position = 0; position < n; ++position) holds[position] = SourceHolds(position, step);
+  // Asked now, not taken from heartbeats: a peer may have committed since its last one.
+  const std::vector<bool> holds = HoldersOf(step);
 
   struct Work {
     uint64_t stripe = 0;

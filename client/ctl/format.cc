@@ -106,6 +106,16 @@ std::string FormatVerify(const v1::VerifyResponse& verify) {
                                  verify.corruptions_size() == 0
                                      ? "every CRC-32C matches\n"
                                      : absl::StrCat(verify.corruptions_size(), " corrupt chunks\n"));
+  if (verify.parity_units_checked() > 0) {
+    absl::StrAppend(&out, "checked ", verify.parity_units_checked(), " parity units held for the group: ",
+                    verify.parity_units_corrupt() == 0
+                        ? "every CRC-32C matches\n"
+                        : absl::StrCat(verify.parity_units_corrupt(), " corrupt\n"));
+  }
+  if (verify.chunks_repaired() > 0 || verify.parity_units_repaired() > 0) {
+    absl::StrAppend(&out, "repaired ", verify.chunks_repaired(), " chunks and ",
+                    verify.parity_units_repaired(), " parity units from the group\n");
+  }
   if (verify.corruptions_size() == 0) return out;
   std::vector<std::vector<std::string>> rows = {{"RANK", "REGION", "STEP", "CHUNK", "STORED", "ACTUAL"}};
   for (const auto& corruption : verify.corruptions()) {
@@ -120,6 +130,41 @@ std::string FormatVerify(const v1::VerifyResponse& verify) {
 std::string FormatDrop(int64_t step, const v1::DropStepResponse& drop) {
   return absl::StrCat("dropped ", drop.versions_dropped(), " versions of step ", step, ", freed ",
                       FormatByteSize(drop.bytes_freed()), "\n");
+}
+
+std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster) {
+  std::string out = absl::StrCat(
+      "node ", cluster.node_id(), ", k=", cluster.shape().data_units(), " m=",
+      cluster.shape().parity_units(), ", stripe unit ",
+      FormatByteSize(cluster.shape().stripe_unit_bytes()), ", latest committed step ",
+      cluster.has_latest_committed_step() ? absl::StrCat(cluster.latest_committed_step()) : "none",
+      "\n");
+  if (!cluster.last_abort().empty()) absl::StrAppend(&out, "last abort: ", cluster.last_abort(), "\n");
+  std::vector<std::vector<std::string>> rows = {{"NODE", "GROUP", "POS", "ADDRESS", "STATE",
+                                                 "COMMITTED", "DATA", "PARITY", "IN FLIGHT"}};
+  for (const v1::ClusterNodeStatus& node : cluster.nodes()) {
+    std::string state = node.live() ? "live" : "lost";
+    if (node.live() && node.rebuilding()) state = "rebuilding";
+    if (node.coordinator()) state += ", coordinator";
+    if (!node.live() && node.silent_ms() >= 0) absl::StrAppend(&state, " (", node.silent_ms(), " ms)");
+    const bool known = node.live() || node.memory().pool_bytes() > 0;
+    rows.push_back({absl::StrCat(node.node_id()), absl::StrCat(node.group()),
+                    absl::StrCat(node.position()),
+                    absl::StrCat(node.host(), ":", node.control_port(), "/", node.data_port()), state,
+                    node.has_latest_committed_step() ? absl::StrCat(node.latest_committed_step()) : "-",
+                    known ? FormatByteSize(node.memory().data_bytes()) : "-",
+                    known ? FormatByteSize(node.memory().parity_bytes()) : "-",
+                    known ? FormatByteSize(node.memory().in_flight_bytes()) : "-"});
+  }
+  return absl::StrCat(out, Table(rows));
+}
+
+std::string FormatRebuild(uint32_t node, const v1::RebuildResponse& rebuild) {
+  return absl::StrCat("node ", node, " rebuilt step ", rebuild.step(), ": ", rebuild.stripes(),
+                      " stripes, ", FormatByteSize(rebuild.data_bytes()), " of data and ",
+                      FormatByteSize(rebuild.parity_bytes()), " of parity from ",
+                      FormatByteSize(rebuild.fetched_bytes()), " fetched, in ",
+                      absl::StrFormat("%.2f", rebuild.seconds()), " s\n");
 }
 
 }  // namespace moesnap::ctl

@@ -36,6 +36,8 @@ std::string FormatSteps(const v1::ListStepsResponse& steps);
 std::string FormatInspect(const v1::InspectStepResponse& inspect);
 std::string FormatVerify(const v1::VerifyResponse& verify);
 std::string FormatDrop(int64_t step, const v1::DropStepResponse& drop);
+std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster);
+std::string FormatRebuild(uint32_t node, const v1::RebuildResponse& rebuild);
 
 }  // namespace moesnap::ctl
 

@@ -65,9 +65,23 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand(
       "verify", "Recompute the CRC-32C of every stored chunk (of STEP, or of everything)");
   auto* verify_step = verify->add_option("STEP", step, "Only this step");
+  bool repair = false;
+  verify->add_flag("--repair", repair,
+                   "In a cluster: rebuild every corrupt chunk and parity unit from the group's "
+                   "other nodes, rewrite it and check it again");
   auto* drop = app.add_subcommand("drop", "Delete a step's stored versions and free their memory");
   drop->add_option("STEP", step, "Step to drop")->required();
   auto* drop_rank = drop->add_option("--rank", rank, "Only this rank");
+  auto* cluster = app.add_subcommand("cluster", "The cluster as this node sees it");
+  cluster->require_subcommand(1);
+  auto* cluster_status = cluster->add_subcommand(
+      "status", "Nodes, groups, liveness, latest committed step, memory per node (data, parity, "
+                "in flight)");
+  uint32_t node = 0;
+  auto* rebuild = app.add_subcommand(
+      "rebuild", "Make node NODE rebuild its data and parity of the latest committed step from its "
+                 "group (a replacement daemon does this by itself when it starts)");
+  rebuild->add_option("NODE", node, "Node id")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -100,14 +114,31 @@ int main(int argc, char** argv) {
         },
         ctl::FormatInspect);
   }
+  if (*cluster_status) {
+    return session.Run<v1::ClusterStatusResponse>(
+        [](Stub& stub, grpc::ClientContext& context, v1::ClusterStatusResponse& response) {
+          return stub.ClusterStatus(&context, v1::ClusterStatusRequest(), &response);
+        },
+        ctl::FormatClusterStatus);
+  }
+  if (*rebuild) {
+    v1::RebuildRequest request;
+    request.set_node_id(node);
+    return session.Run<v1::RebuildResponse>(
+        [&](Stub& stub, grpc::ClientContext& context, v1::RebuildResponse& response) {
+          return stub.Rebuild(&context, request, &response);
+        },
+        [&](const v1::RebuildResponse& response) { return ctl::FormatRebuild(node, response); });
+  }
   if (*verify) {
     v1::VerifyRequest request;
     if (*verify_step) request.set_step(step);
+    request.set_repair(repair);
     bool corrupt = false;
     const int code = session.Run<v1::VerifyResponse>(
         [&](Stub& stub, grpc::ClientContext& context, v1::VerifyResponse& response) {
           grpc::Status result = stub.Verify(&context, request, &response);
-          corrupt = response.corruptions_size() > 0;
+          corrupt = response.corruptions_size() > 0 || response.parity_units_corrupt() > 0;
           return result;
         },
         ctl::FormatVerify);

@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +54,30 @@ std::vector<std::string> TrainerArguments(const TestDaemon& daemon, uint32_t nod
   return {BinaryPath("moesnap-test-trainer"), "--socket", daemon.agent_socket(), "--rank",
           std::to_string(node), "--mode", mode, "--regions", std::to_string(4 + node),
           "--region-bytes", "200000", "--steps", std::to_string(steps)};
+}
+
+struct CtlResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+CtlResult Ctl(const TestDaemon& daemon, std::vector<std::string> arguments) {
+  arguments.insert(arguments.begin(), {BinaryPath("moesnapctl"), "--socket", daemon.admin_socket()});
+  ChildProcess ctl(arguments, {}, ChildProcess::Stderr::kCapture);
+  CtlResult result{-1, ""};
+  while (std::optional<std::string> line = ctl.ReadLine(60s)) result.output += *line + "\n";
+  result.exit_code = ctl.Wait(30s).value_or(-1);
+  return result;
+}
+
+// Overwrites one byte of a daemon's pool file behind its back.
+void FlipPoolByte(const TestDaemon& daemon, uint64_t offset) {
+  std::fstream pool("/dev/shm/" + daemon.pool_name() + ".data",
+                    std::ios::in | std::ios::out | std::ios::binary);
+  pool.seekg(offset);
+  const char byte = static_cast<char>(pool.get());
+  pool.seekp(offset);
+  pool.put(static_cast<char>(byte ^ 0x5a));
 }
 
 class ClusterTest : public ::testing::Test {
@@ -250,6 +276,65 @@ TEST_F(ClusterTest, CoordinatorDyingBetweenCommitsIsFinishedByTheNext) {
     EXPECT_EQ(Status(node).latest_committed_step(), 3) << "node " << node;
     EXPECT_EQ(VerifiedStep(node), 3) << "node " << node;
   }
+}
+
+// moesnapctl on a cluster: status of every node, a scrub that finds a flipped data byte and a flipped
+// parity byte and repairs both from the group, and an operator-driven rebuild.
+TEST_F(ClusterTest, CtlShowsTheClusterAndRepairsCorruptDataAndParityFromTheGroup) {
+  TrainAll(1);
+  CtlResult status = Ctl(*daemons_[2], {"cluster", "status"});
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, "k=4 m=2, stripe unit 256.0 KiB, latest committed step 1"))
+      << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, "live, coordinator")) << status.output;
+  CtlResult json = Ctl(*daemons_[2], {"--json", "cluster", "status"});
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_TRUE(absl::StrContains(json.output, "\"live\":true")) << json.output;
+
+  // Node 2 holds 6 regions of 200,000 bytes (each in a 200,704-byte extent, from offset 0), then
+  // its parity of stripe 1: one byte of region 0 and one byte of that parity unit are flipped.
+  FlipPoolByte(*daemons_[2], 777);
+  FlipPoolByte(*daemons_[2], 6 * 200704 + 100);
+  CtlResult corrupt = Ctl(*daemons_[2], {"verify"});
+  EXPECT_EQ(corrupt.exit_code, 1) << corrupt.output;
+  EXPECT_TRUE(absl::StrContains(corrupt.output, "1 corrupt chunks")) << corrupt.output;
+  EXPECT_TRUE(absl::StrContains(corrupt.output, "parity units held for the group: 1 corrupt"))
+      << corrupt.output;
+  CtlResult repaired = Ctl(*daemons_[2], {"verify", "--repair"});
+  EXPECT_EQ(repaired.exit_code, 0) << repaired.output;
+  EXPECT_TRUE(absl::StrContains(repaired.output, "repaired 1 chunks and 1 parity units"))
+      << repaired.output;
+  CtlResult clean = Ctl(*daemons_[2], {"verify"});
+  EXPECT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_EQ(VerifiedStep(2), 1);
+
+  CtlResult rebuilt = Ctl(*daemons_[2], {"rebuild", "3"});
+  EXPECT_EQ(rebuilt.exit_code, 0) << rebuilt.output;
+  EXPECT_TRUE(absl::StrContains(rebuilt.output, "node 3 rebuilt step 1")) << rebuilt.output;
+  EXPECT_EQ(VerifiedStep(3), 1);
+  CtlResult single = Ctl(*daemons_[2], {"rebuild", "9"});
+  EXPECT_EQ(single.exit_code, 4) << single.output;
+  EXPECT_TRUE(absl::StrContains(single.output, "node 9 is not in the cluster")) << single.output;
+}
+
+// A daemon whose cluster config differs from its peers' does not join, and says what differs.
+TEST_F(ClusterTest, ADaemonWithAnotherClusterConfigIsRefusedNamingTheDifference) {
+  daemons_[5]->Kill(SIGKILL);
+  daemons_[5]->WaitExit(10s);
+  std::stringstream text;
+  text << std::ifstream(daemons_[5]->config_path()).rdbuf();
+  std::string config = text.str();
+  const size_t at = config.find("256KiB");
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at, 6, "512KiB");
+  std::ofstream(daemons_[5]->config_path()) << config;
+  ChildProcess daemon({BinaryPath("moesnapd"), "--config", daemons_[5]->config_path()}, {},
+                      ChildProcess::Stderr::kCapture);
+  std::string output;
+  while (std::optional<std::string> line = daemon.ReadLine(30s)) output += *line + "\n";
+  EXPECT_NE(daemon.Wait(10s).value_or(0), 0) << output;
+  EXPECT_TRUE(absl::StrContains(output, "refuses to join")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "stripe_unit_bytes: 262144 here, 524288 there")) << output;
 }
 
 }  // namespace
