@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -185,7 +186,12 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   void ResolveOrphans();
   void OnNodeCaptured(int64_t step);
 
-  absl::Status SendDataUnits(int64_t step, const NodeImage& image);
+  // Sends this node's data units of `step` to their parity holders: all of them, or with
+  // `previous` (the committed image) and `changed`, the deltas of the changed ones. Returns the
+  // bytes sent.
+  absl::StatusOr<uint64_t> SendDataUnits(int64_t step, const NodeImage& image,
+                                         const std::optional<NodeImage>& previous,
+                                         const std::vector<bool>* changed);
   absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
 
   void RebuildAtStart();
@@ -212,6 +218,9 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   const absl::Duration heartbeat_interval_;
 
   std::atomic<int64_t> crash_in_commit_{-1};
+  std::atomic<uint64_t> full_encodes_{0};
+  std::atomic<uint64_t> delta_encodes_{0};
+  std::atomic<uint64_t> parity_bytes_sent_{0};
   std::unique_ptr<DataPlaneServer> data_server_;
   std::unique_ptr<grpc::Server> server_;
 
@@ -601,6 +610,8 @@ void Cluster::Impl::RunRound(int64_t step) {
   Log(LogLevel::kDebug, "step ", step, ": encode");
   // Phase 1b: parity of every group delivered and stored.
   const std::vector<std::vector<uint32_t>> groups = options_.Groups();
+  std::atomic<uint64_t> sent{0};
+  std::atomic<bool> delta{true};
   std::vector<absl::Status> encoded = InParallel(nodes, [&](uint32_t id) -> absl::Status {
     v1::EncodeRequest request;
     request.set_coordinator(node_id_);
@@ -612,7 +623,10 @@ void Cluster::Impl::RunRound(int64_t step) {
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Milliseconds(options_.commit_timeout_ms) + kControlDeadline));
     v1::EncodeResponse response;
-    return FromGrpcStatus(Stub(id)->Encode(&context, request, &response));
+    const grpc::Status status = Stub(id)->Encode(&context, request, &response);
+    sent += response.bytes_sent();
+    if (!response.delta()) delta = false;
+    return FromGrpcStatus(status);
   });
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!encoded[i].ok()) {
@@ -649,7 +663,8 @@ void Cluster::Impl::RunRound(int64_t step) {
     }
   }
   Log(LogLevel::kInfo, "step ", step, " committed on ", nodes.size(), " nodes (", bytes,
-      " bytes of data) in ", absl::FormatDuration(absl::Now() - started));
+      " bytes of data, ", sent.load(), delta ? " bytes of deltas" : " bytes of units",
+      " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started));
 }
 
 void Cluster::Impl::ResolveOrphans() {
@@ -770,16 +785,40 @@ grpc::Status Cluster::Impl::Encode(grpc::ServerContext*, const v1::EncodeRequest
   if (image_bytes[position_] != image.bytes()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "this node's image size differs");
   }
-  if (absl::Status status = parity_.Begin(step, image_bytes); !status.ok()) {
+  // A step that keeps every node's layout updates the committed parity with the deltas of the
+  // units it changed; anything else (the first step, a rank registering new regions) encodes whole.
+  // Every node of the group decides the same from the same two records.
+  const v1::JournalCluster committed = store_->ClusterRecord();
+  bool delta = committed.has_committed_step() &&
+               committed.group_images_size() == layout_.group_size();
+  for (int position = 0; delta && position < layout_.group_size(); ++position) {
+    delta = SameLayout(committed.group_images(position), request->group_images(position));
+  }
+  std::vector<std::vector<bool>> changed;
+  if (delta) {
+    for (int position = 0; position < layout_.group_size(); ++position) {
+      changed.push_back(ChangedUnits(committed.group_images(position),
+                                     request->group_images(position), layout_.unit_bytes()));
+    }
+  }
+  if (absl::Status status = parity_.Begin(step, image_bytes, delta ? &changed : nullptr);
+      !status.ok()) {
     return ToGrpcStatus(status);
   }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(request->timeout_ms());
-  absl::Status status = SendDataUnits(step, image);
+  absl::StatusOr<uint64_t> sent = SendDataUnits(
+      step, image, delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
+      delta ? &changed[position_] : nullptr);
+  absl::Status status = sent.status();
   if (status.ok()) status = parity_.WaitComplete(step, deadline);
   if (!status.ok()) {
     parity_.Abort(step);
     return ToGrpcStatus(status);
   }
+  (delta ? delta_encodes_ : full_encodes_)++;
+  parity_bytes_sent_ += *sent;
+  response->set_bytes_sent(*sent);
+  response->set_delta(delta);
   response->set_parity_bytes(parity_.in_flight_bytes());
   absl::MutexLock lock(&mutex_);
   OpenStep& open = open_[step];
@@ -803,24 +842,33 @@ absl::Status Cluster::Impl::SendFrames(uint32_t to, FrameHeader header, const ui
   return absl::OkStatus();
 }
 
-absl::Status Cluster::Impl::SendDataUnits(int64_t step, const NodeImage& image) {
+absl::StatusOr<uint64_t> Cluster::Impl::SendDataUnits(int64_t step, const NodeImage& image,
+                                                      const std::optional<NodeImage>& previous,
+                                                      const std::vector<bool>* changed) {
   // Each parity holder gets its units from its own thread, so holders fill in parallel.
-  std::map<int, std::vector<uint64_t>> stripes_by_holder;
+  std::map<int, std::vector<uint64_t>> units_by_holder;
   const uint64_t units = layout_.UnitCount(image.bytes());
   for (uint64_t unit = 0; unit < units; ++unit) {
+    if (changed != nullptr && !(*changed)[unit]) continue;
     const erasure::UnitLocation location = layout_.DataUnitLocation(position_, unit);
     for (int holder : layout_.Members(location.stripe).parity_positions) {
-      stripes_by_holder[holder].push_back(unit);
+      units_by_holder[holder].push_back(unit);
     }
   }
   std::vector<int> holders;
-  for (const auto& [holder, list] : stripes_by_holder) holders.push_back(holder);
+  for (const auto& [holder, list] : units_by_holder) holders.push_back(holder);
+  std::atomic<uint64_t> sent{0};
   std::vector<absl::Status> statuses = InParallel(holders, [&](int holder) -> absl::Status {
     std::vector<uint8_t> buffer(layout_.unit_bytes());
-    for (uint64_t unit : stripes_by_holder[holder]) {
+    std::vector<uint8_t> old_bytes(previous ? layout_.unit_bytes() : 0);
+    for (uint64_t unit : units_by_holder[holder]) {
       const erasure::UnitLocation location = layout_.DataUnitLocation(position_, unit);
       const uint64_t length = layout_.UnitLength(image.bytes(), unit);
       image.Read(unit * layout_.unit_bytes(), length, buffer.data());
+      if (previous) {  // the delta: old XOR new
+        previous->Read(unit * layout_.unit_bytes(), length, old_bytes.data());
+        for (uint64_t i = 0; i < length; ++i) buffer[i] ^= old_bytes[i];
+      }
       FrameHeader header;
       header.kind = FrameKind::kParityDelta;
       header.step = step;
@@ -831,13 +879,14 @@ absl::Status Cluster::Impl::SendDataUnits(int64_t step, const NodeImage& image) 
           !status.ok()) {
         return status;
       }
+      sent += length;
     }
     return absl::OkStatus();
   });
   for (const absl::Status& status : statuses) {
     if (!status.ok()) return status;
   }
-  return absl::OkStatus();
+  return sent.load();
 }
 
 grpc::Status Cluster::Impl::Commit(grpc::ServerContext*, const v1::CommitRequest* request,
@@ -1385,6 +1434,9 @@ absl::StatusOr<v1::VerifyResponse> Cluster::Impl::Verify(std::optional<int64_t> 
 v1::ClusterStatusResponse Cluster::Impl::Status() const {
   v1::ClusterStatusResponse response;
   response.set_node_id(node_id_);
+  response.set_full_encodes(full_encodes_);
+  response.set_delta_encodes(delta_encodes_);
+  response.set_parity_bytes_sent(parity_bytes_sent_);
   response.mutable_shape()->set_data_units(options_.data_units);
   response.mutable_shape()->set_parity_units(options_.parity_units);
   response.mutable_shape()->set_stripe_unit_bytes(options_.stripe_unit_bytes);

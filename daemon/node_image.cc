@@ -82,4 +82,33 @@ std::pair<uint64_t, uint64_t> NodeImage::ChunkRange(int region, uint32_t chunk) 
   return {starts_[region] + begin, std::min(info.chunk_bytes(), info.bytes() - begin)};
 }
 
+bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after) {
+  if (before.regions_size() != after.regions_size()) return false;
+  for (int i = 0; i < before.regions_size(); ++i) {
+    const v1::ImageRegion& a = before.regions(i);
+    const v1::ImageRegion& b = after.regions(i);
+    if (a.rank() != b.rank() || a.region() != b.region() || a.bytes() != b.bytes()) return false;
+  }
+  return true;
+}
+
+std::vector<bool> ChangedUnits(const v1::NodeImage& before, const v1::NodeImage& after,
+                               uint64_t unit_bytes) {
+  uint64_t total = 0;
+  for (const v1::ImageRegion& region : after.regions()) total += region.bytes();
+  std::vector<bool> changed((total + unit_bytes - 1) / unit_bytes, false);
+  uint64_t offset = 0;
+  for (int i = 0; i < after.regions_size(); ++i) {
+    const v1::ImageRegion& region = after.regions(i);
+    if (region.bytes() > 0 && region.step() != before.regions(i).step()) {
+      for (uint64_t unit = offset / unit_bytes; unit <= (offset + region.bytes() - 1) / unit_bytes;
+           ++unit) {
+        changed[unit] = true;
+      }
+    }
+    offset += region.bytes();
+  }
+  return changed;
+}
+
 }  // namespace moesnap::daemon

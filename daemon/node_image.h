@@ -49,6 +49,14 @@ class NodeImage {
   std::vector<uint64_t> starts_;  // image offset of each region
 };
 
+// True when both images hold the same regions (rank, name, size) in the same order, so that every
+// image offset means the same bytes of the same region in both.
+bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after);
+// For two images of the same layout: which units of `unit_bytes` hold a region whose version
+// differs (captured again since `before`).
+std::vector<bool> ChangedUnits(const v1::NodeImage& before, const v1::NodeImage& after,
+                               uint64_t unit_bytes);
+
 }  // namespace moesnap::daemon
 
 #endif  // MOESNAP_DAEMON_NODE_IMAGE_H_

@@ -33,7 +33,8 @@ absl::Status ParityStore::Recover(const v1::JournalCluster& record) {
   return absl::OkStatus();
 }
 
-absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image_bytes) {
+absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image_bytes,
+                               const std::vector<std::vector<bool>>* changed) {
   if (static_cast<int>(image_bytes.size()) != layout_->group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", image_bytes.size(),
                                                    " image sizes for a group of ",
@@ -50,11 +51,25 @@ absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image
       return absl::ResourceExhaustedError(absl::StrCat("parity of step ", step, ", stripe ", stripe,
                                                        ": ", extent.status().message()));
     }
-    std::memset((*extent)->data(), 0, bytes);
+    if (changed == nullptr) {
+      std::memset((*extent)->data(), 0, bytes);
+    } else {
+      absl::MutexLock lock(&mutex_);
+      auto committed = committed_.find(stripe);
+      if (committed == committed_.end() || committed->second.bytes != bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, ": no committed parity of stripe ", stripe, " to update with deltas"));
+      }
+      std::memcpy((*extent)->data(), committed->second.extent->data(), bytes);
+    }
     uint64_t expected = 0;
     const erasure::StripeMembers members = layout_->Members(stripe);
     for (int position : members.data_positions) {
-      expected += layout_->UnitLength(image_bytes[position], layout_->DataUnitOf(position, stripe));
+      const uint64_t unit = layout_->DataUnitOf(position, stripe);
+      if (changed != nullptr && (unit >= (*changed)[position].size() || !(*changed)[position][unit])) {
+        continue;
+      }
+      expected += layout_->UnitLength(image_bytes[position], unit);
     }
     pending.units[stripe] = {stripe, bytes, 0, *std::move(extent)};
     pending.expected[stripe] = expected;

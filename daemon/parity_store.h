@@ -39,9 +39,13 @@ class ParityStore {
   // Claims the committed units recorded in the journal (the pool was re-attached).
   absl::Status Recover(const v1::JournalCluster& record);
 
-  // Opens `step`: a zeroed unit for every stripe in which this node is a parity holder and some
-  // data node has bytes, given each group position's image size.
-  absl::Status Begin(int64_t step, const std::vector<uint64_t>& image_bytes);
+  // Opens `step`: a unit for every stripe in which this node is a parity holder and some data node
+  // has bytes, given each group position's image size. Without `changed`, units start at zero and
+  // every data unit is expected (a full encode). With it (a sparse step of an unchanged layout),
+  // units start as copies of the committed ones and only the deltas of units marked changed
+  // (changed[position][unit]) are expected.
+  absl::Status Begin(int64_t step, const std::vector<uint64_t>& image_bytes,
+                     const std::vector<std::vector<bool>>* changed);
   // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin (a fast data node's
   // units can arrive before the coordinator's Encode reaches this node).
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);

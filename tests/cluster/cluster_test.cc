@@ -177,6 +177,13 @@ TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
     // Each node holds its own data whole and parity for the group: m/n of the stripes.
     EXPECT_EQ(status.nodes(node).memory().data_bytes(), (4 + node) * 200000u) << "node " << node;
   }
+  // Step 1 encodes whole; steps 2-6 keep the layout, so only changed units' deltas are sent (and
+  // the restores below check that parity built from deltas decodes right).
+  for (int node = 0; node < kNodes; ++node) {
+    const v1::ClusterStatusResponse status = Status(node);
+    EXPECT_EQ(status.full_encodes(), 1u) << "node " << node;
+    EXPECT_EQ(status.delta_encodes(), 5u) << "node " << node;
+  }
   uint64_t parity = 0;
   const v1::ClusterStatusResponse status = Status(0);
   for (const v1::ClusterNodeStatus& peer : status.nodes()) parity += peer.memory().parity_bytes();

@@ -1,0 +1,70 @@
+// NodeImage: reads and writes across region boundaries, layout comparison, and which stripe units a
+// sparse step changed.
+#include "daemon/node_image.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon {
+namespace {
+
+v1::NodeImage Manifest(const std::vector<std::pair<std::string, uint64_t>>& regions,
+                       const std::vector<int64_t>& steps) {
+  v1::NodeImage manifest;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    v1::ImageRegion* region = manifest.add_regions();
+    region->set_rank(0);
+    region->set_region(regions[i].first);
+    region->set_bytes(regions[i].second);
+    region->set_step(steps[i]);
+    region->set_chunk_bytes(4096);
+  }
+  return manifest;
+}
+
+TEST(NodeImageTest, ReadsAndWritesSpanRegionsAndReadZerosPastTheEnd) {
+  PoolOptions options;
+  options.name = "moesnap-node-image-test-" + std::to_string(getpid());
+  options.bytes = 1 << 20;
+  options.lock = PoolLockMode::kOff;
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options, std::nullopt);
+  ASSERT_OK(pool);
+  absl::StatusOr<NodeImage> image =
+      NodeImage::Allocate(pool->get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));
+  ASSERT_OK(image);
+  EXPECT_EQ(image->bytes(), 5107u);
+  std::vector<uint8_t> bytes(5107);
+  std::iota(bytes.begin(), bytes.end(), 0);
+  image->Write(0, bytes.data(), 50);
+  image->Write(50, bytes.data() + 50, bytes.size() - 50);  // crosses all three regions
+  std::vector<uint8_t> read(6000, 0xff);
+  image->Read(0, read.size(), read.data());
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), read.begin()));
+  EXPECT_TRUE(std::all_of(read.begin() + 5107, read.end(), [](uint8_t b) { return b == 0; }));
+  EXPECT_EQ(image->extents()[1]->data()[0], bytes[100]);  // region b starts at image offset 100
+  *image = NodeImage();  // the pool must outlive every extent
+  pool->reset();
+  std::remove(("/dev/shm/" + options.name + ".data").c_str());
+}
+
+TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
+  const v1::NodeImage before = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1});
+  // b (bytes 100-399) and d (450-1049) were captured again at step 2; units are 256 bytes.
+  const v1::NodeImage after = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 2, 1, 2});
+  EXPECT_TRUE(SameLayout(before, after));
+  EXPECT_EQ(ChangedUnits(before, after, 256), (std::vector<bool>{true, true, true, true, true}));
+  const v1::NodeImage only_a = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {2, 1, 1, 1});
+  EXPECT_EQ(ChangedUnits(before, only_a, 256), (std::vector<bool>{true, false, false, false, false}));
+  const v1::NodeImage only_c = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 1, 2, 1});
+  EXPECT_EQ(ChangedUnits(before, only_c, 256), (std::vector<bool>{false, true, false, false, false}));
+
+  EXPECT_FALSE(SameLayout(before, Manifest({{"a", 100}, {"b", 300}, {"c", 50}}, {1, 1, 1})));
+  EXPECT_FALSE(SameLayout(before, Manifest({{"a", 100}, {"b", 301}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1})));
+  EXPECT_FALSE(SameLayout(before, Manifest({{"a", 100}, {"x", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1})));
+}
+
+}  // namespace
+}  // namespace moesnap::daemon
