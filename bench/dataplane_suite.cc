@@ -5,10 +5,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <boost/asio.hpp>
 #include <thread>
 
 #include "bench/aligned_buffer.h"
+#include "bench/raw_tcp.h"
 #include "bench/stream.grpc.pb.h"
 #include "bench/suites.h"
 #include "bench/timing.h"
@@ -18,9 +18,6 @@
 namespace moesnap::bench {
 namespace {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-
 constexpr size_t kChunkBytes = 4 << 20;
 constexpr int kChunksPerCall = 16;  // 64 MiB per timed call
 constexpr size_t kBytesPerCall = kChunkBytes * kChunksPerCall;
@@ -28,33 +25,6 @@ constexpr size_t kBytesPerCall = kChunkBytes * kChunksPerCall;
 void WaitFor(const std::atomic<uint64_t>& received, uint64_t target) {
   while (received.load(std::memory_order_acquire) < target) std::this_thread::yield();
 }
-
-// A TCP sink that reads and discards: the receiving half of the limit.
-class RawReceiver {
- public:
-  RawReceiver() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
-    thread_ = std::thread([this] {
-      tcp::socket socket(io_);
-      acceptor_.accept(socket);
-      std::vector<uint8_t> buffer(kChunkBytes);
-      boost::system::error_code error;
-      // Whole chunks, as the data plane reads its payloads: the same system calls, no framing.
-      while (true) {
-        asio::read(socket, asio::buffer(buffer), error);
-        if (error) return;
-        received += kChunkBytes;
-      }
-    });
-  }
-  ~RawReceiver() { thread_.join(); }
-  uint16_t port() const { return acceptor_.local_endpoint().port(); }
-  std::atomic<uint64_t> received{0};
-
- private:
-  asio::io_context io_;
-  tcp::acceptor acceptor_;
-  std::thread thread_;
-};
 
 class CountingSink : public daemon::FrameSink {
  public:
@@ -83,17 +53,8 @@ absl::Status RunDataPlaneSuite(Report& report) {
   AlignedBuffer chunk(kChunkBytes, 0x6b);
 
   // Raw TCP, one stream.
-  RawReceiver raw_receiver;
-  asio::io_context io;
-  tcp::socket raw_socket(io);
-  raw_socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), raw_receiver.port()));
-  raw_socket.set_option(tcp::no_delay(true));
-  uint64_t raw_sent = 0;
-  auto raw_body = [&] {
-    for (int i = 0; i < kChunksPerCall; ++i) asio::write(raw_socket, asio::buffer(chunk.data(), kChunkBytes));
-    raw_sent += kBytesPerCall;
-    WaitFor(raw_receiver.received, raw_sent);
-  };
+  RawTcpStream raw(kChunkBytes);
+  auto raw_body = [&] { raw.Send(chunk.data(), kChunksPerCall); };
 
   // The data plane, one connection.
   CountingSink sink;
@@ -158,7 +119,6 @@ absl::Status RunDataPlaneSuite(Report& report) {
                  "copies each chunk into a protobuf message and through its HTTP/2 framing, which "
                  "is why bulk chunks travel on the data plane and gRPC carries control only.");
 
-  raw_socket.close();
   grpc_server->Shutdown();
   return absl::OkStatus();
 }

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       {"erasure", moesnap::bench::RunErasureSuite},
       {"capture", moesnap::bench::RunCaptureSuite},
       {"dataplane", moesnap::bench::RunDataPlaneSuite},
+      {"cluster", moesnap::bench::RunClusterSuite},
       {"gpu", moesnap::bench::RunGpuSuite},
   };
 

@@ -10,6 +10,7 @@ namespace moesnap::bench {
 absl::Status RunErasureSuite(Report& report);
 absl::Status RunCaptureSuite(Report& report);
 absl::Status RunDataPlaneSuite(Report& report);
+absl::Status RunClusterSuite(Report& report);
 // UNAVAILABLE (and skipped by `all`) where no GPU is usable.
 absl::Status RunGpuSuite(Report& report);
 

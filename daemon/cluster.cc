@@ -36,7 +36,7 @@ namespace {
 constexpr int kDataConnectionsPerPeer = 2;
 constexpr uint32_t kMaxFramePayload = 4 << 20;
 // Stripes rebuilt together are bounded by the bytes their units take in memory.
-constexpr uint64_t kRebuildBatchBytes = uint64_t{256} << 20;
+constexpr uint64_t kRebuildBatchBytes = uint64_t{64} << 20;
 constexpr absl::Duration kControlDeadline = absl::Seconds(10);
 constexpr int kRebuildAttempts = 3;
 
@@ -1100,13 +1100,28 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
     uint64_t length = 0;
     int mine = 0;                // this node's unit index in the stripe
     std::vector<int> chosen;     // k unit indices that decode the stripe
-    std::vector<std::vector<uint8_t>> units;  // n buffers of `length`
+    std::vector<uint8_t*> units;  // n buffers of `length`, in the scratch space
   };
+  // Scratch for a batch of stripes: from the pool when it has room (its pages are resident, so no
+  // page faults), else from the heap.
+  const uint64_t unit_span = layout_.unit_bytes() * n;
+  const uint64_t scratch_bytes =
+      std::max(unit_span, std::min<uint64_t>(kRebuildBatchBytes, unit_span * stripes.size()));
+  std::shared_ptr<PoolExtent> pool_scratch;
+  std::vector<uint8_t> heap_scratch;
+  uint8_t* scratch = nullptr;
+  if (absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(scratch_bytes); extent.ok()) {
+    pool_scratch = *std::move(extent);
+    scratch = pool_scratch->data();
+  } else {
+    heap_scratch.resize(scratch_bytes);
+    scratch = heap_scratch.data();
+  }
   size_t next = 0;
   while (next < stripes.size()) {
     std::vector<Work> batch;
     uint64_t batch_bytes = 0;
-    for (; next < stripes.size() && batch_bytes < kRebuildBatchBytes; ++next) {
+    for (; next < stripes.size() && batch_bytes + unit_span <= scratch_bytes; ++next) {
       Work work;
       work.stripe = stripes[next];
       work.length = layout_.ParityLength(work.stripe, sizes);
@@ -1144,7 +1159,7 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
             " can no longer be recovered (stripe ", work.stripe, " has ", work.chosen.size(),
             " of the ", k, " units it needs)"));
       }
-      work.units.assign(n, std::vector<uint8_t>(work.length, 0));
+      for (int i = 0; i < n; ++i) work.units.push_back(scratch + batch_bytes + i * work.length);
       batch_bytes += work.length * n;
       batch.push_back(std::move(work));
     }
@@ -1160,9 +1175,11 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
           const uint64_t bytes =
               i < k ? layout_.UnitLength(sizes[position], layout_.DataUnitOf(position, work.stripe))
                     : work.length;
+          // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
+          std::memset(work.units[i] + bytes, 0, work.length - bytes);
           if (bytes == 0) continue;
           const FetchKey key{step, work.stripe, static_cast<uint32_t>(i)};
-          fetches_[key] = {work.units[i].data(), bytes, bytes};
+          fetches_[key] = {work.units[i], bytes, bytes};
           keys.push_back(key);
           v1::SendUnitsRequest& request = requests[NodeAt(position)];
           request.set_to_node(node_id_);
@@ -1203,19 +1220,17 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
           erased.push_back(i);
         }
       }
-      std::vector<uint8_t*> pointers;
-      for (std::vector<uint8_t>& unit : work.units) pointers.push_back(unit.data());
-      if (absl::Status decoded = codec_->Decode(pointers, erased, work.length); !decoded.ok()) {
+      if (absl::Status decoded = codec_->Decode(work.units, erased, work.length); !decoded.ok()) {
         return decoded;
       }
       if (work.mine < k) {
         const uint64_t unit = layout_.DataUnitOf(position_, work.stripe);
         const uint64_t bytes = layout_.UnitLength(sizes[position_], unit);
-        target.image->Write(unit * layout_.unit_bytes(), work.units[work.mine].data(), bytes);
+        target.image->Write(unit * layout_.unit_bytes(), work.units[work.mine], bytes);
         stats->set_data_bytes(stats->data_bytes() + bytes);
       } else {
         ParityUnit& parity = (*target.parity)[work.stripe];
-        std::memcpy(parity.extent->data(), work.units[work.mine].data(), work.length);
+        std::memcpy(parity.extent->data(), work.units[work.mine], work.length);
         parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
         stats->set_parity_bytes(stats->parity_bytes() + work.length);
       }
