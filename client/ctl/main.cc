@@ -5,7 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "client/ctl/format.h"
+#include "client/ctl/plan.h"
 #include "proto/moesnap.grpc.pb.h"
 
 namespace {
@@ -82,6 +86,24 @@ int main(int argc, char** argv) {
       "rebuild", "Make node NODE rebuild its data and parity of the latest committed step from its "
                  "group (a replacement daemon does this by itself when it starts)");
   rebuild->add_option("NODE", node, "Node id")->required();
+  auto* plan = app.add_subcommand(
+      "plan", "Place expert replicas to survive node failures (Lazarus): allocation, placement, "
+              "recovery probability per number of failed nodes against a spread placement, and with "
+              "--failed the transfers that rebuild the placement on the survivors. Needs no daemon");
+  std::string loads_path;
+  ctl::PlanRequest plan_request;
+  plan->add_option("--loads", loads_path,
+                   "File of expert token loads: one number per expert, white-space separated")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plan->add_option("--nodes", plan_request.options.nodes, "Nodes N")->required()->check(CLI::PositiveNumber);
+  plan->add_option("--slots", plan_request.options.slots, "Expert slots per node c")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--min-replicas", plan_request.options.min_replicas,
+                   "Replicas every expert gets at least (f; default 1)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--failed", plan_request.failed, "Failed node ids, comma-separated")->delimiter(',');
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -89,6 +111,24 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? ctl::kSuccess : ctl::kUsage;
   }
 
+  if (*plan) {
+    std::stringstream text;
+    text << std::ifstream(loads_path).rdbuf();
+    absl::StatusOr<std::vector<double>> loads = ctl::ParseLoads(text.str());
+    absl::StatusOr<std::string> out = absl::InvalidArgumentError("");
+    if (loads.ok()) {
+      plan_request.loads = *std::move(loads);
+      out = ctl::RunPlan(plan_request, session.json);
+    } else {
+      out = loads.status();
+    }
+    if (!out.ok()) {
+      std::fprintf(stderr, "moesnapctl plan: %s\n", std::string(out.status().message()).c_str());
+      return ctl::kUsage;
+    }
+    std::fputs(out->c_str(), stdout);
+    return ctl::kSuccess;
+  }
   using Stub = v1::Admin::Stub;
   if (*status) {
     return session.Run<v1::StatusResponse>(

@@ -97,6 +97,31 @@ TEST(MoesnapctlTest, UsageAndUnreachableDaemonHaveTheirOwnExitCodes) {
   EXPECT_TRUE(absl::StrContains(unreachable.output, "/nonexistent/admin.sock")) << unreachable.output;
 }
 
+TEST(MoesnapctlTest, PlanPrintsPlacementRecoveryAndTransfersWithoutADaemon) {
+  const std::string loads = ::testing::TempDir() + "/loads.txt";
+  std::ofstream(loads) << "120\n40  # a quiet expert\n300 75\n10\n220\n90\n15\n";
+  Result plan = Ctl("/nonexistent/admin.sock", {"plan", "--loads", loads, "--nodes", "6", "--slots",
+                                                "2", "--failed", "1,4"});
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_TRUE(absl::StrContains(plan.output, "EXPERTS (maximum rank overlap)")) << plan.output;
+  EXPECT_TRUE(absl::StrContains(plan.output, "after losing nodes 1, 4: 2 transfers")) << plan.output;
+  EXPECT_TRUE(absl::StrContains(plan.output, "snapshot cluster")) << plan.output;
+  Result json = Ctl("/nonexistent/admin.sock", {"--json", "plan", "--loads", loads, "--nodes", "6",
+                                                "--slots", "2"});
+  EXPECT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_TRUE(absl::StrContains(json.output, "\"replicas\":[1,1,4,1,1,2,1,1]")) << json.output;
+  Result too_many = Ctl("/nonexistent/admin.sock", {"plan", "--loads", loads, "--nodes", "2",
+                                                    "--slots", "2", "--min-replicas", "3"});
+  EXPECT_EQ(too_many.exit_code, ctl::kUsage) << too_many.output;
+  EXPECT_TRUE(absl::StrContains(too_many.output, "min_replicas 3 exceeds the 2 nodes"))
+      << too_many.output;
+  std::ofstream(loads) << "12 x7\n";
+  Result malformed = Ctl("/nonexistent/admin.sock", {"plan", "--loads", loads, "--nodes", "2",
+                                                     "--slots", "1"});
+  EXPECT_EQ(malformed.exit_code, ctl::kUsage) << malformed.output;
+  EXPECT_TRUE(absl::StrContains(malformed.output, "line 1: 'x7' is not a number")) << malformed.output;
+}
+
 TEST(FormatTest, TablesAlignAndBytesReadAsPeopleWrite) {
   EXPECT_EQ(ctl::Table({{"A", "BB"}, {"ccc", "d"}}), "A    BB\nccc  d\n");
   v1::VerifyResponse verify;
