@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "moesnap/client.h"
+#include "moesnap/placement_planner.h"
 #include "moesnap/sparse_schedule.h"
 
 namespace py = pybind11;
@@ -219,4 +220,57 @@ class Error(Exception):
       .def("needs_reorder", &moesnap::SparseSchedule::NeedsReorder, py::arg("token_counts"))
       .def("needs_regeneration", &moesnap::SparseSchedule::NeedsRegeneration,
            py::arg("iteration_seconds"));
+
+  module.def(
+      "plan",
+      [](const std::vector<double>& loads, int nodes, int slots, int min_replicas,
+         const std::vector<int>& failed) {
+        const moesnap::PlanOptions options{nodes, slots, min_replicas};
+        const std::vector<int> replicas = Value(moesnap::AllocateReplicas(loads, options));
+        const moesnap::Placement overlap = Value(moesnap::PlaceMaximumOverlap(replicas, options));
+        const moesnap::Placement spread = Value(moesnap::PlaceSpread(replicas, options));
+        const int experts = static_cast<int>(loads.size());
+        const auto with_overlap = moesnap::RecoveryProbabilities(overlap, experts);
+        const auto with_spread = moesnap::RecoveryProbabilities(spread, experts);
+        py::list recovery;
+        for (size_t f = 0; f < with_overlap.size(); ++f) {
+          py::dict row;
+          row["failed"] = with_overlap[f].failed;
+          row["overlap"] = with_overlap[f].probability;
+          row["overlap_interval"] = py::make_tuple(with_overlap[f].low, with_overlap[f].high);
+          row["spread"] = with_spread[f].probability;
+          row["exact"] = with_overlap[f].exact;
+          recovery.append(row);
+        }
+        py::dict result;
+        result["replicas"] = replicas;
+        result["placement"] = overlap;
+        result["spread_placement"] = spread;
+        result["recovery"] = recovery;
+        result["reconfiguration"] = py::none();
+        if (!failed.empty()) {
+          const moesnap::Reconfiguration plan =
+              Value(moesnap::Reconfigure(loads, options, overlap, failed));
+          py::list transfers;
+          for (const moesnap::Transfer& transfer : plan.transfers) {
+            py::dict row;
+            row["expert"] = transfer.expert;
+            row["from"] = transfer.from ? py::object(py::int_(*transfer.from)) : py::object(py::none());
+            row["to"] = transfer.to;
+            transfers.append(row);
+          }
+          py::dict reconfiguration;
+          reconfiguration["survivors"] = plan.survivors;
+          reconfiguration["replicas"] = plan.replicas;
+          reconfiguration["placement"] = plan.placement;
+          reconfiguration["transfers"] = transfers;
+          result["reconfiguration"] = reconfiguration;
+        }
+        return result;
+      },
+      "Expert replica allocation, maximum-rank-overlap placement, recovery probability per number "
+      "of failed nodes (beside a spread placement) and, with `failed`, the transfers onto the "
+      "survivors ('from' None: from the snapshot cluster).",
+      py::arg("loads"), py::arg("nodes"), py::arg("slots"), py::arg("min_replicas") = 1,
+      py::arg("failed") = std::vector<int>{});
 }

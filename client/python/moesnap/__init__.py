@@ -10,8 +10,8 @@ A training loop adds four lines::
 See ``moesnap.Client`` for the whole API. Errors are ``moesnap.Error`` with the daemon's message.
 """
 
-from ._moesnap import Error, Operator, SharedBuffer, SparseSchedule
+from ._moesnap import Error, Operator, SharedBuffer, SparseSchedule, plan
 from .torch_helpers import Client, RandomState, initialize_optimizer_state
 
-__all__ = ["Client", "Error", "Operator", "RandomState", "SharedBuffer", "SparseSchedule",
+__all__ = ["Client", "Error", "Operator", "RandomState", "SharedBuffer", "SparseSchedule", "plan",
            "initialize_optimizer_state"]
