@@ -7,8 +7,6 @@
 //     plus a raw Reed-Solomon decode of them.
 //   - Memory per node for two-loss protection: data + parity against replication x3.
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/aligned_buffer.h"
+#include "common/loopback_port.h"
 #include "bench/raw_tcp.h"
 #include "bench/suites.h"
 #include "bench/timing.h"
@@ -42,18 +41,6 @@ constexpr size_t kChunkBytes = 4 << 20;
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
 
-uint16_t FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -73,7 +60,8 @@ class LoopbackCluster {
     shape.heartbeat_timeout_ms = 2000;
     shape.commit_timeout_ms = 60000;
     for (int id = 0; id < nodes; ++id) {
-      shape.nodes.push_back({static_cast<uint32_t>(id), "127.0.0.1", FreePort(), FreePort()});
+      shape.nodes.push_back(
+          {static_cast<uint32_t>(id), "127.0.0.1", UnusedLoopbackPort(), UnusedLoopbackPort()});
     }
     for (int id = 0; id < nodes; ++id) {
       daemon::DaemonOptions options;

@@ -184,6 +184,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   void CoordinatorLoop();
   void RunRound(int64_t step);
   void ResolveOrphans();
+  absl::Status SendCommit(uint32_t id, int64_t step);
+  absl::Status SendAbort(uint32_t id, int64_t step, const std::string& reason);
   void OnNodeCaptured(int64_t step);
 
   // Sends this node's data units of `step` to their parity holders: all of them, or with
@@ -562,16 +564,7 @@ void Cluster::Impl::RunRound(int64_t step) {
       absl::MutexLock lock(&mutex_);
       last_abort_ = absl::StrCat("step ", step, ": ", reason);
     }
-    InParallel(nodes, [&](uint32_t id) -> absl::Status {
-      v1::AbortRequest request;
-      request.set_coordinator(node_id_);
-      request.set_step(step);
-      request.set_reason(reason);
-      grpc::ClientContext context;
-      context.set_deadline(Deadline(kControlDeadline));
-      v1::AbortResponse response;
-      return FromGrpcStatus(Stub(id)->Abort(&context, request, &response));
-    });
+    InParallel(nodes, [&](uint32_t id) { return SendAbort(id, step, reason); });
   };
   for (uint32_t id : nodes) {
     if (!Live(id)) {
@@ -638,15 +631,7 @@ void Cluster::Impl::RunRound(int64_t step) {
   Log(LogLevel::kDebug, "step ", step, ": commit");
   // Phase 2. Past this point the step is decided: a node that misses the commit learns it from
   // its group when it comes back (rebuild), or from the next coordinator.
-  auto commit = [&](uint32_t id) -> absl::Status {
-    v1::CommitRequest request;
-    request.set_coordinator(node_id_);
-    request.set_step(step);
-    grpc::ClientContext context;
-    context.set_deadline(Deadline(kControlDeadline));
-    v1::CommitResponse response;
-    return FromGrpcStatus(Stub(id)->Commit(&context, request, &response));
-  };
+  auto commit = [&](uint32_t id) { return SendCommit(id, step); };
   if (crash_in_commit_ == step) {
     for (size_t i = 0; i < nodes.size() / 2; ++i) (void)commit(nodes[i]);
     Log(LogLevel::kWarning, "fault injection: SIGKILL after committing step ", step, " on ",
@@ -665,6 +650,27 @@ void Cluster::Impl::RunRound(int64_t step) {
   Log(LogLevel::kInfo, "step ", step, " committed on ", nodes.size(), " nodes (", bytes,
       " bytes of data, ", sent.load(), delta ? " bytes of deltas" : " bytes of units",
       " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started));
+}
+
+absl::Status Cluster::Impl::SendCommit(uint32_t id, int64_t step) {
+  v1::CommitRequest request;
+  request.set_coordinator(node_id_);
+  request.set_step(step);
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(kControlDeadline));
+  v1::CommitResponse response;
+  return FromGrpcStatus(Stub(id)->Commit(&context, request, &response));
+}
+
+absl::Status Cluster::Impl::SendAbort(uint32_t id, int64_t step, const std::string& reason) {
+  v1::AbortRequest request;
+  request.set_coordinator(node_id_);
+  request.set_step(step);
+  request.set_reason(reason);
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(kControlDeadline));
+  v1::AbortResponse response;
+  return FromGrpcStatus(Stub(id)->Abort(&context, request, &response));
 }
 
 void Cluster::Impl::ResolveOrphans() {
@@ -701,22 +707,10 @@ void Cluster::Impl::ResolveOrphans() {
     });
     Log(LogLevel::kWarning, "step ", step, " was left open by a lost coordinator: ",
         any_committed ? "committing it (a node had committed)" : "aborting it (no node had committed)");
-    std::vector<absl::Status> statuses = InParallel(nodes, [&](uint32_t id) -> absl::Status {
-      grpc::ClientContext context;
-      context.set_deadline(Deadline(kControlDeadline));
-      if (any_committed) {
-        v1::CommitRequest request;
-        request.set_coordinator(node_id_);
-        request.set_step(step);
-        v1::CommitResponse response;
-        return FromGrpcStatus(Stub(id)->Commit(&context, request, &response));
-      }
-      v1::AbortRequest request;
-      request.set_coordinator(node_id_);
-      request.set_step(step);
-      request.set_reason("its coordinator was lost before any node committed it");
-      v1::AbortResponse response;
-      return FromGrpcStatus(Stub(id)->Abort(&context, request, &response));
+    std::vector<absl::Status> statuses = InParallel(nodes, [&](uint32_t id) {
+      return any_committed
+                 ? SendCommit(id, step)
+                 : SendAbort(id, step, "its coordinator was lost before any node committed it");
     });
     // Until every live node took the decision, the next pass tries again.
     if (std::all_of(statuses.begin(), statuses.end(), [](const absl::Status& s) { return s.ok(); })) {

@@ -75,6 +75,24 @@ struct Store::RankState {
   }
 };
 
+// A committed version from its record: a journal entry (v1::JournalVersion) or an image region
+// (v1::ImageRegion), which carry the same fields.
+template <typename Saved>
+std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
+                                                   std::shared_ptr<PoolExtent> extent) {
+  auto version = std::make_shared<Version>();
+  version->rank = saved.rank();
+  version->region = saved.region();
+  version->step = saved.step();
+  version->bytes = saved.bytes();
+  version->dtype = saved.dtype();
+  version->shape.assign(saved.shape().begin(), saved.shape().end());
+  version->chunk_bytes = saved.chunk_bytes();
+  version->chunk_crcs.assign(saved.chunk_crcs().begin(), saved.chunk_crcs().end());
+  version->extent = std::move(extent);
+  return version;
+}
+
 Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
              CommitMode mode)
     : pool_(pool), journal_(journal), backends_(backends), options_(options), mode_(mode),
@@ -115,17 +133,7 @@ absl::Status Store::Recover() {
                                               "' of rank ", saved.rank(), " at step ", saved.step(),
                                               ": ", extent.status().message()));
     }
-    auto version = std::make_shared<Version>();
-    version->rank = saved.rank();
-    version->region = saved.region();
-    version->step = saved.step();
-    version->bytes = saved.bytes();
-    version->dtype = saved.dtype();
-    version->shape.assign(saved.shape().begin(), saved.shape().end());
-    version->chunk_bytes = saved.chunk_bytes();
-    version->chunk_crcs.assign(saved.chunk_crcs().begin(), saved.chunk_crcs().end());
-    version->extent = *std::move(extent);
-    ranks_[saved.rank()].committed[saved.region()] = std::move(version);
+    ranks_[saved.rank()].committed[saved.region()] = VersionFrom(saved, *std::move(extent));
   }
   for (const v1::JournalRank& saved : state.ranks()) {
     RankState& rank_state = ranks_[saved.rank()];
@@ -864,17 +872,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   std::map<uint32_t, RankState> rebuilt;
   for (int i = 0; i < image.manifest().regions_size(); ++i) {
     const v1::ImageRegion& region = image.manifest().regions(i);
-    auto version = std::make_shared<Version>();
-    version->rank = region.rank();
-    version->region = region.region();
-    version->step = region.step();
-    version->bytes = region.bytes();
-    version->dtype = region.dtype();
-    version->shape.assign(region.shape().begin(), region.shape().end());
-    version->chunk_bytes = region.chunk_bytes();
-    version->chunk_crcs.assign(region.chunk_crcs().begin(), region.chunk_crcs().end());
-    version->extent = image.extents()[i];
-    rebuilt[region.rank()].committed[region.region()] = std::move(version);
+    rebuilt[region.rank()].committed[region.region()] = VersionFrom(region, image.extents()[i]);
   }
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
     rebuilt[rank.rank()].latest_committed = rank.latest_committed_step();

@@ -120,6 +120,8 @@ class Store {
   Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
         CommitMode mode);
   absl::Status Recover();
+  template <typename Saved>
+  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolExtent> extent);
   CopyBackend* BackendFor(v1::Device device) const;
   void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                  std::shared_ptr<RegionSource> source, CopyBackend* backend);

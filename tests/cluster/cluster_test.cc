@@ -3,10 +3,7 @@
 // snapshotted, whichever daemons were killed and replaced with fresh memory.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <memory>
@@ -18,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/loopback_port.h"
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/test_daemon.h"
@@ -33,19 +31,6 @@ using namespace std::chrono_literals;
 constexpr int kDataUnits = 4;
 constexpr int kParityUnits = 2;
 constexpr int kGroupSize = kDataUnits + kParityUnits;
-
-// A port nobody listens on now (the kernel's choice for an ephemeral bind).
-uint16_t FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // Nodes hold unequal amounts of state (4 + id regions of 200,000 bytes), so stripes mix full,
 // short and virtually empty units.
@@ -88,7 +73,8 @@ class ClusterTest : public ::testing::Test {
     std::string nodes;
     for (int id = 0; id < nodes_; ++id) {
       absl::StrAppend(&nodes, "[[cluster.nodes]]\nid = ", id, "\nhost = \"127.0.0.1\"\n",
-                      "control_port = ", FreePort(), "\ndata_port = ", FreePort(), "\n");
+                      "control_port = ", UnusedLoopbackPort(),
+                      "\ndata_port = ", UnusedLoopbackPort(), "\n");
     }
     const std::string cluster = absl::StrCat(
         "[cluster]\ndata_units = ", kDataUnits, "\nparity_units = ", kParityUnits,
