@@ -7,6 +7,11 @@ is killed and restored must produce exactly the losses and final state of an uni
 
 Prints one line per event, flushed: "step S loss HEX" (the loss as float.hex), "snapshot S", and
 "restored S" when it resumed. Without --socket it trains without moesnap (the reference run).
+
+With --sparse-window W it takes MoEtion sparse snapshots (moesnap.sparse): every expert of every
+layer, every layer's attention + gate part and the embedding + head are operators, captured whole
+once per window of W steps and as weights in the slots before; recovery replays the last complete
+window. --clip N clips the global gradient norm to N (the replay scales by the logged norm).
 """
 
 import argparse
@@ -16,6 +21,7 @@ import torch
 from torch import nn
 
 import moesnap
+import moesnap.sparse
 
 VOCAB, MODEL, HIDDEN, EXPERTS, LAYERS, HEADS = 64, 32, 64, 8, 4, 4
 BATCH, SEQUENCE = 8, 16
@@ -97,12 +103,32 @@ def batch_for(step: int) -> torch.Tensor:
     return torch.randint(VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
 
 
+def operators_of(model: MoETransformer):
+    """(name, parameters) in capture order: experts layer by layer, then each layer's dense part,
+    then the embedding, final norm and head."""
+    operators = []
+    for index, block in enumerate(model.blocks):
+        for expert_index, expert in enumerate(block.moe.experts):
+            operators.append((f"layer{index}.expert{expert_index}", list(expert.parameters())))
+    for index, block in enumerate(model.blocks):
+        dense = [p for name, p in block.named_parameters() if not name.startswith("moe.experts.")]
+        operators.append((f"layer{index}.dense", dense))
+    outer = list(model.embedding.parameters()) + list(model.norm.parameters()) + \
+        list(model.head.parameters())
+    operators.append(("outer", outer))
+    return operators
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", help="moesnapd agent socket; none: train without moesnap")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--steps", type=int, required=True, help="train up to this step")
     parser.add_argument("--out", help="write the final model and optimizer state here (torch.save)")
+    parser.add_argument("--sparse-window", type=int, default=0,
+                        help="sparse snapshots over windows of this many steps (0: dense)")
+    parser.add_argument("--clip", type=float, default=0.0,
+                        help="clip the global gradient norm to this (0: no clipping)")
     arguments = parser.parse_args()
 
     torch.manual_seed(0)
@@ -114,28 +140,48 @@ def main() -> int:
     position = DataPosition()
 
     client = None
+    sparse = None
     if arguments.socket:
         client = moesnap.Client(arguments.socket, arguments.rank)
         client.register_module("model", model)
         client.register_optimizer("optim", optimizer)
         client.register_state("rng", moesnap.RandomState())
         client.register_state("data", position)
-        if client.latest_committed() is not None:
-            step = client.restore()
-            print(f"restored {step}", flush=True)
+        if arguments.sparse_window:
+            sparse = moesnap.sparse.SparseSnapshots(client, model, optimizer, operators_of(model),
+                                                     arguments.sparse_window)
 
-    for step in range(position.next_step, arguments.steps + 1):
+    def train_step(step: int) -> None:
         tokens = batch_for(step)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
+        if arguments.clip and sparse:
+            sparse.clip_grad_norm_(model.parameters(), arguments.clip, step)
+        elif arguments.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), arguments.clip)
         if client:
             client.wait_captured()  # the previous snapshot's copy must end before the update
         optimizer.step()
         position.next_step = step + 1
         print(f"step {step} loss {loss.item().hex()}", flush=True)
-        if client:
+
+    if sparse:
+        end = sparse.recover(train_step)
+        position.next_step = end + 1
+        if end:
+            print(f"restored {end}", flush=True)
+    elif client and client.latest_committed() is not None:
+        step = client.restore()
+        print(f"restored {step}", flush=True)
+
+    for step in range(position.next_step, arguments.steps + 1):
+        train_step(step)
+        if sparse:
+            sparse.snapshot(step)
+            print(f"snapshot {step}", flush=True)
+        elif client:
             client.snapshot(step)
             print(f"snapshot {step}", flush=True)
 

@@ -71,6 +71,8 @@ class Client:
                  wait_timeout_s: float = 600.0) -> None:
         self._native = _moesnap.Client(socket_path, rank, call_timeout_s, wait_timeout_s)
         self._tensors: Dict[str, Tuple[torch.Tensor, int, int]] = {}  # name -> (tensor, address, bytes)
+        # name -> (buffer, offset) of host tensors, so that aliases can name the same bytes
+        self._host_places: Dict[str, Tuple[_moesnap.SharedBuffer, int]] = {}
         self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
         self._buffers: List[_moesnap.SharedBuffer] = []  # keep shared memory mapped
         self._last_snapshot: Optional[int] = None
@@ -102,6 +104,24 @@ class Client:
                     tensors.append((f"{name}.state.{index}.{key}", value))
                 index += 1
         self._register_tensors(tensors)
+
+    def register_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Registers one tensor as region ``name`` (moved into shared memory in place)."""
+        self._register_tensors([(name, tensor)])
+
+    def register_alias(self, name: str, alias: str) -> None:
+        """Registers ``alias`` as a second region over the bytes of host tensor region ``name``.
+        The store keeps each region's own latest version, so snapshotting a tensor under several
+        aliases at different steps keeps each of those versions (sparse snapshots use this)."""
+        self._check_registration_open(alias)
+        if name not in self._host_places:
+            raise Error("NOT_FOUND", f"'{name}' is not a registered host tensor region")
+        tensor, _, nbytes = self._tensors[name]
+        buffer, offset = self._host_places[name]
+        self._native.register_host_region(alias, buffer, offset, max(nbytes, 1),
+                                          str(tensor.dtype), list(tensor.shape))
+        self._tensors[alias] = self._tensors[name]
+        self._host_places[alias] = (buffer, offset)
 
     def register_state(self, name: str, provider: StateProvider, capacity: int = 1 << 20) -> None:
         """Registers non-tensor state: ``provider.state_dict()`` is pickled into a host region of
@@ -155,6 +175,7 @@ class Client:
             self._native.register_host_region(name, buffer, offset, max(nbytes, 1),
                                               str(tensor.dtype), list(tensor.shape))
             self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
+            self._host_places[name] = (buffer, offset)
 
     def _register_cuda_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Shares a CUDA tensor by IPC: the daemon opens its allocation's handle and copies the
@@ -206,10 +227,13 @@ class Client:
         """Blocks until ``step`` is committed: restorable after a crash."""
         self._native.wait_committed(step)
 
-    def restore(self, step: Optional[int] = None) -> int:
+    def restore(self, step: Optional[int] = None, names: Optional[List[str]] = None) -> int:
         """Writes the latest committed state (or ``step``, which must be the latest) into the
-        registered tensors and state providers, and returns its step."""
-        restored_step, _ = self._native.restore(step, [])
+        registered tensors and state providers, and returns its step. With ``names``, only those
+        regions (each at its latest committed version) and no state provider."""
+        restored_step, _ = self._native.restore(step, [] if names is None else list(names))
+        if names is not None:
+            return restored_step
         for name, (provider, view) in self._states.items():
             (length,) = _LENGTH_PREFIX.unpack(bytes(view[:_LENGTH_PREFIX.size]))
             if length == 0:

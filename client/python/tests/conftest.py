@@ -68,8 +68,9 @@ def daemon() -> Iterator[Daemon]:
             started.remove()
 
 
-def start_trainer(steps: int, socket_path: Optional[str], out: Optional[Path] = None) -> subprocess.Popen:
-    command: List[str] = [sys.executable, str(TRAINER), "--steps", str(steps)]
+def start_trainer(steps: int, socket_path: Optional[str], out: Optional[Path] = None,
+                  extra: Optional[List[str]] = None) -> subprocess.Popen:
+    command: List[str] = [sys.executable, str(TRAINER), "--steps", str(steps)] + (extra or [])
     if socket_path:
         command += ["--socket", socket_path]
     if out:

@@ -1,0 +1,186 @@
+"""Sparse snapshots of a Mixture-of-Experts model and their sparse-to-dense recovery (MoEtion).
+
+Operators (an expert of a layer, or the non-expert part of a layer) are split over a window of W
+steps in capture order: slot k of window j is step j*W + k + 1. At slot k the operators of slot k
+are captured whole (weights and optimizer state), the operators of later slots as weights only, and
+the step's global gradient norm is logged. Nothing else is copied, so a step moves a fraction of the
+model's bytes.
+
+Recovery from the last complete window (the one the crash did not interrupt): load slot 0's
+operators whole and the others' weights as of slot 0; for each later slot k replay its step with the
+operators of slots >= k frozen (weights of step k - 1, no weight gradient, no update), scaling the
+promoted operators' gradients by the logged norm (what global gradient clipping needs from the
+frozen ones), then promote slot k's operators by loading them whole. At the window's last step every
+operator is promoted: a dense, consistent state, bit-identical to the uninterrupted run with fp32 and
+deterministic kernels. Training goes on from there; steps up to the daemon's latest committed one
+are not snapshotted again (their snapshots are already stored and identical).
+
+Every window alternates between two sets of region aliases, so the window being written never
+overwrites the last complete one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .torch_helpers import Client, Error
+
+
+class SparseSnapshots:
+    """Sparse snapshots of ``model`` and ``optimizer`` through ``client``.
+
+    ``operators`` lists (name, parameters) in capture order; every parameter of the model belongs
+    to exactly one. Register the model as ``model_name`` and the optimizer as ``optimizer_name``
+    with the client first; this registers the aliases it snapshots under.
+    """
+
+    def __init__(self, client: Client, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 operators: Sequence[Tuple[str, Sequence[torch.nn.Parameter]]], window: int,
+                 model_name: str = "model", optimizer_name: str = "optim") -> None:
+        if window < 1:
+            raise Error("INVALID_ARGUMENT", f"a window has at least 1 step, got {window}")
+        self.window = window
+        self._client = client
+        self._optimizer = optimizer
+        parameter_names = {id(p): f"{model_name}.{key}" for key, p in model.named_parameters()}
+        ordered = [p for group in optimizer.param_groups for p in group["params"]]
+        state_names = {id(p): [f"{optimizer_name}.state.{i}.{key}" for key in optimizer.state[p]]
+                       for i, p in enumerate(ordered)}
+        owner: Dict[int, str] = {}
+        # operator -> (slot, parameters, weight regions, full-state regions)
+        self._operators: List[Tuple[str, int, List[torch.nn.Parameter], List[str], List[str]]] = []
+        for position, (name, parameters) in enumerate(operators):
+            slot = position * window // len(operators)
+            weights, full = [], []
+            for parameter in parameters:
+                if id(parameter) not in parameter_names:
+                    raise Error("INVALID_ARGUMENT", f"operator '{name}' holds a tensor that is "
+                                                    f"not a parameter of the model")
+                if id(parameter) in owner:
+                    raise Error("INVALID_ARGUMENT", f"a parameter of operator '{name}' also "
+                                                    f"belongs to '{owner[id(parameter)]}'")
+                owner[id(parameter)] = name
+                weights.append(parameter_names[id(parameter)])
+                full += [parameter_names[id(parameter)]] + state_names[id(parameter)]
+            self._operators.append((name, slot, list(parameters), weights, full))
+        missing = [key for key, p in model.named_parameters() if id(p) not in owner]
+        if missing:
+            raise Error("INVALID_ARGUMENT", f"parameters in no operator: {', '.join(missing)}")
+
+        self._norms = torch.zeros(window, dtype=torch.float32)
+        client.register_tensor("sparse.grad_norm", self._norms)
+        for parity in (0, 1):
+            client.register_alias("sparse.grad_norm", self._norm_region(parity))
+            for _, slot, _, weights, full in self._operators:
+                for region in full:
+                    client.register_alias(region, self._full_region(region, parity))
+                for k in range(slot):
+                    for region in weights:
+                        client.register_alias(region, self._weight_region(region, k, parity))
+        self._replaying = False
+        self._slot_in_replay = 0
+        self._skip_through = 0  # steps up to here are stored already (see recover)
+
+    # Names ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _full_region(region: str, parity: int) -> str:
+        return f"{region}@full{parity}"
+
+    @staticmethod
+    def _weight_region(region: str, slot: int, parity: int) -> str:
+        return f"{region}@w{slot}.{parity}"
+
+    @staticmethod
+    def _norm_region(parity: int) -> str:
+        return f"sparse.grad_norm@{parity}"
+
+    def _place(self, step: int) -> Tuple[int, int]:
+        """(slot, parity) of ``step``."""
+        return (step - 1) % self.window, ((step - 1) // self.window) % 2
+
+    def operators_of_slot(self, slot: int) -> List[str]:
+        return [name for name, s, _, _, _ in self._operators if s == slot]
+
+    # Training ------------------------------------------------------------------------------------
+    def clip_grad_norm_(self, parameters, max_norm: float, step: int) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` that logs the step's total norm; during a replay it
+        scales the promoted operators' gradients by the logged norm instead, as the full model's
+        clipping did."""
+        slot, _ = self._place(step)
+        if not self._replaying:
+            total = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+            self._norms[slot] = total
+            return total
+        total = self._norms[slot].clone()
+        clip_coef = float(max_norm) / (total + 1e-6)
+        clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+        for parameter in parameters:
+            if parameter.grad is not None:
+                parameter.grad.detach().mul_(clip_coef_clamped)
+        return total
+
+    def snapshot(self, step: int) -> int:
+        """Call right after ``optimizer.step()`` of ``step``, where a dense trainer calls
+        ``client.snapshot``. Returns the bytes the daemon copies (0 for a step stored already)."""
+        if step <= self._skip_through:
+            return 0
+        slot, parity = self._place(step)
+        names = [self._norm_region(parity)]
+        for _, s, _, weights, full in self._operators:
+            if s == slot:
+                names += [self._full_region(region, parity) for region in full]
+            elif s > slot:
+                names += [self._weight_region(region, slot, parity) for region in weights]
+        return self._client.snapshot(step, names)
+
+    def wait_captured(self) -> None:
+        self._client.wait_captured()
+
+    # Recovery ------------------------------------------------------------------------------------
+    def recover(self, train_step: Callable[[int], None]) -> int:
+        """Rebuilds the dense state at the end of the last complete window and returns that step
+        (0 when no window is complete: train from the start). ``train_step(step)`` runs one
+        training step (forward, backward, ``clip_grad_norm_``, ``optimizer.step()``) without
+        snapshotting; it is called for each replayed step."""
+        latest = self._client.latest_committed()
+        if latest is None:
+            return 0
+        self._skip_through = latest
+        end = latest // self.window * self.window
+        if end == 0:
+            return 0
+        first = end - self.window + 1
+        _, parity = self._place(first)
+        regions = [self._norm_region(parity)]
+        for _, slot, _, weights, full in self._operators:
+            if slot == 0:
+                regions += [self._full_region(region, parity) for region in full]
+            else:
+                regions += [self._weight_region(region, 0, parity) for region in weights]
+        self._client.restore(None, regions)
+        self._replaying = True
+        try:
+            for k in range(1, self.window):
+                frozen = [(p, weights) for _, slot, p, weights, _ in self._operators if slot >= k]
+                if k > 1:  # frozen operators' weights as of the previous step
+                    self._client.restore(None, [self._weight_region(region, k - 1, parity)
+                                                for _, weights in frozen for region in weights])
+                for parameters, _ in frozen:
+                    for parameter in parameters:
+                        parameter.requires_grad_(False)
+                        parameter.grad = None
+                train_step(first + k)
+                promoted = [(p, full) for _, slot, p, _, full in self._operators if slot == k]
+                self._client.restore(None, [self._full_region(region, parity)
+                                            for _, full in promoted for region in full])
+                for parameters, _ in promoted:
+                    for parameter in parameters:
+                        parameter.requires_grad_(True)
+        finally:
+            self._replaying = False
+            for _, _, parameters, _, _ in self._operators:
+                for parameter in parameters:
+                    parameter.requires_grad_(True)
+        return end

@@ -1,0 +1,86 @@
+"""Sparse snapshots and sparse-to-dense recovery with a real PyTorch MoE trainer, SIGKILLed at
+several points for several window sizes, with global gradient clipping on: every loss printed
+(replayed steps included) and the final parameters and Adam state must be bit-identical to an
+uninterrupted run."""
+
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+import moesnap
+import moesnap.sparse
+from conftest import Daemon, start_trainer
+from test_training import assert_identical_state, kill_after, losses_of
+
+STEPS = 13
+CLIP = ["--clip", "0.5"]  # small enough that clipping scales the gradients at every step
+
+
+@pytest.fixture(scope="module")
+def clipped_reference(tmp_path_factory) -> Tuple[Dict[int, str], dict]:
+    out = tmp_path_factory.mktemp("clipped") / "state.pt"
+    trainer = start_trainer(STEPS, None, out, CLIP)
+    lines = trainer.stdout.read().splitlines()
+    assert trainer.wait() == 0, lines
+    losses = {step: values[0] for step, values in losses_of(lines).items()}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return losses, torch.load(out)
+
+
+@pytest.mark.parametrize("window,kill_points,restored", [
+    # A kill in the middle of a window recovers the window before it; a kill right after its last
+    # step recovers that window itself.
+    (3, [r"snapshot 5", r"snapshot 9"], [3, 9]),
+    (4, [r"step 7 loss \S+", r"snapshot 12"], [4, 12]),
+    (5, [r"snapshot 11"], [10]),
+])
+def test_sparse_window_recovers_bit_identically(daemon: Daemon, clipped_reference, tmp_path,
+                                                window, kill_points, restored):
+    expected_losses, expected_state = clipped_reference
+    sparse = CLIP + ["--sparse-window", str(window)]
+    all_lines: List[str] = []
+    for pattern in kill_points:
+        all_lines += kill_after(start_trainer(STEPS, daemon.agent_socket, extra=sparse), pattern)
+    out = tmp_path / "state.pt"
+    trainer = start_trainer(STEPS, daemon.agent_socket, out, sparse)
+    lines = trainer.stdout.read().splitlines()
+    assert trainer.wait() == 0, lines
+    all_lines += lines
+    restored_steps = [int(line.split()[1]) for line in all_lines if line.startswith("restored ")]
+    assert restored_steps == restored, all_lines
+    for step, values in losses_of(all_lines).items():
+        assert all(value == expected_losses[step] for value in values), (step, values)
+    assert_identical_state(torch.load(out), expected_state)
+
+
+def test_sparse_steps_copy_a_fraction_of_the_state(daemon: Daemon):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import moe_train
+
+    torch.manual_seed(0)
+    model = moe_train.MoETransformer()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    client = moesnap.Client(daemon.agent_socket, 7)
+    client.register_module("model", model)
+    client.register_optimizer("optim", optimizer)
+    operators = moe_train.operators_of(model)
+    sparse = moesnap.sparse.SparseSnapshots(client, model, optimizer, operators, window=4)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    full = weights * 2 + 4 * len(list(model.parameters()))  # + Adam moments and step counters
+    copied = []
+    for step in range(1, 5):
+        copied.append(sparse.snapshot(step) - 4 * 4)  # less the logged gradient norms
+        client.wait_captured()
+    # Slot k copies its operators whole and the later slots' weights: the first slot the most,
+    # every slot less than a dense snapshot, and the window adds up to the state once plus the
+    # weights of the operators still waiting at each earlier slot.
+    assert all(bytes_ < full for bytes_ in copied), (copied, full)
+    assert copied == sorted(copied, reverse=True), copied
+    captured = sorted(name for k in range(4) for name in sparse.operators_of_slot(k))
+    assert captured == sorted(name for name, _ in operators)
+    with pytest.raises(moesnap.Error) as error:
+        moesnap.sparse.SparseSnapshots(client, model, optimizer, operators[:-1], window=4)
+    assert "parameters in no operator" in error.value.message
