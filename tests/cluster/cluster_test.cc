@@ -78,7 +78,7 @@ class ClusterTest : public ::testing::Test {
     }
     const std::string cluster = absl::StrCat(
         "[cluster]\ndata_units = ", kDataUnits, "\nparity_units = ", kParityUnits,
-        "\nstripe_unit_bytes = \"256KiB\"\nheartbeat_timeout_ms = 1000\n",
+        "\nstripe_unit_bytes = \"256KiB\"\nheartbeat_timeout_ms = 2000\n",
         "commit_timeout_ms = 10000\n", nodes);
     for (int id = 0; id < nodes_; ++id) {
       daemons_.push_back(std::make_unique<TestDaemon>("64MiB", cluster, id));
