@@ -93,6 +93,18 @@ std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
   return version;
 }
 
+void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
+  v1::ImageRegion* region = manifest->add_regions();
+  region->set_rank(version.rank);
+  region->set_region(version.region);
+  region->set_step(version.step);
+  region->set_bytes(version.bytes);
+  region->set_dtype(version.dtype);
+  for (int64_t dimension : version.shape) region->add_shape(dimension);
+  region->set_chunk_bytes(version.chunk_bytes);
+  for (uint32_t crc : version.chunk_crcs) region->add_chunk_crcs(crc);
+}
+
 Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
              CommitMode mode)
     : pool_(pool), journal_(journal), backends_(backends), options_(options), mode_(mode),
@@ -789,15 +801,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
       latest = step;
     }
     for (const auto& [name, version] : versions) {
-      v1::ImageRegion* region = manifest.add_regions();
-      region->set_rank(rank);
-      region->set_region(name);
-      region->set_step(version->step);
-      region->set_bytes(version->bytes);
-      region->set_dtype(version->dtype);
-      for (int64_t dimension : version->shape) region->add_shape(dimension);
-      region->set_chunk_bytes(version->chunk_bytes);
-      for (uint32_t crc : version->chunk_crcs) region->add_chunk_crcs(crc);
+      AddToImage(*version, &manifest);
       extents.push_back(version->extent);
     }
     if (latest) {
@@ -816,13 +820,7 @@ NodeImage Store::CommittedImage() const {
   std::vector<std::shared_ptr<PoolExtent>> extents;
   for (const auto& [rank, rank_state] : ranks_) {
     for (const auto& [name, version] : rank_state.committed) {
-      v1::ImageRegion* region = manifest.add_regions();
-      region->set_rank(rank);
-      region->set_region(name);
-      region->set_step(version->step);
-      region->set_bytes(version->bytes);
-      region->set_chunk_bytes(version->chunk_bytes);
-      for (uint32_t crc : version->chunk_crcs) region->add_chunk_crcs(crc);
+      AddToImage(*version, &manifest);
       extents.push_back(version->extent);
     }
   }

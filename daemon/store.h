@@ -122,6 +122,8 @@ class Store {
   absl::Status Recover();
   template <typename Saved>
   static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolExtent> extent);
+  // Appends `version` as the next region of an image manifest.
+  static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
   void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                  std::shared_ptr<RegionSource> source, CopyBackend* backend);
