@@ -2,7 +2,8 @@
 // records and as the Markdown of bench/RESULTS.md.
 #include <cstdio>
 #include <functional>
-#include <map>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -13,12 +14,15 @@
 
 int main(int argc, char** argv) {
   using moesnap::bench::Report;
-  const std::map<std::string, std::function<absl::Status(Report&)>> suites = {
+  // In run order: ettr models the figures of the suites before it.
+  const std::vector<std::pair<std::string, std::function<absl::Status(Report&)>>> suites = {
       {"erasure", moesnap::bench::RunErasureSuite},
       {"capture", moesnap::bench::RunCaptureSuite},
       {"dataplane", moesnap::bench::RunDataPlaneSuite},
       {"cluster", moesnap::bench::RunClusterSuite},
+      {"peers", moesnap::bench::RunPeersSuite},
       {"gpu", moesnap::bench::RunGpuSuite},
+      {"ettr", moesnap::bench::RunEttrSuite},
   };
 
   CLI::App app{"moesnap benchmarks: every figure beside its physical limit, measured in one run"};

@@ -11,6 +11,10 @@ absl::Status RunErasureSuite(Report& report);
 absl::Status RunCaptureSuite(Report& report);
 absl::Status RunDataPlaneSuite(Report& report);
 absl::Status RunClusterSuite(Report& report);
+// UNAVAILABLE (and skipped by `all`) without the Python interpreter that has torch.
+absl::Status RunPeersSuite(Report& report);
+// A model fed with the figures of the suites that ran before it in the same run.
+absl::Status RunEttrSuite(Report& report);
 // UNAVAILABLE (and skipped by `all`) where no GPU is usable.
 absl::Status RunGpuSuite(Report& report);
 
