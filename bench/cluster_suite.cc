@@ -162,6 +162,34 @@ class LoopbackCluster {
 
   size_t nodes() const { return daemons_.size(); }
 
+  // Loses `node` for good: its daemon stops and its memory is deleted.
+  void Lose(int node) {
+    clients_[node].reset();
+    daemons_[node].reset();
+    for (const char* suffix : {".data", ".journal"}) {
+      std::filesystem::remove("/dev/shm/" + pools_[node] + suffix);
+    }
+  }
+
+  // Restores region `expert<region>` of `source_rank` into a new rank on `node`; returns seconds.
+  absl::StatusOr<double> RestoreElsewhere(int node, uint32_t source_rank, int region, uint32_t new_rank) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
+        {.socket_path = absl::StrCat(directory_, "/agent", node, ".sock"), .rank = new_rank});
+    if (!client.ok()) return client.status();
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kRegionBytes);
+    if (!buffer.ok()) return buffer.status();
+    const std::string name = absl::StrCat("expert", region);
+    if (absl::Status status = (*client)->RegisterHostRegion({name, "float32", {}}, *buffer, 0,
+                                                            kRegionBytes);
+        !status.ok()) {
+      return status;
+    }
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<RestoreResult> restored = (*client)->RestoreFrom(source_rank, {name});
+    if (!restored.ok()) return restored.status();
+    return Seconds(Clock::now() - start);
+  }
+
  private:
   LoopbackCluster() = default;
 
@@ -281,6 +309,30 @@ absl::Status RunClusterSuite(Report& report) {
       report.Add({"cluster", "rebuild of a node, (4,2), 32 MiB data", rebuilt_bytes / rebuilt->seconds() / 1e9,
                   "GB/s", "raw TCP of the fetched bytes + raw decode", rebuilt_bytes / limit / 1e9,
                   limit / rebuilt->seconds()});
+
+      // Elastic restore of one 4 MiB expert onto another node: from its live holder, then decoded
+      // from the group after the holder is lost (k units of each stripe it spans are fetched).
+      std::vector<double> held, decoded;
+      for (int region = 0; region < 4; ++region) {
+        absl::StatusOr<double> seconds = (*cluster)->RestoreElsewhere(0, 3, region, 100 + region);
+        if (!seconds.ok()) return seconds.status();
+        held.push_back(*seconds);
+      }
+      (*cluster)->Lose(3);
+      for (int region = 4; region < 8; ++region) {
+        absl::StatusOr<double> seconds = (*cluster)->RestoreElsewhere(0, 3, region, 100 + region);
+        if (!seconds.ok()) return seconds.status();
+        decoded.push_back(*seconds);
+      }
+      const double expert = static_cast<double>(kRegionBytes);
+      const double held_limit = expert / (limits.tcp_gbps * 1e9);
+      report.Add({"cluster", "expert restored onto another node, from its holder (4 MiB)",
+                  expert / Median(held) / 1e9, "GB/s", "raw TCP of the bytes",
+                  expert / held_limit / 1e9, held_limit / Median(held)});
+      const double decode_limit = 4 * expert / (limits.tcp_gbps * 1e9) + 4 * expert / (decode.value * 1e9);
+      report.Add({"cluster", "expert restored onto another node, holder lost: decoded (4 MiB)",
+                  expert / Median(decoded) / 1e9, "GB/s", "raw TCP of k units + raw decode",
+                  expert / decode_limit / 1e9, decode_limit / Median(decoded)});
     }
   }
   report.AddNote(

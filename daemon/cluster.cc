@@ -106,8 +106,9 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
       : node_id_(node_id), options_(options), pool_(pool), store_(store),
         layout_(std::move(layout)), codec_(std::move(codec)),
         group_(options.GroupOf(node_id)->first), position_(options.GroupOf(node_id)->second),
-        group_nodes_(options.Groups()[group_]),
-        parity_(pool, codec_.get(), &layout_, position_),
+        group_nodes_(options.Groups()[group_]), groups_(options.Groups()),
+        parity_(pool, codec_.get(), &layout_, position_,
+                absl::Milliseconds(options.commit_timeout_ms)),
         heartbeat_interval_(std::max(absl::Milliseconds(options.heartbeat_timeout_ms) / 5,
                                      absl::Milliseconds(20))) {}
 
@@ -118,6 +119,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   absl::StatusOr<v1::RebuildResponse> RebuildNode(uint32_t node_id);
   void set_crash_in_commit(int64_t step) { crash_in_commit_ = step; }
   absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);
+  absl::StatusOr<v1::RestoreResponse> RestoreFrom(uint32_t rank, uint32_t source_rank,
+                                                  const std::vector<std::string>& regions);
 
   // v1::Peer::Service
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
@@ -135,6 +138,10 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
                          v1::SendUnitsResponse*) override;
   grpc::Status Rebuild(grpc::ServerContext*, const v1::PeerRebuildRequest*,
                        v1::RebuildResponse*) override;
+  grpc::Status LocateRank(grpc::ServerContext*, const v1::LocateRankRequest*,
+                          v1::LocateRankResponse*) override;
+  grpc::Status SendRegion(grpc::ServerContext*, const v1::SendRegionRequest*,
+                          v1::SendRegionResponse*) override;
 
   // FrameSink
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) override;
@@ -153,11 +160,14 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
   };
-  // Where a rebuild puts what it decodes.
+  // What a rebuild decodes and where it puts it: the units of node `position` of group `group`.
   struct RebuildTarget {
     v1::JournalCluster record;  // the group's record of the step being rebuilt
-    const NodeImage* image = nullptr;
-    std::map<uint64_t, ParityUnit>* parity = nullptr;
+    int group = 0;
+    int position = 0;
+    // Receives each decoded data unit (its index in the node's image, its bytes).
+    std::function<void(uint64_t unit, const uint8_t* bytes, uint64_t length)> write_data;
+    std::map<uint64_t, ParityUnit>* parity = nullptr;  // decoded parity goes here (null: none)
   };
   struct FetchSlot {
     uint8_t* buffer = nullptr;
@@ -178,6 +188,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   v1::NodeMemory Memory() const;
   absl::Status CheckCoordinator(uint32_t coordinator) const;
   uint32_t NodeAt(int position) const { return group_nodes_[position]; }
+  uint32_t NodeAt(int group, int position) const { return groups_[group][position]; }
 
   void HeartbeatLoop(uint32_t peer);
   void ProposeLoop();
@@ -203,8 +214,9 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   // Decodes this node's units of `stripes` from k units of the group's other nodes.
   absl::Status RebuildStripes(const RebuildTarget& target, const std::vector<uint64_t>& stripes,
                               v1::RebuildResponse* stats);
-  // Which group positions hold `step` whole now (live, not rebuilding, committed it).
-  std::vector<bool> HoldersOf(int64_t step);
+  // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
+  // position being rebuilt never counts.
+  std::vector<bool> HoldersOf(int group, int64_t step, int excluded_position);
   absl::Status WaitForFetches(const std::vector<FetchKey>& keys, absl::Time deadline);
 
   const uint32_t node_id_;
@@ -216,6 +228,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   const int group_;
   const int position_;
   const std::vector<uint32_t> group_nodes_;
+  const std::vector<std::vector<uint32_t>> groups_;
   ParityStore parity_;
   const absl::Duration heartbeat_interval_;
 
@@ -245,6 +258,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   absl::Mutex fetch_mutex_;
   absl::CondVar fetched_;
   std::map<FetchKey, FetchSlot> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
+  using RegionKey = std::tuple<int64_t, uint32_t, std::string>;  // step, rank, region
+  std::map<RegionKey, FetchSlot> region_fetches_ ABSL_GUARDED_BY(fetch_mutex_);
 
   absl::Mutex rebuild_mutex_;  // one rebuild or repair at a time
   std::vector<std::thread> threads_;
@@ -377,22 +392,27 @@ v1::Peer::Stub* Cluster::Impl::Stub(uint32_t id) const {
 }
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> Cluster::Impl::DataClient(uint32_t id) {
-  absl::MutexLock lock(&data_mutex_);
-  std::shared_ptr<DataPlaneClient>& client = data_clients_[id];
-  if (client == nullptr) {
-    for (const ClusterNode& candidate : options_.nodes) {
-      if (candidate.id != id) continue;
-      absl::StatusOr<std::unique_ptr<DataPlaneClient>> connected =
-          DataPlaneClient::Connect(candidate.host, candidate.data_port, kDataConnectionsPerPeer);
-      if (!connected.ok()) {
-        return absl::UnavailableError(absl::StrCat("data plane of node ", id, ": ",
-                                                   connected.status().message()));
-      }
-      client = *std::move(connected);
-      Log(LogLevel::kDebug, "data plane: connected to node ", id);
-    }
+  {
+    absl::MutexLock lock(&data_mutex_);
+    if (auto it = data_clients_.find(id); it != data_clients_.end()) return it->second;
   }
-  return client;
+  // Connect outside the lock, so a slow peer delays only the callers that send to it.
+  const ClusterNode* node = nullptr;
+  for (const ClusterNode& candidate : options_.nodes) {
+    if (candidate.id == id) node = &candidate;
+  }
+  if (node == nullptr) return absl::NotFoundError(absl::StrCat("node ", id, " is not in the cluster"));
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> connected =
+      DataPlaneClient::Connect(node->host, node->data_port, kDataConnectionsPerPeer);
+  if (!connected.ok()) {
+    return absl::UnavailableError(absl::StrCat("data plane of node ", id, ": ",
+                                               connected.status().message()));
+  }
+  Log(LogLevel::kDebug, "data plane: connected to node ", id);
+  absl::MutexLock lock(&data_mutex_);
+  // Another sender may have connected meanwhile: one client per peer, the first one kept.
+  auto [it, inserted] = data_clients_.try_emplace(id, *std::move(connected));
+  return it->second;
 }
 
 void Cluster::Impl::DropDataClient(uint32_t id) {
@@ -437,6 +457,7 @@ void Cluster::Impl::HeartbeatLoop(uint32_t peer_id) {
     context.set_deadline(Deadline(heartbeat_interval_ * 2));
     v1::HeartbeatResponse response;
     const grpc::Status status = stub->Heartbeat(&context, request, &response);
+    bool lost = false;
     {
       absl::MutexLock lock(&mutex_);
       PeerState& peer = peers_[peer_id];
@@ -452,18 +473,16 @@ void Cluster::Impl::HeartbeatLoop(uint32_t peer_id) {
         peer.refused = status.error_message();
       }
       const bool live = LiveLocked(peer_id);
-      if (was_live && !live) DropDataClient(peer_id);
+      lost = was_live && !live;
       if (was_live != live) {
         Log(live ? LogLevel::kInfo : LogLevel::kWarning, "node ", peer_id,
             live ? " is live" : " is lost: no heartbeat answered for ",
             live ? "" : absl::StrCat(options_.heartbeat_timeout_ms, " ms"));
         changed_.SignalAll();
       }
-      const absl::Time next = absl::Now() + heartbeat_interval_;
-      while (!stopping_ && !changed_.WaitWithDeadline(&mutex_, next)) {
-      }
-      if (stopping_) return;
     }
+    if (lost) DropDataClient(peer_id);  // outside mutex_: never wait on the data plane under it
+    if (!SleepUnlessStopping(heartbeat_interval_)) return;
   }
 }
 
@@ -1025,13 +1044,22 @@ grpc::Status Cluster::Impl::SendUnits(grpc::ServerContext*, const v1::SendUnitsR
 absl::Status Cluster::Impl::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
   if (header.kind == FrameKind::kParityDelta) return parity_.Accept(header, payload);
   absl::MutexLock lock(&fetch_mutex_);
-  auto it = fetches_.find({header.step, header.stripe, header.stripe_unit});
-  if (it == fetches_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unit ", header.stripe_unit, " of stripe ",
-                                                   header.stripe, ", step ", header.step,
-                                                   " was not asked for"));
+  FetchSlot* found = nullptr;
+  if (header.kind == FrameKind::kFetchedRegion) {
+    auto it = region_fetches_.find({header.step, header.rank, header.region});
+    if (it != region_fetches_.end()) found = &it->second;
+  } else {
+    auto it = fetches_.find({header.step, header.stripe, header.stripe_unit});
+    if (it != fetches_.end()) found = &it->second;
   }
-  FetchSlot& slot = it->second;
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        header.kind == FrameKind::kFetchedRegion
+            ? absl::StrCat("region '", header.region, "' of rank ", header.rank)
+            : absl::StrCat("unit ", header.stripe_unit, " of stripe ", header.stripe),
+        ", step ", header.step, " was not asked for"));
+  }
+  FetchSlot& slot = *found;
   if (header.offset + payload.size() > slot.bytes || payload.size() > slot.missing) {
     return absl::InvalidArgumentError(absl::StrCat("unit ", header.stripe_unit, " of stripe ",
                                                    header.stripe, ": more bytes than asked for"));
@@ -1044,15 +1072,15 @@ absl::Status Cluster::Impl::Accept(const FrameHeader& header, absl::Span<const u
 
 // --- Rebuild and repair --------------------------------------------------------------------------
 
-std::vector<bool> Cluster::Impl::HoldersOf(int64_t step) {
+std::vector<bool> Cluster::Impl::HoldersOf(int group, int64_t step, int excluded_position) {
   std::vector<int> positions(layout_.group_size());
   for (int position = 0; position < layout_.group_size(); ++position) positions[position] = position;
   std::vector<absl::Status> holds = InParallel(positions, [&](int position) -> absl::Status {
-    if (NodeAt(position) == node_id_) return absl::NotFoundError("self");
+    if (position == excluded_position) return absl::NotFoundError("being rebuilt");
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(2)));
     v1::GroupStateResponse response;
-    const grpc::Status status = Stub(NodeAt(position))->GroupState(&context, {}, &response);
+    const grpc::Status status = Stub(NodeAt(group, position))->GroupState(&context, {}, &response);
     if (!status.ok()) return FromGrpcStatus(status);
     if (response.rebuilding() || !response.cluster().has_committed_step() ||
         response.cluster().committed_step() != step) {
@@ -1087,7 +1115,7 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : target.record.group_images()) sizes.push_back(image.bytes());
   // Asked now, not taken from heartbeats: a peer may have committed since its last one.
-  const std::vector<bool> holds = HoldersOf(step);
+  const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
 
   struct Work {
     uint64_t stripe = 0;
@@ -1127,7 +1155,7 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
       std::vector<int> zeros, data, parity;
       for (int i = 0; i < n; ++i) {
         const int position = position_of[i];
-        if (position == position_) {
+        if (position == target.position) {
           work.mine = i;
         } else if (i < k && layout_.UnitLength(sizes[position],
                                                layout_.DataUnitOf(position, work.stripe)) == 0) {
@@ -1144,12 +1172,12 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
       if (static_cast<int>(work.chosen.size()) < k) {
         std::vector<uint32_t> lost;
         for (int position = 0; position < n; ++position) {
-          if (!holds[position]) lost.push_back(NodeAt(position));
+          if (!holds[position]) lost.push_back(NodeAt(target.group, position));
         }
         return absl::FailedPreconditionError(absl::StrCat(
-            "group ", group_, " [", absl::StrJoin(group_nodes_, ", "), "] has lost nodes [",
-            absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ", n,
-            " nodes, so step ", step, " of node ", node_id_,
+            "group ", target.group, " [", absl::StrJoin(groups_[target.group], ", "),
+            "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
+            n, " nodes, so step ", step, " of node ", NodeAt(target.group, target.position),
             " can no longer be recovered (stripe ", work.stripe, " has ", work.chosen.size(),
             " of the ", k, " units it needs)"));
       }
@@ -1175,7 +1203,7 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
           const FetchKey key{step, work.stripe, static_cast<uint32_t>(i)};
           fetches_[key] = {work.units[i], bytes, bytes};
           keys.push_back(key);
-          v1::SendUnitsRequest& request = requests[NodeAt(position)];
+          v1::SendUnitsRequest& request = requests[NodeAt(target.group, position)];
           request.set_to_node(node_id_);
           request.set_step(step);
           v1::UnitRef* ref = request.add_units();
@@ -1218,11 +1246,11 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
         return decoded;
       }
       if (work.mine < k) {
-        const uint64_t unit = layout_.DataUnitOf(position_, work.stripe);
-        const uint64_t bytes = layout_.UnitLength(sizes[position_], unit);
-        target.image->Write(unit * layout_.unit_bytes(), work.units[work.mine], bytes);
+        const uint64_t unit = layout_.DataUnitOf(target.position, work.stripe);
+        const uint64_t bytes = layout_.UnitLength(sizes[target.position], unit);
+        target.write_data(unit, work.units[work.mine], bytes);
         stats->set_data_bytes(stats->data_bytes() + bytes);
-      } else {
+      } else if (target.parity != nullptr) {
         ParityUnit& parity = (*target.parity)[work.stripe];
         std::memcpy(parity.extent->data(), work.units[work.mine], work.length);
         parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
@@ -1287,7 +1315,12 @@ absl::StatusOr<v1::RebuildResponse> Cluster::Impl::RebuildSelf(bool force) {
     }
     stripes.push_back(stripe);
   }
-  RebuildTarget target{*record, &*image, &parity};
+  const NodeImage& rebuilt = *image;
+  RebuildTarget target{*record, group_, position_,
+                       [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
+                         rebuilt.Write(unit * layout_.unit_bytes(), bytes, length);
+                       },
+                       &parity};
   if (absl::Status status = RebuildStripes(target, stripes, &stats); !status.ok()) return status;
   if (std::vector<std::pair<int, uint32_t>> corrupt = image->CorruptChunks(); !corrupt.empty()) {
     const v1::ImageRegion& region = image->manifest().regions(corrupt[0].first);
@@ -1418,7 +1451,11 @@ absl::StatusOr<v1::VerifyResponse> Cluster::Impl::Verify(std::optional<int64_t> 
   std::map<uint64_t, ParityUnit> parity;
   for (const ParityUnit& unit : parity_.CommittedUnits()) parity[unit.stripe] = unit;
   v1::RebuildResponse stats;
-  RebuildTarget target{record, &image, &parity};
+  RebuildTarget target{record, group_, position_,
+                       [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
+                         image.Write(unit * layout_.unit_bytes(), bytes, length);
+                       },
+                       &parity};
   if (absl::Status status = RebuildStripes(target, {stripes.begin(), stripes.end()}, &stats);
       !status.ok()) {
     return status;
@@ -1484,6 +1521,166 @@ v1::ClusterStatusResponse Cluster::Impl::Status() const {
   return response;
 }
 
+// --- Elastic restore -----------------------------------------------------------------------------
+
+grpc::Status Cluster::Impl::LocateRank(grpc::ServerContext*, const v1::LocateRankRequest* request,
+                                       v1::LocateRankResponse* response) {
+  v1::JournalCluster record = store_->ClusterRecord();
+  record.clear_parity();
+  for (const v1::NodeImage& image : record.group_images()) {
+    for (const v1::ImageRegion& region : image.regions()) {
+      if (region.rank() != request->rank()) continue;
+      response->set_found(true);
+      response->set_node_id(image.node_id());
+      *response->mutable_record() = std::move(record);
+      return grpc::Status::OK;
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status Cluster::Impl::SendRegion(grpc::ServerContext*, const v1::SendRegionRequest* request,
+                                       v1::SendRegionResponse* response) {
+  if (CommittedStep() != request->step()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("node ", node_id_, " does not hold step ", request->step()));
+  }
+  const NodeImage image = store_->CommittedImage();
+  for (int i = 0; i < image.manifest().regions_size(); ++i) {
+    const v1::ImageRegion& region = image.manifest().regions(i);
+    if (region.rank() != request->rank() || region.region() != request->region()) continue;
+    FrameHeader header;
+    header.kind = FrameKind::kFetchedRegion;
+    header.step = request->step();
+    header.rank = request->rank();
+    header.region = request->region();
+    if (absl::Status status =
+            SendFrames(request->to_node(), header, image.extents()[i]->data(), region.bytes());
+        !status.ok()) {
+      return ToGrpcStatus(status);
+    }
+    response->set_bytes(region.bytes());
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                      absl::StrCat("node ", node_id_, " holds no region '", request->region(),
+                                   "' of rank ", request->rank()));
+}
+
+absl::StatusOr<v1::RestoreResponse> Cluster::Impl::RestoreFrom(
+    uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names) {
+  // This node's own committed state first; NOT_FOUND means the rank ran elsewhere.
+  absl::StatusOr<v1::RestoreResponse> local = store_->RestoreFromRank(rank, source_rank, names);
+  if (!absl::IsNotFound(local.status())) return local;
+  // Which node holds the rank: any live node of its group knows.
+  std::vector<uint32_t> nodes;
+  for (const ClusterNode& node : options_.nodes) {
+    if (Live(node.id)) nodes.push_back(node.id);
+  }
+  absl::Mutex found_mutex;
+  std::optional<v1::LocateRankResponse> found;
+  InParallel(nodes, [&](uint32_t id) -> absl::Status {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(kControlDeadline));
+    v1::LocateRankRequest request;
+    request.set_rank(source_rank);
+    v1::LocateRankResponse response;
+    const grpc::Status status = Stub(id)->LocateRank(&context, request, &response);
+    if (status.ok() && response.found()) {
+      absl::MutexLock lock(&found_mutex);
+      if (!found || response.record().committed_step() > found->record().committed_step()) {
+        found = std::move(response);
+      }
+    }
+    return FromGrpcStatus(status);
+  });
+  if (!found) {
+    return absl::NotFoundError(absl::StrCat("no live node of the cluster knows rank ", source_rank));
+  }
+  const v1::JournalCluster& record = found->record();
+  const int64_t step = record.committed_step();
+  const auto [group, position] = *options_.GroupOf(found->node_id());
+  const v1::NodeImage& holder_image = record.group_images(position);
+  const bool holder_live = HoldersOf(group, step, -1)[position];
+
+  v1::RestoreResponse response;
+  response.set_step(step);
+  uint64_t offset = 0;
+  for (const v1::ImageRegion& region : holder_image.regions()) {
+    const uint64_t start = offset;
+    offset += region.bytes();
+    if (region.rank() != source_rank) continue;
+    if (!names.empty() && std::find(names.begin(), names.end(), region.region()) == names.end()) {
+      continue;
+    }
+    std::vector<uint8_t> bytes(region.bytes());
+    if (holder_live) {
+      const RegionKey key{step, source_rank, region.region()};
+      {
+        absl::MutexLock lock(&fetch_mutex_);
+        region_fetches_[key] = {bytes.data(), bytes.size(), bytes.size()};
+      }
+      grpc::ClientContext context;
+      context.set_deadline(Deadline(absl::Minutes(5)));
+      v1::SendRegionRequest request;
+      request.set_to_node(node_id_);
+      request.set_step(step);
+      request.set_rank(source_rank);
+      request.set_region(region.region());
+      v1::SendRegionResponse sent;
+      absl::Status status =
+          FromGrpcStatus(Stub(found->node_id())->SendRegion(&context, request, &sent));
+      {
+        absl::MutexLock lock(&fetch_mutex_);
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        while (status.ok() && region_fetches_[key].missing > 0) {
+          if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
+            status = absl::DeadlineExceededError(absl::StrCat("region '", region.region(),
+                                                              "' did not arrive"));
+          }
+        }
+        region_fetches_.erase(key);
+      }
+      if (!status.ok()) return status;
+    } else {
+      // Decode the holder's units that cover the region from its group's survivors.
+      std::vector<uint64_t> stripes;
+      for (uint64_t unit = start / layout_.unit_bytes();
+           region.bytes() > 0 && unit <= (start + region.bytes() - 1) / layout_.unit_bytes(); ++unit) {
+        stripes.push_back(layout_.DataUnitLocation(position, unit).stripe);
+      }
+      RebuildTarget target{record, group, position,
+                           [&](uint64_t unit, const uint8_t* data, uint64_t length) {
+                             const uint64_t unit_start = unit * layout_.unit_bytes();
+                             const uint64_t from = std::max(unit_start, start);
+                             const uint64_t to = std::min(unit_start + length, start + region.bytes());
+                             if (from < to) {
+                               std::memcpy(bytes.data() + (from - start), data + (from - unit_start),
+                                           to - from);
+                             }
+                           },
+                           nullptr};
+      v1::RebuildResponse stats;
+      absl::MutexLock rebuild_lock(&rebuild_mutex_);
+      if (absl::Status status = RebuildStripes(target, stripes, &stats); !status.ok()) return status;
+    }
+    if (absl::Status status = store_->WriteRegion(rank, region, bytes.data()); !status.ok()) {
+      return status;
+    }
+    v1::RestoreResponse::Restored* restored = response.add_regions();
+    restored->set_region(region.region());
+    restored->set_step(region.step());
+    restored->set_bytes(region.bytes());
+  }
+  if (response.regions_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
+  }
+  Log(LogLevel::kInfo, "restored ", response.regions_size(), " regions of rank ", source_rank,
+      " (node ", found->node_id(), holder_live ? ", fetched" : ", lost: decoded from its group",
+      ") into rank ", rank);
+  return response;
+}
+
 // --- Cluster -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
@@ -1515,6 +1712,11 @@ void Cluster::set_crash_in_commit_for_testing(int64_t step) { impl_->set_crash_i
 
 absl::StatusOr<v1::RebuildResponse> Cluster::Rebuild(uint32_t node_id) {
   return impl_->RebuildNode(node_id);
+}
+
+absl::StatusOr<v1::RestoreResponse> Cluster::RestoreFrom(uint32_t rank, uint32_t source_rank,
+                                                         const std::vector<std::string>& regions) {
+  return impl_->RestoreFrom(rank, source_rank, regions);
 }
 
 absl::StatusOr<v1::VerifyResponse> Cluster::Verify(std::optional<int64_t> step, bool repair) {

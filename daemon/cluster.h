@@ -23,6 +23,8 @@
 #define MOESNAP_DAEMON_CLUSTER_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/cluster_config.h"
@@ -48,6 +50,10 @@ class Cluster {
   void set_crash_in_commit_for_testing(int64_t step);
   // Rebuilds node `node_id` (this one, or asks that node to).
   absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node_id);
+  // Elastic restore into `rank` of what `source_rank` snapshotted on another node: fetched from
+  // the node that holds it, or decoded from that node's group when it is lost.
+  absl::StatusOr<v1::RestoreResponse> RestoreFrom(uint32_t rank, uint32_t source_rank,
+                                                  const std::vector<std::string>& regions);
   // Adds the parity check to a store verification and, with `repair`, rebuilds every corrupt data
   // chunk and parity unit from the group and checks them again.
   absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);

@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   daemon->agent_service_ = std::make_unique<AgentService>(
-      daemon->store_.get(),
+      daemon->store_.get(), daemon->cluster_.get(),
       NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->cluster_.get(),

@@ -30,7 +30,8 @@ enum class FrameKind : uint16_t {
   // A data unit's change for a parity holder, old XOR new bytes (the unit itself when the holder
   // starts from zero parity); the holder adds coefficient * delta to its parity unit.
   kParityDelta = 2,
-  kFetchedUnit = 3,  // a data or parity unit served to a rebuilding or repairing peer
+  kFetchedUnit = 3,    // a data or parity unit served to a rebuilding or repairing peer
+  kFetchedRegion = 4,  // a piece of a committed region served for an elastic restore
 };
 
 struct FrameHeader {

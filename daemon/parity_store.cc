@@ -10,14 +10,12 @@
 namespace moesnap::daemon {
 namespace {
 
-// How long a frame waits for its step to be opened before the connection is dropped.
-constexpr absl::Duration kBeginWait = absl::Seconds(10);
-
 }  // namespace
 
 ParityStore::ParityStore(Pool* pool, const erasure::ReedSolomon* codec,
-                         const erasure::StripeLayout* layout, int position)
-    : pool_(pool), codec_(codec), layout_(layout), position_(position) {}
+                         const erasure::StripeLayout* layout, int position,
+                         absl::Duration begin_wait)
+    : pool_(pool), codec_(codec), layout_(layout), position_(position), begin_wait_(begin_wait) {}
 
 absl::Status ParityStore::Recover(const v1::JournalCluster& record) {
   absl::MutexLock lock(&mutex_);
@@ -86,7 +84,7 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   std::shared_ptr<PoolExtent> extent;
   {
     absl::MutexLock lock(&mutex_);
-    const absl::Time deadline = absl::Now() + kBeginWait;
+    const absl::Time deadline = absl::Now() + begin_wait_;
     while (!pending_.contains(header.step)) {
       if (committed_step_ && header.step <= *committed_step_) {
         return absl::FailedPreconditionError(

@@ -33,8 +33,9 @@ struct ParityUnit {
 // Thread-safe.
 class ParityStore {
  public:
+  // A frame for a step not opened yet waits up to `begin_wait` (the commit timeout) for it.
   ParityStore(Pool* pool, const erasure::ReedSolomon* codec, const erasure::StripeLayout* layout,
-              int position);
+              int position, absl::Duration begin_wait);
 
   // Claims the committed units recorded in the journal (the pool was re-attached).
   absl::Status Recover(const v1::JournalCluster& record);
@@ -77,6 +78,7 @@ class ParityStore {
   const erasure::ReedSolomon* const codec_;
   const erasure::StripeLayout* const layout_;
   const int position_;
+  const absl::Duration begin_wait_;
 
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;

@@ -77,8 +77,21 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
                                    v1::RestoreResponse* response) {
   std::optional<int64_t> step;
   if (request->has_step()) step = request->step();
-  absl::StatusOr<v1::RestoreResponse> restored =
-      store_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
+  absl::StatusOr<v1::RestoreResponse> restored;
+  if (request->has_source_rank() && request->source_rank() != request->rank()) {
+    if (step) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a restore from another rank takes its latest committed step: leave step "
+                          "out");
+    }
+    restored = cluster_ != nullptr
+                   ? cluster_->RestoreFrom(request->rank(), request->source_rank(),
+                                           Names(request->regions()))
+                   : store_->RestoreFromRank(request->rank(), request->source_rank(),
+                                             Names(request->regions()));
+  } else {
+    restored = store_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
+  }
   if (!restored.ok()) return ToGrpcStatus(restored.status());
   *response = *std::move(restored);
   return grpc::Status::OK;

@@ -22,7 +22,9 @@ struct NodeFacts {
 
 class AgentService final : public v1::Agent::Service {
  public:
-  AgentService(Store* store, NodeFacts facts) : store_(store), facts_(std::move(facts)) {}
+  // `cluster` is null on a single node.
+  AgentService(Store* store, Cluster* cluster, NodeFacts facts)
+      : store_(store), cluster_(cluster), facts_(std::move(facts)) {}
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
   grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
@@ -39,6 +41,7 @@ class AgentService final : public v1::Agent::Service {
 
  private:
   Store* store_;
+  Cluster* cluster_;
   NodeFacts facts_;
 };
 

@@ -913,4 +913,85 @@ uint64_t Store::CommittedBytes() const {
   return bytes;
 }
 
+absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes) {
+  std::shared_ptr<RegionSource> source;
+  CopyBackend* backend = nullptr;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto rank_it = ranks_.find(rank);
+    if (rank_it == ranks_.end() || !rank_it->second.regions.contains(stored.region())) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has not registered region '",
+                                              stored.region(), "' to restore into"));
+    }
+    const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
+    const v1::RegionSpec& spec = registered.spec;
+    if (spec.bytes() != stored.bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
+          ", but rank ", stored.rank(), " stored ", stored.bytes(), " at step ", stored.step()));
+    }
+    if (!spec.dtype().empty() && !stored.dtype().empty() && spec.dtype() != stored.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' is ",
+                                                     spec.dtype(), " in rank ", rank, ", but rank ",
+                                                     stored.rank(), " stored ", stored.dtype()));
+    }
+    source = registered.source;
+    backend = registered.backend;
+  }
+  for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
+    const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
+    const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
+    absl::StatusOr<uint32_t> crc = backend->CopyIn(*source, offset, bytes + offset, length);
+    if (!crc.ok()) return crc.status();
+    if (*crc != stored.chunk_crcs(chunk)) {
+      return absl::DataLossError(absl::StrFormat(
+          "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the bytes received "
+          "have %08x", stored.region(), stored.rank(), stored.step(), chunk,
+          stored.chunk_crcs(chunk), *crc));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32_t source_rank,
+                                                           const std::vector<std::string>& regions) {
+  std::vector<std::shared_ptr<Version>> versions;
+  std::optional<int64_t> latest;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = ranks_.find(source_rank);
+    if (it == ranks_.end() || it->second.committed.empty()) {
+      return absl::NotFoundError(absl::StrCat("this node holds no committed step of rank ",
+                                              source_rank));
+    }
+    latest = it->second.latest_committed;
+    if (regions.empty()) {
+      for (const auto& [name, version] : it->second.committed) versions.push_back(version);
+    }
+    for (const std::string& name : regions) {
+      auto version = it->second.committed.find(name);
+      if (version == it->second.committed.end()) {
+        return absl::NotFoundError(absl::StrCat("rank ", source_rank, " has no committed region '",
+                                                name, "'"));
+      }
+      versions.push_back(version->second);
+    }
+  }
+  v1::RestoreResponse response;
+  response.set_step(latest.value_or(0));
+  for (const std::shared_ptr<Version>& version : versions) {
+    v1::NodeImage manifest;
+    AddToImage(*version, &manifest);
+    if (absl::Status status = WriteRegion(rank, manifest.regions(0), version->extent->data());
+        !status.ok()) {
+      return status;
+    }
+    v1::RestoreResponse::Restored* restored = response.add_regions();
+    restored->set_region(version->region);
+    restored->set_step(version->step);
+    restored->set_bytes(version->bytes);
+  }
+  return response;
+}
+
 }  // namespace moesnap::daemon

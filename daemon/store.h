@@ -101,6 +101,14 @@ class Store {
   absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster);
   // Journals a new cluster record with the committed versions unchanged.
   absl::Status WriteClusterRecord(const v1::JournalCluster& cluster);
+  // Elastic restore: writes a region that another rank snapshotted (its record `stored`, its bytes)
+  // into this rank's registered region of the same name, checking size, dtype, shape and every
+  // chunk's CRC-32C as the bytes land.
+  absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes);
+  // The same from this node's committed versions of `source_rank` (every one when `regions` is
+  // empty); NOT_FOUND when this node holds none of that rank.
+  absl::StatusOr<v1::RestoreResponse> RestoreFromRank(uint32_t rank, uint32_t source_rank,
+                                                      const std::vector<std::string>& regions);
   // The cluster record of the committed step (empty on a single node or a fresh pool).
   v1::JournalCluster ClusterRecord() const;
   uint64_t CommittedBytes() const;

@@ -165,11 +165,23 @@ absl::Status Client::WaitCommitted(int64_t step) { return state_->Wait(step, tru
 
 absl::StatusOr<RestoreResult> Client::Restore(std::optional<int64_t> step,
                                               const std::vector<std::string>& regions) {
+  v1::RestoreRequest request;
+  if (step) request.set_step(*step);
+  return RestoreWith(request, regions);
+}
+
+absl::StatusOr<RestoreResult> Client::RestoreFrom(uint32_t source_rank,
+                                                  const std::vector<std::string>& regions) {
+  v1::RestoreRequest request;
+  request.set_source_rank(source_rank);
+  return RestoreWith(request, regions);
+}
+
+absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
+                                                  const std::vector<std::string>& regions) {
   grpc::ClientContext context;
   state_->SetDeadline(context, state_->options.wait_timeout);
-  v1::RestoreRequest request;
   request.set_rank(state_->options.rank);
-  if (step) request.set_step(*step);
   for (const std::string& region : regions) request.add_regions(region);
   v1::RestoreResponse response;
   if (absl::Status status = state_->Check(state_->stub->Restore(&context, request, &response),

@@ -16,7 +16,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/loopback_port.h"
+#include "moesnap/client.h"
+#include "moesnap/placement_planner.h"
 #include "proto/moesnap.grpc.pb.h"
+#include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/test_daemon.h"
 
@@ -317,6 +320,60 @@ TEST_F(ClusterTest, CtlShowsTheClusterAndRepairsCorruptDataAndParityFromTheGroup
   CtlResult single = Ctl(*daemons_[2], {"rebuild", "9"});
   EXPECT_EQ(single.exit_code, 4) << single.output;
   EXPECT_TRUE(absl::StrContains(single.output, "node 9 is not in the cluster")) << single.output;
+}
+
+// Elastic restore after losing two nodes: the planner moves the lost nodes' experts (every region a
+// rank snapshotted is an expert held once, on its rank's node) onto the survivors; each moved expert
+// is restored into a new rank on its new node, decoded from the group's parity since its holder is
+// gone, and a region of a live rank is fetched from its holder. Every byte is compared.
+TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
+  TrainAll(5);  // step 5 captures every region, so each holds the bytes of (rank, region, 5)
+  struct Expert {
+    uint32_t rank;
+    int region;
+  };
+  std::vector<Expert> experts;
+  Placement current(nodes_);
+  for (int node = 0; node < nodes_; ++node) {
+    for (int region = 0; region < 4 + node; ++region) {
+      current[node].push_back(static_cast<int>(experts.size()));
+      experts.push_back({static_cast<uint32_t>(node), region});
+    }
+  }
+  for (int node : {1, 4}) Replace(node);  // lost for good: no replacement is started
+  const PlanOptions options{nodes_, 10, 1};
+  absl::StatusOr<Reconfiguration> plan = Reconfigure(
+      std::vector<double>(experts.size(), 1.0), options, current, {1, 4});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto restore_onto = [&](int node, const Expert& expert, uint32_t new_rank) {
+    const std::string name =
+        absl::StrCat("layer", expert.region / 8, ".expert", expert.region % 8, ".master");
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect({.socket_path = daemons_[node]->agent_socket(), .rank = new_rank});
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(200000);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE((*client)->RegisterHostRegion({name, "uint8", {200000}}, *buffer, 0, 200000).ok());
+    absl::StatusOr<RestoreResult> restored = (*client)->RestoreFrom(expert.rank, {name});
+    ASSERT_TRUE(restored.ok()) << "rank " << expert.rank << " " << name << " onto node " << node
+                               << ": " << restored.status();
+    EXPECT_EQ(restored->step, 5);
+    std::vector<uint8_t> expected(200000);
+    testing::DeterministicBytes(uint64_t{expert.rank} << 48 ^ uint64_t(expert.region) << 32 ^ 5)
+        .Fill(expected.data(), expected.size());
+    EXPECT_EQ(std::memcmp((*buffer)->data(), expected.data(), expected.size()), 0)
+        << "rank " << expert.rank << " " << name << " restored onto node " << node;
+  };
+  int moved = 0;
+  for (const Transfer& transfer : plan->transfers) {
+    const Expert& expert = experts[transfer.expert];
+    if (transfer.from) continue;  // a surviving replica: nothing to restore from snapshots
+    EXPECT_TRUE(expert.rank == 1 || expert.rank == 4) << "only lost experts come from snapshots";
+    restore_onto(transfer.to, expert, 100 + moved);
+    ++moved;
+  }
+  EXPECT_EQ(moved, 5 + 8);  // every expert of nodes 1 and 4
+  restore_onto(0, {2, 3}, 200);  // node 2 is live: fetched from it, not decoded
 }
 
 // A daemon whose cluster config differs from its peers' does not join, and says what differs.

@@ -25,6 +25,9 @@
 #include "moesnap/shared_buffer.h"
 
 namespace moesnap {
+namespace v1 {
+class RestoreRequest;  // the wire schema stays out of the public header
+}  // namespace v1
 
 struct ClientOptions {
   std::string socket_path = "/run/moesnap/agent.sock";
@@ -96,6 +99,11 @@ class Client {
   // regions (all when `regions` is empty), checking every chunk's checksum.
   absl::StatusOr<RestoreResult> Restore(std::optional<int64_t> step = std::nullopt,
                                         const std::vector<std::string>& regions = {});
+  // Elastic restore: the latest committed regions that rank `source_rank` snapshotted (on any node
+  // of the cluster; decoded from parity if its node is lost) into this rank's registered regions of
+  // the same names (all of the source rank's when `regions` is empty).
+  absl::StatusOr<RestoreResult> RestoreFrom(uint32_t source_rank,
+                                            const std::vector<std::string>& regions = {});
   absl::StatusOr<std::optional<int64_t>> LatestCommitted();
 
   // After the daemon restarted: start a new session and register every region again.
@@ -108,6 +116,8 @@ class Client {
  private:
   struct State;
   explicit Client(std::unique_ptr<State> state);
+  absl::StatusOr<RestoreResult> RestoreWith(v1::RestoreRequest request,
+                                            const std::vector<std::string>& regions);
   std::unique_ptr<State> state_;
 };
 
