@@ -713,7 +713,12 @@ void Cluster::Impl::ResolveOrphans() {
     if (Live(node.id)) nodes.push_back(node.id);
   }
   for (int64_t step : orphans) {
+    // The old coordinator committed only after every node encoded the step. So: a node committed,
+    // or every live node encoded it (the old coordinator may have begun committing) -> commit,
+    // which is always safe then; a live node that never encoded it -> no commit can have happened
+    // anywhere -> abort.
     std::atomic<bool> any_committed{false};
+    std::atomic<bool> all_encoded{true};
     InParallel(nodes, [&](uint32_t id) -> absl::Status {
       v1::StepOutcomeRequest request;
       request.set_step(step);
@@ -722,14 +727,20 @@ void Cluster::Impl::ResolveOrphans() {
       v1::StepOutcomeResponse response;
       const grpc::Status status = Stub(id)->StepOutcome(&context, request, &response);
       if (status.ok() && response.state() == v1::STEP_STATE_COMMITTED) any_committed = true;
+      if (!status.ok() || (response.state() != v1::STEP_STATE_COMMITTED &&
+                           response.state() != v1::STEP_STATE_ENCODED)) {
+        all_encoded = false;
+      }
       return FromGrpcStatus(status);
     });
+    const bool commit = any_committed || all_encoded;
     Log(LogLevel::kWarning, "step ", step, " was left open by a lost coordinator: ",
-        any_committed ? "committing it (a node had committed)" : "aborting it (no node had committed)");
+        any_committed  ? "committing it (a node had committed)"
+        : all_encoded ? "committing it (every live node had encoded it)"
+                      : "aborting it (a live node had not encoded it, so none committed)");
     std::vector<absl::Status> statuses = InParallel(nodes, [&](uint32_t id) {
-      return any_committed
-                 ? SendCommit(id, step)
-                 : SendAbort(id, step, "its coordinator was lost before any node committed it");
+      return commit ? SendCommit(id, step)
+                    : SendAbort(id, step, "its coordinator was lost before every node encoded it");
     });
     // Until every live node took the decision, the next pass tries again.
     if (std::all_of(statuses.begin(), statuses.end(), [](const absl::Status& s) { return s.ok(); })) {

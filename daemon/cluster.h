@@ -9,7 +9,8 @@
 //   Commit   every node journals S (its versions, its group's images, its parity) and frees the
 //            previous step; or Abort, and S is forgotten everywhere with the previous step intact.
 // A node commits only after every node has encoded, so if the coordinator dies the next lowest
-// live node finishes the open step: commit if any node committed it, abort otherwise.
+// live node finishes the open step: commit if any node committed it or every live node encoded it,
+// abort otherwise (then no node can have committed it).
 //
 // Rebuild: a node whose journal is behind its group's (a replacement with fresh memory, or a node
 // that died during a commit) fetches k units per stripe from the group's survivors over the data
