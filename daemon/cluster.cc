@@ -39,6 +39,8 @@ constexpr uint32_t kMaxFramePayload = 4 << 20;
 constexpr uint64_t kRebuildBatchBytes = uint64_t{64} << 20;
 constexpr absl::Duration kControlDeadline = absl::Seconds(10);
 constexpr int kRebuildAttempts = 3;
+// How long fetched units or regions may take to arrive once their senders have answered.
+constexpr absl::Duration kFetchWait = absl::Seconds(30);
 
 std::shared_ptr<grpc::ChannelCredentials> PeerChannelCredentials() {
   return grpc::InsecureChannelCredentials();
@@ -106,11 +108,12 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
       : node_id_(node_id), options_(options), pool_(pool), store_(store),
         layout_(std::move(layout)), codec_(std::move(codec)),
         group_(options.GroupOf(node_id)->first), position_(options.GroupOf(node_id)->second),
-        group_nodes_(options.Groups()[group_]), groups_(options.Groups()),
+        groups_(options.Groups()),
         parity_(pool, codec_.get(), &layout_, position_,
                 absl::Milliseconds(options.commit_timeout_ms)),
         heartbeat_interval_(std::max(absl::Milliseconds(options.heartbeat_timeout_ms) / 5,
-                                     absl::Milliseconds(20))) {}
+                                     absl::Milliseconds(20))),
+        digest_(options.Digest()) {}
 
   ~Impl() override;
   absl::Status Start();
@@ -174,7 +177,23 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
     uint64_t bytes = 0;
     uint64_t missing = 0;
   };
-  using FetchKey = std::tuple<int64_t, uint64_t, uint32_t>;  // step, stripe, unit in stripe
+  // What a fetch waits for: unit `unit` of stripe `stripe` (kFetchedUnit frames; rank 0, no
+  // region), or region `region` of rank `rank` (kFetchedRegion frames; stripe and unit 0).
+  struct FetchKey {
+    int64_t step = 0;
+    uint64_t stripe = 0;
+    uint32_t unit = 0;
+    uint32_t rank = 0;
+    std::string region;
+    bool operator<(const FetchKey& other) const {
+      return std::tie(step, stripe, unit, rank, region) <
+             std::tie(other.step, other.stripe, other.unit, other.rank, other.region);
+    }
+    std::string Describe() const {
+      return region.empty() ? absl::StrCat("unit ", unit, " of stripe ", stripe, ", step ", step)
+                            : absl::StrCat("region '", region, "' of rank ", rank, ", step ", step);
+    }
+  };
 
   bool LiveLocked(uint32_t id) const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   uint32_t CoordinatorLocked() const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
@@ -187,8 +206,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   std::optional<int64_t> CommittedStep() const;
   v1::NodeMemory Memory() const;
   absl::Status CheckCoordinator(uint32_t coordinator) const;
-  uint32_t NodeAt(int position) const { return group_nodes_[position]; }
   uint32_t NodeAt(int group, int position) const { return groups_[group][position]; }
+  uint32_t NodeAt(int position) const { return NodeAt(group_, position); }
 
   void HeartbeatLoop(uint32_t peer);
   void ProposeLoop();
@@ -217,7 +236,12 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
   // position being rebuilt never counts.
   std::vector<bool> HoldersOf(int group, int64_t step, int excluded_position);
-  absl::Status WaitForFetches(const std::vector<FetchKey>& keys, absl::Time deadline);
+  // Expects the frames of `keys` into their buffers (registered before the request that sends
+  // them goes out).
+  void ExpectFetches(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
+  // After the sending requests returned `sent`: waits until every expected byte arrived (when they
+  // succeeded) and forgets the keys either way.
+  absl::Status CollectFetches(const std::vector<FetchKey>& keys, absl::Status sent);
 
   const uint32_t node_id_;
   const ClusterOptions options_;
@@ -227,10 +251,10 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   const std::unique_ptr<erasure::ReedSolomon> codec_;
   const int group_;
   const int position_;
-  const std::vector<uint32_t> group_nodes_;
   const std::vector<std::vector<uint32_t>> groups_;
   ParityStore parity_;
   const absl::Duration heartbeat_interval_;
+  const uint64_t digest_;  // of options_, sent with every heartbeat
 
   std::atomic<int64_t> crash_in_commit_{-1};
   std::atomic<uint64_t> full_encodes_{0};
@@ -258,8 +282,6 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   absl::Mutex fetch_mutex_;
   absl::CondVar fetched_;
   std::map<FetchKey, FetchSlot> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
-  using RegionKey = std::tuple<int64_t, uint32_t, std::string>;  // step, rank, region
-  std::map<RegionKey, FetchSlot> region_fetches_ ABSL_GUARDED_BY(fetch_mutex_);
 
   absl::Mutex rebuild_mutex_;  // one rebuild or repair at a time
   std::vector<std::thread> threads_;
@@ -306,6 +328,7 @@ absl::Status Cluster::Impl::Start() {
   // The config check: every peer that answers now must agree, or this daemon does not join.
   v1::HeartbeatRequest hello;
   hello.set_from_node(node_id_);
+  hello.set_cluster_digest(digest_);
   *hello.mutable_cluster() = ShapeOf(options_);
   for (const ClusterNode& node : options_.nodes) {
     if (node.id == node_id_) continue;
@@ -342,7 +365,7 @@ absl::Status Cluster::Impl::Start() {
   threads_.emplace_back([this] { CoordinatorLoop(); });
   threads_.emplace_back([this] { RebuildAtStart(); });
   Log(LogLevel::kInfo, "node ", node_id_, " is position ", position_, " of group ", group_, " [",
-      absl::StrJoin(group_nodes_, ", "), "], k=", options_.data_units, " m=", options_.parity_units,
+      absl::StrJoin(groups_[group_], ", "), "], k=", options_.data_units, " m=", options_.parity_units,
       "; peers on ", self.host, ":", self.control_port, ", data plane on port ", self.data_port);
   return absl::OkStatus();
 }
@@ -450,7 +473,7 @@ absl::Status Cluster::Impl::CheckCoordinator(uint32_t coordinator) const {
 void Cluster::Impl::HeartbeatLoop(uint32_t peer_id) {
   v1::HeartbeatRequest request;
   request.set_from_node(node_id_);
-  *request.mutable_cluster() = ShapeOf(options_);
+  request.set_cluster_digest(digest_);
   v1::Peer::Stub* stub = Stub(peer_id);
   while (true) {
     grpc::ClientContext context;
@@ -488,11 +511,18 @@ void Cluster::Impl::HeartbeatLoop(uint32_t peer_id) {
 
 grpc::Status Cluster::Impl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) {
-  const std::string difference = options_.DifferenceFrom(OptionsOf(request->cluster()));
-  if (!difference.empty()) {
+  if (request->has_cluster()) {
+    const std::string difference = options_.DifferenceFrom(OptionsOf(request->cluster()));
+    if (!difference.empty()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("node ", request->from_node(), " has another cluster config "
+                                       "than node ", node_id_, ": ", difference));
+    }
+  } else if (request->cluster_digest() != digest_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("node ", request->from_node(), " has another cluster config "
-                                     "than node ", node_id_, ": ", difference));
+                                     "than node ", node_id_, " (its digest differs; restarting it "
+                                     "names the difference)"));
   }
   response->set_node_id(node_id_);
   if (std::optional<int64_t> step = CommittedStep()) response->set_latest_committed_step(*step);
@@ -1054,26 +1084,17 @@ grpc::Status Cluster::Impl::SendUnits(grpc::ServerContext*, const v1::SendUnitsR
 
 absl::Status Cluster::Impl::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
   if (header.kind == FrameKind::kParityDelta) return parity_.Accept(header, payload);
+  const FetchKey key = header.kind == FrameKind::kFetchedRegion
+                           ? FetchKey{header.step, 0, 0, header.rank, header.region}
+                           : FetchKey{header.step, header.stripe, header.stripe_unit, 0, ""};
   absl::MutexLock lock(&fetch_mutex_);
-  FetchSlot* found = nullptr;
-  if (header.kind == FrameKind::kFetchedRegion) {
-    auto it = region_fetches_.find({header.step, header.rank, header.region});
-    if (it != region_fetches_.end()) found = &it->second;
-  } else {
-    auto it = fetches_.find({header.step, header.stripe, header.stripe_unit});
-    if (it != fetches_.end()) found = &it->second;
+  auto it = fetches_.find(key);
+  if (it == fetches_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " was not asked for"));
   }
-  if (found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        header.kind == FrameKind::kFetchedRegion
-            ? absl::StrCat("region '", header.region, "' of rank ", header.rank)
-            : absl::StrCat("unit ", header.stripe_unit, " of stripe ", header.stripe),
-        ", step ", header.step, " was not asked for"));
-  }
-  FetchSlot& slot = *found;
+  FetchSlot& slot = it->second;
   if (header.offset + payload.size() > slot.bytes || payload.size() > slot.missing) {
-    return absl::InvalidArgumentError(absl::StrCat("unit ", header.stripe_unit, " of stripe ",
-                                                   header.stripe, ": more bytes than asked for"));
+    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), ": more bytes than asked for"));
   }
   std::memcpy(slot.buffer + header.offset, payload.data(), payload.size());
   slot.missing -= payload.size();
@@ -1104,17 +1125,23 @@ std::vector<bool> Cluster::Impl::HoldersOf(int group, int64_t step, int excluded
   return result;
 }
 
-absl::Status Cluster::Impl::WaitForFetches(const std::vector<FetchKey>& keys, absl::Time deadline) {
+void Cluster::Impl::ExpectFetches(const std::vector<std::pair<FetchKey, FetchSlot>>& slots) {
+  absl::MutexLock lock(&fetch_mutex_);
+  for (const auto& [key, slot] : slots) fetches_[key] = slot;
+}
+
+absl::Status Cluster::Impl::CollectFetches(const std::vector<FetchKey>& keys, absl::Status sent) {
+  const absl::Time deadline = absl::Now() + kFetchWait;
   absl::MutexLock lock(&fetch_mutex_);
   for (const FetchKey& key : keys) {
-    while (fetches_[key].missing > 0) {
+    while (sent.ok() && fetches_[key].missing > 0) {
       if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
-        return absl::DeadlineExceededError(absl::StrCat("unit ", std::get<2>(key), " of stripe ",
-                                                        std::get<1>(key), " did not arrive"));
+        sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
       }
     }
   }
-  return absl::OkStatus();
+  for (const FetchKey& key : keys) fetches_.erase(key);
+  return sent;
 }
 
 absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
@@ -1198,32 +1225,29 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
     }
     // Ask every source node for its units of the batch at once.
     std::map<uint32_t, v1::SendUnitsRequest> requests;
-    std::vector<FetchKey> keys;
-    {
-      absl::MutexLock lock(&fetch_mutex_);
-      for (Work& work : batch) {
-        const erasure::StripeMembers members = layout_.Members(work.stripe);
-        for (int i : work.chosen) {
-          const int position = i < k ? members.data_positions[i] : members.parity_positions[i - k];
-          const uint64_t bytes =
-              i < k ? layout_.UnitLength(sizes[position], layout_.DataUnitOf(position, work.stripe))
-                    : work.length;
-          // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
-          std::memset(work.units[i] + bytes, 0, work.length - bytes);
-          if (bytes == 0) continue;
-          const FetchKey key{step, work.stripe, static_cast<uint32_t>(i)};
-          fetches_[key] = {work.units[i], bytes, bytes};
-          keys.push_back(key);
-          v1::SendUnitsRequest& request = requests[NodeAt(target.group, position)];
-          request.set_to_node(node_id_);
-          request.set_step(step);
-          v1::UnitRef* ref = request.add_units();
-          ref->set_stripe(work.stripe);
-          ref->set_unit(static_cast<uint32_t>(i));
-          stats->set_fetched_bytes(stats->fetched_bytes() + bytes);
-        }
+    std::vector<std::pair<FetchKey, FetchSlot>> slots;
+    for (Work& work : batch) {
+      const erasure::StripeMembers members = layout_.Members(work.stripe);
+      for (int i : work.chosen) {
+        const int position = i < k ? members.data_positions[i] : members.parity_positions[i - k];
+        const uint64_t bytes =
+            i < k ? layout_.UnitLength(sizes[position], layout_.DataUnitOf(position, work.stripe))
+                  : work.length;
+        // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
+        std::memset(work.units[i] + bytes, 0, work.length - bytes);
+        if (bytes == 0) continue;
+        slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), 0, ""},
+                         {work.units[i], bytes, bytes}});
+        v1::SendUnitsRequest& request = requests[NodeAt(target.group, position)];
+        request.set_to_node(node_id_);
+        request.set_step(step);
+        v1::UnitRef* ref = request.add_units();
+        ref->set_stripe(work.stripe);
+        ref->set_unit(static_cast<uint32_t>(i));
+        stats->set_fetched_bytes(stats->fetched_bytes() + bytes);
       }
     }
+    ExpectFetches(slots);
     std::vector<uint32_t> sources;
     for (const auto& [id, request] : requests) sources.push_back(id);
     std::vector<absl::Status> sent = InParallel(sources, [&](uint32_t id) -> absl::Status {
@@ -1239,12 +1263,9 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
     });
     absl::Status status;
     for (const absl::Status& one : sent) status.Update(one);
-    if (status.ok()) status = WaitForFetches(keys, absl::Now() + absl::Seconds(30));
-    {
-      absl::MutexLock lock(&fetch_mutex_);
-      for (const FetchKey& key : keys) fetches_.erase(key);
-    }
-    if (!status.ok()) return status;
+    std::vector<FetchKey> keys;
+    for (const auto& [key, slot] : slots) keys.push_back(key);
+    if (status = CollectFetches(keys, status); !status.ok()) return status;
 
     for (Work& work : batch) {
       std::vector<int> erased;
@@ -1278,7 +1299,7 @@ absl::StatusOr<v1::RebuildResponse> Cluster::Impl::RebuildSelf(bool force) {
   const absl::Time started = absl::Now();
   // The group's record of its latest committed step, from the members that hold it.
   std::optional<v1::JournalCluster> record;
-  for (uint32_t id : group_nodes_) {
+  for (uint32_t id : groups_[group_]) {
     if (id == node_id_) continue;
     grpc::ClientContext context;
     context.set_deadline(Deadline(absl::Seconds(2)));
@@ -1344,11 +1365,7 @@ absl::StatusOr<v1::RebuildResponse> Cluster::Impl::RebuildSelf(bool force) {
   installed.clear_parity();
   std::vector<ParityUnit> units;
   for (auto& [stripe, unit] : parity) {
-    v1::JournalParity* saved = installed.add_parity();
-    saved->set_stripe(stripe);
-    saved->set_pool_offset(unit.extent->offset());
-    saved->set_bytes(unit.bytes);
-    saved->set_crc(unit.crc);
+    *installed.add_parity() = ParityStore::RecordOf(unit);
     units.push_back(unit);
   }
   if (absl::Status status = store_->InstallImage(*image, installed); !status.ok()) return status;
@@ -1425,18 +1442,20 @@ grpc::Status Cluster::Impl::Rebuild(grpc::ServerContext*, const v1::PeerRebuildR
 }
 
 absl::StatusOr<v1::VerifyResponse> Cluster::Impl::Verify(std::optional<int64_t> step, bool repair) {
-  v1::VerifyResponse response = store_->Verify(step);
-  std::set<uint64_t> stripes;
-  auto check_parity = [&](v1::VerifyResponse& out) {
+  // Counts the parity units checked and corrupt into `out`; returns the stripes of the corrupt ones.
+  auto check_parity = [this](v1::VerifyResponse& out) {
+    std::set<uint64_t> corrupt;
     for (const ParityUnit& unit : parity_.CommittedUnits()) {
       out.set_parity_units_checked(out.parity_units_checked() + 1);
       if (erasure::Crc32c(unit.extent->data(), unit.bytes) != unit.crc) {
         out.set_parity_units_corrupt(out.parity_units_corrupt() + 1);
-        stripes.insert(unit.stripe);
+        corrupt.insert(unit.stripe);
       }
     }
+    return corrupt;
   };
-  check_parity(response);
+  v1::VerifyResponse response = store_->Verify(step);
+  std::set<uint64_t> stripes = check_parity(response);
   if (!repair || (response.corruptions_size() == 0 && response.parity_units_corrupt() == 0)) {
     return response;
   }
@@ -1471,17 +1490,13 @@ absl::StatusOr<v1::VerifyResponse> Cluster::Impl::Verify(std::optional<int64_t> 
       !status.ok()) {
     return status;
   }
+  // Report what was checked, what was repaired, and what is still wrong after the repair.
   v1::VerifyResponse after = store_->Verify(step);
-  stripes.clear();
   check_parity(after);
-  after.set_chunks_repaired(response.corruptions_size() - after.corruptions_size());
-  after.set_parity_units_repaired(response.parity_units_corrupt() - after.parity_units_corrupt());
-  // Report what was found, and what is still wrong after the repair.
   v1::VerifyResponse result = response;
-  result.clear_corruptions();
-  for (const auto& corruption : after.corruptions()) *result.add_corruptions() = corruption;
-  result.set_chunks_repaired(after.chunks_repaired());
-  result.set_parity_units_repaired(after.parity_units_repaired());
+  *result.mutable_corruptions() = after.corruptions();
+  result.set_chunks_repaired(response.corruptions_size() - after.corruptions_size());
+  result.set_parity_units_repaired(response.parity_units_corrupt() - after.parity_units_corrupt());
   result.set_parity_units_corrupt(after.parity_units_corrupt());
   Log(LogLevel::kInfo, "repair: ", result.chunks_repaired(), " chunks and ",
       result.parity_units_repaired(), " parity units rebuilt from group ", group_);
@@ -1614,77 +1629,85 @@ absl::StatusOr<v1::RestoreResponse> Cluster::Impl::RestoreFrom(
   const v1::NodeImage& holder_image = record.group_images(position);
   const bool holder_live = HoldersOf(group, step, -1)[position];
 
-  v1::RestoreResponse response;
-  response.set_step(step);
+  // The requested regions of the rank, with their offsets in the holder's image.
+  struct Wanted {
+    const v1::ImageRegion* region;
+    uint64_t start;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Wanted> wanted;
   uint64_t offset = 0;
   for (const v1::ImageRegion& region : holder_image.regions()) {
-    const uint64_t start = offset;
     offset += region.bytes();
     if (region.rank() != source_rank) continue;
     if (!names.empty() && std::find(names.begin(), names.end(), region.region()) == names.end()) {
       continue;
     }
-    std::vector<uint8_t> bytes(region.bytes());
-    if (holder_live) {
-      const RegionKey key{step, source_rank, region.region()};
-      {
-        absl::MutexLock lock(&fetch_mutex_);
-        region_fetches_[key] = {bytes.data(), bytes.size(), bytes.size()};
-      }
+    wanted.push_back({&region, offset - region.bytes(), std::vector<uint8_t>(region.bytes())});
+  }
+  if (wanted.empty()) {
+    return absl::NotFoundError(absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
+  }
+  if (holder_live) {
+    for (Wanted& region : wanted) {
+      const FetchKey key{step, 0, 0, source_rank, region.region->region()};
+      ExpectFetches({{key, {region.bytes.data(), region.bytes.size(), region.bytes.size()}}});
       grpc::ClientContext context;
       context.set_deadline(Deadline(absl::Minutes(5)));
       v1::SendRegionRequest request;
       request.set_to_node(node_id_);
       request.set_step(step);
       request.set_rank(source_rank);
-      request.set_region(region.region());
+      request.set_region(region.region->region());
       v1::SendRegionResponse sent;
-      absl::Status status =
-          FromGrpcStatus(Stub(found->node_id())->SendRegion(&context, request, &sent));
-      {
-        absl::MutexLock lock(&fetch_mutex_);
-        const absl::Time deadline = absl::Now() + absl::Seconds(30);
-        while (status.ok() && region_fetches_[key].missing > 0) {
-          if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
-            status = absl::DeadlineExceededError(absl::StrCat("region '", region.region(),
-                                                              "' did not arrive"));
-          }
-        }
-        region_fetches_.erase(key);
+      if (absl::Status status = CollectFetches(
+              {key}, FromGrpcStatus(Stub(found->node_id())->SendRegion(&context, request, &sent)));
+          !status.ok()) {
+        return status;
       }
-      if (!status.ok()) return status;
-    } else {
-      // Decode the holder's units that cover the region from its group's survivors.
-      std::vector<uint64_t> stripes;
-      for (uint64_t unit = start / layout_.unit_bytes();
-           region.bytes() > 0 && unit <= (start + region.bytes() - 1) / layout_.unit_bytes(); ++unit) {
-        stripes.push_back(layout_.DataUnitLocation(position, unit).stripe);
-      }
-      RebuildTarget target{record, group, position,
-                           [&](uint64_t unit, const uint8_t* data, uint64_t length) {
-                             const uint64_t unit_start = unit * layout_.unit_bytes();
-                             const uint64_t from = std::max(unit_start, start);
-                             const uint64_t to = std::min(unit_start + length, start + region.bytes());
-                             if (from < to) {
-                               std::memcpy(bytes.data() + (from - start), data + (from - unit_start),
-                                           to - from);
-                             }
-                           },
-                           nullptr};
-      v1::RebuildResponse stats;
-      absl::MutexLock rebuild_lock(&rebuild_mutex_);
-      if (absl::Status status = RebuildStripes(target, stripes, &stats); !status.ok()) return status;
     }
-    if (absl::Status status = store_->WriteRegion(rank, region, bytes.data()); !status.ok()) {
+  } else {
+    // Decode the holder's units that cover the regions from its group's survivors, each once.
+    std::set<uint64_t> stripes;
+    for (const Wanted& region : wanted) {
+      if (region.bytes.empty()) continue;
+      for (uint64_t unit = region.start / layout_.unit_bytes();
+           unit <= (region.start + region.bytes.size() - 1) / layout_.unit_bytes(); ++unit) {
+        stripes.insert(layout_.DataUnitLocation(position, unit).stripe);
+      }
+    }
+    RebuildTarget target{record, group, position,
+                         [&](uint64_t unit, const uint8_t* data, uint64_t length) {
+                           const uint64_t unit_start = unit * layout_.unit_bytes();
+                           for (Wanted& region : wanted) {
+                             const uint64_t from = std::max(unit_start, region.start);
+                             const uint64_t to = std::min(unit_start + length,
+                                                          region.start + region.bytes.size());
+                             if (from < to) {
+                               std::memcpy(region.bytes.data() + (from - region.start),
+                                           data + (from - unit_start), to - from);
+                             }
+                           }
+                         },
+                         nullptr};
+    v1::RebuildResponse stats;
+    absl::MutexLock rebuild_lock(&rebuild_mutex_);
+    if (absl::Status status = RebuildStripes(target, {stripes.begin(), stripes.end()}, &stats);
+        !status.ok()) {
+      return status;
+    }
+  }
+  v1::RestoreResponse response;
+  response.set_step(step);
+  for (const Wanted& region : wanted) {
+    if (absl::Status status = store_->WriteRegion(rank, *region.region, region.bytes.data());
+        !status.ok()) {
       return status;
     }
     v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(region.region());
-    restored->set_step(region.step());
-    restored->set_bytes(region.bytes());
-  }
-  if (response.regions_size() == 0) {
-    return absl::NotFoundError(absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
+    restored->set_region(region.region->region());
+    restored->set_step(region.region->step());
+    restored->set_bytes(region.region->bytes());
   }
   Log(LogLevel::kInfo, "restored ", response.regions_size(), " regions of rank ", source_rank,
       " (node ", found->node_id(), holder_live ? ", fetched" : ", lost: decoded from its group",

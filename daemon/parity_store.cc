@@ -167,20 +167,22 @@ absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+v1::JournalParity ParityStore::RecordOf(const ParityUnit& unit) {
+  v1::JournalParity record;
+  record.set_stripe(unit.stripe);
+  record.set_pool_offset(unit.extent->offset());
+  record.set_bytes(unit.bytes);
+  record.set_crc(unit.crc);
+  return record;
+}
+
 std::vector<v1::JournalParity> ParityStore::Records(int64_t step) const {
   std::vector<v1::JournalParity> records;
   absl::MutexLock lock(&mutex_);
   auto it = pending_.find(step);
   const std::map<uint64_t, ParityUnit>& units =
       it != pending_.end() ? it->second.units : committed_;
-  for (const auto& [stripe, unit] : units) {
-    v1::JournalParity record;
-    record.set_stripe(stripe);
-    record.set_pool_offset(unit.extent->offset());
-    record.set_bytes(unit.bytes);
-    record.set_crc(unit.crc);
-    records.push_back(std::move(record));
-  }
+  for (const auto& [stripe, unit] : units) records.push_back(RecordOf(unit));
   return records;
 }
 

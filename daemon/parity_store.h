@@ -52,6 +52,8 @@ class ParityStore {
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
   // Waits until every expected byte of `step` has arrived, then checksums the units.
   absl::Status WaitComplete(int64_t step, absl::Time deadline);
+  // The journal record of one unit.
+  static v1::JournalParity RecordOf(const ParityUnit& unit);
   // The journal records of `step`'s complete units.
   std::vector<v1::JournalParity> Records(int64_t step) const;
   // `step` becomes the committed parity; the previous committed units are freed.

@@ -733,8 +733,8 @@ void Store::SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate
   restore_gate_ = std::move(gate);
 }
 
-absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
-  bool any = false;
+absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
+  std::vector<uint32_t> waiting;
   for (const auto& [rank, rank_state] : ranks_) {
     auto it = rank_state.steps.find(step);
     if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED) {
@@ -742,10 +742,19 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
     }
     if (rank_state.regions.empty()) continue;  // no trainer of this rank now: nothing to wait for
-    if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) return false;
-    any = true;
+    if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) {
+      waiting.push_back(rank);
+    }
   }
-  return any;
+  return waiting;
+}
+
+absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
+  absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
+  if (!waiting.ok()) return waiting.status();
+  const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
+                                       [](const auto& rank) { return !rank.second.regions.empty(); });
+  return waiting->empty() && any_trainer;
 }
 
 absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadline) {
@@ -755,14 +764,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     if (!captured.ok()) return captured.status();
     if (*captured) break;
     if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
-      std::vector<uint32_t> waiting;
-      for (const auto& [rank, rank_state] : ranks_) {
-        auto it = rank_state.steps.find(step);
-        if (!rank_state.regions.empty() &&
-            (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED)) {
-          waiting.push_back(rank);
-        }
-      }
+      const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
       return absl::DeadlineExceededError(absl::StrCat(
           "step ", step, " is not captured on this node: ranks [", absl::StrJoin(waiting, ", "),
           "] have not snapshotted it", waiting.empty() ? " (no trainer is registered)" : ""));

@@ -144,6 +144,10 @@ class Store {
   // True when every rank with registered regions has captured `step` (and one has), false while
   // one is still capturing or has not started it; the failure when a rank's copy of it aborted.
   absl::StatusOr<bool> NodeCaptured(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The ranks with registered regions that have not captured `step` yet; the failure when a
+  // rank's copy of it aborted.
+  absl::StatusOr<std::vector<uint32_t>> RanksStillCapturing(int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
