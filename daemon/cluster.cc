@@ -681,7 +681,7 @@ void Cluster::Impl::RunRound(int64_t step) {
   // Phase 2. Past this point the step is decided: a node that misses the commit learns it from
   // its group when it comes back (rebuild), or from the next coordinator.
   auto commit = [&](uint32_t id) { return SendCommit(id, step); };
-  if (crash_in_commit_ == step) {
+  if (crash_in_commit_ >= 0 && step >= crash_in_commit_) {
     for (size_t i = 0; i < nodes.size() / 2; ++i) (void)commit(nodes[i]);
     Log(LogLevel::kWarning, "fault injection: SIGKILL after committing step ", step, " on ",
         nodes.size() / 2, " of ", nodes.size(), " nodes");

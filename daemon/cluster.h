@@ -46,8 +46,9 @@ class Cluster {
   ~Cluster();
 
   v1::ClusterStatusResponse Status() const;
-  // Fault injection: as coordinator of `step`, commit it on the first half of the nodes and SIGKILL
-  // this process (a coordinator dying between commits).
+  // Fault injection: as coordinator of the first step at or after `step` that reaches its commit,
+  // commit it on the first half of the nodes and SIGKILL this process (a coordinator dying between
+  // commits). "At or after": an earlier step aborted by a slow start must not skip the fault.
   void set_crash_in_commit_for_testing(int64_t step);
   // Rebuilds node `node_id` (this one, or asks that node to).
   absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node_id);
