@@ -104,8 +104,8 @@ std::vector<absl::Status> InParallel(const std::vector<Item>& items, Call call) 
 class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
  public:
   Impl(uint32_t node_id, const ClusterOptions& options, Pool* pool, Store* store,
-       erasure::StripeLayout layout, std::unique_ptr<erasure::ReedSolomon> codec)
-      : node_id_(node_id), options_(options), pool_(pool), store_(store),
+       UpstreamLog* log, erasure::StripeLayout layout, std::unique_ptr<erasure::ReedSolomon> codec)
+      : node_id_(node_id), options_(options), pool_(pool), store_(store), log_(log),
         layout_(std::move(layout)), codec_(std::move(codec)),
         group_(options.GroupOf(node_id)->first), position_(options.GroupOf(node_id)->second),
         groups_(options.Groups()),
@@ -124,6 +124,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(uint32_t rank, uint32_t source_rank,
                                                   const std::vector<std::string>& regions);
+  absl::StatusOr<v1::FetchLogResponse> FetchRemoteLog(const v1::FetchLogRequest& request);
 
   // v1::Peer::Service
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
@@ -145,6 +146,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
                           v1::LocateRankResponse*) override;
   grpc::Status SendRegion(grpc::ServerContext*, const v1::SendRegionRequest*,
                           v1::SendRegionResponse*) override;
+  grpc::Status FetchLog(grpc::ServerContext*, const v1::FetchLogRequest*,
+                        v1::FetchLogResponse*) override;
 
   // FrameSink
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) override;
@@ -247,6 +250,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   const ClusterOptions options_;
   Pool* const pool_;
   Store* const store_;
+  UpstreamLog* const log_;
   const erasure::StripeLayout layout_;
   const std::unique_ptr<erasure::ReedSolomon> codec_;
   const int group_;
@@ -1715,11 +1719,55 @@ absl::StatusOr<v1::RestoreResponse> Cluster::Impl::RestoreFrom(
   return response;
 }
 
+// --- Upstream log ---------------------------------------------------------------------------------
+
+grpc::Status Cluster::Impl::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
+                                     v1::FetchLogResponse* response) {
+  absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request, store_->LogRecoveryPoint());
+  if (!fetched.ok()) return ToGrpcStatus(fetched.status());
+  *response = *std::move(fetched);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::FetchLogResponse> Cluster::Impl::FetchRemoteLog(
+    const v1::FetchLogRequest& request) {
+  // The trainer does not know where its neighbour ran: ask every other live node; the one that
+  // holds the rank's log answers, the others say NOT_FOUND.
+  std::vector<uint32_t> nodes;
+  std::vector<uint32_t> lost;
+  for (const ClusterNode& node : options_.nodes) {
+    if (node.id == node_id_) continue;
+    (Live(node.id) ? nodes : lost).push_back(node.id);
+  }
+  absl::Mutex found_mutex;
+  std::optional<absl::StatusOr<v1::FetchLogResponse>> found;
+  InParallel(nodes, [&](uint32_t id) -> absl::Status {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(kControlDeadline));
+    v1::FetchLogResponse response;
+    const absl::Status status = FromGrpcStatus(Stub(id)->FetchLog(&context, request, &response));
+    if (absl::IsNotFound(status) || absl::IsUnavailable(status)) return status;
+    absl::MutexLock lock(&found_mutex);
+    if (status.ok()) {
+      found = std::move(response);
+    } else if (!found) {
+      found = status;
+    }
+    return status;
+  });
+  if (found) return *std::move(found);
+  return absl::NotFoundError(absl::StrCat(
+      "no live node holds an upstream log of rank ", request.rank(),
+      lost.empty() ? std::string()
+                   : absl::StrCat(" (lost nodes [", absl::StrJoin(lost, ", "),
+                                  "] held logs that are gone with them)")));
+}
+
 // --- Cluster -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        Store* store) {
+                                                        Store* store, UpstreamLog* log) {
   if (options.allow_degraded) {
     return absl::UnimplementedError(
         "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
@@ -1731,7 +1779,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   absl::StatusOr<std::unique_ptr<erasure::ReedSolomon>> codec =
       erasure::ReedSolomon::Create(options.data_units, options.parity_units);
   if (!codec.ok()) return codec.status();
-  auto impl = std::make_unique<Impl>(node_id, options, pool, store, *std::move(layout),
+  auto impl = std::make_unique<Impl>(node_id, options, pool, store, log, *std::move(layout),
                                      *std::move(codec));
   if (absl::Status status = impl->Start(); !status.ok()) return status;
   return std::unique_ptr<Cluster>(new Cluster(std::move(impl)));
@@ -1751,6 +1799,10 @@ absl::StatusOr<v1::RebuildResponse> Cluster::Rebuild(uint32_t node_id) {
 absl::StatusOr<v1::RestoreResponse> Cluster::RestoreFrom(uint32_t rank, uint32_t source_rank,
                                                          const std::vector<std::string>& regions) {
   return impl_->RestoreFrom(rank, source_rank, regions);
+}
+
+absl::StatusOr<v1::FetchLogResponse> Cluster::FetchLog(const v1::FetchLogRequest& request) {
+  return impl_->FetchRemoteLog(request);
 }
 
 absl::StatusOr<v1::VerifyResponse> Cluster::Verify(std::optional<int64_t> step, bool repair) {

@@ -31,6 +31,7 @@
 #include "daemon/cluster_config.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
+#include "daemon/upstream_log.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon {
@@ -42,7 +43,7 @@ class Cluster {
   // node's committed step is behind its group's.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        Store* store);
+                                                        Store* store, UpstreamLog* log);
   ~Cluster();
 
   v1::ClusterStatusResponse Status() const;
@@ -56,6 +57,8 @@ class Cluster {
   // the node that holds it, or decoded from that node's group when it is lost.
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(uint32_t rank, uint32_t source_rank,
                                                   const std::vector<std::string>& regions);
+  // Upstream-log records of a rank that ran on another node, from whichever live node holds them.
+  absl::StatusOr<v1::FetchLogResponse> FetchLog(const v1::FetchLogRequest& request);
   // Adds the parity check to a store verification and, with `repair`, rebuilds every corrupt data
   // chunk and parity unit from the group and checks them again.
   absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);

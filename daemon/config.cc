@@ -222,6 +222,14 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     return s;
   }
 
+  if (absl::Status s = reader.Bytes("upstream_log", "max_bytes", options.upstream_log.max_bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (options.upstream_log.max_bytes == 0) {
+    return reader.Error("upstream_log.max_bytes", "must be positive");
+  }
+
   text_value = "info";
   if (absl::Status s = reader.String("log", "level", text_value); !s.ok()) return s;
   absl::StatusOr<LogLevel> level = ParseLogLevel(text_value);

@@ -16,6 +16,7 @@
 #include "daemon/cluster_config.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
+#include "daemon/upstream_log.h"
 
 namespace moesnap::daemon {
 
@@ -32,6 +33,7 @@ struct DaemonOptions {
   AccessOptions access;
   PoolOptions pool;
   CaptureOptions capture;
+  UpstreamLogOptions upstream_log;
   LogLevel log_level = LogLevel::kInfo;
   // Absent: a single node, no peers.
   std::optional<ClusterOptions> cluster;

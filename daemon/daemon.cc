@@ -65,9 +65,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!store.ok()) return store.status();
   daemon->store_ = *std::move(store);
 
+  daemon->upstream_log_ = std::make_unique<UpstreamLog>(options.node_id, options.upstream_log);
+
   if (options.cluster) {
-    absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(
-        options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get());
+    absl::StatusOr<std::unique_ptr<Cluster>> cluster =
+        Cluster::Start(options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get(),
+                       daemon->upstream_log_.get());
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
     if (const char* crash = std::getenv("MOESNAP_CRASH_IN_COMMIT")) {
@@ -81,11 +84,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   daemon->agent_service_ = std::make_unique<AgentService>(
-      daemon->store_.get(), daemon->cluster_.get(),
+      daemon->store_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(),
       NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
   daemon->admin_service_ =
-      std::make_unique<AdminService>(daemon->store_.get(), daemon->cluster_.get(),
-                                                         options.node_id, locked);
+      std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
+                                     daemon->cluster_.get(), options.node_id, locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
       {{options.agent_socket, daemon->agent_service_.get()},
        {options.admin_socket, daemon->admin_service_.get()}},

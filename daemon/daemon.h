@@ -14,6 +14,7 @@
 #include "daemon/services.h"
 #include "daemon/store.h"
 #include "daemon/unix_server.h"
+#include "daemon/upstream_log.h"
 
 namespace moesnap::daemon {
 
@@ -31,6 +32,7 @@ class Daemon {
   std::unique_ptr<Pool> pool_;
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<UpstreamLog> upstream_log_;
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;

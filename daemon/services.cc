@@ -47,8 +47,10 @@ grpc::Status AgentService::RegisterRegions(grpc::ServerContext*,
 
 grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* request,
                                     v1::SnapshotResponse* response) {
+  std::optional<v1::SparseSlot> sparse;
+  if (request->has_sparse()) sparse = request->sparse();
   absl::StatusOr<uint64_t> bytes =
-      store_->Snapshot(request->rank(), request->step(), Names(request->regions()));
+      store_->Snapshot(request->rank(), request->step(), Names(request->regions()), sparse);
   if (!bytes.ok()) return ToGrpcStatus(bytes.status());
   response->set_bytes(*bytes);
   return grpc::Status::OK;
@@ -103,6 +105,33 @@ grpc::Status AgentService::LatestCommitted(grpc::ServerContext*,
   if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {
     response->set_step(*latest);
   }
+  v1::RankWindows windows = store_->Windows(request->rank());
+  if (windows.has_committed_window()) {
+    *response->mutable_committed_window() = std::move(*windows.mutable_committed_window());
+  }
+  if (windows.has_open_window()) {
+    *response->mutable_open_window() = std::move(*windows.mutable_open_window());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::AppendLog(grpc::ServerContext*, const v1::AppendLogRequest* request,
+                                     v1::AppendLogResponse* response) {
+  absl::StatusOr<v1::AppendLogResponse> appended =
+      log_->Append(request->record(), store_->LogRecoveryPoint());
+  if (!appended.ok()) return ToGrpcStatus(appended.status());
+  *response = *std::move(appended);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
+                                    v1::FetchLogResponse* response) {
+  absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request, store_->LogRecoveryPoint());
+  if (absl::IsNotFound(fetched.status()) && cluster_ != nullptr) {
+    fetched = cluster_->FetchLog(*request);  // the rank ran on another node
+  }
+  if (!fetched.ok()) return ToGrpcStatus(fetched.status());
+  *response = *std::move(fetched);
   return grpc::Status::OK;
 }
 
@@ -129,6 +158,15 @@ grpc::Status AdminService::InspectStep(grpc::ServerContext*, const v1::InspectSt
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         "step " + std::to_string(request->step()) + " is not stored");
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListWindows(grpc::ServerContext*, const v1::ListWindowsRequest* request,
+                                       v1::ListWindowsResponse* response) {
+  std::optional<uint32_t> rank;
+  if (request->has_rank()) rank = request->rank();
+  *response = store_->ListWindows(rank);
+  log_->Describe(response);
   return grpc::Status::OK;
 }
 

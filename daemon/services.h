@@ -9,6 +9,7 @@
 
 #include "daemon/cluster.h"
 #include "daemon/store.h"
+#include "daemon/upstream_log.h"
 #include "proto/moesnap.grpc.pb.h"
 
 namespace moesnap::daemon {
@@ -23,8 +24,8 @@ struct NodeFacts {
 class AgentService final : public v1::Agent::Service {
  public:
   // `cluster` is null on a single node.
-  AgentService(Store* store, Cluster* cluster, NodeFacts facts)
-      : store_(store), cluster_(cluster), facts_(std::move(facts)) {}
+  AgentService(Store* store, UpstreamLog* log, Cluster* cluster, NodeFacts facts)
+      : store_(store), log_(log), cluster_(cluster), facts_(std::move(facts)) {}
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
   grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
@@ -38,9 +39,14 @@ class AgentService final : public v1::Agent::Service {
                        v1::RestoreResponse*) override;
   grpc::Status LatestCommitted(grpc::ServerContext*, const v1::LatestCommittedRequest*,
                                v1::LatestCommittedResponse*) override;
+  grpc::Status AppendLog(grpc::ServerContext*, const v1::AppendLogRequest*,
+                         v1::AppendLogResponse*) override;
+  grpc::Status FetchLog(grpc::ServerContext*, const v1::FetchLogRequest*,
+                        v1::FetchLogResponse*) override;
 
  private:
   Store* store_;
+  UpstreamLog* log_;
   Cluster* cluster_;
   NodeFacts facts_;
 };
@@ -48,14 +54,17 @@ class AgentService final : public v1::Agent::Service {
 class AdminService final : public v1::Admin::Service {
  public:
   // `cluster` is null on a single node.
-  AdminService(Store* store, Cluster* cluster, uint32_t node_id, bool pool_locked)
-      : store_(store), cluster_(cluster), node_id_(node_id), pool_locked_(pool_locked) {}
+  AdminService(Store* store, UpstreamLog* log, Cluster* cluster, uint32_t node_id,
+               bool pool_locked)
+      : store_(store), log_(log), cluster_(cluster), node_id_(node_id), pool_locked_(pool_locked) {}
 
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
                          v1::ListStepsResponse*) override;
   grpc::Status InspectStep(grpc::ServerContext*, const v1::InspectStepRequest*,
                            v1::InspectStepResponse*) override;
+  grpc::Status ListWindows(grpc::ServerContext*, const v1::ListWindowsRequest*,
+                           v1::ListWindowsResponse*) override;
   grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
   grpc::Status DropStep(grpc::ServerContext*, const v1::DropStepRequest*,
                         v1::DropStepResponse*) override;
@@ -66,6 +75,7 @@ class AdminService final : public v1::Admin::Service {
 
  private:
   Store* store_;
+  UpstreamLog* log_;
   Cluster* cluster_;
   uint32_t node_id_;
   bool pool_locked_;

@@ -25,6 +25,16 @@ bool IsFinished(v1::StepState state) {
   return state == v1::STEP_STATE_COMMITTED || state == v1::STEP_STATE_ABORTED;
 }
 
+// The open window with only its committed slots: what the journal and a node image record of it.
+v1::SparseWindow CommittedSlotsOf(const v1::SparseWindow& window) {
+  v1::SparseWindow saved = window;
+  saved.clear_slots();
+  for (const v1::WindowSlot& slot : window.slots()) {
+    if (slot.state() == v1::STEP_STATE_COMMITTED) *saved.add_slots() = slot;
+  }
+  return saved;
+}
+
 }  // namespace
 
 struct Store::Version {
@@ -49,6 +59,7 @@ struct Store::StepRecord {
   v1::StepState state = v1::STEP_STATE_CAPTURING;
   std::vector<std::shared_ptr<Version>> versions;  // released once the step finishes
   std::vector<std::string> region_names;            // what the step captures, kept after it ends
+  std::optional<v1::SparseSlot> sparse;             // its place in a window, for a sparse step
   uint64_t pending_chunks = 0;
   uint64_t bytes = 0;
   uint32_t regions = 0;
@@ -66,6 +77,13 @@ struct Store::RankState {
   std::map<int64_t, StepRecord> steps;
   std::optional<int64_t> latest_committed;
   std::optional<int64_t> latest_snapshot;
+  // Sparse windows: the last one all of whose slots committed, and the one after it.
+  std::optional<v1::SparseWindow> committed_window;
+  std::optional<v1::SparseWindow> open_window;
+  // A new process of a rank with committed state connected and has not registered its regions
+  // yet: in a cluster, steps wait for it (it snapshots the steps it replays) instead of
+  // committing without it.
+  bool restarting = false;
 
   const StepRecord* Capturing() const {
     for (const auto& [step, record] : steps) {
@@ -149,8 +167,7 @@ absl::Status Store::Recover() {
   }
   for (const v1::JournalRank& saved : state.ranks()) {
     RankState& rank_state = ranks_[saved.rank()];
-    rank_state.latest_committed = saved.latest_committed_step();
-    rank_state.latest_snapshot = saved.latest_committed_step();
+    LoadRankRecord(saved, &rank_state);
   }
   cluster_ = state.cluster();
   if (state.versions_size() > 0) {
@@ -169,7 +186,9 @@ absl::Status Store::StartSession(uint32_t rank) {
     Log(LogLevel::kInfo, "removed ", removed, " region files left by trainers that died");
   }
   absl::MutexLock lock(&mutex_);
-  ranks_[rank].regions.clear();  // copies in flight keep their own references to the old sources
+  RankState& rank_state = ranks_[rank];
+  rank_state.regions.clear();  // copies in flight keep their own references to the old sources
+  rank_state.restarting = rank_state.latest_committed.has_value();
   return absl::OkStatus();
 }
 
@@ -196,11 +215,13 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     const std::string name = region.spec.name();
     rank_state.regions[name] = std::move(region);
   }
+  rank_state.restarting = false;
   return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
-                                         const std::vector<std::string>& regions) {
+                                         const std::vector<std::string>& regions,
+                                         const std::optional<v1::SparseSlot>& sparse) {
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   if (rank_state.regions.empty()) {
@@ -217,6 +238,12 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
                                                    " is not after step ",
                                                    *rank_state.latest_snapshot,
                                                    ", its latest snapshot"));
+  }
+
+  if (sparse) {
+    if (absl::Status status = CheckSparseSlot(rank_state, rank, step, *sparse); !status.ok()) {
+      return status;
+    }
   }
 
   std::vector<const RankState::Registered*> selected;
@@ -261,6 +288,20 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
     record.versions.push_back(std::move(version));
   }
   record.regions = static_cast<uint32_t>(selected.size());
+  record.sparse = sparse;
+  if (sparse) {
+    if (sparse->slot() == 0) {  // a new window; an open one left incomplete is abandoned
+      rank_state.open_window.emplace();
+      rank_state.open_window->set_first_step(sparse->window_first_step());
+      rank_state.open_window->set_size(sparse->window_size());
+      rank_state.open_window->set_buffer(sparse->buffer());
+    }
+    v1::WindowSlot* slot = rank_state.open_window->add_slots();
+    slot->set_slot(sparse->slot());
+    slot->set_step(step);
+    slot->set_state(v1::STEP_STATE_CAPTURING);
+    *slot->mutable_operators() = sparse->operators();
+  }
   const uint64_t bytes = record.bytes;
   in_flight_bytes_ += bytes;
   rank_state.latest_snapshot = step;
@@ -320,16 +361,14 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
   for (const auto& [rank_id, rank_state] : ranks_) {
     std::map<std::string, const Version*> versions;
     for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
-    std::optional<int64_t> latest = rank_state.latest_committed;
+    const StepRecord* record = nullptr;
     if (auto it = committing.find(rank_id); it != committing.end()) {
-      for (const auto& version : it->second->versions) versions[version->region] = version.get();
-      latest = it->second->step;
+      record = it->second;
+      for (const auto& version : record->versions) versions[version->region] = version.get();
     }
     for (const auto& [region, version] : versions) add(*version);
-    if (latest) {
-      v1::JournalRank* saved = state.add_ranks();
-      saved->set_rank(rank_id);
-      saved->set_latest_committed_step(*latest);
+    if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank_id, rank_state, record)) {
+      *state.add_ranks() = *std::move(saved);
     }
   }
   *state.mutable_cluster() = cluster;
@@ -338,6 +377,7 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
   record.state = v1::STEP_STATE_CAPTURED;
+  MarkSlot(record, &rank_state.open_window);
   if (mode_ == CommitMode::kCluster) {
     step_changed_.SignalAll();
     absl::StatusOr<bool> captured = NodeCaptured(record.step);
@@ -360,6 +400,7 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   record.versions.clear();
   record.state = v1::STEP_STATE_COMMITTED;
   rank_state.latest_committed = record.step;
+  if (record.sparse) AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
   in_flight_bytes_ -= record.bytes;
   Log(LogLevel::kDebug, "rank ", rank, " step ", record.step, ": committed");
   step_changed_.SignalAll();
@@ -375,6 +416,11 @@ void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status wh
   record.failure = std::move(why);
   record.versions.clear();  // chunks still copying hold their version until they finish
   in_flight_bytes_ -= record.bytes;
+  if (MarkSlot(record, &rank_state.open_window)) {
+    rank_state.open_window->set_failure(absl::StrCat("slot ", record.sparse->slot(), " (step ",
+                                                     record.step, ") aborted: ",
+                                                     record.failure.message()));
+  }
   // The step never became the rank's latest, so the next snapshot may reuse a later step number.
   rank_state.latest_snapshot = rank_state.latest_committed;
   step_changed_.SignalAll();
@@ -569,6 +615,135 @@ std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
   return it == ranks_.end() ? std::nullopt : it->second.latest_committed;
 }
 
+v1::RankWindows Store::Windows(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  v1::RankWindows windows;
+  windows.set_rank(rank);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return windows;
+  if (it->second.committed_window) *windows.mutable_committed_window() = *it->second.committed_window;
+  if (it->second.open_window) *windows.mutable_open_window() = *it->second.open_window;
+  return windows;
+}
+
+v1::ListWindowsResponse Store::ListWindows(std::optional<uint32_t> rank) const {
+  std::vector<uint32_t> ranks;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [rank_id, rank_state] : ranks_) {
+      if (rank_state.committed_window || rank_state.open_window) ranks.push_back(rank_id);
+    }
+  }
+  v1::ListWindowsResponse response;
+  for (uint32_t rank_id : ranks) {
+    if (!rank || *rank == rank_id) *response.add_ranks() = Windows(rank_id);
+  }
+  return response;
+}
+
+std::optional<int64_t> Store::LogRecoveryPoint() const {
+  absl::MutexLock lock(&mutex_);
+  std::optional<int64_t> point;
+  for (const auto& [rank, rank_state] : ranks_) {
+    int64_t rank_point;
+    if (rank_state.committed_window) {
+      rank_point = rank_state.committed_window->first_step();
+    } else if (rank_state.open_window) {
+      return std::nullopt;  // its first window has not committed: it would replay from the start
+    } else if (rank_state.latest_committed) {
+      rank_point = *rank_state.latest_committed;
+    } else {
+      continue;  // never snapshotted: not a trainer whose recovery the log serves
+    }
+    point = std::min(point.value_or(rank_point), rank_point);
+  }
+  return point;
+}
+
+absl::Status Store::CheckSparseSlot(const RankState& rank_state, uint32_t rank, int64_t step,
+                                    const v1::SparseSlot& sparse) {
+  const auto where = [&] {
+    return absl::StrCat("step ", step, " of rank ", rank, " as slot ", sparse.slot(),
+                        " of the window from step ", sparse.window_first_step());
+  };
+  if (sparse.window_size() == 0 || sparse.slot() >= sparse.window_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": a window of ", sparse.window_size(),
+                                                   " steps has no such slot"));
+  }
+  if (sparse.window_first_step() + sparse.slot() != step) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), ": slot ", sparse.slot(),
+                                                   " of that window is step ",
+                                                   sparse.window_first_step() + sparse.slot()));
+  }
+  if (sparse.slot() == 0) return absl::OkStatus();
+  const std::optional<v1::SparseWindow>& open = rank_state.open_window;
+  if (!open || open->first_step() != sparse.window_first_step() ||
+      open->size() != sparse.window_size() || open->buffer() != sparse.buffer()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where(), " (", sparse.window_size(), " steps, buffer ", sparse.buffer(), "): the rank's open "
+        "window is ",
+        open ? absl::StrCat("the one from step ", open->first_step(), " (", open->size(),
+                            " steps, buffer ", open->buffer(), ")")
+             : "none",
+        "; a window starts with its slot 0"));
+  }
+  const int64_t expected = open->slots().empty() ? 0 : open->slots().rbegin()->slot() + 1;
+  if (sparse.slot() != expected) {
+    return absl::FailedPreconditionError(absl::StrCat(where(), ": the window's next slot is ",
+                                                      expected));
+  }
+  return absl::OkStatus();
+}
+
+bool Store::MarkSlot(const StepRecord& record, std::optional<v1::SparseWindow>* open) {
+  if (!record.sparse || !*open || (*open)->first_step() != record.sparse->window_first_step()) {
+    return false;
+  }
+  for (v1::WindowSlot& slot : *(*open)->mutable_slots()) {
+    if (slot.step() == record.step) slot.set_state(record.state);
+  }
+  return true;
+}
+
+void Store::AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
+                           std::optional<v1::SparseWindow>* committed) {
+  if (!*open || (*open)->first_step() != record.sparse->window_first_step()) return;
+  uint32_t committed_slots = 0;
+  for (v1::WindowSlot& slot : *(*open)->mutable_slots()) {
+    if (slot.step() == record.step) slot.set_state(v1::STEP_STATE_COMMITTED);
+    if (slot.state() == v1::STEP_STATE_COMMITTED) ++committed_slots;
+  }
+  if (committed_slots == (*open)->size()) {
+    *committed = std::move(*open);
+    open->reset();
+  }
+}
+
+std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankState& rank_state,
+                                                      const StepRecord* committing) {
+  std::optional<int64_t> latest = rank_state.latest_committed;
+  std::optional<v1::SparseWindow> open = rank_state.open_window;
+  std::optional<v1::SparseWindow> committed = rank_state.committed_window;
+  if (committing != nullptr) {
+    latest = committing->step;
+    if (committing->sparse) AdvanceWindows(*committing, &open, &committed);
+  }
+  if (!latest) return std::nullopt;
+  v1::JournalRank saved;
+  saved.set_rank(rank);
+  saved.set_latest_committed_step(*latest);
+  if (committed) *saved.mutable_committed_window() = *committed;
+  if (open) *saved.mutable_open_window() = CommittedSlotsOf(*open);
+  return saved;
+}
+
+void Store::LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state) {
+  rank_state->latest_committed = saved.latest_committed_step();
+  rank_state->latest_snapshot = saved.latest_committed_step();
+  if (saved.has_committed_window()) rank_state->committed_window = saved.committed_window();
+  if (saved.has_open_window()) rank_state->open_window = saved.open_window();
+}
+
 v1::StatusResponse Store::Status() const {
   v1::StatusResponse status;
   status.set_pool_bytes(pool_->capacity());
@@ -741,7 +916,8 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
       return absl::Status(it->second.failure.code(),
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
     }
-    if (rank_state.regions.empty()) continue;  // no trainer of this rank now: nothing to wait for
+    // No trainer of this rank now (and none starting again): nothing to wait for.
+    if (rank_state.regions.empty() && !rank_state.restarting) continue;
     if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) {
       waiting.push_back(rank);
     }
@@ -797,19 +973,17 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   for (const auto& [rank, rank_state] : ranks_) {
     std::map<std::string, const Version*> versions;
     for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
-    std::optional<int64_t> latest = rank_state.latest_committed;
+    const StepRecord* record = nullptr;
     if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) {
-      for (const auto& version : it->second.versions) versions[version->region] = version.get();
-      latest = step;
+      record = &it->second;
+      for (const auto& version : record->versions) versions[version->region] = version.get();
     }
     for (const auto& [name, version] : versions) {
       AddToImage(*version, &manifest);
       extents.push_back(version->extent);
     }
-    if (latest) {
-      v1::JournalRank* saved = manifest.add_ranks();
-      saved->set_rank(rank);
-      saved->set_latest_committed_step(*latest);
+    if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
+      *manifest.add_ranks() = *std::move(saved);
     }
   }
   return NodeImage(std::move(manifest), std::move(extents));
@@ -875,8 +1049,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
     rebuilt[region.rank()].committed[region.region()] = VersionFrom(region, image.extents()[i]);
   }
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
-    rebuilt[rank.rank()].latest_committed = rank.latest_committed_step();
-    rebuilt[rank.rank()].latest_snapshot = rank.latest_committed_step();
+    LoadRankRecord(rank, &rebuilt[rank.rank()]);
   }
   absl::MutexLock lock(&mutex_);
   // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.

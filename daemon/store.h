@@ -60,8 +60,11 @@ class Store {
 
   // Queues the copies of `regions` (all registered regions when empty) for `step` and returns the
   // bytes to copy, at once. The step must come after every earlier snapshot of the rank.
+  // A sparse step names its slot of a window: slot 0 opens the window, later slots continue it in
+  // order (FAILED_PRECONDITION otherwise); the window commits when all its slots have.
   absl::StatusOr<uint64_t> Snapshot(uint32_t rank, int64_t step,
-                                    const std::vector<std::string>& regions);
+                                    const std::vector<std::string>& regions,
+                                    const std::optional<v1::SparseSlot>& sparse = std::nullopt);
 
   // Waits until `step` is captured (or committed) and returns its state; the step's failure if it
   // failed. `cancelled` is polled so a client that goes away frees the thread.
@@ -79,6 +82,13 @@ class Store {
                                               absl::Time deadline);
 
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
+  // The rank's last committed sparse window and the open one after it.
+  v1::RankWindows Windows(uint32_t rank) const;
+  v1::ListWindowsResponse ListWindows(std::optional<uint32_t> rank) const;
+  // The step every rank of this node recovers from at worst: the first step of its last committed
+  // window, or its latest committed step when it takes no sparse steps. Upstream-log records of
+  // steps up to it are no longer needed. Absent while a rank's first window is still open.
+  std::optional<int64_t> LogRecoveryPoint() const;
 
   // --- Cluster mode ---------------------------------------------------------------------------
   // Called (under the store's lock: it must only queue work) when every rank of this node with
@@ -133,6 +143,19 @@ class Store {
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
+  static absl::Status CheckSparseSlot(const RankState& rank_state, uint32_t rank, int64_t step,
+                                      const v1::SparseSlot& sparse);
+  // Sets the state of `record`'s slot in the open window to the record's; false when the record
+  // is not a slot of it.
+  static bool MarkSlot(const StepRecord& record, std::optional<v1::SparseWindow>* open);
+  // The windows once sparse `record` commits: its slot committed, and the open window promoted to
+  // the committed one when that was its last uncommitted slot.
+  static void AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
+                             std::optional<v1::SparseWindow>* committed);
+  // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
+  static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
+                                                        const StepRecord* committing);
+  static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
   void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                  std::shared_ptr<RegionSource> source, CopyBackend* backend);
   // Called when the last chunk of a step is copied: commits it on a single node (captured ==

@@ -99,6 +99,48 @@ std::string FormatInspect(const v1::InspectStepResponse& inspect) {
   return absl::StrCat(out, "\n", Table(rows));
 }
 
+std::string FormatWindows(const v1::ListWindowsResponse& windows) {
+  std::string out;
+  if (windows.ranks_size() == 0) {
+    out = "no sparse windows stored\n";
+  } else {
+    std::vector<std::vector<std::string>> rows = {
+        {"RANK", "WINDOW", "STEPS", "BUFFER", "SLOT", "STEP", "STATE", "OPERATORS CAPTURED WHOLE"}};
+    auto add = [&rows](uint32_t rank, const char* which, const v1::SparseWindow& window) {
+      const std::string steps = absl::StrCat(window.first_step(), "-",
+                                             window.first_step() + window.size() - 1);
+      if (window.slots_size() == 0) {
+        rows.push_back({absl::StrCat(rank), which, steps, absl::StrCat(window.buffer()), "-", "-",
+                        "-", ""});
+      }
+      for (const v1::WindowSlot& slot : window.slots()) {
+        rows.push_back({absl::StrCat(rank), which, steps, absl::StrCat(window.buffer()),
+                        absl::StrCat(slot.slot()), absl::StrCat(slot.step()),
+                        StepStateName(slot.state()), absl::StrJoin(slot.operators(), " ")});
+      }
+    };
+    for (const v1::RankWindows& rank : windows.ranks()) {
+      if (rank.has_committed_window()) add(rank.rank(), "committed", rank.committed_window());
+      if (rank.has_open_window()) add(rank.rank(), "open", rank.open_window());
+    }
+    out = Table(rows);
+    for (const v1::RankWindows& rank : windows.ranks()) {
+      if (rank.has_open_window() && !rank.open_window().failure().empty()) {
+        absl::StrAppend(&out, "rank ", rank.rank(), ": the open window cannot commit: ",
+                        rank.open_window().failure(), "\n");
+      }
+    }
+  }
+  absl::StrAppend(&out, "upstream log: ", windows.log_records(), " records, ",
+                  FormatByteSize(windows.log_bytes()), " of ",
+                  FormatByteSize(windows.log_budget_bytes()),
+                  windows.has_log_kept_from_step()
+                      ? absl::StrCat(", steps from ", windows.log_kept_from_step(), " kept")
+                      : std::string(),
+                  "\n");
+  return out;
+}
+
 std::string FormatVerify(const v1::VerifyResponse& verify) {
   std::string out = absl::StrCat("checked ", verify.versions_checked(), " versions, ",
                                  verify.chunks_checked(), " chunks, ",

@@ -34,6 +34,7 @@ std::string Json(const google::protobuf::Message& message);
 std::string FormatStatus(const v1::StatusResponse& status);
 std::string FormatSteps(const v1::ListStepsResponse& steps);
 std::string FormatInspect(const v1::InspectStepResponse& inspect);
+std::string FormatWindows(const v1::ListWindowsResponse& windows);
 std::string FormatVerify(const v1::VerifyResponse& verify);
 std::string FormatDrop(int64_t step, const v1::DropStepResponse& drop);
 std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster);

@@ -63,8 +63,11 @@ int main(int argc, char** argv) {
   auto* ls = app.add_subcommand("ls", "Every stored step of every rank, with its state and size");
   int64_t step = 0;
   uint32_t rank = 0;
-  auto* inspect = app.add_subcommand("inspect", "The regions one step holds: dtype, shape, bytes, chunks");
-  inspect->add_option("STEP", step, "Step to inspect")->required();
+  auto* inspect = app.add_subcommand(
+      "inspect", "The regions one step holds: dtype, shape, bytes, chunks. Without STEP: the sparse "
+                 "windows of every rank (the last committed one and the open one, their slots and "
+                 "the operators each slot captured whole) and the upstream log's memory");
+  auto* inspect_step = inspect->add_option("STEP", step, "Step to inspect");
   auto* inspect_rank = inspect->add_option("--rank", rank, "Only this rank");
   auto* verify = app.add_subcommand(
       "verify", "Recompute the CRC-32C of every stored chunk (of STEP, or of everything)");
@@ -143,6 +146,15 @@ int main(int argc, char** argv) {
           return stub.ListSteps(&context, v1::ListStepsRequest(), &response);
         },
         ctl::FormatSteps);
+  }
+  if (*inspect && !*inspect_step) {
+    v1::ListWindowsRequest request;
+    if (*inspect_rank) request.set_rank(rank);
+    return session.Run<v1::ListWindowsResponse>(
+        [&](Stub& stub, grpc::ClientContext& context, v1::ListWindowsResponse& response) {
+          return stub.ListWindows(&context, request, &response);
+        },
+        ctl::FormatWindows);
   }
   if (*inspect) {
     v1::InspectStepRequest request;

@@ -46,6 +46,13 @@ auto WithoutGil(Call call) {
   return call();
 }
 
+moesnap::LogDirection ParseDirection(const std::string& direction) {
+  if (direction == "forward") return moesnap::LogDirection::kForward;
+  if (direction == "backward") return moesnap::LogDirection::kBackward;
+  Raise(absl::InvalidArgumentError("a log direction is 'forward' (activations sent downstream) or "
+                                   "'backward' (gradients sent upstream), not '" + direction + "'"));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_moesnap, module) {
@@ -161,6 +168,65 @@ class Error(Exception):
            [](moesnap::Client& client) {
              return Value(WithoutGil([&] { return client.LatestCommitted(); }));
            })
+      .def(
+          "snapshot_sparse",
+          [](moesnap::Client& client, int64_t step, const std::vector<std::string>& regions,
+             int64_t window_first_step, uint32_t window_size, uint32_t slot, uint32_t buffer,
+             const std::vector<std::string>& operators) {
+            const moesnap::SparseSlot sparse{window_first_step, window_size, slot, buffer, operators};
+            return Value(WithoutGil([&] { return client.SnapshotSparse(step, regions, sparse); }));
+          },
+          py::arg("step"), py::arg("regions"), py::arg("window_first_step"),
+          py::arg("window_size"), py::arg("slot"), py::arg("buffer"),
+          py::arg("operators") = std::vector<std::string>{})
+      .def("windows",
+           [](moesnap::Client& client) {
+             const moesnap::SparseWindows windows =
+                 Value(WithoutGil([&] { return client.Windows(); }));
+             auto convert = [](const std::optional<moesnap::SparseWindow>& window) -> py::object {
+               if (!window) return py::none();
+               py::list slots;
+               for (const moesnap::WindowSlotState& slot : window->slots) {
+                 slots.append(py::make_tuple(slot.slot, slot.step, slot.committed, slot.operators));
+               }
+               py::dict result;
+               result["first_step"] = window->first_step;
+               result["size"] = window->size;
+               result["buffer"] = window->buffer;
+               result["slots"] = slots;
+               result["failure"] = window->failure;
+               return result;
+             };
+             py::dict result;
+             result["committed"] = convert(windows.committed);
+             result["open"] = convert(windows.open);
+             return result;
+           })
+      .def(
+          "append_log",
+          [](moesnap::Client& client, int64_t step, uint32_t micro_batch,
+             const std::string& direction, uint32_t peer_rank, py::bytes payload) {
+            const moesnap::LogDirection parsed = ParseDirection(direction);
+            std::string_view bytes = payload;
+            Check(WithoutGil(
+                [&] { return client.AppendLog(step, micro_batch, parsed, peer_rank, bytes); }));
+          },
+          py::arg("step"), py::arg("micro_batch"), py::arg("direction"), py::arg("peer_rank"),
+          py::arg("payload"))
+      .def(
+          "fetch_log",
+          [](moesnap::Client& client, uint32_t sender_rank, int64_t step,
+             const std::string& direction, uint32_t peer_rank) {
+            const moesnap::LogDirection parsed = ParseDirection(direction);
+            const std::vector<moesnap::LoggedMessage> messages = Value(WithoutGil(
+                [&] { return client.FetchLog(sender_rank, step, parsed, peer_rank); }));
+            py::list result;
+            for (const moesnap::LoggedMessage& message : messages) {
+              result.append(py::make_tuple(message.micro_batch, py::bytes(message.payload)));
+            }
+            return result;
+          },
+          py::arg("sender_rank"), py::arg("step"), py::arg("direction"), py::arg("peer_rank"))
       .def("reconnect",
            [](moesnap::Client& client) {
              Check(WithoutGil([&] { return client.Reconnect(); }));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/src/device_regions.h"
 #include "common/grpc_status.h"
+#include "erasure/crc32c.h"
 #include "proto/moesnap.grpc.pb.h"
 
 namespace moesnap {
@@ -141,14 +142,32 @@ absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMe
 }
 
 absl::StatusOr<uint64_t> Client::Snapshot(int64_t step, const std::vector<std::string>& regions) {
+  v1::SnapshotRequest request;
+  request.set_step(step);
+  return SnapshotWith(std::move(request), regions);
+}
+
+absl::StatusOr<uint64_t> Client::SnapshotSparse(int64_t step, const std::vector<std::string>& regions,
+                                                const SparseSlot& slot) {
+  v1::SnapshotRequest request;
+  request.set_step(step);
+  v1::SparseSlot* sparse = request.mutable_sparse();
+  sparse->set_window_first_step(slot.window_first_step);
+  sparse->set_window_size(slot.window_size);
+  sparse->set_slot(slot.slot);
+  sparse->set_buffer(slot.buffer);
+  for (const std::string& name : slot.operators) sparse->add_operators(name);
+  return SnapshotWith(std::move(request), regions);
+}
+
+absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
+                                              const std::vector<std::string>& regions) {
   if (absl::Status status = state_->device_regions->RecordCaptureEvents(regions); !status.ok()) {
     return status;
   }
   grpc::ClientContext context;
   state_->SetDeadline(context, state_->options.call_timeout);
-  v1::SnapshotRequest request;
   request.set_rank(state_->options.rank);
-  request.set_step(step);
   for (const std::string& region : regions) request.add_regions(region);
   v1::SnapshotResponse response;
   if (absl::Status status = state_->Check(state_->stub->Snapshot(&context, request, &response),
@@ -210,6 +229,91 @@ absl::StatusOr<std::optional<int64_t>> Client::LatestCommitted() {
   }
   if (!response.has_step()) return std::optional<int64_t>();
   return std::optional<int64_t>(response.step());
+}
+
+namespace {
+
+SparseWindow WindowFrom(const v1::SparseWindow& saved) {
+  SparseWindow window;
+  window.first_step = saved.first_step();
+  window.size = saved.size();
+  window.buffer = saved.buffer();
+  window.failure = saved.failure();
+  for (const v1::WindowSlot& slot : saved.slots()) {
+    window.slots.push_back({slot.slot(), slot.step(), slot.state() == v1::STEP_STATE_COMMITTED,
+                            {slot.operators().begin(), slot.operators().end()}});
+  }
+  return window;
+}
+
+v1::LogDirection ToWire(LogDirection direction) {
+  return direction == LogDirection::kForward ? v1::LOG_DIRECTION_FORWARD
+                                             : v1::LOG_DIRECTION_BACKWARD;
+}
+
+}  // namespace
+
+absl::StatusOr<SparseWindows> Client::Windows() {
+  grpc::ClientContext context;
+  state_->SetDeadline(context, state_->options.call_timeout);
+  v1::LatestCommittedRequest request;
+  request.set_rank(state_->options.rank);
+  v1::LatestCommittedResponse response;
+  if (absl::Status status = state_->Check(
+          state_->stub->LatestCommitted(&context, request, &response), "LatestCommitted");
+      !status.ok()) {
+    return status;
+  }
+  SparseWindows windows;
+  if (response.has_committed_window()) windows.committed = WindowFrom(response.committed_window());
+  if (response.has_open_window()) windows.open = WindowFrom(response.open_window());
+  return windows;
+}
+
+absl::Status Client::AppendLog(int64_t step, uint32_t micro_batch, LogDirection direction,
+                               uint32_t peer_rank, std::string_view payload) {
+  grpc::ClientContext context;
+  state_->SetDeadline(context, state_->options.call_timeout);
+  v1::AppendLogRequest request;
+  v1::LogRecord* record = request.mutable_record();
+  record->set_rank(state_->options.rank);
+  record->set_step(step);
+  record->set_micro_batch(micro_batch);
+  record->set_direction(ToWire(direction));
+  record->set_peer_rank(peer_rank);
+  record->set_payload(std::string(payload));
+  v1::AppendLogResponse response;
+  return state_->Check(state_->stub->AppendLog(&context, request, &response), "AppendLog");
+}
+
+absl::StatusOr<std::vector<LoggedMessage>> Client::FetchLog(uint32_t sender_rank, int64_t step,
+                                                            LogDirection direction,
+                                                            uint32_t peer_rank) {
+  grpc::ClientContext context;
+  state_->SetDeadline(context, state_->options.wait_timeout);
+  v1::FetchLogRequest request;
+  request.set_rank(sender_rank);
+  request.set_step(step);
+  request.set_direction(ToWire(direction));
+  request.set_peer_rank(peer_rank);
+  v1::FetchLogResponse response;
+  if (absl::Status status =
+          state_->Check(state_->stub->FetchLog(&context, request, &response), "FetchLog");
+      !status.ok()) {
+    return status;
+  }
+  std::vector<LoggedMessage> messages;
+  for (v1::LogRecord& record : *response.mutable_records()) {
+    const uint32_t crc = erasure::Crc32c(record.payload().data(), record.payload().size());
+    if (crc != record.crc()) {
+      return absl::DataLossError(absl::StrCat(
+          "logged message of step ", step, " micro-batch ", record.micro_batch(), " from rank ",
+          sender_rank, " arrived from node ", response.node_id(), " with CRC-32C ",
+          absl::Hex(crc), ", not ", absl::Hex(record.crc())));
+    }
+    messages.push_back({record.micro_batch(), std::move(*record.mutable_payload())});
+  }
+  return messages;
 }
 
 absl::Status Client::Reconnect() {

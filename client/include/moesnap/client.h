@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,6 +28,7 @@
 namespace moesnap {
 namespace v1 {
 class RestoreRequest;  // the wire schema stays out of the public header
+class SnapshotRequest;
 }  // namespace v1
 
 struct ClientOptions {
@@ -68,6 +70,47 @@ struct RestoreResult {
   std::vector<RestoredRegion> regions;
 };
 
+// A sparse step's place in its window: window j of W steps holds steps j*W+1 .. j*W+W, slot i being
+// step j*W+1+i. The daemon commits the window when all its slots have committed.
+struct SparseSlot {
+  int64_t window_first_step = 0;
+  uint32_t window_size = 0;
+  uint32_t slot = 0;
+  uint32_t buffer = 0;                 // which of the trainer's two sets of regions it writes
+  std::vector<std::string> operators;  // operators whose full state this slot captures
+};
+
+struct WindowSlotState {
+  uint32_t slot = 0;
+  int64_t step = 0;
+  bool committed = false;
+  std::vector<std::string> operators;
+};
+
+struct SparseWindow {
+  int64_t first_step = 0;
+  uint32_t size = 0;
+  uint32_t buffer = 0;
+  std::vector<WindowSlotState> slots;  // as far as they were snapshotted
+  std::string failure;                 // why a slot aborted, if one did
+};
+
+struct SparseWindows {
+  std::optional<SparseWindow> committed;  // the last window all of whose slots committed
+  std::optional<SparseWindow> open;       // the window after it
+};
+
+// Upstream logging at pipeline-stage boundaries.
+enum class LogDirection {
+  kForward,   // activations sent downstream
+  kBackward,  // gradients sent upstream
+};
+
+struct LoggedMessage {
+  uint32_t micro_batch = 0;
+  std::string payload;
+};
+
 class Client {
  public:
   // Connects and starts a session for `options.rank` (forgetting regions an earlier process of the
@@ -90,6 +133,9 @@ class Client {
   // Starts the capture of `regions` (every registered region when empty) at `step` and returns the
   // bytes the daemon will copy. Returns as soon as the copies are queued.
   absl::StatusOr<uint64_t> Snapshot(int64_t step, const std::vector<std::string>& regions = {});
+  // The same for a sparse step, slot `slot` of its window.
+  absl::StatusOr<uint64_t> SnapshotSparse(int64_t step, const std::vector<std::string>& regions,
+                                          const SparseSlot& slot);
   // Blocks until the regions of `step` are copied: from then on they may change again.
   absl::Status WaitCaptured(int64_t step);
   // Blocks until `step` is committed (restorable after a crash).
@@ -105,6 +151,18 @@ class Client {
   absl::StatusOr<RestoreResult> RestoreFrom(uint32_t source_rank,
                                             const std::vector<std::string>& regions = {});
   absl::StatusOr<std::optional<int64_t>> LatestCommitted();
+  absl::StatusOr<SparseWindows> Windows();
+
+  // Keeps what this rank sent to `peer_rank` at a pipeline boundary in the daemon's upstream log.
+  // Logging the same message again is accepted; different bytes are refused (FAILED_PRECONDITION),
+  // and RESOURCE_EXHAUSTED when upstream_log.max_bytes is reached.
+  absl::Status AppendLog(int64_t step, uint32_t micro_batch, LogDirection direction,
+                         uint32_t peer_rank, std::string_view payload);
+  // What rank `sender_rank` (on any node of the cluster) sent to `peer_rank` at `step`, by
+  // micro-batch, each checked against its CRC-32C. NOT_FOUND when no live node holds the sender's
+  // log, OUT_OF_RANGE when the step was dropped, DATA_LOSS when it did not fit.
+  absl::StatusOr<std::vector<LoggedMessage>> FetchLog(uint32_t sender_rank, int64_t step,
+                                                      LogDirection direction, uint32_t peer_rank);
 
   // After the daemon restarted: start a new session and register every region again.
   absl::Status Reconnect();
@@ -118,6 +176,8 @@ class Client {
   explicit Client(std::unique_ptr<State> state);
   absl::StatusOr<RestoreResult> RestoreWith(v1::RestoreRequest request,
                                             const std::vector<std::string>& regions);
+  absl::StatusOr<uint64_t> SnapshotWith(v1::SnapshotRequest request,
+                                        const std::vector<std::string>& regions);
   std::unique_ptr<State> state_;
 };
 

@@ -1,0 +1,73 @@
+// The upstream log: what each pipeline stage of this node sent across its boundaries (activations
+// downstream, gradients upstream), kept in daemon memory so that a failed neighbouring stage can
+// replay its lost steps from it while the other stages wait instead of recomputing.
+//
+// Records are keyed (step, sender rank, direction, receiver rank, micro-batch). Appending the same
+// key again is accepted when the bytes are equal (a replay re-logging what it resends) and refused
+// when they differ. Memory is bounded by upstream_log.max_bytes: an append that does not fit once
+// records no longer needed are dropped is refused with RESOURCE_EXHAUSTED, and the step is marked
+// so that a later fetch of it fails naming why instead of returning a partial step. Records of
+// steps up to the node's recovery point (Store::LogRecoveryPoint) are dropped.
+//
+// Thread-safe.
+#ifndef MOESNAP_DAEMON_UPSTREAM_LOG_H_
+#define MOESNAP_DAEMON_UPSTREAM_LOG_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+struct UpstreamLogOptions {
+  uint64_t max_bytes = uint64_t{1} << 30;
+};
+
+class UpstreamLog {
+ public:
+  UpstreamLog(uint32_t node_id, const UpstreamLogOptions& options)
+      : node_id_(node_id), options_(options) {}
+
+  // `drop_through`: records of this step and earlier are no longer needed (dropped first).
+  absl::StatusOr<v1::AppendLogResponse> Append(const v1::LogRecord& record,
+                                               std::optional<int64_t> drop_through);
+  // NOT_FOUND when this node has never held a record of the rank (it ran elsewhere); OUT_OF_RANGE
+  // for a step already dropped; DATA_LOSS for a step whose records did not fit. Each record's
+  // CRC-32C is checked before it is returned.
+  absl::StatusOr<v1::FetchLogResponse> Fetch(const v1::FetchLogRequest& request,
+                                             std::optional<int64_t> drop_through);
+  // Records, bytes, budget and the first step kept, into an admin view.
+  void Describe(v1::ListWindowsResponse* response) const;
+
+ private:
+  // (step, sender, direction, receiver, micro-batch)
+  using Key = std::tuple<int64_t, uint32_t, int, uint32_t, uint32_t>;
+  struct Entry {
+    std::string payload;
+    uint32_t crc = 0;
+  };
+  static uint64_t Footprint(const std::string& payload);
+  void DropThrough(std::optional<int64_t> step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const uint32_t node_id_;
+  const UpstreamLogOptions options_;
+  mutable absl::Mutex mutex_;
+  std::map<Key, Entry> records_ ABSL_GUARDED_BY(mutex_);
+  std::set<std::pair<int64_t, uint32_t>> refused_ ABSL_GUARDED_BY(mutex_);  // (step, sender)
+  std::set<uint32_t> senders_ ABSL_GUARDED_BY(mutex_);  // every rank that ever appended here
+  uint64_t bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::optional<int64_t> dropped_through_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_UPSTREAM_LOG_H_
