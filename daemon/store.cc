@@ -61,6 +61,7 @@ struct Store::StepRecord {
   std::vector<std::string> region_names;            // what the step captures, kept after it ends
   std::optional<v1::SparseSlot> sparse;             // its place in a window, for a sparse step
   uint64_t pending_chunks = 0;
+  bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
   uint64_t bytes = 0;
   uint32_t regions = 0;
   absl::Status failure;
@@ -84,6 +85,8 @@ struct Store::RankState {
   // yet: in a cluster, steps wait for it (it snapshots the steps it replays) instead of
   // committing without it.
   bool restarting = false;
+  // The latest snapshot when the rank's current process connected: it may replay steps up to here.
+  std::optional<int64_t> replay_through;
 
   const StepRecord* Capturing() const {
     for (const auto& [step, record] : steps) {
@@ -189,6 +192,7 @@ absl::Status Store::StartSession(uint32_t rank) {
   RankState& rank_state = ranks_[rank];
   rank_state.regions.clear();  // copies in flight keep their own references to the old sources
   rank_state.restarting = rank_state.latest_committed.has_value();
+  rank_state.replay_through = rank_state.latest_snapshot;
   return absl::OkStatus();
 }
 
@@ -234,6 +238,14 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
         capturing->step, ") before the next Snapshot"));
   }
   if (rank_state.latest_snapshot && step <= *rank_state.latest_snapshot) {
+    // A new process of the rank replaying a step its predecessor captured (or committed) already:
+    // deterministic training gives the same bytes, so the capture stands.
+    if (auto it = rank_state.steps.find(step);
+        rank_state.replay_through && step <= *rank_state.replay_through &&
+        it != rank_state.steps.end() && it->second.state != v1::STEP_STATE_ABORTED &&
+        (!sparse || (it->second.sparse && it->second.sparse->buffer() == sparse->buffer()))) {
+      return it->second.bytes;
+    }
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
                                                    " is not after step ",
                                                    *rank_state.latest_snapshot,
@@ -377,6 +389,7 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
   record.state = v1::STEP_STATE_CAPTURED;
+  record.captured = true;
   MarkSlot(record, &rank_state.open_window);
   if (mode_ == CommitMode::kCluster) {
     step_changed_.SignalAll();
@@ -440,6 +453,8 @@ absl::StatusOr<v1::StepState> Store::WaitFor(uint32_t rank, int64_t step, bool u
     if (it != rank_state.steps.end()) {
       const StepRecord& record = it->second;
       if (record.state == v1::STEP_STATE_ABORTED) {
+        // Copied, then aborted by the cluster: the trainer may go on, its regions are free.
+        if (!until_committed && record.captured) return record.state;
         return absl::Status(record.failure.code(),
                             absl::StrCat("step ", step, " of rank ", rank, " failed: ",
                                          record.failure.message()));
@@ -949,9 +964,11 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   // A step that captures a subset of regions is a consistent state only if every region it leaves
   // out is committed as of its latest change: an earlier step that changed one and did not commit
   // (aborted, or still waiting) leaves the trainer's bytes ahead of anything stored.
+  // A slot of a sparse window is exempt: the window, not the step, is the consistent state, and
+  // it commits only when every slot has.
   for (const auto& [rank, rank_state] : ranks_) {
     auto it = rank_state.steps.find(step);
-    if (it == rank_state.steps.end()) continue;
+    if (it == rank_state.steps.end() || it->second.sparse) continue;
     const std::vector<std::string>& captured = it->second.region_names;
     for (const auto& [earlier, record] : rank_state.steps) {
       if (earlier >= step || record.state == v1::STEP_STATE_COMMITTED) continue;

@@ -136,7 +136,9 @@ class Client {
   // The same for a sparse step, slot `slot` of its window.
   absl::StatusOr<uint64_t> SnapshotSparse(int64_t step, const std::vector<std::string>& regions,
                                           const SparseSlot& slot);
-  // Blocks until the regions of `step` are copied: from then on they may change again.
+  // Blocks until the regions of `step` are copied: from then on they may change again. OK also when
+  // the cluster aborted the step after the copy (a node lost during its commit): that snapshot is
+  // lost, the previous committed state stays, and training goes on.
   absl::Status WaitCaptured(int64_t step);
   // Blocks until `step` is committed (restorable after a crash).
   absl::Status WaitCommitted(int64_t step);

@@ -15,8 +15,11 @@ operator is promoted: a dense, consistent state, bit-identical to the uninterrup
 deterministic kernels. Training goes on from there; steps up to the daemon's latest committed one
 are not snapshotted again (their snapshots are already stored and identical).
 
-Every window alternates between two sets of region aliases, so the window being written never
-overwrites the last complete one.
+Every window writes one of two sets of region aliases (buffers), never the one holding the last
+committed window: the daemon tracks windows (a window commits when all its slots have, and
+``moesnapctl inspect`` lists them), and before the first slot of a window the trainer waits for the
+previous window's last slot to commit and asks the daemon which buffer its last committed window
+holds. A window that failed (a slot aborted) leaves its buffer free for the next.
 """
 
 from __future__ import annotations
@@ -71,34 +74,48 @@ class SparseSnapshots:
 
         self._norms = torch.zeros(window, dtype=torch.float32)
         client.register_tensor("sparse.grad_norm", self._norms)
-        for parity in (0, 1):
-            client.register_alias("sparse.grad_norm", self._norm_region(parity))
+        for buffer in (0, 1):
+            client.register_alias("sparse.grad_norm", self._norm_region(buffer))
             for _, slot, _, weights, full in self._operators:
                 for region in full:
-                    client.register_alias(region, self._full_region(region, parity))
+                    client.register_alias(region, self._full_region(region, buffer))
                 for k in range(slot):
                     for region in weights:
-                        client.register_alias(region, self._weight_region(region, k, parity))
+                        client.register_alias(region, self._weight_region(region, k, buffer))
         self._replaying = False
-        self._slot_in_replay = 0
         self._skip_through = 0  # steps up to here are stored already (see recover)
+        self._window_first: Optional[int] = None  # the window being written, and its buffer
+        self._buffer = 0
 
     # Names ---------------------------------------------------------------------------------------
     @staticmethod
-    def _full_region(region: str, parity: int) -> str:
-        return f"{region}@full{parity}"
+    def _full_region(region: str, buffer: int) -> str:
+        return f"{region}@full{buffer}"
 
     @staticmethod
-    def _weight_region(region: str, slot: int, parity: int) -> str:
-        return f"{region}@w{slot}.{parity}"
+    def _weight_region(region: str, slot: int, buffer: int) -> str:
+        return f"{region}@w{slot}.{buffer}"
 
     @staticmethod
-    def _norm_region(parity: int) -> str:
-        return f"sparse.grad_norm@{parity}"
+    def _norm_region(buffer: int) -> str:
+        return f"sparse.grad_norm@{buffer}"
 
-    def _place(self, step: int) -> Tuple[int, int]:
-        """(slot, parity) of ``step``."""
-        return (step - 1) % self.window, ((step - 1) // self.window) % 2
+    def _slot(self, step: int) -> int:
+        return (step - 1) % self.window
+
+    def _buffer_for_window(self, first: int) -> int:
+        """The buffer the window from step ``first`` writes: not the last committed window's."""
+        if self._window_first == first:
+            return self._buffer
+        if first > 1:
+            try:  # the previous window settles (commits or fails) before its buffer is judged
+                self._client.wait_committed(first - 1)
+            except Error:
+                pass  # that window failed: the committed one is older and its buffer stays safe
+        committed = self._client.windows()["committed"]
+        self._window_first = first
+        self._buffer = 0 if committed is None else 1 - committed["buffer"]
+        return self._buffer
 
     def operators_of_slot(self, slot: int) -> List[str]:
         return [name for name, s, _, _, _ in self._operators if s == slot]
@@ -108,7 +125,7 @@ class SparseSnapshots:
         """``torch.nn.utils.clip_grad_norm_`` that logs the step's total norm; during a replay it
         scales the promoted operators' gradients by the logged norm instead, as the full model's
         clipping did."""
-        slot, _ = self._place(step)
+        slot = self._slot(step)
         if not self._replaying:
             total = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
             self._norms[slot] = total
@@ -126,14 +143,18 @@ class SparseSnapshots:
         ``client.snapshot``. Returns the bytes the daemon copies (0 for a step stored already)."""
         if step <= self._skip_through:
             return 0
-        slot, parity = self._place(step)
-        names = [self._norm_region(parity)]
+        slot = self._slot(step)
+        first = step - slot
+        buffer = self._buffer_for_window(first)
+        names = [self._norm_region(buffer)]
         for _, s, _, weights, full in self._operators:
             if s == slot:
-                names += [self._full_region(region, parity) for region in full]
+                names += [self._full_region(region, buffer) for region in full]
             elif s > slot:
-                names += [self._weight_region(region, slot, parity) for region in weights]
-        return self._client.snapshot(step, names)
+                names += [self._weight_region(region, slot, buffer) for region in weights]
+        return self._client.snapshot(step, names, sparse={
+            "window_first_step": first, "window_size": self.window, "slot": slot,
+            "buffer": buffer, "operators": self.operators_of_slot(slot)})
 
     def wait_captured(self) -> None:
         self._client.wait_captured()
@@ -148,24 +169,33 @@ class SparseSnapshots:
         if latest is None:
             return 0
         self._skip_through = latest
-        end = latest // self.window * self.window
-        if end == 0:
+        windows = self._client.windows()
+        if windows["open"] is not None:  # the trainer goes on writing the window it was writing
+            self._window_first = windows["open"]["first_step"]
+            self._buffer = windows["open"]["buffer"]
+        committed = windows["committed"]
+        if committed is None:
             return 0
-        first = end - self.window + 1
-        _, parity = self._place(first)
-        regions = [self._norm_region(parity)]
+        if committed["size"] != self.window:
+            raise Error("FAILED_PRECONDITION",
+                        f"the last committed window has {committed['size']} steps but this "
+                        f"trainer uses windows of {self.window}")
+        first = committed["first_step"]
+        end = first + self.window - 1
+        buffer = committed["buffer"]
+        regions = [self._norm_region(buffer)]
         for _, slot, _, weights, full in self._operators:
             if slot == 0:
-                regions += [self._full_region(region, parity) for region in full]
+                regions += [self._full_region(region, buffer) for region in full]
             else:
-                regions += [self._weight_region(region, 0, parity) for region in weights]
+                regions += [self._weight_region(region, 0, buffer) for region in weights]
         self._client.restore(None, regions)
         self._replaying = True
         try:
             for k in range(1, self.window):
                 frozen = [(p, weights) for _, slot, p, weights, _ in self._operators if slot >= k]
                 if k > 1:  # frozen operators' weights as of the previous step
-                    self._client.restore(None, [self._weight_region(region, k - 1, parity)
+                    self._client.restore(None, [self._weight_region(region, k - 1, buffer)
                                                 for _, weights in frozen for region in weights])
                 for parameters, _ in frozen:
                     for parameter in parameters:
@@ -173,7 +203,7 @@ class SparseSnapshots:
                         parameter.grad = None
                 train_step(first + k)
                 promoted = [(p, full) for _, slot, p, _, full in self._operators if slot == k]
-                self._client.restore(None, [self._full_region(region, parity)
+                self._client.restore(None, [self._full_region(region, buffer)
                                             for _, full in promoted for region in full])
                 for parameters, _ in promoted:
                     for parameter in parameters:

@@ -194,9 +194,12 @@ class Client:
 
     # Snapshots ----------------------------------------------------------------------------------
 
-    def snapshot(self, step: int, names: Optional[List[str]] = None) -> int:
+    def snapshot(self, step: int, names: Optional[List[str]] = None,
+                 sparse: Optional[Dict[str, Any]] = None) -> int:
         """Starts capturing ``names`` (every registered region when None) at ``step``; non-tensor
-        state is always included. Returns the bytes the daemon copies; returns at once."""
+        state is always included. Returns the bytes the daemon copies; returns at once.
+        ``sparse`` places a sparse step in its window: keys ``window_first_step``, ``window_size``,
+        ``slot``, ``buffer`` and ``operators`` (see ``moesnap.sparse``)."""
         for name, (tensor, address, nbytes) in self._tensors.items():
             if tensor.data_ptr() != address or tensor.numel() * tensor.element_size() != nbytes:
                 raise Error("FAILED_PRECONDITION",
@@ -214,7 +217,10 @@ class Client:
             view[:_LENGTH_PREFIX.size] = _LENGTH_PREFIX.pack(len(payload))
             view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + len(payload)] = payload
         regions = [] if names is None else list(names) + list(self._states)
-        copied = self._native.snapshot(step, regions)
+        if sparse is None:
+            copied = self._native.snapshot(step, regions)
+        else:
+            copied = self._native.snapshot_sparse(step, regions, **sparse)
         self._last_snapshot = step
         return copied
 
@@ -246,6 +252,38 @@ class Client:
     def latest_committed(self) -> Optional[int]:
         """The latest committed step of this rank, or None."""
         return self._native.latest_committed()
+
+    def windows(self) -> Dict[str, Optional[Dict[str, Any]]]:
+        """This rank's sparse windows: ``{"committed": ..., "open": ...}``, each None or a dict
+        with ``first_step``, ``size``, ``buffer``, ``slots`` ((slot, step, committed, operators)
+        tuples) and ``failure``."""
+        return self._native.windows()
+
+    # Upstream log -------------------------------------------------------------------------------
+
+    def append_log(self, step: int, micro_batch: int, direction: str, peer_rank: int,
+                   tensor: torch.Tensor) -> None:
+        """Logs what this rank sends to ``peer_rank`` at a pipeline boundary: ``direction`` is
+        ``"forward"`` (activations) or ``"backward"`` (gradients). Log before sending, so that
+        whatever a neighbour received is in the log."""
+        self._native.append_log(step, micro_batch, direction, peer_rank,
+                                tensor.detach().cpu().contiguous().numpy().tobytes())
+
+    def fetch_log(self, sender_rank: int, step: int, direction: str, peer_rank: int,
+                  like: torch.Tensor) -> List[torch.Tensor]:
+        """What ``sender_rank`` sent to ``peer_rank`` at ``step``, one tensor shaped and typed
+        ``like`` per micro-batch in order, from whichever daemon of the cluster holds it."""
+        records = self._native.fetch_log(sender_rank, step, direction, peer_rank)
+        tensors = []
+        for expected, (micro_batch, payload) in enumerate(records):
+            if micro_batch != expected or len(payload) != like.numel() * like.element_size():
+                raise Error("DATA_LOSS",
+                            f"log of step {step} from rank {sender_rank} to rank {peer_rank} "
+                            f"({direction}): micro-batch {expected} is missing or has "
+                            f"{len(payload)} bytes instead of {like.numel() * like.element_size()}")
+            tensors.append(torch.frombuffer(bytearray(payload), dtype=like.dtype)
+                           .reshape(like.shape).clone())
+        return tensors
 
     @property
     def rank(self) -> int:

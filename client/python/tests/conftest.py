@@ -20,14 +20,16 @@ TRAINER = Path(__file__).resolve().parents[1] / "examples" / "moe_train.py"
 class Daemon:
     """A moesnapd with its own pool and sockets; restarts re-attach the same pool."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, node_id: int = 0, extra_config: str = "") -> None:
         self.directory = directory
         self.pool = f"moesnap-pytest-{os.getpid()}-{directory.name}"
         self.agent_socket = str(directory / "agent.sock")
+        self.admin_socket = str(directory / "admin.sock")
         self.config = directory / "moesnapd.toml"
         self.config.write_text(
-            f'[agent]\nsocket = "{self.agent_socket}"\n[admin]\nsocket = "{directory}/admin.sock"\n'
-            f'[pool]\nname = "{self.pool}"\nbytes = "256MiB"\nlock = "off"\n')
+            f'[node]\nid = {node_id}\n'
+            f'[agent]\nsocket = "{self.agent_socket}"\n[admin]\nsocket = "{self.admin_socket}"\n'
+            f'[pool]\nname = "{self.pool}"\nbytes = "256MiB"\nlock = "off"\n' + extra_config)
         self.process: Optional[subprocess.Popen] = None
 
     def start(self) -> None:

@@ -1,0 +1,204 @@
+"""Localized recovery of a pipeline stage: three stages of examples/pipeline_train.py as separate
+processes (torch.distributed with gloo on loopback), each on its own node of a three-daemon cluster
+(k = 2, m = 1), sparse snapshots and upstream logs on. One stage is SIGKILLed at a random step; its
+replacement recovers from its window and the neighbours' logs while the other stages wait. Every
+loss printed, and each stage's final parameters and Adam state, must be bit-identical to an
+uninterrupted run, and no surviving stage may compute a step twice."""
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+import torch
+
+from conftest import BIN_DIR, Daemon
+from test_training import assert_identical_state
+
+PIPELINE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_train.py"
+STAGES = 3
+STEPS = 12
+WINDOW = 3
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Stage:
+    """A stage process whose output lines are collected as they come."""
+
+    def __init__(self, stage: int, rendezvous: Path, socket_path: Optional[str],
+                 out: Optional[Path], generation: int = 0, replacement: bool = False) -> None:
+        command = [sys.executable, str(PIPELINE), "--stage", str(stage), "--stages", str(STAGES),
+                   "--steps", str(STEPS), "--rendezvous", str(rendezvous), "--window", str(WINDOW),
+                   "--generation", str(generation)]
+        if socket_path:
+            command += ["--socket", socket_path]
+        if out:
+            command += ["--out", str(out)]
+        if replacement:
+            command.append("--replacement")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+        self.lines: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(re.fullmatch(pattern, line) for line in self.lines):
+            assert self.process.poll() is None or self._reader.is_alive(), self.lines
+            assert time.monotonic() < deadline, (pattern, self.lines)
+            time.sleep(0.005)
+
+    def finish(self, timeout: float = 180) -> List[str]:
+        code = self.process.wait(timeout)
+        self._reader.join(10)
+        assert code == 0, "\n".join(self.lines)
+        return self.lines
+
+    def steps_completed(self) -> List[int]:
+        return [int(line.split()[1]) for line in self.lines if re.fullmatch(r"step \d+.*", line)]
+
+
+def losses(lines: List[str]) -> Dict[int, List[str]]:
+    found: Dict[int, List[str]] = {}
+    for line in lines:
+        match = re.fullmatch(r"step (\d+) loss (\S+)", line)
+        if match:
+            found.setdefault(int(match.group(1)), []).append(match.group(2))
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run without moesnap: losses and each stage's final state."""
+    directory = tmp_path_factory.mktemp("pipeline-reference")
+    stages = [Stage(s, directory, None, directory / f"stage{s}.pt") for s in range(STAGES)]
+    lines = [stage.finish() for stage in stages]
+    expected = {step: values[0] for step, values in losses(lines[-1]).items()}
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    return expected, [torch.load(directory / f"stage{s}.pt") for s in range(STAGES)]
+
+
+class Cluster:
+    """Three daemons on loopback, one group of k = 2, m = 1; node i serves stage i."""
+
+    def __init__(self, directory: Path, log_bytes: Dict[int, str]) -> None:
+        nodes = "".join(f'[[cluster.nodes]]\nid = {i}\nhost = "127.0.0.1"\n'
+                        f'control_port = {unused_port()}\ndata_port = {unused_port()}\n'
+                        for i in range(STAGES))
+        cluster = ('[cluster]\ndata_units = 2\nparity_units = 1\nstripe_unit_bytes = "64KiB"\n'
+                   'heartbeat_timeout_ms = 2000\ncommit_timeout_ms = 20000\n' + nodes)
+        self.daemons = []
+        for i in range(STAGES):
+            node_directory = directory / f"node{i}"
+            node_directory.mkdir()
+            log = f'[upstream_log]\nmax_bytes = "{log_bytes[i]}"\n' if i in log_bytes else ""
+            self.daemons.append(Daemon(node_directory, i, log + cluster))
+        for daemon in self.daemons:
+            daemon.start()
+        self.wait_until_live(STAGES)
+
+    def ctl(self, node: int, *arguments: str) -> str:
+        return subprocess.run([str(BIN_DIR / "moesnapctl"), "--socket",
+                               self.daemons[node].admin_socket, *arguments],
+                              capture_output=True, text=True, check=True).stdout
+
+    def wait_until_live(self, live: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = json.loads(self.ctl(0, "--json", "cluster", "status"))
+            if sum(1 for node in status["nodes"] if node["live"] and not node["rebuilding"]) == live:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the cluster did not settle with {live} live nodes")
+
+    def remove(self) -> None:
+        for daemon in self.daemons:
+            daemon.remove()
+
+
+def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
+                          log_bytes: Optional[Dict[int, str]] = None):
+    seed = int(os.environ.get("MOESNAP_TEST_SEED", time.time_ns() % 1000003))
+    kill_after = random.Random(seed).randint(WINDOW + 1, STEPS - 2)
+    context = f"seed {seed}: stage {victim} killed after step {kill_after}"
+    expected_losses, expected_states = reference
+    cluster = Cluster(tmp_path, log_bytes or {})
+    try:
+        rendezvous = tmp_path / "rendezvous"
+        rendezvous.mkdir()
+        outs = [tmp_path / f"stage{s}.pt" for s in range(STAGES)]
+        stages = [Stage(s, rendezvous, cluster.daemons[s].agent_socket, outs[s])
+                  for s in range(STAGES)]
+        stages[victim].wait_for(rf"step {kill_after}( loss \S+)?")
+        stages[victim].process.send_signal(signal.SIGKILL)
+        stages[victim].process.wait()
+        if lose_node:  # the node goes with its memory; a replacement daemon rebuilds from parity
+            cluster.daemons[victim].remove()
+            cluster.daemons[victim].start()
+            cluster.wait_until_live(STAGES)
+        replacement = Stage(victim, rendezvous, cluster.daemons[victim].agent_socket,
+                            outs[victim], generation=1, replacement=True)
+        survivors = [stage for s, stage in enumerate(stages) if s != victim]
+        lines = [stage.finish() for stage in survivors] + [replacement.finish()]
+        windows = cluster.ctl(victim, "inspect")
+    finally:
+        cluster.remove()
+
+    all_lines = stages[victim].lines + [line for block in lines for line in block]
+    for step, values in losses(all_lines).items():
+        assert all(value == expected_losses[step] for value in values), (context, step, values)
+    assert set(losses(all_lines)) == set(range(1, STEPS + 1)), context
+    for s in range(STAGES):
+        assert_identical_state(torch.load(outs[s]), expected_states[s])
+    rejoined = [line for block in lines for line in block if line.startswith("rejoined ")]
+    assert len(rejoined) == STAGES and len(set(rejoined)) == 1, (context, rejoined)
+    assert "committed" in windows and "expert0" in windows, windows  # moesnapctl inspect
+    return context, rejoined[0], survivors, replacement
+
+
+@pytest.mark.parametrize("victim", [1])
+def test_a_killed_stage_replays_from_its_neighbours_logs(reference, tmp_path, victim):
+    context, rejoined, survivors, replacement = run_with_a_lost_stage(reference, tmp_path, victim,
+                                                                      lose_node=False)
+    assert rejoined.endswith(" logs"), (context, rejoined)
+    for survivor in survivors:  # they waited: no step computed twice
+        completed = survivor.steps_completed()
+        assert completed == list(range(1, STEPS + 1)), (context, survivor.lines)
+
+
+def test_a_lost_node_is_rebuilt_and_its_stage_replays_from_the_logs(reference, tmp_path):
+    context, rejoined, survivors, replacement = run_with_a_lost_stage(reference, tmp_path, 2,
+                                                                      lose_node=True)
+    assert rejoined.endswith(" logs"), (context, rejoined)
+    for survivor in survivors:
+        assert survivor.steps_completed() == list(range(1, STEPS + 1)), (context, survivor.lines)
+
+
+def test_a_missing_log_falls_back_to_the_last_window_of_every_stage(reference, tmp_path):
+    # Stage 0's daemon keeps less than a step of activations: its appends are refused, and stage
+    # 1's replacement cannot replay from the log.
+    context, rejoined, survivors, replacement = run_with_a_lost_stage(
+        reference, tmp_path, 1, lose_node=False, log_bytes={0: "8KiB"})
+    assert rejoined.endswith(" fallback"), (context, rejoined)
+    assert any(line.startswith("log refusals ") and line != "log refusals 0"
+               for line in survivors[0].lines), survivors[0].lines
