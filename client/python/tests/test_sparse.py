@@ -81,6 +81,16 @@ def test_sparse_steps_copy_a_fraction_of_the_state(daemon: Daemon):
     assert copied == sorted(copied, reverse=True), copied
     captured = sorted(name for k in range(4) for name in sparse.operators_of_slot(k))
     assert captured == sorted(name for name, _ in operators)
+    # The daemon committed the window and knows what each slot captured.
+    client.wait_committed(4)
+    windows = client.windows()
+    assert windows["open"] is None
+    committed = windows["committed"]
+    assert (committed["first_step"], committed["size"], committed["buffer"]) == (1, 4, 0)
+    assert [(slot, step, done) for slot, step, done, _ in committed["slots"]] == \
+        [(k, k + 1, True) for k in range(4)]
+    assert [names for _, _, _, names in committed["slots"]] == \
+        [sparse.operators_of_slot(k) for k in range(4)]
     with pytest.raises(moesnap.Error) as error:
         moesnap.sparse.SparseSnapshots(client, model, optimizer, operators[:-1], window=4)
     assert "parameters in no operator" in error.value.message
