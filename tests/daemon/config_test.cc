@@ -17,6 +17,7 @@ TEST(ConfigTest, EmptyFileTakesEveryDefault) {
   EXPECT_EQ(options->pool.bytes, uint64_t{8} << 30);
   EXPECT_EQ(options->capture.chunk_bytes, uint64_t{4} << 20);
   EXPECT_EQ(options->pool.lock, PoolLockMode::kAuto);
+  EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{1} << 30);
 }
 
 TEST(ConfigTest, ReadsEveryKey) {
@@ -38,6 +39,8 @@ journal_bytes = 1048576
 [capture]
 threads = 4
 chunk_bytes = "1 MiB"
+[upstream_log]
+max_bytes = "256MiB"
 [log]
 level = "debug"
 )", "full.toml");
@@ -51,6 +54,7 @@ level = "debug"
   EXPECT_EQ(options->pool.journal_bytes, 1048576u);
   EXPECT_EQ(options->capture.threads, 4);
   EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
+  EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
 }
 
@@ -61,6 +65,7 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[node]\nid = -1\n", "site.toml: node.id"},
       {"[node]\nid = \"zero\"\n", "site.toml: node.id: expected an integer"},
       {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
+      {"[upstream_log]\nmax_bytes = 0\n", "site.toml: upstream_log.max_bytes: must be positive"},
       {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
       {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
       {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},
