@@ -6,7 +6,9 @@
 # way and compares its losses and final state with an uninterrupted run. Part 3 runs a cluster of six
 # daemons (k = 4, m = 2) with a trainer per node, loses two nodes with their memory, rebuilds them
 # from parity and checks every byte on every node, then loses three (more than m) and shows the error.
-# Part 4 shows the erasure layer alone. Extra arguments go to moesnap-erasure-demo.
+# Part 4 shows the erasure layer alone. Part 5 runs a 3-stage pipeline on a 3-node cluster, loses a
+# stage's trainer and then a stage's node, and recovers each stage alone from its sparse window and
+# its neighbours' upstream logs. Extra arguments go to moesnap-erasure-demo.
 # Leaves nothing running and removes everything it created.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -221,5 +223,13 @@ done
 echo
 echo "== part 4: the erasure layer alone, m units of every stripe lost and rebuilt"
 "$bin/moesnap-erasure-demo" "$@"
+
+echo
+echo "== part 5: a 3-stage MoE pipeline (gloo) on a 3-node cluster (k=2, m=1), sparse snapshots and"
+echo "   upstream logs on; one stage's trainer, then another stage's whole node, SIGKILLed at a random step"
+# The pipeline recovery tests are this part: each prints its report line once its checks passed.
+MOESNAP_BIN_DIR=$PWD/$bin /usr/bin/python3 -m pytest -q -s -p no:cacheprovider \
+  client/python/tests/test_pipeline.py -k "killed or lost_node" 2>/dev/null |
+  grep -o 'pipeline: .*' | sed 's/^pipeline: /  /'
 echo
 echo "RESULT: every failure within the code's limits recovered bit-identical; beyond them, a clear error"

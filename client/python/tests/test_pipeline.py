@@ -176,6 +176,18 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
     return context, rejoined[0], survivors, replacement
 
 
+def report(context: str, rejoined: str, replacement: Stage) -> None:
+    """One line for the main job (deploy/demo.sh) and the test log."""
+    first_replayed = replacement.steps_completed()[0]
+    target, how = rejoined.split()[1:]
+    source = ("from its last window and the neighbours' upstream logs" if how == "logs"
+              else "with every stage falling back to its last window")
+    print(f"pipeline: {context}; its replacement replayed steps {first_replayed}-{target} "
+          f"{source}, all stages rejoined at step {target} and trained to {STEPS}; every loss "
+          f"and each stage's parameters and Adam state bit-identical to an uninterrupted run",
+          flush=True)
+
+
 @pytest.mark.parametrize("victim", [1])
 def test_a_killed_stage_replays_from_its_neighbours_logs(reference, tmp_path, victim):
     context, rejoined, survivors, replacement = run_with_a_lost_stage(reference, tmp_path, victim,
@@ -184,6 +196,7 @@ def test_a_killed_stage_replays_from_its_neighbours_logs(reference, tmp_path, vi
     for survivor in survivors:  # they waited: no step computed twice
         completed = survivor.steps_completed()
         assert completed == list(range(1, STEPS + 1)), (context, survivor.lines)
+    report(context + " (trainer SIGKILLed)", rejoined, replacement)
 
 
 def test_a_lost_node_is_rebuilt_and_its_stage_replays_from_the_logs(reference, tmp_path):
@@ -192,6 +205,8 @@ def test_a_lost_node_is_rebuilt_and_its_stage_replays_from_the_logs(reference, t
     assert rejoined.endswith(" logs"), (context, rejoined)
     for survivor in survivors:
         assert survivor.steps_completed() == list(range(1, STEPS + 1)), (context, survivor.lines)
+    report(context + " (its node lost with its memory and rebuilt from parity)", rejoined,
+           replacement)
 
 
 def test_a_missing_log_falls_back_to_the_last_window_of_every_stage(reference, tmp_path):
@@ -202,3 +217,4 @@ def test_a_missing_log_falls_back_to_the_last_window_of_every_stage(reference, t
     assert rejoined.endswith(" fallback"), (context, rejoined)
     assert any(line.startswith("log refusals ") and line != "log refusals 0"
                for line in survivors[0].lines), survivors[0].lines
+    report(context + " (stage 0's upstream log full)", rejoined, replacement)
