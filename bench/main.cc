@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       {"dataplane", moesnap::bench::RunDataPlaneSuite},
       {"cluster", moesnap::bench::RunClusterSuite},
       {"peers", moesnap::bench::RunPeersSuite},
+      {"sparse", moesnap::bench::RunSparseSuite},
       {"gpu", moesnap::bench::RunGpuSuite},
       {"ettr", moesnap::bench::RunEttrSuite},
   };

@@ -13,6 +13,9 @@ absl::Status RunDataPlaneSuite(Report& report);
 absl::Status RunClusterSuite(Report& report);
 // UNAVAILABLE (and skipped by `all`) without the Python interpreter that has torch.
 absl::Status RunPeersSuite(Report& report);
+// The DeepSeek-MoE-16B schedule rows always; the daemon rows are UNAVAILABLE (and skipped by `all`)
+// without the Python interpreter that has torch.
+absl::Status RunSparseSuite(Report& report);
 // A model fed with the figures of the suites that ran before it in the same run.
 absl::Status RunEttrSuite(Report& report);
 // UNAVAILABLE (and skipped by `all`) where no GPU is usable.
