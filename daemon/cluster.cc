@@ -277,6 +277,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   std::deque<int64_t> to_propose_ ABSL_GUARDED_BY(mutex_);
   std::set<int64_t> proposed_ ABSL_GUARDED_BY(mutex_);  // coordinator: steps awaiting a round
   std::optional<int64_t> last_round_ ABSL_GUARDED_BY(mutex_);
+  std::optional<int64_t> running_round_ ABSL_GUARDED_BY(mutex_);
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
   std::set<int64_t> resolved_orphans_ ABSL_GUARDED_BY(mutex_);
 
@@ -567,7 +568,16 @@ void Cluster::Impl::ProposeLoop() {
       grpc::ClientContext context;
       context.set_deadline(Deadline(kControlDeadline));
       v1::ProposeResponse response;
-      if (Stub(Coordinator())->Propose(&context, request, &response).ok()) break;
+      if (Stub(Coordinator())->Propose(&context, request, &response).ok()) {
+        if (response.decided()) {
+          // Captured after the cluster's round of the step ended (a replacement replaying it, or
+          // a capture slower than the commit timeout): no round will take it, so end it here.
+          store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
+                                          "the cluster decided step ", step,
+                                          " before this node captured it")));
+        }
+        break;
+      }
       absl::MutexLock lock(&mutex_);
       changed_.WaitWithTimeout(&mutex_, heartbeat_interval_);
       if (stopping_) return;
@@ -576,14 +586,18 @@ void Cluster::Impl::ProposeLoop() {
 }
 
 grpc::Status Cluster::Impl::Propose(grpc::ServerContext*, const v1::ProposeRequest* request,
-                                    v1::ProposeResponse*) {
+                                    v1::ProposeResponse* response) {
   absl::MutexLock lock(&mutex_);
   const uint32_t coordinator = CoordinatorLocked();
   if (coordinator != node_id_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("node ", coordinator, " is the coordinator"));
   }
-  if (!last_round_ || request->step() > *last_round_) proposed_.insert(request->step());
+  if (!last_round_ || request->step() > *last_round_) {
+    proposed_.insert(request->step());
+  } else if (request->step() != running_round_) {
+    response->set_decided(true);
+  }
   changed_.SignalAll();
   return grpc::Status::OK;
 }
@@ -600,10 +614,13 @@ void Cluster::Impl::CoordinatorLoop() {
         step = *proposed_.begin();
         proposed_.erase(proposed_.begin());
         last_round_ = step;
+        running_round_ = step;
       }
     }
     if (Coordinator() == node_id_) ResolveOrphans();
     if (step) RunRound(*step);
+    absl::MutexLock lock(&mutex_);
+    running_round_.reset();
   }
 }
 
@@ -1723,7 +1740,7 @@ absl::StatusOr<v1::RestoreResponse> Cluster::Impl::RestoreFrom(
 
 grpc::Status Cluster::Impl::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
                                      v1::FetchLogResponse* response) {
-  absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request, store_->LogRecoveryPoint());
+  absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request);
   if (!fetched.ok()) return ToGrpcStatus(fetched.status());
   *response = *std::move(fetched);
   return grpc::Status::OK;
@@ -1741,14 +1758,16 @@ absl::StatusOr<v1::FetchLogResponse> Cluster::Impl::FetchRemoteLog(
   }
   absl::Mutex found_mutex;
   std::optional<absl::StatusOr<v1::FetchLogResponse>> found;
-  InParallel(nodes, [&](uint32_t id) -> absl::Status {
+  const std::vector<absl::Status> statuses = InParallel(nodes, [&](uint32_t id) -> absl::Status {
     grpc::ClientContext context;
     context.set_deadline(Deadline(kControlDeadline));
     v1::FetchLogResponse response;
     const absl::Status status = FromGrpcStatus(Stub(id)->FetchLog(&context, request, &response));
     if (absl::IsNotFound(status) || absl::IsUnavailable(status)) return status;
     absl::MutexLock lock(&found_mutex);
-    if (status.ok()) {
+    // A node that ran the rank once may hold an older, emptier log than the one it runs on now.
+    if (status.ok() && (!found || !found->ok() ||
+                        response.records_size() > (*found)->records_size())) {
       found = std::move(response);
     } else if (!found) {
       found = status;
@@ -1756,11 +1775,14 @@ absl::StatusOr<v1::FetchLogResponse> Cluster::Impl::FetchRemoteLog(
     return status;
   });
   if (found) return *std::move(found);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (absl::IsUnavailable(statuses[i])) lost.push_back(nodes[i]);
+  }
   return absl::NotFoundError(absl::StrCat(
       "no live node holds an upstream log of rank ", request.rank(),
       lost.empty() ? std::string()
-                   : absl::StrCat(" (lost nodes [", absl::StrJoin(lost, ", "),
-                                  "] held logs that are gone with them)")));
+                   : absl::StrCat(" (nodes [", absl::StrJoin(lost, ", "),
+                                  "] are lost or did not answer; a log held there is gone)")));
 }
 
 // --- Cluster -------------------------------------------------------------------------------------

@@ -65,7 +65,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!store.ok()) return store.status();
   daemon->store_ = *std::move(store);
 
-  daemon->upstream_log_ = std::make_unique<UpstreamLog>(options.node_id, options.upstream_log);
+  daemon->upstream_log_ = std::make_unique<UpstreamLog>(
+      options.node_id, options.upstream_log,
+      [store = daemon->store_.get()](const std::set<uint32_t>& ranks) {
+        return store->LogRecoveryPoint(ranks);
+      });
 
   if (options.cluster) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =

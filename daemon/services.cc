@@ -32,7 +32,9 @@ grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* r
   response->set_shm_group(facts_.shm_group);
   response->set_pool_bytes(store_->Status().pool_bytes());
   response->set_supports_device_memory(facts_.supports_device_memory);
-  if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {
+  // Only once this node holds what was committed (a replacement may still be rebuilding it).
+  std::optional<int64_t> latest = store_->LatestCommitted(request->rank());
+  if (latest && store_->WaitRestorable(absl::Now()).ok()) {
     response->set_latest_committed_step(*latest);
   }
   return grpc::Status::OK;
@@ -99,9 +101,13 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::LatestCommitted(grpc::ServerContext*,
+grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
                                            const v1::LatestCommittedRequest* request,
                                            v1::LatestCommittedResponse* response) {
+  // A replacement node answers once its rebuild has brought back what the group committed.
+  if (absl::Status status = store_->WaitRestorable(DeadlineOf(context)); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {
     response->set_step(*latest);
   }
@@ -118,7 +124,7 @@ grpc::Status AgentService::LatestCommitted(grpc::ServerContext*,
 grpc::Status AgentService::AppendLog(grpc::ServerContext*, const v1::AppendLogRequest* request,
                                      v1::AppendLogResponse* response) {
   absl::StatusOr<v1::AppendLogResponse> appended =
-      log_->Append(request->record(), store_->LogRecoveryPoint());
+      log_->Append(request->record());
   if (!appended.ok()) return ToGrpcStatus(appended.status());
   *response = *std::move(appended);
   return grpc::Status::OK;
@@ -126,7 +132,7 @@ grpc::Status AgentService::AppendLog(grpc::ServerContext*, const v1::AppendLogRe
 
 grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
                                     v1::FetchLogResponse* response) {
-  absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request, store_->LogRecoveryPoint());
+  absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request);
   if (absl::IsNotFound(fetched.status()) && cluster_ != nullptr) {
     fetched = cluster_->FetchLog(*request);  // the rank ran on another node
   }

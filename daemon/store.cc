@@ -244,7 +244,7 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
         rank_state.replay_through && step <= *rank_state.replay_through &&
         it != rank_state.steps.end() && it->second.state != v1::STEP_STATE_ABORTED &&
         (!sparse || (it->second.sparse && it->second.sparse->buffer() == sparse->buffer()))) {
-      return it->second.bytes;
+      return uint64_t{0};  // nothing to copy
     }
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
                                                    " is not after step ",
@@ -389,9 +389,9 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
   record.state = v1::STEP_STATE_CAPTURED;
-  record.captured = true;
   MarkSlot(record, &rank_state.open_window);
   if (mode_ == CommitMode::kCluster) {
+    record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
     absl::StatusOr<bool> captured = NodeCaptured(record.step);
     if (captured.ok() && *captured && on_node_captured_) on_node_captured_(record.step);
@@ -434,8 +434,14 @@ void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status wh
                                                      record.step, ") aborted: ",
                                                      record.failure.message()));
   }
-  // The step never became the rank's latest, so the next snapshot may reuse a later step number.
+  // The step never became the rank's latest, so the next snapshot may reuse its step number; steps
+  // captured after it still count.
   rank_state.latest_snapshot = rank_state.latest_committed;
+  for (const auto& [step, other] : rank_state.steps) {
+    if (other.state != v1::STEP_STATE_ABORTED) {
+      rank_state.latest_snapshot = std::max(rank_state.latest_snapshot.value_or(step), step);
+    }
+  }
   step_changed_.SignalAll();
 }
 
@@ -496,9 +502,7 @@ namespace moesnap::daemon {
 absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
                                                    const std::vector<std::string>& regions,
                                                    absl::Time deadline) {
-  if (restore_gate_) {
-    if (absl::Status gate = restore_gate_(deadline); !gate.ok()) return gate;
-  }
+  if (absl::Status gate = WaitRestorable(deadline); !gate.ok()) return gate;
   struct Work {
     std::shared_ptr<Version> version;
     std::shared_ptr<RegionSource> source;
@@ -624,6 +628,10 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   return response;
 }
 
+absl::Status Store::WaitRestorable(absl::Time deadline) const {
+  return restore_gate_ ? restore_gate_(deadline) : absl::OkStatus();
+}
+
 std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
   absl::MutexLock lock(&mutex_);
   auto it = ranks_.find(rank);
@@ -656,10 +664,11 @@ v1::ListWindowsResponse Store::ListWindows(std::optional<uint32_t> rank) const {
   return response;
 }
 
-std::optional<int64_t> Store::LogRecoveryPoint() const {
+std::optional<int64_t> Store::LogRecoveryPoint(const std::set<uint32_t>& ranks) const {
   absl::MutexLock lock(&mutex_);
   std::optional<int64_t> point;
   for (const auto& [rank, rank_state] : ranks_) {
+    if (!ranks.contains(rank)) continue;
     int64_t rank_point;
     if (rank_state.committed_window) {
       rank_point = rank_state.committed_window->first_step();
@@ -668,7 +677,7 @@ std::optional<int64_t> Store::LogRecoveryPoint() const {
     } else if (rank_state.latest_committed) {
       rank_point = *rank_state.latest_committed;
     } else {
-      continue;  // never snapshotted: not a trainer whose recovery the log serves
+      return std::nullopt;  // never snapshotted: its recovery would start from the beginning
     }
     point = std::min(point.value_or(rank_point), rank_point);
   }
@@ -690,8 +699,24 @@ absl::Status Store::CheckSparseSlot(const RankState& rank_state, uint32_t rank, 
                                                    " of that window is step ",
                                                    sparse.window_first_step() + sparse.slot()));
   }
-  if (sparse.slot() == 0) return absl::OkStatus();
   const std::optional<v1::SparseWindow>& open = rank_state.open_window;
+  if (sparse.slot() == 0) {
+    const std::optional<v1::SparseWindow>& committed = rank_state.committed_window;
+    if (committed && committed->buffer() == sparse.buffer()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where(), ": buffer ", sparse.buffer(), " holds the last committed window (from step ",
+          committed->first_step(), "), kept until the next window commits; write the other one"));
+    }
+    if (!open) return absl::OkStatus();
+    for (const v1::WindowSlot& slot : open->slots()) {
+      if (slot.state() == v1::STEP_STATE_CAPTURING || slot.state() == v1::STEP_STATE_CAPTURED) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            where(), ": slot ", slot.slot(), " (step ", slot.step(), ") of the open window from step ",
+            open->first_step(), " is not committed yet; WaitCommitted(", slot.step(), ") first"));
+      }
+    }
+    return absl::OkStatus();
+  }
   if (!open || open->first_step() != sparse.window_first_step() ||
       open->size() != sparse.window_size() || open->buffer() != sparse.buffer()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1070,7 +1095,12 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   }
   absl::MutexLock lock(&mutex_);
   // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.
-  for (auto& [rank, rank_state] : ranks_) rebuilt[rank].regions = std::move(rank_state.regions);
+  for (auto& [rank, rank_state] : ranks_) {
+    RankState& installed = rebuilt[rank];
+    installed.regions = std::move(rank_state.regions);
+    installed.restarting = rank_state.restarting;
+    installed.replay_through = rank_state.replay_through;
+  }
   std::swap(ranks_, rebuilt);
   if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
     std::swap(ranks_, rebuilt);

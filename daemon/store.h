@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,14 +82,20 @@ class Store {
                                               const std::vector<std::string>& regions,
                                               absl::Time deadline);
 
+  // Waits until this node holds its share of the committed state (a replacement's rebuild at start
+  // has finished); why it cannot when the rebuild failed. Restore waits for it, and so must every
+  // answer about what is committed.
+  absl::Status WaitRestorable(absl::Time deadline) const;
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
   // The rank's last committed sparse window and the open one after it.
   v1::RankWindows Windows(uint32_t rank) const;
   v1::ListWindowsResponse ListWindows(std::optional<uint32_t> rank) const;
-  // The step every rank of this node recovers from at worst: the first step of its last committed
+  // The step the given ranks recover from at worst: the first step of each one's last committed
   // window, or its latest committed step when it takes no sparse steps. Upstream-log records of
-  // steps up to it are no longer needed. Absent while a rank's first window is still open.
-  std::optional<int64_t> LogRecoveryPoint() const;
+  // steps up to it are no longer needed (windows are aligned across the job, so a rank's own window
+  // stands for its neighbours'). Absent while one of them has nothing committed or its first window
+  // is still open.
+  std::optional<int64_t> LogRecoveryPoint(const std::set<uint32_t>& ranks) const;
 
   // --- Cluster mode ---------------------------------------------------------------------------
   // Called (under the store's lock: it must only queue work) when every rank of this node with

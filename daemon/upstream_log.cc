@@ -34,7 +34,9 @@ uint64_t UpstreamLog::Footprint(const std::string& payload) {
   return payload.size() + kRecordOverhead;
 }
 
-void UpstreamLog::DropThrough(std::optional<int64_t> step) {
+void UpstreamLog::Prune() {
+  if (senders_.empty()) return;
+  const std::optional<int64_t> step = recovery_point_(senders_);
   if (!step || (dropped_through_ && *step <= *dropped_through_)) return;
   dropped_through_ = step;
   auto end = records_.lower_bound(Key{*step + 1, 0, 0, 0, 0});
@@ -43,8 +45,7 @@ void UpstreamLog::DropThrough(std::optional<int64_t> step) {
   refused_.erase(refused_.begin(), refused_.lower_bound({*step + 1, 0}));
 }
 
-absl::StatusOr<v1::AppendLogResponse> UpstreamLog::Append(const v1::LogRecord& record,
-                                                          std::optional<int64_t> drop_through) {
+absl::StatusOr<v1::AppendLogResponse> UpstreamLog::Append(const v1::LogRecord& record) {
   if (record.direction() != v1::LOG_DIRECTION_FORWARD &&
       record.direction() != v1::LOG_DIRECTION_BACKWARD) {
     return absl::InvalidArgumentError(
@@ -58,8 +59,8 @@ absl::StatusOr<v1::AppendLogResponse> UpstreamLog::Append(const v1::LogRecord& r
   const Key key{record.step(), record.rank(), record.direction(), record.peer_rank(),
                 record.micro_batch()};
   absl::MutexLock lock(&mutex_);
-  DropThrough(drop_through);
   senders_.insert(record.rank());
+  Prune();
   v1::AppendLogResponse response;
   response.set_budget_bytes(options_.max_bytes);
   if (dropped_through_ && record.step() <= *dropped_through_) {
@@ -93,10 +94,9 @@ absl::StatusOr<v1::AppendLogResponse> UpstreamLog::Append(const v1::LogRecord& r
   return response;
 }
 
-absl::StatusOr<v1::FetchLogResponse> UpstreamLog::Fetch(const v1::FetchLogRequest& request,
-                                                        std::optional<int64_t> drop_through) {
+absl::StatusOr<v1::FetchLogResponse> UpstreamLog::Fetch(const v1::FetchLogRequest& request) {
   absl::MutexLock lock(&mutex_);
-  DropThrough(drop_through);
+  Prune();
   if (!senders_.contains(request.rank())) {
     return absl::NotFoundError(absl::StrCat("node ", node_id_, " holds no upstream log of rank ",
                                             request.rank()));

@@ -7,13 +7,16 @@
 // when they differ. Memory is bounded by upstream_log.max_bytes: an append that does not fit once
 // records no longer needed are dropped is refused with RESOURCE_EXHAUSTED, and the step is marked
 // so that a later fetch of it fails naming why instead of returning a partial step. Records of
-// steps up to the node's recovery point (Store::LogRecoveryPoint) are dropped.
+// steps up to the recovery point of the ranks that logged here (Store::LogRecoveryPoint: the first
+// step of their last committed window) are dropped: no replay starts before it. The log lives in
+// the daemon's heap: a restarted daemon starts with an empty one.
 //
 // Thread-safe.
 #ifndef MOESNAP_DAEMON_UPSTREAM_LOG_H_
 #define MOESNAP_DAEMON_UPSTREAM_LOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -34,17 +37,16 @@ struct UpstreamLogOptions {
 
 class UpstreamLog {
  public:
-  UpstreamLog(uint32_t node_id, const UpstreamLogOptions& options)
-      : node_id_(node_id), options_(options) {}
+  // `recovery_point(ranks)`: the step up to which records of `ranks` are no longer needed, if any.
+  using RecoveryPoint = std::function<std::optional<int64_t>(const std::set<uint32_t>& ranks)>;
+  UpstreamLog(uint32_t node_id, const UpstreamLogOptions& options, RecoveryPoint recovery_point)
+      : node_id_(node_id), options_(options), recovery_point_(std::move(recovery_point)) {}
 
-  // `drop_through`: records of this step and earlier are no longer needed (dropped first).
-  absl::StatusOr<v1::AppendLogResponse> Append(const v1::LogRecord& record,
-                                               std::optional<int64_t> drop_through);
+  absl::StatusOr<v1::AppendLogResponse> Append(const v1::LogRecord& record);
   // NOT_FOUND when this node has never held a record of the rank (it ran elsewhere); OUT_OF_RANGE
   // for a step already dropped; DATA_LOSS for a step whose records did not fit. Each record's
   // CRC-32C is checked before it is returned.
-  absl::StatusOr<v1::FetchLogResponse> Fetch(const v1::FetchLogRequest& request,
-                                             std::optional<int64_t> drop_through);
+  absl::StatusOr<v1::FetchLogResponse> Fetch(const v1::FetchLogRequest& request);
   // Records, bytes, budget and the first step kept, into an admin view.
   void Describe(v1::ListWindowsResponse* response) const;
 
@@ -56,10 +58,12 @@ class UpstreamLog {
     uint32_t crc = 0;
   };
   static uint64_t Footprint(const std::string& payload);
-  void DropThrough(std::optional<int64_t> step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Drops what no recovery can need any more.
+  void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const uint32_t node_id_;
   const UpstreamLogOptions options_;
+  const RecoveryPoint recovery_point_;  // takes the store's lock: always after mutex_, never before
   mutable absl::Mutex mutex_;
   std::map<Key, Entry> records_ ABSL_GUARDED_BY(mutex_);
   std::set<std::pair<int64_t, uint32_t>> refused_ ABSL_GUARDED_BY(mutex_);  // (step, sender)

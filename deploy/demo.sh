@@ -228,8 +228,11 @@ echo
 echo "== part 5: a 3-stage MoE pipeline (gloo) on a 3-node cluster (k=2, m=1), sparse snapshots and"
 echo "   upstream logs on; one stage's trainer, then another stage's whole node, SIGKILLed at a random step"
 # The pipeline recovery tests are this part: each prints its report line once its checks passed.
-MOESNAP_BIN_DIR=$PWD/$bin /usr/bin/python3 -m pytest -q -s -p no:cacheprovider \
-  client/python/tests/test_pipeline.py -k "killed or lost_node" 2>/dev/null |
-  grep -o 'pipeline: .*' | sed 's/^pipeline: /  /'
+if ! MOESNAP_BIN_DIR=$PWD/$bin /usr/bin/python3 -m pytest -q -s -p no:cacheprovider \
+       client/python/tests/test_pipeline.py -k "killed or lost_node" > "$work/pipeline.log" 2>&1; then
+  echo "the pipeline recovery failed; the end of its log:" >&2; tail -n 80 "$work/pipeline.log" >&2
+  exit 1
+fi
+grep -o 'pipeline: .*' "$work/pipeline.log" | sed 's/^pipeline: /  /'
 echo
 echo "RESULT: every failure within the code's limits recovered bit-identical; beyond them, a clear error"

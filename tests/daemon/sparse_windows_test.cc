@@ -122,6 +122,8 @@ TEST_F(SparseWindowsTest, SlotsOutOfOrderAreRefusedAndTheCommittedWindowStays) {
   for (int64_t step = 1; step <= 3; ++step) ASSERT_OK(SnapshotSlot(step, 1, 0));
   ExpectError(SnapshotSlot(5, 4, 1), absl::StatusCode::kFailedPrecondition,
               "a window starts with its slot 0");
+  ExpectError(SnapshotSlot(4, 4, 0), absl::StatusCode::kFailedPrecondition,
+              "buffer 0 holds the last committed window (from step 1)");
   ExpectError(client_->SnapshotSparse(4, {Region(0, 1)}, {4, kWindow, 3, 1, {}}).status(),
               absl::StatusCode::kInvalidArgument, "has no such slot");
   ExpectError(client_->SnapshotSparse(4, {Region(0, 1)}, {1, kWindow, 1, 1, {}}).status(),
@@ -135,6 +137,25 @@ TEST_F(SparseWindowsTest, SlotsOutOfOrderAreRefusedAndTheCommittedWindowStays) {
   ASSERT_OK(windows);
   ASSERT_TRUE(windows->committed.has_value());
   EXPECT_EQ(windows->committed->first_step, 1);
+  EXPECT_EQ(windows->committed->slots.size(), 3u);
+}
+
+TEST_F(SparseWindowsTest, ANewTrainerProcessMayReplayStepsItsPredecessorSnapshotted) {
+  for (int64_t step = 1; step <= 2; ++step) ASSERT_OK(SnapshotSlot(step, 1, 0));
+  // The same process may not go back ...
+  ExpectError(client_->SnapshotSparse(2, {Region(1, 0)}, {1, kWindow, 1, 0, {}}).status(),
+              absl::StatusCode::kInvalidArgument, "is not after step 2");
+  // ... a replacement replaying the step finds it stored: nothing to copy, and the window goes on.
+  client_.reset();
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  absl::StatusOr<uint64_t> replayed =
+      client_->SnapshotSparse(2, {Region(1, 0)}, {1, kWindow, 1, 0, {"layer0.expert1"}});
+  ASSERT_OK(replayed);
+  EXPECT_EQ(*replayed, 0u);
+  ASSERT_OK(SnapshotSlot(3, 1, 0));
+  absl::StatusOr<SparseWindows> windows = client_->Windows();
+  ASSERT_OK(windows);
+  ASSERT_TRUE(windows->committed.has_value());
   EXPECT_EQ(windows->committed->slots.size(), 3u);
 }
 

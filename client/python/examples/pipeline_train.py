@@ -155,6 +155,8 @@ def main() -> int:
             if sparse is None:
                 raise
             print(f"lost a neighbour after step {completed}: {error}".splitlines()[0], flush=True)
+            if rejoining:
+                completed = None  # cut short while rejoining: the state may be mid-replay
             dist.destroy_process_group()
             generation += 1
             rejoining = True

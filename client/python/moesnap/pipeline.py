@@ -26,14 +26,16 @@ import torch.distributed as dist
 from .sparse import SparseSnapshots
 from .torch_helpers import Client, Error
 
-# Errors that mean a log the replay needs is not there: recovery falls back to the last window.
-_LOG_MISSING = {"NOT_FOUND", "OUT_OF_RANGE", "DATA_LOSS"}
+# Errors that mean a log the replay needs is not there (or too large for one message): recovery
+# falls back to the last window.
+_LOG_MISSING = {"NOT_FOUND", "OUT_OF_RANGE", "DATA_LOSS", "RESOURCE_EXHAUSTED"}
 
 
 class StageLink:
-    """The boundaries of pipeline stage ``stage`` of ``stages`` (stage i runs as rank
-    ``ranks[i]``). Live, messages go over ``torch.distributed`` and each is logged before it is
-    sent; replaying, messages are read from the sender's upstream log and sends are only logged."""
+    """The boundaries of pipeline stage ``stage``: stage i runs as rank ``ranks[i]``, both in the
+    process group and as its moesnap rank. Live, messages go over ``torch.distributed`` and each is
+    logged before it is sent; replaying, messages are read from the sender's upstream log (one
+    message per step and direction: under 64 MiB) and sends are only logged."""
 
     def __init__(self, client: Optional[Client], stage: int, ranks: List[int]) -> None:
         self._client = client
@@ -98,46 +100,85 @@ class StageLink:
 def rejoin(link: StageLink, sparse: SparseSnapshots, run_step: Callable[[int], None],
            completed: Optional[int]) -> Tuple[int, str]:
     """Brings every stage to the same step after a stage was lost; called by every stage once the
-    new process group is up. ``completed`` is the last step this stage completed (None for the
-    replacement). ``run_step(step)`` runs one training step through ``link`` and snapshots it.
-    Returns (the step every stage now completed, how: "logs" or "fallback")."""
+    new process group is up. ``completed`` is the last step this stage completed, or None when its
+    state is not that of a completed step (the replacement, or a stage whose earlier rejoin was cut
+    short). ``run_step(step)`` runs one training step through ``link`` and snapshots it. Returns
+    (the step every stage has now completed, how: "logs" or "fallback").
+
+    Every collective here runs under the process group's timeout: it must exceed the time the
+    replacement takes to restore and replay a window."""
     gathered: List[Optional[int]] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, completed)
-    target = max(step for step in gathered if step is not None)
-    failure: Optional[str] = None
-    if completed is None:
+    done = [step for step in gathered if step is not None]
+    if not done:
+        return _fall_back(sparse, run_step, None), "fallback"
+    target = max(done)
+    if min(done) < target - 1:
+        raise Error("FAILED_PRECONDITION", f"stages completed steps {gathered}: more than one "
+                                           f"step apart, which a pipeline cannot be")
+
+    def replay(steps: List[int]) -> Optional[str]:
         link.replaying = True
         try:
-            end = sparse.recover(run_step)
-            for step in range(end + 1, target + 1):
+            for step in steps:
                 run_step(step)
         except Error as error:
             if error.code not in _LOG_MISSING:
                 raise
-            failure = f"{error.code}: {error.message}"
+            return f"{error.code}: {error.message}"
         finally:
             link.replaying = False
-    failures: List[Optional[str]] = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, failure)
-    if any(failures):
+        return None
+
+    failure: Optional[str] = None
+    if completed is None:
+        failure = _replay_from_window(sparse, replay, target)
+    if _any_failed(failure):
         return _fall_back(sparse, run_step, target), "fallback"
     # Stages a step behind finish it from the logs, the most downstream first (an upstream stage
     # needs the gradients its downstream neighbour sends in that step).
     for stage in reversed(range(dist.get_world_size())):
+        failure = None
         if stage == link.stage and completed is not None and completed < target:
-            link.replaying = True
-            try:
-                run_step(target)
-            finally:
-                link.replaying = False
-        dist.barrier()
+            failure = replay([target])
+        if _any_failed(failure):
+            return _fall_back(sparse, run_step, target), "fallback"
     return target, "logs"
 
 
-def _fall_back(sparse: SparseSnapshots, run_step: Callable[[int], None], target: int) -> int:
+def _replay_from_window(sparse: SparseSnapshots, replay: Callable[[List[int]], Optional[str]],
+                        target: int) -> Optional[str]:
+    """The replacement: its last committed window rebuilt from the logs, then the steps after it
+    up to ``target``. Returns why a log it needed was missing, if one was."""
+    failures: List[str] = []
+
+    def train_step(step: int) -> None:
+        failure = replay([step])
+        if failure:
+            failures.append(failure)
+            raise Error("DATA_LOSS", failure)
+
+    try:
+        end = sparse.recover(train_step)
+    except Error as error:
+        if not failures and error.code not in _LOG_MISSING:
+            raise
+        return failures[0] if failures else f"{error.code}: {error.message}"
+    return replay(list(range(end + 1, target + 1)))
+
+
+def _any_failed(failure: Optional[str]) -> bool:
+    """Shares each stage's failure (or None) with every stage; also a barrier."""
+    failures: List[Optional[str]] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)
+    return any(failures)
+
+
+def _fall_back(sparse: SparseSnapshots, run_step: Callable[[int], None],
+               target: Optional[int]) -> int:
     """Every stage restores its last committed window and the pipeline replays it live; the steps
-    after it are trained again up to ``target``."""
-    end = sparse.recover(run_step)
+    after it are trained again up to ``target`` (to the window's end when None)."""
+    end = sparse.last_window_end()
     ends: List[Optional[int]] = [None] * dist.get_world_size()
     dist.all_gather_object(ends, end)
     if 0 in ends:
@@ -146,6 +187,7 @@ def _fall_back(sparse: SparseSnapshots, run_step: Callable[[int], None], target:
     if len(set(ends)) != 1:
         raise Error("FAILED_PRECONDITION", f"the stages' last committed windows end at different "
                                            f"steps {ends}: no consistent state to fall back to")
-    for step in range(end + 1, target + 1):
+    sparse.recover(run_step)
+    for step in range(end + 1, (end if target is None else target) + 1):
         run_step(step)
-    return target
+    return end if target is None else target

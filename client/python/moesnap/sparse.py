@@ -110,12 +110,18 @@ class SparseSnapshots:
         if first > 1:
             try:  # the previous window settles (commits or fails) before its buffer is judged
                 self._client.wait_committed(first - 1)
-            except Error:
-                pass  # that window failed: the committed one is older and its buffer stays safe
+            except Error as error:  # that window failed: the committed one's buffer stays safe
+                if error.code not in ("ABORTED", "NOT_FOUND"):
+                    raise
         committed = self._client.windows()["committed"]
         self._window_first = first
         self._buffer = 0 if committed is None else 1 - committed["buffer"]
         return self._buffer
+
+    def last_window_end(self) -> int:
+        """The last step of the last committed window (0 when none has committed)."""
+        committed = self._client.windows()["committed"]
+        return 0 if committed is None else committed["first_step"] + committed["size"] - 1
 
     def operators_of_slot(self, slot: int) -> List[str]:
         return [name for name, s, _, _, _ in self._operators if s == slot]
@@ -163,12 +169,12 @@ class SparseSnapshots:
     def recover(self, train_step: Callable[[int], None]) -> int:
         """Rebuilds the dense state at the end of the last complete window and returns that step
         (0 when no window is complete: train from the start). ``train_step(step)`` runs one
-        training step (forward, backward, ``clip_grad_norm_``, ``optimizer.step()``) without
-        snapshotting; it is called for each replayed step."""
+        training step (forward, backward, ``clip_grad_norm_``, ``optimizer.step()``); it is called
+        for each replayed step, and may call ``snapshot``, which skips every step stored already."""
         latest = self._client.latest_committed()
         if latest is None:
             return 0
-        self._skip_through = latest
+        self._skip_through = max(latest, self._client.last_snapshot or 0)
         windows = self._client.windows()
         if windows["open"] is not None:  # the trainer goes on writing the window it was writing
             self._window_first = windows["open"]["first_step"]

@@ -253,6 +253,11 @@ class Client:
         """The latest committed step of this rank, or None."""
         return self._native.latest_committed()
 
+    @property
+    def last_snapshot(self) -> Optional[int]:
+        """The step of this process's latest ``snapshot`` (or ``restore``), or None."""
+        return self._last_snapshot
+
     def windows(self) -> Dict[str, Optional[Dict[str, Any]]]:
         """This rank's sparse windows: ``{"committed": ..., "open": ...}``, each None or a dict
         with ``first_step``, ``size``, ``buffer``, ``slots`` ((slot, step, committed, operators)
@@ -266,8 +271,8 @@ class Client:
         """Logs what this rank sends to ``peer_rank`` at a pipeline boundary: ``direction`` is
         ``"forward"`` (activations) or ``"backward"`` (gradients). Log before sending, so that
         whatever a neighbour received is in the log."""
-        self._native.append_log(step, micro_batch, direction, peer_rank,
-                                tensor.detach().cpu().contiguous().numpy().tobytes())
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype, bf16 too
+        self._native.append_log(step, micro_batch, direction, peer_rank, raw.numpy().tobytes())
 
     def fetch_log(self, sender_rank: int, step: int, direction: str, peer_rank: int,
                   like: torch.Tensor) -> List[torch.Tensor]:
@@ -281,8 +286,8 @@ class Client:
                             f"log of step {step} from rank {sender_rank} to rank {peer_rank} "
                             f"({direction}): micro-batch {expected} is missing or has "
                             f"{len(payload)} bytes instead of {like.numel() * like.element_size()}")
-            tensors.append(torch.frombuffer(bytearray(payload), dtype=like.dtype)
-                           .reshape(like.shape).clone())
+            tensors.append(torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+                           .view(like.dtype).reshape(like.shape).clone())
         return tensors
 
     @property

@@ -106,7 +106,7 @@ class Cluster:
                         f'control_port = {unused_port()}\ndata_port = {unused_port()}\n'
                         for i in range(STAGES))
         cluster = ('[cluster]\ndata_units = 2\nparity_units = 1\nstripe_unit_bytes = "64KiB"\n'
-                   'heartbeat_timeout_ms = 2000\ncommit_timeout_ms = 20000\n' + nodes)
+                   'heartbeat_timeout_ms = 2000\ncommit_timeout_ms = 8000\n' + nodes)
         self.daemons = []
         for i in range(STAGES):
             node_directory = directory / f"node{i}"
@@ -159,6 +159,10 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
         replacement = Stage(victim, rendezvous, cluster.daemons[victim].agent_socket,
                             outs[victim], generation=1, replacement=True)
         survivors = [stage for s, stage in enumerate(stages) if s != victim]
+        codes = [stage.process.wait(300) for stage in survivors + [replacement]]
+        assert codes == [0] * STAGES, "\n\n".join(
+            f"exit {code}:\n" + "\n".join(stage.lines)
+            for code, stage in zip(codes, survivors + [replacement]))
         lines = [stage.finish() for stage in survivors] + [replacement.finish()]
         windows = cluster.ctl(victim, "inspect")
     finally:
