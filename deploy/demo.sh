@@ -226,10 +226,10 @@ echo "== part 4: the erasure layer alone, m units of every stripe lost and rebui
 
 echo
 echo "== part 5: a 3-stage MoE pipeline (gloo) on a 3-node cluster (k=2, m=1), sparse snapshots and"
-echo "   upstream logs on; one stage's trainer, then another stage's whole node, SIGKILLed at a random step"
+echo "   upstream logs on; a stage's trainer (after a step, then mid-backward), then a stage's whole node, SIGKILLed at a random step"
 # The pipeline recovery tests are this part: each prints its report line once its checks passed.
 if ! MOESNAP_BIN_DIR=$PWD/$bin /usr/bin/python3 -m pytest -q -s -p no:cacheprovider \
-       client/python/tests/test_pipeline.py -k "killed or lost_node" > "$work/pipeline.log" 2>&1; then
+       client/python/tests/test_pipeline.py -k "killed or mid_backward or lost_node" > "$work/pipeline.log" 2>&1; then
   echo "the pipeline recovery failed; the end of its log:" >&2; tail -n 80 "$work/pipeline.log" >&2
   exit 1
 fi

@@ -18,6 +18,8 @@ completed step, "rejoined T logs|fallback", "generation G", "log refusals N", "d
 
 import argparse
 import datetime
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -77,6 +79,9 @@ def main() -> int:
     parser.add_argument("--socket", help="moesnapd agent socket; none: train without moesnap")
     parser.add_argument("--window", type=int, default=3, help="sparse snapshot window")
     parser.add_argument("--out", help="write the stage's final model and optimizer state here")
+    parser.add_argument("--crash-mid-backward", type=int, metavar="STEP",
+                        help="fault injection: SIGKILL this process in STEP's backward pass, right "
+                             "after it received the last gradient and before passing it upstream")
     arguments = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -122,7 +127,10 @@ def main() -> int:
             if link.last:
                 outputs[index].backward()
             else:
-                outputs[index].backward(link.receive_backward(step, index, activation))
+                gradient = link.receive_backward(step, index, activation)
+                if step == arguments.crash_mid_backward and index == arguments.micro_batches - 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                outputs[index].backward(gradient)
             if not link.first:
                 link.send_backward(step, index, inputs[index].grad)
         if client:

@@ -41,7 +41,8 @@ class Stage:
     """A stage process whose output lines are collected as they come."""
 
     def __init__(self, stage: int, rendezvous: Path, socket_path: Optional[str],
-                 out: Optional[Path], generation: int = 0, replacement: bool = False) -> None:
+                 out: Optional[Path], generation: int = 0, replacement: bool = False,
+                 crash_at: Optional[int] = None) -> None:
         command = [sys.executable, str(PIPELINE), "--stage", str(stage), "--stages", str(STAGES),
                    "--steps", str(STEPS), "--rendezvous", str(rendezvous), "--window", str(WINDOW),
                    "--generation", str(generation)]
@@ -51,6 +52,8 @@ class Stage:
             command += ["--out", str(out)]
         if replacement:
             command.append("--replacement")
+        if crash_at:
+            command += ["--crash-mid-backward", str(crash_at)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
         self.lines: List[str] = []
@@ -137,21 +140,28 @@ class Cluster:
 
 
 def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
-                          log_bytes: Optional[Dict[int, str]] = None):
+                          log_bytes: Optional[Dict[int, str]] = None, mid_backward: bool = False):
+    """Trains the pipeline with stage ``victim`` SIGKILLed at a random step: from outside after it
+    printed the step, or (``mid_backward``) by itself in the next step's backward pass, after it
+    received the last gradient and before passing it upstream."""
     seed = int(os.environ.get("MOESNAP_TEST_SEED", time.time_ns() % 1000003))
     kill_after = random.Random(seed).randint(WINDOW + 1, STEPS - 2)
-    context = f"seed {seed}: stage {victim} killed after step {kill_after}"
+    context = (f"seed {seed}: stage {victim} killed "
+               + (f"in the backward pass of step {kill_after + 1}" if mid_backward
+                  else f"after step {kill_after}"))
     expected_losses, expected_states = reference
     cluster = Cluster(tmp_path, log_bytes or {})
     try:
         rendezvous = tmp_path / "rendezvous"
         rendezvous.mkdir()
         outs = [tmp_path / f"stage{s}.pt" for s in range(STAGES)]
-        stages = [Stage(s, rendezvous, cluster.daemons[s].agent_socket, outs[s])
+        stages = [Stage(s, rendezvous, cluster.daemons[s].agent_socket, outs[s],
+                        crash_at=kill_after + 1 if mid_backward and s == victim else None)
                   for s in range(STAGES)]
-        stages[victim].wait_for(rf"step {kill_after}( loss \S+)?")
-        stages[victim].process.send_signal(signal.SIGKILL)
-        stages[victim].process.wait()
+        if not mid_backward:
+            stages[victim].wait_for(rf"step {kill_after}( loss \S+)?")
+            stages[victim].process.send_signal(signal.SIGKILL)
+        assert stages[victim].process.wait(120) == -signal.SIGKILL, context
         if lose_node:  # the node goes with its memory; a replacement daemon rebuilds from parity
             cluster.daemons[victim].remove()
             cluster.daemons[victim].start()
@@ -201,6 +211,22 @@ def test_a_killed_stage_replays_from_its_neighbours_logs(reference, tmp_path, vi
         completed = survivor.steps_completed()
         assert completed == list(range(1, STEPS + 1)), (context, survivor.lines)
     report(context + " (trainer SIGKILLed)", rejoined, replacement)
+
+
+def test_a_stage_lost_mid_backward_leaves_its_upstream_neighbour_a_step_behind(reference,
+                                                                             tmp_path):
+    # Stage 2 finished the step, stage 0 never got its last gradient: the replacement replays to
+    # stage 2's step, then stage 0 finishes that step from the replacement's log.
+    context, rejoined, survivors, replacement = run_with_a_lost_stage(reference, tmp_path, 1,
+                                                                      lose_node=False,
+                                                                      mid_backward=True)
+    assert rejoined.endswith(" logs"), (context, rejoined)
+    target = int(rejoined.split()[1])
+    assert "lost a neighbour after step " + str(target - 1) in " ".join(survivors[0].lines), \
+        (context, survivors[0].lines)
+    for survivor in survivors:
+        assert survivor.steps_completed() == list(range(1, STEPS + 1)), (context, survivor.lines)
+    report(context, rejoined, replacement)
 
 
 def test_a_lost_node_is_rebuilt_and_its_stage_replays_from_the_logs(reference, tmp_path):
