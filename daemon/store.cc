@@ -389,7 +389,7 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
   record.state = v1::STEP_STATE_CAPTURED;
-  MarkSlot(record, &rank_state.open_window);
+  MarkSlot(record, record.state, &rank_state.open_window);
   if (mode_ == CommitMode::kCluster) {
     record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
@@ -413,7 +413,7 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   record.versions.clear();
   record.state = v1::STEP_STATE_COMMITTED;
   rank_state.latest_committed = record.step;
-  if (record.sparse) AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
+  AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
   in_flight_bytes_ -= record.bytes;
   Log(LogLevel::kDebug, "rank ", rank, " step ", record.step, ": committed");
   step_changed_.SignalAll();
@@ -429,7 +429,7 @@ void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status wh
   record.failure = std::move(why);
   record.versions.clear();  // chunks still copying hold their version until they finish
   in_flight_bytes_ -= record.bytes;
-  if (MarkSlot(record, &rank_state.open_window)) {
+  if (MarkSlot(record, record.state, &rank_state.open_window)) {
     rank_state.open_window->set_failure(absl::StrCat("slot ", record.sparse->slot(), " (step ",
                                                      record.step, ") aborted: ",
                                                      record.failure.message()));
@@ -638,28 +638,28 @@ std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
   return it == ranks_.end() ? std::nullopt : it->second.latest_committed;
 }
 
-v1::RankWindows Store::Windows(uint32_t rank) const {
-  absl::MutexLock lock(&mutex_);
+v1::RankWindows Store::WindowsOf(uint32_t rank, const RankState& rank_state) {
   v1::RankWindows windows;
   windows.set_rank(rank);
-  auto it = ranks_.find(rank);
-  if (it == ranks_.end()) return windows;
-  if (it->second.committed_window) *windows.mutable_committed_window() = *it->second.committed_window;
-  if (it->second.open_window) *windows.mutable_open_window() = *it->second.open_window;
+  if (rank_state.committed_window) *windows.mutable_committed_window() = *rank_state.committed_window;
+  if (rank_state.open_window) *windows.mutable_open_window() = *rank_state.open_window;
   return windows;
 }
 
+v1::RankWindows Store::Windows(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return WindowsOf(rank, RankState());
+  return WindowsOf(rank, it->second);
+}
+
 v1::ListWindowsResponse Store::ListWindows(std::optional<uint32_t> rank) const {
-  std::vector<uint32_t> ranks;
-  {
-    absl::MutexLock lock(&mutex_);
-    for (const auto& [rank_id, rank_state] : ranks_) {
-      if (rank_state.committed_window || rank_state.open_window) ranks.push_back(rank_id);
-    }
-  }
   v1::ListWindowsResponse response;
-  for (uint32_t rank_id : ranks) {
-    if (!rank || *rank == rank_id) *response.add_ranks() = Windows(rank_id);
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [rank_id, rank_state] : ranks_) {
+    if ((!rank || *rank == rank_id) && (rank_state.committed_window || rank_state.open_window)) {
+      *response.add_ranks() = WindowsOf(rank_id, rank_state);
+    }
   }
   return response;
 }
@@ -735,24 +735,23 @@ absl::Status Store::CheckSparseSlot(const RankState& rank_state, uint32_t rank, 
   return absl::OkStatus();
 }
 
-bool Store::MarkSlot(const StepRecord& record, std::optional<v1::SparseWindow>* open) {
+bool Store::MarkSlot(const StepRecord& record, v1::StepState state,
+                     std::optional<v1::SparseWindow>* open) {
   if (!record.sparse || !*open || (*open)->first_step() != record.sparse->window_first_step()) {
     return false;
   }
   for (v1::WindowSlot& slot : *(*open)->mutable_slots()) {
-    if (slot.step() == record.step) slot.set_state(record.state);
+    if (slot.step() == record.step) slot.set_state(state);
   }
   return true;
 }
 
 void Store::AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
                            std::optional<v1::SparseWindow>* committed) {
-  if (!*open || (*open)->first_step() != record.sparse->window_first_step()) return;
-  uint32_t committed_slots = 0;
-  for (v1::WindowSlot& slot : *(*open)->mutable_slots()) {
-    if (slot.step() == record.step) slot.set_state(v1::STEP_STATE_COMMITTED);
-    if (slot.state() == v1::STEP_STATE_COMMITTED) ++committed_slots;
-  }
+  if (!MarkSlot(record, v1::STEP_STATE_COMMITTED, open)) return;
+  const auto committed_slots = static_cast<uint32_t>(
+      std::count_if((*open)->slots().begin(), (*open)->slots().end(),
+                    [](const v1::WindowSlot& slot) { return slot.state() == v1::STEP_STATE_COMMITTED; }));
   if (committed_slots == (*open)->size()) {
     *committed = std::move(*open);
     open->reset();
@@ -766,7 +765,7 @@ std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankS
   std::optional<v1::SparseWindow> committed = rank_state.committed_window;
   if (committing != nullptr) {
     latest = committing->step;
-    if (committing->sparse) AdvanceWindows(*committing, &open, &committed);
+    AdvanceWindows(*committing, &open, &committed);
   }
   if (!latest) return std::nullopt;
   v1::JournalRank saved;

@@ -152,17 +152,18 @@ class Store {
   CopyBackend* BackendFor(v1::Device device) const;
   static absl::Status CheckSparseSlot(const RankState& rank_state, uint32_t rank, int64_t step,
                                       const v1::SparseSlot& sparse);
-  // Sets the state of `record`'s slot in the open window to the record's; false when the record
-  // is not a slot of it.
-  static bool MarkSlot(const StepRecord& record, std::optional<v1::SparseWindow>* open);
-  // The windows once sparse `record` commits: its slot committed, and the open window promoted to
-  // the committed one when that was its last uncommitted slot.
+  // Sets the state of `record`'s slot in the open window; false when the record is not a slot of it.
+  static bool MarkSlot(const StepRecord& record, v1::StepState state,
+                       std::optional<v1::SparseWindow>* open);
+  // The windows once `record` commits: its slot committed, and the open window promoted to the
+  // committed one when that was its last uncommitted slot. Nothing for a step that is not a slot.
   static void AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
                              std::optional<v1::SparseWindow>* committed);
   // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
+  static v1::RankWindows WindowsOf(uint32_t rank, const RankState& rank_state);
   void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                  std::shared_ptr<RegionSource> source, CopyBackend* backend);
   // Called when the last chunk of a step is copied: commits it on a single node (captured ==

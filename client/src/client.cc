@@ -67,6 +67,21 @@ struct Client::State {
                : Check(stub->WaitCaptured(&context, request, &response), "WaitCaptured");
   }
 
+  // The latest committed step and the sparse windows: one call answers both.
+  absl::StatusOr<v1::LatestCommittedResponse> LatestCommitted() {
+    grpc::ClientContext context;
+    SetDeadline(context, options.call_timeout);
+    v1::LatestCommittedRequest request;
+    request.set_rank(options.rank);
+    v1::LatestCommittedResponse response;
+    if (absl::Status status =
+            Check(stub->LatestCommitted(&context, request, &response), "LatestCommitted");
+        !status.ok()) {
+      return status;
+    }
+    return response;
+  }
+
   absl::Status Register(const v1::RegionSpec& spec) {
     grpc::ClientContext context;
     SetDeadline(context, options.call_timeout);
@@ -217,18 +232,10 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
 }
 
 absl::StatusOr<std::optional<int64_t>> Client::LatestCommitted() {
-  grpc::ClientContext context;
-  state_->SetDeadline(context, state_->options.call_timeout);
-  v1::LatestCommittedRequest request;
-  request.set_rank(state_->options.rank);
-  v1::LatestCommittedResponse response;
-  if (absl::Status status = state_->Check(
-          state_->stub->LatestCommitted(&context, request, &response), "LatestCommitted");
-      !status.ok()) {
-    return status;
-  }
-  if (!response.has_step()) return std::optional<int64_t>();
-  return std::optional<int64_t>(response.step());
+  absl::StatusOr<v1::LatestCommittedResponse> response = state_->LatestCommitted();
+  if (!response.ok()) return response.status();
+  if (!response->has_step()) return std::optional<int64_t>();
+  return std::optional<int64_t>(response->step());
 }
 
 namespace {
@@ -254,19 +261,11 @@ v1::LogDirection ToWire(LogDirection direction) {
 }  // namespace
 
 absl::StatusOr<SparseWindows> Client::Windows() {
-  grpc::ClientContext context;
-  state_->SetDeadline(context, state_->options.call_timeout);
-  v1::LatestCommittedRequest request;
-  request.set_rank(state_->options.rank);
-  v1::LatestCommittedResponse response;
-  if (absl::Status status = state_->Check(
-          state_->stub->LatestCommitted(&context, request, &response), "LatestCommitted");
-      !status.ok()) {
-    return status;
-  }
+  absl::StatusOr<v1::LatestCommittedResponse> response = state_->LatestCommitted();
+  if (!response.ok()) return response.status();
   SparseWindows windows;
-  if (response.has_committed_window()) windows.committed = WindowFrom(response.committed_window());
-  if (response.has_open_window()) windows.open = WindowFrom(response.open_window());
+  if (response->has_committed_window()) windows.committed = WindowFrom(response->committed_window());
+  if (response->has_open_window()) windows.open = WindowFrom(response->open_window());
   return windows;
 }
 

@@ -103,6 +103,11 @@ def batch_for(step: int) -> torch.Tensor:
     return torch.randint(VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
 
 
+def save_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The final state the tests compare with an uninterrupted run's."""
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+
 def operators_of(model: MoETransformer):
     """(name, parameters) in capture order: experts layer by layer, then each layer's dense part,
     then the embedding, final norm and head."""
@@ -188,7 +193,7 @@ def main() -> int:
     if client:
         client.wait_committed(arguments.steps)
     if arguments.out:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, arguments.out)
+        save_state(arguments.out, model, optimizer)
     print("done", flush=True)
     return 0
 

@@ -33,7 +33,7 @@ import moesnap.pipeline
 import moesnap.sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_train import BATCH, MODEL, SEQUENCE, VOCAB, Block, batch_for  # noqa: E402
+from moe_train import BATCH, MODEL, SEQUENCE, VOCAB, Block, batch_for, save_state  # noqa: E402
 
 
 class Stage(nn.Module):
@@ -173,7 +173,7 @@ def main() -> int:
         client.wait_committed(arguments.steps)
         print(f"log refusals {link.log_refusals}", flush=True)
     if arguments.out:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, arguments.out)
+        save_state(arguments.out, model, optimizer)
     print("done", flush=True)
     return 0
 

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 import torch
 
 from conftest import BIN_DIR, Daemon
-from test_training import assert_identical_state
+from test_training import assert_identical_state, losses_of
 
 PIPELINE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_train.py"
 STAGES = 3
@@ -81,22 +80,13 @@ class Stage:
         return [int(line.split()[1]) for line in self.lines if re.fullmatch(r"step \d+.*", line)]
 
 
-def losses(lines: List[str]) -> Dict[int, List[str]]:
-    found: Dict[int, List[str]] = {}
-    for line in lines:
-        match = re.fullmatch(r"step (\d+) loss (\S+)", line)
-        if match:
-            found.setdefault(int(match.group(1)), []).append(match.group(2))
-    return found
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted run without moesnap: losses and each stage's final state."""
     directory = tmp_path_factory.mktemp("pipeline-reference")
     stages = [Stage(s, directory, None, directory / f"stage{s}.pt") for s in range(STAGES)]
     lines = [stage.finish() for stage in stages]
-    expected = {step: values[0] for step, values in losses(lines[-1]).items()}
+    expected = {step: values[0] for step, values in losses_of(lines[-1]).items()}
     assert sorted(expected) == list(range(1, STEPS + 1))
     return expected, [torch.load(directory / f"stage{s}.pt") for s in range(STAGES)]
 
@@ -179,9 +169,9 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
         cluster.remove()
 
     all_lines = stages[victim].lines + [line for block in lines for line in block]
-    for step, values in losses(all_lines).items():
+    for step, values in losses_of(all_lines).items():
         assert all(value == expected_losses[step] for value in values), (context, step, values)
-    assert set(losses(all_lines)) == set(range(1, STEPS + 1)), context
+    assert set(losses_of(all_lines)) == set(range(1, STEPS + 1)), context
     for s in range(STAGES):
         assert_identical_state(torch.load(outs[s]), expected_states[s])
     rejoined = [line for block in lines for line in block if line.startswith("rejoined ")]
