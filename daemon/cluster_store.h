@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/node_image.h"
+#include "daemon/pool.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon {
@@ -45,9 +46,10 @@ class ClusterStore {
   // Bytes of captures not committed yet.
   virtual uint64_t InFlightBytes() const = 0;
   // Elastic restore: writes a region that another rank snapshotted (its record `stored`, its
-  // bytes) into this rank's registered region of the same name, checking every chunk's CRC-32C.
+  // bytes) into this rank's registered region of the same name, checking size, dtype, shape and
+  // every chunk's CRC-32C as the bytes land.
   virtual absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
-                                   const uint8_t* bytes) = 0;
+                                   const PoolBytes& bytes) = 0;
   // The same from this node's committed versions of `source_rank`; NOT_FOUND when this node holds
   // none of that rank.
   virtual absl::StatusOr<v1::RestoreResponse> RestoreFromRank(

@@ -106,7 +106,7 @@ class Store final : public ClusterStore {
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) override;
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
-                           const uint8_t* bytes) override;
+                           const PoolBytes& bytes) override;
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
   v1::JournalCluster ClusterRecord() const override;
@@ -129,7 +129,7 @@ class Store final : public ClusterStore {
         CommitMode mode);
   absl::Status Recover();
   template <typename Saved>
-  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolExtent> extent);
+  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;

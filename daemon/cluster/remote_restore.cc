@@ -49,11 +49,13 @@ absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
     header.step = request.step();
     header.rank = request.rank();
     header.region = request.region();
-    if (absl::Status status = transfer_->SendFrames(request.to_node(), header,
-                                                    image.extents()[i]->data(), region.bytes());
-        !status.ok()) {
-      return status;
-    }
+    absl::Status sent;
+    image.stored()[i]->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes,
+                                                      uint64_t position) {
+      header.offset = position;
+      if (sent.ok()) sent = transfer_->SendFrames(request.to_node(), header, data, bytes);
+    });
+    if (!sent.ok()) return sent;
     v1::SendRegionResponse response;
     response.set_bytes(region.bytes());
     return response;
@@ -166,8 +168,9 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
   }
   v1::RestoreResponse response;
   response.set_step(step);
-  for (const Wanted& region : wanted) {
-    if (absl::Status status = store_->WriteRegion(rank, *region.region, region.bytes.data());
+  for (Wanted& region : wanted) {
+    const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
+    if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes);
         !status.ok()) {
       return status;
     }

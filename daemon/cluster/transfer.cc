@@ -73,8 +73,9 @@ absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header, const uint8_t
                                   uint64_t length) {
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
   if (!client.ok()) return client.status();
+  const uint64_t start = header.offset;
   for (uint64_t offset = 0; offset < length; offset += kMaxFramePayload) {
-    header.offset = offset;
+    header.offset = start + offset;
     const uint64_t piece = std::min<uint64_t>(kMaxFramePayload, length - offset);
     if (absl::Status status = (*client)->Send(header, {bytes + offset, piece}); !status.ok()) {
       return absl::UnavailableError(absl::StrCat("sending stripe ", header.stripe, " to node ", to,

@@ -56,7 +56,7 @@ class Transfer final : public FrameSink {
   // Serves the data plane on this node's data port.
   absl::Status Start();
 
-  // Sends `length` bytes to node `to` as frames of `header` (offsets filled in).
+  // Sends `length` bytes to node `to` as frames of `header` whose offsets start at header.offset.
   absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
   // Sends this node's data units of `step` to their parity holders: all of them, or with
   // `previous` (the committed image) and `changed`, the deltas of the changed ones. Returns the

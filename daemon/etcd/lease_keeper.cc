@@ -123,12 +123,12 @@ class LeaseKeeper::Impl {
     }
   }
 
+  // The callback runs before the loss is published, so whoever sees it (status, WaitLost) also
+  // sees what the callback did.
   void Lose(const absl::Status& why) {
-    {
-      absl::MutexLock lock(&mutex_);
-      status_ = why;
-    }
     if (on_lost_) on_lost_(why);
+    absl::MutexLock lock(&mutex_);
+    status_ = why;
   }
 
   const std::shared_ptr<internal::Endpoints> endpoints_;
