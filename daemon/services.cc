@@ -57,10 +57,10 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequ
                                     v1::SnapshotResponse* response) {
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
-  absl::StatusOr<uint64_t> bytes =
+  absl::StatusOr<v1::SnapshotResponse> taken =
       store_->Snapshot(request->rank(), request->step(), Names(request->regions()), sparse);
-  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
-  response->set_bytes(*bytes);
+  if (!taken.ok()) return ToGrpcStatus(taken.status());
+  *response = *std::move(taken);
   return grpc::Status::OK;
 }
 

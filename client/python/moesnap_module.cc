@@ -129,8 +129,8 @@ class Error(Exception):
           },
           py::arg("regions"),
           "Registers (name, memory handle, offset, bytes, dtype, shape) tuples in one call.")
-      .def("take_lost_steps",
-           [](moesnap::Client& client) { return client.TakeLostSteps(); })
+      .def("take_skipped_steps",
+           [](moesnap::Client& client) { return client.TakeSkippedSteps(); })
       .def(
           "register_host_region",
           [](moesnap::Client& client, const std::string& name,

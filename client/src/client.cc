@@ -64,7 +64,7 @@ struct Client::State {
   // Every registration, host regions naming their MemoryHandle in handle.memory.
   std::map<std::string, v1::RegionSpec> regions;
   std::map<int64_t, uint64_t> snapshot_sessions;  // step -> the session that captured it
-  std::vector<std::pair<int64_t, std::string>> lost_steps;
+  std::vector<std::pair<int64_t, std::string>> skipped_steps;
 
   void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
     context.set_deadline(std::chrono::system_clock::now() + timeout);
@@ -361,6 +361,10 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       return status;
     }
     std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!response.skipped().empty()) {
+      state_->skipped_steps.emplace_back(request.step(), response.skipped());
+      return uint64_t{0};
+    }
     state_->snapshot_sessions[request.step()] = session;
     while (state_->snapshot_sessions.size() > kStepsRemembered) {
       state_->snapshot_sessions.erase(state_->snapshot_sessions.begin());
@@ -391,7 +395,7 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
                                           " restarted before step ", step, " was ",
                                           until_committed ? "committed" : "captured");
   state_->snapshot_sessions.erase(it);
-  state_->lost_steps.emplace_back(step, reason);
+  state_->skipped_steps.emplace_back(step, reason);
   // The regions are free to change: nothing copies them any more. A commit will never come.
   return until_committed ? absl::AbortedError(reason) : absl::OkStatus();
 }
@@ -526,9 +530,9 @@ absl::Status Client::Reconnect() {
   return state_->ReconnectLocked();
 }
 
-std::vector<std::pair<int64_t, std::string>> Client::TakeLostSteps() {
+std::vector<std::pair<int64_t, std::string>> Client::TakeSkippedSteps() {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return std::exchange(state_->lost_steps, {});
+  return std::exchange(state_->skipped_steps, {});
 }
 
 uint32_t Client::rank() const { return state_->options.rank; }

@@ -232,7 +232,7 @@ TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {
   ASSERT_OK((*client)->WaitCaptured(2));
   absl::StatusOr<std::optional<int64_t>> latest = (*client)->LatestCommitted();
   ASSERT_OK(latest);
-  const std::vector<std::pair<int64_t, std::string>> lost = (*client)->TakeLostSteps();
+  const std::vector<std::pair<int64_t, std::string>> lost = (*client)->TakeSkippedSteps();
   if (**latest == 1) {
     ASSERT_EQ(lost.size(), 1u);
     EXPECT_EQ(lost[0].first, 2);
