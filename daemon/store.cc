@@ -267,11 +267,41 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                                                    ", its latest snapshot"));
   }
 
+  // What the step captures. A dense step that names some regions also takes every region an
+  // earlier step named and did not commit (skipped, aborted, or still waiting): the trainer's
+  // memory holds their values as of this step, and without them the step would not be a
+  // consistent state.
+  std::map<std::string, const RankState::Registered*> selected;
+  if (regions.empty()) {
+    for (const auto& [name, region] : rank_state.regions) selected[name] = &region;
+  } else {
+    for (const std::string& name : regions) {
+      auto it = rank_state.regions.find(name);
+      if (it == rank_state.regions.end()) {
+        return absl::NotFoundError(absl::StrCat("rank ", rank, " has no registered region '", name,
+                                                "' (", rank_state.regions.size(),
+                                                " regions are registered)"));
+      }
+      selected[name] = &it->second;
+    }
+    for (const auto& [earlier, record] : rank_state.steps) {
+      if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED) continue;
+      if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
+      for (const std::string& name : record.region_names) {
+        if (auto it = rank_state.regions.find(name); it != rank_state.regions.end()) {
+          selected[name] = &it->second;
+        }
+      }
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& [name, region] : selected) names.push_back(name);
+
   if (sparse) {
     const std::optional<v1::SparseWindow>& open = rank_state.open_window;
     if (sparse->slot() > 0 && open && open->first_step() == sparse->window_first_step() &&
         !open->failure().empty()) {
-      return Skip(rank_state, rank, step, sparse,
+      return Skip(rank_state, rank, step, sparse, names,
                   absl::StrCat("the window from step ", open->first_step(),
                                " can no longer commit: ", open->failure()));
     }
@@ -284,36 +314,21 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
       if (!record.sparse && !IsFinished(record.state)) waiting.push_back(earlier);
     }
     if (waiting.size() >= static_cast<size_t>(options_.max_in_flight_steps)) {
-      return Skip(rank_state, rank, step, sparse,
+      return Skip(rank_state, rank, step, sparse, names,
                   absl::StrCat("steps ", absl::StrJoin(waiting, ", "),
                                " still wait for their commit (capture.max_in_flight_steps = ",
                                options_.max_in_flight_steps, "): commits lag behind training"));
     }
   }
 
-  std::vector<const RankState::Registered*> selected;
-  if (regions.empty()) {
-    for (const auto& [name, region] : rank_state.regions) selected.push_back(&region);
-  } else {
-    for (const std::string& name : regions) {
-      auto it = rank_state.regions.find(name);
-      if (it == rank_state.regions.end()) {
-        return absl::NotFoundError(absl::StrCat("rank ", rank, " has no registered region '", name,
-                                                "' (", rank_state.regions.size(),
-                                                " regions are registered)"));
-      }
-      selected.push_back(&it->second);
-    }
-  }
-
   StepRecord record;
   record.step = step;
-  for (const RankState::Registered* region : selected) record.bytes += region->spec.bytes();
-  for (const RankState::Registered* region : selected) {
+  for (const auto& [name, region] : selected) record.bytes += region->spec.bytes();
+  for (const auto& [name, region] : selected) {
     absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region->spec.bytes());
     if (!stored.ok()) {
       // Extents taken so far are released with `record`; nothing stored is touched.
-      return Skip(rank_state, rank, step, sparse,
+      return Skip(rank_state, rank, step, sparse, names,
                   absl::StrCat("it needs ", record.bytes, " bytes (", FormatByteSize(record.bytes),
                                ") for ", selected.size(), " regions: ", stored.status().message()));
     }
@@ -354,8 +369,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   for (size_t i = 0; i < stored.versions.size(); ++i) {
     const std::shared_ptr<Version>& version = stored.versions[i];
     for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
-      copies.push_back([this, rank, step, version, chunk, source = selected[i]->source,
-                        backend = selected[i]->backend] {
+      const RankState::Registered* region = selected.at(version->region);
+      copies.push_back([this, rank, step, version, chunk, source = region->source,
+                        backend = region->backend] {
         CopyChunk(rank, step, version, chunk, source, backend);
       });
     }
@@ -370,7 +386,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
 
 v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t step,
                                 const std::optional<v1::SparseSlot>& sparse,
-                                const std::string& why) {
+                                std::vector<std::string> regions, const std::string& why) {
   ++snapshots_skipped_;
   last_skip_ = absl::StrCat("rank ", rank, ", step ", step, ": ", why);
   // Under a sustained lag every step is skipped: say so at the first and then ever more rarely.
@@ -381,6 +397,7 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
   record.step = step;
   record.state = v1::STEP_STATE_ABORTED;
   record.skipped = true;
+  record.region_names = std::move(regions);  // the changes a later step must take with it
   record.failure = absl::AbortedError(absl::StrCat("skipped: ", why));
   record.sparse = sparse;
   if (sparse) {

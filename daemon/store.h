@@ -176,9 +176,11 @@ class Store final : public ClusterStore {
   void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void TrimFinishedSteps(RankState& rank_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Records `step` of `rank` as skipped (never captured) for `why`, and the answer saying so.
+  // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
+  // and the answer saying so.
   v1::SnapshotResponse Skip(RankState& rank_state, uint32_t rank, int64_t step,
-                            const std::optional<v1::SparseSlot>& sparse, const std::string& why)
+                            const std::optional<v1::SparseSlot>& sparse,
+                            std::vector<std::string> regions, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
   v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,

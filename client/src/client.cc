@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,7 @@ struct Client::State {
   // Every registration, host regions naming their MemoryHandle in handle.memory.
   std::map<std::string, v1::RegionSpec> regions;
   std::map<int64_t, uint64_t> snapshot_sessions;  // step -> the session that captured it
+  std::optional<int64_t> last_taken;               // the latest snapshot the daemon took
   std::vector<std::pair<int64_t, std::string>> skipped_steps;
 
   void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
@@ -366,6 +368,7 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       return uint64_t{0};
     }
     state_->snapshot_sessions[request.step()] = session;
+    state_->last_taken = request.step();
     while (state_->snapshot_sessions.size() > kStepsRemembered) {
       state_->snapshot_sessions.erase(state_->snapshot_sessions.begin());
     }
@@ -401,6 +404,42 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
 }
 
 absl::Status Client::WaitCaptured(int64_t step) { return Wait(step, false); }
+
+absl::Status Client::Commit(int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
+  std::chrono::milliseconds retry_pause(10);
+  while (true) {
+    std::optional<int64_t> taken;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      taken = state_->last_taken;
+    }
+    if (taken == step) {
+      absl::Status committed = WaitCommitted(step);
+      // Taken here but aborted by the cluster (another node skipped or lost it): take it again.
+      if (!absl::IsAborted(committed)) return committed;
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (state_->last_taken == step) state_->last_taken.reset();
+      taken.reset();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", step, " of rank ", state_->options.rank, " could not be snapshotted within ",
+          state_->options.wait_timeout.count(), " ms (see TakeSkippedSteps for why)"));
+    }
+    // Earlier steps settle (committed, superseded or aborted) before the step is taken again.
+    if (taken) (void)WaitCommitted(*taken);
+    absl::StatusOr<uint64_t> snapshot = Snapshot(step);
+    if (!snapshot.ok()) return snapshot.status();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->last_taken == taken) {
+      // Skipped again with nothing of the rank in flight: the pool is short of room until the
+      // cluster commits (or an operator frees some). Ask again a little later.
+      std::this_thread::sleep_for(retry_pause);
+      retry_pause = std::min(retry_pause * 2, std::chrono::milliseconds(1000));
+    }
+  }
+}
 
 absl::Status Client::WaitCommitted(int64_t step) { return Wait(step, true); }
 

@@ -132,9 +132,12 @@ class ClusterTest : public ::testing::Test {
           TrainerArguments(*daemons_[node], node, "train", steps)));
     }
     for (int node = 0; node < nodes_; ++node) {
-      std::string last;
-      while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) last = *line;
-      EXPECT_EQ(last, absl::StrCat("done ", steps)) << "trainer of node " << node;
+      std::string last, output;
+      while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) {
+        last = *line;
+        absl::StrAppend(&output, *line, "\n");
+      }
+      EXPECT_EQ(last, absl::StrCat("done ", steps)) << "trainer of node " << node << ":\n" << output;
       EXPECT_EQ(trainers[node]->Wait(10s), 0) << "trainer of node " << node;
     }
   }
@@ -179,12 +182,14 @@ TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
     // Each node holds its own data whole and parity for the group: m/n of the stripes.
     EXPECT_EQ(status.nodes(node).memory().data_bytes(), (4 + node) * 200000u) << "node " << node;
   }
-  // Step 1 encodes whole; steps 2-6 keep the layout, so only changed units' deltas are sent (and
-  // the restores below check that parity built from deltas decodes right).
+  // Step 1 encodes whole; later steps keep the layout, so only changed units' deltas are sent (and
+  // the restores below check that parity built from deltas decodes right). Steps the trainers
+  // took while a commit ran are skipped, so not every step is encoded.
   for (int node = 0; node < nodes_; ++node) {
     const v1::ClusterStatusResponse status = Status(node);
     EXPECT_EQ(status.full_encodes(), 1u) << "node " << node;
-    EXPECT_EQ(status.delta_encodes(), 5u) << "node " << node;
+    EXPECT_GE(status.delta_encodes(), 1u) << "node " << node;
+    EXPECT_LE(status.delta_encodes(), 5u) << "node " << node;
   }
   uint64_t parity = 0;
   const v1::ClusterStatusResponse status = Status(0);

@@ -172,6 +172,11 @@ class Client {
   absl::Status WaitCaptured(int64_t step);
   // Blocks until `step` is committed (restorable after a crash).
   absl::Status WaitCommitted(int64_t step);
+  // Makes the regions' present state, snapshotted as `step` (the latest), committed: when the
+  // daemon skipped `step` or the cluster aborted it, waits for the rank's earlier steps to settle
+  // and snapshots every region as `step` again, until it commits or wait_timeout runs out. For the
+  // end of training or a planned stop.
+  absl::Status Commit(int64_t step);
 
   // Writes the latest committed state (or `step`, which must be the latest) into the registered
   // regions (all when `regions` is empty), checking every chunk's checksum.
