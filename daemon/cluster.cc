@@ -23,7 +23,9 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "daemon/data_plane.h"
+#include "daemon/progress.h"
 #include "daemon/parity_store.h"
 #include "erasure/crc32c.h"
 #include "erasure/reed_solomon.h"
@@ -36,6 +38,9 @@ namespace {
 constexpr int kDataConnectionsPerPeer = 2;
 constexpr uint32_t kMaxFramePayload = 4 << 20;
 // Stripes rebuilt together are bounded by the bytes their units take in memory.
+// Registered when the program starts, so a scrape sees it at zero before any rebuild.
+metrics::Counter& rebuilt_bytes = metrics::Registry::Default().AddCounter(
+    "moesnap_rebuild_bytes_total", "Data and parity bytes this node rebuilt from its group");
 constexpr uint64_t kRebuildBatchBytes = uint64_t{64} << 20;
 constexpr absl::Duration kControlDeadline = absl::Seconds(10);
 constexpr int kRebuildAttempts = 3;
@@ -1171,6 +1176,7 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
   const int k = layout_.data_units();
   const int n = layout_.group_size();
   const int64_t step = target.record.committed_step();
+  OperationProgress progress = ProgressBoard::Default().Begin("rebuild", stripes.size(), "stripes");
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : target.record.group_images()) sizes.push_back(image.bytes());
   // Asked now, not taken from heartbeats: a peer may have committed since its last one.
@@ -1303,13 +1309,16 @@ absl::Status Cluster::Impl::RebuildStripes(const RebuildTarget& target,
         const uint64_t bytes = layout_.UnitLength(sizes[target.position], unit);
         target.write_data(unit, work.units[work.mine], bytes);
         stats->set_data_bytes(stats->data_bytes() + bytes);
+        rebuilt_bytes.Add(bytes);
       } else if (target.parity != nullptr) {
         ParityUnit& parity = (*target.parity)[work.stripe];
         std::memcpy(parity.extent->data(), work.units[work.mine], work.length);
         parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
         stats->set_parity_bytes(stats->parity_bytes() + work.length);
+        rebuilt_bytes.Add(work.length);
       }
       stats->set_stripes(stats->stripes() + 1);
+      progress.Advance(1);
     }
   }
   return absl::OkStatus();

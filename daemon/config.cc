@@ -272,6 +272,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("upstream_log.max_bytes", "must be positive");
   }
 
+  reader.String("http", "address", options.http.address);
+  if (!options.http.address.empty()) {
+    if (absl::Status parsed = ParseHttpAddress(options.http.address).status(); !parsed.ok()) {
+      reader.Error("http.address", std::string(parsed.message()));
+    }
+  }
+
   std::string level = "info";
   reader.String("log", "level", level);
   if (absl::StatusOr<LogLevel> parsed = ParseLogLevel(level); parsed.ok()) {

@@ -42,6 +42,8 @@ threads = 4
 chunk_bytes = "1 MiB"
 [upstream_log]
 max_bytes = "256MiB"
+[http]
+address = "[::1]:9100"
 [log]
 level = "debug"
 )", "full.toml");
@@ -57,6 +59,7 @@ level = "debug"
   EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
+  EXPECT_EQ(options->http.address, "[::1]:9100");
 }
 
 TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
@@ -68,6 +71,7 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
       {"[upstream_log]\nmax_bytes = 0\n", "site.toml: upstream_log.max_bytes: must be positive"},
       {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
+      {"[http]\naddress = \"localhost:7442\"\n", "site.toml: http.address: expected an IP address"},
       {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
       {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},
       {"[agent]\nsocket = \"/x\"\n[admin]\nsocket = \"/x\"\n", "admin.socket"},
@@ -163,6 +167,7 @@ TEST(ConfigTest, ExampleConfigLoadsWithTheDefaults) {
   EXPECT_EQ(example->capture.threads, defaults.capture.threads);
   EXPECT_EQ(example->capture.chunk_bytes, defaults.capture.chunk_bytes);
   EXPECT_EQ(example->log_level, defaults.log_level);
+  EXPECT_EQ(example->http.address, defaults.http.address);
 }
 
 }  // namespace
