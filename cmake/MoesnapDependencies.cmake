@@ -8,6 +8,7 @@ find_package(GTest REQUIRED CONFIG)
 find_package(CLI11 REQUIRED CONFIG)
 find_package(tomlplusplus REQUIRED CONFIG)
 find_package(Boost 1.74 REQUIRED COMPONENTS system)
+find_package(spdlog REQUIRED CONFIG)
 
 # Debian's gRPC is used through pkg-config: its CMake package config is incomplete on this release.
 pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++)

@@ -1401,7 +1401,8 @@ absl::StatusOr<v1::RebuildResponse> Cluster::Impl::RebuildSelf(bool force) {
   if (absl::Status status = store_->InstallImage(*image, installed); !status.ok()) return status;
   parity_.Install(step, std::move(units));
   stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
-  Log(LogLevel::kInfo, "rebuilt step ", step, ": ", stats.stripes(), " stripes, ",
+  Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()}, "rebuilt step ",
+      step, ": ", stats.stripes(), " stripes, ",
       stats.data_bytes(), " bytes of data and ", stats.parity_bytes(), " of parity from ",
       stats.fetched_bytes(), " fetched, in ", stats.seconds(), " s");
   return stats;

@@ -166,7 +166,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         absl::StrCat("moesnapd started but does not answer on its admin socket: ", alive.message()));
   }
   started = true;
-  daemon->notifier_->Notify(absl::StrCat("READY=1\nSTATUS=serving node ", options.node_id));
+  daemon->health_->AnnounceReady(absl::StrCat("serving node ", options.node_id));
   return daemon;
 }
 

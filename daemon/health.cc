@@ -69,14 +69,16 @@ void HealthMonitor::Loop() {
     const absl::Status alive = options_.probe();
     const bool serving = alive.ok() && options_.ready().ok();
     bool changed = false;
+    bool announced = false;
     {
       absl::MutexLock lock(&mutex_);
       last_probe_ = alive;
       if (alive.ok()) last_alive_ = absl::Now();
       changed = serving != serving_;
       serving_ = serving;
+      announced = announced_;
     }
-    if (alive.ok() && watchdog) notifier_->Notify("WATCHDOG=1");
+    if (alive.ok() && watchdog && announced) notifier_->Notify("WATCHDOG=1");
     if (!alive.ok()) Log(LogLevel::kWarning, "health probe failed: ", alive.message());
     if (changed && options_.on_serving_changed) options_.on_serving_changed(serving);
     absl::MutexLock lock(&mutex_);
@@ -98,6 +100,12 @@ absl::Status HealthMonitor::WaitAlive(absl::Duration timeout) const {
     mutex_.AwaitWithTimeout(absl::Condition(this, &HealthMonitor::ProbedAlive), timeout);
   }
   return Alive();
+}
+
+void HealthMonitor::AnnounceReady(const std::string& status) {
+  absl::MutexLock lock(&mutex_);  // held: no ping can slip in before READY=1
+  notifier_->Notify("READY=1\nSTATUS=" + status);
+  announced_ = true;
 }
 
 absl::Status HealthMonitor::Ready() const {

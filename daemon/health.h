@@ -57,6 +57,8 @@ class HealthMonitor {
   absl::Status Ready() const;
   // Waits up to `timeout` for the first successful probe; then the same as Alive().
   absl::Status WaitAlive(absl::Duration timeout) const;
+  // Tells the service manager READY=1 (with a STATUS= line); watchdog pings follow only after it.
+  void AnnounceReady(const std::string& status);
 
  private:
   void Loop();
@@ -72,6 +74,7 @@ class HealthMonitor {
   absl::Status last_probe_ ABSL_GUARDED_BY(mutex_) = absl::UnavailableError("not probed yet");
   bool serving_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  bool announced_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread thread_;
 };
 

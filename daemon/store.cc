@@ -451,7 +451,11 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   rank_state.latest_committed = record.step;
   AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
   in_flight_bytes_ -= record.bytes;
-  Log(LogLevel::kDebug, "rank ", rank, " step ", record.step, ": committed");
+  Log(LogLevel::kDebug,
+      LogFields{.step = record.step,
+                .rank = rank,
+                .duration_seconds = absl::ToDoubleSeconds(absl::Now() - record.started)},
+      "rank ", rank, " step ", record.step, ": committed");
   step_changed_.SignalAll();
   while (rank_state.steps.size() > kFinishedStepsKept &&
          IsFinished(rank_state.steps.begin()->second.state)) {
@@ -461,7 +465,8 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
 
 void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status why,
                       StepOutcome outcome) {
-  Log(LogLevel::kWarning, "step ", record.step, " aborted: ", why.ToString());
+  Log(LogLevel::kWarning, LogFields{.step = record.step}, "step ", record.step, " aborted: ",
+      why.ToString());
   (outcome == StepOutcome::kSuperseded ? StepMetrics::Get().superseded : StepMetrics::Get().aborted).Add();
   record.state = v1::STEP_STATE_ABORTED;
   record.failure = std::move(why);

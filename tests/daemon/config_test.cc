@@ -46,6 +46,7 @@ max_bytes = "256MiB"
 address = "[::1]:9100"
 [log]
 level = "debug"
+format = "json"
 )", "full.toml");
   ASSERT_OK(options);
   EXPECT_EQ(options->node_id, 7u);
@@ -60,6 +61,7 @@ level = "debug"
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
   EXPECT_EQ(options->http.address, "[::1]:9100");
+  EXPECT_EQ(options->log_format, LogFormat::kJson);
 }
 
 TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
@@ -71,6 +73,7 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
       {"[upstream_log]\nmax_bytes = 0\n", "site.toml: upstream_log.max_bytes: must be positive"},
       {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
+      {"[log]\nformat = \"xml\"\n", "site.toml: log.format: log format 'xml' is not text or json"},
       {"[http]\naddress = \"localhost:7442\"\n", "site.toml: http.address: expected an IP address"},
       {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
       {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},
@@ -168,6 +171,7 @@ TEST(ConfigTest, ExampleConfigLoadsWithTheDefaults) {
   EXPECT_EQ(example->capture.chunk_bytes, defaults.capture.chunk_bytes);
   EXPECT_EQ(example->log_level, defaults.log_level);
   EXPECT_EQ(example->http.address, defaults.http.address);
+  EXPECT_EQ(example->log_format, defaults.log_format);
 }
 
 }  // namespace

@@ -64,6 +64,10 @@ TEST(HealthMonitorTest, PingsTheWatchdogOnlyAfterSuccessfulProbes) {
              ++serving_changes;
            }},
       &notifier);
+  ASSERT_TRUE(Eventually([&] { return probes >= 3; }));
+  EXPECT_EQ(notifier.Count("WATCHDOG=1"), 0) << "no ping before READY=1";
+  monitor.AnnounceReady("serving");
+  EXPECT_EQ(notifier.Count("READY=1\nSTATUS=serving"), 1);
   ASSERT_TRUE(Eventually([&] { return notifier.Count("WATCHDOG=1") >= 3; }));
   EXPECT_TRUE(serving);
   EXPECT_TRUE(monitor.Alive().ok());
