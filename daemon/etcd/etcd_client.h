@@ -194,7 +194,7 @@ class LeaseKeeper {
   // OK while the lease is held; once lost, why (kNotFound: expired or revoked on etcd;
   // kUnavailable: not renewed within its TTL).
   absl::Status status() const;
-  // Waits until the lease is lost or `timeout` passes; true if lost.
+  // Waits until the lease is lost and on_lost has run, or `timeout` passes; true if lost.
   bool WaitLost(absl::Duration timeout) const;
   // Renewals etcd confirmed so far.
   int64_t renewals() const;

@@ -73,9 +73,8 @@ class LeaseKeeper::Impl {
 
   bool WaitLost(absl::Duration timeout) const {
     absl::MutexLock lock(&mutex_);
-    const auto lost = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !status_.ok(); };
-    mutex_.AwaitWithTimeout(absl::Condition(&lost), timeout);
-    return !status_.ok();
+    mutex_.AwaitWithTimeout(absl::Condition(&loss_reported_), timeout);
+    return loss_reported_;
   }
 
   int64_t renewals() const {
@@ -129,6 +128,9 @@ class LeaseKeeper::Impl {
       status_ = why;
     }
     if (on_lost_) on_lost_(why);
+    // Only now: whoever waited for the loss may rely on on_lost having run.
+    absl::MutexLock lock(&mutex_);
+    loss_reported_ = true;
   }
 
   const std::shared_ptr<internal::Endpoints> endpoints_;
@@ -137,6 +139,7 @@ class LeaseKeeper::Impl {
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mutex_);
+  bool loss_reported_ ABSL_GUARDED_BY(mutex_) = false;  // status_ is set and on_lost_ has run
   int64_t renewals_ ABSL_GUARDED_BY(mutex_) = 0;
   std::thread thread_;  // last: starts once the fields above exist
 };
