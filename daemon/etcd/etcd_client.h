@@ -194,7 +194,7 @@ class LeaseKeeper {
   // OK while the lease is held; once lost, why (kNotFound: expired or revoked on etcd;
   // kUnavailable: not renewed within its TTL).
   absl::Status status() const;
-  // Waits until the lease is lost and on_lost has run, or `timeout` passes; true if lost.
+  // Waits until the lease is lost or `timeout` passes; true if lost.
   bool WaitLost(absl::Duration timeout) const;
   // Renewals etcd confirmed so far.
   int64_t renewals() const;
@@ -273,7 +273,7 @@ class Client {
   // Revokes the lease and deletes its keys. A lease that is already gone is not an error.
   absl::Status RevokeLease(int64_t lease_id);
   // Starts renewing `lease` in the background. `on_lost`, if given, runs once on the keeper's thread
-  // when the lease is lost (it must not destroy the keeper).
+  // when the lease is lost (it must not destroy the keeper), before status() and WaitLost report it.
   absl::StatusOr<std::unique_ptr<LeaseKeeper>> KeepAlive(
       const Lease& lease, std::function<void(const absl::Status&)> on_lost = nullptr);
 

@@ -73,8 +73,9 @@ class LeaseKeeper::Impl {
 
   bool WaitLost(absl::Duration timeout) const {
     absl::MutexLock lock(&mutex_);
-    mutex_.AwaitWithTimeout(absl::Condition(&loss_reported_), timeout);
-    return loss_reported_;
+    const auto lost = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !status_.ok(); };
+    mutex_.AwaitWithTimeout(absl::Condition(&lost), timeout);
+    return !status_.ok();
   }
 
   int64_t renewals() const {
@@ -122,15 +123,12 @@ class LeaseKeeper::Impl {
     }
   }
 
+  // The callback runs before the loss is published, so whoever sees it (status, WaitLost) also
+  // sees what the callback did.
   void Lose(const absl::Status& why) {
-    {
-      absl::MutexLock lock(&mutex_);
-      status_ = why;
-    }
     if (on_lost_) on_lost_(why);
-    // Only now: whoever waited for the loss may rely on on_lost having run.
     absl::MutexLock lock(&mutex_);
-    loss_reported_ = true;
+    status_ = why;
   }
 
   const std::shared_ptr<internal::Endpoints> endpoints_;
@@ -139,7 +137,6 @@ class LeaseKeeper::Impl {
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mutex_);
-  bool loss_reported_ ABSL_GUARDED_BY(mutex_) = false;  // status_ is set and on_lost_ has run
   int64_t renewals_ ABSL_GUARDED_BY(mutex_) = 0;
   std::thread thread_;  // last: starts once the fields above exist
 };
