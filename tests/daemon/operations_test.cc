@@ -212,17 +212,21 @@ absl::StatusOr<int> GrpcHealth(const std::string& socket) {
 
 TEST_F(OperationsTest, HealthEndpointsAndTheGrpcHealthServiceOnBothSockets) {
   TestDaemon daemon("64MiB");
-  ASSERT_TRUE(daemon.Start());
+  ASSERT_TRUE(daemon.Start());  // returns once the agent socket accepts, before the first probe
   for (const char* path : {"/healthz", "/readyz"}) {
-    absl::StatusOr<testing::HttpReply> reply = HttpGet(daemon.http_port(), path);
-    ASSERT_OK(reply);
-    EXPECT_EQ(reply->status, 200) << path << ": " << reply->body;
-    EXPECT_EQ(reply->body, "ok\n");
+    std::string last;
+    EXPECT_TRUE(Eventually([&] {
+      absl::StatusOr<testing::HttpReply> reply = HttpGet(daemon.http_port(), path);
+      last = reply.ok() ? absl::StrCat(reply->status, " ", reply->body) : reply.status().ToString();
+      return reply.ok() && reply->status == 200 && reply->body == "ok\n";
+    })) << path << ": " << last;
   }
   for (const std::string& socket : {daemon.agent_socket(), daemon.admin_socket()}) {
-    absl::StatusOr<int> serving = GrpcHealth(socket);
-    ASSERT_OK(serving);
-    EXPECT_EQ(*serving, 1) << socket << " should answer SERVING";
+    absl::StatusOr<int> serving;
+    EXPECT_TRUE(Eventually([&] {
+      serving = GrpcHealth(socket);
+      return serving.ok() && *serving == 1;
+    })) << socket << " should answer SERVING: " << serving.status();
   }
 }
 
