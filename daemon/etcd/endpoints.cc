@@ -175,6 +175,7 @@ absl::Status Endpoints::Call(const std::string& what, Retry retry, absl::Time de
                              Attempt attempt) {
   // The last failure seen on each endpoint, for the message if none answers.
   std::vector<std::string> failures(endpoints_.size());
+  const absl::Time start = absl::Now();
   size_t index = preferred();
   size_t tried_this_round = 0;
   while (absl::Now() < deadline) {
@@ -215,8 +216,9 @@ absl::Status Endpoints::Call(const std::string& what, Retry retry, absl::Time de
     tried.push_back(absl::StrCat(endpoints_[i]->address, " (",
                                  failures[i].empty() ? "not reached" : failures[i], ")"));
   }
+  const absl::Duration allowed = absl::Trunc(deadline - start, absl::Milliseconds(1));
   return absl::DeadlineExceededError(absl::StrCat("etcd ", what, ": no endpoint answered within ",
-                                                  absl::FormatDuration(options_.call_timeout), ": ",
+                                                  absl::FormatDuration(allowed), ": ",
                                                   absl::StrJoin(tried, ", ")));
 }
 

@@ -194,7 +194,7 @@ class LeaseKeeper {
   // OK while the lease is held; once lost, why (kNotFound: expired or revoked on etcd;
   // kUnavailable: not renewed within its TTL).
   absl::Status status() const;
-  // Waits until the lease is lost or `timeout` passes; true if lost.
+  // Waits until the lease is lost (and on_lost has returned) or `timeout` passes; true if lost.
   bool WaitLost(absl::Duration timeout) const;
   // Renewals etcd confirmed so far.
   int64_t renewals() const;
@@ -272,8 +272,10 @@ class Client {
   absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease_id);
   // Revokes the lease and deletes its keys. A lease that is already gone is not an error.
   absl::Status RevokeLease(int64_t lease_id);
-  // Starts renewing `lease` in the background. `on_lost`, if given, runs once on the keeper's thread
-  // when the lease is lost (it must not destroy the keeper).
+  // Starts renewing `lease` in the background, at once and then every third of its TTL; call it
+  // right after GrantLease, since the keeper counts the TTL from its own start. `on_lost`, if given,
+  // runs once on the keeper's thread when the lease is lost (not when the keeper is destroyed), and
+  // must not destroy the keeper.
   absl::StatusOr<std::unique_ptr<LeaseKeeper>> KeepAlive(
       const Lease& lease, std::function<void(const absl::Status&)> on_lost = nullptr);
 

@@ -1,5 +1,6 @@
 // Lease renewal: one keep-alive round trip (Client::KeepAliveOnce) and LeaseKeeper, which renews a
 // lease every third of its TTL on a thread of its own until the lease is lost or the keeper destroyed.
+#include <algorithm>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -73,9 +74,8 @@ class LeaseKeeper::Impl {
 
   bool WaitLost(absl::Duration timeout) const {
     absl::MutexLock lock(&mutex_);
-    const auto lost = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !status_.ok(); };
-    mutex_.AwaitWithTimeout(absl::Condition(&lost), timeout);
-    return !status_.ok();
+    mutex_.AwaitWithTimeout(absl::Condition(&reported_), timeout);
+    return reported_;
   }
 
   int64_t renewals() const {
@@ -97,8 +97,10 @@ class LeaseKeeper::Impl {
         if (stopping_) return;
       }
       const absl::Time sent = absl::Now();
-      // Any endpoint may renew it, until the lease would have expired.
-      absl::StatusOr<int64_t> granted = Renew(*endpoints_, lease_.id, expires);
+      // One attempt_timeout per round, so that a destroyed keeper stops that soon; a failed round
+      // moves to the next endpoint and the next round follows at once, until the lease would expire.
+      absl::StatusOr<int64_t> granted = Renew(
+          *endpoints_, lease_.id, std::min(expires, sent + endpoints_->options().attempt_timeout));
       if (granted.ok()) {
         ttl = absl::Seconds(*granted);
         expires = sent + ttl;
@@ -117,9 +119,11 @@ class LeaseKeeper::Impl {
             absl::FormatDuration(ttl), "; it must be taken as lost: ", granted.status().message())));
         return;
       }
-      // A definite refusal that is not the lease's loss (e.g. permission): try again shortly, while
-      // the lease still holds.
-      next_renewal = std::min(expires, absl::Now() + ttl / 10);
+      // No endpoint renewed it this round (or one refused for another reason than the lease's loss):
+      // try again at once through the next endpoint, or shortly after a definite refusal.
+      next_renewal = absl::IsDeadlineExceeded(granted.status()) || absl::IsUnavailable(granted.status())
+                         ? absl::Now()
+                         : std::min(expires, absl::Now() + ttl / 10);
     }
   }
 
@@ -128,7 +132,9 @@ class LeaseKeeper::Impl {
       absl::MutexLock lock(&mutex_);
       status_ = why;
     }
-    if (on_lost_) on_lost_(why);
+    if (on_lost_) on_lost_(why);  // outside the lock: it may call status()
+    absl::MutexLock lock(&mutex_);
+    reported_ = true;
   }
 
   const std::shared_ptr<internal::Endpoints> endpoints_;
@@ -137,6 +143,7 @@ class LeaseKeeper::Impl {
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mutex_);
+  bool reported_ ABSL_GUARDED_BY(mutex_) = false;  // lost, and on_lost_ has returned
   int64_t renewals_ ABSL_GUARDED_BY(mutex_) = 0;
   std::thread thread_;  // last: starts once the fields above exist
 };

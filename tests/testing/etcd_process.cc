@@ -146,6 +146,9 @@ std::vector<std::string> EtcdCluster::Arguments(int index) const {
     initial_cluster.push_back(absl::StrCat(each.name, "=", each.peer_url));
   }
   std::vector<std::string> arguments = {
+      // setpriv (util-linux) execs etcd with a parent-death signal, so a test that crashes before
+      // its destructor runs leaves no member behind.
+      "/usr/bin/setpriv", "--pdeathsig", "KILL", "--",
       MOESNAP_ETCD_BINARY,
       "--name", member.name,
       "--data-dir", member.data_directory,

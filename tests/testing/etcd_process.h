@@ -14,7 +14,9 @@
 //
 // Members write without fsync (--unsafe-no-fsync) unless Options::fsync, which is for measuring.
 // Each member's log is <directory>/member<i>.log; LogTail shows its end in failure messages.
-// Not thread-safe: one test thread drives a cluster.
+// Not thread-safe: one test thread drives a cluster. Members die with the thread that started them
+// (a parent-death signal, so that a crashed test leaves none behind): call Start and Restart from a
+// thread that outlives the cluster, such as the test's own.
 #ifndef MOESNAP_TESTS_TESTING_ETCD_PROCESS_H_
 #define MOESNAP_TESTS_TESTING_ETCD_PROCESS_H_
 

@@ -47,7 +47,7 @@ class ElectionTest : public ::testing::Test {
   std::unique_ptr<Election> election_;
 };
 
-TEST_F(ElectionTest, NextCandidateLeadsWhenTheLeasesExpiresAndTheOldLeaderIsFencedOff) {
+TEST_F(ElectionTest, NextCandidateLeadsWhenTheLeadersLeaseExpiresAndTheOldLeaderIsFencedOff) {
   auto [lease_a, keeper_a] = KeptLease();
   auto [lease_b, keeper_b] = KeptLease();
   ASSERT_NE(keeper_a, nullptr);
