@@ -227,6 +227,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   absl::StatusOr<uint64_t> SendDataUnits(int64_t step, const NodeImage& image,
                                          const std::optional<NodeImage>& previous,
                                          const std::vector<bool>* changed);
+  // Sends `length` bytes as frames whose offsets start at header.offset.
   absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
 
   void RebuildAtStart();
@@ -906,8 +907,9 @@ absl::Status Cluster::Impl::SendFrames(uint32_t to, FrameHeader header, const ui
                                        uint64_t length) {
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = DataClient(to);
   if (!client.ok()) return client.status();
+  const uint64_t start = header.offset;
   for (uint64_t offset = 0; offset < length; offset += kMaxFramePayload) {
-    header.offset = offset;
+    header.offset = start + offset;
     const uint64_t piece = std::min<uint64_t>(kMaxFramePayload, length - offset);
     if (absl::Status status = (*client)->Send(header, {bytes + offset, piece}); !status.ok()) {
       return absl::UnavailableError(absl::StrCat("sending stripe ", header.stripe, " to node ", to,
@@ -1601,11 +1603,13 @@ grpc::Status Cluster::Impl::SendRegion(grpc::ServerContext*, const v1::SendRegio
     header.step = request->step();
     header.rank = request->rank();
     header.region = request->region();
-    if (absl::Status status =
-            SendFrames(request->to_node(), header, image.extents()[i]->data(), region.bytes());
-        !status.ok()) {
-      return ToGrpcStatus(status);
-    }
+    absl::Status sent;
+    image.stored()[i]->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes,
+                                                      uint64_t position) {
+      header.offset = position;
+      if (sent.ok()) sent = SendFrames(request->to_node(), header, data, bytes);
+    });
+    if (!sent.ok()) return ToGrpcStatus(sent);
     response->set_bytes(region.bytes());
     return grpc::Status::OK;
   }
@@ -1720,8 +1724,9 @@ absl::StatusOr<v1::RestoreResponse> Cluster::Impl::RestoreFrom(
   }
   v1::RestoreResponse response;
   response.set_step(step);
-  for (const Wanted& region : wanted) {
-    if (absl::Status status = store_->WriteRegion(rank, *region.region, region.bytes.data());
+  for (Wanted& region : wanted) {
+    const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
+    if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes);
         !status.ok()) {
       return status;
     }

@@ -239,8 +239,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
                                            options.pool.name, "'"));
   }
   reader.Bytes("pool", "bytes", options.pool.bytes);
-  if (options.pool.bytes < Pool::kAlignment || options.pool.bytes % Pool::kAlignment != 0) {
-    reader.Error("pool.bytes", absl::StrCat("must be a positive multiple of ", Pool::kAlignment,
+  if (options.pool.bytes < Pool::kPageBytes || options.pool.bytes % Pool::kPageBytes != 0) {
+    reader.Error("pool.bytes", absl::StrCat("must be a positive multiple of ", Pool::kPageBytes,
                                             " bytes, got ", options.pool.bytes));
   }
   reader.Bytes("pool", "journal_bytes", options.pool.journal_bytes);

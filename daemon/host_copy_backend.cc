@@ -66,9 +66,8 @@ class HostCopyBackend : public CopyBackend {
   }
 
   absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
-                                   uint64_t bytes) override {
+                                   uint64_t bytes, uint32_t crc) override {
     const uint8_t* origin = static_cast<HostRegionSource&>(source).data() + offset;
-    uint32_t crc = 0;
     for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
       const uint64_t piece = std::min(kPieceBytes, bytes - done);
       std::memcpy(destination + done, origin + done, piece);
@@ -78,9 +77,8 @@ class HostCopyBackend : public CopyBackend {
   }
 
   absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
-                                  uint64_t bytes) override {
+                                  uint64_t bytes, uint32_t crc) override {
     uint8_t* destination = static_cast<HostRegionSource&>(source).data() + offset;
-    uint32_t crc = 0;
     for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
       const uint64_t piece = std::min(kPieceBytes, bytes - done);
       crc = erasure::Crc32cExtend(crc, origin + done, piece);

@@ -46,7 +46,7 @@ struct Store::Version {
   std::vector<int64_t> shape;
   uint64_t chunk_bytes = 0;
   std::vector<uint32_t> chunk_crcs;
-  std::shared_ptr<PoolExtent> extent;
+  std::shared_ptr<PoolBytes> stored;  // its bytes in the pool
 
   uint32_t chunks() const { return static_cast<uint32_t>(chunk_crcs.size()); }
   uint64_t ChunkLength(uint32_t chunk) const {
@@ -100,7 +100,7 @@ struct Store::RankState {
 // (v1::ImageRegion), which carry the same fields.
 template <typename Saved>
 std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
-                                                   std::shared_ptr<PoolExtent> extent) {
+                                                   std::shared_ptr<PoolBytes> stored) {
   auto version = std::make_shared<Version>();
   version->rank = saved.rank();
   version->region = saved.region();
@@ -110,7 +110,7 @@ std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
   version->shape.assign(saved.shape().begin(), saved.shape().end());
   version->chunk_bytes = saved.chunk_bytes();
   version->chunk_crcs.assign(saved.chunk_crcs().begin(), saved.chunk_crcs().end());
-  version->extent = std::move(extent);
+  version->stored = std::move(stored);
   return version;
 }
 
@@ -160,13 +160,19 @@ absl::Status Store::Recover() {
     return journal_->Write(v1::JournalState());
   }
   for (const v1::JournalVersion& saved : state.versions()) {
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Claim(saved.pool_offset(), saved.bytes());
-    if (!extent.ok()) {
+    std::vector<ExtentAllocator::Range> extents;
+    for (const v1::PoolSpan& span : saved.extents()) extents.push_back({span.offset(), span.bytes()});
+    if (extents.empty()) {  // written by an earlier daemon: one extent
+      std::optional<uint64_t> rounded = ExtentAllocator::RoundUp(saved.bytes(), pool_->capacity());
+      extents.push_back({saved.pool_offset(), rounded.value_or(0)});
+    }
+    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->ClaimBytes(extents, saved.bytes());
+    if (!stored.ok()) {
       return absl::DataLossError(absl::StrCat("journal entry for region '", saved.region(),
                                               "' of rank ", saved.rank(), " at step ", saved.step(),
-                                              ": ", extent.status().message()));
+                                              ": ", stored.status().message()));
     }
-    ranks_[saved.rank()].committed[saved.region()] = VersionFrom(saved, *std::move(extent));
+    ranks_[saved.rank()].committed[saved.region()] = VersionFrom(saved, *std::move(stored));
   }
   for (const v1::JournalRank& saved : state.ranks()) {
     RankState& rank_state = ranks_[saved.rank()];
@@ -277,13 +283,13 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
   record.step = step;
   for (const RankState::Registered* region : selected) record.bytes += region->spec.bytes();
   for (const RankState::Registered* region : selected) {
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(region->spec.bytes());
-    if (!extent.ok()) {
+    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region->spec.bytes());
+    if (!stored.ok()) {
       // Extents taken so far are released with `record`; nothing stored is touched.
       return absl::ResourceExhaustedError(absl::StrCat(
           "step ", step, " of rank ", rank, " needs ", record.bytes, " bytes (",
           FormatByteSize(record.bytes), ") for ", selected.size(), " regions: ",
-          extent.status().message()));
+          stored.status().message()));
     }
     auto version = std::make_shared<Version>();
     version->rank = rank;
@@ -294,7 +300,7 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
     version->shape.assign(region->spec.shape().begin(), region->spec.shape().end());
     version->chunk_bytes = options_.chunk_bytes;
     version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
-    version->extent = *std::move(extent);
+    version->stored = *std::move(stored);
     record.pending_chunks += version->chunks();
     record.region_names.push_back(version->region);
     record.versions.push_back(std::move(version));
@@ -337,8 +343,11 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
 void Store::CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                       std::shared_ptr<RegionSource> source, CopyBackend* backend) {
   const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
-  absl::StatusOr<uint32_t> crc = backend->CopyOut(*source, offset, version->extent->data() + offset,
-                                                  version->ChunkLength(chunk));
+  absl::StatusOr<uint32_t> crc = uint32_t{0};
+  version->stored->ForEach(offset, version->ChunkLength(chunk),
+                           [&](uint8_t* data, uint64_t bytes, uint64_t position) {
+                             if (crc.ok()) crc = backend->CopyOut(*source, offset + position, data, bytes, *crc);
+                           });
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   auto it = rank_state.steps.find(step);
@@ -363,7 +372,11 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
     saved->set_rank(version.rank);
     saved->set_region(version.region);
     saved->set_step(version.step);
-    saved->set_pool_offset(version.extent->offset());
+    for (const std::shared_ptr<PoolExtent>& extent : version.stored->extents()) {
+      v1::PoolSpan* span = saved->add_extents();
+      span->set_offset(extent->offset());
+      span->set_bytes(extent->bytes());
+    }
     saved->set_bytes(version.bytes);
     saved->set_dtype(version.dtype);
     for (int64_t dimension : version.shape) saved->add_shape(dimension);
@@ -597,8 +610,14 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       workers_.Submit([item, chunk, rank, progress] {
         const Version& version = *item.version;
         const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
-        absl::StatusOr<uint32_t> crc = item.backend->CopyIn(
-            *item.source, offset, version.extent->data() + offset, version.ChunkLength(chunk));
+        absl::StatusOr<uint32_t> crc = uint32_t{0};
+        version.stored->ForEach(offset, version.ChunkLength(chunk),
+                                [&](const uint8_t* data, uint64_t bytes, uint64_t position) {
+                                  if (crc.ok()) {
+                                    crc = item.backend->CopyIn(*item.source, offset + position, data,
+                                                               bytes, *crc);
+                                  }
+                                });
         absl::Status status = crc.status();
         if (crc.ok() && *crc != version.chunk_crcs[chunk]) {
           status = absl::DataLossError(absl::StrFormat(
@@ -863,8 +882,7 @@ v1::VerifyResponse Store::Verify(std::optional<int64_t> step) const {
   for (const std::shared_ptr<Version>& version : versions) {
     for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
       const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
-      const uint32_t actual =
-          erasure::Crc32c(version->extent->data() + offset, version->ChunkLength(chunk));
+      const uint32_t actual = version->stored->Crc32c(offset, version->ChunkLength(chunk));
       if (actual != version->chunk_crcs[chunk]) {
         v1::VerifyResponse::Corruption* corruption = response.add_corruptions();
         corruption->set_rank(version->rank);
@@ -899,7 +917,9 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
       if (version->step != step) continue;
       dropped.emplace_back(rank_id, region);
       response.set_versions_dropped(response.versions_dropped() + 1);
-      response.set_bytes_freed(response.bytes_freed() + version->extent->bytes());
+      for (const std::shared_ptr<PoolExtent>& extent : version->stored->extents()) {
+        response.set_bytes_freed(response.bytes_freed() + extent->bytes());
+      }
     }
   }
   if (dropped.empty()) {
@@ -1010,7 +1030,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   }
   v1::NodeImage manifest;
   manifest.set_step(step);
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const auto& [rank, rank_state] : ranks_) {
     std::map<std::string, const Version*> versions;
     for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
@@ -1021,27 +1041,27 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     }
     for (const auto& [name, version] : versions) {
       AddToImage(*version, &manifest);
-      extents.push_back(version->extent);
+      stored.push_back(version->stored);
     }
     if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
       *manifest.add_ranks() = *std::move(saved);
     }
   }
-  return NodeImage(std::move(manifest), std::move(extents));
+  return NodeImage(std::move(manifest), std::move(stored));
 }
 
 NodeImage Store::CommittedImage() const {
   absl::MutexLock lock(&mutex_);
   v1::NodeImage manifest;
   if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const auto& [rank, rank_state] : ranks_) {
     for (const auto& [name, version] : rank_state.committed) {
       AddToImage(*version, &manifest);
-      extents.push_back(version->extent);
+      stored.push_back(version->stored);
     }
   }
-  return NodeImage(std::move(manifest), std::move(extents));
+  return NodeImage(std::move(manifest), std::move(stored));
 }
 
 absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
@@ -1087,7 +1107,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   std::map<uint32_t, RankState> rebuilt;
   for (int i = 0; i < image.manifest().regions_size(); ++i) {
     const v1::ImageRegion& region = image.manifest().regions(i);
-    rebuilt[region.rank()].committed[region.region()] = VersionFrom(region, image.extents()[i]);
+    rebuilt[region.rank()].committed[region.region()] = VersionFrom(region, image.stored()[i]);
   }
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
     LoadRankRecord(rank, &rebuilt[rank.rank()]);
@@ -1134,7 +1154,7 @@ uint64_t Store::CommittedBytes() const {
   return bytes;
 }
 
-absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes) {
+absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const PoolBytes& bytes) {
   std::shared_ptr<RegionSource> source;
   CopyBackend* backend = nullptr;
   {
@@ -1146,6 +1166,14 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
     }
     const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
     const v1::RegionSpec& spec = registered.spec;
+    if (stored.chunk_bytes() == 0 || bytes.bytes() < stored.bytes() ||
+        static_cast<uint64_t>(stored.chunk_crcs_size()) !=
+            stored.bytes() / stored.chunk_bytes() + (stored.bytes() % stored.chunk_bytes() != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region '", stored.region(), "' of rank ", stored.rank(), " is described as ",
+          stored.bytes(), " bytes in ", stored.chunk_crcs_size(), " chunks of ",
+          stored.chunk_bytes(), " bytes with ", bytes.bytes(), " bytes at hand"));
+    }
     if (spec.bytes() != stored.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
@@ -1162,7 +1190,10 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
   for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
     const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
     const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
-    absl::StatusOr<uint32_t> crc = backend->CopyIn(*source, offset, bytes + offset, length);
+    absl::StatusOr<uint32_t> crc = uint32_t{0};
+    bytes.ForEach(offset, length, [&](const uint8_t* data, uint64_t piece, uint64_t position) {
+      if (crc.ok()) crc = backend->CopyIn(*source, offset + position, data, piece, *crc);
+    });
     if (!crc.ok()) return crc.status();
     if (*crc != stored.chunk_crcs(chunk)) {
       return absl::DataLossError(absl::StrFormat(
@@ -1203,7 +1234,7 @@ absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32
   for (const std::shared_ptr<Version>& version : versions) {
     v1::NodeImage manifest;
     AddToImage(*version, &manifest);
-    if (absl::Status status = WriteRegion(rank, manifest.regions(0), version->extent->data());
+    if (absl::Status status = WriteRegion(rank, manifest.regions(0), *version->stored);
         !status.ok()) {
       return status;
     }

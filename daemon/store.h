@@ -121,7 +121,7 @@ class Store {
   // Elastic restore: writes a region that another rank snapshotted (its record `stored`, its bytes)
   // into this rank's registered region of the same name, checking size, dtype, shape and every
   // chunk's CRC-32C as the bytes land.
-  absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes);
+  absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const PoolBytes& bytes);
   // The same from this node's committed versions of `source_rank` (every one when `regions` is
   // empty); NOT_FOUND when this node holds none of that rank.
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(uint32_t rank, uint32_t source_rank,
@@ -146,7 +146,7 @@ class Store {
         CommitMode mode);
   absl::Status Recover();
   template <typename Saved>
-  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolExtent> extent);
+  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
