@@ -2,9 +2,11 @@
 // etcd of one member without and with fsync, and of three members with fsync:
 //   - a fenced write-once decision (Client::WriteOnce under an elected leader's fence), median and
 //     p99, beside a Status RPC to the same member (a gRPC round trip that touches neither raft nor
-//     disk) and, with fsync, that plus one 4 KiB write + fdatasync on the filesystem of etcd's data;
+//     disk) and, with fsync, that plus one 4 KiB write + fdatasync on the filesystem of etcd's
+//     data;
 //   - the same decision as a watcher of the step prefix sees it (write start to event delivered);
-//   - one lease keep-alive round trip (what LeaseKeeper does every third of a TTL), beside the Status
+//   - one lease keep-alive round trip (what LeaseKeeper does every third of a TTL), beside the
+//   Status
 //     round trip (etcd renews a lease in the leader's memory, without raft or disk).
 // Samples of every figure and baseline are interleaved, so load from elsewhere hits them alike.
 #include <fcntl.h>
@@ -76,8 +78,8 @@ absl::StatusOr<Samples> Measure(int members, bool fsync, int count) {
   for (int step = 1; step <= warm_up + count; ++step) {
     const bool measured = step > warm_up;
     absl::Time begin = absl::Now();
-    absl::StatusOr<etcd::KeyValue> decided = (*client)->WriteOnce(
-        absl::StrCat("/bench/step/", step), "commit", leader->fence());
+    absl::StatusOr<etcd::KeyValue> decided =
+        (*client)->WriteOnce(absl::StrCat("/bench/step/", step), "commit", leader->fence());
     if (!decided.ok()) return decided.status();
     const double written = MillisecondsSince(begin);
     absl::StatusOr<etcd::WatchEvent> event = (*watcher)->Next(absl::Seconds(10));
@@ -117,8 +119,9 @@ absl::Status RunEtcdSuite(Report& report) {
   for (const Setup setup : {Setup{1, false, 1000}, Setup{1, true, 300}, Setup{3, true, 300}}) {
     absl::StatusOr<Samples> samples = Measure(setup.members, setup.fsync, setup.samples);
     if (!samples.ok()) return samples.status();
-    const std::string mode = absl::StrCat(setup.members, setup.members == 1 ? " member, " : " members, ",
-                                          setup.fsync ? "fsync" : "--unsafe-no-fsync");
+    const std::string mode =
+        absl::StrCat(setup.members, setup.members == 1 ? " member, " : " members, ",
+                     setup.fsync ? "fsync" : "--unsafe-no-fsync");
     const double status = Percentile(samples->status, 0.5);
     const double synced = Percentile(samples->synced_write, 0.5);
     const double floor = setup.fsync ? status + synced : status;
@@ -128,8 +131,8 @@ absl::Status RunEtcdSuite(Report& report) {
     const double write_once_p99 = Percentile(samples->write_once, 0.99);
     const double seen = Percentile(samples->seen_by_watcher, 0.5);
     const double keep_alive = Percentile(samples->keep_alive, 0.5);
-    report.Add({"etcd", absl::StrCat("fenced write-once decision, median, ", mode), write_once, "ms",
-                floor_name, floor, write_once / floor});
+    report.Add({"etcd", absl::StrCat("fenced write-once decision, median, ", mode), write_once,
+                "ms", floor_name, floor, write_once / floor});
     report.Add({"etcd", absl::StrCat("fenced write-once decision, p99, ", mode), write_once_p99,
                 "ms", floor_name, floor, write_once_p99 / floor});
     report.Add({"etcd", absl::StrCat("decision seen by a watcher, median, ", mode), seen, "ms",
@@ -137,8 +140,10 @@ absl::Status RunEtcdSuite(Report& report) {
     report.Add({"etcd", absl::StrCat("lease keep-alive round trip, median, ", mode), keep_alive,
                 "ms", "Status round trip (no raft, no disk)", status, keep_alive / status});
   }
-  report.AddNote("etcd",
-      "Real etcd members (Debian's etcd-server) on 127.0.0.1, their data on the filesystem of /tmp, "
+  report.AddNote(
+      "etcd",
+      "Real etcd members (Debian's etcd-server) on 127.0.0.1, their data on the filesystem of "
+      "/tmp, "
       "and moesnap's etcd client in the benchmark's process, talking to the first member: 1000 or "
       "300 sequential steps after a tenth as many warm-up steps, each sample of every figure and "
       "baseline taken in the same step. A decision is one Txn (absent key and the leader key's "

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/config.h"
 #include "daemon/copy_backend.h"
 #include "daemon/journal.h"

@@ -23,6 +23,10 @@ std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::str
 
 }  // namespace
 
+absl::Status AgentService::WaitRestorable(absl::Time deadline) const {
+  return cluster_ != nullptr ? cluster_->WaitRestorable(deadline) : absl::OkStatus();
+}
+
 grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* request,
                                  v1::HelloResponse* response) {
   if (absl::Status status = store_->StartSession(request->rank()); !status.ok()) {
@@ -34,7 +38,7 @@ grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* r
   response->set_supports_device_memory(facts_.supports_device_memory);
   // Only once this node holds what was committed (a replacement may still be rebuilding it).
   std::optional<int64_t> latest = store_->LatestCommitted(request->rank());
-  if (latest && store_->WaitRestorable(absl::Now()).ok()) {
+  if (latest && WaitRestorable(absl::Now()).ok()) {
     response->set_latest_committed_step(*latest);
   }
   return grpc::Status::OK;
@@ -93,6 +97,8 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
                                            Names(request->regions()))
                    : store_->RestoreFromRank(request->rank(), request->source_rank(),
                                              Names(request->regions()));
+  } else if (absl::Status restorable = WaitRestorable(DeadlineOf(context)); !restorable.ok()) {
+    restored = restorable;
   } else {
     restored = store_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
   }
@@ -105,7 +111,7 @@ grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
                                            const v1::LatestCommittedRequest* request,
                                            v1::LatestCommittedResponse* response) {
   // A replacement node answers once its rebuild has brought back what the group committed.
-  if (absl::Status status = store_->WaitRestorable(DeadlineOf(context)); !status.ok()) {
+  if (absl::Status status = WaitRestorable(DeadlineOf(context)); !status.ok()) {
     return ToGrpcStatus(status);
   }
   if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
 #include "proto/moesnap.grpc.pb.h"
@@ -45,6 +45,10 @@ class AgentService final : public v1::Agent::Service {
                         v1::FetchLogResponse*) override;
 
  private:
+  // OK once this node holds its share of what was committed (a cluster's replacement may still be
+  // rebuilding it); always OK on a single node.
+  absl::Status WaitRestorable(absl::Time deadline) const;
+
   Store* store_;
   UpstreamLog* log_;
   Cluster* cluster_;

@@ -406,9 +406,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   if (mode_ == CommitMode::kCluster) {
     record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
-    absl::StatusOr<bool> captured = NodeCaptured(record.step);
-    if (captured.ok() && *captured && on_node_captured_) on_node_captured_(record.step);
-    return;
+    return;  // the cluster finds it through WaitNodeCapturedAfter
   }
   // On a single node a captured step is ready to commit: the journal write is the commit point.
   if (absl::Status status = journal_->Write(JournalStateWith({{rank, &record}}, cluster_));
@@ -515,7 +513,6 @@ namespace moesnap::daemon {
 absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
                                                    const std::vector<std::string>& regions,
                                                    absl::Time deadline) {
-  if (absl::Status gate = WaitRestorable(deadline); !gate.ok()) return gate;
   struct Work {
     std::shared_ptr<Version> version;
     std::shared_ptr<RegionSource> source;
@@ -645,10 +642,6 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     restored->set_bytes(item.version->bytes);
   }
   return response;
-}
-
-absl::Status Store::WaitRestorable(absl::Time deadline) const {
-  return restore_gate_ ? restore_gate_(deadline) : absl::OkStatus();
 }
 
 std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
@@ -957,16 +950,6 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
 
 // --- Cluster mode ---------------------------------------------------------------------------------
 
-void Store::SetNodeCapturedCallback(std::function<void(int64_t)> callback) {
-  absl::MutexLock lock(&mutex_);
-  on_node_captured_ = std::move(callback);
-}
-
-void Store::SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate) {
-  absl::MutexLock lock(&mutex_);
-  restore_gate_ = std::move(gate);
-}
-
 absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
   std::vector<uint32_t> waiting;
   for (const auto& [rank, rank_state] : ranks_) {
@@ -990,6 +973,30 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
                                        [](const auto& rank) { return !rank.second.regions.empty(); });
   return waiting->empty() && any_trainer;
+}
+
+absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                     absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    std::set<int64_t> candidates;
+    for (const auto& [rank, rank_state] : ranks_) {
+      for (const auto& [step, record] : rank_state.steps) {
+        if ((!after || step > *after) && record.state == v1::STEP_STATE_CAPTURED) {
+          candidates.insert(step);
+        }
+      }
+    }
+    for (int64_t step : candidates) {
+      if (absl::StatusOr<bool> captured = NodeCaptured(step); captured.ok() && *captured) {
+        return step;
+      }
+    }
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no step after ", after ? absl::StrCat(*after) : "none", " is captured on this node"));
+    }
+  }
 }
 
 absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadline) {
@@ -1131,18 +1138,14 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   return absl::OkStatus();
 }
 
-absl::Status Store::WriteClusterRecord(const v1::JournalCluster& cluster) {
-  absl::MutexLock lock(&mutex_);
-  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
-    return status;
-  }
-  cluster_ = cluster;
-  return absl::OkStatus();
-}
-
 v1::JournalCluster Store::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return cluster_;
+}
+
+uint64_t Store::InFlightBytes() const {
+  absl::MutexLock lock(&mutex_);
+  return in_flight_bytes_;
 }
 
 uint64_t Store::CommittedBytes() const {

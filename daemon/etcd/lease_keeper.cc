@@ -1,5 +1,6 @@
 // Lease renewal: one keep-alive round trip (Client::KeepAliveOnce) and LeaseKeeper, which renews a
-// lease every third of its TTL on a thread of its own until the lease is lost or the keeper destroyed.
+// lease every third of its TTL on a thread of its own until the lease is lost or the keeper
+// destroyed.
 #include <algorithm>
 #include <thread>
 
@@ -15,7 +16,8 @@ namespace {
 
 // One renewal: a LeaseKeepAlive stream carrying one request and its answer. A stream per renewal
 // costs one HTTP/2 stream on the open connection, and lets each renewal have its own deadline.
-absl::StatusOr<int64_t> Renew(internal::Endpoints& endpoints, int64_t lease_id, absl::Time deadline) {
+absl::StatusOr<int64_t> Renew(internal::Endpoints& endpoints, int64_t lease_id,
+                              absl::Time deadline) {
   etcdserverpb::LeaseKeepAliveRequest request;
   request.set_id(lease_id);
   etcdserverpb::LeaseKeepAliveResponse response;
@@ -24,7 +26,8 @@ absl::StatusOr<int64_t> Renew(internal::Endpoints& endpoints, int64_t lease_id, 
       [&](const internal::Endpoint& endpoint, grpc::ClientContext& context) {
         auto stream = endpoint.lease->LeaseKeepAlive(&context);
         if (stream->Write(request) && stream->WritesDone() && stream->Read(&response)) {
-          context.TryCancel();  // the answer is in; the server ends its side when it sees the cancel
+          context
+              .TryCancel();  // the answer is in; the server ends its side when it sees the cancel
           stream->Finish().IgnoreError();
           return grpc::Status::OK;
         }
@@ -74,8 +77,9 @@ class LeaseKeeper::Impl {
 
   bool WaitLost(absl::Duration timeout) const {
     absl::MutexLock lock(&mutex_);
-    mutex_.AwaitWithTimeout(absl::Condition(&reported_), timeout);
-    return reported_;
+    const auto lost = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !status_.ok(); };
+    mutex_.AwaitWithTimeout(absl::Condition(&lost), timeout);
+    return !status_.ok();
   }
 
   int64_t renewals() const {
@@ -98,7 +102,8 @@ class LeaseKeeper::Impl {
       }
       const absl::Time sent = absl::Now();
       // One attempt_timeout per round, so that a destroyed keeper stops that soon; a failed round
-      // moves to the next endpoint and the next round follows at once, until the lease would expire.
+      // moves to the next endpoint and the next round follows at once, until the lease would
+      // expire.
       absl::StatusOr<int64_t> granted = Renew(
           *endpoints_, lease_.id, std::min(expires, sent + endpoints_->options().attempt_timeout));
       if (granted.ok()) {
@@ -114,27 +119,26 @@ class LeaseKeeper::Impl {
         return;
       }
       if (absl::Now() >= expires) {
-        Lose(absl::UnavailableError(absl::StrCat(
-            "etcd lease ", lease_.id, " was not renewed within its TTL of ",
-            absl::FormatDuration(ttl), "; it must be taken as lost: ", granted.status().message())));
+        Lose(absl::UnavailableError(
+            absl::StrCat("etcd lease ", lease_.id, " was not renewed within its TTL of ",
+                         absl::FormatDuration(ttl),
+                         "; it must be taken as lost: ", granted.status().message())));
         return;
       }
-      // No endpoint renewed it this round (or one refused for another reason than the lease's loss):
-      // try again at once through the next endpoint, or shortly after a definite refusal.
-      next_renewal = absl::IsDeadlineExceeded(granted.status()) || absl::IsUnavailable(granted.status())
-                         ? absl::Now()
-                         : std::min(expires, absl::Now() + ttl / 10);
+      // No endpoint renewed it this round (or one refused for another reason than the lease's
+      // loss): try again at once through the next endpoint, or shortly after a definite refusal.
+      const bool unanswered =
+          absl::IsDeadlineExceeded(granted.status()) || absl::IsUnavailable(granted.status());
+      next_renewal = unanswered ? absl::Now() : std::min(expires, absl::Now() + ttl / 10);
     }
   }
 
+  // The callback runs before the loss is published, so whoever sees it (status, WaitLost) also
+  // sees what the callback did.
   void Lose(const absl::Status& why) {
-    {
-      absl::MutexLock lock(&mutex_);
-      status_ = why;
-    }
-    if (on_lost_) on_lost_(why);  // outside the lock: it may call status()
+    if (on_lost_) on_lost_(why);
     absl::MutexLock lock(&mutex_);
-    reported_ = true;
+    status_ = why;
   }
 
   const std::shared_ptr<internal::Endpoints> endpoints_;
@@ -143,7 +147,6 @@ class LeaseKeeper::Impl {
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mutex_);
-  bool reported_ ABSL_GUARDED_BY(mutex_) = false;  // lost, and on_lost_ has returned
   int64_t renewals_ ABSL_GUARDED_BY(mutex_) = 0;
   std::thread thread_;  // last: starts once the fields above exist
 };

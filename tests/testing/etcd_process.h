@@ -1,8 +1,8 @@
-// Real etcd for tests: a 1- or 3-member etcd (Debian's etcd-server) on free loopback ports, with its
-// data and logs in a fresh temporary folder, started as child processes that a test can SIGKILL,
-// SIGSTOP, SIGCONT and restart. Start returns once every member serves (a condition polled, never a
-// fixed sleep); Leader finds the raft leader. The destructor kills every member and removes the
-// folder.
+// Real etcd for tests: a 1- or 3-member etcd (Debian's etcd-server) on free loopback ports, with
+// its data and logs in a fresh temporary folder, started as child processes that a test can
+// SIGKILL, SIGSTOP, SIGCONT and restart. Start returns once every member serves (a condition
+// polled, never a fixed sleep); Leader finds the raft leader. The destructor kills every member and
+// removes the folder.
 //
 //   Use:
 //     auto etcd = EtcdCluster::Start({.members = 3});

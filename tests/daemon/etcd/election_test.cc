@@ -52,8 +52,8 @@ TEST_F(ElectionTest, NextCandidateLeadsWhenTheLeadersLeaseExpiresAndTheOldLeader
   auto [lease_b, keeper_b] = KeptLease();
   ASSERT_NE(keeper_a, nullptr);
   ASSERT_NE(keeper_b, nullptr);
-  const absl::StatusOr<Leadership> a = election_->Campaign("a", "host-a:7000", lease_a.id,
-                                                           absl::Seconds(10));
+  const absl::StatusOr<Leadership> a =
+      election_->Campaign("a", "host-a:7000", lease_a.id, absl::Seconds(10));
   ASSERT_OK(a);
   EXPECT_EQ(a->key, "/job/coordinator/a");
 

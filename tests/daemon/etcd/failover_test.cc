@@ -1,7 +1,8 @@
 // The etcd client against a real three-member etcd that loses members: a watch resumes on another
-// member without losing or repeating an event when its member is killed or stopped, a killed member comes back and catches up, and a
-// stream of fenced write-once decisions goes on through the other members when the raft leader is
-// SIGKILLed in the middle of it, with no decision lost or written twice.
+// member without losing or repeating an event when its member is killed or stopped, a killed member
+// comes back and catches up, and a stream of fenced write-once decisions goes on through the other
+// members when the raft leader is SIGKILLed in the middle of it, with no decision lost or written
+// twice.
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -88,8 +89,8 @@ TEST_F(FailoverTest, WatchMovesOnWhenTheMemberItUsedStopsAnswering) {
   survivors.endpoints = {etcd_->endpoint(1), etcd_->endpoint(2)};
   absl::StatusOr<std::unique_ptr<Client>> writer = Client::Create(survivors);
   ASSERT_OK(writer);
-  // WriteOnce, not Put: the stopped member may be the raft leader, and a write sent while the others
-  // elect a new one has an unknown outcome, which only a write-once can resend safely.
+  // WriteOnce, not Put: the stopped member may be the raft leader, and a write sent while the
+  // others elect a new one has an unknown outcome, which only a write-once can resend safely.
   ASSERT_OK((*writer)->WriteOnce("w/1", "1"));
   // Sooner than gRPC's keep-alive pings (10 s + 5 s) would find the connection dead.
   absl::StatusOr<WatchEvent> event = (*watcher)->Next(absl::Seconds(8));
