@@ -10,9 +10,11 @@
 #include "daemon/config.h"
 #include "daemon/copy_backend.h"
 #include "daemon/journal.h"
+#include "daemon/memory_handoff.h"
 #include "daemon/pool.h"
 #include "daemon/services.h"
 #include "daemon/store.h"
+#include "daemon/trainer_memory.h"
 #include "daemon/unix_server.h"
 #include "daemon/upstream_log.h"
 
@@ -27,6 +29,7 @@ class Daemon {
  private:
   Daemon() = default;
 
+  std::unique_ptr<TrainerSessions> sessions_;  // before the host backend, which reads it
   std::unique_ptr<CopyBackend> host_backend_;
   std::unique_ptr<CopyBackend> device_backend_;
   std::unique_ptr<Pool> pool_;
@@ -36,6 +39,7 @@ class Daemon {
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<MemoryHandoff> memory_handoff_;
   std::unique_ptr<UnixServer> server_;
 };
 

@@ -1,6 +1,8 @@
 // AgentService and AdminService: request/response conversion around Store.
 #include "daemon/services.h"
 
+#include <unistd.h>
+
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -29,11 +31,11 @@ absl::Status AgentService::WaitRestorable(absl::Time deadline) const {
 
 grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* request,
                                  v1::HelloResponse* response) {
-  if (absl::Status status = store_->StartSession(request->rank()); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
+  const TrainerSessions::Session session = sessions_->Start(request->rank());
+  store_->StartSession(request->rank(), session.number);
+  response->set_session(session.token);
+  response->set_memory_socket(facts_.memory_socket);
   response->set_node_id(facts_.node_id);
-  response->set_shm_group(facts_.shm_group);
   response->set_pool_bytes(store_->Status().pool_bytes());
   response->set_supports_device_memory(facts_.supports_device_memory);
   // Only once this node holds what was committed (a replacement may still be rebuilding it).
@@ -150,6 +152,7 @@ grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequ
 grpc::Status AdminService::Status(grpc::ServerContext*, const v1::StatusRequest*,
                                   v1::StatusResponse* response) {
   *response = store_->Status();
+  response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_node_id(node_id_);
   response->set_pool_locked(pool_locked_);
   return grpc::Status::OK;

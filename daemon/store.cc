@@ -73,6 +73,7 @@ struct Store::RankState {
     std::shared_ptr<RegionSource> source;
     CopyBackend* backend = nullptr;
   };
+  uint64_t session = 0;  // the trainer process registered now (TrainerSessions' number)
   std::map<std::string, Registered> regions;
   std::map<std::string, std::shared_ptr<Version>> committed;
   std::map<int64_t, StepRecord> steps;
@@ -190,16 +191,23 @@ CopyBackend* Store::BackendFor(v1::Device device) const {
   return device == v1::DEVICE_CUDA ? backends_.device : backends_.host;
 }
 
-absl::Status Store::StartSession(uint32_t rank) {
-  if (int removed = RemoveOrphanedRegionFiles(); removed > 0) {
-    Log(LogLevel::kInfo, "removed ", removed, " region files left by trainers that died");
-  }
+void Store::StartSession(uint32_t rank, uint64_t session) {
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
+  rank_state.session = session;
   rank_state.regions.clear();  // copies in flight keep their own references to the old sources
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay_through = rank_state.latest_snapshot;
-  return absl::OkStatus();
+}
+
+void Store::EndSession(uint32_t rank, uint64_t session) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.session != session) return;  // a newer process took over
+  // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
+  it->second.regions.clear();
+  it->second.restarting = false;
+  step_changed_.SignalAll();
 }
 
 absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
@@ -215,7 +223,7 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
       return absl::FailedPreconditionError(absl::StrCat(
           "region '", spec.name(), "' is GPU memory but this daemon has no CUDA copy backend"));
     }
-    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(spec);
+    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(rank, spec);
     if (!source.ok()) return source.status();
     opened.push_back({spec, *std::move(source), backend});
   }

@@ -55,8 +55,12 @@ class Store final : public ClusterStore {
                                                      CommitMode mode = CommitMode::kLocal);
   ~Store() override;
 
-  // A trainer rank (re)connects: forget the regions a previous process of this rank registered.
-  absl::Status StartSession(uint32_t rank);
+  // A trainer process of `rank` connects (session: its TrainerSessions number): forget the regions
+  // a previous process of the rank registered.
+  void StartSession(uint32_t rank, uint64_t session);
+  // That process is gone (its memory connection closed): forget its regions, unless a newer
+  // process of the rank started since.
+  void EndSession(uint32_t rank, uint64_t session);
 
   // Adds or replaces named regions of a rank. Refused while a step of the rank is capturing.
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
