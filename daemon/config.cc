@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "common/memory_handoff_wire.h"
 #include "daemon/journal.h"
 
 namespace moesnap::daemon {
@@ -213,6 +214,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   reader.String("agent", "socket", options.agent_socket);
   reader.String("admin", "socket", options.admin_socket);
   CheckSocketPath(reader, "agent.socket", options.agent_socket);
+  // Trainers hand over their memory on the agent socket's path + ".memory": it must fit too.
+  CheckSocketPath(reader, "agent.socket",
+                  options.agent_socket + memory_handoff::kSocketSuffix);
   CheckSocketPath(reader, "admin.socket", options.admin_socket);
   if (options.agent_socket == options.admin_socket) {
     reader.Error("admin.socket", "must differ from agent.socket");

@@ -81,7 +81,8 @@ class CudaCopyBackend : public CopyBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<RegionSource>> Open(const v1::RegionSpec& spec) override {
+  absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t /*rank*/,
+                                                     const v1::RegionSpec& spec) override {
     const v1::RegionHandle& handle = spec.handle();
     if (spec.device() != v1::DEVICE_CUDA) {
       return absl::InvalidArgumentError(absl::StrCat("region '", spec.name(), "' is not GPU memory"));

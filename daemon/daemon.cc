@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/log.h"
+#include "common/memory_handoff_wire.h"
 #include "common/shared_memory.h"
 #include "daemon/daemon_metrics.h"
 
@@ -41,7 +42,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<AccessPolicy> policy = AccessPolicy::FromOptions(options.access);
   if (!policy.ok()) return policy.status();
 
-  daemon->host_backend_ = CreateHostCopyBackend();
+  daemon->sessions_ = std::make_unique<TrainerSessions>();
+  daemon->host_backend_ = CreateHostCopyBackend(daemon->sessions_.get());
   absl::StatusOr<std::unique_ptr<CopyBackend>> device = CreateCudaCopyBackend();
   if (device.ok()) {
     daemon->device_backend_ = *std::move(device);
@@ -123,15 +125,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
+  const std::string memory_socket = options.agent_socket + memory_handoff::kSocketSuffix;
   daemon->agent_service_ = std::make_unique<AgentService>(
-      daemon->store_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(),
-      NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
+      daemon->store_.get(), daemon->sessions_.get(), daemon->upstream_log_.get(),
+      daemon->cluster_.get(),
+      NodeFacts{options.node_id, memory_socket, daemon->device_backend_ != nullptr});
+  daemon->memory_handoff_ =
+      std::make_unique<MemoryHandoff>(daemon->sessions_.get(), daemon->store_.get());
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
                                      daemon->cluster_.get(), options.node_id, locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
-      {{options.agent_socket, daemon->agent_service_.get()},
-       {options.admin_socket, daemon->admin_service_.get()}},
+      {{.path = options.agent_socket, .service = daemon->agent_service_.get()},
+       {.path = memory_socket, .handler = daemon->memory_handoff_.get()},
+       {.path = options.admin_socket, .service = daemon->admin_service_.get()}},
       *std::move(policy));
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);
@@ -142,7 +149,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           .probe = [admin_socket = options.admin_socket] {
             return ProbeAdminSocket(admin_socket, absl::Seconds(5));
           },
-          .ready = [store = daemon->store_.get()] { return store->WaitRestorable(absl::Now()); },
+          // A replacement node is ready once it holds its share of the committed state.
+          .ready =
+              [cluster = daemon->cluster_.get()] {
+                return cluster != nullptr ? cluster->WaitRestorable(absl::Now()) : absl::OkStatus();
+              },
           .on_serving_changed = [server = daemon->server_.get()](bool serving) {
             server->SetServing(serving);
           }},
@@ -174,8 +185,9 @@ Daemon::~Daemon() {
   if (notifier_) notifier_->Notify("STOPPING=1");
   http_server_.reset();  // no scrapes
   collectors_ = metrics::CollectorHandle();
-  health_.reset();   // no probes
-  server_.reset();   // no new calls
+  health_.reset();          // no probes
+  server_.reset();          // no new calls
+  memory_handoff_.reset();  // no new memory
   cluster_.reset();  // no peer calls, no rounds
   store_.reset();    // finishes queued copies
 }

@@ -7,16 +7,18 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/config.h"
 #include "common/metrics.h"
 #include "daemon/copy_backend.h"
 #include "daemon/health.h"
 #include "daemon/http_server.h"
 #include "daemon/journal.h"
+#include "daemon/memory_handoff.h"
 #include "daemon/pool.h"
 #include "daemon/services.h"
 #include "daemon/store.h"
+#include "daemon/trainer_memory.h"
 #include "daemon/unix_server.h"
 #include "daemon/upstream_log.h"
 
@@ -35,6 +37,7 @@ class Daemon {
  private:
   Daemon() = default;
 
+  std::unique_ptr<TrainerSessions> sessions_;  // before the host backend, which reads it
   std::unique_ptr<CopyBackend> host_backend_;
   std::unique_ptr<CopyBackend> device_backend_;
   std::unique_ptr<Pool> pool_;
@@ -44,6 +47,7 @@ class Daemon {
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<MemoryHandoff> memory_handoff_;
   std::unique_ptr<UnixServer> server_;
   std::unique_ptr<ServiceNotifier> notifier_;
   std::unique_ptr<HealthMonitor> health_;

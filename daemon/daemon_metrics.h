@@ -6,7 +6,7 @@
 #define MOESNAP_DAEMON_DAEMON_METRICS_H_
 
 #include "common/metrics.h"
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
 

@@ -102,6 +102,7 @@ struct Store::RankState {
     std::shared_ptr<RegionSource> source;
     CopyBackend* backend = nullptr;
   };
+  uint64_t session = 0;  // the trainer process registered now (TrainerSessions' number)
   std::map<std::string, Registered> regions;
   std::map<std::string, std::shared_ptr<Version>> committed;
   std::map<int64_t, StepRecord> steps;
@@ -219,16 +220,23 @@ CopyBackend* Store::BackendFor(v1::Device device) const {
   return device == v1::DEVICE_CUDA ? backends_.device : backends_.host;
 }
 
-absl::Status Store::StartSession(uint32_t rank) {
-  if (int removed = RemoveOrphanedRegionFiles(); removed > 0) {
-    Log(LogLevel::kInfo, "removed ", removed, " region files left by trainers that died");
-  }
+void Store::StartSession(uint32_t rank, uint64_t session) {
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
+  rank_state.session = session;
   rank_state.regions.clear();  // copies in flight keep their own references to the old sources
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay_through = rank_state.latest_snapshot;
-  return absl::OkStatus();
+}
+
+void Store::EndSession(uint32_t rank, uint64_t session) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.session != session) return;  // a newer process took over
+  // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
+  it->second.regions.clear();
+  it->second.restarting = false;
+  step_changed_.SignalAll();
 }
 
 absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
@@ -244,7 +252,7 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
       return absl::FailedPreconditionError(absl::StrCat(
           "region '", spec.name(), "' is GPU memory but this daemon has no CUDA copy backend"));
     }
-    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(spec);
+    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(rank, spec);
     if (!source.ok()) return source.status();
     opened.push_back({spec, *std::move(source), backend});
   }
@@ -438,9 +446,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   if (mode_ == CommitMode::kCluster) {
     record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
-    absl::StatusOr<bool> captured = NodeCaptured(record.step);
-    if (captured.ok() && *captured && on_node_captured_) on_node_captured_(record.step);
-    return;
+    return;  // the cluster finds it through WaitNodeCapturedAfter
   }
   // On a single node a captured step is ready to commit: the journal write is the commit point.
   if (absl::Status status = journal_->Write(JournalStateWith({{rank, &record}}, cluster_));
@@ -558,7 +564,6 @@ namespace moesnap::daemon {
 absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
                                                    const std::vector<std::string>& regions,
                                                    absl::Time deadline) {
-  if (absl::Status gate = WaitRestorable(deadline); !gate.ok()) return gate;
   struct Work {
     std::shared_ptr<Version> version;
     std::shared_ptr<RegionSource> source;
@@ -688,10 +693,6 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     restored->set_bytes(item.version->bytes);
   }
   return response;
-}
-
-absl::Status Store::WaitRestorable(absl::Time deadline) const {
-  return restore_gate_ ? restore_gate_(deadline) : absl::OkStatus();
 }
 
 std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
@@ -1004,16 +1005,6 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
 
 // --- Cluster mode ---------------------------------------------------------------------------------
 
-void Store::SetNodeCapturedCallback(std::function<void(int64_t)> callback) {
-  absl::MutexLock lock(&mutex_);
-  on_node_captured_ = std::move(callback);
-}
-
-void Store::SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate) {
-  absl::MutexLock lock(&mutex_);
-  restore_gate_ = std::move(gate);
-}
-
 absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
   std::vector<uint32_t> waiting;
   for (const auto& [rank, rank_state] : ranks_) {
@@ -1037,6 +1028,30 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
                                        [](const auto& rank) { return !rank.second.regions.empty(); });
   return waiting->empty() && any_trainer;
+}
+
+absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                     absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    std::set<int64_t> candidates;
+    for (const auto& [rank, rank_state] : ranks_) {
+      for (const auto& [step, record] : rank_state.steps) {
+        if ((!after || step > *after) && record.state == v1::STEP_STATE_CAPTURED) {
+          candidates.insert(step);
+        }
+      }
+    }
+    for (int64_t step : candidates) {
+      if (absl::StatusOr<bool> captured = NodeCaptured(step); captured.ok() && *captured) {
+        return step;
+      }
+    }
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no step after ", after ? absl::StrCat(*after) : "none", " is captured on this node"));
+    }
+  }
 }
 
 absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadline) {
@@ -1179,18 +1194,14 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   return absl::OkStatus();
 }
 
-absl::Status Store::WriteClusterRecord(const v1::JournalCluster& cluster) {
-  absl::MutexLock lock(&mutex_);
-  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
-    return status;
-  }
-  cluster_ = cluster;
-  return absl::OkStatus();
-}
-
 v1::JournalCluster Store::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return cluster_;
+}
+
+uint64_t Store::InFlightBytes() const {
+  absl::MutexLock lock(&mutex_);
+  return in_flight_bytes_;
 }
 
 uint64_t Store::CommittedBytes() const {

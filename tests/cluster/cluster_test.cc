@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -73,11 +74,14 @@ class ClusterTest : public ::testing::Test {
   explicit ClusterTest(int nodes = kGroupSize) : nodes_(nodes) {}
 
   void SetUp() override {
+    // The kernel may hand out a port it just handed out: draw until every port is distinct.
+    std::set<uint16_t> ports;
+    while (ports.size() < 2u * nodes_) ports.insert(UnusedLoopbackPort());
     std::string nodes;
-    for (int id = 0; id < nodes_; ++id) {
+    auto port = ports.begin();
+    for (int id = 0; id < nodes_; ++id, port = std::next(port, 2)) {
       absl::StrAppend(&nodes, "[[cluster.nodes]]\nid = ", id, "\nhost = \"127.0.0.1\"\n",
-                      "control_port = ", UnusedLoopbackPort(),
-                      "\ndata_port = ", UnusedLoopbackPort(), "\n");
+                      "control_port = ", *port, "\ndata_port = ", *std::next(port), "\n");
     }
     const std::string cluster = absl::StrCat(
         "[cluster]\ndata_units = ", kDataUnits, "\nparity_units = ", kParityUnits,
