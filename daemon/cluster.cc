@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
@@ -104,8 +105,10 @@ std::vector<absl::Status> InParallel(const std::vector<Item>& items, Call call) 
 class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
  public:
   Impl(uint32_t node_id, const ClusterOptions& options, Pool* pool, Store* store,
-       UpstreamLog* log, erasure::StripeLayout layout, std::unique_ptr<erasure::ReedSolomon> codec)
+       UpstreamLog* log, const durable::DurableDirectory* durable, erasure::StripeLayout layout,
+       std::unique_ptr<erasure::ReedSolomon> codec)
       : node_id_(node_id), options_(options), pool_(pool), store_(store), log_(log),
+        durable_(durable),
         layout_(std::move(layout)), codec_(std::move(codec)),
         group_(options.GroupOf(node_id)->first), position_(options.GroupOf(node_id)->second),
         groups_(options.Groups()),
@@ -125,6 +128,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(uint32_t rank, uint32_t source_rank,
                                                   const std::vector<std::string>& regions);
   absl::StatusOr<v1::FetchLogResponse> FetchRemoteLog(const v1::FetchLogRequest& request);
+  absl::Status WaitMemory(absl::Time deadline);
+  durable::PeerSurvey SurveyPeers(absl::Time deadline);
 
   // v1::Peer::Service
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
@@ -148,6 +153,8 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
                           v1::SendRegionResponse*) override;
   grpc::Status FetchLog(grpc::ServerContext*, const v1::FetchLogRequest*,
                         v1::FetchLogResponse*) override;
+  grpc::Status DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+                            v1::DurableStateResponse*) override;
 
   // FrameSink
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) override;
@@ -251,6 +258,7 @@ class Cluster::Impl final : public v1::Peer::Service, public FrameSink {
   Pool* const pool_;
   Store* const store_;
   UpstreamLog* const log_;
+  const durable::DurableDirectory* const durable_;
   const erasure::StripeLayout layout_;
   const std::unique_ptr<erasure::ReedSolomon> codec_;
   const int group_;
@@ -353,16 +361,7 @@ absl::Status Cluster::Impl::Start() {
   }
 
   store_->SetNodeCapturedCallback([this](int64_t step) { OnNodeCaptured(step); });
-  store_->SetRestoreGate([this](absl::Time deadline) -> absl::Status {
-    absl::MutexLock lock(&mutex_);
-    while (rebuilding_) {
-      if (changed_.WaitWithDeadline(&mutex_, deadline)) {
-        return absl::UnavailableError(absl::StrCat(
-            "node ", node_id_, " is still rebuilding its data from group ", group_, "; retry"));
-      }
-    }
-    return rebuild_error_;
-  });
+  store_->SetRestoreGate([this](absl::Time deadline) { return WaitMemory(deadline); });
   for (const ClusterNode& node : options_.nodes) {
     if (node.id != node_id_) threads_.emplace_back([this, id = node.id] { HeartbeatLoop(id); });
   }
@@ -386,6 +385,62 @@ Cluster::Impl::~Impl() {
   if (server_) server_->Shutdown(Deadline(absl::Seconds(1)));
   for (std::thread& thread : threads_) thread.join();
   data_server_.reset();
+}
+
+absl::Status Cluster::Impl::WaitMemory(absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (rebuilding_) {
+    if (changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          "node ", node_id_, " is still rebuilding its data from group ", group_, "; retry"));
+    }
+  }
+  return rebuild_error_;
+}
+
+// --- Durable tier --------------------------------------------------------------------------------
+
+grpc::Status Cluster::Impl::DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+                                         v1::DurableStateResponse* response) {
+  response->set_node_id(node_id_);
+  if (durable_ != nullptr) {
+    absl::StatusOr<std::vector<int64_t>> steps = durable_->Steps();
+    if (!steps.ok()) return ToGrpcStatus(steps.status());
+    for (int64_t step : *steps) response->add_durable_steps(step);
+  }
+  const std::optional<int64_t> committed = CommittedStep();
+  absl::MutexLock lock(&mutex_);
+  response->set_settled(!rebuilding_);
+  if (!rebuilding_ && rebuild_error_.ok() && committed) response->set_memory_step(*committed);
+  return grpc::Status::OK;
+}
+
+durable::PeerSurvey Cluster::Impl::SurveyPeers(absl::Time deadline) {
+  std::vector<uint32_t> peers;
+  for (const ClusterNode& node : options_.nodes) {
+    if (node.id != node_id_) peers.push_back(node.id);
+  }
+  std::vector<size_t> indices(peers.size());
+  std::iota(indices.begin(), indices.end(), 0);
+  std::vector<v1::DurableStateResponse> answers(peers.size());
+  const std::vector<absl::Status> statuses = InParallel(indices, [&](size_t i) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    return FromGrpcStatus(Stub(peers[i])->DurableState(&context, {}, &answers[i]));
+  });
+  durable::PeerSurvey survey;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (!statuses[i].ok()) {
+      survey.silent[peers[i]] = std::string(statuses[i].message());
+      continue;
+    }
+    durable::NodeDurability& node = survey.answered.emplace_back();
+    node.node_id = peers[i];
+    node.durable_steps.assign(answers[i].durable_steps().begin(), answers[i].durable_steps().end());
+    if (answers[i].has_memory_step()) node.memory_step = answers[i].memory_step();
+    node.settled = answers[i].settled();
+  }
+  return survey;
 }
 
 // --- Membership ----------------------------------------------------------------------------------
@@ -1789,7 +1844,8 @@ absl::StatusOr<v1::FetchLogResponse> Cluster::Impl::FetchRemoteLog(
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        Store* store, UpstreamLog* log) {
+                                                        Store* store, UpstreamLog* log,
+                                                        const durable::DurableDirectory* durable) {
   if (options.allow_degraded) {
     return absl::UnimplementedError(
         "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
@@ -1801,8 +1857,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   absl::StatusOr<std::unique_ptr<erasure::ReedSolomon>> codec =
       erasure::ReedSolomon::Create(options.data_units, options.parity_units);
   if (!codec.ok()) return codec.status();
-  auto impl = std::make_unique<Impl>(node_id, options, pool, store, log, *std::move(layout),
-                                     *std::move(codec));
+  auto impl = std::make_unique<Impl>(node_id, options, pool, store, log, durable,
+                                     *std::move(layout), *std::move(codec));
   if (absl::Status status = impl->Start(); !status.ok()) return status;
   return std::unique_ptr<Cluster>(new Cluster(std::move(impl)));
 }
@@ -1829,6 +1885,12 @@ absl::StatusOr<v1::FetchLogResponse> Cluster::FetchLog(const v1::FetchLogRequest
 
 absl::StatusOr<v1::VerifyResponse> Cluster::Verify(std::optional<int64_t> step, bool repair) {
   return impl_->Verify(step, repair);
+}
+
+absl::Status Cluster::WaitMemory(absl::Time deadline) { return impl_->WaitMemory(deadline); }
+
+durable::PeerSurvey Cluster::SurveyPeers(absl::Time deadline) {
+  return impl_->SurveyPeers(deadline);
 }
 
 }  // namespace moesnap::daemon

@@ -29,6 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/cluster_config.h"
+#include "daemon/durable/durable_directory.h"
+#include "daemon/durable/job_view.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
@@ -36,15 +38,23 @@
 
 namespace moesnap::daemon {
 
-class Cluster {
+// As the durable tier's JobView: this node's memory is ready once its start-up rebuild has
+// ended, and the peers report their durable steps and memory through the Peer service.
+class Cluster final : public durable::JobView {
  public:
   // Starts the Peer service and the data plane on this node's ports, checks the cluster config with
   // every peer that answers (a difference is an error naming it), and starts a rebuild if this
-  // node's committed step is behind its group's.
+  // node's committed step is behind its group's. `durable` (null: no durable tier) is where this
+  // node's durable steps are, for the peers that ask.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        Store* store, UpstreamLog* log);
-  ~Cluster();
+                                                        Store* store, UpstreamLog* log,
+                                                        const durable::DurableDirectory* durable);
+  ~Cluster() override;
+
+  // durable::JobView
+  absl::Status WaitMemory(absl::Time deadline) override;
+  durable::PeerSurvey SurveyPeers(absl::Time deadline) override;
 
   v1::ClusterStatusResponse Status() const;
   // Fault injection: as coordinator of the first step at or after `step` that reaches its commit,

@@ -157,6 +157,32 @@ absl::StatusOr<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
   return cluster;
 }
 
+absl::Status ParseDurable(Reader& reader, durable::DurableOptions& durable) {
+  if (absl::Status s = reader.String("durable", "directory", durable.directory); !s.ok()) return s;
+  int64_t integer = durable.every_steps;
+  if (absl::Status s = reader.Integer("durable", "every_steps", 0, UINT32_MAX, integer); !s.ok()) {
+    return s;
+  }
+  durable.every_steps = static_cast<uint32_t>(integer);
+  integer = durable.every_seconds;
+  if (absl::Status s = reader.Integer("durable", "every_seconds", 0, 31 * 24 * 3600, integer);
+      !s.ok()) {
+    return s;
+  }
+  durable.every_seconds = static_cast<uint32_t>(integer);
+  integer = durable.keep;
+  if (absl::Status s = reader.Integer("durable", "keep", 1, 1000, integer); !s.ok()) return s;
+  durable.keep = static_cast<uint32_t>(integer);
+  if (absl::Status s = reader.Bytes("durable", "bytes_per_second", durable.bytes_per_second);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = durable.Validate(); !s.ok()) {
+    return reader.Error("durable", std::string(s.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin) {
@@ -229,6 +255,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   if (options.upstream_log.max_bytes == 0) {
     return reader.Error("upstream_log.max_bytes", "must be positive");
   }
+
+  if (absl::Status s = ParseDurable(reader, options.durable); !s.ok()) return s;
 
   text_value = "info";
   if (absl::Status s = reader.String("log", "level", text_value); !s.ok()) return s;

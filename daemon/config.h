@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "daemon/cluster_config.h"
+#include "daemon/durable/durable_options.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
@@ -34,6 +35,7 @@ struct DaemonOptions {
   PoolOptions pool;
   CaptureOptions capture;
   UpstreamLogOptions upstream_log;
+  durable::DurableOptions durable;
   LogLevel log_level = LogLevel::kInfo;
   // Absent: a single node, no peers.
   std::optional<ClusterOptions> cluster;

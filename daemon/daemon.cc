@@ -71,10 +71,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         return store->LogRecoveryPoint(ranks);
       });
 
+  if (options.durable.enabled()) {
+    daemon->durable_directory_ =
+        std::make_unique<durable::DurableDirectory>(options.durable.directory, options.node_id);
+  }
   if (options.cluster) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get(),
-                       daemon->upstream_log_.get());
+                       daemon->upstream_log_.get(), daemon->durable_directory_.get());
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
     if (const char* crash = std::getenv("MOESNAP_CRASH_IN_COMMIT")) {
@@ -87,12 +91,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
+  durable::JobView* view = daemon->cluster_ != nullptr
+                               ? static_cast<durable::JobView*>(daemon->cluster_.get())
+                               : &daemon->single_node_view_;
+  if (options.durable.enabled()) {
+    durable::StepIdentity identity;
+    identity.node_id = options.node_id;
+    if (options.cluster) {
+      identity.cluster_digest = options.cluster->Digest();
+      identity.shape.set_data_units(options.cluster->data_units);
+      identity.shape.set_parity_units(options.cluster->parity_units);
+      identity.shape.set_stripe_unit_bytes(options.cluster->stripe_unit_bytes);
+      identity.cluster_nodes = static_cast<uint32_t>(options.cluster->nodes.size());
+    }
+    daemon->drainer_ = std::make_unique<durable::Drainer>(
+        options.durable, identity, daemon->store_.get(), view, &daemon->clock_);
+    daemon->drainer_->Start();
+  }
+  daemon->tiers_ = std::make_unique<durable::RestoreTiers>(options.node_id, daemon->store_.get(),
+                                                           daemon->drainer_.get(), view);
+
   daemon->agent_service_ = std::make_unique<AgentService>(
       daemon->store_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(),
-      NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
+      daemon->tiers_.get(), NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
-                                     daemon->cluster_.get(), options.node_id, locked);
+                                     daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
+                                     locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
       {{options.agent_socket, daemon->agent_service_.get()},
        {options.admin_socket, daemon->admin_service_.get()}},
@@ -106,6 +131,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
 Daemon::~Daemon() {
   server_.reset();   // no new calls
+  drainer_.reset();  // no drain (a step half written is removed); it surveys the cluster
   cluster_.reset();  // no peer calls, no rounds
   store_.reset();    // finishes queued copies
 }

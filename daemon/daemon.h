@@ -9,6 +9,11 @@
 #include "daemon/cluster.h"
 #include "daemon/config.h"
 #include "daemon/copy_backend.h"
+#include "daemon/durable/clock.h"
+#include "daemon/durable/drainer.h"
+#include "daemon/durable/durable_directory.h"
+#include "daemon/durable/job_view.h"
+#include "daemon/durable/restore_tiers.h"
 #include "daemon/journal.h"
 #include "daemon/pool.h"
 #include "daemon/services.h"
@@ -33,7 +38,12 @@ class Daemon {
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<UpstreamLog> upstream_log_;
+  std::unique_ptr<durable::DurableDirectory> durable_directory_;  // null: no durable tier
   std::unique_ptr<Cluster> cluster_;
+  durable::SystemClock clock_;
+  durable::SingleNodeView single_node_view_;
+  std::unique_ptr<durable::Drainer> drainer_;
+  std::unique_ptr<durable::RestoreTiers> tiers_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<UnixServer> server_;

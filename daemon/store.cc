@@ -173,6 +173,7 @@ absl::Status Store::Recover() {
     LoadRankRecord(saved, &rank_state);
   }
   cluster_ = state.cluster();
+  notified_step_ = NodeCommittedStep();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
         state.ranks_size(), " ranks from journal sequence ", journal_->sequence());
@@ -416,6 +417,8 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
   in_flight_bytes_ -= record.bytes;
   Log(LogLevel::kDebug, "rank ", rank, " step ", record.step, ": committed");
+  // In a cluster the node's step moves once every rank's versions are in (CommitNodeStep).
+  if (mode_ == CommitMode::kLocal) NotifyCommitted();
   step_changed_.SignalAll();
   while (rank_state.steps.size() > kFinishedStepsKept &&
          IsFinished(rank_state.steps.begin()->second.state)) {
@@ -1032,6 +1035,10 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
 
 NodeImage Store::CommittedImage() const {
   absl::MutexLock lock(&mutex_);
+  return CommittedImageLocked();
+}
+
+NodeImage Store::CommittedImageLocked() const {
   v1::NodeImage manifest;
   if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());
   std::vector<std::shared_ptr<PoolExtent>> extents;
@@ -1040,8 +1047,51 @@ NodeImage Store::CommittedImage() const {
       AddToImage(*version, &manifest);
       extents.push_back(version->extent);
     }
+    if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, nullptr)) {
+      *manifest.add_ranks() = *std::move(saved);
+    }
   }
   return NodeImage(std::move(manifest), std::move(extents));
+}
+
+std::optional<int64_t> Store::NodeCommittedStep() const {
+  if (mode_ == CommitMode::kCluster) {
+    return cluster_.has_committed_step() ? std::optional<int64_t>(cluster_.committed_step())
+                                         : std::nullopt;
+  }
+  std::optional<int64_t> lowest;
+  for (const auto& [rank, rank_state] : ranks_) {
+    if (rank_state.latest_committed) {
+      lowest = std::min(lowest.value_or(*rank_state.latest_committed), *rank_state.latest_committed);
+    }
+  }
+  return lowest;
+}
+
+void Store::NotifyCommitted() {
+  const std::optional<int64_t> step = NodeCommittedStep();
+  if (!step || step == notified_step_) return;
+  const std::optional<int64_t> previous = notified_step_;
+  notified_step_ = step;
+  if (commit_observer_ != nullptr) {
+    commit_observer_->Committed(previous, *step, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return CommittedImageLocked();  // runs inside Committed, under mutex_
+    });
+  }
+}
+
+void Store::SetCommitObserver(CommitObserver* observer) {
+  absl::MutexLock lock(&mutex_);
+  commit_observer_ = observer;
+}
+
+std::vector<std::string> Store::RegisteredRegions(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  std::vector<std::string> names;
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return names;
+  for (const auto& [name, region] : it->second.regions) names.push_back(name);
+  return names;
 }
 
 absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
@@ -1069,6 +1119,7 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
     }
     CommitRecord(rank_state, rank, stored);
   }
+  NotifyCommitted();
   step_changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -1107,6 +1158,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
     return status;
   }
   cluster_ = cluster;
+  notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -1134,31 +1186,42 @@ uint64_t Store::CommittedBytes() const {
   return bytes;
 }
 
-absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes) {
-  std::shared_ptr<RegionSource> source;
-  CopyBackend* backend = nullptr;
-  {
-    absl::MutexLock lock(&mutex_);
-    auto rank_it = ranks_.find(rank);
-    if (rank_it == ranks_.end() || !rank_it->second.regions.contains(stored.region())) {
-      return absl::NotFoundError(absl::StrCat("rank ", rank, " has not registered region '",
-                                              stored.region(), "' to restore into"));
-    }
-    const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
-    const v1::RegionSpec& spec = registered.spec;
-    if (spec.bytes() != stored.bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
-          ", but rank ", stored.rank(), " stored ", stored.bytes(), " at step ", stored.step()));
-    }
-    if (!spec.dtype().empty() && !stored.dtype().empty() && spec.dtype() != stored.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' is ",
-                                                     spec.dtype(), " in rank ", rank, ", but rank ",
-                                                     stored.rank(), " stored ", stored.dtype()));
-    }
-    source = registered.source;
-    backend = registered.backend;
+absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> Store::TargetOf(
+    uint32_t rank, const v1::ImageRegion& stored, bool check_shape) const {
+  absl::MutexLock lock(&mutex_);
+  auto rank_it = ranks_.find(rank);
+  if (rank_it == ranks_.end() || !rank_it->second.regions.contains(stored.region())) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " has not registered region '",
+                                            stored.region(), "' to restore into"));
   }
+  const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
+  const v1::RegionSpec& spec = registered.spec;
+  if (spec.bytes() != stored.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
+        ", but rank ", stored.rank(), " stored ", stored.bytes(), " at step ", stored.step()));
+  }
+  if (!spec.dtype().empty() && !stored.dtype().empty() && spec.dtype() != stored.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' is ",
+                                                   spec.dtype(), " in rank ", rank, ", but rank ",
+                                                   stored.rank(), " stored ", stored.dtype()));
+  }
+  if (check_shape && spec.shape_size() > 0 && stored.shape_size() > 0 &&
+      !std::equal(spec.shape().begin(), spec.shape().end(), stored.shape().begin(),
+                  stored.shape().end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region '", stored.region(), "' has shape [", absl::StrJoin(spec.shape(), ", "),
+        "] in rank ", rank, ", but step ", stored.step(), " stored [",
+        absl::StrJoin(stored.shape(), ", "), "]"));
+  }
+  return std::make_pair(registered.source, registered.backend);
+}
+
+absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes) {
+  absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> target =
+      TargetOf(rank, stored, /*check_shape=*/false);
+  if (!target.ok()) return target.status();
+  const auto& [source, backend] = *target;
   for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
     const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
     const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
@@ -1167,6 +1230,29 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
     if (*crc != stored.chunk_crcs(chunk)) {
       return absl::DataLossError(absl::StrFormat(
           "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the bytes received "
+          "have %08x", stored.region(), stored.rank(), stored.step(), chunk,
+          stored.chunk_crcs(chunk), *crc));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::WriteRegionFrom(uint32_t rank, const v1::ImageRegion& stored,
+                                    const ChunkReader& read) {
+  absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> target =
+      TargetOf(rank, stored, /*check_shape=*/true);
+  if (!target.ok()) return target.status();
+  const auto& [source, backend] = *target;
+  std::vector<uint8_t> buffer(std::min(stored.chunk_bytes(), stored.bytes()));
+  for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
+    const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
+    const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
+    if (absl::Status status = read(offset, length, buffer.data()); !status.ok()) return status;
+    absl::StatusOr<uint32_t> crc = backend->CopyIn(*source, offset, buffer.data(), length);
+    if (!crc.ok()) return crc.status();
+    if (*crc != stored.chunk_crcs(chunk)) {
+      return absl::DataLossError(absl::StrFormat(
+          "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the bytes read "
           "have %08x", stored.region(), stored.rank(), stored.step(), chunk,
           stored.chunk_crcs(chunk), *crc));
     }

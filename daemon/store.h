@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/copy_backend.h"
+#include "daemon/durable_store.h"
 #include "daemon/journal.h"
 #include "daemon/node_image.h"
 #include "daemon/pool.h"
@@ -43,15 +44,16 @@ struct CopyBackends {
 // or the cluster's two-phase commit (CommitNodeStep / AbortNodeStep).
 enum class CommitMode { kLocal, kCluster };
 
-// Thread-safe: every public method may be called from any gRPC thread.
-class Store {
+// Thread-safe: every public method may be called from any gRPC thread. The durable tier uses the
+// store only through DurableStore.
+class Store final : public DurableStore {
  public:
   // Recovers the committed versions recorded in the journal into the pool.
   static absl::StatusOr<std::unique_ptr<Store>> Open(Pool* pool, Journal* journal,
                                                      CopyBackends backends,
                                                      const CaptureOptions& options,
                                                      CommitMode mode = CommitMode::kLocal);
-  ~Store();
+  ~Store() override;
 
   // A trainer rank (re)connects: forget the regions a previous process of this rank registered.
   absl::Status StartSession(uint32_t rank);
@@ -107,8 +109,8 @@ class Store {
   // Waits until every rank with registered regions has captured `step`, then returns the node's
   // image of it: the step's new versions and, for regions it did not capture, the committed ones.
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline);
-  // The committed image (what parity of the committed step covers).
-  NodeImage CommittedImage() const;
+  // The committed image (what parity of the committed step covers), with each rank's record.
+  NodeImage CommittedImage() const override;
   // Commits `step` for every rank that captured it, with the cluster's record, in one journal write;
   // older captured steps are aborted as superseded. A node whose ranks did not take part (none
   // registered) records only `cluster`.
@@ -126,6 +128,12 @@ class Store {
   // empty); NOT_FOUND when this node holds none of that rank.
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(uint32_t rank, uint32_t source_rank,
                                                       const std::vector<std::string>& regions);
+  // --- Durable tier ------------------------------------------------------------------------------
+  void SetCommitObserver(CommitObserver* observer) override;
+  std::vector<std::string> RegisteredRegions(uint32_t rank) const override;
+  absl::Status WriteRegionFrom(uint32_t rank, const v1::ImageRegion& stored,
+                               const ChunkReader& read) override;
+
   // The cluster record of the committed step (empty on a single node or a fresh pool).
   v1::JournalCluster ClusterRecord() const;
   uint64_t CommittedBytes() const;
@@ -185,6 +193,16 @@ class Store {
   v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
                                     const v1::JournalCluster& cluster) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The node's committed step: the cluster's, or on a single node the lowest latest committed
+  // step of the ranks that committed one.
+  std::optional<int64_t> NodeCommittedStep() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  NodeImage CommittedImageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Tells the commit observer when the node's committed step moved past `notified_step_`.
+  void NotifyCommitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The registered region `stored` is written into, after checking that it matches: its source
+  // and copy backend.
+  absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> TargetOf(
+      uint32_t rank, const v1::ImageRegion& stored, bool check_shape) const;
   absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
                                         absl::Time deadline, const std::function<bool()>& cancelled);
 
@@ -201,6 +219,8 @@ class Store {
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);
+  CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
+  std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts
 
   // Declared last: destroyed first, so queued copies finish while the state they touch still lives.
