@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/report.h"
 #include "bench/suites.h"
+#include "common/version.h"
 
 int main(int argc, char** argv) {
   using moesnap::bench::Report;
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "Also write the figures as JSON records to this file");
   app.add_option("--markdown", markdown_path,
                  "Also write the figures as Markdown (the format of bench/RESULTS.md) to this file");
+  app.set_version_flag("--version", moesnap::VersionLine("moesnap-bench"));
   CLI11_PARSE(app, argc, argv);
 
   std::printf("machine: %s\n", moesnap::bench::MachineDescription().c_str());

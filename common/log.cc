@@ -6,6 +6,8 @@
 #include <ctime>
 #include <string>
 
+#include "absl/strings/str_format.h"
+
 namespace moesnap {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
@@ -23,8 +25,8 @@ void LogLine(LogLevel level, absl::string_view message) {
   gmtime_r(&now.tv_sec, &utc);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
-  const std::string line = absl::StrCat(stamp, ".", now.tv_nsec / 1000000, "Z ",
-                                        kNames[static_cast<int>(level)], " ", message, "\n");
+  const std::string line = absl::StrFormat("%s.%03dZ %s %s\n", stamp, now.tv_nsec / 1000000,
+                                           kNames[static_cast<int>(level)], message);
   std::fputs(line.c_str(), stderr);
 }
 

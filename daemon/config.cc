@@ -1,6 +1,10 @@
 // ParseDaemonOptions over toml++: every key is read through one typed reader that records it as
-// known, so anything left over is reported as unknown.
+// known, so anything left over is reported as unknown. Errors are collected, not returned at the
+// first: an operator fixes a config in one pass, and nothing is created before all of it is valid.
 #include "daemon/config.h"
+
+#include <arpa/inet.h>
+#include <sys/un.h>
 
 #include <fstream>
 #include <set>
@@ -11,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "daemon/journal.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -19,8 +24,8 @@ class Reader {
  public:
   Reader(const toml::table& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
 
-  absl::Status Error(const std::string& key, const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(origin_, ": ", key, ": ", what));
+  void Error(const std::string& key, const std::string& what) {
+    errors_.push_back(absl::StrCat(origin_, ": ", key, ": ", what));
   }
 
   // Looks up "table.key"; null when absent.
@@ -30,51 +35,56 @@ class Reader {
     return section == nullptr ? nullptr : section->get(key);
   }
 
-  absl::Status Integer(const std::string& table, const std::string& key, int64_t minimum,
-                       int64_t maximum, int64_t& out) {
+  void Integer(const std::string& table, const std::string& key, int64_t minimum, int64_t maximum,
+               int64_t& out) {
     const toml::node* node = Find(table, key);
-    if (node == nullptr) return absl::OkStatus();
+    if (node == nullptr) return;
     const auto value = node->value<int64_t>();
     if (!node->is_integer() || !value) return Error(table + "." + key, "expected an integer");
     if (*value < minimum || *value > maximum) {
-      return Error(table + "." + key, absl::StrCat("must be in [", minimum, ", ", maximum,
-                                                   "], got ", *value));
+      return Error(table + "." + key,
+                   absl::StrCat("must be in [", minimum, ", ", maximum, "], got ", *value));
     }
     out = *value;
-    return absl::OkStatus();
   }
 
-  absl::Status String(const std::string& table, const std::string& key, std::string& out) {
+  // An integer key of a narrower type, range-checked before it is narrowed.
+  template <typename T>
+  void Integer(const std::string& table, const std::string& key, int64_t minimum, int64_t maximum,
+               T& out) {
+    int64_t value = static_cast<int64_t>(out);
+    Integer(table, key, minimum, maximum, value);
+    out = static_cast<T>(value);
+  }
+
+  void String(const std::string& table, const std::string& key, std::string& out) {
     const toml::node* node = Find(table, key);
-    if (node == nullptr) return absl::OkStatus();
+    if (node == nullptr) return;
     if (!node->is_string()) return Error(table + "." + key, "expected a string");
     out = *node->value<std::string>();
-    return absl::OkStatus();
   }
 
-  absl::Status Bool(const std::string& table, const std::string& key, bool& out) {
+  void Bool(const std::string& table, const std::string& key, bool& out) {
     const toml::node* node = Find(table, key);
-    if (node == nullptr) return absl::OkStatus();
+    if (node == nullptr) return;
     if (!node->is_boolean()) return Error(table + "." + key, "expected true or false");
     out = *node->value<bool>();
-    return absl::OkStatus();
   }
 
-  absl::Status Bytes(const std::string& table, const std::string& key, uint64_t& out) {
+  void Bytes(const std::string& table, const std::string& key, uint64_t& out) {
     const toml::node* node = Find(table, key);
-    if (node == nullptr) return absl::OkStatus();
+    if (node == nullptr) return;
     if (node->is_integer() && *node->value<int64_t>() >= 0) {
       out = static_cast<uint64_t>(*node->value<int64_t>());
-      return absl::OkStatus();
+      return;
     }
     if (!node->is_string()) return Error(table + "." + key, "expected a byte size such as \"4MiB\"");
     absl::StatusOr<uint64_t> bytes = ParseByteSize(*node->value<std::string>());
     if (!bytes.ok()) return Error(table + "." + key, std::string(bytes.status().message()));
     out = *bytes;
-    return absl::OkStatus();
   }
 
-  absl::Status UnknownKeys() const {
+  void UnknownKeys() {
     std::vector<std::string> unknown;
     for (const auto& [table_name, table_node] : root_) {
       const std::string table(table_name.str());
@@ -88,99 +98,110 @@ class Reader {
         if (!known_.contains(full)) unknown.push_back(full);
       }
     }
-    if (unknown.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(origin_, ": unknown key",
-                                                   unknown.size() > 1 ? "s " : " ",
-                                                   absl::StrJoin(unknown, ", ")));
+    if (unknown.empty()) return;
+    errors_.push_back(absl::StrCat(origin_, ": unknown key", unknown.size() > 1 ? "s " : " ",
+                                   absl::StrJoin(unknown, ", ")));
+  }
+
+  // Every error, one per line, or OK.
+  absl::Status Result() const {
+    if (errors_.empty()) return absl::OkStatus();
+    if (errors_.size() == 1) return absl::InvalidArgumentError(errors_.front());
+    return absl::InvalidArgumentError(absl::StrCat(errors_.size(), " errors in ", origin_, ":\n",
+                                                   absl::StrJoin(errors_, "\n")));
   }
 
  private:
   const toml::table& root_;
   std::string origin_;
   std::set<std::string> known_;
+  std::vector<std::string> errors_;
 };
 
-absl::StatusOr<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
+// Peers and the data plane take numeric addresses only: a host name would be resolved differently
+// on different nodes, and resolving it fails only once the daemon runs.
+bool IsAddressLiteral(const std::string& host) {
+  in6_addr scratch{};
+  return inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
+         inet_pton(AF_INET6, host.c_str(), &scratch) == 1;
+}
+
+void CheckSocketPath(Reader& reader, const std::string& key, const std::string& path) {
+  if (path.empty()) return reader.Error(key, "a socket path must not be empty");
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    reader.Error(key, absl::StrCat("a Unix socket path holds at most ",
+                                   sizeof(sockaddr_un::sun_path) - 1, " bytes, '", path, "' has ",
+                                   path.size()));
+  }
+}
+
+std::optional<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
   ClusterOptions cluster;
-  int64_t integer = cluster.data_units;
-  if (absl::Status s = reader.Integer("cluster", "data_units", 1, 255, integer); !s.ok()) return s;
-  cluster.data_units = static_cast<int>(integer);
-  integer = cluster.parity_units;
-  if (absl::Status s = reader.Integer("cluster", "parity_units", 1, 255, integer); !s.ok()) return s;
-  cluster.parity_units = static_cast<int>(integer);
-  if (absl::Status s = reader.Bytes("cluster", "stripe_unit_bytes", cluster.stripe_unit_bytes); !s.ok()) {
-    return s;
-  }
-  integer = cluster.heartbeat_timeout_ms;
-  if (absl::Status s = reader.Integer("cluster", "heartbeat_timeout_ms", 100, 3600000, integer); !s.ok()) {
-    return s;
-  }
-  cluster.heartbeat_timeout_ms = static_cast<uint32_t>(integer);
-  integer = cluster.commit_timeout_ms;
-  if (absl::Status s = reader.Integer("cluster", "commit_timeout_ms", 100, 3600000, integer); !s.ok()) {
-    return s;
-  }
-  cluster.commit_timeout_ms = static_cast<uint32_t>(integer);
-  if (absl::Status s = reader.Bool("cluster", "allow_degraded", cluster.allow_degraded); !s.ok()) return s;
+  reader.Integer("cluster", "data_units", 1, 255, cluster.data_units);
+  reader.Integer("cluster", "parity_units", 1, 255, cluster.parity_units);
+  reader.Bytes("cluster", "stripe_unit_bytes", cluster.stripe_unit_bytes);
+  reader.Integer("cluster", "heartbeat_timeout_ms", 100, 3600000, cluster.heartbeat_timeout_ms);
+  reader.Integer("cluster", "commit_timeout_ms", 100, 3600000, cluster.commit_timeout_ms);
+  reader.Bool("cluster", "allow_degraded", cluster.allow_degraded);
 
   const toml::node* nodes = reader.Find("cluster", "nodes");
   const toml::array* list = nodes == nullptr ? nullptr : nodes->as_array();
   if (list == nullptr || list->empty()) {
-    return reader.Error("cluster.nodes", "a cluster needs its nodes as [[cluster.nodes]] tables");
+    reader.Error("cluster.nodes", "a cluster needs its nodes as [[cluster.nodes]] tables");
+    return std::nullopt;
   }
+  bool nodes_valid = true;
   for (size_t i = 0; i < list->size(); ++i) {
     const std::string where = absl::StrCat("cluster.nodes[", i, "]");
     const toml::table* table = list->get(i)->as_table();
-    if (table == nullptr) return reader.Error(where, "expected a table with id, host, control_port, data_port");
+    if (table == nullptr) {
+      reader.Error(where, "expected a table with id, host, control_port, data_port");
+      nodes_valid = false;
+      continue;
+    }
     ClusterNode node;
     for (const auto& [key_name, value] : *table) {
       const std::string key(key_name.str());
       const auto number = value.value<int64_t>();
       if (key == "host" && value.is_string()) {
         node.host = *value.value<std::string>();
+        if (!IsAddressLiteral(node.host)) {
+          // Reported, but the shape is still checked: every error in one pass.
+          reader.Error(absl::StrCat(where, ".host"),
+                       absl::StrCat("expected an IPv4 or IPv6 address, got '", node.host, "'"));
+        }
       } else if (key == "id" && value.is_integer() && *number >= 0 && *number <= UINT32_MAX) {
         node.id = static_cast<uint32_t>(*number);
       } else if ((key == "control_port" || key == "data_port") && value.is_integer() && *number > 0 &&
                  *number < 65536) {
         (key == "control_port" ? node.control_port : node.data_port) = static_cast<uint16_t>(*number);
       } else if (key == "host" || key == "id" || key == "control_port" || key == "data_port") {
-        return reader.Error(absl::StrCat(where, ".", key), "malformed value");
+        reader.Error(absl::StrCat(where, ".", key), "malformed value");
+        nodes_valid = false;
       } else {
-        return reader.Error(absl::StrCat(where, ".", key), "unknown key");
+        reader.Error(absl::StrCat(where, ".", key), "unknown key");
+        nodes_valid = false;
       }
     }
     cluster.nodes.push_back(std::move(node));
   }
+  if (!nodes_valid) return std::nullopt;
   if (absl::Status s = cluster.Validate(node_id); !s.ok()) {
-    return reader.Error("cluster", std::string(s.message()));
+    reader.Error("cluster", std::string(s.message()));
+    return std::nullopt;
   }
   return cluster;
 }
 
-absl::Status ParseDurable(Reader& reader, durable::DurableOptions& durable) {
-  if (absl::Status s = reader.String("durable", "directory", durable.directory); !s.ok()) return s;
-  int64_t integer = durable.every_steps;
-  if (absl::Status s = reader.Integer("durable", "every_steps", 0, UINT32_MAX, integer); !s.ok()) {
-    return s;
+void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
+  reader.String("durable", "directory", durable.directory);
+  reader.Integer("durable", "every_steps", 0, UINT32_MAX, durable.every_steps);
+  reader.Integer("durable", "every_seconds", 0, 31 * 24 * 3600, durable.every_seconds);
+  reader.Integer("durable", "keep", 1, 1000, durable.keep);
+  reader.Bytes("durable", "bytes_per_second", durable.bytes_per_second);
+  if (absl::Status status = durable.Validate(); !status.ok()) {
+    reader.Error("durable", std::string(status.message()));
   }
-  durable.every_steps = static_cast<uint32_t>(integer);
-  integer = durable.every_seconds;
-  if (absl::Status s = reader.Integer("durable", "every_seconds", 0, 31 * 24 * 3600, integer);
-      !s.ok()) {
-    return s;
-  }
-  durable.every_seconds = static_cast<uint32_t>(integer);
-  integer = durable.keep;
-  if (absl::Status s = reader.Integer("durable", "keep", 1, 1000, integer); !s.ok()) return s;
-  durable.keep = static_cast<uint32_t>(integer);
-  if (absl::Status s = reader.Bytes("durable", "bytes_per_second", durable.bytes_per_second);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = durable.Validate(); !s.ok()) {
-    return reader.Error("durable", std::string(s.message()));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -196,81 +217,86 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   }
   Reader reader(root, origin);
   DaemonOptions options;
-  int64_t integer = 0;
-  std::string text_value;
 
-  integer = options.node_id;
-  if (absl::Status s = reader.Integer("node", "id", 0, UINT32_MAX, integer); !s.ok()) return s;
-  options.node_id = static_cast<uint32_t>(integer);
-  if (absl::Status s = reader.String("agent", "socket", options.agent_socket); !s.ok()) return s;
-  if (absl::Status s = reader.String("admin", "socket", options.admin_socket); !s.ok()) return s;
-  if (options.agent_socket.empty() || options.admin_socket.empty()) {
-    return reader.Error("agent.socket/admin.socket", "a socket path must not be empty");
-  }
+  reader.Integer("node", "id", 0, UINT32_MAX, options.node_id);
+  reader.String("agent", "socket", options.agent_socket);
+  reader.String("admin", "socket", options.admin_socket);
+  CheckSocketPath(reader, "agent.socket", options.agent_socket);
+  CheckSocketPath(reader, "admin.socket", options.admin_socket);
   if (options.agent_socket == options.admin_socket) {
-    return reader.Error("admin.socket", "must differ from agent.socket");
+    reader.Error("admin.socket", "must differ from agent.socket");
   }
 
-  if (absl::Status s = reader.String("access", "group", options.access.group); !s.ok()) return s;
+  reader.String("access", "group", options.access.group);
   if (const toml::node* uids = reader.Find("access", "allowed_uids")) {
     const toml::array* list = uids->as_array();
-    if (list == nullptr) return reader.Error("access.allowed_uids", "expected an array of uids");
-    for (const toml::node& uid : *list) {
-      if (!uid.is_integer() || *uid.value<int64_t>() < 0) {
-        return reader.Error("access.allowed_uids", "every entry must be a non-negative integer");
+    if (list == nullptr) {
+      reader.Error("access.allowed_uids", "expected an array of uids");
+    } else {
+      for (const toml::node& uid : *list) {
+        if (!uid.is_integer() || *uid.value<int64_t>() < 0 || *uid.value<int64_t>() > UINT32_MAX) {
+          reader.Error("access.allowed_uids", "every entry must be a non-negative integer");
+          break;
+        }
+        options.access.allowed_uids.push_back(static_cast<uid_t>(*uid.value<int64_t>()));
       }
-      options.access.allowed_uids.push_back(static_cast<uid_t>(*uid.value<int64_t>()));
     }
   }
 
-  if (absl::Status s = reader.String("pool", "name", options.pool.name); !s.ok()) return s;
-  if (absl::Status s = reader.Bytes("pool", "bytes", options.pool.bytes); !s.ok()) return s;
-  if (absl::Status s = reader.Bytes("pool", "journal_bytes", options.pool.journal_bytes); !s.ok()) {
-    return s;
+  reader.String("pool", "name", options.pool.name);
+  if (options.pool.name.empty() || options.pool.name.size() > 190 ||
+      options.pool.name.find('/') != std::string::npos) {
+    reader.Error("pool.name", absl::StrCat("must be 1-190 characters without '/', got '",
+                                           options.pool.name, "'"));
   }
-  text_value = "auto";
-  if (absl::Status s = reader.String("pool", "lock", text_value); !s.ok()) return s;
-  if (text_value == "auto") {
+  reader.Bytes("pool", "bytes", options.pool.bytes);
+  if (options.pool.bytes < Pool::kAlignment || options.pool.bytes % Pool::kAlignment != 0) {
+    reader.Error("pool.bytes", absl::StrCat("must be a positive multiple of ", Pool::kAlignment,
+                                            " bytes, got ", options.pool.bytes));
+  }
+  reader.Bytes("pool", "journal_bytes", options.pool.journal_bytes);
+  if (options.pool.journal_bytes < Journal::kMinimumBytes) {
+    reader.Error("pool.journal_bytes", absl::StrCat("must be at least ", Journal::kMinimumBytes,
+                                                    " bytes, got ", options.pool.journal_bytes));
+  }
+  std::string lock = "auto";
+  reader.String("pool", "lock", lock);
+  if (lock == "auto") {
     options.pool.lock = PoolLockMode::kAuto;
-  } else if (text_value == "required") {
+  } else if (lock == "required") {
     options.pool.lock = PoolLockMode::kRequired;
-  } else if (text_value == "off") {
+  } else if (lock == "off") {
     options.pool.lock = PoolLockMode::kOff;
   } else {
-    return reader.Error("pool.lock", absl::StrCat("must be auto, required or off, got '",
-                                                  text_value, "'"));
+    reader.Error("pool.lock", absl::StrCat("must be auto, required or off, got '", lock, "'"));
   }
 
-  integer = options.capture.threads;
-  if (absl::Status s = reader.Integer("capture", "threads", 1, 256, integer); !s.ok()) return s;
-  options.capture.threads = static_cast<int>(integer);
-  if (absl::Status s = reader.Bytes("capture", "chunk_bytes", options.capture.chunk_bytes); !s.ok()) {
-    return s;
+  reader.Integer("capture", "threads", 1, 256, options.capture.threads);
+  reader.Bytes("capture", "chunk_bytes", options.capture.chunk_bytes);
+  if (options.capture.chunk_bytes < 4096 || options.capture.chunk_bytes > (uint64_t{1} << 30)) {
+    reader.Error("capture.chunk_bytes", absl::StrCat("must be in [4 KiB, 1 GiB], got ",
+                                                     options.capture.chunk_bytes));
   }
 
-  if (absl::Status s = reader.Bytes("upstream_log", "max_bytes", options.upstream_log.max_bytes);
-      !s.ok()) {
-    return s;
-  }
+  reader.Bytes("upstream_log", "max_bytes", options.upstream_log.max_bytes);
   if (options.upstream_log.max_bytes == 0) {
-    return reader.Error("upstream_log.max_bytes", "must be positive");
+    reader.Error("upstream_log.max_bytes", "must be positive");
   }
 
-  if (absl::Status s = ParseDurable(reader, options.durable); !s.ok()) return s;
+  ParseDurable(reader, options.durable);
 
-  text_value = "info";
-  if (absl::Status s = reader.String("log", "level", text_value); !s.ok()) return s;
-  absl::StatusOr<LogLevel> level = ParseLogLevel(text_value);
-  if (!level.ok()) return reader.Error("log.level", std::string(level.status().message()));
-  options.log_level = *level;
-
-  if (root.contains("cluster")) {
-    absl::StatusOr<ClusterOptions> cluster = ParseCluster(reader, options.node_id);
-    if (!cluster.ok()) return cluster.status();
-    options.cluster = *std::move(cluster);
+  std::string level = "info";
+  reader.String("log", "level", level);
+  if (absl::StatusOr<LogLevel> parsed = ParseLogLevel(level); parsed.ok()) {
+    options.log_level = *parsed;
+  } else {
+    reader.Error("log.level", std::string(parsed.status().message()));
   }
 
-  if (absl::Status s = reader.UnknownKeys(); !s.ok()) return s;
+  if (root.contains("cluster")) options.cluster = ParseCluster(reader, options.node_id);
+
+  reader.UnknownKeys();
+  if (absl::Status errors = reader.Result(); !errors.ok()) return errors;
   return options;
 }
 

@@ -3,10 +3,12 @@
 
 #include <cstdlib>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/log.h"
+#include "common/shared_memory.h"
 
 namespace moesnap::daemon {
 
@@ -23,9 +25,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     Log(LogLevel::kInfo, "GPU regions disabled: ", device.status().message());
   }
 
+  const bool journal_existed = SharedMemory::Exists(options.pool.name + ".journal");
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options.pool, policy->group());
   if (!pool.ok()) return pool.status();
   daemon->pool_ = *std::move(pool);
+  // A start that fails after creating a fresh pool removes it (and a journal it created), so a
+  // failed start leaves /dev/shm as it found it. A re-attached pool holds snapshots: it stays.
+  bool started = false;
+  absl::Cleanup discard_fresh_pool = [&] {
+    if (started || daemon->pool_->reattached()) return;
+    daemon.reset();
+    (void)SharedMemory::Unlink(options.pool.name + ".data");
+    if (!journal_existed) (void)SharedMemory::Unlink(options.pool.name + ".journal");
+  };
   Log(LogLevel::kInfo, daemon->pool_->reattached() ? "re-attached" : "created", " pool /dev/shm/",
       daemon->pool_->file_name(), " of ", FormatByteSize(daemon->pool_->capacity()));
 
@@ -126,6 +138,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->server_ = *std::move(server);
   Log(LogLevel::kInfo, "moesnapd node ", options.node_id, " serving trainers on ",
       options.agent_socket, " and operators on ", options.admin_socket);
+  started = true;
   return daemon;
 }
 

@@ -11,7 +11,6 @@ namespace moesnap::daemon {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4e524a534d4f4dULL;  // "MOMSJRNL"
-constexpr uint64_t kMinimumBytes = 64 * 1024;
 
 struct SlotHeader {
   uint64_t magic;

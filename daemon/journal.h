@@ -22,6 +22,9 @@ namespace moesnap::daemon {
 // Not thread-safe: the store serializes writes under its own lock.
 class Journal {
  public:
+  // Two slots of 32 KiB at least: below that no real state fits.
+  static constexpr uint64_t kMinimumBytes = 64 * 1024;
+
   // Maps /dev/shm/<pool_name>.journal, creating it with `bytes` bytes if absent.
   static absl::StatusOr<std::unique_ptr<Journal>> OpenOrCreate(const std::string& pool_name,
                                                                uint64_t bytes,

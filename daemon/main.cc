@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
+#include "common/version.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 
@@ -12,6 +13,7 @@ int main(int argc, char** argv) {
   CLI::App app{"moesnapd: keeps the training state of this node's ranks in memory"};
   std::string config_path = "/etc/moesnap/moesnapd.toml";
   app.add_option("-c,--config", config_path, "TOML configuration (see deploy/moesnapd.toml)");
+  app.set_version_flag("--version", moesnap::VersionLine("moesnapd"));
   CLI11_PARSE(app, argc, argv);
 
   // Block the stop signals before any thread starts, so only sigwait below receives them.

@@ -1,10 +1,9 @@
 #include "client/ctl/format.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -24,14 +23,22 @@ ExitCode ExitCodeFor(const grpc::Status& status) {
 
 std::string DescribeError(const grpc::Status& status, const std::string& socket_path) {
   if (ExitCodeFor(status) == kDaemonUnreachable) {
-    return absl::StrCat("moesnapctl: cannot reach moesnapd at ", socket_path,
+    return absl::StrCat("cannot reach moesnapd at ", socket_path,
                         " (is the service running? try: systemctl status moesnapd): ",
                         status.error_message());
   }
-  return absl::StrCat(
-      "moesnapctl: ",
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
-      status.error_message());
+  return status.error_message();
+}
+
+std::string DescribeErrorWithCode(const grpc::Status& status, const std::string& socket_path) {
+  if (ExitCodeFor(status) == kDaemonUnreachable) return DescribeError(status, socket_path);
+  return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                      ": ", status.error_message());
+}
+
+std::string ErrorCodeWord(const grpc::Status& status) {
+  return absl::AsciiStrToLower(
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())));
 }
 
 std::string Table(const std::vector<std::vector<std::string>>& rows) {
@@ -49,15 +56,6 @@ std::string Table(const std::vector<std::vector<std::string>>& rows) {
     absl::StrAppend(&out, line, "\n");
   }
   return out;
-}
-
-std::string Json(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
-  return json + "\n";
 }
 
 std::string FormatStatus(const v1::StatusResponse& status) {

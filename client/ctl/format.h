@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/message.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::ctl {
@@ -23,13 +22,15 @@ enum ExitCode {
 };
 
 ExitCode ExitCodeFor(const grpc::Status& status);
-// "moesnapctl: cannot reach moesnapd at PATH ..." or "moesnapctl: NOT_FOUND: message".
+// "cannot reach moesnapd at PATH ..." or the daemon's own message.
 std::string DescribeError(const grpc::Status& status, const std::string& socket_path);
+// The same with the code in front of the daemon's message ("NOT_FOUND: ..."), for people.
+std::string DescribeErrorWithCode(const grpc::Status& status, const std::string& socket_path);
+// The status code as a lower-case word for JSON errors ("not_found", "unavailable").
+std::string ErrorCodeWord(const grpc::Status& status);
 
 // Columns padded to their widest cell; the first row is the header.
 std::string Table(const std::vector<std::vector<std::string>>& rows);
-// The response as one JSON object, every field present.
-std::string Json(const google::protobuf::Message& message);
 
 std::string FormatStatus(const v1::StatusResponse& status);
 std::string FormatSteps(const v1::ListStepsResponse& steps);

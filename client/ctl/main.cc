@@ -1,4 +1,5 @@
 // moesnapctl: the operator's view of a node's moesnapd, over the daemon's admin socket.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -9,7 +10,9 @@
 #include <sstream>
 
 #include "client/ctl/format.h"
+#include "client/ctl/json.h"
 #include "client/ctl/plan.h"
+#include "common/version.h"
 #include "proto/moesnap.grpc.pb.h"
 
 namespace {
@@ -18,6 +21,17 @@ struct Session {
   std::string socket_path;
   bool json = false;
   int timeout_seconds = 30;
+
+  // A failure as text on stderr, or under --json as a JSON error object on stdout (where a script
+  // reads the result); returns `exit_code`.
+  int Fail(const std::string& code, const std::string& message, int exit_code) const {
+    if (json) {
+      std::fputs(moesnap::ctl::JsonError(code, message, exit_code).c_str(), stdout);
+    } else {
+      std::fprintf(stderr, "moesnapctl: %s\n", message.c_str());
+    }
+    return exit_code;
+  }
 
   // Calls `rpc` and prints the response with `format` (or as JSON); returns the exit code.
   template <typename Response, typename Rpc, typename Format>
@@ -29,8 +43,10 @@ struct Session {
     Response response;
     const grpc::Status status = rpc(*stub, context, response);
     if (!status.ok()) {
-      std::fprintf(stderr, "%s\n", moesnap::ctl::DescribeError(status, socket_path).c_str());
-      return moesnap::ctl::ExitCodeFor(status);
+      return Fail(moesnap::ctl::ErrorCodeWord(status),
+                  json ? moesnap::ctl::DescribeError(status, socket_path)
+                       : moesnap::ctl::DescribeErrorWithCode(status, socket_path),
+                  moesnap::ctl::ExitCodeFor(status));
     }
     const std::string text = json ? moesnap::ctl::Json(response) : format(response);
     std::fputs(text.c_str(), stdout);
@@ -52,6 +68,10 @@ int main(int argc, char** argv) {
       "2 usage error; 3 the daemon is unreachable or did not answer in time; 4 the daemon refused "
       "or failed the request (its message is printed).");
   app.require_subcommand(1);
+  // Global flags may stand anywhere on the line ("moesnapctl status --json"): subcommands created
+  // after this pass the options they do not know up to the app.
+  app.fallthrough();
+  app.set_version_flag("--version", VersionLine("moesnapctl"));
   app.add_option("--socket", session.socket_path,
                  "Admin socket of the daemon (default: $MOESNAP_ADMIN_SOCKET, else "
                  "/run/moesnap/admin.sock)");
@@ -111,7 +131,14 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     // --help and --version are "errors" with exit code 0; every real one becomes the usage code.
-    return app.exit(error) == 0 ? ctl::kSuccess : ctl::kUsage;
+    if (error.get_exit_code() == 0) return app.exit(error);
+    // Parsing stopped at the error, so --json may not have been read yet: look for it on the line.
+    session.json = std::find(argv + 1, argv + argc, std::string("--json")) != argv + argc;
+    if (!session.json) {
+      app.exit(error);
+      return ctl::kUsage;
+    }
+    return session.Fail("usage", error.what(), ctl::kUsage);
   }
 
   if (*plan) {
@@ -126,8 +153,7 @@ int main(int argc, char** argv) {
       out = loads.status();
     }
     if (!out.ok()) {
-      std::fprintf(stderr, "moesnapctl plan: %s\n", std::string(out.status().message()).c_str());
-      return ctl::kUsage;
+      return session.Fail("usage", "plan: " + std::string(out.status().message()), ctl::kUsage);
     }
     std::fputs(out->c_str(), stdout);
     return ctl::kSuccess;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "client/ctl/format.h"
+#include "common/version.h"
 #include "moesnap/client.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
@@ -57,7 +58,20 @@ TEST(MoesnapctlTest, ReportsStepsVerifiesDropsAndFindsACorruptChunk) {
   Result inspect = Ctl(daemon.admin_socket(), {"--json", "inspect", "40"});
   EXPECT_EQ(inspect.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(inspect.output, "\"region\":\"layer0.gate\"")) << inspect.output;
-  EXPECT_TRUE(absl::StrContains(inspect.output, "\"shape\":[\"512\",\"512\"]")) << inspect.output;
+  EXPECT_TRUE(absl::StrContains(inspect.output, "\"shape\":[512,512]")) << inspect.output;
+  EXPECT_TRUE(absl::StrContains(inspect.output, "\"state\":\"committed\"")) << inspect.output;
+  EXPECT_TRUE(absl::StrContains(inspect.output, "\"bytes\":1048576,")) << inspect.output;
+
+  // Global flags after the subcommand, numbers as numbers.
+  Result json_status = Ctl(daemon.admin_socket(), {"status", "--json"});
+  EXPECT_EQ(json_status.exit_code, 0) << json_status.output;
+  EXPECT_TRUE(absl::StrContains(json_status.output, "\"pool_used_bytes\":1048576,"))
+      << json_status.output;
+  ChildProcess socket_last({BinaryPath("moesnapctl"), "ls", "--json", "--socket", daemon.admin_socket()});
+  const std::optional<std::string> listed = socket_last.ReadLine(30s);
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_TRUE(absl::StrContains(*listed, "\"step\":40,\"state\":\"committed\"")) << *listed;
+  EXPECT_EQ(socket_last.Wait(30s), 0);
 
   Result clean = Ctl(daemon.admin_socket(), {"verify"});
   EXPECT_EQ(clean.exit_code, 0) << clean.output;
@@ -82,6 +96,13 @@ TEST(MoesnapctlTest, ReportsStepsVerifiesDropsAndFindsACorruptChunk) {
   EXPECT_EQ(missing.exit_code, ctl::kDaemonRefused);
   EXPECT_TRUE(absl::StrContains(missing.output, "NOT_FOUND: no committed version of step 41"))
       << missing.output;
+  Result missing_json = Ctl(daemon.admin_socket(), {"drop", "41", "--json"});
+  EXPECT_EQ(missing_json.exit_code, ctl::kDaemonRefused);
+  EXPECT_TRUE(absl::StartsWith(
+      missing_json.output,
+      "{\"error\":{\"code\":\"not_found\",\"message\":\"no committed version of step 41"))
+      << missing_json.output;
+  EXPECT_TRUE(absl::StrContains(missing_json.output, "\"exit_code\":4}}")) << missing_json.output;
   Result dropped = Ctl(daemon.admin_socket(), {"drop", "40", "--rank", "3"});
   EXPECT_EQ(dropped.exit_code, 0) << dropped.output;
   EXPECT_TRUE(absl::StrContains(dropped.output, "dropped 1 versions of step 40")) << dropped.output;
@@ -95,6 +116,27 @@ TEST(MoesnapctlTest, UsageAndUnreachableDaemonHaveTheirOwnExitCodes) {
   Result unreachable = Ctl("/nonexistent/admin.sock", {"--timeout", "2", "status"});
   EXPECT_EQ(unreachable.exit_code, ctl::kDaemonUnreachable);
   EXPECT_TRUE(absl::StrContains(unreachable.output, "/nonexistent/admin.sock")) << unreachable.output;
+  Result unreachable_json = Ctl("/nonexistent/admin.sock", {"status", "--timeout", "2", "--json"});
+  EXPECT_EQ(unreachable_json.exit_code, ctl::kDaemonUnreachable);
+  EXPECT_TRUE(absl::StartsWith(unreachable_json.output, "{\"error\":{\"code\":\"unavailable\""))
+      << unreachable_json.output;
+  EXPECT_TRUE(absl::StrContains(unreachable_json.output, "\"exit_code\":3}}"))
+      << unreachable_json.output;
+  Result usage_json = Ctl("/nonexistent/admin.sock", {"drop", "--json"});
+  EXPECT_EQ(usage_json.exit_code, ctl::kUsage);
+  EXPECT_TRUE(absl::StartsWith(usage_json.output, "{\"error\":{\"code\":\"usage\""))
+      << usage_json.output;
+}
+
+// Every program answers --version with its name and the release, and exits 0.
+TEST(MoesnapctlTest, EveryProgramPrintsItsVersion) {
+  for (const std::string program : {"moesnapd", "moesnapctl", "moesnap-bench"}) {
+    ChildProcess process({BinaryPath(program), "--version"});
+    const std::optional<std::string> line = process.ReadLine(30s);
+    ASSERT_TRUE(line.has_value()) << program;
+    EXPECT_EQ(*line, program + " " + kVersion);
+    EXPECT_EQ(process.Wait(30s), 0) << program;
+  }
 }
 
 TEST(MoesnapctlTest, PlanPrintsPlacementRecoveryAndTransfersWithoutADaemon) {

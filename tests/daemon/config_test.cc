@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "common/byte_size.h"
 #include "tests/testing/status_matchers.h"
 
@@ -79,6 +80,53 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
     EXPECT_TRUE(absl::StrContains(options.status().message(), mentions))
         << options.status() << " should mention " << mentions;
   }
+}
+
+// Every error of a file is reported at once, each naming its key, so one edit fixes them all.
+TEST(ConfigTest, ListsEveryErrorNotOnlyTheFirst) {
+  absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(R"(
+[pool]
+bytes = "1000"
+journal_bytes = "1KiB"
+lock = "maybe"
+[capture]
+chunk_bytes = "1KiB"
+threads = 0
+[log]
+level = "loud"
+[stray]
+x = 1
+)", "site.toml");
+  ASSERT_STATUS(options, absl::StatusCode::kInvalidArgument);
+  const std::string message(options.status().message());
+  EXPECT_TRUE(absl::StartsWith(message, "7 errors in site.toml:\n")) << message;
+  for (const char* mentions :
+       {"site.toml: pool.bytes: must be a positive multiple of 4096 bytes, got 1000",
+        "site.toml: pool.journal_bytes: must be at least 65536", "site.toml: pool.lock",
+        "site.toml: capture.chunk_bytes", "site.toml: capture.threads", "site.toml: log.level",
+        "site.toml: unknown key stray.x"}) {
+    EXPECT_TRUE(absl::StrContains(message, mentions)) << message << "\nshould mention " << mentions;
+  }
+}
+
+// What used to fail only once the daemon ran (after the pool was created) is refused here.
+TEST(ConfigTest, RefusesWhatWouldFailAfterThePoolIsCreated) {
+  const std::string cluster =
+      "[cluster]\ndata_units = 1\nparity_units = 1\n"
+      "[[cluster.nodes]]\nid = 0\nhost = \"localhost\"\ncontrol_port = 7440\ndata_port = 7441\n"
+      "[[cluster.nodes]]\nid = 1\nhost = \"node-b\"\ncontrol_port = 7440\ndata_port = 7441\n";
+  absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(
+      "[agent]\nsocket = \"/run/" + std::string(120, 'a') + "\"\n" + cluster, "site.toml");
+  ASSERT_STATUS(options, absl::StatusCode::kInvalidArgument);
+  const std::string message(options.status().message());
+  EXPECT_TRUE(absl::StrContains(
+      message, "site.toml: cluster.nodes[0].host: expected an IPv4 or IPv6 address, got 'localhost'"))
+      << message;
+  EXPECT_TRUE(absl::StrContains(message, "cluster.nodes[1].host")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "site.toml: agent.socket: a Unix socket path holds at most"))
+      << message;
+  EXPECT_OK(ParseDaemonOptions(
+      absl::StrReplaceAll(cluster, {{"localhost", "127.0.0.1"}, {"node-b", "::1"}}), "site.toml"));
 }
 
 TEST(ByteSizeTest, ParsesUnitsAndRejectsAmbiguity) {

@@ -1,0 +1,88 @@
+// moesnapd's start as an operator meets it: a bad config is refused with every error listed and
+// nothing created; a start that fails after the pool was created removes the fresh pool again.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/test_daemon.h"
+
+namespace moesnap {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using namespace std::chrono_literals;
+
+struct DaemonRun {
+  std::optional<int> exit_code;
+  std::string output;
+};
+
+// Runs moesnapd on `config` text until it exits.
+DaemonRun RunDaemon(const std::string& directory, const std::string& config) {
+  const std::string path = directory + "/moesnapd.toml";
+  std::ofstream(path) << config;
+  ChildProcess daemon({BinaryPath("moesnapd"), "--config", path}, {}, ChildProcess::Stderr::kCapture);
+  DaemonRun run;
+  while (std::optional<std::string> line = daemon.ReadLine(30s)) run.output += *line + "\n";
+  run.exit_code = daemon.Wait(30s);
+  return run;
+}
+
+class StartupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char directory[] = "/tmp/moesnap-startup-XXXXXX";
+    directory_ = mkdtemp(directory);
+    pool_name_ = absl::StrCat("moesnap-startup-", getpid());
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(directory_);
+    for (const char* suffix : {".data", ".journal"}) {
+      std::filesystem::remove("/dev/shm/" + pool_name_ + suffix);
+    }
+  }
+  bool PoolExists() const {
+    return std::filesystem::exists("/dev/shm/" + pool_name_ + ".data") ||
+           std::filesystem::exists("/dev/shm/" + pool_name_ + ".journal");
+  }
+  std::string Sockets(const std::string& admin_directory) const {
+    return absl::StrCat("[agent]\nsocket = \"", directory_, "/agent.sock\"\n[admin]\nsocket = \"",
+                        admin_directory, "/admin.sock\"\n[pool]\nname = \"", pool_name_,
+                        "\"\nbytes = \"16MiB\"\njournal_bytes = \"1MiB\"\nlock = \"off\"\n");
+  }
+
+  std::string directory_;
+  std::string pool_name_;
+};
+
+TEST_F(StartupTest, BadConfigListsEveryErrorAndCreatesNothing) {
+  const DaemonRun run = RunDaemon(
+      directory_, Sockets(directory_) +
+                      "[capture]\nthreads = 0\n[cluster]\ndata_units = 1\nparity_units = 1\n"
+                      "[[cluster.nodes]]\nid = 0\nhost = \"localhost\"\ncontrol_port = 7440\n"
+                      "data_port = 7441\n[[cluster.nodes]]\nid = 1\nhost = \"127.0.0.2\"\n"
+                      "control_port = 7440\ndata_port = 7441\n");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "capture.threads")) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "cluster.nodes[0].host: expected an IPv4 or IPv6 address"))
+      << run.output;
+  EXPECT_FALSE(PoolExists());
+}
+
+TEST_F(StartupTest, FailedStartRemovesTheFreshPool) {
+  // Valid config, but the admin socket's folder does not exist: binding fails after the pool and
+  // journal were created.
+  const DaemonRun run = RunDaemon(directory_, Sockets(directory_ + "/missing"));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "missing/admin.sock")) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "created pool")) << run.output;  // it got that far
+  EXPECT_FALSE(PoolExists());
+}
+
+}  // namespace
+}  // namespace moesnap
