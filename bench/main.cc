@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       {"cluster", moesnap::bench::RunClusterSuite},
       {"peers", moesnap::bench::RunPeersSuite},
       {"sparse", moesnap::bench::RunSparseSuite},
+      {"durable", moesnap::bench::RunDurableSuite},
       {"gpu", moesnap::bench::RunGpuSuite},
       {"ettr", moesnap::bench::RunEttrSuite},
   };

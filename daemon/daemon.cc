@@ -125,7 +125,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   daemon->agent_service_ = std::make_unique<AgentService>(
       daemon->store_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(),
-      daemon->tiers_.get(), NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
+      daemon->tiers_.get(),
+      NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
                                      daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,

@@ -1,8 +1,9 @@
 // What the durable tier uses of the store, and nothing else: the committed image of each step the
-// node commits (to drain it to disk from the pool), the rank's registered regions, and the writes
-// of a restore from disk. The Store implements it; the durable tier's unit tests put a fake here.
-// The durable tier calls down into the store; the store only tells the observer that a step
-// committed, under its lock, and the observer only queues work.
+// node commits (to drain it to disk from the pool), and the load of a durable step back into the
+// pool as a rank's committed state (a restore from disk then restores from memory, and the steps
+// after it build on that state as on any committed one). The Store implements it; the durable
+// tier's unit tests put a fake here. The durable tier calls down into the store; the store only
+// tells the observer that a step committed, under its lock, and the observer only queues work.
 #ifndef MOESNAP_DAEMON_DURABLE_STORE_H_
 #define MOESNAP_DAEMON_DURABLE_STORE_H_
 
@@ -18,8 +19,9 @@
 
 namespace moesnap::daemon {
 
-// Fills `out` with `length` bytes of a region starting at `offset` (within one chunk).
-using ChunkReader = std::function<absl::Status(uint64_t offset, uint64_t length, uint8_t* out)>;
+// Fills `out` with chunk `chunk` of region `region` (an index into the regions being loaded),
+// its CRC-32C checked.
+using ChunkSource = std::function<absl::Status(int region, uint32_t chunk, uint8_t* out)>;
 
 // Every method is thread-safe.
 class DurableStore {
@@ -44,12 +46,13 @@ class DurableStore {
   // The committed image with its extents held, and each rank's record (latest committed step,
   // windows) in its `ranks`.
   virtual NodeImage CommittedImage() const = 0;
-  // The regions the rank's current process registered.
-  virtual std::vector<std::string> RegisteredRegions(uint32_t rank) const = 0;
-  // Writes a stored region into the rank's registered region of the same name, chunk by chunk as
-  // `read` supplies them, checking size, dtype, shape and every chunk's CRC-32C.
-  virtual absl::Status WriteRegionFrom(uint32_t rank, const v1::ImageRegion& stored,
-                                       const ChunkReader& read) = 0;
+  // Makes `regions` (their bytes read by `read`) the committed state of `rank`, with `record` its
+  // latest committed step and windows, in one journal write; the rank's earlier committed versions
+  // are let go. Refused while the rank captures a step. In a cluster the node's record of the
+  // committed step is dropped (the group's parity covers that step, not the loaded one), so the
+  // next step the cluster commits is encoded whole.
+  virtual absl::Status AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
+                                      const v1::JournalRank& record, const ChunkSource& read) = 0;
 };
 
 }  // namespace moesnap::daemon

@@ -1085,14 +1085,60 @@ void Store::SetCommitObserver(CommitObserver* observer) {
   commit_observer_ = observer;
 }
 
-std::vector<std::string> Store::RegisteredRegions(uint32_t rank) const {
+absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
+                                   const v1::JournalRank& record, const ChunkSource& read) {
+  // Read everything into new extents first, outside the lock: a failure changes nothing.
+  std::map<std::string, std::shared_ptr<Version>> adopted;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const v1::ImageRegion& region = regions[i];
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(region.bytes());
+    if (!extent.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("no room to load region '", region.region(),
+                                                       "' of rank ", rank, " (", region.bytes(),
+                                                       " bytes): ", extent.status().message()));
+    }
+    for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
+      const uint64_t offset = uint64_t(chunk) * region.chunk_bytes();
+      if (absl::Status status = read(static_cast<int>(i), static_cast<uint32_t>(chunk),
+                                     (*extent)->data() + offset);
+          !status.ok()) {
+        return status;
+      }
+    }
+    adopted[region.region()] = VersionFrom(region, *std::move(extent));
+  }
   absl::MutexLock lock(&mutex_);
-  std::vector<std::string> names;
-  auto it = ranks_.find(rank);
-  if (it == ranks_.end()) return names;
-  for (const auto& [name, region] : it->second.regions) names.push_back(name);
-  return names;
+  RankState& rank_state = ranks_[rank];
+  if (const StepRecord* capturing = rank_state.Capturing()) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", capturing->step, " of rank ", rank,
+                                                      " is capturing; restore after it"));
+  }
+  RankState previous;
+  previous.committed = std::move(rank_state.committed);
+  previous.latest_committed = rank_state.latest_committed;
+  previous.committed_window = std::move(rank_state.committed_window);
+  previous.open_window = std::move(rank_state.open_window);
+  rank_state.committed = std::move(adopted);
+  rank_state.committed_window.reset();
+  rank_state.open_window.reset();
+  LoadRankRecord(record, &rank_state);
+  // In a cluster the group's parity covers the committed step this node had, not the loaded one:
+  // the record goes, so that the next step is encoded whole.
+  const v1::JournalCluster kept = mode_ == CommitMode::kCluster ? v1::JournalCluster() : cluster_;
+  if (absl::Status status = journal_->Write(JournalStateWith({}, kept)); !status.ok()) {
+    rank_state.committed = std::move(previous.committed);
+    rank_state.latest_committed = previous.latest_committed;
+    rank_state.latest_snapshot = previous.latest_committed;
+    rank_state.committed_window = std::move(previous.committed_window);
+    rank_state.open_window = std::move(previous.open_window);
+    return status;
+  }
+  cluster_ = kept;
+  notified_step_ = NodeCommittedStep();  // loaded, not committed anew: nothing to drain
+  step_changed_.SignalAll();
+  return absl::OkStatus();
 }
+
 
 absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
   absl::MutexLock lock(&mutex_);
@@ -1186,42 +1232,31 @@ uint64_t Store::CommittedBytes() const {
   return bytes;
 }
 
-absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> Store::TargetOf(
-    uint32_t rank, const v1::ImageRegion& stored, bool check_shape) const {
-  absl::MutexLock lock(&mutex_);
-  auto rank_it = ranks_.find(rank);
-  if (rank_it == ranks_.end() || !rank_it->second.regions.contains(stored.region())) {
-    return absl::NotFoundError(absl::StrCat("rank ", rank, " has not registered region '",
-                                            stored.region(), "' to restore into"));
-  }
-  const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
-  const v1::RegionSpec& spec = registered.spec;
-  if (spec.bytes() != stored.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
-        ", but rank ", stored.rank(), " stored ", stored.bytes(), " at step ", stored.step()));
-  }
-  if (!spec.dtype().empty() && !stored.dtype().empty() && spec.dtype() != stored.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' is ",
-                                                   spec.dtype(), " in rank ", rank, ", but rank ",
-                                                   stored.rank(), " stored ", stored.dtype()));
-  }
-  if (check_shape && spec.shape_size() > 0 && stored.shape_size() > 0 &&
-      !std::equal(spec.shape().begin(), spec.shape().end(), stored.shape().begin(),
-                  stored.shape().end())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region '", stored.region(), "' has shape [", absl::StrJoin(spec.shape(), ", "),
-        "] in rank ", rank, ", but step ", stored.step(), " stored [",
-        absl::StrJoin(stored.shape(), ", "), "]"));
-  }
-  return std::make_pair(registered.source, registered.backend);
-}
-
 absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes) {
-  absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> target =
-      TargetOf(rank, stored, /*check_shape=*/false);
-  if (!target.ok()) return target.status();
-  const auto& [source, backend] = *target;
+  std::shared_ptr<RegionSource> source;
+  CopyBackend* backend = nullptr;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto rank_it = ranks_.find(rank);
+    if (rank_it == ranks_.end() || !rank_it->second.regions.contains(stored.region())) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has not registered region '",
+                                              stored.region(), "' to restore into"));
+    }
+    const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
+    const v1::RegionSpec& spec = registered.spec;
+    if (spec.bytes() != stored.bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
+          ", but rank ", stored.rank(), " stored ", stored.bytes(), " at step ", stored.step()));
+    }
+    if (!spec.dtype().empty() && !stored.dtype().empty() && spec.dtype() != stored.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' is ",
+                                                     spec.dtype(), " in rank ", rank, ", but rank ",
+                                                     stored.rank(), " stored ", stored.dtype()));
+    }
+    source = registered.source;
+    backend = registered.backend;
+  }
   for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
     const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
     const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
@@ -1230,29 +1265,6 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
     if (*crc != stored.chunk_crcs(chunk)) {
       return absl::DataLossError(absl::StrFormat(
           "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the bytes received "
-          "have %08x", stored.region(), stored.rank(), stored.step(), chunk,
-          stored.chunk_crcs(chunk), *crc));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Store::WriteRegionFrom(uint32_t rank, const v1::ImageRegion& stored,
-                                    const ChunkReader& read) {
-  absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> target =
-      TargetOf(rank, stored, /*check_shape=*/true);
-  if (!target.ok()) return target.status();
-  const auto& [source, backend] = *target;
-  std::vector<uint8_t> buffer(std::min(stored.chunk_bytes(), stored.bytes()));
-  for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
-    const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
-    const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
-    if (absl::Status status = read(offset, length, buffer.data()); !status.ok()) return status;
-    absl::StatusOr<uint32_t> crc = backend->CopyIn(*source, offset, buffer.data(), length);
-    if (!crc.ok()) return crc.status();
-    if (*crc != stored.chunk_crcs(chunk)) {
-      return absl::DataLossError(absl::StrFormat(
-          "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the bytes read "
           "have %08x", stored.region(), stored.rank(), stored.step(), chunk,
           stored.chunk_crcs(chunk), *crc));
     }

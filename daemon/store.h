@@ -130,9 +130,8 @@ class Store final : public DurableStore {
                                                       const std::vector<std::string>& regions);
   // --- Durable tier ------------------------------------------------------------------------------
   void SetCommitObserver(CommitObserver* observer) override;
-  std::vector<std::string> RegisteredRegions(uint32_t rank) const override;
-  absl::Status WriteRegionFrom(uint32_t rank, const v1::ImageRegion& stored,
-                               const ChunkReader& read) override;
+  absl::Status AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
+                              const v1::JournalRank& record, const ChunkSource& read) override;
 
   // The cluster record of the committed step (empty on a single node or a fresh pool).
   v1::JournalCluster ClusterRecord() const;
@@ -199,10 +198,6 @@ class Store final : public DurableStore {
   NodeImage CommittedImageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Tells the commit observer when the node's committed step moved past `notified_step_`.
   void NotifyCommitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The registered region `stored` is written into, after checking that it matches: its source
-  // and copy backend.
-  absl::StatusOr<std::pair<std::shared_ptr<RegionSource>, CopyBackend*>> TargetOf(
-      uint32_t rank, const v1::ImageRegion& stored, bool check_shape) const;
   absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
                                         absl::Time deadline, const std::function<bool()>& cancelled);
 

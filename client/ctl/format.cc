@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/ctl/durable_format.h"
 #include "common/byte_size.h"
 #include "proto/step_state_name.h"
 
@@ -70,6 +71,7 @@ std::string FormatStatus(const v1::StatusResponse& status) {
       {"ranks", absl::StrCat(status.ranks())},
       {"journal", absl::StrCat("sequence ", status.journal_sequence())},
       {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
+      {"durable", DescribeDurable(status.durable())},
   });
 }
 

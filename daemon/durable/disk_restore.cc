@@ -1,5 +1,7 @@
-// RestoreFromDisk: names resolved against the manifest, bytes through the store's region writer.
+// LoadRankFromDisk: the rank's regions of the manifest, read through the step reader.
 #include "daemon/durable/disk_restore.h"
+
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -12,44 +14,24 @@ std::optional<v1::JournalRank> RankRecord(const v1::DurableManifest& manifest, u
   return std::nullopt;
 }
 
-absl::StatusOr<v1::RestoreResponse> RestoreFromDisk(DurableStore* store, const StepReader& step,
-                                                    uint32_t rank,
-                                                    const std::vector<std::string>& regions) {
+absl::Status LoadRankFromDisk(DurableStore* store, const StepReader& step, uint32_t rank) {
   const v1::DurableManifest& manifest = step.manifest();
   const std::optional<v1::JournalRank> record = RankRecord(manifest, rank);
   if (!record) {
     return absl::NotFoundError(absl::StrCat("durable step ", manifest.step(), " of node ",
                                             manifest.node_id(), " holds nothing of rank ", rank));
   }
-  std::vector<std::string> names = regions;
-  if (names.empty()) names = store->RegisteredRegions(rank);
-  if (names.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " has no registered regions to restore into: register them first"));
+  std::vector<v1::ImageRegion> regions;
+  std::vector<int> indices;  // in the manifest
+  for (int i = 0; i < manifest.regions_size(); ++i) {
+    if (manifest.regions(i).region().rank() != rank) continue;
+    regions.push_back(manifest.regions(i).region());
+    indices.push_back(i);
   }
-  // Every name must be in the step before any byte is written.
-  std::vector<int> indices;
-  for (const std::string& name : names) {
-    absl::StatusOr<int> index = step.Find(rank, name);
-    if (!index.ok()) return index.status();
-    indices.push_back(*index);
-  }
-  v1::RestoreResponse response;
-  response.set_step(record->latest_committed_step());
-  response.set_tier(v1::TIER_DURABLE);
-  for (int index : indices) {
-    const v1::ImageRegion& region = manifest.regions(index).region();
-    absl::Status status = store->WriteRegionFrom(
-        rank, region, [&step, index](uint64_t offset, uint64_t length, uint8_t* out) {
-          return step.ReadChunkAt(index, offset, length, out);
-        });
-    if (!status.ok()) return status;
-    v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(region.region());
-    restored->set_step(region.step());
-    restored->set_bytes(region.bytes());
-  }
-  return response;
+  return store->AdoptCommitted(rank, regions, *record,
+                               [&step, &indices](int region, uint32_t chunk, uint8_t* out) {
+                                 return step.ReadChunk(indices[region], chunk, out);
+                               });
 }
 
 }  // namespace moesnap::daemon::durable

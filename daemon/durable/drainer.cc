@@ -27,6 +27,7 @@ Drainer::Drainer(const DurableOptions& options, const StepIdentity& identity, Du
 }
 
 Drainer::~Drainer() {
+  stop_ = true;  // a write in progress gives up at its next piece
   bool started = false;
   {
     absl::MutexLock lock(&mutex_);
@@ -36,7 +37,6 @@ Drainer::~Drainer() {
   {
     absl::MutexLock lock(&mutex_);
     stopping_ = true;
-    stop_ = true;
     pending_.reset();
     wake_.SignalAll();
   }
@@ -81,14 +81,16 @@ void Drainer::Committed(std::optional<int64_t> previous, int64_t step,
   const bool due = schedule_.Due(previous, step, last_commit_, now);
   last_commit_ = now;
   if (!due || stopping_) return;
-  if (pending_ || status_.has_draining_step()) {
+  if (status_.has_draining_step()) {
     status_.set_drains_skipped(status_.drains_skipped() + 1);
-    Log(LogLevel::kInfo, "durable tier: step ", step, " is due but step ",
-        pending_ ? pending_->first : status_.draining_step(),
+    Log(LogLevel::kInfo, "durable tier: step ", step, " is due but step ", status_.draining_step(),
         " is still being drained; skipping it (the disk is slower than the schedule)");
     return;
   }
   pending_.emplace(step, image());
+  status_.set_draining_step(step);  // from now on: a newer due step is skipped, not queued
+  status_.set_draining_bytes(pending_->second.bytes());
+  written_ = 0;
   wake_.SignalAll();
 }
 
@@ -101,9 +103,6 @@ void Drainer::Run() {
       if (stopping_) return;
       work = std::move(pending_);
       pending_.reset();
-      status_.set_draining_step(work->first);
-      status_.set_draining_bytes(work->second.bytes());
-      written_ = 0;
     }
     Drain(work->first, work->second);
     work.reset();  // lets go of the image: its versions may be freed now
@@ -203,7 +202,7 @@ absl::Status Drainer::DiscardAfter(int64_t step) {
 
 bool Drainer::WaitIdle(absl::Time deadline) const {
   absl::MutexLock lock(&mutex_);
-  while (pending_ || status_.has_draining_step()) {
+  while (status_.has_draining_step()) {
     if (wake_.WaitWithDeadline(&mutex_, deadline)) return false;
   }
   return true;

@@ -149,15 +149,27 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
         "step ", *step, " cannot be restored: memory no longer holds the committed state and the "
         "newest step durable on every node is ", *choice->step));
   }
-  absl::StatusOr<std::unique_ptr<StepReader>> reader =
-      StepReader::Open(drainer_->directory(), *choice->step);
-  if (!reader.ok()) return reader.status();
   // Steps after this one were written by the run this restore abandons.
   if (absl::Status status = drainer_->DiscardAfter(*choice->step); !status.ok()) {
     Log(LogLevel::kWarning, "durable tier: ", status.message());
   }
-  Log(LogLevel::kInfo, "rank ", rank, " restores from the durable tier: ", choice->reason);
-  return RestoreFromDisk(store_, **reader, rank, regions);
+  // Into memory first (unless memory holds that very step of the rank already: an earlier restore
+  // loaded it, or the run committed it here), then restored from there like any committed state.
+  absl::StatusOr<std::unique_ptr<StepReader>> reader =
+      StepReader::Open(drainer_->directory(), *choice->step);
+  if (!reader.ok()) return reader.status();
+  const std::optional<v1::JournalRank> record = RankRecord((*reader)->manifest(), rank);
+  if (!record) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " has nothing in durable step ",
+                                            *choice->step, ", the newest durable on every node"));
+  }
+  if (store_->LatestCommitted(rank) != record->latest_committed_step()) {
+    Log(LogLevel::kInfo, "rank ", rank, " restores from the durable tier: ", choice->reason);
+    if (absl::Status status = LoadRankFromDisk(store_, **reader, rank); !status.ok()) return status;
+  }
+  absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline);
+  if (restored.ok()) restored->set_tier(v1::TIER_DURABLE);
+  return restored;
 }
 
 absl::StatusOr<v1::RestoreTierResponse> RestoreTiers::Tier(uint32_t rank, absl::Time deadline) {

@@ -125,21 +125,4 @@ absl::Status StepReader::ReadChunk(int region, uint32_t chunk, uint8_t* out) con
   return absl::OkStatus();
 }
 
-absl::Status StepReader::ReadChunkAt(int region, uint64_t offset, uint64_t length,
-                                     uint8_t* out) const {
-  if (region < 0 || region >= manifest_.regions_size()) {
-    return absl::OutOfRangeError(absl::StrCat("no region ", region, " in durable step ",
-                                              manifest_.step()));
-  }
-  const v1::ImageRegion& record = manifest_.regions(region).region();
-  const uint64_t chunk = offset / record.chunk_bytes();
-  if (offset % record.chunk_bytes() != 0 || offset >= record.bytes() ||
-      length != std::min(record.chunk_bytes(), record.bytes() - offset)) {
-    return absl::InvalidArgumentError(absl::StrCat("region '", record.region(), "': ", length,
-                                                   " bytes at offset ", offset,
-                                                   " is not one of its chunks"));
-  }
-  return ReadChunk(region, static_cast<uint32_t>(chunk), out);
-}
-
 }  // namespace moesnap::daemon::durable

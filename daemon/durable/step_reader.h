@@ -30,8 +30,6 @@ class StepReader {
   absl::StatusOr<int> Find(uint32_t rank, const std::string& name) const;
   // Reads chunk `chunk` of region `region` (its whole length) into `out` and checks its CRC-32C.
   absl::Status ReadChunk(int region, uint32_t chunk, uint8_t* out) const;
-  // The same for the chunk that starts `offset` bytes into the region, `length` being its length.
-  absl::Status ReadChunkAt(int region, uint64_t offset, uint64_t length, uint8_t* out) const;
 
  private:
   StepReader(std::string path, v1::DurableManifest manifest)
