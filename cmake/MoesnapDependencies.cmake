@@ -40,3 +40,17 @@ if(NOT MOESNAP_CUDA STREQUAL "OFF")
     message(STATUS "moesnap: no CUDA toolkit found, building the host copy backend only")
   endif()
 endif()
+
+# etcd's v3 API .proto files, from Debian's Go source packages (no C++ etcd client is packaged). They
+# import each other as "etcd/...", gogoproto/gogo.proto (Go code generation options only) and
+# google/api/annotations.proto (HTTP gateway bindings): three import roots.
+find_path(MOESNAP_ETCD_PROTO_ROOT etcd/etcdserver/etcdserverpb/rpc.proto
+  PATHS /usr/share/gocode/src/go.etcd.io NO_DEFAULT_PATH REQUIRED)
+find_path(MOESNAP_GOGO_PROTO_ROOT gogoproto/gogo.proto
+  PATHS /usr/share/gocode/src/github.com/gogo/protobuf NO_DEFAULT_PATH REQUIRED)
+find_path(MOESNAP_GOOGLEAPIS_PROTO_ROOT google/api/annotations.proto
+  PATHS /usr/share/gocode/src/github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis
+  NO_DEFAULT_PATH REQUIRED)
+# Tests start real etcd members, and make certificates for the TLS tests with openssl.
+find_program(MOESNAP_ETCD etcd REQUIRED)
+find_program(MOESNAP_OPENSSL openssl REQUIRED)

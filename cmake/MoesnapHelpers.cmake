@@ -81,4 +81,48 @@ function(moesnap_proto_library name)
   target_link_libraries(${name} PUBLIC protobuf::libprotobuf PkgConfig::GRPCPP)
 endfunction()
 
+# moesnap_external_proto_library(NAME IMPORT_ROOTS dir... MESSAGES a/b.proto... SERVICES a/b.proto...):
+# C++ generated from .proto files that stay where a package installed them, named relative to one of
+# IMPORT_ROOTS (the way they import each other). MESSAGES get protoc's messages only; SERVICES get
+# messages and gRPC services. Generated headers are included by that relative name
+# ("etcd/etcdserver/etcdserverpb/rpc.pb.h") and are system headers to our code, so our warnings
+# do not fire on generated code.
+function(moesnap_external_proto_library name)
+  cmake_parse_arguments(ARG "" "" "IMPORT_ROOTS;MESSAGES;SERVICES" ${ARGN})
+  set(generated_root ${CMAKE_CURRENT_BINARY_DIR}/generated)
+  set(import_flags)
+  foreach(root ${ARG_IMPORT_ROOTS} ${Protobuf_INCLUDE_DIRS})
+    list(APPEND import_flags --proto_path=${root})
+  endforeach()
+  set(generated_sources)
+  foreach(proto ${ARG_MESSAGES} ${ARG_SERVICES})
+    set(source)
+    foreach(root ${ARG_IMPORT_ROOTS})
+      if(NOT source AND EXISTS ${root}/${proto})
+        set(source ${root}/${proto})
+      endif()
+    endforeach()
+    if(NOT source)
+      message(FATAL_ERROR "${proto} is under none of ${ARG_IMPORT_ROOTS}")
+    endif()
+    string(REGEX REPLACE "\\.proto$" "" stem ${proto})
+    set(outputs ${generated_root}/${stem}.pb.cc ${generated_root}/${stem}.pb.h)
+    set(plugin_flags)
+    if(proto IN_LIST ARG_SERVICES)
+      list(APPEND outputs ${generated_root}/${stem}.grpc.pb.cc ${generated_root}/${stem}.grpc.pb.h)
+      set(plugin_flags --grpc_out=${generated_root} --plugin=protoc-gen-grpc=${MOESNAP_GRPC_CPP_PLUGIN})
+    endif()
+    add_custom_command(
+      OUTPUT ${outputs}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${generated_root}
+      COMMAND protobuf::protoc ${import_flags} --cpp_out=${generated_root} ${plugin_flags} ${source}
+      DEPENDS ${source} protobuf::protoc
+      COMMENT "Generating C++ from ${proto}")
+    list(APPEND generated_sources ${outputs})
+  endforeach()
+  add_library(${name} STATIC ${generated_sources})
+  target_include_directories(${name} SYSTEM PUBLIC ${generated_root})
+  target_link_libraries(${name} PUBLIC protobuf::libprotobuf PkgConfig::GRPCPP)
+endfunction()
+
 include(GoogleTest)

@@ -1,9 +1,7 @@
 // SharedMemory over shm_open/mmap.
 #include "common/shared_memory.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,7 +10,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace moesnap {
@@ -133,30 +130,6 @@ void SharedMemory::Release() {
   if (data_ != nullptr) munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
-}
-
-std::string RegionFileName(const std::string& unique_part) {
-  return absl::StrCat(kRegionFilePrefix, getpid(), ".", unique_part);
-}
-
-int RemoveOrphanedRegionFiles() {
-  DIR* directory = opendir("/dev/shm");
-  if (directory == nullptr) return 0;
-  int removed = 0;
-  const size_t prefix_length = std::strlen(kRegionFilePrefix);
-  while (const dirent* entry = readdir(directory)) {
-    const std::string name = entry->d_name;
-    if (name.compare(0, prefix_length, kRegionFilePrefix) != 0) continue;
-    const size_t dot = name.find('.', prefix_length);
-    int pid = 0;
-    if (dot == std::string::npos ||
-        !absl::SimpleAtoi(absl::string_view(name).substr(prefix_length, dot - prefix_length), &pid)) {
-      continue;
-    }
-    if (kill(pid, 0) != 0 && errno == ESRCH && shm_unlink(ShmPath(name).c_str()) == 0) ++removed;
-  }
-  closedir(directory);
-  return removed;
 }
 
 }  // namespace moesnap

@@ -1,6 +1,5 @@
 // Named POSIX shared-memory files (/dev/shm/<name>), mapped into this process. The daemon keeps its
-// snapshot pool and journal in them so that they outlive the daemon process; trainers keep their host
-// regions in them so that the daemon can copy without a copy through a socket.
+// snapshot pool and journal in them so that they outlive the daemon process.
 #ifndef MOESNAP_COMMON_SHARED_MEMORY_H_
 #define MOESNAP_COMMON_SHARED_MEMORY_H_
 
@@ -59,12 +58,6 @@ class SharedMemory {
   size_t size_ = 0;
 };
 
-// Trainers name their region files "moesnap-region.<pid>.<unique>", so that the daemon can remove the
-// files of trainers that died before removing them (a dead trainer's file is memory nobody frees).
-inline constexpr char kRegionFilePrefix[] = "moesnap-region.";
-std::string RegionFileName(const std::string& unique_part);
-// Removes region files whose creating process no longer exists; returns how many.
-int RemoveOrphanedRegionFiles();
 
 }  // namespace moesnap
 

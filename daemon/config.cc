@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "common/memory_handoff_wire.h"
 #include "daemon/journal.h"
 
 namespace moesnap::daemon {
@@ -222,6 +223,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   reader.String("agent", "socket", options.agent_socket);
   reader.String("admin", "socket", options.admin_socket);
   CheckSocketPath(reader, "agent.socket", options.agent_socket);
+  // Trainers hand over their memory on the agent socket's path + ".memory": it must fit too.
+  CheckSocketPath(reader, "agent.socket",
+                  options.agent_socket + memory_handoff::kSocketSuffix);
   CheckSocketPath(reader, "admin.socket", options.admin_socket);
   if (options.agent_socket == options.admin_socket) {
     reader.Error("admin.socket", "must differ from agent.socket");
@@ -250,8 +254,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
                                            options.pool.name, "'"));
   }
   reader.Bytes("pool", "bytes", options.pool.bytes);
-  if (options.pool.bytes < Pool::kAlignment || options.pool.bytes % Pool::kAlignment != 0) {
-    reader.Error("pool.bytes", absl::StrCat("must be a positive multiple of ", Pool::kAlignment,
+  if (options.pool.bytes < Pool::kPageBytes || options.pool.bytes % Pool::kPageBytes != 0) {
+    reader.Error("pool.bytes", absl::StrCat("must be a positive multiple of ", Pool::kPageBytes,
                                             " bytes, got ", options.pool.bytes));
   }
   reader.Bytes("pool", "journal_bytes", options.pool.journal_bytes);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/trainer_memory.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon {
@@ -30,22 +31,26 @@ class CopyBackend {
   // Page-locks daemon memory (the pool) so copies run at full speed and it is never swapped.
   virtual absl::Status PinHostMemory(void* data, uint64_t bytes) = 0;
 
-  // Opens the region a trainer registered. INVALID_ARGUMENT/NOT_FOUND/PERMISSION_DENIED name it.
-  virtual absl::StatusOr<std::shared_ptr<RegionSource>> Open(const v1::RegionSpec& spec) = 0;
+  // Opens the region trainer rank `rank` registered. INVALID_ARGUMENT/NOT_FOUND/PERMISSION_DENIED
+  // name it.
+  virtual absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t rank,
+                                                             const v1::RegionSpec& spec) = 0;
 
-  // Copies region bytes [offset, offset + bytes) to `destination` and returns their CRC-32C,
-  // computed while the bytes are in cache. Waits first for the trainer's capture event, if any.
+  // Copies region bytes [offset, offset + bytes) to `destination` and returns their CRC-32C
+  // extended from `crc` (the CRC of the chunk's bytes before them, 0 at its start), computed while
+  // the bytes are in cache. Waits first for the trainer's capture event, if any.
   virtual absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset,
-                                           uint8_t* destination, uint64_t bytes) = 0;
+                                           uint8_t* destination, uint64_t bytes, uint32_t crc) = 0;
 
   // Copies `bytes` from `origin` into the region at `offset`, returning the CRC-32C of the bytes read
-  // from `origin`, so that a restore checks what it wrote against the stored checksums.
+  // from `origin` extended from `crc`, so that a restore checks what it wrote against the stored
+  // checksums.
   virtual absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset,
-                                          const uint8_t* origin, uint64_t bytes) = 0;
+                                          const uint8_t* origin, uint64_t bytes, uint32_t crc) = 0;
 };
 
-// Host regions in shared-memory files; page-locks with mlock.
-std::unique_ptr<CopyBackend> CreateHostCopyBackend();
+// Host regions in memory trainers handed over (found in `sessions`); page-locks with mlock.
+std::unique_ptr<CopyBackend> CreateHostCopyBackend(const TrainerSessions* sessions);
 
 // GPU regions by CUDA IPC into pinned memory; page-locks with cudaHostRegister. UNAVAILABLE when the
 // build has no CUDA, or no driver or device is present (then the daemon serves host regions only).

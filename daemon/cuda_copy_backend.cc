@@ -81,7 +81,8 @@ class CudaCopyBackend : public CopyBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<RegionSource>> Open(const v1::RegionSpec& spec) override {
+  absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t /*rank*/,
+                                                     const v1::RegionSpec& spec) override {
     const v1::RegionHandle& handle = spec.handle();
     if (spec.device() != v1::DEVICE_CUDA) {
       return absl::InvalidArgumentError(absl::StrCat("region '", spec.name(), "' is not GPU memory"));
@@ -136,7 +137,7 @@ class CudaCopyBackend : public CopyBackend {
   }
 
   absl::StatusOr<uint32_t> CopyOut(RegionSource& region, uint64_t offset, uint8_t* destination,
-                                   uint64_t bytes) override {
+                                   uint64_t bytes, uint32_t crc) override {
     auto& source = static_cast<CudaRegionSource&>(region);
     absl::StatusOr<cudaStream_t> stream = PrepareStream(source);
     if (!stream.ok()) return stream.status();
@@ -154,15 +155,15 @@ class CudaCopyBackend : public CopyBackend {
     if (cudaError_t error = cudaStreamSynchronize(*stream); error != cudaSuccess) {
       return CudaError(error, "cudaStreamSynchronize");
     }
-    return erasure::Crc32c(destination, bytes);
+    return erasure::Crc32cExtend(crc, destination, bytes);
   }
 
   absl::StatusOr<uint32_t> CopyIn(RegionSource& region, uint64_t offset, const uint8_t* origin,
-                                  uint64_t bytes) override {
+                                  uint64_t bytes, uint32_t crc) override {
     auto& source = static_cast<CudaRegionSource&>(region);
     absl::StatusOr<cudaStream_t> stream = PrepareStream(source);
     if (!stream.ok()) return stream.status();
-    const uint32_t crc = erasure::Crc32c(origin, bytes);
+    crc = erasure::Crc32cExtend(crc, origin, bytes);
     if (cudaError_t error = cudaMemcpyAsync(source.data() + offset, origin, bytes,
                                             cudaMemcpyHostToDevice, *stream);
         error != cudaSuccess) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/log.h"
+#include "common/memory_handoff_wire.h"
 #include "common/shared_memory.h"
 
 namespace moesnap::daemon {
@@ -17,7 +18,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<AccessPolicy> policy = AccessPolicy::FromOptions(options.access);
   if (!policy.ok()) return policy.status();
 
-  daemon->host_backend_ = CreateHostCopyBackend();
+  daemon->sessions_ = std::make_unique<TrainerSessions>();
+  daemon->host_backend_ = CreateHostCopyBackend(daemon->sessions_.get());
   absl::StatusOr<std::unique_ptr<CopyBackend>> device = CreateCudaCopyBackend();
   if (device.ok()) {
     daemon->device_backend_ = *std::move(device);
@@ -104,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   durable::JobView* view = daemon->cluster_ != nullptr
-                               ? static_cast<durable::JobView*>(daemon->cluster_.get())
+                               ? daemon->cluster_->job_view()
                                : &daemon->single_node_view_;
   if (options.durable.enabled()) {
     durable::StepIdentity identity;
@@ -123,17 +125,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->tiers_ = std::make_unique<durable::RestoreTiers>(options.node_id, daemon->store_.get(),
                                                            daemon->drainer_.get(), view);
 
+  const std::string memory_socket = options.agent_socket + memory_handoff::kSocketSuffix;
   daemon->agent_service_ = std::make_unique<AgentService>(
-      daemon->store_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(),
-      daemon->tiers_.get(),
-      NodeFacts{options.node_id, options.access.group, daemon->device_backend_ != nullptr});
+      daemon->store_.get(), daemon->sessions_.get(), daemon->upstream_log_.get(),
+      daemon->cluster_.get(), daemon->tiers_.get(),
+      NodeFacts{options.node_id, memory_socket, daemon->device_backend_ != nullptr});
+  daemon->memory_handoff_ =
+      std::make_unique<MemoryHandoff>(daemon->sessions_.get(), daemon->store_.get());
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
                                      daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
                                      locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
-      {{options.agent_socket, daemon->agent_service_.get()},
-       {options.admin_socket, daemon->admin_service_.get()}},
+      {{.path = options.agent_socket, .service = daemon->agent_service_.get()},
+       {.path = memory_socket, .handler = daemon->memory_handoff_.get()},
+       {.path = options.admin_socket, .service = daemon->admin_service_.get()}},
       *std::move(policy));
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);
@@ -144,8 +150,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 }
 
 Daemon::~Daemon() {
-  server_.reset();   // no new calls
-  drainer_.reset();  // no drain (a step half written is removed); it surveys the cluster
+  server_.reset();          // no new calls
+  memory_handoff_.reset();  // no new memory
+  drainer_.reset();         // no drain (a step half written is removed); it surveys the cluster
   cluster_.reset();  // no peer calls, no rounds
   store_.reset();    // finishes queued copies
 }

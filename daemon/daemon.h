@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/config.h"
 #include "daemon/copy_backend.h"
 #include "daemon/durable/clock.h"
@@ -15,9 +15,11 @@
 #include "daemon/durable/job_view.h"
 #include "daemon/durable/restore_tiers.h"
 #include "daemon/journal.h"
+#include "daemon/memory_handoff.h"
 #include "daemon/pool.h"
 #include "daemon/services.h"
 #include "daemon/store.h"
+#include "daemon/trainer_memory.h"
 #include "daemon/unix_server.h"
 #include "daemon/upstream_log.h"
 
@@ -32,6 +34,7 @@ class Daemon {
  private:
   Daemon() = default;
 
+  std::unique_ptr<TrainerSessions> sessions_;  // before the host backend, which reads it
   std::unique_ptr<CopyBackend> host_backend_;
   std::unique_ptr<CopyBackend> device_backend_;
   std::unique_ptr<Pool> pool_;
@@ -46,6 +49,7 @@ class Daemon {
   std::unique_ptr<durable::RestoreTiers> tiers_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<MemoryHandoff> memory_handoff_;
   std::unique_ptr<UnixServer> server_;
 };
 

@@ -1,6 +1,6 @@
-// The host copy backend: regions are shared-memory files the trainer created; the daemon maps them
-// read-write (restores write back into them) and copies with memcpy, a cache-sized piece at a time
-// so the CRC reads bytes the copy just brought into cache.
+// The host copy backend: regions lie in memory the trainer handed over (TrainerSessions), mapped
+// read-write once per file (restores write back into it); copies run with memcpy, a cache-sized
+// piece at a time so the CRC reads bytes the copy just brought into cache.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/shared_memory.h"
 #include "daemon/copy_backend.h"
 #include "erasure/crc32c.h"
 
@@ -19,19 +18,21 @@ constexpr uint64_t kPieceBytes = 256 * 1024;
 
 class HostRegionSource : public RegionSource {
  public:
-  HostRegionSource(SharedMemory memory, uint64_t offset, uint64_t bytes)
+  HostRegionSource(std::shared_ptr<TrainerMemory> memory, uint64_t offset, uint64_t bytes)
       : memory_(std::move(memory)), offset_(offset), bytes_(bytes) {}
   uint64_t bytes() const override { return bytes_; }
-  uint8_t* data() const { return memory_.data() + offset_; }
+  uint8_t* data() const { return memory_->data() + offset_; }
 
  private:
-  SharedMemory memory_;
+  std::shared_ptr<TrainerMemory> memory_;
   uint64_t offset_;
   uint64_t bytes_;
 };
 
 class HostCopyBackend : public CopyBackend {
  public:
+  explicit HostCopyBackend(const TrainerSessions* sessions) : sessions_(sessions) {}
+
   std::string name() const override { return "host"; }
   bool supports_device_memory() const override { return false; }
 
@@ -44,31 +45,31 @@ class HostCopyBackend : public CopyBackend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::shared_ptr<RegionSource>> Open(const v1::RegionSpec& spec) override {
+  absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t rank,
+                                                     const v1::RegionSpec& spec) override {
     if (spec.device() != v1::DEVICE_HOST) {
       return absl::InvalidArgumentError(
           absl::StrCat("region '", spec.name(), "' is not host memory"));
     }
-    absl::StatusOr<SharedMemory> memory = SharedMemory::Open(spec.handle().shm_name(), true);
+    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
+        sessions_->Find(rank, spec.handle().memory());
     if (!memory.ok()) {
       return absl::Status(memory.status().code(),
                           absl::StrCat("region '", spec.name(), "': ", memory.status().message()));
     }
-    const uint64_t end = spec.handle().shm_offset() + spec.bytes();
-    if (end > memory->size() || end < spec.bytes()) {
+    const uint64_t offset = spec.handle().shm_offset();
+    if (offset > (*memory)->bytes() || spec.bytes() > (*memory)->bytes() - offset) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "region '", spec.name(), "' is ", spec.bytes(), " bytes at offset ",
-          spec.handle().shm_offset(), " but /dev/shm/", spec.handle().shm_name(), " holds only ",
-          memory->size()));
+          "region '", spec.name(), "' is ", spec.bytes(), " bytes at offset ", offset,
+          " but memory ", spec.handle().memory(), " of rank ", rank, " holds only ",
+          (*memory)->bytes()));
     }
-    return std::make_shared<HostRegionSource>(*std::move(memory), spec.handle().shm_offset(),
-                                              spec.bytes());
+    return std::make_shared<HostRegionSource>(*std::move(memory), offset, spec.bytes());
   }
 
   absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
-                                   uint64_t bytes) override {
+                                   uint64_t bytes, uint32_t crc) override {
     const uint8_t* origin = static_cast<HostRegionSource&>(source).data() + offset;
-    uint32_t crc = 0;
     for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
       const uint64_t piece = std::min(kPieceBytes, bytes - done);
       std::memcpy(destination + done, origin + done, piece);
@@ -78,9 +79,8 @@ class HostCopyBackend : public CopyBackend {
   }
 
   absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
-                                  uint64_t bytes) override {
+                                  uint64_t bytes, uint32_t crc) override {
     uint8_t* destination = static_cast<HostRegionSource&>(source).data() + offset;
-    uint32_t crc = 0;
     for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
       const uint64_t piece = std::min(kPieceBytes, bytes - done);
       crc = erasure::Crc32cExtend(crc, origin + done, piece);
@@ -88,10 +88,15 @@ class HostCopyBackend : public CopyBackend {
     }
     return crc;
   }
+
+ private:
+  const TrainerSessions* const sessions_;
 };
 
 }  // namespace
 
-std::unique_ptr<CopyBackend> CreateHostCopyBackend() { return std::make_unique<HostCopyBackend>(); }
+std::unique_ptr<CopyBackend> CreateHostCopyBackend(const TrainerSessions* sessions) {
+  return std::make_unique<HostCopyBackend>(sessions);
+}
 
 }  // namespace moesnap::daemon

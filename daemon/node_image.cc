@@ -1,4 +1,4 @@
-// NodeImage: offsets of the image mapped onto the regions' extents.
+// NodeImage: offsets of the image mapped onto the regions' pool bytes.
 #include "daemon/node_image.h"
 
 #include <algorithm>
@@ -9,8 +9,8 @@
 
 namespace moesnap::daemon {
 
-NodeImage::NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolExtent>> extents)
-    : manifest_(std::move(manifest)), extents_(std::move(extents)) {
+NodeImage::NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolBytes>> stored)
+    : manifest_(std::move(manifest)), stored_(std::move(stored)) {
   uint64_t offset = 0;
   for (const v1::ImageRegion& region : manifest_.regions()) {
     starts_.push_back(offset);
@@ -20,18 +20,18 @@ NodeImage::NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolExt
 }
 
 absl::StatusOr<NodeImage> NodeImage::Allocate(Pool* pool, const v1::NodeImage& manifest) {
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const v1::ImageRegion& region : manifest.regions()) {
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool->Allocate(region.bytes());
-    if (!extent.ok()) {
+    absl::StatusOr<std::shared_ptr<PoolBytes>> bytes = pool->AllocateBytes(region.bytes());
+    if (!bytes.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "no room for the ", manifest.bytes(), " bytes of node ", manifest.node_id(), "'s step ",
           manifest.step(), " (region '", region.region(), "' of rank ", region.rank(),
-          "): ", extent.status().message()));
+          "): ", bytes.status().message()));
     }
-    extents.push_back(*std::move(extent));
+    stored.push_back(*std::move(bytes));
   }
-  return NodeImage(manifest, std::move(extents));
+  return NodeImage(manifest, std::move(stored));
 }
 
 template <typename Visit>
@@ -51,13 +51,13 @@ void NodeImage::ForEachPiece(uint64_t offset, uint64_t length, Visit visit) cons
 void NodeImage::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
   std::memset(out, 0, length);
   ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
-    std::memcpy(out + in_range, extents_[region]->data() + in_region, bytes);
+    stored_[region]->Read(in_region, bytes, out + in_range);
   });
 }
 
 void NodeImage::Write(uint64_t offset, const uint8_t* in, uint64_t length) const {
   ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
-    std::memcpy(extents_[region]->data() + in_region, in + in_range, bytes);
+    stored_[region]->Write(in_region, in + in_range, bytes);
   });
 }
 
@@ -68,7 +68,7 @@ std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
     for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
       const uint64_t begin = uint64_t(chunk) * region.chunk_bytes();
       const uint64_t bytes = std::min(region.chunk_bytes(), region.bytes() - begin);
-      if (erasure::Crc32c(extents_[i]->data() + begin, bytes) != region.chunk_crcs(chunk)) {
+      if (stored_[i]->Crc32c(begin, bytes) != region.chunk_crcs(chunk)) {
         corrupt.emplace_back(i, static_cast<uint32_t>(chunk));
       }
     }

@@ -1,7 +1,7 @@
 // A node's snapshot of one step seen as one byte string, the unit the erasure layer codes: the
 // node's regions in (rank, region) order, back to back (v1::NodeImage is its manifest). The bytes
 // stay where the store keeps them, one pool extent per region; this view reads and writes across
-// region boundaries and keeps the extents alive while it exists.
+// region boundaries and keeps the regions' pool bytes alive while it exists.
 #ifndef MOESNAP_DAEMON_NODE_IMAGE_H_
 #define MOESNAP_DAEMON_NODE_IMAGE_H_
 
@@ -18,14 +18,14 @@ namespace moesnap::daemon {
 class NodeImage {
  public:
   NodeImage() = default;
-  // `extents[i]` holds region i of `manifest` (at least its bytes).
-  NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolExtent>> extents);
+  // `stored[i]` holds region i of `manifest` (at least its bytes).
+  NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolBytes>> stored);
 
-  // Allocates an extent per region of `manifest`, for a rebuild to fill.
+  // Allocates pool bytes per region of `manifest`, for a rebuild to fill.
   static absl::StatusOr<NodeImage> Allocate(Pool* pool, const v1::NodeImage& manifest);
 
   const v1::NodeImage& manifest() const { return manifest_; }
-  const std::vector<std::shared_ptr<PoolExtent>>& extents() const { return extents_; }
+  const std::vector<std::shared_ptr<PoolBytes>>& stored() const { return stored_; }
   uint64_t bytes() const { return manifest_.bytes(); }
 
   // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
@@ -45,7 +45,7 @@ class NodeImage {
   void ForEachPiece(uint64_t offset, uint64_t length, Visit visit) const;
 
   v1::NodeImage manifest_;
-  std::vector<std::shared_ptr<PoolExtent>> extents_;
+  std::vector<std::shared_ptr<PoolBytes>> stored_;
   std::vector<uint64_t> starts_;  // image offset of each region
 };
 

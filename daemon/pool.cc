@@ -1,4 +1,4 @@
-// Pool: first-fit extent allocation over the shared-memory arena, with coalescing frees.
+// Pool: the arena file, and extents handed out by its ExtentAllocator.
 #include "daemon/pool.h"
 
 #include <fcntl.h>
@@ -7,32 +7,66 @@
 
 #include <cerrno>
 #include <cstring>
-#include <iterator>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
-namespace {
-uint64_t RoundUp(uint64_t bytes) { return (bytes + Pool::kAlignment - 1) / Pool::kAlignment * Pool::kAlignment; }
-}  // namespace
 
 PoolExtent::~PoolExtent() { pool_->Free(offset_, bytes_); }
 
 uint8_t* PoolExtent::data() const { return pool_->base() + offset_; }
 
-Pool::Pool(SharedMemory memory, bool reattached, int lock_fd)
-    : memory_(std::move(memory)), reattached_(reattached), lock_fd_(lock_fd) {
-  absl::MutexLock lock(&mutex_);
-  free_[0] = memory_.size();
-  free_bytes_ = memory_.size();
+PoolBytes::PoolBytes(std::vector<std::shared_ptr<PoolExtent>> extents, uint64_t bytes)
+    : extents_(std::move(extents)), bytes_(bytes) {
+  uint64_t start = 0;
+  for (const std::shared_ptr<PoolExtent>& extent : extents_) {
+    const uint64_t used = std::min(extent->bytes(), bytes_ - start);
+    starts_.push_back(start);
+    pieces_.push_back({extent->data(), used});
+    start += used;
+  }
 }
+
+PoolBytes PoolBytes::View(uint8_t* data, uint64_t bytes) {
+  PoolBytes view;
+  view.bytes_ = bytes;
+  view.starts_.push_back(0);
+  view.pieces_.push_back({data, bytes});
+  return view;
+}
+
+void PoolBytes::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
+  ForEach(offset, length, [out](const uint8_t* data, uint64_t bytes, uint64_t position) {
+    std::memcpy(out + position, data, bytes);
+  });
+}
+
+void PoolBytes::Write(uint64_t offset, const uint8_t* in, uint64_t length) const {
+  ForEach(offset, length, [in](uint8_t* data, uint64_t bytes, uint64_t position) {
+    std::memcpy(data, in + position, bytes);
+  });
+}
+
+uint32_t PoolBytes::Crc32c(uint64_t offset, uint64_t length) const {
+  uint32_t crc = 0;
+  ForEach(offset, length, [&crc](const uint8_t* data, uint64_t bytes, uint64_t) {
+    crc = erasure::Crc32cExtend(crc, data, bytes);
+  });
+  return crc;
+}
+
+Pool::Pool(SharedMemory memory, bool reattached, int lock_fd)
+    : memory_(std::move(memory)), reattached_(reattached), lock_fd_(lock_fd),
+      allocator_(memory_.size()) {}
 
 absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& options,
                                                          std::optional<gid_t> group) {
-  if (options.bytes < kAlignment || options.bytes % kAlignment != 0) {
+  if (options.bytes < kPageBytes || options.bytes % kPageBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat("pool.bytes must be a positive multiple of ",
-                                                   kAlignment, ", got ", options.bytes));
+                                                   kPageBytes, ", got ", options.bytes));
   }
   const std::string name = options.name + ".data";
   absl::StatusOr<SharedMemory> memory = SharedMemory::Open(name, /*writable=*/true);
@@ -62,64 +96,74 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& opti
 
 Pool::~Pool() { close(lock_fd_); }
 
-absl::StatusOr<std::shared_ptr<PoolExtent>> Pool::Allocate(uint64_t bytes) {
-  const uint64_t needed = RoundUp(bytes == 0 ? 1 : bytes);
-  absl::MutexLock lock(&mutex_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < needed) continue;
-    const uint64_t offset = it->first;
-    const uint64_t remaining = it->second - needed;
-    free_.erase(it);
-    if (remaining > 0) free_[offset + needed] = remaining;
-    free_bytes_ -= needed;
-    return std::make_shared<PoolExtent>(this, offset, needed);
-  }
+absl::Status Pool::Exhausted(uint64_t bytes, const char* how) const {
+  const uint64_t free = allocator_.free_bytes();
+  // What the allocator needed: the request rounded up to the alignment (unless it is beyond any).
+  bytes = ExtentAllocator::RoundUp(bytes, std::numeric_limits<uint64_t>::max()).value_or(bytes);
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the pool has ", free_bytes_, " bytes free of ", capacity(), " (pool.bytes) but ", needed,
-      " contiguous bytes are needed", needed > free_bytes_ ? absl::StrCat(": ", needed - free_bytes_, " more") : ""));
+      "the pool has ", free, " bytes free of ", capacity(), " (pool.bytes) but ", bytes, how,
+      " bytes are needed", bytes > free ? absl::StrCat(": ", bytes - free, " more") : ""));
+}
+
+absl::StatusOr<std::shared_ptr<PoolExtent>> Pool::Allocate(uint64_t bytes) {
+  absl::MutexLock lock(&mutex_);
+  std::optional<ExtentAllocator::Range> range = allocator_.AllocateContiguous(bytes);
+  if (!range) return Exhausted(bytes, " contiguous");
+  return std::make_shared<PoolExtent>(this, range->offset, range->bytes);
+}
+
+absl::StatusOr<std::shared_ptr<PoolBytes>> Pool::AllocateBytes(uint64_t bytes) {
+  std::vector<ExtentAllocator::Range> ranges;
+  {
+    absl::MutexLock lock(&mutex_);
+    ranges = allocator_.AllocatePieces(bytes);
+    if (ranges.empty()) return Exhausted(bytes, "");
+  }
+  std::vector<std::shared_ptr<PoolExtent>> extents;
+  for (const ExtentAllocator::Range& range : ranges) {
+    extents.push_back(std::make_shared<PoolExtent>(this, range.offset, range.bytes));
+  }
+  return std::make_shared<PoolBytes>(std::move(extents), bytes);
 }
 
 absl::StatusOr<std::shared_ptr<PoolExtent>> Pool::Claim(uint64_t offset, uint64_t bytes) {
-  const uint64_t needed = RoundUp(bytes == 0 ? 1 : bytes);
   absl::MutexLock lock(&mutex_);
-  auto it = free_.upper_bound(offset);
-  if (it == free_.begin() || offset % kAlignment != 0) {
-    return absl::DataLossError(absl::StrCat("pool range [", offset, ", +", needed, ") is not free"));
+  const std::optional<uint64_t> needed = ExtentAllocator::RoundUp(bytes, capacity());
+  if (!needed || !allocator_.Claim({offset, *needed})) {
+    return absl::DataLossError(absl::StrCat("pool range [", offset, ", +", bytes,
+                                            ") is not free, not aligned, or past the end of the "
+                                            "pool"));
   }
-  --it;
-  const uint64_t start = it->first, length = it->second;
-  if (offset + needed > start + length) {
-    return absl::DataLossError(absl::StrCat("pool range [", offset, ", +", needed,
-                                            ") overlaps another version or the end of the pool"));
+  return std::make_shared<PoolExtent>(this, offset, *needed);
+}
+
+absl::StatusOr<std::shared_ptr<PoolBytes>> Pool::ClaimBytes(
+    const std::vector<ExtentAllocator::Range>& ranges, uint64_t bytes) {
+  std::vector<std::shared_ptr<PoolExtent>> extents;
+  uint64_t held = 0;
+  for (const ExtentAllocator::Range& range : ranges) {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = Claim(range.offset, range.bytes);
+    if (!extent.ok()) return extent.status();  // those claimed so far are freed with `extents`
+    held += (*extent)->bytes();
+    extents.push_back(*std::move(extent));
   }
-  free_.erase(it);
-  if (offset > start) free_[start] = offset - start;
-  if (start + length > offset + needed) free_[offset + needed] = start + length - offset - needed;
-  free_bytes_ -= needed;
-  return std::make_shared<PoolExtent>(this, offset, needed);
+  const uint64_t last = extents.empty() ? 0 : extents.back()->bytes();
+  if (held < bytes || (bytes > 0 && held - last >= bytes)) {
+    return absl::DataLossError(absl::StrCat(ranges.size(), " pool extents of ", held,
+                                            " bytes in all cannot hold exactly ", bytes,
+                                            " bytes, each used whole but the last"));
+  }
+  return std::make_shared<PoolBytes>(std::move(extents), bytes);
 }
 
 void Pool::Free(uint64_t offset, uint64_t bytes) {
   absl::MutexLock lock(&mutex_);
-  auto [it, inserted] = free_.emplace(offset, bytes);
-  free_bytes_ += bytes;
-  auto next = std::next(it);
-  if (next != free_.end() && offset + bytes == next->first) {
-    it->second += next->second;
-    free_.erase(next);
-  }
-  if (it != free_.begin()) {
-    auto previous = std::prev(it);
-    if (previous->first + previous->second == offset) {
-      previous->second += it->second;
-      free_.erase(it);
-    }
-  }
+  allocator_.Free({offset, bytes});
 }
 
 uint64_t Pool::free_bytes() const {
   absl::MutexLock lock(&mutex_);
-  return free_bytes_;
+  return allocator_.free_bytes();
 }
 
 }  // namespace moesnap::daemon

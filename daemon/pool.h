@@ -1,23 +1,26 @@
 // The snapshot pool: one arena of host memory in a named shared-memory file, so that a restarted
 // daemon finds every committed snapshot where it left it. Space is handed out as extents; an extent
 // frees itself when its last holder lets go, so a restore reading a version can never see its bytes
-// reused by a concurrent commit.
+// reused by a concurrent commit. A stored version takes its bytes in one or more extents (PoolBytes),
+// so free bytes that are not contiguous never refuse a snapshot that fits.
 #ifndef MOESNAP_DAEMON_POOL_H_
 #define MOESNAP_DAEMON_POOL_H_
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/shared_memory.h"
+#include "daemon/extent_allocator.h"
 
 namespace moesnap::daemon {
 
@@ -45,7 +48,7 @@ class PoolExtent {
   PoolExtent& operator=(const PoolExtent&) = delete;
 
   uint64_t offset() const { return offset_; }
-  uint64_t bytes() const { return bytes_; }
+  uint64_t bytes() const { return bytes_; }  // a multiple of ExtentAllocator::kAlignment
   uint8_t* data() const;
 
  private:
@@ -54,11 +57,59 @@ class PoolExtent {
   uint64_t bytes_;
 };
 
+// A byte string held in pieces, in order: a stored version's extents (every piece but the last is
+// used whole), or a view of contiguous memory outside the pool that owns nothing. Immutable; the
+// bytes are the caller's to synchronize.
+class PoolBytes {
+ public:
+  struct Piece {
+    uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+  };
+
+  // `extents` hold `bytes` bytes: each extent whole, but the last, which holds the rest.
+  PoolBytes(std::vector<std::shared_ptr<PoolExtent>> extents, uint64_t bytes);
+  static PoolBytes View(uint8_t* data, uint64_t bytes);
+
+  uint64_t bytes() const { return bytes_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  const std::vector<std::shared_ptr<PoolExtent>>& extents() const { return extents_; }
+
+  // Calls visit(data, length, position) for the pieces of [offset, offset + length) in order;
+  // `position` is where the piece starts within that range. The range must lie within bytes().
+  template <typename Visit>
+  void ForEach(uint64_t offset, uint64_t length, Visit visit) const;
+  void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
+  void Write(uint64_t offset, const uint8_t* in, uint64_t length) const;
+  // CRC-32C of [offset, offset + length).
+  uint32_t Crc32c(uint64_t offset, uint64_t length) const;
+
+ private:
+  PoolBytes() = default;
+
+  std::vector<std::shared_ptr<PoolExtent>> extents_;
+  std::vector<Piece> pieces_;
+  std::vector<uint64_t> starts_;  // offset of each piece within the byte string
+  uint64_t bytes_ = 0;
+};
+
+template <typename Visit>
+void PoolBytes::ForEach(uint64_t offset, uint64_t length, Visit visit) const {
+  const uint64_t end = offset + length;
+  size_t i = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin();
+  i = i == 0 ? 0 : i - 1;
+  for (; i < pieces_.size() && starts_[i] < end; ++i) {
+    const uint64_t from = std::max(offset, starts_[i]);
+    const uint64_t to = std::min(end, starts_[i] + pieces_[i].bytes);
+    if (from < to) visit(pieces_[i].data + (from - starts_[i]), to - from, from - offset);
+  }
+}
+
 // Thread-safe. The pool must outlive every extent it handed out.
 class Pool {
  public:
-  // Extents start on this boundary so that copies and SIMD CRC loops run on aligned memory.
-  static constexpr uint64_t kAlignment = 4096;
+  // The pool file's size is a whole number of pages.
+  static constexpr uint64_t kPageBytes = 4096;
 
   // Maps /dev/shm/<name>.data, creating it (mode 0600, or 0660 for `group`) if absent. An existing
   // file of another size is an error naming both sizes: a pool is never silently resized.
@@ -68,10 +119,17 @@ class Pool {
                                                             std::optional<gid_t> group);
   ~Pool();
 
-  // Hands out `bytes` (rounded up to kAlignment). RESOURCE_EXHAUSTED says how much is free.
+  // Hands out `bytes` in one extent (rounded up to ExtentAllocator::kAlignment), for buffers that
+  // must be contiguous. RESOURCE_EXHAUSTED says how much is free.
   absl::StatusOr<std::shared_ptr<PoolExtent>> Allocate(uint64_t bytes);
+  // Hands out `bytes` in as few extents as the free space allows: refused only when fewer bytes
+  // are free. RESOURCE_EXHAUSTED says how much is free.
+  absl::StatusOr<std::shared_ptr<PoolBytes>> AllocateBytes(uint64_t bytes);
   // Claims a specific range at start-up, for a version found in the journal.
   absl::StatusOr<std::shared_ptr<PoolExtent>> Claim(uint64_t offset, uint64_t bytes);
+  // Claims the extents of a version found in the journal, holding `bytes` bytes.
+  absl::StatusOr<std::shared_ptr<PoolBytes>> ClaimBytes(
+      const std::vector<ExtentAllocator::Range>& extents, uint64_t bytes);
 
   uint8_t* base() const { return memory_.data(); }
   uint64_t capacity() const { return memory_.size(); }
@@ -83,13 +141,13 @@ class Pool {
   friend class PoolExtent;
   Pool(SharedMemory memory, bool reattached, int lock_fd);
   void Free(uint64_t offset, uint64_t bytes);
+  absl::Status Exhausted(uint64_t bytes, const char* how) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   SharedMemory memory_;
   const bool reattached_;
   const int lock_fd_;
   mutable absl::Mutex mutex_;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mutex_);  // offset -> length, coalesced
-  uint64_t free_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  ExtentAllocator allocator_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace moesnap::daemon

@@ -1,6 +1,8 @@
 // AgentService and AdminService: request/response conversion around Store.
 #include "daemon/services.h"
 
+#include <unistd.h>
+
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -23,18 +25,22 @@ std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::str
 
 }  // namespace
 
+absl::Status AgentService::WaitRestorable(absl::Time deadline) const {
+  return cluster_ != nullptr ? cluster_->WaitRestorable(deadline) : absl::OkStatus();
+}
+
 grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* request,
                                  v1::HelloResponse* response) {
-  if (absl::Status status = store_->StartSession(request->rank()); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
+  const TrainerSessions::Session session = sessions_->Start(request->rank());
+  store_->StartSession(request->rank(), session.number);
+  response->set_session(session.token);
+  response->set_memory_socket(facts_.memory_socket);
   response->set_node_id(facts_.node_id);
-  response->set_shm_group(facts_.shm_group);
   response->set_pool_bytes(store_->Status().pool_bytes());
   response->set_supports_device_memory(facts_.supports_device_memory);
   // Only once this node holds what was committed (a replacement may still be rebuilding it).
   std::optional<int64_t> latest = store_->LatestCommitted(request->rank());
-  if (latest && store_->WaitRestorable(absl::Now()).ok()) {
+  if (latest && WaitRestorable(absl::Now()).ok()) {
     response->set_latest_committed_step(*latest);
   }
   return grpc::Status::OK;
@@ -94,6 +100,8 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
                    : store_->RestoreFromRank(request->rank(), request->source_rank(),
                                              Names(request->regions()));
   } else {
+    // From memory once this node holds its share of the committed state, or from the durable tier
+    // when memory lost it.
     restored = tiers_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
   }
   if (!restored.ok()) return ToGrpcStatus(restored.status());
@@ -136,6 +144,7 @@ grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequ
 grpc::Status AdminService::Status(grpc::ServerContext*, const v1::StatusRequest*,
                                   v1::StatusResponse* response) {
   *response = store_->Status();
+  response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_node_id(node_id_);
   response->set_pool_locked(pool_locked_);
   *response->mutable_durable() = tiers_->DurableStatus();

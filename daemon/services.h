@@ -7,9 +7,10 @@
 #include <optional>
 #include <string>
 
-#include "daemon/cluster.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/durable/restore_tiers.h"
 #include "daemon/store.h"
+#include "daemon/trainer_memory.h"
 #include "daemon/upstream_log.h"
 #include "proto/moesnap.grpc.pb.h"
 
@@ -18,16 +19,17 @@ namespace moesnap::daemon {
 // Facts about this daemon that trainers learn in Hello.
 struct NodeFacts {
   uint32_t node_id = 0;
-  std::string shm_group;  // group name region files should be given to; empty: none
+  std::string memory_socket;  // where trainers hand over their host memory
   bool supports_device_memory = false;
 };
 
 class AgentService final : public v1::Agent::Service {
  public:
   // `cluster` is null on a single node. LatestCommitted and Restore go through `tiers`.
-  AgentService(Store* store, UpstreamLog* log, Cluster* cluster, durable::RestoreTiers* tiers,
-               NodeFacts facts)
-      : store_(store), log_(log), cluster_(cluster), tiers_(tiers), facts_(std::move(facts)) {}
+  AgentService(Store* store, TrainerSessions* sessions, UpstreamLog* log, Cluster* cluster,
+               durable::RestoreTiers* tiers, NodeFacts facts)
+      : store_(store), sessions_(sessions), log_(log), cluster_(cluster), tiers_(tiers),
+        facts_(std::move(facts)) {}
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
   grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
@@ -47,7 +49,12 @@ class AgentService final : public v1::Agent::Service {
                         v1::FetchLogResponse*) override;
 
  private:
+  // OK once this node holds its share of what was committed (a cluster's replacement may still be
+  // rebuilding it); always OK on a single node.
+  absl::Status WaitRestorable(absl::Time deadline) const;
+
   Store* store_;
+  TrainerSessions* sessions_;
   UpstreamLog* log_;
   Cluster* cluster_;
   durable::RestoreTiers* tiers_;

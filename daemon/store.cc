@@ -46,7 +46,7 @@ struct Store::Version {
   std::vector<int64_t> shape;
   uint64_t chunk_bytes = 0;
   std::vector<uint32_t> chunk_crcs;
-  std::shared_ptr<PoolExtent> extent;
+  std::shared_ptr<PoolBytes> stored;  // its bytes in the pool
 
   uint32_t chunks() const { return static_cast<uint32_t>(chunk_crcs.size()); }
   uint64_t ChunkLength(uint32_t chunk) const {
@@ -73,6 +73,7 @@ struct Store::RankState {
     std::shared_ptr<RegionSource> source;
     CopyBackend* backend = nullptr;
   };
+  uint64_t session = 0;  // the trainer process registered now (TrainerSessions' number)
   std::map<std::string, Registered> regions;
   std::map<std::string, std::shared_ptr<Version>> committed;
   std::map<int64_t, StepRecord> steps;
@@ -100,7 +101,7 @@ struct Store::RankState {
 // (v1::ImageRegion), which carry the same fields.
 template <typename Saved>
 std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
-                                                   std::shared_ptr<PoolExtent> extent) {
+                                                   std::shared_ptr<PoolBytes> stored) {
   auto version = std::make_shared<Version>();
   version->rank = saved.rank();
   version->region = saved.region();
@@ -110,7 +111,7 @@ std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
   version->shape.assign(saved.shape().begin(), saved.shape().end());
   version->chunk_bytes = saved.chunk_bytes();
   version->chunk_crcs.assign(saved.chunk_crcs().begin(), saved.chunk_crcs().end());
-  version->extent = std::move(extent);
+  version->stored = std::move(stored);
   return version;
 }
 
@@ -160,13 +161,19 @@ absl::Status Store::Recover() {
     return journal_->Write(v1::JournalState());
   }
   for (const v1::JournalVersion& saved : state.versions()) {
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Claim(saved.pool_offset(), saved.bytes());
-    if (!extent.ok()) {
+    std::vector<ExtentAllocator::Range> extents;
+    for (const v1::PoolSpan& span : saved.extents()) extents.push_back({span.offset(), span.bytes()});
+    if (extents.empty()) {  // written by an earlier daemon: one extent
+      std::optional<uint64_t> rounded = ExtentAllocator::RoundUp(saved.bytes(), pool_->capacity());
+      extents.push_back({saved.pool_offset(), rounded.value_or(0)});
+    }
+    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->ClaimBytes(extents, saved.bytes());
+    if (!stored.ok()) {
       return absl::DataLossError(absl::StrCat("journal entry for region '", saved.region(),
                                               "' of rank ", saved.rank(), " at step ", saved.step(),
-                                              ": ", extent.status().message()));
+                                              ": ", stored.status().message()));
     }
-    ranks_[saved.rank()].committed[saved.region()] = VersionFrom(saved, *std::move(extent));
+    ranks_[saved.rank()].committed[saved.region()] = VersionFrom(saved, *std::move(stored));
   }
   for (const v1::JournalRank& saved : state.ranks()) {
     RankState& rank_state = ranks_[saved.rank()];
@@ -185,16 +192,23 @@ CopyBackend* Store::BackendFor(v1::Device device) const {
   return device == v1::DEVICE_CUDA ? backends_.device : backends_.host;
 }
 
-absl::Status Store::StartSession(uint32_t rank) {
-  if (int removed = RemoveOrphanedRegionFiles(); removed > 0) {
-    Log(LogLevel::kInfo, "removed ", removed, " region files left by trainers that died");
-  }
+void Store::StartSession(uint32_t rank, uint64_t session) {
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
+  rank_state.session = session;
   rank_state.regions.clear();  // copies in flight keep their own references to the old sources
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay_through = rank_state.latest_snapshot;
-  return absl::OkStatus();
+}
+
+void Store::EndSession(uint32_t rank, uint64_t session) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.session != session) return;  // a newer process took over
+  // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
+  it->second.regions.clear();
+  it->second.restarting = false;
+  step_changed_.SignalAll();
 }
 
 absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
@@ -210,7 +224,7 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
       return absl::FailedPreconditionError(absl::StrCat(
           "region '", spec.name(), "' is GPU memory but this daemon has no CUDA copy backend"));
     }
-    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(spec);
+    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(rank, spec);
     if (!source.ok()) return source.status();
     opened.push_back({spec, *std::move(source), backend});
   }
@@ -278,13 +292,13 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
   record.step = step;
   for (const RankState::Registered* region : selected) record.bytes += region->spec.bytes();
   for (const RankState::Registered* region : selected) {
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(region->spec.bytes());
-    if (!extent.ok()) {
+    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region->spec.bytes());
+    if (!stored.ok()) {
       // Extents taken so far are released with `record`; nothing stored is touched.
       return absl::ResourceExhaustedError(absl::StrCat(
           "step ", step, " of rank ", rank, " needs ", record.bytes, " bytes (",
           FormatByteSize(record.bytes), ") for ", selected.size(), " regions: ",
-          extent.status().message()));
+          stored.status().message()));
     }
     auto version = std::make_shared<Version>();
     version->rank = rank;
@@ -295,7 +309,7 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
     version->shape.assign(region->spec.shape().begin(), region->spec.shape().end());
     version->chunk_bytes = options_.chunk_bytes;
     version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
-    version->extent = *std::move(extent);
+    version->stored = *std::move(stored);
     record.pending_chunks += version->chunks();
     record.region_names.push_back(version->region);
     record.versions.push_back(std::move(version));
@@ -338,8 +352,11 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
 void Store::CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                       std::shared_ptr<RegionSource> source, CopyBackend* backend) {
   const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
-  absl::StatusOr<uint32_t> crc = backend->CopyOut(*source, offset, version->extent->data() + offset,
-                                                  version->ChunkLength(chunk));
+  absl::StatusOr<uint32_t> crc = uint32_t{0};
+  version->stored->ForEach(offset, version->ChunkLength(chunk),
+                           [&](uint8_t* data, uint64_t bytes, uint64_t position) {
+                             if (crc.ok()) crc = backend->CopyOut(*source, offset + position, data, bytes, *crc);
+                           });
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   auto it = rank_state.steps.find(step);
@@ -364,7 +381,11 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
     saved->set_rank(version.rank);
     saved->set_region(version.region);
     saved->set_step(version.step);
-    saved->set_pool_offset(version.extent->offset());
+    for (const std::shared_ptr<PoolExtent>& extent : version.stored->extents()) {
+      v1::PoolSpan* span = saved->add_extents();
+      span->set_offset(extent->offset());
+      span->set_bytes(extent->bytes());
+    }
     saved->set_bytes(version.bytes);
     saved->set_dtype(version.dtype);
     for (int64_t dimension : version.shape) saved->add_shape(dimension);
@@ -394,9 +415,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   if (mode_ == CommitMode::kCluster) {
     record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
-    absl::StatusOr<bool> captured = NodeCaptured(record.step);
-    if (captured.ok() && *captured && on_node_captured_) on_node_captured_(record.step);
-    return;
+    return;  // the cluster finds it through WaitNodeCapturedAfter
   }
   // On a single node a captured step is ready to commit: the journal write is the commit point.
   if (absl::Status status = journal_->Write(JournalStateWith({{rank, &record}}, cluster_));
@@ -505,7 +524,6 @@ namespace moesnap::daemon {
 absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
                                                    const std::vector<std::string>& regions,
                                                    absl::Time deadline) {
-  if (absl::Status gate = WaitRestorable(deadline); !gate.ok()) return gate;
   struct Work {
     std::shared_ptr<Version> version;
     std::shared_ptr<RegionSource> source;
@@ -600,8 +618,14 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       workers_.Submit([item, chunk, rank, progress] {
         const Version& version = *item.version;
         const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
-        absl::StatusOr<uint32_t> crc = item.backend->CopyIn(
-            *item.source, offset, version.extent->data() + offset, version.ChunkLength(chunk));
+        absl::StatusOr<uint32_t> crc = uint32_t{0};
+        version.stored->ForEach(offset, version.ChunkLength(chunk),
+                                [&](const uint8_t* data, uint64_t bytes, uint64_t position) {
+                                  if (crc.ok()) {
+                                    crc = item.backend->CopyIn(*item.source, offset + position, data,
+                                                               bytes, *crc);
+                                  }
+                                });
         absl::Status status = crc.status();
         if (crc.ok() && *crc != version.chunk_crcs[chunk]) {
           status = absl::DataLossError(absl::StrFormat(
@@ -629,10 +653,6 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     restored->set_bytes(item.version->bytes);
   }
   return response;
-}
-
-absl::Status Store::WaitRestorable(absl::Time deadline) const {
-  return restore_gate_ ? restore_gate_(deadline) : absl::OkStatus();
 }
 
 std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
@@ -866,8 +886,7 @@ v1::VerifyResponse Store::Verify(std::optional<int64_t> step) const {
   for (const std::shared_ptr<Version>& version : versions) {
     for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
       const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
-      const uint32_t actual =
-          erasure::Crc32c(version->extent->data() + offset, version->ChunkLength(chunk));
+      const uint32_t actual = version->stored->Crc32c(offset, version->ChunkLength(chunk));
       if (actual != version->chunk_crcs[chunk]) {
         v1::VerifyResponse::Corruption* corruption = response.add_corruptions();
         corruption->set_rank(version->rank);
@@ -902,7 +921,9 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
       if (version->step != step) continue;
       dropped.emplace_back(rank_id, region);
       response.set_versions_dropped(response.versions_dropped() + 1);
-      response.set_bytes_freed(response.bytes_freed() + version->extent->bytes());
+      for (const std::shared_ptr<PoolExtent>& extent : version->stored->extents()) {
+        response.set_bytes_freed(response.bytes_freed() + extent->bytes());
+      }
     }
   }
   if (dropped.empty()) {
@@ -940,16 +961,6 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
 
 // --- Cluster mode ---------------------------------------------------------------------------------
 
-void Store::SetNodeCapturedCallback(std::function<void(int64_t)> callback) {
-  absl::MutexLock lock(&mutex_);
-  on_node_captured_ = std::move(callback);
-}
-
-void Store::SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate) {
-  absl::MutexLock lock(&mutex_);
-  restore_gate_ = std::move(gate);
-}
-
 absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
   std::vector<uint32_t> waiting;
   for (const auto& [rank, rank_state] : ranks_) {
@@ -973,6 +984,30 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
                                        [](const auto& rank) { return !rank.second.regions.empty(); });
   return waiting->empty() && any_trainer;
+}
+
+absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                     absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    std::set<int64_t> candidates;
+    for (const auto& [rank, rank_state] : ranks_) {
+      for (const auto& [step, record] : rank_state.steps) {
+        if ((!after || step > *after) && record.state == v1::STEP_STATE_CAPTURED) {
+          candidates.insert(step);
+        }
+      }
+    }
+    for (int64_t step : candidates) {
+      if (absl::StatusOr<bool> captured = NodeCaptured(step); captured.ok() && *captured) {
+        return step;
+      }
+    }
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no step after ", after ? absl::StrCat(*after) : "none", " is captured on this node"));
+    }
+  }
 }
 
 absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadline) {
@@ -1013,7 +1048,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   }
   v1::NodeImage manifest;
   manifest.set_step(step);
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const auto& [rank, rank_state] : ranks_) {
     std::map<std::string, const Version*> versions;
     for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
@@ -1024,13 +1059,13 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     }
     for (const auto& [name, version] : versions) {
       AddToImage(*version, &manifest);
-      extents.push_back(version->extent);
+      stored.push_back(version->stored);
     }
     if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
       *manifest.add_ranks() = *std::move(saved);
     }
   }
-  return NodeImage(std::move(manifest), std::move(extents));
+  return NodeImage(std::move(manifest), std::move(stored));
 }
 
 NodeImage Store::CommittedImage() const {
@@ -1041,17 +1076,17 @@ NodeImage Store::CommittedImage() const {
 NodeImage Store::CommittedImageLocked() const {
   v1::NodeImage manifest;
   if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const auto& [rank, rank_state] : ranks_) {
     for (const auto& [name, version] : rank_state.committed) {
       AddToImage(*version, &manifest);
-      extents.push_back(version->extent);
+      stored.push_back(version->stored);
     }
     if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, nullptr)) {
       *manifest.add_ranks() = *std::move(saved);
     }
   }
-  return NodeImage(std::move(manifest), std::move(extents));
+  return NodeImage(std::move(manifest), std::move(stored));
 }
 
 std::optional<int64_t> Store::NodeCommittedStep() const {
@@ -1087,25 +1122,29 @@ void Store::SetCommitObserver(CommitObserver* observer) {
 
 absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
                                    const v1::JournalRank& record, const ChunkSource& read) {
-  // Read everything into new extents first, outside the lock: a failure changes nothing.
+  // Read everything into new pool bytes first, outside the lock: a failure changes nothing.
   std::map<std::string, std::shared_ptr<Version>> adopted;
+  std::vector<uint8_t> chunk_buffer;
   for (size_t i = 0; i < regions.size(); ++i) {
     const v1::ImageRegion& region = regions[i];
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(region.bytes());
-    if (!extent.ok()) {
+    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region.bytes());
+    if (!stored.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat("no room to load region '", region.region(),
                                                        "' of rank ", rank, " (", region.bytes(),
-                                                       " bytes): ", extent.status().message()));
+                                                       " bytes): ", stored.status().message()));
     }
+    chunk_buffer.resize(std::min(region.chunk_bytes(), region.bytes()));
     for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
       const uint64_t offset = uint64_t(chunk) * region.chunk_bytes();
-      if (absl::Status status = read(static_cast<int>(i), static_cast<uint32_t>(chunk),
-                                     (*extent)->data() + offset);
+      if (absl::Status status =
+              read(static_cast<int>(i), static_cast<uint32_t>(chunk), chunk_buffer.data());
           !status.ok()) {
         return status;
       }
+      (*stored)->Write(offset, chunk_buffer.data(),
+                       std::min(region.chunk_bytes(), region.bytes() - offset));
     }
-    adopted[region.region()] = VersionFrom(region, *std::move(extent));
+    adopted[region.region()] = VersionFrom(region, *std::move(stored));
   }
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
@@ -1184,7 +1223,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   std::map<uint32_t, RankState> rebuilt;
   for (int i = 0; i < image.manifest().regions_size(); ++i) {
     const v1::ImageRegion& region = image.manifest().regions(i);
-    rebuilt[region.rank()].committed[region.region()] = VersionFrom(region, image.extents()[i]);
+    rebuilt[region.rank()].committed[region.region()] = VersionFrom(region, image.stored()[i]);
   }
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
     LoadRankRecord(rank, &rebuilt[rank.rank()]);
@@ -1209,18 +1248,14 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   return absl::OkStatus();
 }
 
-absl::Status Store::WriteClusterRecord(const v1::JournalCluster& cluster) {
-  absl::MutexLock lock(&mutex_);
-  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
-    return status;
-  }
-  cluster_ = cluster;
-  return absl::OkStatus();
-}
-
 v1::JournalCluster Store::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return cluster_;
+}
+
+uint64_t Store::InFlightBytes() const {
+  absl::MutexLock lock(&mutex_);
+  return in_flight_bytes_;
 }
 
 uint64_t Store::CommittedBytes() const {
@@ -1232,7 +1267,7 @@ uint64_t Store::CommittedBytes() const {
   return bytes;
 }
 
-absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes) {
+absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const PoolBytes& bytes) {
   std::shared_ptr<RegionSource> source;
   CopyBackend* backend = nullptr;
   {
@@ -1244,6 +1279,14 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
     }
     const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
     const v1::RegionSpec& spec = registered.spec;
+    if (stored.chunk_bytes() == 0 || bytes.bytes() < stored.bytes() ||
+        static_cast<uint64_t>(stored.chunk_crcs_size()) !=
+            stored.bytes() / stored.chunk_bytes() + (stored.bytes() % stored.chunk_bytes() != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region '", stored.region(), "' of rank ", stored.rank(), " is described as ",
+          stored.bytes(), " bytes in ", stored.chunk_crcs_size(), " chunks of ",
+          stored.chunk_bytes(), " bytes with ", bytes.bytes(), " bytes at hand"));
+    }
     if (spec.bytes() != stored.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
@@ -1260,7 +1303,10 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
   for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
     const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
     const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
-    absl::StatusOr<uint32_t> crc = backend->CopyIn(*source, offset, bytes + offset, length);
+    absl::StatusOr<uint32_t> crc = uint32_t{0};
+    bytes.ForEach(offset, length, [&](const uint8_t* data, uint64_t piece, uint64_t position) {
+      if (crc.ok()) crc = backend->CopyIn(*source, offset + position, data, piece, *crc);
+    });
     if (!crc.ok()) return crc.status();
     if (*crc != stored.chunk_crcs(chunk)) {
       return absl::DataLossError(absl::StrFormat(
@@ -1301,7 +1347,7 @@ absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32
   for (const std::shared_ptr<Version>& version : versions) {
     v1::NodeImage manifest;
     AddToImage(*version, &manifest);
-    if (absl::Status status = WriteRegion(rank, manifest.regions(0), version->extent->data());
+    if (absl::Status status = WriteRegion(rank, manifest.regions(0), *version->stored);
         !status.ok()) {
       return status;
     }

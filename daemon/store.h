@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/cluster_store.h"
 #include "daemon/copy_backend.h"
 #include "daemon/durable_store.h"
 #include "daemon/journal.h"
@@ -44,9 +45,9 @@ struct CopyBackends {
 // or the cluster's two-phase commit (CommitNodeStep / AbortNodeStep).
 enum class CommitMode { kLocal, kCluster };
 
-// Thread-safe: every public method may be called from any gRPC thread. The durable tier uses the
-// store only through DurableStore.
-class Store final : public DurableStore {
+// Thread-safe: every public method may be called from any gRPC thread. In a cluster, the cluster
+// uses the store only through ClusterStore; the durable tier uses it only through DurableStore.
+class Store final : public ClusterStore, public DurableStore {
  public:
   // Recovers the committed versions recorded in the journal into the pool.
   static absl::StatusOr<std::unique_ptr<Store>> Open(Pool* pool, Journal* journal,
@@ -55,8 +56,12 @@ class Store final : public DurableStore {
                                                      CommitMode mode = CommitMode::kLocal);
   ~Store() override;
 
-  // A trainer rank (re)connects: forget the regions a previous process of this rank registered.
-  absl::Status StartSession(uint32_t rank);
+  // A trainer process of `rank` connects (session: its TrainerSessions number): forget the regions
+  // a previous process of the rank registered.
+  void StartSession(uint32_t rank, uint64_t session);
+  // That process is gone (its memory connection closed): forget its regions, unless a newer
+  // process of the rank started since.
+  void EndSession(uint32_t rank, uint64_t session);
 
   // Adds or replaces named regions of a rank. Refused while a step of the rank is capturing.
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
@@ -79,15 +84,12 @@ class Store final : public DurableStore {
   // Writes the latest committed version of each requested region (all registered regions when
   // empty) back into the rank's registered regions, checking every chunk's CRC.
   // A step of the rank still capturing (a crashed trainer's last snapshot) is waited for first, up
-  // to `deadline`, so that it can become the state restored.
+  // to `deadline`, so that it can become the state restored. In a cluster the caller first waits
+  // until the node holds its share of the committed state (Cluster::WaitRestorable).
   absl::StatusOr<v1::RestoreResponse> Restore(uint32_t rank, std::optional<int64_t> step,
                                               const std::vector<std::string>& regions,
                                               absl::Time deadline);
 
-  // Waits until this node holds its share of the committed state (a replacement's rebuild at start
-  // has finished); why it cannot when the rebuild failed. Restore waits for it, and so must every
-  // answer about what is committed.
-  absl::Status WaitRestorable(absl::Time deadline) const;
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
   // The rank's last committed sparse window and the open one after it.
   v1::RankWindows Windows(uint32_t rank) const;
@@ -99,49 +101,34 @@ class Store final : public DurableStore {
   // is still open.
   std::optional<int64_t> LogRecoveryPoint(const std::set<uint32_t>& ranks) const;
 
-  // --- Cluster mode ---------------------------------------------------------------------------
-  // Called (under the store's lock: it must only queue work) when every rank of this node with
-  // registered regions has captured `step`.
-  void SetNodeCapturedCallback(std::function<void(int64_t)> callback);
-  // Checked at the start of every Restore: non-OK refuses it (a rebuild still running, or data that
-  // cannot be recovered). The gate may block until `deadline`.
-  void SetRestoreGate(std::function<absl::Status(absl::Time deadline)> gate);
-  // Waits until every rank with registered regions has captured `step`, then returns the node's
-  // image of it: the step's new versions and, for regions it did not capture, the committed ones.
-  absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline);
+  // --- Cluster mode: ClusterStore ----------------------------------------------------------
+  absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                absl::Time deadline) override;
+  absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   // The committed image (what parity of the committed step covers), with each rank's record.
   NodeImage CommittedImage() const override;
-  // Commits `step` for every rank that captured it, with the cluster's record, in one journal write;
-  // older captured steps are aborted as superseded. A node whose ranks did not take part (none
-  // registered) records only `cluster`.
-  absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster);
-  void AbortNodeStep(int64_t step, const absl::Status& why);
-  // Replaces every committed version by a rebuilt image and journals it with `cluster`.
-  absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster);
-  // Journals a new cluster record with the committed versions unchanged.
-  absl::Status WriteClusterRecord(const v1::JournalCluster& cluster);
-  // Elastic restore: writes a region that another rank snapshotted (its record `stored`, its bytes)
-  // into this rank's registered region of the same name, checking size, dtype, shape and every
-  // chunk's CRC-32C as the bytes land.
-  absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const uint8_t* bytes);
-  // The same from this node's committed versions of `source_rank` (every one when `regions` is
-  // empty); NOT_FOUND when this node holds none of that rank.
-  absl::StatusOr<v1::RestoreResponse> RestoreFromRank(uint32_t rank, uint32_t source_rank,
-                                                      const std::vector<std::string>& regions);
-  // --- Durable tier ------------------------------------------------------------------------------
+  // A node whose ranks did not take part (none registered) records only `cluster`.
+  absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
+  void AbortNodeStep(int64_t step, const absl::Status& why) override;
+  absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) override;
+  absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
+                           const PoolBytes& bytes) override;
+  absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
+      uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
+  v1::JournalCluster ClusterRecord() const override;
+  uint64_t CommittedBytes() const override;
+  uint64_t InFlightBytes() const override;
+
+  // --- Durable tier: DurableStore ------------------------------------------------------------
   void SetCommitObserver(CommitObserver* observer) override;
   absl::Status AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
                               const v1::JournalRank& record, const ChunkSource& read) override;
-
-  // The cluster record of the committed step (empty on a single node or a fresh pool).
-  v1::JournalCluster ClusterRecord() const;
-  uint64_t CommittedBytes() const;
 
   // Admin views and operations.
   v1::StatusResponse Status() const;
   v1::ListStepsResponse ListSteps() const;
   v1::InspectStepResponse InspectStep(int64_t step, std::optional<uint32_t> rank) const;
-  v1::VerifyResponse Verify(std::optional<int64_t> step) const;
+  v1::VerifyResponse Verify(std::optional<int64_t> step) const override;
   absl::StatusOr<v1::DropStepResponse> DropStep(int64_t step, std::optional<uint32_t> rank);
 
  private:
@@ -153,7 +140,7 @@ class Store final : public DurableStore {
         CommitMode mode);
   absl::Status Recover();
   template <typename Saved>
-  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolExtent> extent);
+  static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
@@ -207,8 +194,6 @@ class Store final : public DurableStore {
   const CaptureOptions options_;
   const CommitMode mode_;
   const absl::Time started_ = absl::Now();
-  std::function<void(int64_t)> on_node_captured_;
-  std::function<absl::Status(absl::Time)> restore_gate_;
 
   mutable absl::Mutex mutex_;
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);

@@ -37,8 +37,8 @@ absl::StatusOr<sockaddr_un> SocketAddress(const std::string& path) {
 }
 
 // True when a process accepts connections on `path` now.
-bool SomeoneListens(const sockaddr_un& address) {
-  const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+bool SomeoneListens(const sockaddr_un& address, int type) {
+  const int probe = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (probe < 0) return false;
   const bool connected =
       connect(probe, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
@@ -46,7 +46,7 @@ bool SomeoneListens(const sockaddr_un& address) {
   return connected;
 }
 
-absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> group) {
+absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> group, int type) {
   absl::StatusOr<sockaddr_un> address = SocketAddress(path);
   if (!address.ok()) return address.status();
   struct stat info {};
@@ -54,13 +54,13 @@ absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> gro
     if (!S_ISSOCK(info.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a socket"));
     }
-    if (SomeoneListens(*address)) {
+    if (SomeoneListens(*address, type)) {
       return absl::AlreadyExistsError(
           absl::StrCat("another moesnapd is already serving ", path, "; stop it first"));
     }
     unlink(path.c_str());  // left behind by a daemon that died
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket(): ", std::strerror(errno)));
   // Created private, then opened to the group: no window in which others may connect.
   const mode_t old_umask = umask(0177);
@@ -149,10 +149,12 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<
   std::unique_ptr<UnixServer> server(new UnixServer());
   server->policy_ = std::move(policy);
   for (const Endpoint& endpoint : endpoints) {
-    absl::StatusOr<int> fd = BindSocket(endpoint.path, server->policy_.group());
+    absl::StatusOr<int> fd = BindSocket(endpoint.path, server->policy_.group(),
+                                        endpoint.handler ? SOCK_SEQPACKET : SOCK_STREAM);
     if (!fd.ok()) return fd.status();  // the destructor closes and removes what was bound
     server->listeners_.push_back(*fd);
     server->paths_.push_back(endpoint.path);
+    server->handlers_.push_back(endpoint.handler);
   }
   if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe(): ", std::strerror(errno)));
@@ -160,7 +162,9 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
-  for (const Endpoint& endpoint : endpoints) builder.RegisterService(endpoint.service);
+  for (const Endpoint& endpoint : endpoints) {
+    if (endpoint.service != nullptr) builder.RegisterService(endpoint.service);
+  }
   server->server_ = builder.BuildAndStart();
   server->refusal_service_ = std::make_unique<RefusalService>(absl::StrCat(
       "permission denied: this moesnapd accepts ", server->policy_.Describe(),
@@ -197,12 +201,19 @@ void UnixServer::AcceptLoop() {
         close(connection);
         continue;
       }
-      if (policy_.Allows(peer.uid, peer.gid)) {
-        grpc::AddInsecureChannelFromFd(server_.get(), connection);
-      } else {
+      const bool allowed = policy_.Allows(peer.uid, peer.gid);
+      if (!allowed) {
         Log(LogLevel::kWarning, "refused a connection on ", paths_[i], " from pid ", peer.pid,
             " uid ", peer.uid, " gid ", peer.gid, ": allowed are ", policy_.Describe());
-        grpc::AddInsecureChannelFromFd(refusal_server_.get(), connection);
+      }
+      if (handlers_[i] != nullptr) {
+        if (allowed) {
+          handlers_[i]->Adopt(connection, peer);
+        } else {
+          close(connection);
+        }
+      } else {
+        grpc::AddInsecureChannelFromFd(allowed ? server_.get() : refusal_server_.get(), connection);
       }
     }
   }

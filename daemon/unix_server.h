@@ -5,6 +5,7 @@
 #ifndef MOESNAP_DAEMON_UNIX_SERVER_H_
 #define MOESNAP_DAEMON_UNIX_SERVER_H_
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -36,12 +37,23 @@ class AccessPolicy {
   std::vector<uid_t> allowed_uids_;
 };
 
+// Takes the connections of an endpoint that does not speak gRPC (the memory handoff).
+class ConnectionHandler {
+ public:
+  virtual ~ConnectionHandler() = default;
+  // Owns `connection` (non-blocking, close-on-exec) from now on; `peer` passed the access policy.
+  virtual void Adopt(int connection, const ucred& peer) = 0;
+};
+
 // Not thread-safe to construct or stop; serves from its own accept thread.
 class UnixServer {
  public:
+  // Either a gRPC service (a stream socket) or a handler of raw connections (a SOCK_SEQPACKET
+  // socket, so that each message arrives whole with the descriptors it carries).
   struct Endpoint {
     std::string path;
-    grpc::Service* service;
+    grpc::Service* service = nullptr;
+    ConnectionHandler* handler = nullptr;
   };
 
   // Binds every endpoint's socket (mode 0660, the policy's group), refusing a path another live
@@ -57,6 +69,7 @@ class UnixServer {
   AccessPolicy policy_;
   std::vector<std::string> paths_;
   std::vector<int> listeners_;
+  std::vector<ConnectionHandler*> handlers_;  // per listener; null for gRPC endpoints
   int wake_pipe_[2] = {-1, -1};
   std::unique_ptr<grpc::CallbackGenericService> refusal_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -37,10 +37,12 @@ bytes = "768MiB"
 lock = "off"
 CONFIG
 
+# True once daemon process $2 answers operators on admin socket $1 (then every socket is served).
+serving() { "$bin/moesnapctl" --socket "$1" status --json 2>/dev/null | grep -q "\"pid\":$2[,}]"; }
 start_daemon() {
   "$bin/moesnapd" --config "$work/moesnapd.toml" 2>>"$work/moesnapd.log" &
   daemon_pid=$!
-  for _ in $(seq 200); do [ -S "$work/agent.sock" ] && return 0; sleep 0.05; done
+  for _ in $(seq 400); do serving "$work/admin.sock" "$daemon_pid" && return 0; sleep 0.05; done
   echo "moesnapd did not start; its log:" >&2; cat "$work/moesnapd.log" >&2; exit 1
 }
 trainer() { "$bin/moesnap-test-trainer" --socket "$work/agent.sock" --regions 64 --region-bytes 4194304 "$@"; }
@@ -155,7 +157,7 @@ start_node() {
   rm -f "$work/node$1.agent.sock"
   "$bin/moesnapd" --config "$work/node$1.toml" 2>>"$work/node$1.log" &
   cluster_pids[$1]=$!
-  for _ in $(seq 200); do [ -S "$work/node$1.agent.sock" ] && return 0; sleep 0.05; done
+  for _ in $(seq 400); do serving "$work/node$1.admin.sock" "${cluster_pids[$1]}" && return 0; sleep 0.05; done
   echo "node $1 did not start; its log:" >&2; cat "$work/node$1.log" >&2; exit 1
 }
 # Node i's trainer holds 8 + 2i regions of 1 MiB: unequal shares, as real ranks have.

@@ -18,6 +18,11 @@ packages=(
   pybind11-dev python3-dev                              # the Python package
   python3-torch python3-numpy python3-pytest            # PyTorch integration and its tests
   systemd                                               # systemd-analyze verify of the unit file
+  etcd-server etcd-client                               # cluster control store; etcdctl for debugging
+  openssl                                               # certificates for the etcd TLS tests
+  golang-etcd-server-dev                                # etcd's v3 API .proto files (C++ stubs)
+  golang-github-gogo-protobuf-dev                       # gogoproto/gogo.proto, imported by them
+  golang-github-grpc-ecosystem-grpc-gateway-dev         # google/api/annotations.proto, imported too
 )
 
 missing=()

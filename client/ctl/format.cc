@@ -61,7 +61,7 @@ std::string Table(const std::vector<std::vector<std::string>>& rows) {
 
 std::string FormatStatus(const v1::StatusResponse& status) {
   return Table({
-      {"node", absl::StrCat(status.node_id())},
+      {"node", absl::StrCat(status.node_id(), " (moesnapd pid ", status.pid(), ")")},
       {"pool", absl::StrCat("/dev/shm/", status.pool_name(), " ", FormatByteSize(status.pool_bytes()),
                             status.pool_locked() ? ", page-locked" : ", not page-locked")},
       {"committed", FormatByteSize(status.pool_used_bytes())},
@@ -69,6 +69,12 @@ std::string FormatStatus(const v1::StatusResponse& status) {
       {"free", FormatByteSize(status.pool_bytes() - status.pool_used_bytes() -
                               status.pool_in_flight_bytes())},
       {"ranks", absl::StrCat(status.ranks())},
+      {"superseded", absl::StrCat(status.steps_superseded(),
+                                  " captured steps dropped for a newer one while commits lagged")},
+      {"refused", status.snapshots_refused() == 0
+                      ? std::string("0 snapshots")
+                      : absl::StrCat(status.snapshots_refused(), " snapshots, the last: ",
+                                     status.last_refusal())},
       {"journal", absl::StrCat("sequence ", status.journal_sequence())},
       {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
       {"durable", DescribeDurable(status.durable())},

@@ -86,7 +86,6 @@ class Error(Exception):
                                {static_cast<py::ssize_t>(buffer.size())}, {1});
       })
       .def_property_readonly("size", &moesnap::SharedBuffer::size)
-      .def_property_readonly("name", &moesnap::SharedBuffer::name)
       .def_property_readonly("address",
                              [](const moesnap::SharedBuffer& buffer) {
                                return reinterpret_cast<uintptr_t>(buffer.data());
@@ -107,6 +106,31 @@ class Error(Exception):
       .def("allocate_host",
            [](const moesnap::Client& client, size_t bytes) { return Value(client.AllocateHost(bytes)); },
            py::arg("bytes"))
+      .def(
+          "share_memory",
+          [](moesnap::Client& client, const std::vector<int>& fds) {
+            return Value(WithoutGil([&] { return client.ShareMemory(fds); }));
+          },
+          py::arg("fds"),
+          "Hands shared-memory files (descriptors the caller keeps open) to the daemon; returns "
+          "a handle per file.")
+      .def(
+          "register_host_regions",
+          [](moesnap::Client& client, const std::vector<py::tuple>& regions) {
+            std::vector<moesnap::HostRegion> converted;
+            converted.reserve(regions.size());
+            for (const py::tuple& region : regions) {
+              converted.push_back({{region[0].cast<std::string>(), region[4].cast<std::string>(),
+                                    region[5].cast<std::vector<int64_t>>()},
+                                   region[1].cast<uint64_t>(), region[2].cast<uint64_t>(),
+                                   region[3].cast<uint64_t>()});
+            }
+            Check(WithoutGil([&] { return client.RegisterHostRegions(converted); }));
+          },
+          py::arg("regions"),
+          "Registers (name, memory handle, offset, bytes, dtype, shape) tuples in one call.")
+      .def("take_lost_steps",
+           [](moesnap::Client& client) { return client.TakeLostSteps(); })
       .def(
           "register_host_region",
           [](moesnap::Client& client, const std::string& name,

@@ -1,30 +1,70 @@
-// Client: the Agent protocol over gRPC on the daemon's Unix socket. Registrations are remembered so
-// that Reconnect can replay them to a restarted daemon.
+// Client: the Agent protocol over gRPC on the daemon's Unix socket, and the memory handoff beside
+// it. What was shared and registered is remembered so that a restarted daemon gets all of it again.
 #include "moesnap/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/src/device_regions.h"
+#include "client/src/memory_channel.h"
 #include "common/grpc_status.h"
 #include "erasure/crc32c.h"
 #include "proto/moesnap.grpc.pb.h"
 
 namespace moesnap {
+namespace {
+
+// Regions per RegisterRegions call: a few MB of specs, far below the message limit.
+constexpr size_t kRegionsPerCall = 8192;
+// Steps whose session is remembered, to tell a capture lost with a daemon from a wrong step.
+constexpr size_t kStepsRemembered = 64;
+
+}  // namespace
+
+absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
+  ClientOptions options;
+  if (const char* socket = std::getenv("MOESNAP_SOCKET"); socket != nullptr && *socket != '\0') {
+    options.socket_path = socket;
+  }
+  for (const char* variable : {"RANK", "LOCAL_RANK"}) {
+    const char* value = std::getenv(variable);
+    if (value == nullptr || *value == '\0') continue;
+    if (!absl::SimpleAtoi(value, &options.rank)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(variable, "='", value, "' is not a rank (a number from 0)"));
+    }
+    break;
+  }
+  return options;
+}
 
 struct Client::State {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Agent::Stub> stub;
-  v1::HelloResponse hello;
-
-  std::mutex mutex;  // guards the registrations below
-  std::map<std::string, v1::RegionSpec> regions;
-  std::map<std::string, std::shared_ptr<SharedBuffer>> buffers;  // keeps host regions mapped
   std::unique_ptr<DeviceRegions> device_regions = CreateDeviceRegions();
+
+  std::mutex mutex;  // guards everything below
+  v1::HelloResponse hello;
+  MemoryChannel memory;
+  uint64_t session = 0;  // sessions started, counting the first
+  struct Shared {
+    int fd = -1;
+    uint64_t daemon_id = 0;
+  };
+  std::vector<Shared> shared;  // MemoryHandle h is shared[h - 1]
+  std::map<const SharedBuffer*, MemoryHandle> buffer_handles;
+  std::map<std::string, std::shared_ptr<SharedBuffer>> buffers;  // keeps host regions mapped
+  // Every registration, host regions naming their MemoryHandle in handle.memory.
+  std::map<std::string, v1::RegionSpec> regions;
+  std::map<int64_t, uint64_t> snapshot_sessions;  // step -> the session that captured it
+  std::vector<std::pair<int64_t, std::string>> lost_steps;
 
   void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
     context.set_deadline(std::chrono::system_clock::now() + timeout);
@@ -40,56 +80,118 @@ struct Client::State {
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "moesnapd at ", options.socket_path, " did not complete ", call,
-          " in time (is the daemon running? is the socket path right?)"));
+          "moesnapd at ", options.socket_path, " did not complete ", call, " in time"));
     }
     return FromGrpcStatus(status);
   }
 
-  absl::Status Hello() {
+  // Starts a session: Hello, then the memory channel. Fails at once when no daemon listens.
+  absl::Status StartSessionLocked() {
+    struct stat info {};
+    if (stat(options.socket_path.c_str(), &info) != 0) {
+      return absl::UnavailableError(absl::StrCat("no moesnapd socket at ", options.socket_path,
+                                                 " (is the daemon running? set MOESNAP_SOCKET "
+                                                 "or the socket path to where it listens)"));
+    }
     grpc::ClientContext context;
     SetDeadline(context, options.call_timeout);
-    context.set_wait_for_ready(true);  // ride out a daemon that is still binding its socket
     v1::HelloRequest request;
     request.set_rank(options.rank);
-    return Check(stub->Hello(&context, request, &hello), "Hello");
+    v1::HelloResponse response;
+    if (absl::Status status = Check(stub->Hello(&context, request, &response), "Hello");
+        !status.ok()) {
+      return status;
+    }
+    absl::StatusOr<MemoryChannel> channel_to_memory =
+        MemoryChannel::Connect(response.memory_socket(), response.session(), options.call_timeout);
+    if (!channel_to_memory.ok()) return channel_to_memory.status();
+    hello = std::move(response);
+    memory = *std::move(channel_to_memory);
+    ++session;
+    return absl::OkStatus();
   }
 
-  absl::Status Wait(int64_t step, bool until_committed) {
-    grpc::ClientContext context;
-    SetDeadline(context, options.wait_timeout);
-    v1::WaitRequest request;
-    request.set_rank(options.rank);
-    request.set_step(step);
-    v1::WaitResponse response;
-    return until_committed
-               ? Check(stub->WaitCommitted(&context, request, &response), "WaitCommitted")
-               : Check(stub->WaitCaptured(&context, request, &response), "WaitCaptured");
+  absl::Status RegisterLocked(std::vector<v1::RegionSpec> specs) {
+    for (size_t done = 0; done < specs.size(); done += kRegionsPerCall) {
+      v1::RegisterRegionsRequest request;
+      request.set_rank(options.rank);
+      for (size_t i = done; i < std::min(specs.size(), done + kRegionsPerCall); ++i) {
+        v1::RegionSpec* spec = request.add_regions();
+        *spec = specs[i];
+        if (spec->device() == v1::DEVICE_HOST) {
+          spec->mutable_handle()->set_memory(shared[spec->handle().memory() - 1].daemon_id);
+        }
+      }
+      grpc::ClientContext context;
+      SetDeadline(context, options.call_timeout);
+      v1::RegisterRegionsResponse response;
+      if (absl::Status status =
+              Check(stub->RegisterRegions(&context, request, &response), "RegisterRegions");
+          !status.ok()) {
+        return status;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A new session with everything handed over and registered again.
+  absl::Status ReconnectLocked() {
+    if (absl::Status status = StartSessionLocked(); !status.ok()) return status;
+    std::vector<int> fds;
+    for (const Shared& entry : shared) fds.push_back(entry.fd);
+    absl::StatusOr<std::vector<uint64_t>> ids = memory.Share(fds);
+    if (!ids.ok()) return ids.status();
+    for (size_t i = 0; i < shared.size(); ++i) shared[i].daemon_id = (*ids)[i];
+    std::vector<v1::RegionSpec> specs;
+    for (const auto& [name, spec] : regions) specs.push_back(spec);
+    return RegisterLocked(std::move(specs));
+  }
+
+  // Before `call`, and again when it fails as unavailable: when the daemon this session handed its
+  // memory to is gone (its end of the memory channel closed), connects to the daemon serving the
+  // socket now and hands everything over again. gRPC itself reconnects to a restarted daemon
+  // silently, so the memory channel is what tells that the daemon changed. One poll, no I/O.
+  template <typename Call>
+  auto WithReconnect(Call call) -> decltype(call()) {
+    if (absl::Status ready = ReconnectIfGone(); !ready.ok()) return ready;
+    auto result = call();
+    if (result.ok() || !absl::IsUnavailable(Status(result))) return result;
+    bool reconnected = false;
+    if (absl::Status ready = ReconnectIfGone(&reconnected); !ready.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(Status(result).message(), "; connecting again failed: ", ready.message()));
+    }
+    return reconnected ? call() : result;
+  }
+
+  absl::Status ReconnectIfGone(bool* reconnected = nullptr) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!memory.PeerClosed()) return absl::OkStatus();
+    if (reconnected != nullptr) *reconnected = true;
+    return ReconnectLocked();
+  }
+
+  static absl::Status Status(const absl::Status& status) { return status; }
+  template <typename T>
+  static absl::Status Status(const absl::StatusOr<T>& result) {
+    return result.status();
   }
 
   // The latest committed step and the sparse windows: one call answers both.
   absl::StatusOr<v1::LatestCommittedResponse> LatestCommitted() {
-    grpc::ClientContext context;
-    SetDeadline(context, options.call_timeout);
-    v1::LatestCommittedRequest request;
-    request.set_rank(options.rank);
-    v1::LatestCommittedResponse response;
-    if (absl::Status status =
-            Check(stub->LatestCommitted(&context, request, &response), "LatestCommitted");
-        !status.ok()) {
-      return status;
-    }
-    return response;
-  }
-
-  absl::Status Register(const v1::RegionSpec& spec) {
-    grpc::ClientContext context;
-    SetDeadline(context, options.call_timeout);
-    v1::RegisterRegionsRequest request;
-    request.set_rank(options.rank);
-    *request.add_regions() = spec;
-    v1::RegisterRegionsResponse response;
-    return Check(stub->RegisterRegions(&context, request, &response), "RegisterRegions");
+    return WithReconnect([&]() -> absl::StatusOr<v1::LatestCommittedResponse> {
+      grpc::ClientContext context;
+      SetDeadline(context, options.call_timeout);
+      v1::LatestCommittedRequest request;
+      request.set_rank(options.rank);
+      v1::LatestCommittedResponse response;
+      if (absl::Status status =
+              Check(stub->LatestCommitted(&context, request, &response), "LatestCommitted");
+          !status.ok()) {
+        return status;
+      }
+      return response;
+    });
   }
 };
 
@@ -104,12 +206,60 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
                                              grpc::InsecureChannelCredentials(), arguments);
   state->stub = v1::Agent::NewStub(state->channel);
-  if (absl::Status status = state->Hello(); !status.ok()) return status;
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (absl::Status status = state->StartSessionLocked(); !status.ok()) return status;
+  }
   return std::unique_ptr<Client>(new Client(std::move(state)));
 }
 
 absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateHost(size_t bytes) const {
-  return SharedBuffer::Allocate(bytes, state_->hello.shm_group());
+  return SharedBuffer::Allocate(bytes);
+}
+
+absl::StatusOr<std::vector<MemoryHandle>> Client::ShareMemory(const std::vector<int>& fds) {
+  return state_->WithReconnect([&]() -> absl::StatusOr<std::vector<MemoryHandle>> {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    absl::StatusOr<std::vector<uint64_t>> ids = state_->memory.Share(fds);
+    if (!ids.ok()) return ids.status();
+    std::vector<MemoryHandle> handles;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      state_->shared.push_back({fds[i], (*ids)[i]});
+      handles.push_back(state_->shared.size());
+    }
+    return handles;
+  });
+}
+
+absl::Status Client::RegisterHostRegions(const std::vector<HostRegion>& regions) {
+  std::vector<v1::RegionSpec> specs;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    for (const HostRegion& region : regions) {
+      if (region.memory == 0 || region.memory > state_->shared.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "region '", region.info.name, "' names memory handle ", region.memory,
+            ", which ShareMemory did not return"));
+      }
+      v1::RegionSpec spec;
+      spec.set_name(region.info.name);
+      spec.set_device(v1::DEVICE_HOST);
+      spec.set_bytes(region.bytes);
+      spec.set_dtype(region.info.dtype);
+      for (int64_t dimension : region.info.shape) spec.add_shape(dimension);
+      spec.mutable_handle()->set_memory(region.memory);
+      spec.mutable_handle()->set_shm_offset(region.offset);
+      specs.push_back(std::move(spec));
+    }
+  }
+  absl::Status status = state_->WithReconnect([&] {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->RegisterLocked(specs);
+  });
+  if (!status.ok()) return status;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (v1::RegionSpec& spec : specs) state_->regions[spec.name()] = std::move(spec);
+  return absl::OkStatus();
 }
 
 absl::Status Client::RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
@@ -120,26 +270,36 @@ absl::Status Client::RegisterHostRegion(const RegionInfo& info, std::shared_ptr<
                                                    ") lies outside its ", buffer->size(),
                                                    "-byte buffer"));
   }
-  v1::RegionSpec spec;
-  spec.set_name(info.name);
-  spec.set_device(v1::DEVICE_HOST);
-  spec.set_bytes(bytes);
-  spec.set_dtype(info.dtype);
-  for (int64_t dimension : info.shape) spec.add_shape(dimension);
-  spec.mutable_handle()->set_shm_name(buffer->name());
-  spec.mutable_handle()->set_shm_offset(offset);
-  if (absl::Status status = state_->Register(spec); !status.ok()) return status;
+  MemoryHandle handle = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (auto it = state_->buffer_handles.find(buffer.get()); it != state_->buffer_handles.end()) {
+      handle = it->second;
+    }
+  }
+  if (handle == 0) {
+    absl::StatusOr<std::vector<MemoryHandle>> shared = ShareMemory({buffer->fd()});
+    if (!shared.ok()) return shared.status();
+    handle = shared->front();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->buffer_handles[buffer.get()] = handle;
+  }
+  if (absl::Status status = RegisterHostRegions({{info, handle, offset, bytes}}); !status.ok()) {
+    return status;
+  }
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->regions[info.name] = spec;
   state_->buffers[info.name] = std::move(buffer);
   return absl::OkStatus();
 }
 
 absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {
-  if (!state_->hello.supports_device_memory()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "region '", info.name, "' is GPU memory but moesnapd at ", state_->options.socket_path,
-        " has no CUDA copy backend"));
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->hello.supports_device_memory()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region '", info.name, "' is GPU memory but moesnapd at ", state_->options.socket_path,
+          " has no CUDA copy backend"));
+    }
   }
   absl::StatusOr<v1::RegionHandle> handle = state_->device_regions->Share(info.name, memory);
   if (!handle.ok()) return handle.status();
@@ -150,7 +310,11 @@ absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMe
   spec.set_dtype(info.dtype);
   for (int64_t dimension : info.shape) spec.add_shape(dimension);
   *spec.mutable_handle() = *std::move(handle);
-  if (absl::Status status = state_->Register(spec); !status.ok()) return status;
+  absl::Status status = state_->WithReconnect([&] {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->RegisterLocked({spec});
+  });
+  if (!status.ok()) return status;
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->regions[info.name] = spec;
   return absl::OkStatus();
@@ -180,22 +344,61 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
   if (absl::Status status = state_->device_regions->RecordCaptureEvents(regions); !status.ok()) {
     return status;
   }
-  grpc::ClientContext context;
-  state_->SetDeadline(context, state_->options.call_timeout);
   request.set_rank(state_->options.rank);
   for (const std::string& region : regions) request.add_regions(region);
-  v1::SnapshotResponse response;
-  if (absl::Status status = state_->Check(state_->stub->Snapshot(&context, request, &response),
-                                          "Snapshot");
-      !status.ok()) {
-    return status;
-  }
-  return response.bytes();
+  return state_->WithReconnect([&]() -> absl::StatusOr<uint64_t> {
+    uint64_t session = 0;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      session = state_->session;
+    }
+    grpc::ClientContext context;
+    state_->SetDeadline(context, state_->options.call_timeout);
+    v1::SnapshotResponse response;
+    if (absl::Status status =
+            state_->Check(state_->stub->Snapshot(&context, request, &response), "Snapshot");
+        !status.ok()) {
+      return status;
+    }
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->snapshot_sessions[request.step()] = session;
+    while (state_->snapshot_sessions.size() > kStepsRemembered) {
+      state_->snapshot_sessions.erase(state_->snapshot_sessions.begin());
+    }
+    return response.bytes();
+  });
 }
 
-absl::Status Client::WaitCaptured(int64_t step) { return state_->Wait(step, false); }
+absl::Status Client::Wait(int64_t step, bool until_committed) {
+  const char* call = until_committed ? "WaitCommitted" : "WaitCaptured";
+  absl::Status status = state_->WithReconnect([&] {
+    grpc::ClientContext context;
+    state_->SetDeadline(context, state_->options.wait_timeout);
+    v1::WaitRequest request;
+    request.set_rank(state_->options.rank);
+    request.set_step(step);
+    v1::WaitResponse response;
+    return until_committed
+               ? state_->Check(state_->stub->WaitCommitted(&context, request, &response), call)
+               : state_->Check(state_->stub->WaitCaptured(&context, request, &response), call);
+  });
+  if (status.ok() || !absl::IsNotFound(status)) return status;
+  // Snapshotted in an earlier session: its capture went away with that daemon.
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  auto it = state_->snapshot_sessions.find(step);
+  if (it == state_->snapshot_sessions.end() || it->second == state_->session) return status;
+  const std::string reason = absl::StrCat("moesnapd at ", state_->options.socket_path,
+                                          " restarted before step ", step, " was ",
+                                          until_committed ? "committed" : "captured");
+  state_->snapshot_sessions.erase(it);
+  state_->lost_steps.emplace_back(step, reason);
+  // The regions are free to change: nothing copies them any more. A commit will never come.
+  return until_committed ? absl::AbortedError(reason) : absl::OkStatus();
+}
 
-absl::Status Client::WaitCommitted(int64_t step) { return state_->Wait(step, true); }
+absl::Status Client::WaitCaptured(int64_t step) { return Wait(step, false); }
+
+absl::Status Client::WaitCommitted(int64_t step) { return Wait(step, true); }
 
 absl::StatusOr<RestoreResult> Client::Restore(std::optional<int64_t> step,
                                               const std::vector<std::string>& regions) {
@@ -213,23 +416,26 @@ absl::StatusOr<RestoreResult> Client::RestoreFrom(uint32_t source_rank,
 
 absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
                                                   const std::vector<std::string>& regions) {
-  grpc::ClientContext context;
-  state_->SetDeadline(context, state_->options.wait_timeout);
   request.set_rank(state_->options.rank);
   for (const std::string& region : regions) request.add_regions(region);
-  v1::RestoreResponse response;
-  if (absl::Status status = state_->Check(state_->stub->Restore(&context, request, &response),
-                                          "Restore");
-      !status.ok()) {
-    return status;
-  }
-  RestoreResult result;
-  result.step = response.step();
-  for (const auto& restored : response.regions()) {
-    result.regions.push_back({restored.region(), restored.step(), restored.bytes()});
-  }
-  result.tier = response.tier() == v1::TIER_DURABLE ? RestoreTier::kDurable : RestoreTier::kMemory;
-  return result;
+  return state_->WithReconnect([&]() -> absl::StatusOr<RestoreResult> {
+    grpc::ClientContext context;
+    state_->SetDeadline(context, state_->options.wait_timeout);
+    v1::RestoreResponse response;
+    if (absl::Status status =
+            state_->Check(state_->stub->Restore(&context, request, &response), "Restore");
+        !status.ok()) {
+      return status;
+    }
+    RestoreResult result;
+    result.step = response.step();
+    for (const auto& restored : response.regions()) {
+      result.regions.push_back({restored.region(), restored.step(), restored.bytes()});
+    }
+    result.tier =
+        response.tier() == v1::TIER_DURABLE ? RestoreTier::kDurable : RestoreTier::kMemory;
+    return result;
+  });
 }
 
 absl::StatusOr<std::optional<int64_t>> Client::LatestCommitted() {
@@ -272,8 +478,6 @@ absl::StatusOr<SparseWindows> Client::Windows() {
 
 absl::Status Client::AppendLog(int64_t step, uint32_t micro_batch, LogDirection direction,
                                uint32_t peer_rank, std::string_view payload) {
-  grpc::ClientContext context;
-  state_->SetDeadline(context, state_->options.call_timeout);
   v1::AppendLogRequest request;
   v1::LogRecord* record = request.mutable_record();
   record->set_rank(state_->options.rank);
@@ -282,26 +486,29 @@ absl::Status Client::AppendLog(int64_t step, uint32_t micro_batch, LogDirection 
   record->set_direction(ToWire(direction));
   record->set_peer_rank(peer_rank);
   record->set_payload(std::string(payload));
-  v1::AppendLogResponse response;
-  return state_->Check(state_->stub->AppendLog(&context, request, &response), "AppendLog");
+  return state_->WithReconnect([&] {
+    grpc::ClientContext context;
+    state_->SetDeadline(context, state_->options.call_timeout);
+    v1::AppendLogResponse response;
+    return state_->Check(state_->stub->AppendLog(&context, request, &response), "AppendLog");
+  });
 }
 
 absl::StatusOr<std::vector<LoggedMessage>> Client::FetchLog(uint32_t sender_rank, int64_t step,
                                                             LogDirection direction,
                                                             uint32_t peer_rank) {
-  grpc::ClientContext context;
-  state_->SetDeadline(context, state_->options.wait_timeout);
   v1::FetchLogRequest request;
   request.set_rank(sender_rank);
   request.set_step(step);
   request.set_direction(ToWire(direction));
   request.set_peer_rank(peer_rank);
   v1::FetchLogResponse response;
-  if (absl::Status status =
-          state_->Check(state_->stub->FetchLog(&context, request, &response), "FetchLog");
-      !status.ok()) {
-    return status;
-  }
+  absl::Status fetched = state_->WithReconnect([&] {
+    grpc::ClientContext context;
+    state_->SetDeadline(context, state_->options.wait_timeout);
+    return state_->Check(state_->stub->FetchLog(&context, request, &response), "FetchLog");
+  });
+  if (!fetched.ok()) return fetched;
   std::vector<LoggedMessage> messages;
   for (v1::LogRecord& record : *response.mutable_records()) {
     const uint32_t crc = erasure::Crc32c(record.payload().data(), record.payload().size());
@@ -317,16 +524,20 @@ absl::StatusOr<std::vector<LoggedMessage>> Client::FetchLog(uint32_t sender_rank
 }
 
 absl::Status Client::Reconnect() {
-  if (absl::Status status = state_->Hello(); !status.ok()) return status;
   std::lock_guard<std::mutex> lock(state_->mutex);
-  for (const auto& [name, spec] : state_->regions) {
-    if (absl::Status status = state_->Register(spec); !status.ok()) return status;
-  }
-  return absl::OkStatus();
+  return state_->ReconnectLocked();
+}
+
+std::vector<std::pair<int64_t, std::string>> Client::TakeLostSteps() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return std::exchange(state_->lost_steps, {});
 }
 
 uint32_t Client::rank() const { return state_->options.rank; }
-uint32_t Client::node_id() const { return state_->hello.node_id(); }
-const std::string& Client::shm_group() const { return state_->hello.shm_group(); }
+
+uint32_t Client::node_id() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->hello.node_id();
+}
 
 }  // namespace moesnap

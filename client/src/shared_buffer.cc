@@ -1,47 +1,58 @@
-// SharedBuffer over common/SharedMemory, with names that carry the creating process's pid so the
-// daemon can tell orphaned files from live ones.
+// SharedBuffer over memfd_create: reserved, sealed against resizing, mapped with its page tables
+// filled (first-touch faults cost about 10 us each on virtual machines).
 #include "moesnap/shared_buffer.h"
 
-#include <grp.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <random>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/shared_memory.h"
 
 namespace moesnap {
 
 struct SharedBuffer::State {
-  SharedMemory memory;
+  int fd = -1;
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
 };
 
 SharedBuffer::SharedBuffer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-SharedBuffer::~SharedBuffer() { SharedMemory::Unlink(state_->memory.name()).IgnoreError(); }
-
-absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes,
-                                                                     const std::string& group) {
-  static std::atomic<uint64_t> counter{0};
-  SharedMemory::CreateOptions options;
-  if (!group.empty()) {
-    const struct group* entry = getgrnam(group.c_str());
-    if (entry == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("group '", group, "' does not exist here"));
-    }
-    options.group = entry->gr_gid;
-  }
-  // The random part keeps names unguessable; the pid part lets the daemon find orphans.
-  const std::string name = RegionFileName(absl::StrCat(counter++, ".", std::random_device{}()));
-  absl::StatusOr<SharedMemory> memory = SharedMemory::Create(name, bytes, options);
-  if (!memory.ok()) return memory.status();
-  return std::shared_ptr<SharedBuffer>(
-      new SharedBuffer(std::make_unique<State>(State{*std::move(memory)})));
+SharedBuffer::~SharedBuffer() {
+  munmap(state_->data, state_->bytes);
+  close(state_->fd);
 }
 
-uint8_t* SharedBuffer::data() const { return state_->memory.data(); }
-size_t SharedBuffer::size() const { return state_->memory.size(); }
-const std::string& SharedBuffer::name() const { return state_->memory.name(); }
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("a shared buffer needs at least 1 byte");
+  const int fd = memfd_create("moesnap-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  }
+  auto fail = [fd](const std::string& what, int error) {
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", std::strerror(error)));
+  };
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail(absl::StrCat("cannot size a shared buffer to ", bytes, " bytes"), errno);
+  }
+  if (int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
+    return fail(absl::StrCat("cannot reserve ", bytes, " bytes of shared memory"), error);
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail("cannot seal a shared buffer's size", errno);
+  }
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (data == MAP_FAILED) return fail(absl::StrCat("cannot map ", bytes, " shared bytes"), errno);
+  return std::shared_ptr<SharedBuffer>(
+      new SharedBuffer(std::make_unique<State>(State{fd, static_cast<uint8_t*>(data), bytes})));
+}
+
+uint8_t* SharedBuffer::data() const { return state_->data; }
+size_t SharedBuffer::size() const { return state_->bytes; }
+int SharedBuffer::fd() const { return state_->fd; }
 
 }  // namespace moesnap

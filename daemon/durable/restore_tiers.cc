@@ -136,7 +136,10 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
     if (restored.ok()) restored->set_tier(v1::TIER_MEMORY);
     return restored;
   };
-  if (drainer_ == nullptr) return from_memory();
+  if (drainer_ == nullptr) {
+    if (absl::Status status = view_->WaitMemory(deadline); !status.ok()) return status;
+    return from_memory();
+  }
   absl::StatusOr<TierChoice> choice = Choose(rank, deadline);
   if (!choice.ok()) return choice.status();
   if (choice->tier == v1::TIER_MEMORY) return from_memory();
@@ -323,8 +326,8 @@ absl::Status RestoreTiers::Export(const v1::ExportRequest& request,
         [&](uint32_t chunk, uint8_t* out) -> absl::Status {
           if (reader != nullptr) return reader->ReadChunk(source, chunk, out);
           const uint64_t start = uint64_t{chunk} * region.chunk_bytes();
-          std::memcpy(out, image.extents()[source]->data() + start,
-                      std::min(region.chunk_bytes(), region.bytes() - start));
+          image.stored()[source]->Read(start, std::min(region.chunk_bytes(), region.bytes() - start),
+                                       out);
           return absl::OkStatus();
         },
         send);

@@ -13,7 +13,6 @@
 #include "absl/strings/str_format.h"
 #include "daemon/durable/manifest.h"
 #include "daemon/durable/pacer.h"
-#include "erasure/crc32c.h"
 
 namespace moesnap::daemon::durable {
 namespace {
@@ -96,7 +95,7 @@ absl::StatusOr<uint64_t> WriteFiles(const std::string& partial, const NodeImage&
     uint64_t written_back = 0;
     for (int index : regions) {
       const v1::ImageRegion& region = image.manifest().regions(index);
-      const uint8_t* bytes = image.extents()[index]->data();
+      const PoolBytes& bytes = *image.stored()[index];
       const uint64_t start = AlignUp(end);
       v1::DurableRegion* record = manifest.add_regions();
       *record->mutable_region() = region;
@@ -105,7 +104,7 @@ absl::StatusOr<uint64_t> WriteFiles(const std::string& partial, const NodeImage&
         if (stop.load()) return absl::CancelledError("the daemon is stopping");
         const uint64_t offset = uint64_t(chunk) * region.chunk_bytes();
         const uint64_t length = std::min(region.chunk_bytes(), region.bytes() - offset);
-        const uint32_t crc = erasure::Crc32c(bytes + offset, length);
+        const uint32_t crc = bytes.Crc32c(offset, length);
         if (crc != region.chunk_crcs(chunk)) {
           return absl::DataLossError(absl::StrFormat(
               "region '%s' of rank %d, step %d, chunk %d: the pool holds CRC-32C %08x, the capture "
@@ -113,10 +112,11 @@ absl::StatusOr<uint64_t> WriteFiles(const std::string& partial, const NodeImage&
               "the damage)", region.region(), rank, region.step(), chunk, crc,
               region.chunk_crcs(chunk)));
         }
-        if (absl::Status status = file->WriteAt(bytes + offset, length, start + offset);
-            !status.ok()) {
-          return status;
-        }
+        absl::Status status;
+        bytes.ForEach(offset, length, [&](const uint8_t* piece, uint64_t piece_bytes, uint64_t at) {
+          if (status.ok()) status = file->WriteAt(piece, piece_bytes, start + offset + at);
+        });
+        if (!status.ok()) return status;
         if (written != nullptr) written->fetch_add(length);
         if (start + offset + length - written_back >= kWritebackBytes) {
           file->StartWriteback(written_back, start + offset + length);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -76,11 +77,14 @@ class ClusterTest : public ::testing::Test {
       : nodes_(nodes), extra_config_(std::move(extra_config)) {}
 
   void SetUp() override {
+    // The kernel may hand out a port it just handed out: draw until every port is distinct.
+    std::set<uint16_t> ports;
+    while (ports.size() < 2u * nodes_) ports.insert(UnusedLoopbackPort());
     std::string nodes;
-    for (int id = 0; id < nodes_; ++id) {
+    auto port = ports.begin();
+    for (int id = 0; id < nodes_; ++id, port = std::next(port, 2)) {
       absl::StrAppend(&nodes, "[[cluster.nodes]]\nid = ", id, "\nhost = \"127.0.0.1\"\n",
-                      "control_port = ", UnusedLoopbackPort(),
-                      "\ndata_port = ", UnusedLoopbackPort(), "\n");
+                      "control_port = ", *port, "\ndata_port = ", *std::next(port), "\n");
     }
     const std::string cluster = absl::StrCat(
         "[cluster]\ndata_units = ", kDataUnits, "\nparity_units = ", kParityUnits,

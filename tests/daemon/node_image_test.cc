@@ -44,7 +44,7 @@ TEST(NodeImageTest, ReadsAndWritesSpanRegionsAndReadZerosPastTheEnd) {
   image->Read(0, read.size(), read.data());
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), read.begin()));
   EXPECT_TRUE(std::all_of(read.begin() + 5107, read.end(), [](uint8_t b) { return b == 0; }));
-  EXPECT_EQ(image->extents()[1]->data()[0], bytes[100]);  // region b starts at image offset 100
+  EXPECT_EQ(image->stored()[1]->pieces()[0].data[0], bytes[100]);  // region b starts at image offset 100
   *image = NodeImage();  // the pool must outlive every extent
   pool->reset();
   std::remove(("/dev/shm/" + options.name + ".data").c_str());

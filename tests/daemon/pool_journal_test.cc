@@ -7,6 +7,7 @@
 #include "common/shared_memory.h"
 #include "daemon/journal.h"
 #include "daemon/pool.h"
+#include "erasure/crc32c.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::daemon {
@@ -20,29 +21,44 @@ std::string UniqueName(const std::string& what) {
 class PoolTest : public ::testing::Test {
  protected:
   void TearDown() override { SharedMemory::Unlink(options_.name + ".data").IgnoreError(); }
-  PoolOptions options_{.name = UniqueName("pool"), .bytes = 64 * Pool::kAlignment};
+  static constexpr uint64_t kUnit = ExtentAllocator::kAlignment;
+  PoolOptions options_{.name = UniqueName("pool"), .bytes = 64 * Pool::kPageBytes};
 };
 
 TEST_F(PoolTest, AllocatesFreesAndCoalesces) {
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
   ASSERT_OK(pool);
   EXPECT_FALSE((*pool)->reattached());
-  auto a = (*pool)->Allocate(10 * Pool::kAlignment);
-  auto b = (*pool)->Allocate(1);  // rounds up to one page
-  auto c = (*pool)->Allocate(53 * Pool::kAlignment);
+  const uint64_t capacity = options_.bytes;
+  auto a = (*pool)->Allocate(10 * kUnit);
+  auto b = (*pool)->Allocate(1);  // rounds up to the alignment
+  auto c = (*pool)->Allocate(capacity - 11 * kUnit);
   ASSERT_OK(a);
   ASSERT_OK(b);
   ASSERT_OK(c);
   EXPECT_EQ((*pool)->free_bytes(), 0u);
   absl::StatusOr<std::shared_ptr<PoolExtent>> none = (*pool)->Allocate(1);
   ASSERT_STATUS(none, absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(none.status().message().find("4096 more"), std::string::npos) << none.status();
+  EXPECT_NE(none.status().message().find(absl::StrCat(kUnit, " more")), std::string::npos)
+      << none.status();
   a->reset();
   c->reset();
-  // a and c are not adjacent: 53 pages fit, 64 do not; once b goes, they do.
-  EXPECT_STATUS((*pool)->Allocate(64 * Pool::kAlignment), absl::StatusCode::kResourceExhausted);
+  // a and c are not adjacent: one contiguous extent of everything but b does not fit ...
+  EXPECT_STATUS((*pool)->Allocate(capacity - kUnit), absl::StatusCode::kResourceExhausted);
+  // ... but the same bytes in pieces do, and hold what is written across them.
+  absl::StatusOr<std::shared_ptr<PoolBytes>> pieces = (*pool)->AllocateBytes(capacity - kUnit);
+  ASSERT_OK(pieces);
+  EXPECT_EQ((*pieces)->pieces().size(), 2u);
+  std::vector<uint8_t> written(capacity - kUnit);
+  for (size_t i = 0; i < written.size(); ++i) written[i] = static_cast<uint8_t>(i * 31 + 7);
+  (*pieces)->Write(0, written.data(), written.size());
+  std::vector<uint8_t> read(written.size());
+  (*pieces)->Read(0, read.size(), read.data());
+  EXPECT_EQ(read, written);
+  EXPECT_EQ((*pieces)->Crc32c(5, written.size() - 9), erasure::Crc32c(written.data() + 5, written.size() - 9));
+  pieces->reset();
   b->reset();
-  EXPECT_OK((*pool)->Allocate(64 * Pool::kAlignment));
+  EXPECT_OK((*pool)->Allocate(capacity));
 }
 
 TEST_F(PoolTest, ReattachesTheSameBytesAndRefusesAnotherSizeOrASecondOwner) {

@@ -1,7 +1,5 @@
 #include "tests/testing/test_daemon.h"
 
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,19 +9,25 @@
 #include <fstream>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
+#include "proto/moesnap.grpc.pb.h"
 
 namespace moesnap::testing {
 namespace {
 
-bool Accepts(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-  close(fd);
-  return ok;
+// True once the daemon process `pid` answers operators: every socket is bound and served then.
+// A socket that accepts connections is not enough: the agent socket listens a moment before the
+// admin socket is bound, and a killed daemon's socket files stay behind.
+bool Serves(const std::string& admin_socket, pid_t pid) {
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + admin_socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::StatusResponse status;
+  return stub->Status(&context, v1::StatusRequest(), &status).ok() &&
+         static_cast<pid_t>(status.pid()) == pid;
 }
 
 }  // namespace
@@ -65,7 +69,7 @@ bool TestDaemon::Start(const std::vector<std::string>& environment) {
   process_ = std::make_unique<ChildProcess>(
       std::vector<std::string>{BinaryPath("moesnapd"), "--config", config_path_}, environment);
   for (int attempt = 0; attempt < 1000; ++attempt) {
-    if (Accepts(agent_socket_)) return true;
+    if (Serves(admin_socket_, process_->pid())) return true;
     if (!process_->running()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -21,7 +21,8 @@ class TestDaemon {
                       uint32_t node_id = 0);
   ~TestDaemon();
 
-  // Starts moesnapd and waits until its agent socket accepts connections. False if it exited.
+  // Starts moesnapd and waits until it serves (its admin service answers, from this process).
+  // False if it exited or never served.
   bool Start(const std::vector<std::string>& environment = {});
   int Kill(int signal);
   // Deletes the pool and journal files (after a kill), so the next Start is a replacement node

@@ -6,9 +6,9 @@
 // before the next optimizer step. For GPU regions, Snapshot records an event on the trainer's stream
 // that the daemon waits on before copying.
 //
-// Ownership: a Client owns its connection; registered host regions must stay allocated (hold their
-// SharedBuffer) while registered. Thread safety: all methods may be called from several threads;
-// calls are serialized per Client where the protocol needs it.
+// Ownership: a Client owns its connections; registered host regions must stay allocated (hold
+// their SharedBuffer, keep shared descriptors open) while registered. Thread safety: all methods
+// may be called from several threads; calls are serialized per Client where the protocol needs it.
 #ifndef MOESNAP_CLIENT_CLIENT_H_
 #define MOESNAP_CLIENT_CLIENT_H_
 
@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,10 @@ class SnapshotRequest;
 struct ClientOptions {
   std::string socket_path = "/run/moesnap/agent.sock";
   uint32_t rank = 0;
+  // What a launcher (torchrun, Slurm, a Kubernetes pod) sets: the socket from MOESNAP_SOCKET, else
+  // the default above; the rank from RANK, else LOCAL_RANK, else 0. INVALID_ARGUMENT names a
+  // variable that is set but is not a rank.
+  static absl::StatusOr<ClientOptions> FromEnvironment();
   // How long Connect and each short call may take.
   std::chrono::milliseconds call_timeout{30000};
   // How long WaitCaptured / WaitCommitted / Restore may wait for copies in flight.
@@ -57,6 +62,18 @@ struct DeviceMemory {
   size_t offset = 0;
   size_t bytes = 0;
   void* stream = nullptr;
+};
+
+// A shared-memory file handed to the daemon (Client::ShareMemory), by a handle that stays valid
+// across reconnections to a restarted daemon.
+using MemoryHandle = uint64_t;
+
+// A host region inside shared memory handed over with ShareMemory.
+struct HostRegion {
+  RegionInfo info;
+  MemoryHandle memory = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
 };
 
 struct RestoredRegion {
@@ -117,19 +134,31 @@ struct LoggedMessage {
   std::string payload;
 };
 
+// Riding through a daemon restart: when a call finds the daemon gone, the client connects again
+// once the daemon is back (at that call or a later one), hands its memory over again and registers
+// every region again, then carries on; calls made while it is down fail with UNAVAILABLE. A step
+// whose capture was lost with the daemon counts as captured (its regions may change) and is
+// reported by TakeLostSteps(). The restarted daemon still holds every committed step.
 class Client {
  public:
   // Connects and starts a session for `options.rank` (forgetting regions an earlier process of the
-  // rank registered). UNAVAILABLE, naming the socket, when no daemon answers.
+  // rank registered). UNAVAILABLE at once, naming the socket, when no daemon answers there.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // Allocates host memory the daemon can map (see SharedBuffer), with the daemon's group.
+  // Allocates host memory the daemon can map (SharedBuffer::Allocate).
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateHost(size_t bytes) const;
 
-  // Registers `bytes` bytes at `offset` of `buffer` as a region.
+  // Hands shared-memory files (memfd, or /dev/shm files such as PyTorch's shared storages) to the
+  // daemon, which maps each once; returns a handle per descriptor, in order. The descriptors must
+  // stay open, and the files unshrunk, while regions in them are registered: the client keeps the
+  // numbers, not copies, to hand them over again after a daemon restart.
+  absl::StatusOr<std::vector<MemoryHandle>> ShareMemory(const std::vector<int>& fds);
+  // Registers regions inside shared memory, all in one call (O(regions), whatever the files' size).
+  absl::Status RegisterHostRegions(const std::vector<HostRegion>& regions);
+  // Registers `bytes` bytes at `offset` of `buffer` as a region (handing the buffer over once).
   absl::Status RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
                                   size_t offset, size_t bytes);
   // Registers GPU memory shared by CUDA IPC. UNIMPLEMENTED in a build without CUDA,
@@ -174,12 +203,17 @@ class Client {
   absl::StatusOr<std::vector<LoggedMessage>> FetchLog(uint32_t sender_rank, int64_t step,
                                                       LogDirection direction, uint32_t peer_rank);
 
-  // After the daemon restarted: start a new session and register every region again.
+  // Starts a new session with the daemon (after it restarted): hands the memory over again and
+  // registers every region again. The calls above do it by themselves when they find the daemon
+  // gone.
   absl::Status Reconnect();
+
+  // Steps this client snapshotted whose capture was lost with a daemon that went away, each with
+  // the reason; cleared by the call.
+  std::vector<std::pair<int64_t, std::string>> TakeLostSteps();
 
   uint32_t rank() const;
   uint32_t node_id() const;
-  const std::string& shm_group() const;
 
  private:
   struct State;
@@ -188,6 +222,7 @@ class Client {
                                             const std::vector<std::string>& regions);
   absl::StatusOr<uint64_t> SnapshotWith(v1::SnapshotRequest request,
                                         const std::vector<std::string>& regions);
+  absl::Status Wait(int64_t step, bool until_committed);
   std::unique_ptr<State> state_;
 };
 

@@ -1,9 +1,9 @@
 """Fixtures for the Python tests: a real moesnapd per test, started and SIGKILLed like in
 production, and the example MoE trainer as a real process."""
 
+import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,19 +34,7 @@ class Daemon:
 
     def start(self) -> None:
         self.process = subprocess.Popen([str(BIN_DIR / "moesnapd"), "--config", str(self.config)])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            probe = socket.socket(socket.AF_UNIX)
-            try:
-                probe.connect(self.agent_socket)
-                return
-            except OSError:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"moesnapd exited with {self.process.returncode}")
-                time.sleep(0.02)
-            finally:
-                probe.close()
-        raise RuntimeError("moesnapd did not start")
+        wait_until_serving(self.process, self.admin_socket)
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
@@ -57,6 +45,21 @@ class Daemon:
         self.kill()
         for suffix in (".data", ".journal"):
             Path(f"/dev/shm/{self.pool}{suffix}").unlink(missing_ok=True)
+
+
+def wait_until_serving(process: subprocess.Popen, admin_socket: str, timeout: float = 20) -> None:
+    """Waits until the daemon `process` answers operators on `admin_socket`: every socket is bound
+    and served then (a socket file, or an agent socket that accepts, is not enough)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moesnapd exited with {process.returncode}")
+        answer = subprocess.run([str(BIN_DIR / "moesnapctl"), "--socket", admin_socket, "status",
+                                 "--json"], capture_output=True, text=True)
+        if answer.returncode == 0 and json.loads(answer.stdout)["pid"] == process.pid:
+            return
+        time.sleep(0.02)
+    raise RuntimeError("moesnapd did not start serving")
 
 
 @pytest.fixture

@@ -111,14 +111,22 @@ inline NodeImage MakeImage(Pool* pool, const std::vector<std::tuple<uint32_t, st
   v1::NodeImage filled = image.manifest();
   for (int i = 0; i < filled.regions_size(); ++i) {
     v1::ImageRegion* region = filled.mutable_regions(i);
-    uint8_t* bytes = image.extents()[i]->data();
-    moesnap::testing::DeterministicBytes(seed * 1000 + i).Fill(bytes, region->bytes());
+    std::vector<uint8_t> bytes(region->bytes());
+    moesnap::testing::DeterministicBytes(seed * 1000 + i).Fill(bytes.data(), bytes.size());
+    image.stored()[i]->Write(0, bytes.data(), bytes.size());
     for (uint64_t offset = 0; offset < region->bytes(); offset += chunk_bytes) {
       region->add_chunk_crcs(
-          erasure::Crc32c(bytes + offset, std::min(chunk_bytes, region->bytes() - offset)));
+          erasure::Crc32c(bytes.data() + offset, std::min(chunk_bytes, region->bytes() - offset)));
     }
   }
-  return NodeImage(filled, image.extents());
+  return NodeImage(filled, image.stored());
+}
+
+// The bytes of region `region` of an image.
+inline std::vector<uint8_t> RegionBytes(const NodeImage& image, int region) {
+  std::vector<uint8_t> bytes(image.manifest().regions(region).bytes());
+  image.stored()[region]->Read(0, bytes.size(), bytes.data());
+  return bytes;
 }
 
 // The store as the durable tier sees it: the test sets the committed image and tells the

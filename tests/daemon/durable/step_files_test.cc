@@ -57,11 +57,12 @@ TEST_F(StepFilesTest, EveryChunkReadsBackAsWritten) {
   for (int i = 0; i < 3; ++i) {
     const v1::ImageRegion& region = manifest.regions(i).region();
     EXPECT_EQ(region.region(), image.manifest().regions(i).region());
+    const std::vector<uint8_t> expected = RegionBytes(image, i);
     for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
       std::vector<uint8_t> bytes(region.chunk_bytes());
       ASSERT_OK((*reader)->ReadChunk(i, chunk, bytes.data()));
       const uint64_t offset = uint64_t(chunk) * region.chunk_bytes();
-      EXPECT_EQ(0, std::memcmp(bytes.data(), image.extents()[i]->data() + offset,
+      EXPECT_EQ(0, std::memcmp(bytes.data(), expected.data() + offset,
                                std::min(region.chunk_bytes(), region.bytes() - offset)));
     }
   }
@@ -77,7 +78,7 @@ TEST_F(StepFilesTest, CorruptTruncatedOrForeignFilesAreRefused) {
   {
     std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(5000);
-    file.put('\x5a' ^ static_cast<char>(image.extents()[0]->data()[5000]));
+    file.put('\x5a' ^ static_cast<char>(RegionBytes(image, 0)[5000]));
   }
   absl::StatusOr<std::unique_ptr<StepReader>> reader = StepReader::Open(*directory_, 3);
   ASSERT_OK(reader);
@@ -98,7 +99,8 @@ TEST_F(StepFilesTest, CorruptTruncatedOrForeignFilesAreRefused) {
 
 TEST_F(StepFilesTest, ACorruptPoolIsNeverMadeDurable) {
   NodeImage image = MakeImage(pool_.get(), {{0, "a", 10000}}, 3);
-  image.extents()[0]->data()[9000] ^= 1;  // after the capture recorded its CRC
+  const uint8_t flipped = RegionBytes(image, 0)[9000] ^ 1;
+  image.stored()[0]->Write(9000, &flipped, 1);  // after the capture recorded its CRC
   absl::StatusOr<WrittenStep> written = Write(5, image);
   EXPECT_STATUS(written, absl::StatusCode::kDataLoss);
   EXPECT_TRUE(directory_->Steps()->empty());

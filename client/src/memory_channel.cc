@@ -1,0 +1,140 @@
+// MemoryChannel: SOCK_SEQPACKET with SCM_RIGHTS, every wait bounded by the call timeout.
+#include "client/src/memory_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/memory_handoff_wire.h"
+
+namespace moesnap {
+namespace {
+
+namespace wire = ::moesnap::memory_handoff;
+
+}  // namespace
+
+absl::StatusOr<MemoryChannel> MemoryChannel::Connect(const std::string& path,
+                                                     const std::string& session,
+                                                     std::chrono::milliseconds timeout) {
+  if (session.size() != wire::kSessionBytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "moesnapd answered Hello without a session to hand memory over to (", session.size(),
+        " bytes); is it an older daemon?"));
+  }
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("memory socket path '", path, "' is not usable"));
+  }
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket(): ", std::strerror(errno)));
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to moesnapd's memory socket ", path,
+                                               ": ", std::strerror(error)));
+  }
+  return MemoryChannel(fd, path, session, timeout);
+}
+
+MemoryChannel::MemoryChannel(MemoryChannel&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)),
+      session_(std::move(other.session_)), timeout_(other.timeout_) {}
+
+MemoryChannel& MemoryChannel::operator=(MemoryChannel&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+    session_ = std::move(other.session_);
+    timeout_ = other.timeout_;
+  }
+  return *this;
+}
+
+MemoryChannel::~MemoryChannel() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<std::vector<uint64_t>> MemoryChannel::Share(const std::vector<int>& fds) {
+  std::vector<uint64_t> ids;
+  ids.reserve(fds.size());
+  for (size_t done = 0; done < fds.size(); done += wire::kMaxFilesPerRequest) {
+    const auto count =
+        static_cast<uint32_t>(std::min<size_t>(wire::kMaxFilesPerRequest, fds.size() - done));
+    absl::StatusOr<uint64_t> first = ShareBatch(fds.data() + done, count);
+    if (!first.ok()) return first.status();
+    for (uint32_t i = 0; i < count; ++i) ids.push_back(*first + i);
+  }
+  return ids;
+}
+
+bool MemoryChannel::PeerClosed() const {
+  if (fd_ < 0) return true;
+  pollfd state{fd_, POLLIN | POLLRDHUP, 0};
+  if (poll(&state, 1, 0) <= 0) return false;
+  if ((state.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) return true;
+  char byte;  // the daemon sends nothing unasked: readable means end of file
+  return recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+absl::StatusOr<uint64_t> MemoryChannel::ShareBatch(const int* fds, uint32_t count) {
+  if (fd_ < 0) return absl::FailedPreconditionError("the memory channel is not connected");
+  wire::Request request;
+  request.files = count;
+  std::memcpy(request.session, session_.data(), wire::kSessionBytes);
+  iovec data{&request, sizeof(request)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)] = {};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = CMSG_SPACE(sizeof(int) * count);
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int) * count);
+  std::memcpy(CMSG_DATA(header), fds, sizeof(int) * count);
+  if (sendmsg(fd_, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(request))) {
+    return absl::UnavailableError(absl::StrCat("handing memory to moesnapd at ", path_,
+                                               " failed: ", std::strerror(errno)));
+  }
+  pollfd ready{fd_, POLLIN, 0};
+  const int polled = poll(&ready, 1, static_cast<int>(timeout_.count()));
+  if (polled <= 0) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "moesnapd at ", path_, " did not answer a memory handoff within ", timeout_.count(), " ms"));
+  }
+  char packet[sizeof(wire::Response) + wire::kMaxMessageBytes];
+  const ssize_t received = recv(fd_, packet, sizeof(packet), 0);
+  wire::Response response;
+  if (received < static_cast<ssize_t>(sizeof(response))) {
+    return absl::UnavailableError(absl::StrCat("moesnapd at ", path_,
+                                               " closed the memory handoff connection"));
+  }
+  std::memcpy(&response, packet, sizeof(response));
+  const size_t message_bytes = std::min<size_t>(
+      {response.message_bytes, wire::kMaxMessageBytes, static_cast<size_t>(received) - sizeof(response)});
+  if (response.magic != wire::kResponseMagic) {
+    return absl::DataLossError(absl::StrCat("moesnapd at ", path_, " answered a memory handoff "
+                                            "with a malformed response"));
+  }
+  if (response.code != 0) {
+    const auto code = response.code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
+                          ? static_cast<absl::StatusCode>(response.code)
+                          : absl::StatusCode::kUnknown;
+    return absl::Status(code, std::string(packet + sizeof(response), message_bytes));
+  }
+  return response.first_id;
+}
+
+}  // namespace moesnap

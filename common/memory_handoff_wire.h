@@ -1,0 +1,40 @@
+// The memory handoff: how a trainer gives moesnapd its host memory. Over a Unix SOCK_SEQPACKET
+// socket (the agent socket's path + ".memory"), each request carries up to kMaxFilesPerRequest file
+// descriptors (SCM_RIGHTS) of shared-memory files the trainer maps (memfd, or /dev/shm files such
+// as PyTorch's shared storages), and the session token Hello returned. The daemon maps each file
+// once and answers with the ids regions refer to (RegionHandle.memory). No file is ever opened by
+// name, so the daemon reads and writes only memory a trainer handed it, and memory of a trainer
+// that dies is released when its connection closes. Little-endian, fixed layout, both sides C++.
+#ifndef MOESNAP_COMMON_MEMORY_HANDOFF_WIRE_H_
+#define MOESNAP_COMMON_MEMORY_HANDOFF_WIRE_H_
+
+#include <cstdint>
+
+namespace moesnap::memory_handoff {
+
+inline constexpr char kSocketSuffix[] = ".memory";
+inline constexpr uint32_t kRequestMagic = 0x484d534d;   // "MSMH"
+inline constexpr uint32_t kResponseMagic = 0x524d534d;  // "MSMR"
+inline constexpr uint32_t kMaxFilesPerRequest = 64;
+inline constexpr uint32_t kSessionBytes = 16;
+inline constexpr uint32_t kMaxMessageBytes = 512;
+
+struct Request {
+  uint32_t magic = kRequestMagic;
+  uint32_t files = 0;  // the number of descriptors attached
+  uint8_t session[kSessionBytes] = {};
+};
+
+struct Response {
+  uint32_t magic = kResponseMagic;
+  uint32_t code = 0;            // absl::StatusCode; 0: the files are mapped
+  uint64_t first_id = 0;        // ids first_id .. first_id + files - 1, in the request's order
+  uint32_t message_bytes = 0;   // followed by the error message, at most kMaxMessageBytes
+  uint32_t reserved = 0;
+};
+
+static_assert(sizeof(Request) == 24 && sizeof(Response) == 24, "fixed wire layout");
+
+}  // namespace moesnap::memory_handoff
+
+#endif  // MOESNAP_COMMON_MEMORY_HANDOFF_WIRE_H_

@@ -1,0 +1,36 @@
+// LocalReport: assembled from the store, the parity store, the rebuilder and the participant.
+#include "daemon/cluster/local_report.h"
+
+namespace moesnap::daemon::cluster {
+
+LocalReport::LocalReport(const ClusterContext& context, const ClusterStore* store,
+                         const ParityStore* parity, const Pool* pool, const Rebuilder* rebuilder,
+                         const Participant* participant)
+    : context_(context), store_(store), parity_(parity), pool_(pool), rebuilder_(rebuilder),
+      participant_(participant) {}
+
+v1::NodeMemory LocalReport::Memory() const {
+  v1::NodeMemory memory;
+  memory.set_data_bytes(store_->CommittedBytes());
+  memory.set_parity_bytes(parity_->committed_bytes());
+  memory.set_in_flight_bytes(store_->InFlightBytes() + parity_->in_flight_bytes());
+  memory.set_pool_bytes(pool_->capacity());
+  return memory;
+}
+
+v1::HeartbeatResponse LocalReport::Heartbeat() const {
+  v1::HeartbeatResponse response;
+  response.set_node_id(context_.node_id());
+  const v1::JournalCluster record = store_->ClusterRecord();
+  if (record.has_committed_step()) response.set_latest_committed_step(record.committed_step());
+  *response.mutable_memory() = Memory();
+  response.set_rebuilding(rebuilder_->behind());
+  const std::vector<OpenStepView> open = participant_->OpenSteps();
+  if (!open.empty()) {
+    response.set_open_step(open.back().step);
+    response.set_open_step_coordinator(open.back().coordinator);
+  }
+  return response;
+}
+
+}  // namespace moesnap::daemon::cluster

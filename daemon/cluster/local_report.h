@@ -1,0 +1,36 @@
+// What this node tells its peers and operators about itself: its committed step, its memory, whether
+// it is behind its group, and its open step.
+#ifndef MOESNAP_DAEMON_CLUSTER_LOCAL_REPORT_H_
+#define MOESNAP_DAEMON_CLUSTER_LOCAL_REPORT_H_
+
+#include "daemon/cluster/context.h"
+#include "daemon/cluster/participant.h"
+#include "daemon/cluster/rebuild.h"
+#include "daemon/cluster_store.h"
+#include "daemon/parity_store.h"
+#include "daemon/pool.h"
+
+namespace moesnap::daemon::cluster {
+
+// Thread-safe; reads only.
+class LocalReport {
+ public:
+  LocalReport(const ClusterContext& context, const ClusterStore* store, const ParityStore* parity,
+              const Pool* pool, const Rebuilder* rebuilder, const Participant* participant);
+
+  v1::NodeMemory Memory() const;
+  // The answer to a peer's heartbeat.
+  v1::HeartbeatResponse Heartbeat() const;
+
+ private:
+  const ClusterContext context_;
+  const ClusterStore* const store_;
+  const ParityStore* const parity_;
+  const Pool* const pool_;
+  const Rebuilder* const rebuilder_;
+  const Participant* const participant_;
+};
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_LOCAL_REPORT_H_

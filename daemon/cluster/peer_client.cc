@@ -1,0 +1,189 @@
+// GrpcPeerClient: one channel per peer address, a deadline per kind of call, one quick retry of
+// calls that only read.
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "daemon/cluster/node_table.h"
+#include "daemon/cluster/peer_client.h"
+#include "proto/moesnap.grpc.pb.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+// Control calls answer at once unless the peer is gone.
+constexpr absl::Duration kControlDeadline = absl::Seconds(10);
+// A group member answers what it holds from memory.
+constexpr absl::Duration kGroupStateDeadline = absl::Seconds(2);
+// Bulk pushes return once every frame is on the wire.
+constexpr absl::Duration kSendUnitsDeadline = absl::Minutes(10);
+constexpr absl::Duration kSendRegionDeadline = absl::Minutes(5);
+constexpr absl::Duration kRebuildDeadline = absl::Hours(1);
+constexpr int kMaxMessageBytes = 64 << 20;
+
+// The Peer service's credentials: where mutual TLS will be switched on.
+std::shared_ptr<grpc::ChannelCredentials> PeerChannelCredentials() {
+  return grpc::InsecureChannelCredentials();
+}
+
+// Whether a call that failed this way may simply be made again.
+bool Retriable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+class GrpcPeerClient final : public PeerClient {
+ public:
+  GrpcPeerClient(const NodeTable* nodes, const PeerClientOptions& options)
+      : nodes_(nodes), options_(options) {}
+
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(uint32_t node,
+                                                   const v1::HeartbeatRequest& request) override {
+    return Call<v1::HeartbeatResponse>(node, "Heartbeat", &v1::Peer::Stub::Heartbeat, request,
+                                       options_.heartbeat_interval * 2, /*reads_only=*/false);
+  }
+  absl::StatusOr<v1::ProposeResponse> Propose(uint32_t node,
+                                              const v1::ProposeRequest& request) override {
+    return Call<v1::ProposeResponse>(node, "Propose", &v1::Peer::Stub::Propose, request,
+                                     kControlDeadline, false);
+  }
+  absl::StatusOr<v1::PrepareResponse> Prepare(uint32_t node,
+                                              const v1::PrepareRequest& request) override {
+    return Call<v1::PrepareResponse>(node, "Prepare", &v1::Peer::Stub::Prepare, request,
+                                     absl::Milliseconds(request.timeout_ms()) + kControlDeadline,
+                                     false);
+  }
+  absl::StatusOr<v1::EncodeResponse> Encode(uint32_t node,
+                                            const v1::EncodeRequest& request) override {
+    return Call<v1::EncodeResponse>(node, "Encode", &v1::Peer::Stub::Encode, request,
+                                    absl::Milliseconds(request.timeout_ms()) + kControlDeadline,
+                                    false);
+  }
+  absl::Status Commit(uint32_t node, const v1::CommitRequest& request) override {
+    return Call<v1::CommitResponse>(node, "Commit", &v1::Peer::Stub::Commit, request,
+                                    kControlDeadline, false)
+        .status();
+  }
+  absl::Status Abort(uint32_t node, const v1::AbortRequest& request) override {
+    return Call<v1::AbortResponse>(node, "Abort", &v1::Peer::Stub::Abort, request,
+                                   kControlDeadline, false)
+        .status();
+  }
+  absl::StatusOr<v1::StepOutcomeResponse> StepOutcome(
+      uint32_t node, const v1::StepOutcomeRequest& request) override {
+    return Call<v1::StepOutcomeResponse>(node, "StepOutcome", &v1::Peer::Stub::StepOutcome,
+                                         request, kControlDeadline, true);
+  }
+  absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) override {
+    return Call<v1::GroupStateResponse>(node, "GroupState", &v1::Peer::Stub::GroupState,
+                                        v1::GroupStateRequest(), kGroupStateDeadline, true);
+  }
+  absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
+                                                  const v1::SendUnitsRequest& request) override {
+    return Call<v1::SendUnitsResponse>(node, "SendUnits", &v1::Peer::Stub::SendUnits, request,
+                                       kSendUnitsDeadline, false);
+  }
+  absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) override {
+    return Call<v1::RebuildResponse>(node, "Rebuild", &v1::Peer::Stub::Rebuild,
+                                     v1::PeerRebuildRequest(), kRebuildDeadline, false);
+  }
+  absl::StatusOr<v1::LocateRankResponse> LocateRank(
+      uint32_t node, const v1::LocateRankRequest& request) override {
+    return Call<v1::LocateRankResponse>(node, "LocateRank", &v1::Peer::Stub::LocateRank, request,
+                                        kControlDeadline, true);
+  }
+  absl::StatusOr<v1::SendRegionResponse> SendRegion(
+      uint32_t node, const v1::SendRegionRequest& request) override {
+    return Call<v1::SendRegionResponse>(node, "SendRegion", &v1::Peer::Stub::SendRegion, request,
+                                        kSendRegionDeadline, false);
+  }
+  absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
+                                                const v1::FetchLogRequest& request) override {
+    return Call<v1::FetchLogResponse>(node, "FetchLog", &v1::Peer::Stub::FetchLog, request,
+                                      kControlDeadline, true);
+  }
+  absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                        absl::Time deadline) override {
+    return Call<v1::DurableStateResponse>(node, "DurableState", &v1::Peer::Stub::DurableState,
+                                          v1::DurableStateRequest(),
+                                          std::min(deadline - absl::Now(), kControlDeadline), true);
+  }
+
+ private:
+  template <typename Response, typename Request, typename Method>
+  absl::StatusOr<Response> Call(uint32_t node, const char* name, Method method,
+                                const Request& request, absl::Duration timeout, bool reads_only) {
+    const absl::Time deadline = absl::Now() + timeout;
+    grpc::Status status;
+    for (int attempt = 0; attempt < (reads_only ? 2 : 1); ++attempt) {
+      absl::StatusOr<v1::Peer::Stub*> stub = Stub(node);
+      if (!stub.ok()) return stub.status();
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      Response response;
+      status = ((*stub)->*method)(&context, request, &response);
+      if (status.ok()) return response;
+      if (!Retriable(status) || absl::Now() >= deadline) break;
+    }
+    const absl::Status converted = FromGrpcStatus(status);
+    // Transport failures say which call to which node; the peer's own answers pass unchanged.
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::Status(converted.code(),
+                          absl::StrCat(name, " to node ", node, ": ", converted.message()));
+    }
+    return converted;
+  }
+
+  // The stub for `node`'s current address, made on first use and again when the address changes.
+  absl::StatusOr<v1::Peer::Stub*> Stub(uint32_t node) {
+    const std::optional<ClusterNode> address = nodes_->Address(node);
+    if (!address) return absl::NotFoundError(absl::StrCat("node ", node, " is not in the cluster"));
+    const std::string target = absl::StrCat(address->host, ":", address->control_port);
+    absl::MutexLock lock(&mutex_);
+    Channel& channel = channels_[node];
+    if (channel.stub == nullptr || channel.target != target) {
+      // Reconnect within a heartbeat: a restarted peer must be seen as soon as it answers.
+      grpc::ChannelArguments arguments;
+      const int backoff_ms =
+          static_cast<int>(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+      arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff_ms);
+      arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);
+      arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
+      arguments.SetMaxReceiveMessageSize(kMaxMessageBytes);
+      // A call in flight may still use the old stub: it is kept, not destroyed.
+      if (channel.stub != nullptr) retired_.push_back(std::move(channel.stub));
+      channel.target = target;
+      channel.stub = v1::Peer::NewStub(
+          grpc::CreateCustomChannel(target, PeerChannelCredentials(), arguments));
+    }
+    return channel.stub.get();
+  }
+
+  struct Channel {
+    std::string target;
+    std::unique_ptr<v1::Peer::Stub> stub;
+  };
+
+  const NodeTable* const nodes_;
+  const PeerClientOptions options_;
+  absl::Mutex mutex_;
+  std::map<uint32_t, Channel> channels_ ABSL_GUARDED_BY(mutex_);
+  // Stubs of addresses a node no longer has; one per address change, kept while the client lives.
+  std::vector<std::unique_ptr<v1::Peer::Stub>> retired_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace
+
+std::unique_ptr<PeerClient> NewGrpcPeerClient(const NodeTable* nodes,
+                                              const PeerClientOptions& options) {
+  return std::make_unique<GrpcPeerClient>(nodes, options);
+}
+
+}  // namespace moesnap::daemon::cluster

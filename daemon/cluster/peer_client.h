@@ -1,0 +1,66 @@
+// The one place where this node calls its peers' Peer service: channels (and, when peer TLS comes,
+// their credentials), the deadline of every call, retries of calls that read and change nothing,
+// and conversion of gRPC status into absl::Status. Units call a PeerClient, never a stub; unit
+// tests put a fake in its place.
+#ifndef MOESNAP_DAEMON_CLUSTER_PEER_CLIENT_H_
+#define MOESNAP_DAEMON_CLUSTER_PEER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon::cluster {
+
+class NodeTable;
+
+// Every method is thread-safe and names the node in transport failures ("Prepare to node 3: ...");
+// a status the peer itself returned comes back unchanged.
+class PeerClient {
+ public:
+  virtual ~PeerClient() = default;
+
+  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(uint32_t node,
+                                                          const v1::HeartbeatRequest& request) = 0;
+  virtual absl::StatusOr<v1::ProposeResponse> Propose(uint32_t node,
+                                                      const v1::ProposeRequest& request) = 0;
+  // Prepare and Encode may take the request's timeout_ms on the peer, and a little more.
+  virtual absl::StatusOr<v1::PrepareResponse> Prepare(uint32_t node,
+                                                      const v1::PrepareRequest& request) = 0;
+  virtual absl::StatusOr<v1::EncodeResponse> Encode(uint32_t node,
+                                                    const v1::EncodeRequest& request) = 0;
+  virtual absl::Status Commit(uint32_t node, const v1::CommitRequest& request) = 0;
+  virtual absl::Status Abort(uint32_t node, const v1::AbortRequest& request) = 0;
+  virtual absl::StatusOr<v1::StepOutcomeResponse> StepOutcome(
+      uint32_t node, const v1::StepOutcomeRequest& request) = 0;
+  virtual absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) = 0;
+  virtual absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
+                                                          const v1::SendUnitsRequest& request) = 0;
+  virtual absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) = 0;
+  virtual absl::StatusOr<v1::LocateRankResponse> LocateRank(
+      uint32_t node, const v1::LocateRankRequest& request) = 0;
+  virtual absl::StatusOr<v1::SendRegionResponse> SendRegion(
+      uint32_t node, const v1::SendRegionRequest& request) = 0;
+  virtual absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
+                                                        const v1::FetchLogRequest& request) = 0;
+  // Waits for the answer until `deadline` at most.
+  virtual absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                                absl::Time deadline) = 0;
+};
+
+struct PeerClientOptions {
+  // How long a heartbeat may take, and how soon a lost peer's channel tries to reconnect.
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+};
+
+// Over gRPC, to the addresses in `nodes` (a channel is made again when a node's incarnation
+// changes). `nodes` must outlive the client.
+std::unique_ptr<PeerClient> NewGrpcPeerClient(const NodeTable* nodes,
+                                              const PeerClientOptions& options);
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_PEER_CLIENT_H_

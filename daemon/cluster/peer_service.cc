@@ -1,0 +1,96 @@
+// PeerService: request in, the owning unit's answer out.
+#include "daemon/cluster/peer_service.h"
+
+#include "common/grpc_status.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+// Copies an answer into the response, or converts its failure.
+template <typename Response>
+grpc::Status Answer(absl::StatusOr<Response> answer, Response* response) {
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *response = *std::move(answer);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status PeerService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                                    v1::HeartbeatResponse* response) {
+  if (absl::Status status = units_.membership->CheckPeer(*request); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  *response = units_.report->Heartbeat();
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::Propose(grpc::ServerContext*, const v1::ProposeRequest* request,
+                                  v1::ProposeResponse* response) {
+  return Answer(units_.coordinator->Propose(*request), response);
+}
+
+grpc::Status PeerService::Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
+                                  v1::PrepareResponse* response) {
+  return Answer(units_.participant->Prepare(*request), response);
+}
+
+grpc::Status PeerService::Encode(grpc::ServerContext*, const v1::EncodeRequest* request,
+                                 v1::EncodeResponse* response) {
+  return Answer(units_.participant->Encode(*request), response);
+}
+
+grpc::Status PeerService::Commit(grpc::ServerContext*, const v1::CommitRequest* request,
+                                 v1::CommitResponse*) {
+  return ToGrpcStatus(units_.participant->Commit(*request));
+}
+
+grpc::Status PeerService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
+                                v1::AbortResponse*) {
+  return ToGrpcStatus(units_.participant->Abort(*request));
+}
+
+grpc::Status PeerService::StepOutcome(grpc::ServerContext*, const v1::StepOutcomeRequest* request,
+                                      v1::StepOutcomeResponse* response) {
+  *response = units_.participant->StepOutcome(*request);
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::GroupState(grpc::ServerContext*, const v1::GroupStateRequest*,
+                                     v1::GroupStateResponse* response) {
+  *response = units_.rebuilder->GroupState();
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::SendUnits(grpc::ServerContext*, const v1::SendUnitsRequest* request,
+                                    v1::SendUnitsResponse* response) {
+  return Answer(units_.transfer->ServeUnits(*request), response);
+}
+
+grpc::Status PeerService::Rebuild(grpc::ServerContext*, const v1::PeerRebuildRequest*,
+                                  v1::RebuildResponse* response) {
+  return Answer(units_.rebuilder->RebuildHere(), response);
+}
+
+grpc::Status PeerService::LocateRank(grpc::ServerContext*, const v1::LocateRankRequest* request,
+                                     v1::LocateRankResponse* response) {
+  *response = units_.remote_restore->Locate(*request);
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::SendRegion(grpc::ServerContext*, const v1::SendRegionRequest* request,
+                                     v1::SendRegionResponse* response) {
+  return Answer(units_.remote_restore->SendRegion(*request), response);
+}
+
+grpc::Status PeerService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
+                                   v1::FetchLogResponse* response) {
+  return Answer(units_.log_forwarding->FetchLocal(*request), response);
+}
+
+grpc::Status PeerService::DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+                                       v1::DurableStateResponse* response) {
+  return Answer(units_.durable->Local(), response);
+}
+
+}  // namespace moesnap::daemon::cluster

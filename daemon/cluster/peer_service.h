@@ -1,0 +1,69 @@
+// The Peer gRPC service: each handler converts its request, calls the unit that owns the call, and
+// converts the result at the edge. No logic lives here.
+#ifndef MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
+#define MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
+
+#include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/durable_view.h"
+#include "daemon/cluster/local_report.h"
+#include "daemon/cluster/log_forwarding.h"
+#include "daemon/cluster/membership.h"
+#include "daemon/cluster/participant.h"
+#include "daemon/cluster/rebuild.h"
+#include "daemon/cluster/remote_restore.h"
+#include "daemon/cluster/transfer.h"
+#include "proto/moesnap.grpc.pb.h"
+
+namespace moesnap::daemon::cluster {
+
+struct PeerServiceUnits {
+  Membership* membership = nullptr;
+  Coordinator* coordinator = nullptr;
+  Participant* participant = nullptr;
+  Transfer* transfer = nullptr;
+  Rebuilder* rebuilder = nullptr;
+  RemoteRestore* remote_restore = nullptr;
+  LogForwarding* log_forwarding = nullptr;
+  const LocalReport* report = nullptr;
+  const DurableView* durable = nullptr;
+};
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  explicit PeerService(const PeerServiceUnits& units) : units_(units) {}
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override;
+  grpc::Status Propose(grpc::ServerContext*, const v1::ProposeRequest*,
+                       v1::ProposeResponse*) override;
+  grpc::Status Prepare(grpc::ServerContext*, const v1::PrepareRequest*,
+                       v1::PrepareResponse*) override;
+  grpc::Status Encode(grpc::ServerContext*, const v1::EncodeRequest*,
+                      v1::EncodeResponse*) override;
+  grpc::Status Commit(grpc::ServerContext*, const v1::CommitRequest*,
+                      v1::CommitResponse*) override;
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+  grpc::Status StepOutcome(grpc::ServerContext*, const v1::StepOutcomeRequest*,
+                           v1::StepOutcomeResponse*) override;
+  grpc::Status GroupState(grpc::ServerContext*, const v1::GroupStateRequest*,
+                          v1::GroupStateResponse*) override;
+  grpc::Status SendUnits(grpc::ServerContext*, const v1::SendUnitsRequest*,
+                         v1::SendUnitsResponse*) override;
+  grpc::Status Rebuild(grpc::ServerContext*, const v1::PeerRebuildRequest*,
+                       v1::RebuildResponse*) override;
+  grpc::Status LocateRank(grpc::ServerContext*, const v1::LocateRankRequest*,
+                          v1::LocateRankResponse*) override;
+  grpc::Status SendRegion(grpc::ServerContext*, const v1::SendRegionRequest*,
+                          v1::SendRegionResponse*) override;
+  grpc::Status FetchLog(grpc::ServerContext*, const v1::FetchLogRequest*,
+                        v1::FetchLogResponse*) override;
+  grpc::Status DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+                            v1::DurableStateResponse*) override;
+
+ private:
+  const PeerServiceUnits units_;
+};
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_

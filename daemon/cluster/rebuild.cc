@@ -1,0 +1,454 @@
+// Rebuilder: pipelined decoding of a node's units from its group, the rebuild at start, repair.
+#include "daemon/cluster/rebuild.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "daemon/cluster/parallel.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+// Stripes decoded together are bounded by the bytes their units take in memory.
+constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
+constexpr int kRebuildAttempts = 3;
+
+}  // namespace
+
+Rebuilder::Rebuilder(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
+                     Transfer* transfer, Pool* pool, const RebuildOptions& options)
+    : context_(context), store_(store), parity_(parity), transfer_(transfer), pool_(pool),
+      options_(options) {}
+
+Rebuilder::~Rebuilder() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  if (at_start_.joinable()) at_start_.join();
+}
+
+void Rebuilder::Start() {
+  at_start_ = std::thread([this] { RebuildAtStart(); });
+}
+
+std::vector<bool> Rebuilder::HoldersOf(int group, int64_t step, int excluded) {
+  const int size = context_.layout().group_size();
+  std::vector<int> positions(size);
+  for (int position = 0; position < size; ++position) positions[position] = position;
+  std::vector<absl::Status> holds = InParallel(positions, [&](int position) -> absl::Status {
+    if (position == excluded) return absl::NotFoundError("being rebuilt");
+    absl::StatusOr<v1::GroupStateResponse> response =
+        context_.peers->GroupState(context_.topology->NodeAt(group, position));
+    if (!response.ok()) return response.status();
+    if (response->rebuilding() || !response->cluster().has_committed_step() ||
+        response->cluster().committed_step() != step) {
+      return absl::NotFoundError("does not hold the step");
+    }
+    return absl::OkStatus();
+  });
+  std::vector<bool> result;
+  for (const absl::Status& status : holds) result.push_back(status.ok());
+  return result;
+}
+
+absl::Status Rebuilder::Decode(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
+                               v1::RebuildResponse* stats) {
+  absl::MutexLock lock(&decode_mutex_);
+  return DecodeLocked(target, stripes, stats);
+}
+
+absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
+                                     const std::vector<uint64_t>& stripes,
+                                     v1::RebuildResponse* stats) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const Topology& topology = *context_.topology;
+  const int k = layout.data_units();
+  const int n = layout.group_size();
+  const int64_t step = target.record.committed_step();
+  std::vector<uint64_t> sizes;
+  for (const v1::NodeImage& image : target.record.group_images()) sizes.push_back(image.bytes());
+  // Asked now, not taken from what membership last heard: a peer may have committed since.
+  const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
+
+  struct Work {
+    uint64_t stripe = 0;
+    uint64_t length = 0;
+    int mine = 0;                 // the target's unit index in the stripe
+    std::vector<int> chosen;      // k unit indices that decode the stripe
+    std::vector<uint8_t*> units;  // n buffers of `length`, in the scratch space
+  };
+  // Scratch for a batch of stripes: from the pool when it has room (its pages are resident, so no
+  // page faults), else from the heap.
+  const uint64_t unit_span = layout.unit_bytes() * n;
+  const uint64_t scratch_bytes =
+      std::max(unit_span, std::min<uint64_t>(kDecodeBatchBytes, unit_span * stripes.size()));
+  std::shared_ptr<PoolExtent> pool_scratch;
+  std::vector<uint8_t> heap_scratch;
+  uint8_t* scratch = nullptr;
+  if (absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(scratch_bytes);
+      extent.ok()) {
+    pool_scratch = *std::move(extent);
+    scratch = pool_scratch->data();
+  } else {
+    heap_scratch.resize(scratch_bytes);
+    scratch = heap_scratch.data();
+  }
+  size_t next = 0;
+  while (next < stripes.size()) {
+    std::vector<Work> batch;
+    uint64_t batch_bytes = 0;
+    for (; next < stripes.size() && batch_bytes + unit_span <= scratch_bytes; ++next) {
+      Work work;
+      work.stripe = stripes[next];
+      work.length = layout.ParityLength(work.stripe, sizes);
+      if (work.length == 0) continue;
+      const erasure::StripeMembers members = layout.Members(work.stripe);
+      std::vector<int> position_of(n);
+      for (int i = 0; i < k; ++i) position_of[i] = members.data_positions[i];
+      for (int j = 0; j < n - k; ++j) position_of[k + j] = members.parity_positions[j];
+      std::vector<int> zeros, data, parity;
+      for (int i = 0; i < n; ++i) {
+        const int position = position_of[i];
+        if (position == target.position) {
+          work.mine = i;
+        } else if (i < k && layout.UnitLength(sizes[position],
+                                              layout.DataUnitOf(position, work.stripe)) == 0) {
+          zeros.push_back(i);  // virtually zero: known without asking anyone
+        } else if (holds[position]) {
+          (i < k ? data : parity).push_back(i);
+        }
+      }
+      for (const std::vector<int>* list : {&zeros, &data, &parity}) {
+        for (int i : *list) {
+          if (static_cast<int>(work.chosen.size()) < k) work.chosen.push_back(i);
+        }
+      }
+      if (static_cast<int>(work.chosen.size()) < k) {
+        std::vector<uint32_t> lost;
+        for (int position = 0; position < n; ++position) {
+          if (!holds[position]) lost.push_back(topology.NodeAt(target.group, position));
+        }
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group ", target.group, " [", absl::StrJoin(topology.groups[target.group], ", "),
+            "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
+            n, " nodes, so step ", step, " of node ",
+            topology.NodeAt(target.group, target.position),
+            " can no longer be recovered (stripe ", work.stripe, " has ", work.chosen.size(),
+            " of the ", k, " units it needs)"));
+      }
+      for (int i = 0; i < n; ++i) work.units.push_back(scratch + batch_bytes + i * work.length);
+      batch_bytes += work.length * n;
+      batch.push_back(std::move(work));
+    }
+    // Ask every source node for its units of the batch at once.
+    std::map<uint32_t, v1::SendUnitsRequest> requests;
+    std::vector<std::pair<FetchKey, FetchSlot>> slots;
+    for (Work& work : batch) {
+      const erasure::StripeMembers members = layout.Members(work.stripe);
+      for (int i : work.chosen) {
+        const int position = i < k ? members.data_positions[i] : members.parity_positions[i - k];
+        const uint64_t bytes =
+            i < k ? layout.UnitLength(sizes[position], layout.DataUnitOf(position, work.stripe))
+                  : work.length;
+        // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
+        std::memset(work.units[i] + bytes, 0, work.length - bytes);
+        if (bytes == 0) continue;
+        slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), 0, ""},
+                         {work.units[i], bytes, bytes}});
+        v1::SendUnitsRequest& request = requests[topology.NodeAt(target.group, position)];
+        request.set_to_node(context_.node_id());
+        request.set_step(step);
+        v1::UnitRef* ref = request.add_units();
+        ref->set_stripe(work.stripe);
+        ref->set_unit(static_cast<uint32_t>(i));
+        stats->set_fetched_bytes(stats->fetched_bytes() + bytes);
+      }
+    }
+    transfer_->Expect(slots);
+    std::vector<uint32_t> sources;
+    for (const auto& [id, request] : requests) sources.push_back(id);
+    std::vector<absl::Status> sent = InParallel(sources, [&](uint32_t id) -> absl::Status {
+      absl::StatusOr<v1::SendUnitsResponse> response = context_.peers->SendUnits(id, requests[id]);
+      if (!response.ok()) {
+        return absl::Status(response.status().code(),
+                            absl::StrCat("node ", id, ": ", response.status().message()));
+      }
+      return absl::OkStatus();
+    });
+    absl::Status status;
+    for (const absl::Status& one : sent) status.Update(one);
+    std::vector<FetchKey> keys;
+    for (const auto& [key, slot] : slots) keys.push_back(key);
+    if (status = transfer_->Collect(keys, status); !status.ok()) return status;
+
+    for (Work& work : batch) {
+      std::vector<int> erased;
+      for (int i = 0; i < n; ++i) {
+        if (std::find(work.chosen.begin(), work.chosen.end(), i) == work.chosen.end()) {
+          erased.push_back(i);
+        }
+      }
+      if (absl::Status decoded = topology.codec->Decode(work.units, erased, work.length);
+          !decoded.ok()) {
+        return decoded;
+      }
+      if (work.mine < k) {
+        const uint64_t unit = layout.DataUnitOf(target.position, work.stripe);
+        const uint64_t bytes = layout.UnitLength(sizes[target.position], unit);
+        target.write_data(unit, work.units[work.mine], bytes);
+        stats->set_data_bytes(stats->data_bytes() + bytes);
+      } else if (target.parity != nullptr) {
+        ParityUnit& parity = (*target.parity)[work.stripe];
+        std::memcpy(parity.extent->data(), work.units[work.mine], work.length);
+        parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
+        stats->set_parity_bytes(stats->parity_bytes() + work.length);
+      }
+      stats->set_stripes(stats->stripes() + 1);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force) {
+  absl::MutexLock decode_lock(&decode_mutex_);
+  const erasure::StripeLayout& layout = context_.layout();
+  const Topology& topology = *context_.topology;
+  const uint32_t self = context_.node_id();
+  const int position = topology.position;
+  const absl::Time started = absl::Now();
+  // The group's record of its latest committed step, from the members that hold it.
+  std::optional<v1::JournalCluster> record;
+  for (uint32_t id : topology.groups[topology.group]) {
+    if (id == self) continue;
+    absl::StatusOr<v1::GroupStateResponse> response = context_.peers->GroupState(id);
+    if (!response.ok() || response->rebuilding() || !response->cluster().has_committed_step()) {
+      continue;
+    }
+    if (!record || response->cluster().committed_step() > record->committed_step()) {
+      record = response->cluster();
+    }
+  }
+  const v1::JournalCluster mine = store_->ClusterRecord();
+  v1::RebuildResponse stats;
+  if (!record || (mine.has_committed_step() && mine.committed_step() >= record->committed_step() &&
+                  !force)) {
+    if (mine.has_committed_step()) stats.set_step(mine.committed_step());
+    return stats;  // nothing newer in the group: this node is current
+  }
+  const int64_t step = record->committed_step();
+  stats.set_step(step);
+  if (record->group_images_size() != layout.group_size() ||
+      record->group_images(position).node_id() != self) {
+    return absl::DataLossError(absl::StrCat("the group's record of step ", step,
+                                            " does not list node ", self, " at position ",
+                                            position));
+  }
+  Log(LogLevel::kInfo, "rebuilding node ", self, "'s step ", step, " (",
+      record->group_images(position).bytes(), " bytes of data) from group ", topology.group);
+  absl::StatusOr<NodeImage> image = NodeImage::Allocate(pool_, record->group_images(position));
+  if (!image.ok()) return image.status();
+  std::vector<uint64_t> sizes;
+  for (const v1::NodeImage& member : record->group_images()) sizes.push_back(member.bytes());
+  std::map<uint64_t, ParityUnit> parity;
+  std::vector<uint64_t> stripes;
+  const uint64_t stripe_count = layout.StripeCount(sizes);
+  for (uint64_t stripe = 0; stripe < stripe_count; ++stripe) {
+    if (layout.IsParityPosition(stripe, position)) {
+      const uint64_t bytes = layout.ParityLength(stripe, sizes);
+      if (bytes == 0) continue;
+      absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(bytes);
+      if (!extent.ok()) return extent.status();
+      parity[stripe] = {stripe, bytes, 0, *std::move(extent)};
+    } else if (layout.UnitLength(sizes[position], layout.DataUnitOf(position, stripe)) == 0) {
+      continue;
+    }
+    stripes.push_back(stripe);
+  }
+  const NodeImage& rebuilt = *image;
+  DecodeTarget target{*record, topology.group, position,
+                      [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
+                        rebuilt.Write(unit * layout.unit_bytes(), bytes, length);
+                      },
+                      &parity};
+  if (absl::Status status = DecodeLocked(target, stripes, &stats); !status.ok()) return status;
+  if (std::vector<std::pair<int, uint32_t>> corrupt = image->CorruptChunks(); !corrupt.empty()) {
+    const v1::ImageRegion& region = image->manifest().regions(corrupt[0].first);
+    return absl::DataLossError(absl::StrCat(
+        "rebuilt data of step ", step, " fails ", corrupt.size(), " chunk CRCs (first: region '",
+        region.region(), "' of rank ", region.rank(), ", chunk ", corrupt[0].second,
+        "): a survivor's units are corrupt"));
+  }
+  v1::JournalCluster installed = *record;
+  installed.clear_parity();
+  std::vector<ParityUnit> units;
+  for (auto& [stripe, unit] : parity) {
+    *installed.add_parity() = ParityStore::RecordOf(unit);
+    units.push_back(unit);
+  }
+  if (absl::Status status = store_->InstallImage(*image, installed); !status.ok()) return status;
+  parity_->Install(step, std::move(units));
+  stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+  Log(LogLevel::kInfo, "rebuilt step ", step, ": ", stats.stripes(), " stripes, ",
+      stats.data_bytes(), " bytes of data and ", stats.parity_bytes(), " of parity from ",
+      stats.fetched_bytes(), " fetched, in ", stats.seconds(), " s");
+  return stats;
+}
+
+bool Rebuilder::SleepUnlessStopping(absl::Duration duration) {
+  const absl::Time until = absl::Now() + duration;
+  absl::MutexLock lock(&mutex_);
+  while (!stopping_ && !changed_.WaitWithDeadline(&mutex_, until)) {
+  }
+  return !stopping_;
+}
+
+void Rebuilder::RebuildAtStart() {
+  if (!SleepUnlessStopping(options_.settle)) return;
+  // A peer that restarts or a connection that breaks fails one attempt; too few survivors fail
+  // every attempt the same way, and that answer is final.
+  absl::StatusOr<v1::RebuildResponse> rebuilt = RebuildSelf(/*force=*/false);
+  for (int attempt = 1; attempt < kRebuildAttempts && !rebuilt.ok() &&
+                        (absl::IsUnavailable(rebuilt.status()) ||
+                         absl::IsDeadlineExceeded(rebuilt.status()));
+       ++attempt) {
+    Log(LogLevel::kWarning, "rebuild attempt ", attempt, " failed, retrying: ",
+        rebuilt.status().ToString());
+    if (!SleepUnlessStopping(options_.retry_interval)) return;
+    rebuilt = RebuildSelf(/*force=*/false);
+  }
+  absl::MutexLock lock(&mutex_);
+  rebuilding_ = false;
+  if (!rebuilt.ok()) {
+    error_ = rebuilt.status();
+    Log(LogLevel::kError, "rebuild failed: ", rebuilt.status().ToString());
+  }
+  changed_.SignalAll();
+}
+
+absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildNode(uint32_t node_id) {
+  if (node_id != context_.node_id()) {
+    if (!context_.options().GroupOf(node_id)) {
+      return absl::NotFoundError(absl::StrCat("node ", node_id, " is not in the cluster"));
+    }
+    return context_.peers->Rebuild(node_id);
+  }
+  return RebuildHere();
+}
+
+absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildHere() {
+  {
+    absl::MutexLock lock(&mutex_);
+    rebuilding_ = true;
+  }
+  absl::StatusOr<v1::RebuildResponse> rebuilt = RebuildSelf(/*force=*/true);
+  absl::MutexLock lock(&mutex_);
+  rebuilding_ = false;
+  error_ = rebuilt.status();
+  changed_.SignalAll();
+  return rebuilt;
+}
+
+absl::Status Rebuilder::WaitRestorable(absl::Time deadline) const {
+  absl::MutexLock lock(&mutex_);
+  while (rebuilding_) {
+    if (changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::UnavailableError(absl::StrCat("node ", context_.node_id(),
+                                                 " is still rebuilding its data from group ",
+                                                 context_.topology->group, "; retry"));
+    }
+  }
+  return error_;
+}
+
+bool Rebuilder::rebuilding() const {
+  absl::MutexLock lock(&mutex_);
+  return rebuilding_;
+}
+
+bool Rebuilder::behind() const {
+  absl::MutexLock lock(&mutex_);
+  return rebuilding_ || !error_.ok();
+}
+
+v1::GroupStateResponse Rebuilder::GroupState() const {
+  v1::GroupStateResponse response;
+  v1::JournalCluster record = store_->ClusterRecord();
+  record.clear_parity();
+  *response.mutable_cluster() = std::move(record);
+  response.set_rebuilding(behind());
+  return response;
+}
+
+absl::StatusOr<v1::VerifyResponse> Rebuilder::Verify(std::optional<int64_t> step, bool repair) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const Topology& topology = *context_.topology;
+  // Counts the parity units checked and corrupt into `out`; returns the stripes of the corrupt ones.
+  auto check_parity = [this](v1::VerifyResponse& out) {
+    std::set<uint64_t> corrupt;
+    for (const ParityUnit& unit : parity_->CommittedUnits()) {
+      out.set_parity_units_checked(out.parity_units_checked() + 1);
+      if (erasure::Crc32c(unit.extent->data(), unit.bytes) != unit.crc) {
+        out.set_parity_units_corrupt(out.parity_units_corrupt() + 1);
+        corrupt.insert(unit.stripe);
+      }
+    }
+    return corrupt;
+  };
+  v1::VerifyResponse response = store_->Verify(step);
+  std::set<uint64_t> stripes = check_parity(response);
+  if (!repair || (response.corruptions_size() == 0 && response.parity_units_corrupt() == 0)) {
+    return response;
+  }
+  absl::MutexLock decode_lock(&decode_mutex_);
+  const v1::JournalCluster record = store_->ClusterRecord();
+  const NodeImage image = store_->CommittedImage();
+  if (!record.has_committed_step() || record.group_images_size() != layout.group_size()) {
+    return absl::FailedPreconditionError("this node has no committed step recorded for its group");
+  }
+  std::map<std::pair<uint32_t, std::string>, int> region_index;
+  for (int i = 0; i < image.manifest().regions_size(); ++i) {
+    region_index[{image.manifest().regions(i).rank(), image.manifest().regions(i).region()}] = i;
+  }
+  for (const v1::VerifyResponse::Corruption& corruption : response.corruptions()) {
+    auto it = region_index.find({corruption.rank(), corruption.region()});
+    if (it == region_index.end()) continue;
+    const auto [begin, bytes] = image.ChunkRange(it->second, corruption.chunk());
+    for (uint64_t unit = begin / layout.unit_bytes();
+         unit <= (begin + bytes - 1) / layout.unit_bytes(); ++unit) {
+      stripes.insert(layout.DataUnitLocation(topology.position, unit).stripe);
+    }
+  }
+  std::map<uint64_t, ParityUnit> parity;
+  for (const ParityUnit& unit : parity_->CommittedUnits()) parity[unit.stripe] = unit;
+  v1::RebuildResponse stats;
+  DecodeTarget target{record, topology.group, topology.position,
+                      [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
+                        image.Write(unit * layout.unit_bytes(), bytes, length);
+                      },
+                      &parity};
+  if (absl::Status status = DecodeLocked(target, {stripes.begin(), stripes.end()}, &stats);
+      !status.ok()) {
+    return status;
+  }
+  // Report what was checked, what was repaired, and what is still wrong after the repair.
+  v1::VerifyResponse after = store_->Verify(step);
+  check_parity(after);
+  v1::VerifyResponse result = response;
+  *result.mutable_corruptions() = after.corruptions();
+  result.set_chunks_repaired(response.corruptions_size() - after.corruptions_size());
+  result.set_parity_units_repaired(response.parity_units_corrupt() - after.parity_units_corrupt());
+  result.set_parity_units_corrupt(after.parity_units_corrupt());
+  Log(LogLevel::kInfo, "repair: ", result.chunks_repaired(), " chunks and ",
+      result.parity_units_repaired(), " parity units rebuilt from group ", topology.group);
+  return result;
+}
+
+}  // namespace moesnap::daemon::cluster

@@ -1,0 +1,188 @@
+// RemoteRestore: locate the holder, fetch from it or decode its units, write into the rank.
+#include "daemon/cluster/remote_restore.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
+#include "daemon/cluster/parallel.h"
+
+namespace moesnap::daemon::cluster {
+
+RemoteRestore::RemoteRestore(const ClusterContext& context, ClusterStore* store,
+                             Transfer* transfer, Rebuilder* rebuilder)
+    : context_(context), store_(store), transfer_(transfer), rebuilder_(rebuilder) {}
+
+v1::LocateRankResponse RemoteRestore::Locate(const v1::LocateRankRequest& request) const {
+  v1::LocateRankResponse response;
+  v1::JournalCluster record = store_->ClusterRecord();
+  record.clear_parity();
+  for (const v1::NodeImage& image : record.group_images()) {
+    for (const v1::ImageRegion& region : image.regions()) {
+      if (region.rank() != request.rank()) continue;
+      response.set_found(true);
+      response.set_node_id(image.node_id());
+      *response.mutable_record() = std::move(record);
+      return response;
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
+    const v1::SendRegionRequest& request) {
+  const v1::JournalCluster record = store_->ClusterRecord();
+  if (!record.has_committed_step() || record.committed_step() != request.step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", context_.node_id(), " does not hold step ", request.step()));
+  }
+  const NodeImage image = store_->CommittedImage();
+  for (int i = 0; i < image.manifest().regions_size(); ++i) {
+    const v1::ImageRegion& region = image.manifest().regions(i);
+    if (region.rank() != request.rank() || region.region() != request.region()) continue;
+    FrameHeader header;
+    header.kind = FrameKind::kFetchedRegion;
+    header.step = request.step();
+    header.rank = request.rank();
+    header.region = request.region();
+    absl::Status sent;
+    image.stored()[i]->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes,
+                                                      uint64_t position) {
+      header.offset = position;
+      if (sent.ok()) sent = transfer_->SendFrames(request.to_node(), header, data, bytes);
+    });
+    if (!sent.ok()) return sent;
+    v1::SendRegionResponse response;
+    response.set_bytes(region.bytes());
+    return response;
+  }
+  return absl::NotFoundError(absl::StrCat("node ", context_.node_id(), " holds no region '",
+                                          request.region(), "' of rank ", request.rank()));
+}
+
+absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
+    uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names) {
+  const erasure::StripeLayout& layout = context_.layout();
+  // This node's own committed state first; NOT_FOUND means the rank ran elsewhere.
+  absl::StatusOr<v1::RestoreResponse> local = store_->RestoreFromRank(rank, source_rank, names);
+  if (!absl::IsNotFound(local.status())) return local;
+  // Which node holds the rank: any live node of its group knows.
+  const std::vector<uint32_t> nodes = context_.nodes->LiveIds();
+  absl::Mutex found_mutex;
+  std::optional<v1::LocateRankResponse> found;
+  InParallel(nodes, [&](uint32_t id) -> absl::Status {
+    v1::LocateRankRequest request;
+    request.set_rank(source_rank);
+    absl::StatusOr<v1::LocateRankResponse> response = context_.peers->LocateRank(id, request);
+    if (response.ok() && response->found()) {
+      absl::MutexLock lock(&found_mutex);
+      if (!found || response->record().committed_step() > found->record().committed_step()) {
+        found = *std::move(response);
+      }
+    }
+    return response.status();
+  });
+  if (!found) {
+    return absl::NotFoundError(
+        absl::StrCat("no live node of the cluster knows rank ", source_rank));
+  }
+  const v1::JournalCluster& record = found->record();
+  const int64_t step = record.committed_step();
+  const std::optional<std::pair<int, int>> place = context_.options().GroupOf(found->node_id());
+  if (!place || record.group_images_size() != layout.group_size()) {
+    return absl::DataLossError(absl::StrCat("node ", found->node_id(), "'s group record of rank ",
+                                            source_rank, " does not fit the cluster's groups"));
+  }
+  const auto [group, position] = *place;
+  const v1::NodeImage& holder_image = record.group_images(position);
+  const bool holder_live = rebuilder_->HoldersOf(group, step, -1)[position];
+
+  // The requested regions of the rank, with their offsets in the holder's image.
+  struct Wanted {
+    const v1::ImageRegion* region;
+    uint64_t start;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Wanted> wanted;
+  uint64_t offset = 0;
+  for (const v1::ImageRegion& region : holder_image.regions()) {
+    offset += region.bytes();
+    if (region.rank() != source_rank) continue;
+    if (!names.empty() && std::find(names.begin(), names.end(), region.region()) == names.end()) {
+      continue;
+    }
+    wanted.push_back({&region, offset - region.bytes(), std::vector<uint8_t>(region.bytes())});
+  }
+  if (wanted.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
+  }
+  if (holder_live) {
+    for (Wanted& region : wanted) {
+      const FetchKey key{step, 0, 0, source_rank, region.region->region()};
+      transfer_->Expect({{key, {region.bytes.data(), region.bytes.size(), region.bytes.size()}}});
+      v1::SendRegionRequest request;
+      request.set_to_node(context_.node_id());
+      request.set_step(step);
+      request.set_rank(source_rank);
+      request.set_region(region.region->region());
+      if (absl::Status status = transfer_->Collect(
+              {key}, context_.peers->SendRegion(found->node_id(), request).status());
+          !status.ok()) {
+        return status;
+      }
+    }
+  } else {
+    // Decode the holder's units that cover the regions from its group's survivors, each once.
+    std::set<uint64_t> stripes;
+    for (const Wanted& region : wanted) {
+      if (region.bytes.empty()) continue;
+      for (uint64_t unit = region.start / layout.unit_bytes();
+           unit <= (region.start + region.bytes.size() - 1) / layout.unit_bytes(); ++unit) {
+        stripes.insert(layout.DataUnitLocation(position, unit).stripe);
+      }
+    }
+    DecodeTarget target{record, group, position,
+                        [&](uint64_t unit, const uint8_t* data, uint64_t length) {
+                          const uint64_t unit_start = unit * layout.unit_bytes();
+                          for (Wanted& region : wanted) {
+                            const uint64_t from = std::max(unit_start, region.start);
+                            const uint64_t to = std::min(unit_start + length,
+                                                         region.start + region.bytes.size());
+                            if (from < to) {
+                              std::memcpy(region.bytes.data() + (from - region.start),
+                                          data + (from - unit_start), to - from);
+                            }
+                          }
+                        },
+                        nullptr};
+    v1::RebuildResponse stats;
+    if (absl::Status status = rebuilder_->Decode(target, {stripes.begin(), stripes.end()}, &stats);
+        !status.ok()) {
+      return status;
+    }
+  }
+  v1::RestoreResponse response;
+  response.set_step(step);
+  for (Wanted& region : wanted) {
+    const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
+    if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes);
+        !status.ok()) {
+      return status;
+    }
+    v1::RestoreResponse::Restored* restored = response.add_regions();
+    restored->set_region(region.region->region());
+    restored->set_step(region.region->step());
+    restored->set_bytes(region.region->bytes());
+  }
+  Log(LogLevel::kInfo, "restored ", response.regions_size(), " regions of rank ", source_rank,
+      " (node ", found->node_id(), holder_live ? ", fetched" : ", lost: decoded from its group",
+      ") into rank ", rank);
+  return response;
+}
+
+}  // namespace moesnap::daemon::cluster

@@ -1,0 +1,234 @@
+// Transfer: frames out to parity holders and rebuilding peers, frames in to parity and fetches.
+#include "daemon/cluster/transfer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "daemon/cluster/parallel.h"
+#include "erasure/crc32c.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+constexpr int kDataConnectionsPerPeer = 2;
+constexpr uint32_t kMaxFramePayload = 4 << 20;
+// How long fetched units or regions may take to arrive once their senders have answered.
+constexpr absl::Duration kFetchWait = absl::Seconds(30);
+
+}  // namespace
+
+std::string FetchKey::Describe() const {
+  return region.empty() ? absl::StrCat("unit ", unit, " of stripe ", stripe, ", step ", step)
+                        : absl::StrCat("region '", region, "' of rank ", rank, ", step ", step);
+}
+
+Transfer::Transfer(const ClusterContext& context, const ClusterStore* store, ParityStore* parity)
+    : context_(context), store_(store), parity_(parity) {}
+
+Transfer::~Transfer() { server_.reset(); }
+
+absl::Status Transfer::Start() {
+  const std::optional<ClusterNode> self = context_.nodes->Address(context_.node_id());
+  if (!self) return absl::InternalError("this node has no address in the node table");
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
+      DataPlaneServer::Start({self->host, self->data_port, kMaxFramePayload}, this);
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<DataPlaneClient>> Transfer::Client(uint32_t id) {
+  const uint64_t incarnation = context_.nodes->Incarnation(id);
+  {
+    absl::MutexLock lock(&connections_mutex_);
+    if (auto it = connections_.find(id);
+        it != connections_.end() && it->second.incarnation == incarnation) {
+      return it->second.client;
+    }
+  }
+  // Connect outside the lock, so a slow peer delays only the callers that send to it.
+  const std::optional<ClusterNode> node = context_.nodes->Address(id);
+  if (!node) return absl::NotFoundError(absl::StrCat("node ", id, " is not in the cluster"));
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> connected =
+      DataPlaneClient::Connect(node->host, node->data_port, kDataConnectionsPerPeer);
+  if (!connected.ok()) {
+    return absl::UnavailableError(absl::StrCat("data plane of node ", id, ": ",
+                                               connected.status().message()));
+  }
+  Log(LogLevel::kDebug, "data plane: connected to node ", id);
+  absl::MutexLock lock(&connections_mutex_);
+  // Another sender may have connected meanwhile: one client per incarnation, the first one kept.
+  Connection& connection = connections_[id];
+  if (connection.client == nullptr || connection.incarnation != incarnation) {
+    connection = {incarnation, *std::move(connected)};
+  }
+  return connection.client;
+}
+
+absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes,
+                                  uint64_t length) {
+  absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
+  if (!client.ok()) return client.status();
+  const uint64_t start = header.offset;
+  for (uint64_t offset = 0; offset < length; offset += kMaxFramePayload) {
+    header.offset = start + offset;
+    const uint64_t piece = std::min<uint64_t>(kMaxFramePayload, length - offset);
+    if (absl::Status status = (*client)->Send(header, {bytes + offset, piece}); !status.ok()) {
+      return absl::UnavailableError(absl::StrCat("sending stripe ", header.stripe, " to node ", to,
+                                                 ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, const NodeImage& image,
+                                                 const std::optional<NodeImage>& previous,
+                                                 const std::vector<bool>* changed) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const int position = context_.topology->position;
+  // Each parity holder gets its units from its own thread, so holders fill in parallel.
+  std::map<int, std::vector<uint64_t>> units_by_holder;
+  const uint64_t units = layout.UnitCount(image.bytes());
+  for (uint64_t unit = 0; unit < units; ++unit) {
+    if (changed != nullptr && !(*changed)[unit]) continue;
+    const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
+    for (int holder : layout.Members(location.stripe).parity_positions) {
+      units_by_holder[holder].push_back(unit);
+    }
+  }
+  std::vector<int> holders;
+  for (const auto& [holder, list] : units_by_holder) holders.push_back(holder);
+  std::atomic<uint64_t> sent{0};
+  std::vector<absl::Status> statuses = InParallel(holders, [&](int holder) -> absl::Status {
+    std::vector<uint8_t> buffer(layout.unit_bytes());
+    std::vector<uint8_t> old_bytes(previous ? layout.unit_bytes() : 0);
+    for (uint64_t unit : units_by_holder[holder]) {
+      const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
+      const uint64_t length = layout.UnitLength(image.bytes(), unit);
+      image.Read(unit * layout.unit_bytes(), length, buffer.data());
+      if (previous) {  // the delta: old XOR new
+        previous->Read(unit * layout.unit_bytes(), length, old_bytes.data());
+        for (uint64_t i = 0; i < length; ++i) buffer[i] ^= old_bytes[i];
+      }
+      FrameHeader header;
+      header.kind = FrameKind::kParityDelta;
+      header.step = step;
+      header.rank = context_.node_id();
+      header.stripe = location.stripe;
+      header.stripe_unit = static_cast<uint32_t>(location.index);
+      if (absl::Status status =
+              SendFrames(context_.topology->NodeAt(holder), header, buffer.data(), length);
+          !status.ok()) {
+        return status;
+      }
+      sent += length;
+    }
+    return absl::OkStatus();
+  });
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return sent.load();
+}
+
+absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRequest& request) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const int position = context_.topology->position;
+  const uint32_t self = context_.node_id();
+  const v1::JournalCluster record = store_->ClusterRecord();
+  if (!record.has_committed_step() || record.committed_step() != request.step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", self, " does not hold step ", request.step()));
+  }
+  const NodeImage image = store_->CommittedImage();
+  std::vector<uint8_t> buffer;
+  v1::SendUnitsResponse response;
+  for (const v1::UnitRef& ref : request.units()) {
+    const erasure::StripeMembers members = layout.Members(ref.stripe());
+    FrameHeader header;
+    header.kind = FrameKind::kFetchedUnit;
+    header.step = request.step();
+    header.rank = self;
+    header.stripe = ref.stripe();
+    header.stripe_unit = ref.unit();
+    const uint8_t* bytes = nullptr;
+    uint64_t length = 0;
+    if (ref.unit() < static_cast<uint32_t>(layout.data_units()) &&
+        members.data_positions[ref.unit()] == position) {
+      const uint64_t unit = layout.DataUnitOf(position, ref.stripe());
+      length = layout.UnitLength(image.bytes(), unit);
+      buffer.resize(length);
+      image.Read(unit * layout.unit_bytes(), length, buffer.data());
+      bytes = buffer.data();
+    } else if (ref.unit() >= static_cast<uint32_t>(layout.data_units()) &&
+               ref.unit() < static_cast<uint32_t>(layout.group_size()) &&
+               members.parity_positions[ref.unit() - layout.data_units()] == position) {
+      std::optional<ParityUnit> parity = parity_->Committed(ref.stripe());
+      if (!parity) {
+        return absl::NotFoundError(
+            absl::StrCat("node ", self, " holds no parity of stripe ", ref.stripe()));
+      }
+      if (erasure::Crc32c(parity->extent->data(), parity->bytes) != parity->crc) {
+        return absl::DataLossError(absl::StrCat("node ", self, ": parity of stripe ", ref.stripe(),
+                                                " fails its CRC-32C (moesnapctl verify --repair)"));
+      }
+      bytes = parity->extent->data();
+      length = parity->bytes;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("node ", self, " holds no unit ", ref.unit(),
+                                                     " of stripe ", ref.stripe()));
+    }
+    if (absl::Status status = SendFrames(request.to_node(), header, bytes, length); !status.ok()) {
+      return status;
+    }
+    response.set_bytes(response.bytes() + length);
+  }
+  return response;
+}
+
+void Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots) {
+  absl::MutexLock lock(&fetch_mutex_);
+  for (const auto& [key, slot] : slots) fetches_[key] = slot;
+}
+
+absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status sent) {
+  const absl::Time deadline = absl::Now() + kFetchWait;
+  absl::MutexLock lock(&fetch_mutex_);
+  for (const FetchKey& key : keys) {
+    while (sent.ok() && fetches_[key].missing > 0) {
+      if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
+        sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
+      }
+    }
+  }
+  for (const FetchKey& key : keys) fetches_.erase(key);
+  return sent;
+}
+
+absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
+  if (header.kind == FrameKind::kParityDelta) return parity_->Accept(header, payload);
+  const FetchKey key = header.kind == FrameKind::kFetchedRegion
+                           ? FetchKey{header.step, 0, 0, header.rank, header.region}
+                           : FetchKey{header.step, header.stripe, header.stripe_unit, 0, ""};
+  absl::MutexLock lock(&fetch_mutex_);
+  auto it = fetches_.find(key);
+  if (it == fetches_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " was not asked for"));
+  }
+  FetchSlot& slot = it->second;
+  // Bounds from the wire, checked without overflow: the offset may be anything.
+  if (header.offset > slot.bytes || payload.size() > slot.bytes - header.offset ||
+      payload.size() > slot.missing) {
+    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), ": more bytes than asked for"));
+  }
+  std::memcpy(slot.buffer + header.offset, payload.data(), payload.size());
+  slot.missing -= payload.size();
+  if (slot.missing == 0) fetched_.SignalAll();
+  return absl::OkStatus();
+}
+
+}  // namespace moesnap::daemon::cluster

@@ -1,0 +1,103 @@
+// Unit transfer: the cluster's bytes over the data plane. Sends this node's data units (or their
+// deltas) to their stripes' parity holders, serves the units a rebuilding or repairing peer asks
+// for, and receives frames: parity deltas go to the parity store, fetched units and regions into
+// the buffers a fetch registered for them.
+#ifndef MOESNAP_DAEMON_CLUSTER_TRANSFER_H_
+#define MOESNAP_DAEMON_CLUSTER_TRANSFER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/cluster/context.h"
+#include "daemon/cluster_store.h"
+#include "daemon/data_plane.h"
+#include "daemon/node_image.h"
+#include "daemon/parity_store.h"
+
+namespace moesnap::daemon::cluster {
+
+// What a fetch waits for: unit `unit` of stripe `stripe` (kFetchedUnit frames; rank 0, no
+// region), or region `region` of rank `rank` (kFetchedRegion frames; stripe and unit 0).
+struct FetchKey {
+  int64_t step = 0;
+  uint64_t stripe = 0;
+  uint32_t unit = 0;
+  uint32_t rank = 0;
+  std::string region;
+  bool operator<(const FetchKey& other) const {
+    return std::tie(step, stripe, unit, rank, region) <
+           std::tie(other.step, other.stripe, other.unit, other.rank, other.region);
+  }
+  std::string Describe() const;
+};
+
+// Where a fetched frame's bytes land.
+struct FetchSlot {
+  uint8_t* buffer = nullptr;
+  uint64_t bytes = 0;
+  uint64_t missing = 0;
+};
+
+// Thread-safe.
+class Transfer final : public FrameSink {
+ public:
+  Transfer(const ClusterContext& context, const ClusterStore* store, ParityStore* parity);
+  ~Transfer() override;
+
+  // Serves the data plane on this node's data port.
+  absl::Status Start();
+
+  // Sends `length` bytes to node `to` as frames of `header` whose offsets start at header.offset.
+  absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
+  // Sends this node's data units of `step` to their parity holders: all of them, or with
+  // `previous` (the committed image) and `changed`, the deltas of the changed ones. Returns the
+  // bytes sent.
+  absl::StatusOr<uint64_t> SendDataUnits(int64_t step, const NodeImage& image,
+                                         const std::optional<NodeImage>& previous,
+                                         const std::vector<bool>* changed);
+  // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
+  absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);
+
+  // Expects the frames of `slots` into their buffers; registered before the request that makes a
+  // peer send them goes out.
+  void Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
+  // After the sending requests returned `sent`: waits until every expected byte arrived (when they
+  // succeeded) and forgets the keys either way.
+  absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
+
+  // FrameSink
+  absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) override;
+
+ private:
+  struct Connection {
+    uint64_t incarnation = 0;
+    std::shared_ptr<DataPlaneClient> client;
+  };
+  // The data-plane client to `id`'s current incarnation, connected on first use.
+  absl::StatusOr<std::shared_ptr<DataPlaneClient>> Client(uint32_t id);
+
+  const ClusterContext context_;
+  const ClusterStore* const store_;
+  ParityStore* const parity_;
+  std::unique_ptr<DataPlaneServer> server_;
+
+  absl::Mutex connections_mutex_;
+  std::map<uint32_t, Connection> connections_ ABSL_GUARDED_BY(connections_mutex_);
+
+  absl::Mutex fetch_mutex_;
+  absl::CondVar fetched_;
+  std::map<FetchKey, FetchSlot> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
+};
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_TRANSFER_H_

@@ -1,0 +1,63 @@
+// What the store offers the cluster, and nothing else: the node's image of a captured step, the
+// commit or abort of a step the cluster decided, the committed image and record that parity and
+// rebuilds work from, and the few reads and writes of remote restore and repair. The Store
+// implements it; the cluster's unit tests put a fake here. The cluster calls down into the store;
+// the store never calls up into the cluster.
+#ifndef MOESNAP_DAEMON_CLUSTER_STORE_H_
+#define MOESNAP_DAEMON_CLUSTER_STORE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/node_image.h"
+#include "daemon/pool.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon {
+
+// Every method is thread-safe.
+class ClusterStore {
+ public:
+  virtual ~ClusterStore() = default;
+
+  // The lowest step after `after` (any step when absent) that every rank of this node with
+  // registered regions has captured; DEADLINE_EXCEEDED when none is by `deadline`.
+  virtual absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                        absl::Time deadline) = 0;
+  // Waits until every rank with registered regions has captured `step`, then returns the node's
+  // image of it: the step's new versions and, for regions it did not capture, the committed ones.
+  virtual absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) = 0;
+  // The committed image (what parity of the committed step covers).
+  virtual NodeImage CommittedImage() const = 0;
+  // Commits `step` for every rank that captured it, with the cluster's record, in one journal
+  // write; older captured steps are aborted as superseded.
+  virtual absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) = 0;
+  virtual void AbortNodeStep(int64_t step, const absl::Status& why) = 0;
+  // Replaces every committed version by a rebuilt image and journals it with `cluster`.
+  virtual absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) = 0;
+  // The cluster record of the committed step (empty on a fresh pool).
+  virtual v1::JournalCluster ClusterRecord() const = 0;
+  virtual uint64_t CommittedBytes() const = 0;
+  // Bytes of captures not committed yet.
+  virtual uint64_t InFlightBytes() const = 0;
+  // Elastic restore: writes a region that another rank snapshotted (its record `stored`, its
+  // bytes) into this rank's registered region of the same name, checking size, dtype, shape and
+  // every chunk's CRC-32C as the bytes land.
+  virtual absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
+                                   const PoolBytes& bytes) = 0;
+  // The same from this node's committed versions of `source_rank`; NOT_FOUND when this node holds
+  // none of that rank.
+  virtual absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
+      uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) = 0;
+  // Recomputes every chunk's CRC-32C of `step` (the committed versions when absent).
+  virtual v1::VerifyResponse Verify(std::optional<int64_t> step) const = 0;
+};
+
+}  // namespace moesnap::daemon
+
+#endif  // MOESNAP_DAEMON_CLUSTER_STORE_H_

@@ -1,0 +1,286 @@
+// The memory handoff against a real moesnapd: hostile requests are refused and the daemon serves
+// on; a trainer that exits releases its registrations; a client rides through a daemon restart;
+// a client without a daemon fails at once, naming the socket.
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "common/memory_handoff_wire.h"
+#include "moesnap/client.h"
+#include "proto/moesnap.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_daemon.h"
+
+namespace moesnap {
+namespace {
+
+namespace wire = ::moesnap::memory_handoff;
+using testing::TestDaemon;
+using namespace std::chrono_literals;
+
+int ConnectSeqpacket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  return fd;
+}
+
+// Sends `request` with `fds` attached and returns the daemon's answer (code, message).
+std::pair<uint32_t, std::string> Exchange(int connection, const wire::Request& request,
+                                          const std::vector<int>& fds, size_t request_bytes) {
+  iovec data{const_cast<wire::Request*>(&request), request_bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  if (!fds.empty()) {
+    message.msg_control = control;
+    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+  }
+  EXPECT_EQ(sendmsg(connection, &message, MSG_NOSIGNAL), static_cast<ssize_t>(request_bytes));
+  char packet[sizeof(wire::Response) + wire::kMaxMessageBytes];
+  const ssize_t received = recv(connection, packet, sizeof(packet), 0);
+  if (received < static_cast<ssize_t>(sizeof(wire::Response))) return {~0u, "no answer"};
+  wire::Response response;
+  std::memcpy(&response, packet, sizeof(response));
+  return {response.code, std::string(packet + sizeof(response), received - sizeof(response))};
+}
+
+int Memfd(size_t bytes) {
+  const int fd = memfd_create("handoff-test", MFD_CLOEXEC);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  return fd;
+}
+
+class MemoryHandoffTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start());
+    agent_ = v1::Agent::NewStub(
+        grpc::CreateChannel("unix:" + daemon_.agent_socket(), grpc::InsecureChannelCredentials()));
+  }
+
+  v1::HelloResponse Hello(uint32_t rank) {
+    grpc::ClientContext context;
+    v1::HelloRequest request;
+    request.set_rank(rank);
+    v1::HelloResponse response;
+    EXPECT_TRUE(agent_->Hello(&context, request, &response).ok());
+    return response;
+  }
+
+  grpc::Status SnapshotOf(uint32_t rank, int64_t step) {
+    grpc::ClientContext context;
+    v1::SnapshotRequest request;
+    request.set_rank(rank);
+    request.set_step(step);
+    v1::SnapshotResponse response;
+    return agent_->Snapshot(&context, request, &response);
+  }
+
+  std::string MemorySocket() const { return daemon_.agent_socket() + wire::kSocketSuffix; }
+
+  TestDaemon daemon_{"64MiB"};
+  std::unique_ptr<v1::Agent::Stub> agent_;
+};
+
+TEST_F(MemoryHandoffTest, HostileRequestsAreRefusedAndTheDaemonServesOn) {
+  const v1::HelloResponse hello = Hello(1);
+  EXPECT_EQ(hello.memory_socket(), MemorySocket());
+  wire::Request request;
+  request.files = 1;
+  std::memcpy(request.session, hello.session().data(), wire::kSessionBytes);
+
+  {  // not a shared-memory file
+    const int connection = ConnectSeqpacket(MemorySocket());
+    int pipe_ends[2];
+    ASSERT_EQ(pipe(pipe_ends), 0);
+    const auto [code, message] = Exchange(connection, request, {pipe_ends[0]}, sizeof(request));
+    EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << message;
+    EXPECT_TRUE(absl::StrContains(message, "not a shared-memory file")) << message;
+    close(pipe_ends[0]);
+    close(pipe_ends[1]);
+    close(connection);
+  }
+  {  // a token no session has
+    const int connection = ConnectSeqpacket(MemorySocket());
+    wire::Request forged = request;
+    forged.session[0] ^= 0xff;
+    const int file = Memfd(4096);
+    const auto [code, message] = Exchange(connection, forged, {file}, sizeof(forged));
+    EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kNotFound)) << message;
+    close(file);
+    close(connection);
+  }
+  {  // announces two files, carries one; then a short, malformed request
+    const int connection = ConnectSeqpacket(MemorySocket());
+    wire::Request lying = request;
+    lying.files = 2;
+    const int file = Memfd(4096);
+    EXPECT_EQ(Exchange(connection, lying, {file}, sizeof(lying)).first,
+              static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+    close(connection);
+    const int second = ConnectSeqpacket(MemorySocket());
+    EXPECT_EQ(Exchange(second, request, {file}, 7).first,
+              static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+    close(file);
+    close(second);
+  }
+  {  // a region past the end of the memory handed over
+    const int connection = ConnectSeqpacket(MemorySocket());
+    const int file = Memfd(4096);
+    ASSERT_EQ(Exchange(connection, request, {file}, sizeof(request)).first, 0u);
+    close(file);
+    grpc::ClientContext context;
+    v1::RegisterRegionsRequest registration;
+    registration.set_rank(1);
+    v1::RegionSpec* spec = registration.add_regions();
+    spec->set_name("weights");
+    spec->set_device(v1::DEVICE_HOST);
+    spec->set_bytes(4096);
+    spec->mutable_handle()->set_memory(1);
+    spec->mutable_handle()->set_shm_offset(64);
+    v1::RegisterRegionsResponse response;
+    const grpc::Status status = agent_->RegisterRegions(&context, registration, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    close(connection);
+  }
+
+  // The daemon still serves a real trainer.
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 2});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(1 << 16);
+  ASSERT_OK(buffer);
+  std::memset((*buffer)->data(), 0x5c, 1 << 16);
+  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {1 << 16}}, *buffer, 0, 1 << 16));
+  ASSERT_OK((*client)->Snapshot(1));
+  ASSERT_OK((*client)->WaitCommitted(1));
+  std::memset((*buffer)->data(), 0, 1 << 16);
+  ASSERT_OK((*client)->Restore());
+  EXPECT_EQ((*buffer)->data()[(1 << 16) - 1], 0x5c);
+}
+
+TEST_F(MemoryHandoffTest, ATrainerThatExitsReleasesItsRegistrations) {
+  const v1::HelloResponse hello = Hello(5);
+  const int connection = ConnectSeqpacket(MemorySocket());
+  wire::Request request;
+  request.files = 1;
+  std::memcpy(request.session, hello.session().data(), wire::kSessionBytes);
+  const int file = Memfd(4096);
+  ASSERT_EQ(Exchange(connection, request, {file}, sizeof(request)).first, 0u);
+  close(file);
+  {
+    grpc::ClientContext context;
+    v1::RegisterRegionsRequest registration;
+    registration.set_rank(5);
+    v1::RegionSpec* spec = registration.add_regions();
+    spec->set_name("weights");
+    spec->set_device(v1::DEVICE_HOST);
+    spec->set_bytes(4096);
+    spec->mutable_handle()->set_memory(1);
+    v1::RegisterRegionsResponse response;
+    ASSERT_TRUE(agent_->RegisterRegions(&context, registration, &response).ok());
+  }
+  ASSERT_TRUE(SnapshotOf(5, 1).ok());
+  close(connection);  // the trainer exits
+  grpc::Status status;
+  for (auto deadline = std::chrono::steady_clock::now() + 20s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(10ms)) {
+    status = SnapshotOf(5, 2);
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) break;
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "no registered regions"))
+      << status.error_message();
+}
+
+TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {
+  constexpr size_t kBytes = 8 << 20;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kBytes);
+  ASSERT_OK(buffer);
+  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *buffer, 0, kBytes));
+  std::memset((*buffer)->data(), 1, kBytes);
+  ASSERT_OK((*client)->Snapshot(1));
+  ASSERT_OK((*client)->WaitCommitted(1));
+  std::memset((*buffer)->data(), 2, kBytes);
+  ASSERT_OK((*client)->Snapshot(2));
+  daemon_.Kill(SIGKILL);  // an upgrade, or a crash that systemd restarts
+  ASSERT_TRUE(daemon_.Start());
+
+  // Step 2 either committed before the kill, or its capture went with the daemon: either way the
+  // trainer may go on, and a lost step is reported, never an error.
+  ASSERT_OK((*client)->WaitCaptured(2));
+  absl::StatusOr<std::optional<int64_t>> latest = (*client)->LatestCommitted();
+  ASSERT_OK(latest);
+  const std::vector<std::pair<int64_t, std::string>> lost = (*client)->TakeLostSteps();
+  if (**latest == 1) {
+    ASSERT_EQ(lost.size(), 1u);
+    EXPECT_EQ(lost[0].first, 2);
+    EXPECT_TRUE(absl::StrContains(lost[0].second, "restarted")) << lost[0].second;
+  } else {
+    EXPECT_EQ(**latest, 2);
+    EXPECT_TRUE(lost.empty());
+  }
+  std::memset((*buffer)->data(), 3, kBytes);
+  ASSERT_OK((*client)->Snapshot(3));  // registered again on the new daemon by the client itself
+  ASSERT_OK((*client)->WaitCommitted(3));
+
+  absl::StatusOr<std::unique_ptr<Client>> fresh =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
+  ASSERT_OK(fresh);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> restored = (*fresh)->AllocateHost(kBytes);
+  ASSERT_OK(restored);
+  ASSERT_OK((*fresh)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *restored, 0, kBytes));
+  absl::StatusOr<RestoreResult> result = (*fresh)->Restore();
+  ASSERT_OK(result);
+  EXPECT_EQ(result->step, 3);
+  EXPECT_EQ(std::memcmp((*restored)->data(), (*buffer)->data(), kBytes), 0);
+}
+
+TEST(ClientConnectTest, WithoutADaemonItFailsAtOnceNamingTheSocket) {
+  char directory[] = "/tmp/moesnap-connect-XXXXXX";
+  ASSERT_NE(mkdtemp(directory), nullptr);
+  const std::string missing = std::string(directory) + "/agent.sock";
+  const auto started = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect({.socket_path = missing});
+  ASSERT_STATUS(client, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(client.status().message(), missing)) << client.status();
+
+  // A socket file left by a daemon that died: nobody listens.
+  const int stale = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, missing.c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(bind(stale, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  close(stale);
+  client = Client::Connect({.socket_path = missing});
+  ASSERT_STATUS(client, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(client.status().message(), missing)) << client.status();
+  // Far below the 30 s call timeout that used to run out first.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+  unlink(missing.c_str());
+  rmdir(directory);
+}
+
+}  // namespace
+}  // namespace moesnap
