@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       {"capture", moesnap::bench::RunCaptureSuite},
       {"dataplane", moesnap::bench::RunDataPlaneSuite},
       {"cluster", moesnap::bench::RunClusterSuite},
+      {"etcd", moesnap::bench::RunEtcdSuite},
       {"peers", moesnap::bench::RunPeersSuite},
       {"sparse", moesnap::bench::RunSparseSuite},
       {"durable", moesnap::bench::RunDurableSuite},

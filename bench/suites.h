@@ -11,6 +11,8 @@ absl::Status RunErasureSuite(Report& report);
 absl::Status RunCaptureSuite(Report& report);
 absl::Status RunDataPlaneSuite(Report& report);
 absl::Status RunClusterSuite(Report& report);
+// A real etcd started by the suite: a fenced decision and a lease keep-alive round trip.
+absl::Status RunEtcdSuite(Report& report);
 // UNAVAILABLE (and skipped by `all`) without the Python interpreter that has torch.
 absl::Status RunPeersSuite(Report& report);
 // The DeepSeek-MoE-16B schedule rows always; the daemon rows are UNAVAILABLE (and skipped by `all`)

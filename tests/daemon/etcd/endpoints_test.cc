@@ -1,6 +1,9 @@
-// The etcd client's failover and retry rule, against in-process fake members (gRPC servers of etcd's
-// KV service on loopback) whose answers each test scripts: which failures move a call to the next
-// endpoint, which writes must not be resent, and how WriteOnce recovers a write whose answer was lost.
+// The etcd client's failover and retry rule, against in-process fake members (gRPC servers of
+// etcd's KV service on loopback) whose answers each test scripts: which failures move a call to the
+// next endpoint, which writes must not be resent, and how WriteOnce recovers a write whose answer
+// was lost.
+#include "daemon/etcd/endpoints.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
@@ -11,7 +14,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "daemon/etcd/endpoints.h"
 #include "daemon/etcd/etcd_client.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -32,10 +34,10 @@ struct FakeStore {
 
 // What a fake member does with its next call.
 enum class Fate {
-  kServe,               // answer as etcd would
-  kRefuse,              // fail before applying anything
-  kApplyThenFail,       // apply, then fail instead of answering (the answer is lost)
-  kHangUntilDeadline,   // answer nothing until the caller gives up
+  kServe,              // answer as etcd would
+  kRefuse,             // fail before applying anything
+  kApplyThenFail,      // apply, then fail instead of answering (the answer is lost)
+  kHangUntilDeadline,  // answer nothing until the caller gives up
 };
 
 class FakeMember final : public etcdserverpb::KV::Service {
@@ -281,8 +283,8 @@ TEST(ClassifyFailureTest, SaysWhichFailuresMayHaveBeenApplied) {
   EXPECT_EQ(ClassifyFailure(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                          "etcdserver: mvcc: database space exceeded")),
             Failure::kDefinite);
-  EXPECT_EQ(ClassifyFailure(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                         "etcdserver: requested lease not found")),
+  EXPECT_EQ(ClassifyFailure(
+                grpc::Status(grpc::StatusCode::NOT_FOUND, "etcdserver: requested lease not found")),
             Failure::kDefinite);
 }
 
@@ -302,13 +304,15 @@ TEST(OptionsTest, BadOptionsAreRefusedNamingTheProblem) {
     return std::string(client.status().message());
   };
   EXPECT_THAT(refused(Options{}), HasSubstr("at least one endpoint"));
-  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1"}}), HasSubstr("'127.0.0.1' is not host:port"));
+  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1"}}),
+              HasSubstr("'127.0.0.1' is not host:port"));
   EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:99999"}}), HasSubstr("not host:port"));
-  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:2379"}, .call_timeout = absl::ZeroDuration()}),
-              HasSubstr("call_timeout must be positive"));
-  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:2379"},
-                              .tls = {.ca_file = "/nonexistent/ca.pem"}}),
-              HasSubstr("'/nonexistent/ca.pem'"));
+  EXPECT_THAT(
+      refused(Options{.endpoints = {"127.0.0.1:2379"}, .call_timeout = absl::ZeroDuration()}),
+      HasSubstr("call_timeout must be positive"));
+  EXPECT_THAT(
+      refused(Options{.endpoints = {"127.0.0.1:2379"}, .tls = {.ca_file = "/nonexistent/ca.pem"}}),
+      HasSubstr("'/nonexistent/ca.pem'"));
   EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:2379"},
                               .tls = {.ca_file = "/dev/null", .cert_file = "/dev/null"}}),
               HasSubstr("both tls.cert_file and tls.key_file"));
