@@ -194,6 +194,17 @@ std::optional<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
   return cluster;
 }
 
+void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
+  reader.String("durable", "directory", durable.directory);
+  reader.Integer("durable", "every_steps", 0, UINT32_MAX, durable.every_steps);
+  reader.Integer("durable", "every_seconds", 0, 31 * 24 * 3600, durable.every_seconds);
+  reader.Integer("durable", "keep", 1, 1000, durable.keep);
+  reader.Bytes("durable", "bytes_per_second", durable.bytes_per_second);
+  if (absl::Status status = durable.Validate(); !status.ok()) {
+    reader.Error("durable", std::string(status.message()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin,
@@ -284,6 +295,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
       reader.Error("http.address", std::string(parsed.message()));
     }
   }
+  ParseDurable(reader, options.durable);
 
   std::string level = "info";
   reader.String("log", "level", level);

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "daemon/cluster_config.h"
 #include "daemon/http_server.h"
+#include "daemon/durable/durable_options.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
@@ -36,6 +37,7 @@ struct DaemonOptions {
   CaptureOptions capture;
   UpstreamLogOptions upstream_log;
   HttpOptions http;  // /metrics, /healthz, /readyz
+  durable::DurableOptions durable;
   LogLevel log_level = LogLevel::kInfo;
   LogFormat log_format = LogFormat::kText;
   // Absent: a single node, no peers.

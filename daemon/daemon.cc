@@ -109,10 +109,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         return store->LogRecoveryPoint(ranks);
       });
 
+  if (options.durable.enabled()) {
+    daemon->durable_directory_ =
+        std::make_unique<durable::DurableDirectory>(options.durable.directory, options.node_id);
+  }
   if (options.cluster) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get(),
-                       daemon->upstream_log_.get());
+                       daemon->upstream_log_.get(), daemon->durable_directory_.get());
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
     if (const char* crash = std::getenv("MOESNAP_CRASH_IN_COMMIT")) {
@@ -125,16 +129,37 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
+  durable::JobView* view = daemon->cluster_ != nullptr
+                               ? daemon->cluster_->job_view()
+                               : &daemon->single_node_view_;
+  if (options.durable.enabled()) {
+    durable::StepIdentity identity;
+    identity.node_id = options.node_id;
+    if (options.cluster) {
+      identity.cluster_digest = options.cluster->Digest();
+      identity.shape.set_data_units(options.cluster->data_units);
+      identity.shape.set_parity_units(options.cluster->parity_units);
+      identity.shape.set_stripe_unit_bytes(options.cluster->stripe_unit_bytes);
+      identity.cluster_nodes = static_cast<uint32_t>(options.cluster->nodes.size());
+    }
+    daemon->drainer_ = std::make_unique<durable::Drainer>(
+        options.durable, identity, daemon->store_.get(), view, &daemon->clock_);
+    daemon->drainer_->Start();
+  }
+  daemon->tiers_ = std::make_unique<durable::RestoreTiers>(options.node_id, daemon->store_.get(),
+                                                           daemon->drainer_.get(), view);
+
   const std::string memory_socket = options.agent_socket + memory_handoff::kSocketSuffix;
   daemon->agent_service_ = std::make_unique<AgentService>(
       daemon->store_.get(), daemon->sessions_.get(), daemon->upstream_log_.get(),
-      daemon->cluster_.get(),
+      daemon->cluster_.get(), daemon->tiers_.get(),
       NodeFacts{options.node_id, memory_socket, daemon->device_backend_ != nullptr});
   daemon->memory_handoff_ =
       std::make_unique<MemoryHandoff>(daemon->sessions_.get(), daemon->store_.get());
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
-                                     daemon->cluster_.get(), options.node_id, locked);
+                                     daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
+                                     locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
       {{.path = options.agent_socket, .service = daemon->agent_service_.get()},
        {.path = memory_socket, .handler = daemon->memory_handoff_.get()},
@@ -188,6 +213,7 @@ Daemon::~Daemon() {
   health_.reset();          // no probes
   server_.reset();          // no new calls
   memory_handoff_.reset();  // no new memory
+  drainer_.reset();         // no drain (a step half written is removed); it surveys the cluster
   cluster_.reset();  // no peer calls, no rounds
   store_.reset();    // finishes queued copies
 }

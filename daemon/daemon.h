@@ -13,6 +13,11 @@
 #include "daemon/copy_backend.h"
 #include "daemon/health.h"
 #include "daemon/http_server.h"
+#include "daemon/durable/clock.h"
+#include "daemon/durable/drainer.h"
+#include "daemon/durable/durable_directory.h"
+#include "daemon/durable/job_view.h"
+#include "daemon/durable/restore_tiers.h"
 #include "daemon/journal.h"
 #include "daemon/memory_handoff.h"
 #include "daemon/pool.h"
@@ -44,7 +49,12 @@ class Daemon {
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<UpstreamLog> upstream_log_;
+  std::unique_ptr<durable::DurableDirectory> durable_directory_;  // null: no durable tier
   std::unique_ptr<Cluster> cluster_;
+  durable::SystemClock clock_;
+  durable::SingleNodeView single_node_view_;
+  std::unique_ptr<durable::Drainer> drainer_;
+  std::unique_ptr<durable::RestoreTiers> tiers_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<MemoryHandoff> memory_handoff_;

@@ -209,6 +209,7 @@ absl::Status Store::Recover() {
     LoadRankRecord(saved, &rank_state);
   }
   cluster_ = state.cluster();
+  notified_step_ = NodeCommittedStep();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
         state.ranks_size(), " ranks from journal sequence ", journal_->sequence());
@@ -475,6 +476,8 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
                 .rank = rank,
                 .duration_seconds = absl::ToDoubleSeconds(absl::Now() - record.started)},
       "rank ", rank, " step ", record.step, ": committed");
+  // In a cluster the node's step moves once every rank's versions are in (CommitNodeStep).
+  if (mode_ == CommitMode::kLocal) NotifyCommitted();
   step_changed_.SignalAll();
   while (rank_state.steps.size() > kFinishedStepsKept &&
          IsFinished(rank_state.steps.begin()->second.state)) {
@@ -1114,6 +1117,10 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
 
 NodeImage Store::CommittedImage() const {
   absl::MutexLock lock(&mutex_);
+  return CommittedImageLocked();
+}
+
+NodeImage Store::CommittedImageLocked() const {
   v1::NodeImage manifest;
   if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());
   std::vector<std::shared_ptr<PoolBytes>> stored;
@@ -1122,9 +1129,102 @@ NodeImage Store::CommittedImage() const {
       AddToImage(*version, &manifest);
       stored.push_back(version->stored);
     }
+    if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, nullptr)) {
+      *manifest.add_ranks() = *std::move(saved);
+    }
   }
   return NodeImage(std::move(manifest), std::move(stored));
 }
+
+std::optional<int64_t> Store::NodeCommittedStep() const {
+  if (mode_ == CommitMode::kCluster) {
+    return cluster_.has_committed_step() ? std::optional<int64_t>(cluster_.committed_step())
+                                         : std::nullopt;
+  }
+  std::optional<int64_t> lowest;
+  for (const auto& [rank, rank_state] : ranks_) {
+    if (rank_state.latest_committed) {
+      lowest = std::min(lowest.value_or(*rank_state.latest_committed), *rank_state.latest_committed);
+    }
+  }
+  return lowest;
+}
+
+void Store::NotifyCommitted() {
+  const std::optional<int64_t> step = NodeCommittedStep();
+  if (!step || step == notified_step_) return;
+  const std::optional<int64_t> previous = notified_step_;
+  notified_step_ = step;
+  if (commit_observer_ != nullptr) {
+    commit_observer_->Committed(previous, *step, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return CommittedImageLocked();  // runs inside Committed, under mutex_
+    });
+  }
+}
+
+void Store::SetCommitObserver(CommitObserver* observer) {
+  absl::MutexLock lock(&mutex_);
+  commit_observer_ = observer;
+}
+
+absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
+                                   const v1::JournalRank& record, const ChunkSource& read) {
+  // Read everything into new pool bytes first, outside the lock: a failure changes nothing.
+  std::map<std::string, std::shared_ptr<Version>> adopted;
+  std::vector<uint8_t> chunk_buffer;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const v1::ImageRegion& region = regions[i];
+    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region.bytes());
+    if (!stored.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("no room to load region '", region.region(),
+                                                       "' of rank ", rank, " (", region.bytes(),
+                                                       " bytes): ", stored.status().message()));
+    }
+    chunk_buffer.resize(std::min(region.chunk_bytes(), region.bytes()));
+    for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
+      const uint64_t offset = uint64_t(chunk) * region.chunk_bytes();
+      if (absl::Status status =
+              read(static_cast<int>(i), static_cast<uint32_t>(chunk), chunk_buffer.data());
+          !status.ok()) {
+        return status;
+      }
+      (*stored)->Write(offset, chunk_buffer.data(),
+                       std::min(region.chunk_bytes(), region.bytes() - offset));
+    }
+    adopted[region.region()] = VersionFrom(region, *std::move(stored));
+  }
+  absl::MutexLock lock(&mutex_);
+  RankState& rank_state = ranks_[rank];
+  if (const StepRecord* capturing = rank_state.Capturing()) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", capturing->step, " of rank ", rank,
+                                                      " is capturing; restore after it"));
+  }
+  RankState previous;
+  previous.committed = std::move(rank_state.committed);
+  previous.latest_committed = rank_state.latest_committed;
+  previous.committed_window = std::move(rank_state.committed_window);
+  previous.open_window = std::move(rank_state.open_window);
+  rank_state.committed = std::move(adopted);
+  rank_state.committed_window.reset();
+  rank_state.open_window.reset();
+  LoadRankRecord(record, &rank_state);
+  // In a cluster the group's parity covers the committed step this node had, not the loaded one:
+  // the record goes, so that the next step is encoded whole.
+  const v1::JournalCluster kept = mode_ == CommitMode::kCluster ? v1::JournalCluster() : cluster_;
+  if (absl::Status status = journal_->Write(JournalStateWith({}, kept)); !status.ok()) {
+    rank_state.committed = std::move(previous.committed);
+    rank_state.latest_committed = previous.latest_committed;
+    rank_state.latest_snapshot = previous.latest_committed;
+    rank_state.committed_window = std::move(previous.committed_window);
+    rank_state.open_window = std::move(previous.open_window);
+    return status;
+  }
+  cluster_ = kept;
+  notified_step_ = NodeCommittedStep();  // loaded, not committed anew: nothing to drain
+  step_changed_.SignalAll();
+  return absl::OkStatus();
+}
+
 
 absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
   absl::MutexLock lock(&mutex_);
@@ -1152,6 +1252,7 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
     }
     CommitRecord(rank_state, rank, stored);
   }
+  NotifyCommitted();
   step_changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -1190,6 +1291,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
     return status;
   }
   cluster_ = cluster;
+  notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/ctl/progress_bar.h"
+#include "client/ctl/durable_format.h"
 #include "common/byte_size.h"
 #include "proto/step_state_name.h"
 
@@ -77,6 +78,7 @@ std::string FormatStatus(const v1::StatusResponse& status) {
                                      status.last_refusal())},
       {"journal", absl::StrCat("sequence ", status.journal_sequence())},
       {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
+      {"durable", DescribeDurable(status.durable())},
   };
   for (const v1::OperationProgress& operation : status.operations()) {
     rows.push_back({"running", RenderProgress(operation, 20)});

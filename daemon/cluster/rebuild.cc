@@ -379,6 +379,11 @@ absl::Status Rebuilder::WaitRestorable(absl::Time deadline) const {
   return error_;
 }
 
+bool Rebuilder::rebuilding() const {
+  absl::MutexLock lock(&mutex_);
+  return rebuilding_;
+}
+
 bool Rebuilder::behind() const {
   absl::MutexLock lock(&mutex_);
   return rebuilding_ || !error_.ok();
