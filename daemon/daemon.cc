@@ -183,8 +183,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
             server->SetServing(serving);
           }},
       daemon->notifier_.get());
-  daemon->collectors_ = CollectDaemonMetrics(metrics::Registry::Default(), daemon->store_.get(),
-                                             daemon->upstream_log_.get(), daemon->cluster_.get());
+  daemon->collectors_ =
+      CollectDaemonMetrics(metrics::Registry::Default(), daemon->store_.get(),
+                           daemon->upstream_log_.get(), daemon->cluster_.get(), daemon->tiers_.get());
   if (!options.http.address.empty()) {
     absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
         options.http.address, OperationsRoutes(daemon->health_.get()));

@@ -66,6 +66,31 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
                  status.parity_bytes_sent());
 }
 
+// The durable tier's drain: progress, outcomes and the newest step on disk. Its lag behind memory
+// is cluster_latest_committed_step - durable_latest_step.
+void CollectDurable(durable::RestoreTiers& tiers, metrics::Collection& out) {
+  const v1::DurableStatus status = tiers.DurableStatus();
+  out.AddGauge("moesnap_durable_enabled", "1 when [durable] directory is set", status.enabled() ? 1 : 0);
+  if (!status.enabled()) return;
+  if (status.has_latest_step()) {
+    out.AddGauge("moesnap_durable_latest_step", "The newest step complete on this node's disk",
+                 status.latest_step());
+  }
+  out.AddGauge("moesnap_durable_draining", "1 while a step is being written to disk",
+               status.has_draining_step() ? 1 : 0);
+  out.AddGauge("moesnap_durable_draining_written_bytes", "Bytes of the step being drained written so far",
+               status.draining_bytes_written());
+  out.AddGauge("moesnap_durable_draining_bytes", "Bytes of the step being drained", status.draining_bytes());
+  const char* help = "Drains since the daemon started, by outcome";
+  out.AddCounter("moesnap_durable_drains_total", help, status.drains_completed(), {{"outcome", "completed"}});
+  out.AddCounter("moesnap_durable_drains_total", help, status.drains_failed(), {{"outcome", "failed"}});
+  out.AddCounter("moesnap_durable_drains_total", help, status.drains_skipped(), {{"outcome", "skipped"}});
+  out.AddGauge("moesnap_durable_last_drain_seconds", "Duration of the last completed drain",
+               status.last_drain_seconds());
+  out.AddGauge("moesnap_durable_last_drain_bytes", "Bytes of the last completed drain",
+               status.last_drain_bytes());
+}
+
 void CollectOperations(metrics::Collection& out) {
   // Summed per kind: two verifies at once are one series, as Prometheus needs.
   std::map<std::pair<std::string, std::string>, v1::OperationProgress> kinds;
@@ -89,11 +114,13 @@ void CollectOperations(metrics::Collection& out) {
 }  // namespace
 
 metrics::CollectorHandle CollectDaemonMetrics(metrics::Registry& registry, Store* store,
-                                              UpstreamLog* log, Cluster* cluster) {
-  return registry.AddCollector([store, log, cluster](metrics::Collection& out) {
+                                              UpstreamLog* log, Cluster* cluster,
+                                              durable::RestoreTiers* tiers) {
+  return registry.AddCollector([store, log, cluster, tiers](metrics::Collection& out) {
     CollectStore(*store, out);
     CollectLog(*log, out);
     if (cluster != nullptr) CollectCluster(*cluster, out);
+    if (tiers != nullptr) CollectDurable(*tiers, out);
     CollectOperations(out);
   });
 }

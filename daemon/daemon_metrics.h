@@ -7,6 +7,7 @@
 
 #include "common/metrics.h"
 #include "daemon/cluster/cluster.h"
+#include "daemon/durable/restore_tiers.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
 
@@ -15,7 +16,8 @@ namespace moesnap::daemon {
 // `cluster` is null on a single node. The collector runs until the handle is destroyed, which
 // must happen before any of the views it reads.
 [[nodiscard]] metrics::CollectorHandle CollectDaemonMetrics(metrics::Registry& registry, Store* store,
-                                                            UpstreamLog* log, Cluster* cluster);
+                                                            UpstreamLog* log, Cluster* cluster,
+                                                            durable::RestoreTiers* tiers);
 
 }  // namespace moesnap::daemon
 

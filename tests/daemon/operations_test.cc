@@ -178,7 +178,8 @@ TEST_F(OperationsTest, PromtoolAcceptsTheExposition) {
         "# TYPE moesnap_capture_duration_seconds histogram",
         "# TYPE moesnap_commit_duration_seconds histogram", "moesnap_steps_total{outcome=\"superseded\"} 0",
         "# TYPE moesnap_pool_free_bytes gauge", "# TYPE moesnap_journal_writes_total counter",
-        "# TYPE moesnap_rebuild_bytes_total counter", "# TYPE moesnap_upstream_log_bytes gauge"}) {
+        "# TYPE moesnap_rebuild_bytes_total counter", "# TYPE moesnap_upstream_log_bytes gauge",
+        "moesnap_durable_enabled 0\n"}) {
     EXPECT_TRUE(absl::StrContains(metrics->body, family)) << family;
   }
 }
