@@ -86,22 +86,27 @@ class Error(Exception):
                                {static_cast<py::ssize_t>(buffer.size())}, {1});
       })
       .def_property_readonly("size", &moesnap::SharedBuffer::size)
+      .def_property_readonly("fd", &moesnap::SharedBuffer::fd)
       .def_property_readonly("address",
                              [](const moesnap::SharedBuffer& buffer) {
                                return reinterpret_cast<uintptr_t>(buffer.data());
                              });
 
   py::class_<moesnap::Client>(module, "Client", "A connection of one trainer rank to moesnapd.")
-      .def(py::init([](const std::string& socket_path, uint32_t rank, double call_timeout_s,
+      .def(py::init([](const std::optional<std::string>& socket_path,
+                       std::optional<uint32_t> rank, double call_timeout_s,
                        double wait_timeout_s) {
-             moesnap::ClientOptions options;
-             options.socket_path = socket_path;
-             options.rank = rank;
+             // Unset arguments come from the launcher's environment (MOESNAP_SOCKET, RANK,
+             // LOCAL_RANK), then the defaults.
+             moesnap::ClientOptions options = Value(moesnap::ClientOptions::FromEnvironment());
+             if (socket_path) options.socket_path = *socket_path;
+             if (rank) options.rank = *rank;
              options.call_timeout = std::chrono::milliseconds(static_cast<int64_t>(call_timeout_s * 1000));
              options.wait_timeout = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout_s * 1000));
              return Value(WithoutGil([&] { return moesnap::Client::Connect(options); }));
            }),
-           py::arg("socket_path"), py::arg("rank"), py::arg("call_timeout_s") = 30.0,
+           py::arg("socket_path") = std::nullopt, py::arg("rank") = std::nullopt,
+           py::arg("call_timeout_s") = 30.0,
            py::arg("wait_timeout_s") = 600.0)
       .def("allocate_host",
            [](const moesnap::Client& client, size_t bytes) { return Value(client.AllocateHost(bytes)); },
@@ -167,6 +172,12 @@ class Error(Exception):
           "wait_captured",
           [](moesnap::Client& client, int64_t step) {
             Check(WithoutGil([&] { return client.WaitCaptured(step); }));
+          },
+          py::arg("step"))
+      .def(
+          "commit",
+          [](moesnap::Client& client, int64_t step) {
+            Check(WithoutGil([&] { return client.Commit(step); }));
           },
           py::arg("step"))
       .def(
