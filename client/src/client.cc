@@ -205,6 +205,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   state->options = options;
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(64 << 20);
+  // The daemon is a local socket that comes back within a second when restarted (an upgrade,
+  // systemd's restart): try it again soon, instead of gRPC's default backoff of up to two
+  // minutes, during which every call would fail without trying.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
                                              grpc::InsecureChannelCredentials(), arguments);
   state->stub = v1::Agent::NewStub(state->channel);
@@ -416,11 +422,17 @@ absl::Status Client::Commit(int64_t step) {
     }
     if (taken == step) {
       absl::Status committed = WaitCommitted(step);
-      // Taken here but aborted by the cluster (another node skipped or lost it): take it again.
-      if (!absl::IsAborted(committed)) return committed;
+      // Taken here but aborted by the cluster (another node skipped or lost it), or lost with a
+      // daemon that went away: take it again.
+      if (!absl::IsAborted(committed) && !absl::IsUnavailable(committed)) return committed;
       std::lock_guard<std::mutex> lock(state_->mutex);
       if (state_->last_taken == step) state_->last_taken.reset();
       taken.reset();
+    }
+    // Committed already: this process restored `step` and took nothing after it.
+    if (absl::StatusOr<std::optional<int64_t>> latest = LatestCommitted();
+        latest.ok() && *latest == step) {
+      return absl::OkStatus();
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -430,11 +442,13 @@ absl::Status Client::Commit(int64_t step) {
     // Earlier steps settle (committed, superseded or aborted) before the step is taken again.
     if (taken) (void)WaitCommitted(*taken);
     absl::StatusOr<uint64_t> snapshot = Snapshot(step);
-    if (!snapshot.ok()) return snapshot.status();
+    // The daemon restarting: it will be back (the deadline bounds how long this waits for it).
+    if (!snapshot.ok() && !absl::IsUnavailable(snapshot.status())) return snapshot.status();
     std::lock_guard<std::mutex> lock(state_->mutex);
-    if (state_->last_taken == taken) {
+    if (!snapshot.ok() || state_->last_taken == taken) {
       // Skipped again with nothing of the rank in flight: the pool is short of room until the
-      // cluster commits (or an operator frees some). Ask again a little later.
+      // cluster commits (or an operator frees some), or the daemon is not back yet. Ask again
+      // a little later.
       std::this_thread::sleep_for(retry_pause);
       retry_pause = std::min(retry_pause * 2, std::chrono::milliseconds(1000));
     }
