@@ -334,7 +334,8 @@ TEST_F(ClusterTest, CtlShowsTheClusterAndRepairsCorruptDataAndParityFromTheGroup
 // Elastic restore after losing two nodes: the planner moves the lost nodes' experts (every region a
 // rank snapshotted is an expert held once, on its rank's node) onto the survivors; each moved expert
 // is restored into a new rank on its new node, decoded from the group's parity since its holder is
-// gone, and a region of a live rank is fetched from its holder. Every byte is compared.
+// gone, and a region of a live rank is fetched from its holder; each answer says which. Every byte
+// is compared.
 TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   TrainAll(5);  // step 5 captures every region, so each holds the bytes of (rank, region, 5)
   struct Expert {
@@ -367,6 +368,9 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
     ASSERT_TRUE(restored.ok()) << "rank " << expert.rank << " " << name << " onto node " << node
                                << ": " << restored.status();
     EXPECT_EQ(restored->step, 5);
+    // Rank r ran on node r; the lost nodes' regions were decoded, a live node's fetched.
+    EXPECT_EQ(restored->source_node, expert.rank);
+    EXPECT_EQ(restored->decoded, expert.rank == 1 || expert.rank == 4) << "rank " << expert.rank;
     std::vector<uint8_t> expected(200000);
     testing::DeterministicBytes(uint64_t{expert.rank} << 48 ^ uint64_t(expert.region) << 32 ^ 5)
         .Fill(expected.data(), expected.size());

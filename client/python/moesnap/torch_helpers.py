@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 import random
 import struct
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Protocol, Tuple
 
 import numpy
 import torch
@@ -16,6 +16,15 @@ from ._moesnap import Error
 
 _ALIGNMENT = 64  # bytes between tensors in a shared buffer: SIMD copies and CRCs stay aligned
 _LENGTH_PREFIX = struct.Struct("<Q")
+
+
+class RestoredFrom(NamedTuple):
+    """What ``Client.restore_from`` restored: the committed step, the node whose snapshot served
+    it (None on a daemon without a cluster) and whether that node was lost, so that its regions
+    were decoded from its group's parity."""
+    step: int
+    node: Optional[int]
+    decoded: bool
 
 
 class StateProvider(Protocol):
@@ -76,6 +85,7 @@ class Client:
         self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
         self._buffers: List[_moesnap.SharedBuffer] = []  # keep shared memory mapped
         self._last_snapshot: Optional[int] = None
+        self._registrations: Dict[str, List[str]] = {}  # registration name -> its regions
 
     # Registration -------------------------------------------------------------------------------
 
@@ -84,8 +94,8 @@ class Client:
         (its state-dict key). CPU storage moves into shared memory in place: the module keeps its
         Parameter objects, and optimizers holding them keep working. CUDA tensors stay where they
         are and are shared with the daemon by CUDA IPC."""
-        self._register_tensors((f"{name}.{key}", tensor)
-                               for key, tensor in module.state_dict(keep_vars=True).items())
+        self._register_tensors(name, ((f"{name}.{key}", tensor)
+                                      for key, tensor in module.state_dict(keep_vars=True).items()))
 
     def register_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
         """Registers the optimizer's state tensors as regions ``name.state.<index>.<key>``. Adam
@@ -103,11 +113,11 @@ class Client:
                                     f"{type(value).__name__}, not a tensor")
                     tensors.append((f"{name}.state.{index}.{key}", value))
                 index += 1
-        self._register_tensors(tensors)
+        self._register_tensors(name, tensors)
 
     def register_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Registers one tensor as region ``name`` (moved into shared memory in place)."""
-        self._register_tensors([(name, tensor)])
+        self._register_tensors(name, [(name, tensor)])
 
     def register_alias(self, name: str, alias: str) -> None:
         """Registers ``alias`` as a second region over the bytes of host tensor region ``name``.
@@ -122,6 +132,7 @@ class Client:
                                           str(tensor.dtype), list(tensor.shape))
         self._tensors[alias] = self._tensors[name]
         self._host_places[alias] = (buffer, offset)
+        self._registrations[alias] = [alias]
 
     def register_state(self, name: str, provider: StateProvider, capacity: int = 1 << 20) -> None:
         """Registers non-tensor state: ``provider.state_dict()`` is pickled into a host region of
@@ -131,6 +142,14 @@ class Client:
         self._native.register_host_region(name, buffer, 0, buffer.size, "pickle", [])
         self._buffers.append(buffer)
         self._states[name] = (provider, memoryview(buffer).cast("B"))
+        self._registrations[name] = [name]
+
+    def regions_of(self, registration: str) -> List[str]:
+        """The regions that the ``register_*`` call named ``registration`` created, in order: the
+        names to give ``snapshot``, ``restore`` or ``restore_from`` for that part of the state."""
+        if registration not in self._registrations:
+            raise Error("NOT_FOUND", f"nothing was registered as '{registration}'")
+        return list(self._registrations[registration])
 
     def _check_registration_open(self, name: str) -> None:
         if self._last_snapshot is not None:
@@ -140,14 +159,19 @@ class Client:
         if name in self._tensors or name in self._states:
             raise Error("ALREADY_EXISTS", f"region '{name}' is already registered")
 
-    def _register_tensors(self, named: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    def _register_tensors(self, registration: str,
+                          named: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        if registration in self._registrations:
+            raise Error("ALREADY_EXISTS", f"'{registration}' is already registered")
         unique: List[Tuple[str, torch.Tensor]] = []
         seen = set()
+        names: List[str] = []
         for name, tensor in named:
             self._check_registration_open(name)
             if id(tensor) in seen:  # tied weights: one region serves every name of the tensor
                 continue
             seen.add(id(tensor))
+            names.append(name)
             if tensor.device.type == "cuda":
                 self._register_cuda_tensor(name, tensor)
             elif tensor.device.type == "cpu":
@@ -156,6 +180,7 @@ class Client:
                 raise Error("UNIMPLEMENTED", f"tensor '{name}' is on {tensor.device}: moesnap "
                                              f"shares CPU tensors and CUDA tensors")
         if not unique:
+            self._registrations[registration] = names
             return
         offsets = []
         total = 0
@@ -176,6 +201,7 @@ class Client:
                                               str(tensor.dtype), list(tensor.shape))
             self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
             self._host_places[name] = (buffer, offset)
+        self._registrations[registration] = names
 
     def _register_cuda_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Shares a CUDA tensor by IPC: the daemon opens its allocation's handle and copies the
@@ -248,6 +274,17 @@ class Client:
                 pickle.loads(bytes(view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + length])))
         self._last_snapshot = restored_step
         return restored_step
+
+    def restore_from(self, source_rank: int, names: List[str]) -> "RestoredFrom":
+        """Elastic restore: writes the latest committed regions ``names`` that rank
+        ``source_rank`` snapshotted (on any node of the cluster; decoded from parity when that
+        node is lost) into this rank's registered regions of the same names, checking every
+        chunk's CRC-32C. An expert moved onto this rank after a failure takes its weights and
+        optimizer state this way."""
+        if not names:
+            raise Error("INVALID_ARGUMENT", "restore_from needs the names of the regions to restore")
+        step, _, node, decoded = self._native.restore_from(source_rank, list(names))
+        return RestoredFrom(step, node, decoded)
 
     def latest_committed(self) -> Optional[int]:
         """The latest committed step of this rank, or None."""
