@@ -194,9 +194,21 @@ std::optional<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
   return cluster;
 }
 
+void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
+  reader.String("durable", "directory", durable.directory);
+  reader.Integer("durable", "every_steps", 0, UINT32_MAX, durable.every_steps);
+  reader.Integer("durable", "every_seconds", 0, 31 * 24 * 3600, durable.every_seconds);
+  reader.Integer("durable", "keep", 1, 1000, durable.keep);
+  reader.Bytes("durable", "bytes_per_second", durable.bytes_per_second);
+  if (absl::Status status = durable.Validate(); !status.ok()) {
+    reader.Error("durable", std::string(status.message()));
+  }
+}
+
 }  // namespace
 
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin) {
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin,
+                                                 std::optional<uint32_t> node_id) {
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -209,6 +221,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   DaemonOptions options;
 
   reader.Integer("node", "id", 0, UINT32_MAX, options.node_id);
+  if (node_id) options.node_id = *node_id;
   reader.String("agent", "socket", options.agent_socket);
   reader.String("admin", "socket", options.admin_socket);
   CheckSocketPath(reader, "agent.socket", options.agent_socket);
@@ -276,12 +289,27 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("upstream_log.max_bytes", "must be positive");
   }
 
+  reader.String("http", "address", options.http.address);
+  if (!options.http.address.empty()) {
+    if (absl::Status parsed = ParseHttpAddress(options.http.address).status(); !parsed.ok()) {
+      reader.Error("http.address", std::string(parsed.message()));
+    }
+  }
+  ParseDurable(reader, options.durable);
+
   std::string level = "info";
   reader.String("log", "level", level);
   if (absl::StatusOr<LogLevel> parsed = ParseLogLevel(level); parsed.ok()) {
     options.log_level = *parsed;
   } else {
     reader.Error("log.level", std::string(parsed.status().message()));
+  }
+  std::string format = "text";
+  reader.String("log", "format", format);
+  if (absl::StatusOr<LogFormat> parsed = ParseLogFormat(format); parsed.ok()) {
+    options.log_format = *parsed;
+  } else {
+    reader.Error("log.format", std::string(parsed.status().message()));
   }
 
   if (root.contains("cluster")) options.cluster = ParseCluster(reader, options.node_id);
@@ -291,12 +319,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   return options;
 }
 
-absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path) {
+absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path,
+                                                std::optional<uint32_t> node_id) {
   std::ifstream file(path);
   if (!file) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
   std::stringstream text;
   text << file.rdbuf();
-  return ParseDaemonOptions(text.str(), path);
+  return ParseDaemonOptions(text.str(), path, node_id);
 }
 
 }  // namespace moesnap::daemon

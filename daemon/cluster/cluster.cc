@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
 #include "daemon/cluster/membership.h"
@@ -52,6 +53,7 @@ struct Cluster::Units {
   std::unique_ptr<cluster::RemoteRestore> remote_restore;
   std::unique_ptr<cluster::LogForwarding> log_forwarding;
   std::unique_ptr<cluster::LocalReport> report;
+  std::unique_ptr<cluster::DurableView> durable;
   std::unique_ptr<cluster::PeerService> service;
   std::unique_ptr<grpc::Server> server;
 
@@ -62,7 +64,8 @@ struct Cluster::Units {
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log) {
+                                                        ClusterStore* store, UpstreamLog* log,
+                                                        const durable::DurableDirectory* durable) {
   if (options.allow_degraded) {
     return absl::UnimplementedError(
         "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
@@ -105,10 +108,12 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
   units->report = std::make_unique<cluster::LocalReport>(
       context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
+  units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
+                                                         durable);
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{
       units->membership.get(), units->coordinator.get(), units->participant.get(),
       units->transfer.get(), units->rebuilder.get(), units->remote_restore.get(),
-      units->log_forwarding.get(), units->report.get()});
+      units->log_forwarding.get(), units->report.get(), units->durable.get()});
 
   const ClusterNode self = *units->nodes->Address(node_id);
   grpc::ServerBuilder builder;
@@ -207,5 +212,7 @@ absl::StatusOr<v1::FetchLogResponse> Cluster::FetchLog(const v1::FetchLogRequest
 absl::StatusOr<v1::VerifyResponse> Cluster::Verify(std::optional<int64_t> step, bool repair) {
   return units_->rebuilder->Verify(step, repair);
 }
+
+durable::JobView* Cluster::job_view() { return units_->durable.get(); }
 
 }  // namespace moesnap::daemon

@@ -46,6 +46,9 @@ class PeerClient {
       uint32_t node, const v1::SendRegionRequest& request) = 0;
   virtual absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
                                                         const v1::FetchLogRequest& request) = 0;
+  // Waits for the answer until `deadline` at most.
+  virtual absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                                absl::Time deadline) = 0;
 };
 
 struct PeerClientOptions {

@@ -76,6 +76,8 @@ class Rebuilder {
   // True while this node does not hold its data of the latest committed step (rebuilding, or a
   // rebuild failed).
   bool behind() const;
+  // True while the rebuild at start (or one asked for) runs.
+  bool rebuilding() const;
   // This node's record of the committed step (without pool offsets) for a group member.
   v1::GroupStateResponse GroupState() const;
 
