@@ -207,7 +207,8 @@ void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
 
 }  // namespace
 
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin) {
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin,
+                                                 std::optional<uint32_t> node_id) {
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -220,6 +221,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   DaemonOptions options;
 
   reader.Integer("node", "id", 0, UINT32_MAX, options.node_id);
+  if (node_id) options.node_id = *node_id;
   reader.String("agent", "socket", options.agent_socket);
   reader.String("admin", "socket", options.admin_socket);
   CheckSocketPath(reader, "agent.socket", options.agent_socket);
@@ -287,6 +289,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("upstream_log.max_bytes", "must be positive");
   }
 
+  reader.String("http", "address", options.http.address);
+  if (!options.http.address.empty()) {
+    if (absl::Status parsed = ParseHttpAddress(options.http.address).status(); !parsed.ok()) {
+      reader.Error("http.address", std::string(parsed.message()));
+    }
+  }
   ParseDurable(reader, options.durable);
 
   std::string level = "info";
@@ -296,6 +304,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   } else {
     reader.Error("log.level", std::string(parsed.status().message()));
   }
+  std::string format = "text";
+  reader.String("log", "format", format);
+  if (absl::StatusOr<LogFormat> parsed = ParseLogFormat(format); parsed.ok()) {
+    options.log_format = *parsed;
+  } else {
+    reader.Error("log.format", std::string(parsed.status().message()));
+  }
 
   if (root.contains("cluster")) options.cluster = ParseCluster(reader, options.node_id);
 
@@ -304,12 +319,13 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   return options;
 }
 
-absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path) {
+absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path,
+                                                std::optional<uint32_t> node_id) {
   std::ifstream file(path);
   if (!file) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
   std::stringstream text;
   text << file.rdbuf();
-  return ParseDaemonOptions(text.str(), path);
+  return ParseDaemonOptions(text.str(), path, node_id);
 }
 
 }  // namespace moesnap::daemon

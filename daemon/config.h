@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "daemon/cluster_config.h"
+#include "daemon/http_server.h"
 #include "daemon/durable/durable_options.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
@@ -35,15 +36,21 @@ struct DaemonOptions {
   PoolOptions pool;
   CaptureOptions capture;
   UpstreamLogOptions upstream_log;
+  HttpOptions http;  // /metrics, /healthz, /readyz
   durable::DurableOptions durable;
   LogLevel log_level = LogLevel::kInfo;
+  LogFormat log_format = LogFormat::kText;
   // Absent: a single node, no peers.
   std::optional<ClusterOptions> cluster;
 };
 
-absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);
+// `node_id`, when given, replaces [node] id (moesnapd --node-id: a Slurm prolog or a Kubernetes pod
+// knows its node only when it starts) before anything that depends on it is checked.
+absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path,
+                                                std::optional<uint32_t> node_id = std::nullopt);
 // The same from TOML text; `origin` names it in errors.
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin);
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin,
+                                                 std::optional<uint32_t> node_id = std::nullopt);
 
 }  // namespace moesnap::daemon
 

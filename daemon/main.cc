@@ -13,6 +13,12 @@ int main(int argc, char** argv) {
   CLI::App app{"moesnapd: keeps the training state of this node's ranks in memory"};
   std::string config_path = "/etc/moesnap/moesnapd.toml";
   app.add_option("-c,--config", config_path, "TOML configuration (see deploy/moesnapd.toml)");
+  std::optional<uint32_t> node_id;
+  app.add_option("--node-id", node_id,
+                 "This node's id, replacing [node] id (for a Slurm prolog or a Kubernetes pod)");
+  bool check_only = false;
+  app.add_flag("--check-config", check_only,
+               "Check the configuration, list every error, and exit (0: valid) without starting");
   app.set_version_flag("--version", moesnap::VersionLine("moesnapd"));
   CLI11_PARSE(app, argc, argv);
 
@@ -25,12 +31,16 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<moesnap::daemon::DaemonOptions> options =
-      moesnap::daemon::LoadDaemonOptions(config_path);
+      moesnap::daemon::LoadDaemonOptions(config_path, node_id);
   if (!options.ok()) {
     std::fprintf(stderr, "moesnapd: %s\n", options.status().ToString().c_str());
     return 2;
   }
-  moesnap::SetLogLevel(options->log_level);
+  if (check_only) {
+    std::printf("%s: valid\n", config_path.c_str());
+    return 0;
+  }
+  moesnap::ConfigureLog(options->log_level, options->log_format, options->node_id);
   absl::StatusOr<std::unique_ptr<moesnap::daemon::Daemon>> daemon =
       moesnap::daemon::Daemon::Start(*options);
   if (!daemon.ok()) {

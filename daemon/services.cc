@@ -7,9 +7,20 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "daemon/progress.h"
 
 namespace moesnap::daemon {
 namespace {
+
+// Registered when the program starts, so a scrape sees them before the first snapshot.
+metrics::Histogram& snapshot_blocking_seconds = metrics::Registry::Default().AddHistogram(
+    "moesnap_snapshot_blocking_seconds",
+    "Time a trainer's Snapshot call spends in the daemon (the trainer waits for it; the copy runs "
+    "after it returns)",
+    metrics::DurationBuckets());
+metrics::Counter& snapshot_bytes = metrics::Registry::Default().AddCounter(
+    "moesnap_snapshot_bytes_total", "Bytes trainers' Snapshot calls asked the daemon to capture");
 
 // Waits without a client deadline are bounded so a forgotten call cannot pin a thread forever.
 constexpr absl::Duration kLongestWait = absl::Hours(1);
@@ -55,11 +66,14 @@ grpc::Status AgentService::RegisterRegions(grpc::ServerContext*,
 
 grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* request,
                                     v1::SnapshotResponse* response) {
+  const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
   absl::StatusOr<uint64_t> bytes =
       store_->Snapshot(request->rank(), request->step(), Names(request->regions()), sparse);
+  snapshot_blocking_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - started));
   if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  snapshot_bytes.Add(*bytes);
   response->set_bytes(*bytes);
   return grpc::Status::OK;
 }
@@ -144,6 +158,9 @@ grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequ
 grpc::Status AdminService::Status(grpc::ServerContext*, const v1::StatusRequest*,
                                   v1::StatusResponse* response) {
   *response = store_->Status();
+  for (v1::OperationProgress& operation : ProgressBoard::Default().Running()) {
+    *response->add_operations() = std::move(operation);
+  }
   response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_node_id(node_id_);
   response->set_pool_locked(pool_locked_);

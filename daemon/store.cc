@@ -10,12 +10,39 @@
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/shared_memory.h"
+#include "daemon/progress.h"
 #include "erasure/crc32c.h"
 #include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
 namespace {
+
+// Per rank and step: how long captures and commits take, and how steps end. Registered when the
+// program starts, so a scrape sees every series at zero.
+struct StepMetrics {
+  static StepMetrics& Get() {
+    static StepMetrics* metrics = new StepMetrics();
+    return *metrics;
+  }
+  metrics::Registry& registry = metrics::Registry::Default();
+  metrics::Histogram& capture_seconds = registry.AddHistogram(
+      "moesnap_capture_duration_seconds",
+      "Time from Snapshot to every chunk of a rank's step copied and checksummed",
+      metrics::DurationBuckets());
+  metrics::Histogram& commit_seconds = registry.AddHistogram(
+      "moesnap_commit_duration_seconds",
+      "Time from a rank's step captured to committed (the journal write; in a cluster the commit "
+      "round)",
+      metrics::DurationBuckets());
+  static constexpr char kSteps[] = "moesnap_steps_total";
+  static constexpr char kStepsHelp[] = "Steps of a rank that ended, by outcome";
+  metrics::Counter& committed = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "committed"}});
+  metrics::Counter& aborted = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "aborted"}});
+  metrics::Counter& superseded = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "superseded"}});
+};
+[[maybe_unused]] const StepMetrics& step_metrics_at_start = StepMetrics::Get();
 
 // Finished steps remembered per rank, so a late WaitCaptured still learns how its step ended.
 constexpr size_t kFinishedStepsKept = 64;
@@ -65,6 +92,8 @@ struct Store::StepRecord {
   uint64_t bytes = 0;
   uint32_t regions = 0;
   absl::Status failure;
+  absl::Time started;        // Snapshot accepted it
+  absl::Time captured_time;  // every chunk copied
 };
 
 struct Store::RankState {
@@ -290,6 +319,7 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
 
   StepRecord record;
   record.step = step;
+  record.started = absl::Now();
   for (const RankState::Registered* region : selected) record.bytes += region->spec.bytes();
   for (const RankState::Registered* region : selected) {
     absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region->spec.bytes());
@@ -411,6 +441,8 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
   record.state = v1::STEP_STATE_CAPTURED;
+  record.captured_time = absl::Now();
+  StepMetrics::Get().capture_seconds.Observe(absl::ToDoubleSeconds(record.captured_time - record.started));
   MarkSlot(record, record.state, &rank_state.open_window);
   if (mode_ == CommitMode::kCluster) {
     record.captured = true;  // on a single node the journal write below is part of the capture
@@ -432,10 +464,18 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   }
   record.versions.clear();
   record.state = v1::STEP_STATE_COMMITTED;
+  if (record.captured_time != absl::Time()) {  // captured by this process, not recovered
+    StepMetrics::Get().commit_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - record.captured_time));
+  }
+  StepMetrics::Get().committed.Add();
   rank_state.latest_committed = record.step;
   AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
   in_flight_bytes_ -= record.bytes;
-  Log(LogLevel::kDebug, "rank ", rank, " step ", record.step, ": committed");
+  Log(LogLevel::kDebug,
+      LogFields{.step = record.step,
+                .rank = rank,
+                .duration_seconds = absl::ToDoubleSeconds(absl::Now() - record.started)},
+      "rank ", rank, " step ", record.step, ": committed");
   // In a cluster the node's step moves once every rank's versions are in (CommitNodeStep).
   if (mode_ == CommitMode::kLocal) NotifyCommitted();
   step_changed_.SignalAll();
@@ -445,8 +485,11 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   }
 }
 
-void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status why) {
-  Log(LogLevel::kWarning, "step ", record.step, " aborted: ", why.ToString());
+void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status why,
+                      StepOutcome outcome) {
+  Log(LogLevel::kWarning, LogFields{.step = record.step}, "step ", record.step, " aborted: ",
+      why.ToString());
+  (outcome == StepOutcome::kSuperseded ? StepMetrics::Get().superseded : StepMetrics::Get().aborted).Add();
   record.state = v1::STEP_STATE_ABORTED;
   record.failure = std::move(why);
   record.versions.clear();  // chunks still copying hold their version until they finish
@@ -883,8 +926,12 @@ v1::VerifyResponse Store::Verify(std::optional<int64_t> step) const {
     }
   }
   v1::VerifyResponse response;
+  uint64_t total_bytes = 0;
+  for (const std::shared_ptr<Version>& version : versions) total_bytes += version->bytes;
+  OperationProgress progress = ProgressBoard::Default().Begin("verify", total_bytes, "bytes");
   for (const std::shared_ptr<Version>& version : versions) {
     for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
+      progress.Advance(version->ChunkLength(chunk));
       const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
       const uint32_t actual = version->stored->Crc32c(offset, version->ChunkLength(chunk));
       if (actual != version->chunk_crcs[chunk]) {
@@ -1199,7 +1246,8 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
     for (auto& [older, older_record] : rank_state.steps) {
       if (older < step && !IsFinished(older_record.state)) {
         AbortStep(rank_state, older_record,
-                  absl::AbortedError(absl::StrCat("superseded by step ", step)));
+                  absl::AbortedError(absl::StrCat("superseded by step ", step)),
+                  StepOutcome::kSuperseded);
       }
     }
     CommitRecord(rank_state, rank, stored);

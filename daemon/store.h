@@ -173,7 +173,10 @@ class Store final : public ClusterStore, public DurableStore {
   // rank's copy of it aborted.
   absl::StatusOr<std::vector<uint32_t>> RanksStillCapturing(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why)
+  // A superseded step is one a newer committed step replaced before it committed.
+  enum class StepOutcome { kAborted, kSuperseded };
+  void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why,
+                 StepOutcome outcome = StepOutcome::kAborted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
   v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,

@@ -31,6 +31,8 @@ cat > "$work/moesnapd.toml" <<CONFIG
 socket = "$work/agent.sock"
 [admin]
 socket = "$work/admin.sock"
+[http]
+address = "127.0.0.1:0"
 [pool]
 name = "$pool"
 bytes = "768MiB"
@@ -141,6 +143,8 @@ id = $id
 socket = "$work/node$id.agent.sock"
 [admin]
 socket = "$work/node$id.admin.sock"
+[http]
+address = "127.0.0.1:0"
 [pool]
 name = "$pool-node$id"
 bytes = "128MiB"

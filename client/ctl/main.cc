@@ -19,6 +19,7 @@
 #include "client/ctl/format.h"
 #include "client/ctl/json.h"
 #include "client/ctl/plan.h"
+#include "client/ctl/progress_bar.h"
 #include "common/version.h"
 #include "proto/moesnap.grpc.pb.h"
 
@@ -340,6 +341,9 @@ int main(int argc, char** argv) {
         ctl::FormatClusterStatus);
   }
   if (*rebuild) {
+    // The bar follows a rebuild this daemon runs itself (NODE is this node).
+    ctl::ProgressWatcher progress(ctl::ProgressWatcher::FromDaemon(session.socket_path, "rebuild"),
+                                  ctl::ProgressWatcher::Wanted(session.json));
     v1::RebuildRequest request;
     request.set_node_id(node);
     return session.Run<v1::RebuildResponse>(
@@ -349,6 +353,8 @@ int main(int argc, char** argv) {
         [&](const v1::RebuildResponse& response) { return ctl::FormatRebuild(node, response); });
   }
   if (*verify) {
+    ctl::ProgressWatcher progress(ctl::ProgressWatcher::FromDaemon(session.socket_path, "verify"),
+                                  ctl::ProgressWatcher::Wanted(session.json));
     v1::VerifyRequest request;
     if (*verify_step) request.set_step(step);
     request.set_repair(repair);

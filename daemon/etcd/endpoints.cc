@@ -11,9 +11,30 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/metrics.h"
 
 namespace moesnap::etcd::internal {
 namespace {
+
+// etcd connectivity as /metrics shows it, registered when the program starts.
+metrics::Gauge& etcd_reachable = metrics::Registry::Default().AddGauge(
+    "moesnap_etcd_reachable", "1 when the last etcd request got an answer, 0 when none did");
+metrics::Counter& etcd_answered = metrics::Registry::Default().AddCounter(
+    "moesnap_etcd_attempts_total",
+    "etcd request attempts: answered (a definite reply) or not (no connection, no leader, unknown)",
+    {{"outcome", "answered"}});
+metrics::Counter& etcd_unanswered = metrics::Registry::Default().AddCounter(
+    "moesnap_etcd_attempts_total",
+    "etcd request attempts: answered (a definite reply) or not (no connection, no leader, unknown)",
+    {{"outcome", "unanswered"}});
+metrics::Counter& etcd_failovers = metrics::Registry::Default().AddCounter(
+    "moesnap_etcd_failovers_total", "Times the etcd client moved to another endpoint");
+
+// Counts an attempt: `answered` when a member gave a definite answer (success or a refusal).
+void CountAttempt(bool answered) {
+  (answered ? etcd_answered : etcd_unanswered).Add();
+  etcd_reachable.Set(answered ? 1 : 0);
+}
 
 absl::StatusOr<std::string> ReadPemFile(const char* option, const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -157,7 +178,9 @@ Endpoints::Endpoints(Options options, std::vector<std::unique_ptr<Endpoint>> end
 
 void Endpoints::MoveAwayFrom(size_t index) {
   size_t expected = index;
-  preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size());
+  if (preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size())) {
+    etcd_failovers.Add();
+  }
 }
 
 bool Endpoints::Connect(size_t index, absl::Time deadline) const {
@@ -182,14 +205,16 @@ absl::Status Endpoints::Call(const std::string& what, Retry retry, absl::Time de
   while (absl::Now() < deadline) {
     const Endpoint& endpoint = *endpoints_[index];
     if (!Connect(index, deadline)) {
+      CountAttempt(false);
       failures[index] = "no connection";
       MoveAwayFrom(index);
     } else {
       grpc::ClientContext context;
       Prepare(context, deadline);
       const grpc::Status status = attempt(endpoint, context);
+      const Failure failure = status.ok() ? Failure::kDefinite : ClassifyFailure(status);
+      CountAttempt(failure == Failure::kDefinite);
       if (status.ok()) return absl::OkStatus();
-      const Failure failure = ClassifyFailure(status);
       if (failure == Failure::kDefinite) {
         return absl::Status(
             static_cast<absl::StatusCode>(status.error_code()),

@@ -42,6 +42,8 @@ threads = 4
 chunk_bytes = "1 MiB"
 [upstream_log]
 max_bytes = "256MiB"
+[http]
+address = "[::1]:9100"
 [durable]
 directory = "/var/lib/moesnap/durable"
 every_steps = 100
@@ -50,6 +52,7 @@ keep = 3
 bytes_per_second = "500MiB"
 [log]
 level = "debug"
+format = "json"
 )", "full.toml");
   ASSERT_OK(options);
   EXPECT_EQ(options->node_id, 7u);
@@ -68,6 +71,8 @@ level = "debug"
   EXPECT_EQ(options->durable.keep, 3u);
   EXPECT_EQ(options->durable.bytes_per_second, uint64_t{500} << 20);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
+  EXPECT_EQ(options->http.address, "[::1]:9100");
+  EXPECT_EQ(options->log_format, LogFormat::kJson);
 }
 
 TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
@@ -79,6 +84,8 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
       {"[upstream_log]\nmax_bytes = 0\n", "site.toml: upstream_log.max_bytes: must be positive"},
       {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
+      {"[log]\nformat = \"xml\"\n", "site.toml: log.format: log format 'xml' is not text or json"},
+      {"[http]\naddress = \"localhost:7442\"\n", "site.toml: http.address: expected an IP address"},
       {"[durable]\ndirectory = \"/d\"\n", "site.toml: durable: a directory needs every_steps or every_seconds"},
       {"[durable]\ndirectory = \"relative\"\nevery_steps = 2\n", "site.toml: durable: directory must be an absolute path"},
       {"[durable]\nkeep = 0\n", "site.toml: durable.keep"},
@@ -185,6 +192,8 @@ TEST(ConfigTest, ExampleConfigLoadsWithTheDefaults) {
   EXPECT_EQ(example->durable.keep, defaults.durable.keep);
   EXPECT_EQ(example->durable.bytes_per_second, defaults.durable.bytes_per_second);
   EXPECT_EQ(example->log_level, defaults.log_level);
+  EXPECT_EQ(example->http.address, defaults.http.address);
+  EXPECT_EQ(example->log_format, defaults.log_format);
 }
 
 }  // namespace

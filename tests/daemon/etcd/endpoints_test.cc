@@ -12,8 +12,12 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/loopback_port.h"
+#include "common/metrics.h"
 #include "daemon/etcd/etcd_client.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -193,6 +197,43 @@ TEST_F(EndpointsTest, ReadMovesToTheNextEndpointAfterAFailureAndStaysThere) {
   ASSERT_OK(again);
   EXPECT_EQ(first_.calls(), 1);
   EXPECT_EQ(second_.calls(), 2);
+}
+
+// The value of one series in the process's /metrics exposition (-1 when absent).
+double Sample(const std::string& series) {
+  const std::string text = metrics::Registry::Default().Exposition();
+  const size_t at = text.find("\n" + series + " ");
+  double value = -1;
+  if (at != std::string::npos) {
+    const size_t start = at + series.size() + 2;
+    EXPECT_TRUE(absl::SimpleAtod(text.substr(start, text.find('\n', start) - start), &value));
+  }
+  return value;
+}
+
+TEST_F(EndpointsTest, ConnectivityMetricsFollowEveryAttempt) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const double answered = Sample("moesnap_etcd_attempts_total{outcome=\"answered\"}");
+  const double unanswered = Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}");
+  const double failovers = Sample("moesnap_etcd_failovers_total");
+  ASSERT_GE(answered, 0);
+  first_.Script(Fate::kRefuse, kTimedOut);
+  ASSERT_OK(client->Get("k"));  // refused by the first member, answered by the second
+  EXPECT_EQ(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 1);
+  EXPECT_EQ(Sample("moesnap_etcd_attempts_total{outcome=\"answered\"}"), answered + 1);
+  EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers + 1);
+  EXPECT_EQ(Sample("moesnap_etcd_reachable"), 1);
+  // A member nobody listens for: no connection, so no answer.
+  absl::StatusOr<std::unique_ptr<Client>> lost =
+      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort())},
+                             .call_timeout = absl::Milliseconds(300),
+                             .attempt_timeout = absl::Milliseconds(100),
+                             .dial_timeout = absl::Milliseconds(100)});
+  ASSERT_OK(lost);
+  EXPECT_FALSE((*lost)->Get("k").ok());
+  EXPECT_EQ(Sample("moesnap_etcd_reachable"), 0);
+  EXPECT_GT(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 1);
 }
 
 TEST_F(EndpointsTest, WriteWithAnUnknownOutcomeIsNotResent) {
