@@ -242,6 +242,35 @@ TEST_F(DurableClusterTest, EveryDaemonAndPoolLostRestoresTheNewestStepDurableOnE
   }
 }
 
+// More than m nodes of the group lost with their memory: the replacements cannot rebuild, so the
+// whole job, survivors included, goes back to the newest step durable on every node, and commits
+// again from there.
+TEST_F(DurableClusterTest, MoreThanMLossesTakeEveryNodeBackToTheNewestDurableStep) {
+  for (int64_t step : {1, 2, 4, 6}) ASSERT_NO_FATAL_FAILURE(TrainAndDrain(step));
+  TrainAll(7);  // committed in memory, not durable
+  for (int node : {0, 2, 3}) Replace(node);
+  for (int node : {0, 2, 3}) ASSERT_TRUE(daemons_[node]->Start());
+  for (int attempt = 0; ; ++attempt) {  // every node live (the replacements' rebuilds fail)
+    ASSERT_LT(attempt, 300) << "the replacements did not join";
+    int live = 0;
+    const v1::ClusterStatusResponse status = Status(1);
+    for (const v1::ClusterNodeStatus& peer : status.nodes()) live += peer.live() ? 1 : 0;
+    if (live == nodes_) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 6) << "node " << node;
+    EXPECT_EQ(tier, "durable") << "node " << node;
+  }
+  TrainAll(9);
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 9) << "node " << node;
+    EXPECT_EQ(tier, "memory") << "node " << node;
+  }
+}
+
 TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
   TrainAll(6);
   for (int node = 0; node < nodes_; ++node) {
