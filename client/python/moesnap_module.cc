@@ -46,6 +46,25 @@ auto WithoutGil(Call call) {
   return call();
 }
 
+py::dict ReconfigurationDict(const moesnap::Reconfiguration& plan) {
+  py::list transfers;
+  for (const moesnap::Transfer& transfer : plan.transfers) {
+    py::dict row;
+    row["expert"] = transfer.expert;
+    row["from"] = transfer.from ? py::object(py::int_(*transfer.from)) : py::object(py::none());
+    row["to"] = transfer.to;
+    row["bytes"] = transfer.bytes;
+    transfers.append(row);
+  }
+  py::dict reconfiguration;
+  reconfiguration["survivors"] = plan.survivors;
+  reconfiguration["replicas"] = plan.replicas;
+  reconfiguration["placement"] = plan.placement;
+  reconfiguration["transfers"] = transfers;
+  reconfiguration["bytes_moved"] = plan.bytes_moved;
+  return reconfiguration;
+}
+
 moesnap::LogDirection ParseDirection(const std::string& direction) {
   if (direction == "forward") return moesnap::LogDirection::kForward;
   if (direction == "backward") return moesnap::LogDirection::kBackward;
@@ -201,6 +220,24 @@ class Error(Exception):
                                                                                 : "memory");
           },
           py::arg("step") = std::nullopt, py::arg("regions") = std::vector<std::string>{})
+      .def(
+          "restore_from",
+          [](moesnap::Client& client, uint32_t source_rank,
+             const std::vector<std::string>& regions) {
+            const moesnap::RestoreResult result =
+                Value(WithoutGil([&] { return client.RestoreFrom(source_rank, regions); }));
+            py::list restored;
+            for (const moesnap::RestoredRegion& region : result.regions) {
+              restored.append(py::make_tuple(region.name, region.step, region.bytes));
+            }
+            return py::make_tuple(result.step, restored,
+                                  result.source_node ? py::object(py::int_(*result.source_node))
+                                                     : py::object(py::none()),
+                                  result.decoded);
+          },
+          py::arg("source_rank"), py::arg("regions") = std::vector<std::string>{},
+          "Elastic restore: (step, [(region, step, bytes)], the node whose snapshot served it "
+          "or None on a single node, whether it was decoded from parity).")
       .def("latest_committed",
            [](moesnap::Client& client) {
              return Value(WithoutGil([&] { return client.LatestCommitted(); }));
@@ -352,22 +389,8 @@ class Error(Exception):
         result["recovery"] = recovery;
         result["reconfiguration"] = py::none();
         if (!failed.empty()) {
-          const moesnap::Reconfiguration plan =
-              Value(moesnap::Reconfigure(loads, options, overlap, failed));
-          py::list transfers;
-          for (const moesnap::Transfer& transfer : plan.transfers) {
-            py::dict row;
-            row["expert"] = transfer.expert;
-            row["from"] = transfer.from ? py::object(py::int_(*transfer.from)) : py::object(py::none());
-            row["to"] = transfer.to;
-            transfers.append(row);
-          }
-          py::dict reconfiguration;
-          reconfiguration["survivors"] = plan.survivors;
-          reconfiguration["replicas"] = plan.replicas;
-          reconfiguration["placement"] = plan.placement;
-          reconfiguration["transfers"] = transfers;
-          result["reconfiguration"] = reconfiguration;
+          result["reconfiguration"] =
+              ReconfigurationDict(Value(moesnap::Reconfigure(loads, options, overlap, failed)));
         }
         return result;
       },
@@ -376,4 +399,39 @@ class Error(Exception):
       "survivors ('from' None: from the snapshot cluster).",
       py::arg("loads"), py::arg("nodes"), py::arg("slots"), py::arg("min_replicas") = 1,
       py::arg("failed") = std::vector<int>{});
+
+  module.def(
+      "reconfigure",
+      [](const std::vector<double>& loads, int nodes, int slots, int min_replicas,
+         const moesnap::Placement& current, const std::vector<int>& failed,
+         const std::vector<uint64_t>& expert_bytes) {
+        const moesnap::PlanOptions options{nodes, slots, min_replicas};
+        return ReconfigurationDict(
+            Value(moesnap::Reconfigure(loads, options, current, failed, expert_bytes)));
+      },
+      "The reconfiguration of placement `current` (a list per node) once `failed` nodes are gone "
+      "(every node that is gone, earlier losses too): the allocation over the survivors, the new "
+      "placement and the transfers onto them ('from' None: no survivor holds the expert).",
+      py::arg("loads"), py::arg("nodes"), py::arg("slots"), py::arg("min_replicas"),
+      py::arg("current"), py::arg("failed"), py::arg("expert_bytes") = std::vector<uint64_t>{});
+
+  module.def(
+      "recovery_probabilities",
+      [](const moesnap::Placement& placement, int experts) {
+        py::list rows;
+        for (const moesnap::RecoveryProbability& row :
+             moesnap::RecoveryProbabilities(placement, experts)) {
+          py::dict converted;
+          converted["failed"] = row.failed;
+          converted["probability"] = row.probability;
+          converted["interval"] = py::make_tuple(row.low, row.high);
+          converted["exact"] = row.exact;
+          rows.append(converted);
+        }
+        return rows;
+      },
+      "For 0..N failed nodes of `placement` (experts per node), chosen uniformly: the probability "
+      "that every one of `experts` experts keeps a replica (exact over node subsets while they "
+      "are few, else sampled with a 95% interval).",
+      py::arg("placement"), py::arg("experts"));
 }

@@ -491,6 +491,8 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
     }
     result.tier =
         response.tier() == v1::TIER_DURABLE ? RestoreTier::kDurable : RestoreTier::kMemory;
+    if (response.has_source_node()) result.source_node = response.source_node();
+    result.decoded = response.decoded();
     return result;
   });
 }

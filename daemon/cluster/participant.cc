@@ -86,6 +86,9 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   if (!image.ok()) return image.status();
   v1::PrepareResponse response;
   *response.mutable_image() = image->manifest();
+  if (const v1::JournalCluster committed = store_->ClusterRecord(); committed.has_committed_step()) {
+    response.set_committed_step(committed.committed_step());
+  }
   response.mutable_image()->set_node_id(context_.node_id());
   absl::MutexLock lock(&mutex_);
   OpenStep& open = open_[request.step()];
@@ -129,9 +132,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   // A step that keeps every node's layout updates the committed parity with the deltas of the
   // units it changed; anything else (the first step, a rank registering new regions) encodes whole.
-  // Every node of the group decides the same from the same two records.
+  // Every node of the group decides the same from the same two records, unless the coordinator
+  // found that the group's nodes do not hold the same committed step.
   const v1::JournalCluster committed = store_->ClusterRecord();
-  bool delta = committed.has_committed_step() &&
+  bool delta = !request.whole() && committed.has_committed_step() &&
                committed.group_images_size() == layout.group_size();
   for (int position = 0; delta && position < layout.group_size(); ++position) {
     delta = SameLayout(committed.group_images(position), request.group_images(position));

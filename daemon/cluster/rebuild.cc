@@ -379,6 +379,15 @@ absl::Status Rebuilder::WaitRestorable(absl::Time deadline) const {
   return error_;
 }
 
+void Rebuilder::StateReplaced() {
+  absl::MutexLock lock(&mutex_);
+  if (rebuilding_ || error_.ok()) return;
+  Log(LogLevel::kInfo, "node ", context_.node_id(), " holds a step loaded from the durable tier; "
+      "the failed rebuild (", error_.message(), ") no longer applies");
+  error_ = absl::OkStatus();
+  changed_.SignalAll();
+}
+
 bool Rebuilder::rebuilding() const {
   absl::MutexLock lock(&mutex_);
   return rebuilding_;

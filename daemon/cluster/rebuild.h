@@ -78,6 +78,9 @@ class Rebuilder {
   bool behind() const;
   // True while the rebuild at start (or one asked for) runs.
   bool rebuilding() const;
+  // The store's committed state was replaced by a step loaded from the durable tier: a rebuild
+  // that failed no longer holds this node back (it takes part in the steps that follow).
+  void StateReplaced();
   // This node's record of the committed step (without pool offsets) for a group member.
   v1::GroupStateResponse GroupState() const;
 

@@ -245,6 +245,35 @@ TEST_F(DurableClusterTest, EveryDaemonAndPoolLostRestoresTheNewestStepDurableOnE
   }
 }
 
+// More than m nodes of the group lost with their memory: the replacements cannot rebuild, so the
+// whole job, survivors included, goes back to the newest step durable on every node, and commits
+// again from there.
+TEST_F(DurableClusterTest, MoreThanMLossesTakeEveryNodeBackToTheNewestDurableStep) {
+  for (int64_t step : {1, 2, 4, 6}) ASSERT_NO_FATAL_FAILURE(TrainAndDrain(step));
+  TrainAll(7);  // committed in memory, not durable
+  for (int node : {0, 2, 3}) Replace(node);
+  for (int node : {0, 2, 3}) ASSERT_TRUE(daemons_[node]->Start());
+  for (int attempt = 0; ; ++attempt) {  // every node live (the replacements' rebuilds fail)
+    ASSERT_LT(attempt, 300) << "the replacements did not join";
+    int live = 0;
+    const v1::ClusterStatusResponse status = Status(1);
+    for (const v1::ClusterNodeStatus& peer : status.nodes()) live += peer.live() ? 1 : 0;
+    if (live == nodes_) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 6) << "node " << node;
+    EXPECT_EQ(tier, "durable") << "node " << node;
+  }
+  TrainAll(9);
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 9) << "node " << node;
+    EXPECT_EQ(tier, "memory") << "node " << node;
+  }
+}
+
 TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
   TrainAll(6);
   for (int node = 0; node < nodes_; ++node) {
@@ -410,7 +439,8 @@ TEST_F(ClusterTest, CtlShowsTheClusterAndRepairsCorruptDataAndParityFromTheGroup
 // Elastic restore after losing two nodes: the planner moves the lost nodes' experts (every region a
 // rank snapshotted is an expert held once, on its rank's node) onto the survivors; each moved expert
 // is restored into a new rank on its new node, decoded from the group's parity since its holder is
-// gone, and a region of a live rank is fetched from its holder. Every byte is compared.
+// gone, and a region of a live rank is fetched from its holder; each answer says which. Every byte
+// is compared.
 TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   TrainAll(5);  // step 5 captures every region, so each holds the bytes of (rank, region, 5)
   struct Expert {
@@ -443,6 +473,9 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
     ASSERT_TRUE(restored.ok()) << "rank " << expert.rank << " " << name << " onto node " << node
                                << ": " << restored.status();
     EXPECT_EQ(restored->step, 5);
+    // Rank r ran on node r; the lost nodes' regions were decoded, a live node's fetched.
+    EXPECT_EQ(restored->source_node, expert.rank);
+    EXPECT_EQ(restored->decoded, expert.rank == 1 || expert.rank == 4) << "rank " << expert.rank;
     std::vector<uint8_t> expected(200000);
     testing::DeterministicBytes(uint64_t{expert.rank} << 48 ^ uint64_t(expert.region) << 32 ^ 5)
         .Fill(expected.data(), expected.size());

@@ -91,6 +91,10 @@ struct RestoreResult {
   int64_t step = 0;  // the committed step restored
   std::vector<RestoredRegion> regions;
   RestoreTier tier = RestoreTier::kMemory;
+  // RestoreFrom in a cluster: the node whose snapshot served it, and whether that node was lost
+  // (its regions decoded from its group's parity).
+  std::optional<uint32_t> source_node;
+  bool decoded = false;
 };
 
 // A sparse step's place in its window: window j of W steps holds steps j*W+1 .. j*W+W, slot i being

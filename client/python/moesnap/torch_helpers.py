@@ -642,6 +642,18 @@ class Client:
                 with torch.no_grad():
                     live.copy_(region.tensor)
 
+    def restore_from(self, source_rank: int, names: List[str]) -> RestoredFrom:
+        """Elastic restore: writes the latest committed regions ``names`` that rank
+        ``source_rank`` snapshotted (on any node of the cluster; decoded from parity when that
+        node is lost) into this rank's registered regions of the same names, checking every
+        chunk's CRC-32C. An expert moved onto this rank after a failure takes its weights and
+        optimizer state this way."""
+        if not names:
+            raise Error("INVALID_ARGUMENT", "restore_from needs the names of the regions to restore")
+        step, _, node, decoded = self._native.restore_from(source_rank, list(names))
+        self._unstage(names)
+        return RestoredFrom(step, node, decoded)
+
     def latest_committed(self) -> Optional[int]:
         """The latest committed step of this rank, or None."""
         return self._native.latest_committed()

@@ -3,13 +3,16 @@ production, and the example MoE trainer as a real process."""
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -47,6 +50,100 @@ class Daemon:
         self.kill()
         for suffix in (".data", ".journal"):
             Path(f"/dev/shm/{self.pool}{suffix}").unlink(missing_ok=True)
+
+
+class ChildProcess:
+    """A child process whose output lines (stdout and stderr) are collected as they come."""
+
+    def __init__(self, command: List[str]) -> None:
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+        self.lines: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float = 120, after: int = 0) -> int:
+        """Waits for a line from line ``after`` on that matches ``pattern``; returns its index."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for index in range(after, len(self.lines)):
+                if re.fullmatch(pattern, self.lines[index]):
+                    return index
+            assert self.process.poll() is None or self._reader.is_alive(), \
+                (pattern, "\n".join(self.lines))
+            assert time.monotonic() < deadline, (pattern, "\n".join(self.lines))
+            time.sleep(0.005)
+
+    def finish(self, timeout: float = 180) -> List[str]:
+        code = self.process.wait(timeout)
+        self._reader.join(10)
+        assert code == 0, "\n".join(self.lines)
+        return self.lines
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Cluster:
+    """Daemons of one job on loopback: node i is daemons[i], the nodes sorted by id form groups of
+    k + m. The one place that knows how a test cluster is configured and started."""
+
+    def __init__(self, directory: Path, nodes: int, data_units: int, parity_units: int,
+                 node_config: Optional[Dict[int, str]] = None,
+                 heartbeat_timeout_ms: int = 2000, commit_timeout_ms: int = 8000) -> None:
+        ports = set()
+        while len(ports) < 2 * nodes:  # the kernel may hand one port out twice
+            ports.add(unused_port())
+        ports = sorted(ports)
+        table = "".join(f'[[cluster.nodes]]\nid = {i}\nhost = "127.0.0.1"\n'
+                        f'control_port = {ports[2 * i]}\ndata_port = {ports[2 * i + 1]}\n'
+                        for i in range(nodes))
+        cluster = (f'[cluster]\ndata_units = {data_units}\nparity_units = {parity_units}\n'
+                   f'stripe_unit_bytes = "64KiB"\nheartbeat_timeout_ms = {heartbeat_timeout_ms}\n'
+                   f'commit_timeout_ms = {commit_timeout_ms}\n' + table)
+        self.daemons: List[Daemon] = []
+        for i in range(nodes):
+            node_directory = directory / f"node{i}"
+            node_directory.mkdir()
+            self.daemons.append(Daemon(node_directory, i,
+                                       (node_config or {}).get(i, "") + cluster))
+        for daemon in self.daemons:
+            daemon.start()
+        self.wait_until_live(nodes)
+
+    def ctl(self, node: int, *arguments: str) -> str:
+        return subprocess.run([str(BIN_DIR / "moesnapctl"), "--socket",
+                               self.daemons[node].admin_socket, *arguments],
+                              capture_output=True, text=True, check=True).stdout
+
+    def wait_until_live(self, live: int, asking: int = 0, timeout: float = 60) -> None:
+        """Waits until node ``asking`` sees ``live`` nodes live and none rebuilding."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = json.loads(self.ctl(asking, "--json", "cluster", "status"))
+            if sum(1 for node in status["nodes"] if node["live"] and not node["rebuilding"]) == live:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the cluster did not settle with {live} live nodes")
+
+    def lose(self, node: int) -> None:
+        """Node ``node``'s daemon is SIGKILLed and its memory is gone."""
+        self.daemons[node].remove()
+
+    def replace(self, node: int) -> None:
+        """A replacement daemon for ``node``, with an empty pool: it rebuilds from its group."""
+        self.daemons[node].start()
+
+    def remove(self) -> None:
+        for daemon in self.daemons:
+            daemon.remove()
 
 
 def wait_until_serving(process: subprocess.Popen, admin_socket: str, timeout: float = 20) -> None:
