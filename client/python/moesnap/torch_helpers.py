@@ -730,13 +730,23 @@ class _OptimizerManifest:
         registration = self._registration
         _check_parameters(registration, manifest)
         parameters = registration.parameters()
-        state = {}
+        # The state tensors hold the restored bytes already: load_state_dict deep-copies what it
+        # gets, which for them would cost the state's size again, so it gets empty stand-ins (of
+        # the same dtype, for optimizers that look at them), and the tensors go back after it.
+        state, tensors = {}, []
         for index, entries in manifest["state"].items():
             live = registration.optimizer.state[parameters[index]]
-            state[index] = {key: live[key] if isinstance(value, _TensorRef) else value
-                            for key, value in entries.items()}
+            state[index] = {}
+            for key, value in entries.items():
+                if isinstance(value, _TensorRef):
+                    tensors.append((parameters[index], key, live[key]))
+                    state[index][key] = torch.empty(0, dtype=value.dtype)
+                else:
+                    state[index][key] = value
         registration.optimizer.load_state_dict({"state": state,
                                                 "param_groups": manifest["param_groups"]})
+        for parameter, key, tensor in tensors:
+            registration.optimizer.state[parameter][key] = tensor
 
 
 def _check_parameters(registration: _OptimizerRegistration, manifest: Dict[str, Any]) -> None:
