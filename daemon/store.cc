@@ -345,7 +345,8 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     for (const auto& [earlier, record] : rank_state.steps) {
       if (!record.sparse && !IsFinished(record.state)) waiting.push_back(earlier);
     }
-    if (waiting.size() >= static_cast<size_t>(options_.max_in_flight_steps)) {
+    if (options_.max_in_flight_steps > 0 &&
+        waiting.size() >= static_cast<size_t>(options_.max_in_flight_steps)) {
       return Skip(rank_state, rank, step, sparse, names,
                   absl::StrCat("steps ", absl::StrJoin(waiting, ", "),
                                " still wait for their commit (capture.max_in_flight_steps = ",

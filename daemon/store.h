@@ -33,10 +33,10 @@ namespace moesnap::daemon {
 struct CaptureOptions {
   int threads = 2;
   uint64_t chunk_bytes = uint64_t{4} << 20;  // unit of copy, CRC and (later) transfer
-  // Dense steps of one rank captured or capturing and not yet committed: a further snapshot is
-  // skipped (answered, counted, never an error) until one commits, so that commits lagging behind
-  // training never fill the pool. A sparse window's slots are bounded by the window instead.
-  int max_in_flight_steps = 2;
+  // Dense steps of one rank captured or capturing and not yet committed (0: as many as the pool
+  // holds): a further snapshot is skipped (answered, counted, never an error) until one commits.
+  // A sparse window's slots are bounded by the window instead.
+  int max_in_flight_steps = 0;
 };
 
 // The copy backends the store may use; `device` is null when no GPU backend is available.

@@ -17,7 +17,7 @@ TEST(ConfigTest, EmptyFileTakesEveryDefault) {
   EXPECT_EQ(options->agent_socket, "/run/moesnap/agent.sock");
   EXPECT_EQ(options->pool.bytes, uint64_t{8} << 30);
   EXPECT_EQ(options->capture.chunk_bytes, uint64_t{4} << 20);
-  EXPECT_EQ(options->capture.max_in_flight_steps, 2);
+  EXPECT_EQ(options->capture.max_in_flight_steps, 0);
   EXPECT_EQ(options->pool.lock, PoolLockMode::kAuto);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{1} << 30);
 }

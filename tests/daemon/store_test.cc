@@ -115,7 +115,9 @@ class StoreTest : public ::testing::Test {
 };
 
 TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) {
-  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  CaptureOptions options;
+  options.max_in_flight_steps = 2;
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
   EXPECT_TRUE(Take(0, 1).skipped().empty());
   ASSERT_OK(WaitCaptured(0, 1));
@@ -143,8 +145,7 @@ TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) 
 }
 
 TEST_F(StoreTest, AFullPoolSkipsTheStepAndKeepsWhatIsCommitted) {
-  CaptureOptions options;
-  options.max_in_flight_steps = 8;
+  CaptureOptions options;  // no bound on the steps in flight: the pool is the limit
   // Room for the committed step and one more of 2 regions, not two more.
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 5 * 2 * kRegionBytes / 2, options));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
