@@ -10,15 +10,16 @@ earlier run). Each step's global batch is split evenly over the members in rank 
 deterministic for a given membership history.
 
 With --socket the node snapshots its state into its moesnapd after every step; when another node
-is lost, it reconfigures with the survivors and trains on from the last committed step. Without it
+is lost, it reconfigures with the survivors and trains on from the last committed step; started
+again after the whole job stopped, every node resumes from the last committed step. Without it
 (the reference), --leave STEP:NODE makes NODE leave after STEP as a planned departure that hands
 its experts over through torch.distributed, with the same plans as after a failure; several
 --leave at one step are applied in order.
 
-Prints one line per event, flushed: "plan LAYER PLACEMENT", "step S loss HEX" (the global loss as
-float.hex, on every member), "shares S LAYER EXPERT TOKENS NODE RECEIVED" (with --shares S),
-"failure after step S: ...", "recovered ...", "times ..." and the new plans after a recovery,
-"snapshots paused ...", "stopping after step S", "left after step S", "done".
+Prints one line per event, flushed: "plan LAYER PLACEMENT", "resumed at step S", "step S loss HEX"
+(the global loss as float.hex, on every member), "shares S LAYER EXPERT TOKENS NODE RECEIVED" (with
+--shares S), "failure after step S: ...", "recovered ...", "times ..." and the new plans after a
+recovery, "snapshots paused ...", "stopping after step S", "left after step S", "done".
 """
 
 import argparse
@@ -151,6 +152,10 @@ def main() -> int:
     for name, plan in sorted(job.plans.items()):
         print(f"plan {name} {json.dumps([list(node) for node in plan.placement])}", flush=True)
     leaves = parse_leaves(arguments.leave)
+    # Started again after the whole job stopped: go on from the last committed step.
+    resumed = job.resume() if connect is not None else None
+    if resumed is not None:
+        print(f"resumed at step {resumed}", flush=True)
 
     def train_step(step: int) -> None:
         members = job.members
@@ -175,7 +180,7 @@ def main() -> int:
                           f"{arguments.node} {received}", flush=True)
         print(f"step {step} loss {total.item().hex()}", flush=True)
 
-    step = 0
+    step = resumed or 0
     stop_at = None
     while step < arguments.steps:
         try:

@@ -171,7 +171,12 @@ class Recovery:
     placement_changed: bool          # the committed step was taken under an earlier placement
     moved: Dict[str, List[int]] = field(default_factory=dict)   # this member's new replicas
     sources: Dict[int, str] = field(default_factory=dict)       # restore_from source -> how
-    times: Dict[str, float] = field(default_factory=dict)       # phase -> time.time() at its end
+    # time.time() at the end of each phase: "failure" (recover called), "membership" (agreed, the
+    # new process group formed), "plan", "settle" (the last committed step agreed), "placement"
+    # (experts and their process groups configured), "registration" (a new moesnap session with
+    # this member's state), "restore" (from this member's daemon), "transfer" (restore_from of
+    # the replicas new to it)
+    times: Dict[str, float] = field(default_factory=dict)
 
     @property
     def kept_every_expert(self) -> bool:
@@ -257,6 +262,21 @@ class ElasticExpertParallel:
             self._register(self._client)
         self._rendezvous.start()
 
+    def resume(self) -> Optional[int]:
+        """After ``start``, in a job started again after all its members stopped (a restart of the
+        whole job with the plans it started with): restores the last committed step, the same on
+        every member, into this member's state and returns it; None when no member has a
+        committed step (a new job). Every member calls it."""
+        if self._client is None:
+            raise Error("FAILED_PRECONDITION", "resuming needs moesnap snapshots (connect)")
+        step = self._settle(new_job_allowed=True)
+        if step is None:
+            return None
+        restored = self._client.restore(step)
+        if restored != step:
+            raise Error("DATA_LOSS", f"the restore gave step {restored}, not the agreed {step}")
+        return step  # taken under the plans the job started with, as start() recorded
+
     def zero_grad(self) -> None:
         for parameter in self.model.parameters():
             parameter.grad = None
@@ -340,8 +360,9 @@ class ElasticExpertParallel:
         client = self._connect()  # a new session: this member's regions are the new replicas'
         self._register(client)
         self._client = client  # the old session ends with the old client
-        sources = self._restore(step, snapshotted, None if placement_changed else transfers)
-        times["restore"] = time.time()
+        times["registration"] = time.time()
+        sources = self._restore(step, snapshotted, None if placement_changed else transfers,
+                                times)
         if self.snapshots_enabled:
             self.snapshots_enabled = False
             self._log(f"snapshots paused after step {step}: the snapshot cluster cannot commit a "
@@ -485,10 +506,11 @@ class ElasticExpertParallel:
             dist.destroy_process_group()
         gc.collect()  # a group in a reference cycle would keep its connections open
 
-    def _settle(self) -> int:
+    def _settle(self, new_job_allowed: bool = False) -> Optional[int]:
         """Waits until the snapshot cluster decided every step this member snapshotted (a node
         lost mid-commit aborts them), then agrees with the other members on the last committed
-        step; the same on every member, or an error."""
+        step; the same on every member, or an error. None when no member has one and
+        ``new_job_allowed``."""
         last = self._client.last_snapshot
         if last is not None:
             try:
@@ -500,6 +522,8 @@ class ElasticExpertParallel:
             latest = self._client.latest_committed()
             steps: List[Optional[int]] = [None] * dist.get_world_size()
             dist.all_gather_object(steps, latest)
+            if new_job_allowed and steps == [None] * len(steps):
+                return None
             if None in steps:
                 raise Error("FAILED_PRECONDITION",
                             f"members {self.members} have committed steps {steps}: a member has "
@@ -521,12 +545,14 @@ class ElasticExpertParallel:
         raise Error("FAILED_PRECONDITION", f"no placement is known for step {step}")
 
     def _restore(self, step: int, snapshotted: Mapping[str, LayerPlan],
-                 transfers: Optional[Mapping[str, List[Transfer]]]) -> Dict[int, str]:
+                 transfers: Optional[Mapping[str, List[Transfer]]],
+                 times: Dict[str, float]) -> Dict[int, str]:
         """Writes step ``step`` into this member's state: the dense part and the replicas it
         snapshotted then from its own daemon, every other replica with ``restore_from`` from a
         member that snapshotted the expert then (the planner's choice when ``transfers`` applies),
         else from the lowest-numbered lost node that did. Returns each restore_from source and how
-        it served."""
+        it served; ``times`` gets when the local restore ("restore") and the transfers
+        ("transfer") ended."""
         local = self._dense_regions(self._client)
         remote: Dict[int, List[str]] = {}
         members = set(self.members)
@@ -546,6 +572,7 @@ class ElasticExpertParallel:
         restored = self._client.restore(names=local)
         if restored != step:
             raise Error("DATA_LOSS", f"the local restore gave step {restored}, not {step}")
+        times["restore"] = time.time()
         sources: Dict[int, str] = {}
         for source in sorted(remote):
             restored = self._client.restore_from(source, remote[source])
@@ -555,4 +582,5 @@ class ElasticExpertParallel:
             sources[source] = ("a surviving replica's snapshot" if source in members else
                                "lost node's snapshot, decoded from parity" if restored.decoded
                                else f"lost node's snapshot, from daemon {restored.node}")
+        times["transfer"] = time.time()
         return sources

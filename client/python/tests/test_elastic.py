@@ -277,3 +277,31 @@ def assert_same(actual, expected, where: str) -> None:
         assert torch.equal(actual, expected), where
     else:
         assert actual == expected, (where, actual, expected)
+
+
+def test_replicas_stay_identical(scenario):
+    """Every expert's replicas, and every node's dense part, end equal (weights and optimizer
+    state), after the failure run and after the reference run on three nodes."""
+    replicated = 0
+    for directory in (scenario["directory"], scenario["reference_one"]):
+        states = {n: torch.load(directory / f"node{n}.pt") for n in range(NODES)
+                  if (directory / f"node{n}.pt").exists()}
+        assert len(states) >= 2, (directory, sorted(states))
+        first = next(iter(states.values()))
+        holders: Dict[str, List[int]] = {}
+        for n, state in states.items():
+            assert_same(state["dense"], first["dense"], f"{directory.name} node {n} dense")
+            assert_same(state["optimizers"]["dense"], first["optimizers"]["dense"],
+                        f"{directory.name} node {n} dense optimizer")
+            for key in state["experts"]:
+                holders.setdefault(key, []).append(n)
+        for key, nodes in sorted(holders.items()):
+            (layer, _, expert) = key.rpartition(".")
+            for n in nodes[1:]:
+                where = f"{directory.name}: {key} on nodes {nodes[0]} and {n}"
+                assert_same(states[n]["experts"][key], states[nodes[0]]["experts"][key], where)
+                optimizer = f"{layer}.experts.{expert}"
+                assert_same(states[n]["optimizers"][optimizer],
+                            states[nodes[0]]["optimizers"][optimizer], where)
+            replicated += len(nodes) > 1
+    assert replicated, "no expert had two replicas: nothing was compared"

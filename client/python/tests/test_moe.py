@@ -251,3 +251,63 @@ def test_an_expert_moves_to_another_rank_with_its_optimizer_state(daemon):
     with pytest.raises(moesnap.Error) as error:
         taker.regions_of("layer.experts.4")
     assert error.value.code == "NOT_FOUND"
+
+
+# A whole job started again resumes its last committed step -------------------------------------
+
+def train_elastic(node: int, socket_path: str, store_path: str, steps: int, out: str) -> None:
+    """One member of a 2-node elastic job on one daemon: start, resume, train up to `steps` with
+    snapshots, then save the state it holds and what resume returned to `out` + node + ".pt"."""
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIMENSION, DIMENSION),
+                          moesnap.moe.ExpertParallelMoE(DIMENSION, EXPERTS, small_expert))
+    plans = {"1": LayerPlan.create([5, 1, 9, 3, 2, 7], nodes=2, slots=4, min_replicas=1)}
+    job = moesnap.elastic.ElasticExpertParallel(
+        model, plans, node, moesnap.elastic.Rendezvous(dist.FileStore(store_path, 2), node),
+        make_optimizer=lambda parameters: torch.optim.Adam(parameters, lr=1e-2),
+        connect=lambda: moesnap.Client(socket_path, node), log=lambda line: None)
+    job.start()
+    resumed = job.resume()
+    for step in range((resumed or 0) + 1, steps + 1):
+        inputs = torch.randn(4, DIMENSION, generator=torch.Generator().manual_seed(step * 2 + node))
+        loss = (model(inputs) ** 2).mean()
+        job.zero_grad()
+        loss.backward()
+        job.synchronize_gradients()
+        job.optimizer_step()
+        job.snapshot(step)
+    if steps:
+        job.client.wait_committed(steps)
+    torch.save({"resumed": resumed,
+                "model": {key: value.clone() for key, value in model.state_dict().items()},
+                "optimizers": job.optimizer_states()}, f"{out}{node}.pt")
+
+
+def assert_same(actual, expected, where: str) -> None:
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys(), (where, actual.keys(), expected.keys())
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, torch.Tensor):
+        assert torch.equal(actual, expected), where
+    else:
+        assert actual == expected, (where, actual, expected)
+
+
+def test_a_job_started_again_resumes_its_last_committed_step(daemon):
+    with tempfile.TemporaryDirectory() as directory:
+        def run(name: str, steps: int) -> List[dict]:
+            torch.multiprocessing.spawn(
+                train_elastic, nprocs=2,
+                args=(daemon.agent_socket, f"{directory}/{name}.store", steps,
+                      f"{directory}/{name}"))
+            return [torch.load(f"{directory}/{name}{node}.pt") for node in range(2)]
+
+        first = run("first", 3)
+        again = run("again", 0)  # started again: resumes step 3 and trains no further
+    for node in range(2):
+        assert first[node]["resumed"] is None  # a new job
+        assert again[node]["resumed"] == 3
+        assert_same(again[node]["model"], first[node]["model"], f"node {node} model")
+        assert_same(again[node]["optimizers"], first[node]["optimizers"], f"node {node} optimizers")
