@@ -52,6 +52,11 @@ _LENGTH_PREFIX = struct.Struct("<Q")
 # costs a file, a descriptor and a mapping on both sides, which for Adam's scalar `step` per
 # parameter would double the mappings of a large model for 4 bytes each.
 _STAGE_BELOW_BYTES = 4096
+# Pickled state is copied whole at every snapshot, so its regions are small unless asked: enough
+# for a scheduler, a sampler's position or the random generators (about 12 KiB).
+_STATE_CAPACITY = 64 << 10
+# An optimizer's pickled state dict grows with its parameters (each one's index and name).
+_OPTIMIZER_CAPACITY_PER_PARAMETER = 512
 # What a failure of the snapshot system looks like from the trainer: the step is skipped, never
 # raised. Other codes (a region unknown, a tensor reallocated) are misuse and raise.
 _SYSTEM_FAILURES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED",
@@ -228,12 +233,12 @@ class Client:
         self._registrations[name] = regions
 
     def register_optimizer(self, name: str, optimizer: torch.optim.Optimizer,
-                           capacity: int = 1 << 20) -> None:
+                           capacity: Optional[int] = None) -> None:
         """Registers everything ``optimizer.state_dict()`` holds: state tensors as regions
         ``name.state.<parameter region>.<key>`` (registered as the optimizer creates them), and
         ``param_groups`` and non-tensor state pickled into ``name.state_dict`` (``capacity``
-        bytes) at each snapshot. Every parameter must belong to a module or tensor registered
-        before, which names it."""
+        bytes, by default 64 KiB + 512 bytes per parameter) at each snapshot. Every parameter
+        must belong to a module or tensor registered before, which names it."""
         self._check_registration_open(name)
         fqns = []
         for index, parameter in enumerate(p for g in optimizer.param_groups for p in g["params"]):
@@ -244,6 +249,8 @@ class Client:
                             f"register its module first")
             fqns.append(self._registered_tensors[id(parameter)][0])
         registration = _OptimizerRegistration(name, optimizer, fqns)
+        if capacity is None:
+            capacity = _STATE_CAPACITY + _OPTIMIZER_CAPACITY_PER_PARAMETER * len(fqns)
         self.register_state(registration.manifest_region, _OptimizerManifest(self, registration),
                             capacity)
         self._optimizers.append(registration)
@@ -272,9 +279,11 @@ class Client:
                                        base=region.base or name)
         self._registrations[alias] = [alias]
 
-    def register_state(self, name: str, provider: StateProvider, capacity: int = 1 << 20) -> None:
+    def register_state(self, name: str, provider: StateProvider,
+                       capacity: int = _STATE_CAPACITY) -> None:
         """Registers non-tensor state: ``provider.state_dict()`` is pickled into a region of
-        ``capacity`` bytes at every snapshot and handed to ``load_state_dict`` on restore."""
+        ``capacity`` bytes at every snapshot and handed to ``load_state_dict`` on restore. The
+        region is copied whole at each snapshot: give a capacity fitting the state's growth."""
         self._check_registration_open(name)
         for method in ("state_dict", "load_state_dict"):
             if not callable(getattr(provider, method, None)):
@@ -282,6 +291,11 @@ class Client:
                             f"'{name}' is a {type(provider).__name__}, which has no {method}(): "
                             f"register modules, optimizers, tensors, or objects with "
                             f"state_dict() and load_state_dict()")
+        size = len(pickle.dumps(provider.state_dict(), protocol=pickle.HIGHEST_PROTOCOL))
+        if size > capacity:
+            raise Error("RESOURCE_EXHAUSTED",
+                        f"state '{name}' pickles to {size} bytes but its region would hold "
+                        f"{capacity}: register it with a larger capacity")
         buffer = self._native.allocate_host(capacity + _LENGTH_PREFIX.size)
         (handle,) = self._native.share_memory([buffer.fd])
         self._native.register_host_regions([(name, handle, 0, buffer.size, "pickle", [])])

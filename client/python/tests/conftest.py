@@ -23,7 +23,8 @@ TRAINER = Path(__file__).resolve().parents[1] / "examples" / "moe_train.py"
 class Daemon:
     """A moesnapd with its own pool and sockets; restarts re-attach the same pool."""
 
-    def __init__(self, directory: Path, node_id: int = 0, extra_config: str = "") -> None:
+    def __init__(self, directory: Path, node_id: int = 0, extra_config: str = "",
+                 pool_bytes: str = "256MiB") -> None:
         self.directory = directory
         self.pool = f"moesnap-pytest-{os.getpid()}-{directory.name}"
         self.agent_socket = str(directory / "agent.sock")
@@ -34,7 +35,7 @@ class Daemon:
             f'[agent]\nsocket = "{self.agent_socket}"\n[admin]\nsocket = "{self.admin_socket}"\n'
             # Port 0: a free port, so daemons of parallel tests never collide on the default one.
             f'[http]\naddress = "127.0.0.1:0"\n'
-            f'[pool]\nname = "{self.pool}"\nbytes = "256MiB"\nlock = "off"\n' + extra_config)
+            f'[pool]\nname = "{self.pool}"\nbytes = "{pool_bytes}"\nlock = "off"\n' + extra_config)
         self.process: Optional[subprocess.Popen] = None
 
     def start(self) -> None:
@@ -97,7 +98,8 @@ class Cluster:
 
     def __init__(self, directory: Path, nodes: int, data_units: int, parity_units: int,
                  node_config: Optional[Dict[int, str]] = None,
-                 heartbeat_timeout_ms: int = 2000, commit_timeout_ms: int = 8000) -> None:
+                 heartbeat_timeout_ms: int = 2000, commit_timeout_ms: int = 8000,
+                 pool_bytes: str = "256MiB") -> None:
         ports = set()
         while len(ports) < 2 * nodes:  # the kernel may hand one port out twice
             ports.add(unused_port())
@@ -113,7 +115,7 @@ class Cluster:
             node_directory = directory / f"node{i}"
             node_directory.mkdir()
             self.daemons.append(Daemon(node_directory, i,
-                                       (node_config or {}).get(i, "") + cluster))
+                                       (node_config or {}).get(i, "") + cluster, pool_bytes))
         for daemon in self.daemons:
             daemon.start()
         self.wait_until_live(nodes)

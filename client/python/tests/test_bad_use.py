@@ -55,19 +55,28 @@ def test_restoring_into_a_model_of_another_shape_names_the_tensor(daemon: Daemon
 
 
 def test_state_larger_than_its_region_is_refused(daemon: Daemon):
-    class Big:
+    class Growing:
+        size = 5000
+
         def state_dict(self):
-            return b"x" * 5000
+            return b"x" * self.size
 
         def load_state_dict(self, state):
             pass
 
     client = moesnap.Client(daemon.agent_socket, 0)
-    client.register_state("big", Big(), capacity=1024)
+    with pytest.raises(moesnap.Error) as error:  # too large already: refused at registration
+        client.register_state("big", Growing(), capacity=1024)
+    assert error.value.code == "RESOURCE_EXHAUSTED"
+    assert "'big'" in error.value.message
+    grown = Growing()
+    grown.size = 100
+    client.register_state("grows", grown, capacity=1024)
+    grown.size = 5000
     with pytest.raises(moesnap.Error) as error:
         client.snapshot(1)
     assert error.value.code == "RESOURCE_EXHAUSTED"
-    assert "'big'" in error.value.message
+    assert "'grows'" in error.value.message
 
 
 def test_no_daemon_is_a_clear_error_at_once(tmp_path):

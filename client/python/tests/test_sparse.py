@@ -71,7 +71,9 @@ def test_sparse_steps_copy_a_fraction_of_the_state(daemon: Daemon):
     weights = sum(p.numel() * 4 for p in model.parameters())
     full = weights * 2 + 4 * len(list(model.parameters()))  # + Adam moments and step counters
     copied = []
-    every_step = 4 * 4 + (1 << 20) + 8  # the logged gradient norms, the optimizer's state dict
+    # The logged gradient norms and the optimizer's pickled state dict (with its length prefix).
+    parameters = len(list(model.parameters()))
+    every_step = 4 * 4 + (64 << 10) + 512 * parameters + 8
     for step in range(1, 5):
         copied.append(sparse.snapshot(step) - every_step)
         client.wait_captured()

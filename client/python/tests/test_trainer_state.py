@@ -23,11 +23,11 @@ STEPS = 30
 
 
 def start(socket_path: Optional[str], steps: int = STEPS, out: Optional[Path] = None,
-          extra: Optional[List[str]] = None) -> subprocess.Popen:
+          extra: Optional[List[str]] = None, rank: int = 3) -> subprocess.Popen:
     environment = {key: value for key, value in os.environ.items()
                    if key not in ("MOESNAP_SOCKET", "RANK", "LOCAL_RANK")}
     if socket_path:
-        environment.update(MOESNAP_SOCKET=socket_path, RANK="3")
+        environment.update(MOESNAP_SOCKET=socket_path, RANK=str(rank))
     command = [sys.executable, str(TRAINER), "--steps", str(steps)] + (extra or [])
     if out:
         command += ["--out", str(out)]
