@@ -40,6 +40,18 @@ struct DaemonOptions {
 };
 
 absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);
+
+// This node's id and advertised address when they do not come from the file: from the command
+// line, else from MOESNAP_NODE_ID and MOESNAP_ADVERTISE_HOST, so that one file serves every node
+// of a Slurm or Kubernetes job.
+struct NodeIdentity {
+  std::optional<uint32_t> node_id;
+  std::optional<std::string> advertise_host;
+};
+absl::StatusOr<NodeIdentity> NodeIdentityFromEnvironment();
+// Puts `identity` over what the file said and checks the node's part of the cluster (an id below
+// node_count, an address to advertise).
+absl::Status ApplyNodeIdentity(const NodeIdentity& identity, DaemonOptions* options);
 // The same from TOML text; `origin` names it in errors.
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin);
 

@@ -95,8 +95,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       int64_t step = 0;
       if (absl::SimpleAtoi(crash, &step)) {
         daemon->cluster_->set_crash_in_commit_for_testing(step);
-        Log(LogLevel::kWarning, "fault injection: SIGKILL in the middle of committing step ", step,
-            " or the first committed after it");
+        Log(LogLevel::kWarning, "fault injection: as coordinator, SIGKILL right after deciding ",
+            "step ", step, " or the first step committed after it");
       }
     }
   }

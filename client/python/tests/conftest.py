@@ -3,11 +3,14 @@ production, and the example MoE trainer as a real process."""
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator, List, Optional
 
@@ -60,6 +63,49 @@ def wait_until_serving(process: subprocess.Popen, admin_socket: str, timeout: fl
             return
         time.sleep(0.02)
     raise RuntimeError("moesnapd did not start serving")
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Etcd:
+    """A one-member etcd on free loopback ports with a temporary data folder, for cluster tests."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="moesnap-pytest-etcd-")
+        self.client_port, peer_port = unused_port(), unused_port()
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        self.log = open(Path(self.directory) / "etcd.log", "w")
+        self.process = subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir", str(Path(self.directory) / "data"),
+             "--listen-client-urls", f"http://{self.endpoint}",
+             "--advertise-client-urls", f"http://{self.endpoint}",
+             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+             "--initial-cluster", f"t={peer_url}", "--unsafe-no-fsync", "--log-level", "warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as answer:
+                    if json.loads(answer.read()).get("health") == "true":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("etcd did not start serving")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @pytest.fixture

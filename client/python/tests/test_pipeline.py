@@ -10,7 +10,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,19 +20,13 @@ from typing import Dict, List, Optional
 import pytest
 import torch
 
-from conftest import BIN_DIR, Daemon
+from conftest import BIN_DIR, Daemon, Etcd, unused_port
 from test_training import assert_identical_state, losses_of
 
 PIPELINE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_train.py"
 STAGES = 3
 STEPS = 12
 WINDOW = 3
-
-
-def unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Stage:
@@ -92,14 +85,14 @@ def reference(tmp_path_factory):
 
 
 class Cluster:
-    """Three daemons on loopback, one group of k = 2, m = 1; node i serves stage i."""
+    """Three daemons on loopback and their etcd, one group of k = 2, m = 1; node i serves stage i."""
 
     def __init__(self, directory: Path, log_bytes: Dict[int, str]) -> None:
-        nodes = "".join(f'[[cluster.nodes]]\nid = {i}\nhost = "127.0.0.1"\n'
-                        f'control_port = {unused_port()}\ndata_port = {unused_port()}\n'
-                        for i in range(STAGES))
-        cluster = ('[cluster]\ndata_units = 2\nparity_units = 1\nstripe_unit_bytes = "64KiB"\n'
-                   'heartbeat_timeout_ms = 2000\ncommit_timeout_ms = 8000\n' + nodes)
+        self.etcd = Etcd()
+        cluster = ('[cluster]\njob = "pipeline"\nnode_count = 3\ndata_units = 2\nparity_units = 1\n'
+                   'stripe_unit_bytes = "64KiB"\nlease_ttl_ms = 2000\ncommit_timeout_ms = 8000\n'
+                   f'etcd_endpoints = ["{self.etcd.endpoint}"]\nadvertise_host = "127.0.0.1"\n'
+                   'control_port = 0\ndata_port = 0\n')
         self.daemons = []
         for i in range(STAGES):
             node_directory = directory / f"node{i}"
@@ -119,7 +112,8 @@ class Cluster:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             status = json.loads(self.ctl(0, "--json", "cluster", "status"))
-            if sum(1 for node in status["nodes"] if node["live"] and not node["rebuilding"]) == live:
+            if sum(1 for node in status["nodes"]
+                   if node["live"] and node.get("answered") and not node["rebuilding"]) == live:
                 return
             time.sleep(0.1)
         raise AssertionError(f"the cluster did not settle with {live} live nodes")
@@ -127,6 +121,7 @@ class Cluster:
     def remove(self) -> None:
         for daemon in self.daemons:
             daemon.remove()
+        self.etcd.stop()
 
 
 def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
