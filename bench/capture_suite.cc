@@ -55,6 +55,7 @@ absl::Status RunCaptureSuite(Report& report) {
   daemon::DaemonOptions options;
   options.agent_socket = directory + "/agent.sock";
   options.admin_socket = directory + "/admin.sock";
+  options.http.address = "";  // a benchmark serves no metrics
   options.pool.name = absl::StrCat("moesnap-bench-", getpid());
   options.pool.bytes = 2 * kStateBytes + (64 << 20);  // committed + in flight
   options.pool.journal_bytes = 1 << 20;

@@ -74,6 +74,7 @@ class LoopbackCluster {
       options.node_id = id;
       options.agent_socket = absl::StrCat(cluster->directory_, "/agent", id, ".sock");
       options.admin_socket = absl::StrCat(cluster->directory_, "/admin", id, ".sock");
+      options.http.address = "";  // six daemons in one process: none serves metrics
       options.pool.name = absl::StrCat("moesnap-bench-cluster-", getpid(), "-", id);
       // Committed + captured + parity (m/k of the data, rounded up per stripe) + a rebuild's copy.
       options.pool.bytes = 4 * kNodeBytes + (16 << 20);

@@ -38,6 +38,7 @@ absl::Status RunGpuSuite(Report& report) {
   daemon::DaemonOptions options;
   options.agent_socket = directory + "/agent.sock";
   options.admin_socket = directory + "/admin.sock";
+  options.http.address = "";  // a benchmark serves no metrics
   options.pool.name = absl::StrCat("moesnap-bench-gpu-", getpid());
   options.pool.bytes = 2 * kBytes + (64 << 20);
   options.pool.journal_bytes = 1 << 20;

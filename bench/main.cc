@@ -21,8 +21,10 @@ int main(int argc, char** argv) {
       {"capture", moesnap::bench::RunCaptureSuite},
       {"dataplane", moesnap::bench::RunDataPlaneSuite},
       {"cluster", moesnap::bench::RunClusterSuite},
+      {"etcd", moesnap::bench::RunEtcdSuite},
       {"peers", moesnap::bench::RunPeersSuite},
       {"sparse", moesnap::bench::RunSparseSuite},
+      {"durable", moesnap::bench::RunDurableSuite},
       {"gpu", moesnap::bench::RunGpuSuite},
       {"ettr", moesnap::bench::RunEttrSuite},
   };

@@ -27,6 +27,7 @@ absl::Status RunPythonScript(const PythonScript& script, Report& report) {
   daemon::DaemonOptions options;
   options.agent_socket = directory + "/agent.sock";
   options.admin_socket = directory + "/admin.sock";
+  options.http.address = "";  // a benchmark serves no metrics
   options.pool.name = name;
   options.pool.bytes = script.pool_bytes;
   options.pool.journal_bytes = 1 << 20;

@@ -8,10 +8,14 @@ find_package(GTest REQUIRED CONFIG)
 find_package(CLI11 REQUIRED CONFIG)
 find_package(tomlplusplus REQUIRED CONFIG)
 find_package(Boost 1.74 REQUIRED COMPONENTS system)
+find_package(spdlog REQUIRED CONFIG)
 
 # Debian's gRPC is used through pkg-config: its CMake package config is incomplete on this release.
 pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++)
 find_program(MOESNAP_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+
+# sd_notify for readiness and the watchdog (libsystemd-dev).
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 
 # Intel ISA-L ships neither pkg-config nor CMake files.
 find_path(ISAL_INCLUDE_DIR isa-l/erasure_code.h REQUIRED)

@@ -1,33 +1,136 @@
-// Log: a level filter and a line writer; fputs of one whole line keeps lines from interleaving.
+// Log over spdlog: one synchronous logger on stderr with a UTC pattern. JSON lines use two custom
+// pattern flags, the escaped message (%j) and the event's fields (%k); the fields reach the
+// formatter through a thread-local, since a synchronous logger formats on the calling thread.
 #include "common/log.h"
 
 #include <atomic>
-#include <cstdio>
-#include <ctime>
+#include <memory>
 #include <string>
 
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace moesnap {
 namespace {
-std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+
 constexpr const char* kNames[] = {"debug", "info", "warning", "error"};
+constexpr spdlog::level::level_enum kSpdlogLevels[] = {spdlog::level::debug, spdlog::level::info,
+                                                       spdlog::level::warn, spdlog::level::err};
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+thread_local const LogFields* t_fields = nullptr;
+
+void AppendJsonString(absl::string_view text, spdlog::memory_buf_t& out) {
+  out.push_back('"');
+  for (const char c : text) {
+    switch (c) {
+      case '"': out.append(std::string_view("\\\"")); break;
+      case '\\': out.append(std::string_view("\\\\")); break;
+      case '\n': out.append(std::string_view("\\n")); break;
+      case '\t': out.append(std::string_view("\\t")); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          const std::string escaped = absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+          out.append(std::string_view(escaped));
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+// %j: the message as a JSON string.
+class JsonMessageFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& message, const std::tm&,
+              spdlog::memory_buf_t& out) override {
+    AppendJsonString(absl::string_view(message.payload.data(), message.payload.size()), out);
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonMessageFlag>();
+  }
+};
+
+// %k: ,"node":N,"step":S,... for the fields present (JSON), or " step=S ..." (text).
+class FieldsFlag final : public spdlog::custom_flag_formatter {
+ public:
+  FieldsFlag(bool json, std::optional<uint32_t> node) : json_(json), node_(node) {}
+
+  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& out) override {
+    std::string text;
+    auto add = [&](const char* key, const std::string& value) {
+      absl::StrAppend(&text, json_ ? absl::StrCat(",\"", key, "\":") : absl::StrCat(" ", key, "="),
+                      value);
+    };
+    const LogFields none;
+    const LogFields& fields = t_fields != nullptr ? *t_fields : none;
+    // The node an event is about: one named by the event, else (in JSON) this daemon's own.
+    if (fields.node || (json_ && node_)) add("node", absl::StrCat(fields.node.value_or(node_.value_or(0))));
+    if (fields.step) add("step", absl::StrCat(*fields.step));
+    if (fields.rank) add("rank", absl::StrCat(*fields.rank));
+    if (fields.duration_seconds) add("duration_seconds", absl::StrFormat("%.6f", *fields.duration_seconds));
+    out.append(std::string_view(text));
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<FieldsFlag>(json_, node_);
+  }
+
+ private:
+  bool json_;
+  std::optional<uint32_t> node_;
+};
+
+std::shared_ptr<spdlog::logger> MakeLogger(LogFormat format, std::optional<uint32_t> node) {
+  auto logger = std::make_shared<spdlog::logger>(
+      "moesnap", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto formatter = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc,
+                                                               std::string("\n"));
+  const bool json = format == LogFormat::kJson;
+  formatter->add_flag<JsonMessageFlag>('j');
+  formatter->add_flag<FieldsFlag>('k', json, node);
+  formatter->set_pattern(json ? R"({"time":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","message":%j%k})"
+                              : "%Y-%m-%dT%H:%M:%S.%eZ %l %v%k");
+  logger->set_formatter(std::move(formatter));
+  logger->set_level(spdlog::level::trace);  // filtered by LogEnabled before formatting
+  return logger;
+}
+
+// The logger in use; replaced whole by ConfigureLog, so a line is written by one or the other.
+absl::Mutex g_logger_mutex;
+std::shared_ptr<spdlog::logger>& Logger() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_logger_mutex) {
+  static auto* logger = new std::shared_ptr<spdlog::logger>(MakeLogger(LogFormat::kText, std::nullopt));
+  return *logger;
+}
+
 }  // namespace
+
+void ConfigureLog(LogLevel level, LogFormat format, std::optional<uint32_t> node) {
+  SetLogLevel(level);
+  std::shared_ptr<spdlog::logger> logger = MakeLogger(format, node);
+  absl::MutexLock lock(&g_logger_mutex);
+  Logger() = std::move(logger);
+}
 
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
 
-void LogLine(LogLevel level, absl::string_view message) {
-  timespec now{};
-  clock_gettime(CLOCK_REALTIME, &now);
-  tm utc{};
-  gmtime_r(&now.tv_sec, &utc);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
-  const std::string line = absl::StrFormat("%s.%03dZ %s %s\n", stamp, now.tv_nsec / 1000000,
-                                           kNames[static_cast<int>(level)], message);
-  std::fputs(line.c_str(), stderr);
+void LogLine(LogLevel level, const LogFields& fields, absl::string_view message) {
+  std::shared_ptr<spdlog::logger> logger;
+  {
+    absl::MutexLock lock(&g_logger_mutex);
+    logger = Logger();
+  }
+  t_fields = &fields;
+  logger->log(kSpdlogLevels[static_cast<int>(level)],
+              spdlog::string_view_t(message.data(), message.size()));
+  t_fields = nullptr;
 }
 
 absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view text) {
@@ -36,6 +139,12 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view text) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("log level '", text, "' is not one of debug, info, warning, error"));
+}
+
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view text) {
+  if (text == "text") return LogFormat::kText;
+  if (text == "json") return LogFormat::kJson;
+  return absl::InvalidArgumentError(absl::StrCat("log format '", text, "' is not text or json"));
 }
 
 }  // namespace moesnap

@@ -181,6 +181,17 @@ std::optional<ClusterOptions> ParseCluster(Reader& reader) {
   return cluster;
 }
 
+void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
+  reader.String("durable", "directory", durable.directory);
+  reader.Integer("durable", "every_steps", 0, UINT32_MAX, durable.every_steps);
+  reader.Integer("durable", "every_seconds", 0, 31 * 24 * 3600, durable.every_seconds);
+  reader.Integer("durable", "keep", 1, 1000, durable.keep);
+  reader.Bytes("durable", "bytes_per_second", durable.bytes_per_second);
+  if (absl::Status status = durable.Validate(); !status.ok()) {
+    reader.Error("durable", std::string(status.message()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin) {
@@ -263,12 +274,27 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("upstream_log.max_bytes", "must be positive");
   }
 
+  reader.String("http", "address", options.http.address);
+  if (!options.http.address.empty()) {
+    if (absl::Status parsed = ParseHttpAddress(options.http.address).status(); !parsed.ok()) {
+      reader.Error("http.address", std::string(parsed.message()));
+    }
+  }
+  ParseDurable(reader, options.durable);
+
   std::string level = "info";
   reader.String("log", "level", level);
   if (absl::StatusOr<LogLevel> parsed = ParseLogLevel(level); parsed.ok()) {
     options.log_level = *parsed;
   } else {
     reader.Error("log.level", std::string(parsed.status().message()));
+  }
+  std::string format = "text";
+  reader.String("log", "format", format);
+  if (absl::StatusOr<LogFormat> parsed = ParseLogFormat(format); parsed.ok()) {
+    options.log_format = *parsed;
+  } else {
+    reader.Error("log.format", std::string(parsed.status().message()));
   }
 
   if (root.contains("cluster")) options.cluster = ParseCluster(reader);

@@ -14,6 +14,8 @@
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "daemon/cluster_config.h"
+#include "daemon/http_server.h"
+#include "daemon/durable/durable_options.h"
 #include "daemon/pool.h"
 #include "daemon/store.h"
 #include "daemon/upstream_log.h"
@@ -34,12 +36,17 @@ struct DaemonOptions {
   PoolOptions pool;
   CaptureOptions capture;
   UpstreamLogOptions upstream_log;
+  HttpOptions http;  // /metrics, /healthz, /readyz
+  durable::DurableOptions durable;
   LogLevel log_level = LogLevel::kInfo;
+  LogFormat log_format = LogFormat::kText;
   // Absent: a single node, no peers.
   std::optional<ClusterOptions> cluster;
 };
 
 absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);
+// The same from TOML text; `origin` names it in errors.
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin);
 
 // This node's id and advertised address when they do not come from the file: from the command
 // line, else from MOESNAP_NODE_ID and MOESNAP_ADVERTISE_HOST, so that one file serves every node
@@ -52,8 +59,6 @@ absl::StatusOr<NodeIdentity> NodeIdentityFromEnvironment();
 // Puts `identity` over what the file said and checks the node's part of the cluster (an id below
 // node_count, an address to advertise).
 absl::Status ApplyNodeIdentity(const NodeIdentity& identity, DaemonOptions* options);
-// The same from TOML text; `origin` names it in errors.
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin);
 
 }  // namespace moesnap::daemon
 

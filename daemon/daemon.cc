@@ -10,8 +10,32 @@
 #include "common/log.h"
 #include "common/memory_handoff_wire.h"
 #include "common/shared_memory.h"
+#include "daemon/daemon_metrics.h"
 
 namespace moesnap::daemon {
+namespace {
+
+HttpResponse StatusAnswer(const absl::Status& status) {
+  if (status.ok()) return {200, "text/plain; charset=utf-8", "ok\n"};
+  return {503, "text/plain; charset=utf-8", absl::StrCat(status.message(), "\n")};
+}
+
+// /metrics for Prometheus; /healthz (alive: the daemon answers on its admin socket) and /readyz
+// (alive, and able to serve what it holds: a replacement is ready once it has rebuilt).
+std::map<std::string, HttpServer::Handler> OperationsRoutes(HealthMonitor* health) {
+  return {
+      {"/metrics",
+       [] {
+         return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                             metrics::Registry::Default().Exposition()};
+       }},
+      {"/healthz", [health] { return StatusAnswer(health->Alive()); }},
+      {"/readyz", [health] { return StatusAnswer(health->Ready()); }},
+  };
+}
+
+}  // namespace
+
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
@@ -85,10 +109,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         return store->LogRecoveryPoint(ranks);
       });
 
+  if (options.durable.enabled()) {
+    daemon->durable_directory_ =
+        std::make_unique<durable::DurableDirectory>(options.durable.directory, options.node_id);
+  }
   if (options.cluster) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get(),
-                       daemon->upstream_log_.get());
+                       daemon->upstream_log_.get(), daemon->durable_directory_.get());
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
     if (const char* crash = std::getenv("MOESNAP_CRASH_IN_COMMIT")) {
@@ -101,16 +129,37 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
+  durable::JobView* view = daemon->cluster_ != nullptr
+                               ? daemon->cluster_->job_view()
+                               : &daemon->single_node_view_;
+  if (options.durable.enabled()) {
+    durable::StepIdentity identity;
+    identity.node_id = options.node_id;
+    if (options.cluster) {
+      identity.cluster_digest = options.cluster->Digest();
+      identity.shape.set_data_units(options.cluster->data_units);
+      identity.shape.set_parity_units(options.cluster->parity_units);
+      identity.shape.set_stripe_unit_bytes(options.cluster->stripe_unit_bytes);
+      identity.cluster_nodes = options.cluster->node_count;
+    }
+    daemon->drainer_ = std::make_unique<durable::Drainer>(
+        options.durable, identity, daemon->store_.get(), view, &daemon->clock_);
+    daemon->drainer_->Start();
+  }
+  daemon->tiers_ = std::make_unique<durable::RestoreTiers>(options.node_id, daemon->store_.get(),
+                                                           daemon->drainer_.get(), view);
+
   const std::string memory_socket = options.agent_socket + memory_handoff::kSocketSuffix;
   daemon->agent_service_ = std::make_unique<AgentService>(
       daemon->store_.get(), daemon->sessions_.get(), daemon->upstream_log_.get(),
-      daemon->cluster_.get(),
+      daemon->cluster_.get(), daemon->tiers_.get(),
       NodeFacts{options.node_id, memory_socket, daemon->device_backend_ != nullptr});
   daemon->memory_handoff_ =
       std::make_unique<MemoryHandoff>(daemon->sessions_.get(), daemon->store_.get());
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
-                                     daemon->cluster_.get(), options.node_id, locked);
+                                     daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
+                                     locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
       {{.path = options.agent_socket, .service = daemon->agent_service_.get()},
        {.path = memory_socket, .handler = daemon->memory_handoff_.get()},
@@ -118,15 +167,54 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       *std::move(policy));
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);
+
+  daemon->notifier_ = CreateSystemdNotifier();
+  daemon->health_ = std::make_unique<HealthMonitor>(
+      HealthMonitor::Options{
+          .probe = [admin_socket = options.admin_socket] {
+            return ProbeAdminSocket(admin_socket, absl::Seconds(5));
+          },
+          // A replacement node is ready once it holds its share of the committed state.
+          .ready =
+              [cluster = daemon->cluster_.get()] {
+                return cluster != nullptr ? cluster->WaitRestorable(absl::Now()) : absl::OkStatus();
+              },
+          .on_serving_changed = [server = daemon->server_.get()](bool serving) {
+            server->SetServing(serving);
+          }},
+      daemon->notifier_.get());
+  daemon->collectors_ =
+      CollectDaemonMetrics(metrics::Registry::Default(), daemon->store_.get(),
+                           daemon->upstream_log_.get(), daemon->cluster_.get(), daemon->tiers_.get());
+  if (!options.http.address.empty()) {
+    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
+        options.http.address, OperationsRoutes(daemon->health_.get()));
+    if (!http.ok()) return http.status();
+    daemon->http_server_ = *std::move(http);
+    Log(LogLevel::kInfo, "metrics and health on http://", options.http.address,
+        " (/metrics, /healthz, /readyz), port ", daemon->http_server_->port());
+  }
   Log(LogLevel::kInfo, "moesnapd node ", options.node_id, " serving trainers on ",
       options.agent_socket, " and operators on ", options.admin_socket);
+  // READY=1 once the daemon answered its own probe through the admin socket: then every socket
+  // serves, and systemd starts what depends on the daemon.
+  if (absl::Status alive = daemon->health_->WaitAlive(absl::Seconds(30)); !alive.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("moesnapd started but does not answer on its admin socket: ", alive.message()));
+  }
   started = true;
+  daemon->health_->AnnounceReady(absl::StrCat("serving node ", options.node_id));
   return daemon;
 }
 
 Daemon::~Daemon() {
+  if (notifier_) notifier_->Notify("STOPPING=1");
+  http_server_.reset();  // no scrapes
+  collectors_ = metrics::CollectorHandle();
+  health_.reset();          // no probes
   server_.reset();          // no new calls
   memory_handoff_.reset();  // no new memory
+  drainer_.reset();         // no drain (a step half written is removed); it surveys the cluster
   cluster_.reset();  // no peer calls, no rounds
   store_.reset();    // finishes queued copies
 }

@@ -1,5 +1,6 @@
-// moesnapd assembled: pool, journal, copy backends, store, cluster, services and sockets, built
-// from the configuration in dependency order and torn down in reverse.
+// moesnapd assembled: pool, journal, copy backends, store, cluster, services and sockets, then the
+// operations side (health, metrics over HTTP, systemd notification), built from the configuration
+// in dependency order and torn down in reverse.
 #ifndef MOESNAP_DAEMON_DAEMON_H_
 #define MOESNAP_DAEMON_DAEMON_H_
 
@@ -8,7 +9,15 @@
 #include "absl/status/statusor.h"
 #include "daemon/cluster/cluster.h"
 #include "daemon/config.h"
+#include "common/metrics.h"
 #include "daemon/copy_backend.h"
+#include "daemon/health.h"
+#include "daemon/http_server.h"
+#include "daemon/durable/clock.h"
+#include "daemon/durable/drainer.h"
+#include "daemon/durable/durable_directory.h"
+#include "daemon/durable/job_view.h"
+#include "daemon/durable/restore_tiers.h"
 #include "daemon/journal.h"
 #include "daemon/memory_handoff.h"
 #include "daemon/pool.h"
@@ -22,9 +31,13 @@ namespace moesnap::daemon {
 
 class Daemon {
  public:
-  // Opens or re-attaches the pool and journal, recovers the store, and starts serving.
+  // Opens or re-attaches the pool and journal, recovers the store, and starts serving; then tells
+  // systemd READY=1 (when it started the daemon).
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
-  ~Daemon();  // stops serving, finishes queued copies; the pool and journal stay in /dev/shm
+  ~Daemon();  // STOPPING=1, stops serving, finishes queued copies; the pool and journal stay
+
+  // The HTTP endpoint's port (0 when http.address is empty).
+  uint16_t http_port() const { return http_server_ ? http_server_->port() : 0; }
 
  private:
   Daemon() = default;
@@ -36,11 +49,20 @@ class Daemon {
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<UpstreamLog> upstream_log_;
+  std::unique_ptr<durable::DurableDirectory> durable_directory_;  // null: no durable tier
   std::unique_ptr<Cluster> cluster_;
+  durable::SystemClock clock_;
+  durable::SingleNodeView single_node_view_;
+  std::unique_ptr<durable::Drainer> drainer_;
+  std::unique_ptr<durable::RestoreTiers> tiers_;
   std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<MemoryHandoff> memory_handoff_;
   std::unique_ptr<UnixServer> server_;
+  std::unique_ptr<ServiceNotifier> notifier_;
+  std::unique_ptr<HealthMonitor> health_;
+  metrics::CollectorHandle collectors_;
+  std::unique_ptr<HttpServer> http_server_;
 };
 
 }  // namespace moesnap::daemon

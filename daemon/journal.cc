@@ -5,10 +5,17 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 #include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
 namespace {
+
+// Registered when the program starts, so a scrape sees them at zero before the first write.
+metrics::Counter& journal_writes = metrics::Registry::Default().AddCounter(
+    "moesnap_journal_writes_total", "Journal writes (each one a local commit point)");
+metrics::Counter& journal_written_bytes = metrics::Registry::Default().AddCounter(
+    "moesnap_journal_written_bytes_total", "Bytes of state written to the journal");
 
 constexpr uint64_t kMagic = 0x4c4e524a534d4f4dULL;  // "MOMSJRNL"
 
@@ -82,6 +89,8 @@ absl::Status Journal::Write(const v1::JournalState& state) {
   }
   std::memcpy(base + sizeof(header), payload.data(), payload.size());
   sequence_ = next;
+  journal_writes.Add();
+  journal_written_bytes.Add(payload.size());
   return absl::OkStatus();
 }
 

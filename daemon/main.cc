@@ -14,13 +14,18 @@ int main(int argc, char** argv) {
   CLI::App app{"moesnapd: keeps the training state of this node's ranks in memory"};
   std::string config_path = "/etc/moesnap/moesnapd.toml";
   app.add_option("-c,--config", config_path, "TOML configuration (see deploy/moesnapd.toml)");
-  uint32_t node_id = 0;
-  CLI::Option* node_id_given = app.add_option(
-      "--node-id", node_id, "this node's id in the job (else $MOESNAP_NODE_ID, else [node] id)");
+  std::optional<uint32_t> node_id;
+  app.add_option("--node-id", node_id,
+                 "This node's id, replacing [node] id and $MOESNAP_NODE_ID (for a Slurm prolog or a "
+                 "Kubernetes pod)");
   std::string advertise_host;
-  CLI::Option* advertise_host_given = app.add_option("--advertise-host", advertise_host,
-                 "the address peers reach this node on (else $MOESNAP_ADVERTISE_HOST, else "
-                 "cluster.advertise_host)");
+  CLI::Option* advertise_host_given = app.add_option(
+      "--advertise-host", advertise_host,
+      "The address peers reach this node on, replacing cluster.advertise_host and "
+      "$MOESNAP_ADVERTISE_HOST");
+  bool check_only = false;
+  app.add_flag("--check-config", check_only,
+               "Check the configuration, list every error, and exit (0: valid) without starting");
   app.set_version_flag("--version", moesnap::VersionLine("moesnapd"));
   CLI11_PARSE(app, argc, argv);
 
@@ -34,10 +39,11 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<moesnap::daemon::DaemonOptions> options =
       moesnap::daemon::LoadDaemonOptions(config_path);
+  // The node's id and address: the command line, else the environment, else the file.
   absl::StatusOr<moesnap::daemon::NodeIdentity> identity =
       moesnap::daemon::NodeIdentityFromEnvironment();
   if (identity.ok()) {
-    if (*node_id_given) identity->node_id = node_id;
+    if (node_id) identity->node_id = node_id;
     if (*advertise_host_given) identity->advertise_host = advertise_host;
   }
   absl::Status valid = !options.ok() ? options.status() : identity.status();
@@ -46,7 +52,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moesnapd: %s\n", valid.ToString().c_str());
     return 2;
   }
-  moesnap::SetLogLevel(options->log_level);
+  if (check_only) {
+    std::printf("%s: valid\n", config_path.c_str());
+    return 0;
+  }
+  moesnap::ConfigureLog(options->log_level, options->log_format, options->node_id);
   absl::StatusOr<std::unique_ptr<moesnap::daemon::Daemon>> daemon =
       moesnap::daemon::Daemon::Start(*options);
   if (!daemon.ok()) {

@@ -7,9 +7,20 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "daemon/progress.h"
 
 namespace moesnap::daemon {
 namespace {
+
+// Registered when the program starts, so a scrape sees them before the first snapshot.
+metrics::Histogram& snapshot_blocking_seconds = metrics::Registry::Default().AddHistogram(
+    "moesnap_snapshot_blocking_seconds",
+    "Time a trainer's Snapshot call spends in the daemon (the trainer waits for it; the copy runs "
+    "after it returns)",
+    metrics::DurationBuckets());
+metrics::Counter& snapshot_bytes = metrics::Registry::Default().AddCounter(
+    "moesnap_snapshot_bytes_total", "Bytes trainers' Snapshot calls asked the daemon to capture");
 
 // Waits without a client deadline are bounded so a forgotten call cannot pin a thread forever.
 constexpr absl::Duration kLongestWait = absl::Hours(1);
@@ -55,11 +66,14 @@ grpc::Status AgentService::RegisterRegions(grpc::ServerContext*,
 
 grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* request,
                                     v1::SnapshotResponse* response) {
+  const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
   absl::StatusOr<uint64_t> bytes =
       store_->Snapshot(request->rank(), request->step(), Names(request->regions()), sparse);
+  snapshot_blocking_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - started));
   if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  snapshot_bytes.Add(*bytes);
   response->set_bytes(*bytes);
   return grpc::Status::OK;
 }
@@ -99,10 +113,10 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
                                            Names(request->regions()))
                    : store_->RestoreFromRank(request->rank(), request->source_rank(),
                                              Names(request->regions()));
-  } else if (absl::Status restorable = WaitRestorable(DeadlineOf(context)); !restorable.ok()) {
-    restored = restorable;
   } else {
-    restored = store_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
+    // From memory once this node holds its share of the committed state, or from the durable tier
+    // when memory lost it.
+    restored = tiers_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
   }
   if (!restored.ok()) return ToGrpcStatus(restored.status());
   *response = *std::move(restored);
@@ -112,20 +126,12 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
 grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
                                            const v1::LatestCommittedRequest* request,
                                            v1::LatestCommittedResponse* response) {
-  // A replacement node answers once its rebuild has brought back what the group committed.
-  if (absl::Status status = WaitRestorable(DeadlineOf(context)); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (std::optional<int64_t> latest = store_->LatestCommitted(request->rank())) {
-    response->set_step(*latest);
-  }
-  v1::RankWindows windows = store_->Windows(request->rank());
-  if (windows.has_committed_window()) {
-    *response->mutable_committed_window() = std::move(*windows.mutable_committed_window());
-  }
-  if (windows.has_open_window()) {
-    *response->mutable_open_window() = std::move(*windows.mutable_open_window());
-  }
+  // A replacement node answers once its rebuild has brought back what the group committed; with
+  // the committed state gone from memory, from the durable tier.
+  absl::StatusOr<v1::LatestCommittedResponse> latest =
+      tiers_->LatestCommitted(request->rank(), DeadlineOf(context));
+  if (!latest.ok()) return ToGrpcStatus(latest.status());
+  *response = *std::move(latest);
   return grpc::Status::OK;
 }
 
@@ -152,9 +158,13 @@ grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequ
 grpc::Status AdminService::Status(grpc::ServerContext*, const v1::StatusRequest*,
                                   v1::StatusResponse* response) {
   *response = store_->Status();
+  for (v1::OperationProgress& operation : ProgressBoard::Default().Running()) {
+    *response->add_operations() = std::move(operation);
+  }
   response->set_pid(static_cast<uint32_t>(getpid()));
   response->set_node_id(node_id_);
   response->set_pool_locked(pool_locked_);
+  *response->mutable_durable() = tiers_->DurableStatus();
   return grpc::Status::OK;
 }
 
@@ -234,6 +244,32 @@ grpc::Status AdminService::DropStep(grpc::ServerContext*, const v1::DropStepRequ
   if (!dropped.ok()) return ToGrpcStatus(dropped.status());
   *response = *std::move(dropped);
   return grpc::Status::OK;
+}
+
+}  // namespace moesnap::daemon
+
+namespace moesnap::daemon {
+
+grpc::Status AdminService::ListDurable(grpc::ServerContext* context, const v1::ListDurableRequest*,
+                                       v1::ListDurableResponse* response) {
+  *response = tiers_->ListDurable(DeadlineOf(context));
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::RestoreTier(grpc::ServerContext* context,
+                                       const v1::RestoreTierRequest* request,
+                                       v1::RestoreTierResponse* response) {
+  absl::StatusOr<v1::RestoreTierResponse> tier = tiers_->Tier(request->rank(), DeadlineOf(context));
+  if (!tier.ok()) return ToGrpcStatus(tier.status());
+  *response = *std::move(tier);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
+                                  grpc::ServerWriter<v1::ExportChunk>* writer) {
+  return ToGrpcStatus(tiers_->Export(*request, [context, writer](const v1::ExportChunk& chunk) {
+    return !context->IsCancelled() && writer->Write(chunk);
+  }));
 }
 
 }  // namespace moesnap::daemon

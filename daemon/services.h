@@ -8,6 +8,7 @@
 #include <string>
 
 #include "daemon/cluster/cluster.h"
+#include "daemon/durable/restore_tiers.h"
 #include "daemon/store.h"
 #include "daemon/trainer_memory.h"
 #include "daemon/upstream_log.h"
@@ -24,10 +25,11 @@ struct NodeFacts {
 
 class AgentService final : public v1::Agent::Service {
  public:
-  // `cluster` is null on a single node.
+  // `cluster` is null on a single node. LatestCommitted and Restore go through `tiers`.
   AgentService(Store* store, TrainerSessions* sessions, UpstreamLog* log, Cluster* cluster,
-               NodeFacts facts)
-      : store_(store), sessions_(sessions), log_(log), cluster_(cluster), facts_(std::move(facts)) {}
+               durable::RestoreTiers* tiers, NodeFacts facts)
+      : store_(store), sessions_(sessions), log_(log), cluster_(cluster), tiers_(tiers),
+        facts_(std::move(facts)) {}
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
   grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
@@ -55,15 +57,17 @@ class AgentService final : public v1::Agent::Service {
   TrainerSessions* sessions_;
   UpstreamLog* log_;
   Cluster* cluster_;
+  durable::RestoreTiers* tiers_;
   NodeFacts facts_;
 };
 
 class AdminService final : public v1::Admin::Service {
  public:
   // `cluster` is null on a single node.
-  AdminService(Store* store, UpstreamLog* log, Cluster* cluster, uint32_t node_id,
-               bool pool_locked)
-      : store_(store), log_(log), cluster_(cluster), node_id_(node_id), pool_locked_(pool_locked) {}
+  AdminService(Store* store, UpstreamLog* log, Cluster* cluster, durable::RestoreTiers* tiers,
+               uint32_t node_id, bool pool_locked)
+      : store_(store), log_(log), cluster_(cluster), tiers_(tiers), node_id_(node_id),
+        pool_locked_(pool_locked) {}
 
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   grpc::Status ListSteps(grpc::ServerContext*, const v1::ListStepsRequest*,
@@ -79,11 +83,18 @@ class AdminService final : public v1::Admin::Service {
                              v1::ClusterStatusResponse*) override;
   grpc::Status Rebuild(grpc::ServerContext*, const v1::RebuildRequest*,
                        v1::RebuildResponse*) override;
+  grpc::Status ListDurable(grpc::ServerContext*, const v1::ListDurableRequest*,
+                           v1::ListDurableResponse*) override;
+  grpc::Status RestoreTier(grpc::ServerContext*, const v1::RestoreTierRequest*,
+                           v1::RestoreTierResponse*) override;
+  grpc::Status Export(grpc::ServerContext*, const v1::ExportRequest*,
+                      grpc::ServerWriter<v1::ExportChunk>*) override;
 
  private:
   Store* store_;
   UpstreamLog* log_;
   Cluster* cluster_;
+  durable::RestoreTiers* tiers_;
   uint32_t node_id_;
   bool pool_locked_;
 };

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "daemon/cluster_store.h"
 #include "daemon/copy_backend.h"
+#include "daemon/durable_store.h"
 #include "daemon/journal.h"
 #include "daemon/node_image.h"
 #include "daemon/pool.h"
@@ -45,8 +46,8 @@ struct CopyBackends {
 enum class CommitMode { kLocal, kCluster };
 
 // Thread-safe: every public method may be called from any gRPC thread. In a cluster, the cluster
-// uses the store only through ClusterStore.
-class Store final : public ClusterStore {
+// uses the store only through ClusterStore; the durable tier uses it only through DurableStore.
+class Store final : public ClusterStore, public DurableStore {
  public:
   // Recovers the committed versions recorded in the journal into the pool.
   static absl::StatusOr<std::unique_ptr<Store>> Open(Pool* pool, Journal* journal,
@@ -104,6 +105,7 @@ class Store final : public ClusterStore {
   absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
                                                 absl::Time deadline) override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
+  // The committed image (what parity of the committed step covers), with each rank's record.
   NodeImage CommittedImage() const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.
   absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
@@ -116,6 +118,11 @@ class Store final : public ClusterStore {
   v1::JournalCluster ClusterRecord() const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
+
+  // --- Durable tier: DurableStore ------------------------------------------------------------
+  void SetCommitObserver(CommitObserver* observer) override;
+  absl::Status AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
+                              const v1::JournalRank& record, const ChunkSource& read) override;
 
   // Admin views and operations.
   v1::StatusResponse Status() const;
@@ -166,12 +173,21 @@ class Store final : public ClusterStore {
   // rank's copy of it aborted.
   absl::StatusOr<std::vector<uint32_t>> RanksStillCapturing(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why)
+  // A superseded step is one a newer committed step replaced before it committed.
+  enum class StepOutcome { kAborted, kSuperseded };
+  void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why,
+                 StepOutcome outcome = StepOutcome::kAborted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
   v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
                                     const v1::JournalCluster& cluster) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The node's committed step: the cluster's, or on a single node the lowest latest committed
+  // step of the ranks that committed one.
+  std::optional<int64_t> NodeCommittedStep() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  NodeImage CommittedImageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Tells the commit observer when the node's committed step moved past `notified_step_`.
+  void NotifyCommitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
                                         absl::Time deadline, const std::function<bool()>& cancelled);
 
@@ -186,6 +202,8 @@ class Store final : public ClusterStore {
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);
+  CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
+  std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts
 
   // Declared last: destroyed first, so queued copies finish while the state they touch still lives.

@@ -160,12 +160,18 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<
     return absl::InternalError(absl::StrCat("pipe(): ", std::strerror(errno)));
   }
 
+  // The health service is process-wide state in gRPC, read when a server is built: on for the real
+  // server, off again for the refusing one (which answers every call, a health check too, with
+  // PERMISSION_DENIED).
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
   for (const Endpoint& endpoint : endpoints) {
     if (endpoint.service != nullptr) builder.RegisterService(endpoint.service);
   }
   server->server_ = builder.BuildAndStart();
+  grpc::EnableDefaultHealthCheckService(false);
+  if (server->server_ != nullptr) server->SetServing(false);
   server->refusal_service_ = std::make_unique<RefusalService>(absl::StrCat(
       "permission denied: this moesnapd accepts ", server->policy_.Describe(),
       "; ask the operator to add your user to the group or to access.allowed_uids"));
@@ -177,6 +183,12 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<
   }
   server->accept_thread_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
   return server;
+}
+
+void UnixServer::SetServing(bool serving) {
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(serving);
+  }
 }
 
 void UnixServer::AcceptLoop() {

@@ -62,6 +62,10 @@ class UnixServer {
                                                            AccessPolicy policy);
   ~UnixServer();  // stops accepting, shuts the servers down, removes the socket files
 
+  // What the standard gRPC health service (grpc.health.v1.Health, served on every endpoint to
+  // allowed peers) answers: SERVING or NOT_SERVING. NOT_SERVING until first told otherwise.
+  void SetServing(bool serving);
+
  private:
   UnixServer() = default;
   void AcceptLoop();

@@ -32,6 +32,8 @@ cat > "$work/moesnapd.toml" <<CONFIG
 socket = "$work/agent.sock"
 [admin]
 socket = "$work/admin.sock"
+[http]
+address = "127.0.0.1:0"
 [pool]
 name = "$pool"
 bytes = "768MiB"
@@ -158,6 +160,8 @@ for id in 0 1 2 3 4 5; do
 socket = "$work/node$id.agent.sock"
 [admin]
 socket = "$work/node$id.admin.sock"
+[http]
+address = "127.0.0.1:0"
 [pool]
 name = "$pool-node$id"
 bytes = "128MiB"

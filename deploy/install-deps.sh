@@ -18,6 +18,10 @@ packages=(
   pybind11-dev python3-dev                              # the Python package
   python3-torch python3-numpy python3-pytest            # PyTorch integration and its tests
   systemd                                               # systemd-analyze verify of the unit file
+  libsystemd-dev                                        # sd_notify: readiness and watchdog
+  libspdlog-dev                                         # logging (text and JSON lines)
+  prometheus                                            # the metrics test scrapes with the real server; promtool
+  python3-yaml                                          # the Kubernetes example's test parses it
   etcd-server etcd-client                               # cluster control store; etcdctl for debugging
   openssl                                               # certificates for the etcd TLS tests
   golang-etcd-server-dev                                # etcd's v3 API .proto files (C++ stubs)

@@ -9,6 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/ctl/progress_bar.h"
+#include "client/ctl/durable_format.h"
 #include "common/byte_size.h"
 #include "proto/step_state_name.h"
 
@@ -61,7 +63,7 @@ std::string Table(const std::vector<std::vector<std::string>>& rows) {
 }
 
 std::string FormatStatus(const v1::StatusResponse& status) {
-  return Table({
+  std::vector<std::vector<std::string>> rows = {
       {"node", absl::StrCat(status.node_id(), " (moesnapd pid ", status.pid(), ")")},
       {"pool", absl::StrCat("/dev/shm/", status.pool_name(), " ", FormatByteSize(status.pool_bytes()),
                             status.pool_locked() ? ", page-locked" : ", not page-locked")},
@@ -78,7 +80,12 @@ std::string FormatStatus(const v1::StatusResponse& status) {
                                      status.last_refusal())},
       {"journal", absl::StrCat("sequence ", status.journal_sequence())},
       {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
-  });
+      {"durable", DescribeDurable(status.durable())},
+  };
+  for (const v1::OperationProgress& operation : status.operations()) {
+    rows.push_back({"running", RenderProgress(operation, 20)});
+  }
+  return Table(rows);
 }
 
 std::string FormatSteps(const v1::ListStepsResponse& steps) {

@@ -5,13 +5,21 @@
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/byte_size.h"
+#include "client/ctl/durable_format.h"
+#include "client/ctl/export.h"
 #include "client/ctl/format.h"
 #include "client/ctl/json.h"
 #include "client/ctl/plan.h"
+#include "client/ctl/progress_bar.h"
 #include "common/version.h"
 #include "proto/moesnap.grpc.pb.h"
 
@@ -53,6 +61,85 @@ struct Session {
     return moesnap::ctl::kSuccess;
   }
 };
+
+// A one-line progress bar on stderr, redrawn in place; only on a terminal.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
+  ~ProgressLine() {
+    if (drawn_) std::fputc('\n', stderr);
+  }
+  void Draw(uint64_t done, uint64_t total) {
+    if (!enabled_ || total == 0) return;
+    const int permille = static_cast<int>(done * 1000 / total);
+    if (drawn_ && permille == last_permille_) return;
+    constexpr int kWidth = 40;
+    const int filled = permille * kWidth / 1000;
+    std::fprintf(stderr, "\r[%s%s] %5.1f%% %s of %s", std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, ' ').c_str(), permille / 10.0,
+                 moesnap::FormatByteSize(done).c_str(), moesnap::FormatByteSize(total).c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+    last_permille_ = permille;
+  }
+
+ private:
+  const bool enabled_;
+  bool drawn_ = false;
+  int last_permille_ = -1;
+};
+
+// moesnapctl export: streams the step from the daemon into safetensors files.
+int RunExport(Session& session, const moesnap::v1::ExportRequest& request, const std::string& out) {
+  using namespace moesnap;
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + session.socket_path, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::ExportChunk>> reader = stub->Export(&context, request);
+  v1::ExportChunk chunk;
+  std::unique_ptr<ctl::SafetensorsExport> files;
+  ProgressLine progress(!session.json && isatty(STDERR_FILENO));
+  absl::Status written;
+  while (written.ok() && reader->Read(&chunk)) {
+    if (chunk.has_header() && files == nullptr) {
+      absl::StatusOr<std::unique_ptr<ctl::SafetensorsExport>> begun =
+          ctl::SafetensorsExport::Begin(out, chunk.header());
+      written = begun.status();
+      if (begun.ok()) files = *std::move(begun);
+    } else if (chunk.has_data() && files != nullptr) {
+      written = files->Add(chunk.data());
+      if (written.ok()) progress.Draw(files->bytes_received(), files->bytes_expected());
+    } else {
+      written = absl::DataLossError("the daemon's export stream is out of order");
+    }
+  }
+  if (!written.ok()) context.TryCancel();
+  const grpc::Status status = reader->Finish();
+  if (written.ok() && !status.ok()) {
+    return session.Fail(ctl::ErrorCodeWord(status),
+                        session.json ? ctl::DescribeError(status, session.socket_path)
+                                     : ctl::DescribeErrorWithCode(status, session.socket_path),
+                        ctl::ExitCodeFor(status));
+  }
+  if (written.ok() && files == nullptr) written = absl::DataLossError("the daemon sent no header");
+  if (written.ok()) written = files->Finish();
+  if (!written.ok()) {
+    return session.Fail("export_failed", absl::StrCat("export: ", written.message()),
+                        ctl::kDaemonRefused);
+  }
+  std::vector<std::string> names = files->files();
+  if (session.json) {
+    std::vector<std::string> quoted;
+    for (const std::string& name : names) quoted.push_back(ctl::JsonString(name));
+    std::printf("{\"directory\":%s,\"bytes\":%llu,\"files\":[%s]}\n", ctl::JsonString(out).c_str(),
+                static_cast<unsigned long long>(files->bytes_received()),
+                absl::StrJoin(quoted, ",").c_str());
+  } else {
+    std::printf("exported %s into %s: %s\n", FormatByteSize(files->bytes_received()).c_str(),
+                out.c_str(), absl::StrJoin(names, ", ").c_str());
+  }
+  return ctl::kSuccess;
+}
 
 }  // namespace
 
@@ -113,6 +200,31 @@ int main(int argc, char** argv) {
       "plan", "Place expert replicas to survive node failures (Lazarus): allocation, placement, "
               "recovery probability per number of failed nodes against a spread placement, and with "
               "--failed the transfers that rebuild the placement on the survivors. Needs no daemon");
+  auto* durable = app.add_subcommand("durable", "The durable tier: committed steps drained to disk");
+  durable->require_subcommand(1);
+  auto* durable_ls = durable->add_subcommand(
+      "ls", "Steps on this node's disk (size, age, ranks), the drain's state and why it fails, and "
+            "the newest step durable on every node of the job");
+  auto* restore_tier = app.add_subcommand(
+      "restore-tier", "Which tier the next restore of a rank would be served from (memory, or the "
+                      "newest step durable on every node), and why");
+  restore_tier->add_option("--rank", rank, "The rank (default 0)");
+  auto* export_step = app.add_subcommand(
+      "export", "Write a committed step as safetensors files (one per rank, non-tensor regions in "
+                "a side file, index.json), from memory or from the durable tier; moesnap.load(DIR) "
+                "reads them without a daemon");
+  auto* export_at = export_step->add_option(
+      "--step", step, "The step (default: the latest committed in memory, else the newest on disk)");
+  auto* export_rank = export_step->add_option("--rank", rank, "Only this rank");
+  std::string export_format = "safetensors";
+  export_step->add_option("--format", export_format, "File format")
+      ->check(CLI::IsMember({"safetensors"}));
+  std::string export_tier = "auto";
+  export_step->add_option("--tier", export_tier,
+                          "Where from: memory, durable, or auto (memory when it holds the step)")
+      ->check(CLI::IsMember({"auto", "memory", "durable"}));
+  std::string export_out;
+  export_step->add_option("--out", export_out, "Folder to write (created if missing)")->required();
   std::string loads_path;
   ctl::PlanRequest plan_request;
   plan->add_option("--loads", loads_path,
@@ -159,6 +271,35 @@ int main(int argc, char** argv) {
     return ctl::kSuccess;
   }
   using Stub = v1::Admin::Stub;
+  if (*durable_ls) {
+    return session.Run<v1::ListDurableResponse>(
+        [](Stub& stub, grpc::ClientContext& context, v1::ListDurableResponse& response) {
+          return stub.ListDurable(&context, v1::ListDurableRequest(), &response);
+        },
+        [](const v1::ListDurableResponse& response) {
+          return ctl::FormatDurableList(response, absl::ToUnixMillis(absl::Now()));
+        });
+  }
+  if (*restore_tier) {
+    v1::RestoreTierRequest request;
+    request.set_rank(rank);
+    return session.Run<v1::RestoreTierResponse>(
+        [&](Stub& stub, grpc::ClientContext& context, v1::RestoreTierResponse& response) {
+          return stub.RestoreTier(&context, request, &response);
+        },
+        [&](const v1::RestoreTierResponse& response) {
+          return ctl::FormatRestoreTier(rank, response);
+        });
+  }
+  if (*export_step) {
+    v1::ExportRequest request;
+    if (*export_at) request.set_step(step);
+    if (*export_rank) request.set_rank(rank);
+    request.set_tier(export_tier == "memory"    ? v1::TIER_MEMORY
+                     : export_tier == "durable" ? v1::TIER_DURABLE
+                                                : v1::TIER_UNSPECIFIED);
+    return RunExport(session, request, export_out);
+  }
   if (*status) {
     return session.Run<v1::StatusResponse>(
         [](Stub& stub, grpc::ClientContext& context, v1::StatusResponse& response) {
@@ -200,6 +341,9 @@ int main(int argc, char** argv) {
         ctl::FormatClusterStatus);
   }
   if (*rebuild) {
+    // The bar follows a rebuild this daemon runs itself (NODE is this node).
+    ctl::ProgressWatcher progress(ctl::ProgressWatcher::FromDaemon(session.socket_path, "rebuild"),
+                                  ctl::ProgressWatcher::Wanted(session.json));
     v1::RebuildRequest request;
     request.set_node_id(node);
     return session.Run<v1::RebuildResponse>(
@@ -209,6 +353,8 @@ int main(int argc, char** argv) {
         [&](const v1::RebuildResponse& response) { return ctl::FormatRebuild(node, response); });
   }
   if (*verify) {
+    ctl::ProgressWatcher progress(ctl::ProgressWatcher::FromDaemon(session.socket_path, "verify"),
+                                  ctl::ProgressWatcher::Wanted(session.json));
     v1::VerifyRequest request;
     if (*verify_step) request.set_step(step);
     request.set_repair(repair);

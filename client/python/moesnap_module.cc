@@ -185,7 +185,9 @@ class Error(Exception):
             for (const moesnap::RestoredRegion& region : result.regions) {
               restored.append(py::make_tuple(region.name, region.step, region.bytes));
             }
-            return py::make_tuple(result.step, restored);
+            return py::make_tuple(result.step, restored,
+                                  result.tier == moesnap::RestoreTier::kDurable ? "durable"
+                                                                                : "memory");
           },
           py::arg("step") = std::nullopt, py::arg("regions") = std::vector<std::string>{})
       .def("latest_committed",

@@ -432,6 +432,8 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
     for (const auto& restored : response.regions()) {
       result.regions.push_back({restored.region(), restored.step(), restored.bytes()});
     }
+    result.tier =
+        response.tier() == v1::TIER_DURABLE ? RestoreTier::kDurable : RestoreTier::kMemory;
     return result;
   });
 }

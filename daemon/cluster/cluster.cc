@@ -16,6 +16,7 @@
 #include "daemon/cluster/etcd_control.h"
 #include "daemon/cluster/etcd_keys.h"
 #include "daemon/cluster/etcd_session.h"
+#include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
 #include "daemon/cluster/membership.h"
@@ -74,6 +75,7 @@ struct Cluster::Units {
   std::unique_ptr<cluster::RemoteRestore> remote_restore;
   std::unique_ptr<cluster::LogForwarding> log_forwarding;
   std::unique_ptr<cluster::LocalReport> report;
+  std::unique_ptr<cluster::DurableView> durable;
   std::unique_ptr<cluster::PeerService> service;
   std::unique_ptr<grpc::Server> server;
 
@@ -84,7 +86,8 @@ struct Cluster::Units {
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log) {
+                                                        ClusterStore* store, UpstreamLog* log,
+                                                        const durable::DurableDirectory* durable) {
   if (options.allow_degraded) {
     return absl::UnimplementedError(
         "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
@@ -142,10 +145,12 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
   units->report = std::make_unique<cluster::LocalReport>(
       context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
+  units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
+                                                         durable);
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{
       units->coordinator.get(), units->participant.get(), units->transfer.get(),
       units->rebuilder.get(), units->remote_restore.get(), units->log_forwarding.get(),
-      units->report.get()});
+      units->report.get(), units->durable.get()});
 
   grpc::ServerBuilder builder;
   int control_port = 0;
@@ -274,5 +279,7 @@ absl::StatusOr<v1::FetchLogResponse> Cluster::FetchLog(const v1::FetchLogRequest
 absl::StatusOr<v1::VerifyResponse> Cluster::Verify(std::optional<int64_t> step, bool repair) {
   return units_->rebuilder->Verify(step, repair);
 }
+
+durable::JobView* Cluster::job_view() { return units_->durable.get(); }
 
 }  // namespace moesnap::daemon

@@ -26,6 +26,8 @@
 #include "absl/time/time.h"
 #include "daemon/cluster_config.h"
 #include "daemon/cluster_store.h"
+#include "daemon/durable/durable_directory.h"
+#include "daemon/durable/job_view.h"
 #include "daemon/pool.h"
 #include "daemon/upstream_log.h"
 #include "proto/moesnap.pb.h"
@@ -36,10 +38,12 @@ class Cluster {
  public:
   // Starts the Peer service and the data plane on this node's ports, checks the job's config
   // against every member's in etcd (a difference is an error naming it), registers this node, and
-  // rebuilds it if its committed step is behind the latest one etcd holds.
+  // rebuilds it if its committed step is behind the latest one etcd holds. `durable` (null: no
+  // durable tier) is where this node's durable steps are, for the peers that ask.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log);
+                                                        ClusterStore* store, UpstreamLog* log,
+                                                        const durable::DurableDirectory* durable);
   ~Cluster();
 
   v1::ClusterStatusResponse Status() const;
@@ -62,6 +66,8 @@ class Cluster {
   // Adds the parity check to a store verification and, with `repair`, rebuilds every corrupt data
   // chunk and parity unit from the group and checks them again.
   absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);
+  // What the durable tier asks of the job: this node's memory and every peer's durable steps.
+  durable::JobView* job_view();
 
  private:
   struct Units;

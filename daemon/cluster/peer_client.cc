@@ -94,6 +94,12 @@ class GrpcPeerClient final : public PeerClient {
     return Call<v1::FetchLogResponse>(node, "FetchLog", &v1::Peer::Stub::FetchLog, request,
                                       kControlDeadline, true);
   }
+  absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                        absl::Time deadline) override {
+    return Call<v1::DurableStateResponse>(node, "DurableState", &v1::Peer::Stub::DurableState,
+                                          v1::DurableStateRequest(),
+                                          std::min(deadline - absl::Now(), kControlDeadline), true);
+  }
 
   uint64_t calls() const override { return calls_; }
 

@@ -44,6 +44,9 @@ class PeerClient {
 
   // Calls made so far (each attempt counts), for the per-step figures.
   virtual uint64_t calls() const = 0;
+  // Waits for the answer until `deadline` at most.
+  virtual absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                                absl::Time deadline) = 0;
 };
 
 struct PeerClientOptions {

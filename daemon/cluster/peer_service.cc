@@ -69,4 +69,9 @@ grpc::Status PeerService::FetchLog(grpc::ServerContext*, const v1::FetchLogReque
   return Answer(units_.log_forwarding->FetchLocal(*request), response);
 }
 
+grpc::Status PeerService::DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+                                       v1::DurableStateResponse* response) {
+  return Answer(units_.durable->Local(), response);
+}
+
 }  // namespace moesnap::daemon::cluster

@@ -4,6 +4,7 @@
 #define MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 
 #include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
 #include "daemon/cluster/participant.h"
@@ -22,6 +23,7 @@ struct PeerServiceUnits {
   RemoteRestore* remote_restore = nullptr;
   LogForwarding* log_forwarding = nullptr;
   const LocalReport* report = nullptr;
+  const DurableView* durable = nullptr;
 };
 
 class PeerService final : public v1::Peer::Service {
@@ -48,6 +50,8 @@ class PeerService final : public v1::Peer::Service {
                           v1::SendRegionResponse*) override;
   grpc::Status FetchLog(grpc::ServerContext*, const v1::FetchLogRequest*,
                         v1::FetchLogResponse*) override;
+  grpc::Status DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+                            v1::DurableStateResponse*) override;
 
  private:
   const PeerServiceUnits units_;

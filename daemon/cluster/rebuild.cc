@@ -9,11 +9,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "daemon/cluster/parallel.h"
+#include "daemon/progress.h"
 #include "erasure/crc32c.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
+
+// Registered when the program starts, so a scrape sees it at zero before any rebuild.
+metrics::Counter& rebuilt_bytes = metrics::Registry::Default().AddCounter(
+    "moesnap_rebuild_bytes_total", "Data and parity bytes this node rebuilt from its group");
 
 // Stripes decoded together are bounded by the bytes their units take in memory.
 constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
@@ -81,6 +87,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   const int k = layout.data_units();
   const int n = layout.group_size();
   const int64_t step = target.record.committed_step();
+  OperationProgress progress = ProgressBoard::Default().Begin("rebuild", stripes.size(), "stripes");
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : target.record.group_images()) sizes.push_back(image.bytes());
   // Asked now, not taken from what membership last heard: a peer may have committed since.
@@ -213,13 +220,16 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
         const uint64_t bytes = layout.UnitLength(sizes[target.position], unit);
         target.write_data(unit, work.units[work.mine], bytes);
         stats->set_data_bytes(stats->data_bytes() + bytes);
+        rebuilt_bytes.Add(bytes);
       } else if (target.parity != nullptr) {
         ParityUnit& parity = (*target.parity)[work.stripe];
         std::memcpy(parity.extent->data(), work.units[work.mine], work.length);
         parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
         stats->set_parity_bytes(stats->parity_bytes() + work.length);
+        rebuilt_bytes.Add(work.length);
       }
       stats->set_stripes(stats->stripes() + 1);
+      progress.Advance(1);
     }
   }
   return absl::OkStatus();
@@ -312,7 +322,8 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   if (absl::Status status = store_->InstallImage(*image, installed); !status.ok()) return status;
   parity_->Install(step, std::move(units));
   stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
-  Log(LogLevel::kInfo, "rebuilt step ", step, ": ", stats.stripes(), " stripes, ",
+  Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()}, "rebuilt step ",
+      step, ": ", stats.stripes(), " stripes, ",
       stats.data_bytes(), " bytes of data and ", stats.parity_bytes(), " of parity from ",
       stats.fetched_bytes(), " fetched, in ", stats.seconds(), " s");
   return stats;
@@ -417,6 +428,11 @@ absl::Status Rebuilder::WaitRestorable(absl::Time deadline) const {
     }
   }
   return behind_ ? failure_ : absl::OkStatus();
+}
+
+bool Rebuilder::rebuilding() const {
+  absl::MutexLock lock(&mutex_);
+  return !checked_ || (behind_ && failure_.ok());
 }
 
 bool Rebuilder::behind() const {

@@ -87,6 +87,8 @@ class Rebuilder {
   bool BehindAfterCheck(absl::Time deadline) const;
   // Why the last rebuild failed (OK if it did not).
   absl::Status last_failure() const;
+  // True until the first check ends, and while a rebuild that has not failed yet runs.
+  bool rebuilding() const;
   // This node's record of the committed step (without pool offsets) for a group member.
   v1::GroupStateResponse GroupState() const;
 

@@ -20,20 +20,19 @@ absl::StatusOr<Leadership> Election::Campaign(const std::string& name, const std
   while (true) {
     // The candidate just before this one: the newest key created before it.
     absl::StatusOr<RangeResult> before = client_.GetPrefix(
-        absl::StrCat(prefix_, "/"),
-        RangeOptions{.order = RangeOptions::Order::kCreateDescending,
-                     .limit = 1,
-                     .max_create_revision = mine->create_revision - 1});
+        absl::StrCat(prefix_, "/"), RangeOptions{.order = RangeOptions::Order::kCreateDescending,
+                                                 .limit = 1,
+                                                 .max_create_revision = mine->create_revision - 1});
     if (!before.ok()) return before.status();
     if (before->kvs.empty()) {
       // None before it; check it is still there (its lease may have gone while this waited).
       absl::StatusOr<std::optional<KeyValue>> now = client_.Get(key);
       if (!now.ok()) return now.status();
       if (!now->has_value() || (*now)->create_revision != mine->create_revision) {
-        return absl::AbortedError(absl::StrCat(
-            "etcd election '", absl::CHexEscape(prefix_), "': candidate key '",
-            absl::CHexEscape(key), "' (create revision ", mine->create_revision,
-            ") vanished while it waited; its lease ", lease, " was lost"));
+        return absl::AbortedError(
+            absl::StrCat("etcd election '", absl::CHexEscape(prefix_), "': candidate key '",
+                         absl::CHexEscape(key), "' (create revision ", mine->create_revision,
+                         ") vanished while it waited; its lease ", lease, " was lost"));
       }
       return Leadership{.key = key, .token = mine->create_revision, .lease = lease};
     }
@@ -101,11 +100,11 @@ absl::StatusOr<std::optional<Leader>> Election::CurrentLeader() {
 }
 
 absl::Status Election::Resign(const Leadership& leadership) {
-  absl::StatusOr<TxnResult> result = client_.Txn(TxnRequest{
-      .compares = {Compare::CreateRevision(leadership.key, Compare::Relation::kEqual,
-                                           leadership.token)},
-      .on_success = {Operation::Delete(leadership.key)},
-      .safe_to_retry = true});
+  absl::StatusOr<TxnResult> result =
+      client_.Txn(TxnRequest{.compares = {Compare::CreateRevision(
+                                 leadership.key, Compare::Relation::kEqual, leadership.token)},
+                             .on_success = {Operation::Delete(leadership.key)},
+                             .safe_to_retry = true});
   return result.status();
 }
 

@@ -1,8 +1,8 @@
 // Leader election on etcd with a fencing token, as etcd's own concurrency recipe does it: each
 // candidate creates the key <prefix>/<name> under its lease; the leader is the candidate whose key
-// has the lowest create revision; the fencing token is that create revision. A leader that loses its
-// lease (crash, pause, partition past the TTL) loses its key, so the next candidate leads with a
-// higher token, and every write fenced by the old key's revision (Client::WriteOnce with
+// has the lowest create revision; the fencing token is that create revision. A leader that loses
+// its lease (crash, pause, partition past the TTL) loses its key, so the next candidate leads with
+// a higher token, and every write fenced by the old key's revision (Client::WriteOnce with
 // leadership.fence()) fails from then on, even if the old leader still believes it leads.
 //
 // Ownership and threads: an Election refers to a Client that must outlive it; it holds no other
@@ -32,7 +32,7 @@ struct Leadership {
 // The current leader as anyone sees it.
 struct Leader {
   std::string name{};  // the part of the key after <prefix>/
-  KeyValue kv{};      // kv.value: what the leader published; kv.create_revision: its token
+  KeyValue kv{};       // kv.value: what the leader published; kv.create_revision: its token
   int64_t token() const { return kv.create_revision; }
   Fence fence() const { return Fence{.key = kv.key, .create_revision = kv.create_revision}; }
 };
@@ -53,8 +53,8 @@ class Election {
   // The candidate that leads now, if any.
   absl::StatusOr<std::optional<Leader>> CurrentLeader();
 
-  // Deletes the candidate's key if it still is the one of `leadership`; a key that is gone already is
-  // not an error.
+  // Deletes the candidate's key if it still is the one of `leadership`; a key that is gone already
+  // is not an error.
   absl::Status Resign(const Leadership& leadership);
 
   const std::string& prefix() const { return prefix_; }

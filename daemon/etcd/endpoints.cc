@@ -11,9 +11,30 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/metrics.h"
 
 namespace moesnap::etcd::internal {
 namespace {
+
+// etcd connectivity as /metrics shows it, registered when the program starts.
+metrics::Gauge& etcd_reachable = metrics::Registry::Default().AddGauge(
+    "moesnap_etcd_reachable", "1 when the last etcd request got an answer, 0 when none did");
+metrics::Counter& etcd_answered = metrics::Registry::Default().AddCounter(
+    "moesnap_etcd_attempts_total",
+    "etcd request attempts: answered (a definite reply) or not (no connection, no leader, unknown)",
+    {{"outcome", "answered"}});
+metrics::Counter& etcd_unanswered = metrics::Registry::Default().AddCounter(
+    "moesnap_etcd_attempts_total",
+    "etcd request attempts: answered (a definite reply) or not (no connection, no leader, unknown)",
+    {{"outcome", "unanswered"}});
+metrics::Counter& etcd_failovers = metrics::Registry::Default().AddCounter(
+    "moesnap_etcd_failovers_total", "Times the etcd client moved to another endpoint");
+
+// Counts an attempt: `answered` when a member gave a definite answer (success or a refusal).
+void CountAttempt(bool answered) {
+  (answered ? etcd_answered : etcd_unanswered).Add();
+  etcd_reachable.Set(answered ? 1 : 0);
+}
 
 absl::StatusOr<std::string> ReadPemFile(const char* option, const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -36,12 +57,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const TlsO
   }
   if (tls.ca_file.empty()) {
     return absl::InvalidArgumentError(
-        "etcd tls.cert_file/key_file given without tls.ca_file: the members' CA is needed to check them");
+        "etcd tls.cert_file/key_file given without tls.ca_file: the members' CA is needed to check "
+        "them");
   }
   if (tls.cert_file.empty() != tls.key_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd mutual TLS needs both tls.cert_file and tls.key_file; got cert_file '", tls.cert_file,
-        "' and key_file '", tls.key_file, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd mutual TLS needs both tls.cert_file and tls.key_file; got cert_file '",
+                     tls.cert_file, "' and key_file '", tls.key_file, "'"));
   }
   grpc::SslCredentialsOptions ssl;
   absl::StatusOr<std::string> ca = ReadPemFile("ca_file", tls.ca_file);
@@ -71,13 +93,13 @@ absl::Status CheckEndpoint(const std::string& endpoint) {
 
 grpc::ChannelArguments ChannelArguments() {
   grpc::ChannelArguments arguments;
-  // A member that comes back (restarted, partition healed) is reconnected within a second, not after
-  // gRPC's default backoff of up to two minutes.
+  // A member that comes back (restarted, partition healed) is reconnected within a second, not
+  // after gRPC's default backoff of up to two minutes.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // Pings on open streams notice a member that stopped answering (SIGSTOP, a cut link); etcd refuses
-  // pings more often than every 5 s (--grpc-keepalive-min-time).
+  // Pings on open streams notice a member that stopped answering (SIGSTOP, a cut link); etcd
+  // refuses pings more often than every 5 s (--grpc-keepalive-min-time).
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   // Each client keeps its own connections, so one client's failover never depends on another's.
@@ -126,10 +148,9 @@ absl::StatusOr<std::shared_ptr<Endpoints>> Endpoints::Create(const Options& opti
   if (options.endpoints.empty()) {
     return absl::InvalidArgumentError("etcd client needs at least one endpoint, got none");
   }
-  for (const auto& [name, value] :
-       {std::pair{"call_timeout", options.call_timeout},
-        std::pair{"attempt_timeout", options.attempt_timeout},
-        std::pair{"dial_timeout", options.dial_timeout}}) {
+  for (const auto& [name, value] : {std::pair{"call_timeout", options.call_timeout},
+                                    std::pair{"attempt_timeout", options.attempt_timeout},
+                                    std::pair{"dial_timeout", options.dial_timeout}}) {
     if (value <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
           absl::StrCat("etcd ", name, " must be positive, got ", absl::FormatDuration(value)));
@@ -157,13 +178,16 @@ Endpoints::Endpoints(Options options, std::vector<std::unique_ptr<Endpoint>> end
 
 void Endpoints::MoveAwayFrom(size_t index) {
   size_t expected = index;
-  preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size());
+  if (preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size())) {
+    etcd_failovers.Add();
+  }
 }
 
 bool Endpoints::Connect(size_t index, absl::Time deadline) const {
   grpc::Channel& channel = *endpoints_[index]->channel;
   if (channel.GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return true;
-  return channel.WaitForConnected(ToChrono(std::min(deadline, absl::Now() + options_.dial_timeout)));
+  return channel.WaitForConnected(
+      ToChrono(std::min(deadline, absl::Now() + options_.dial_timeout)));
 }
 
 void Endpoints::Prepare(grpc::ClientContext& context, absl::Time deadline) const {
@@ -175,23 +199,26 @@ absl::Status Endpoints::Call(const std::string& what, Retry retry, absl::Time de
                              Attempt attempt) {
   // The last failure seen on each endpoint, for the message if none answers.
   std::vector<std::string> failures(endpoints_.size());
+  const absl::Time start = absl::Now();
   size_t index = preferred();
   size_t tried_this_round = 0;
   while (absl::Now() < deadline) {
     const Endpoint& endpoint = *endpoints_[index];
     if (!Connect(index, deadline)) {
+      CountAttempt(false);
       failures[index] = "no connection";
       MoveAwayFrom(index);
     } else {
       grpc::ClientContext context;
       Prepare(context, deadline);
       const grpc::Status status = attempt(endpoint, context);
+      const Failure failure = status.ok() ? Failure::kDefinite : ClassifyFailure(status);
+      CountAttempt(failure == Failure::kDefinite);
       if (status.ok()) return absl::OkStatus();
-      const Failure failure = ClassifyFailure(status);
       if (failure == Failure::kDefinite) {
-        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            absl::StrCat("etcd ", what, " at ", endpoint.address, ": ",
-                                         status.error_message()));
+        return absl::Status(
+            static_cast<absl::StatusCode>(status.error_code()),
+            absl::StrCat("etcd ", what, " at ", endpoint.address, ": ", status.error_message()));
       }
       MoveAwayFrom(index);
       if (failure == Failure::kOutcomeUnknown && retry == Retry::kOnlyIfNotApplied) {
@@ -215,8 +242,9 @@ absl::Status Endpoints::Call(const std::string& what, Retry retry, absl::Time de
     tried.push_back(absl::StrCat(endpoints_[i]->address, " (",
                                  failures[i].empty() ? "not reached" : failures[i], ")"));
   }
+  const absl::Duration allowed = absl::Trunc(deadline - start, absl::Milliseconds(1));
   return absl::DeadlineExceededError(absl::StrCat("etcd ", what, ": no endpoint answered within ",
-                                                  absl::FormatDuration(options_.call_timeout), ": ",
+                                                  absl::FormatDuration(allowed), ": ",
                                                   absl::StrJoin(tried, ", ")));
 }
 

@@ -1,6 +1,6 @@
 // The one place where the etcd client meets gRPC: a channel and stubs per endpoint, the choice of
-// endpoint, deadlines, and whether a failed request may be sent again to another endpoint. Private to
-// daemon/etcd/.
+// endpoint, deadlines, and whether a failed request may be sent again to another endpoint. Private
+// to daemon/etcd/.
 #ifndef MOESNAP_DAEMON_ETCD_ENDPOINTS_H_
 #define MOESNAP_DAEMON_ETCD_ENDPOINTS_H_
 
@@ -41,7 +41,8 @@ struct Endpoint {
 };
 
 // One attempt of a call against one endpoint, with a context the caller fills and sends.
-using Attempt = absl::FunctionRef<grpc::Status(const Endpoint& endpoint, grpc::ClientContext& context)>;
+using Attempt =
+    absl::FunctionRef<grpc::Status(const Endpoint& endpoint, grpc::ClientContext& context)>;
 
 class Endpoints {
  public:
@@ -52,9 +53,9 @@ class Endpoints {
   size_t size() const { return endpoints_.size(); }
   const Endpoint& at(size_t index) const { return *endpoints_[index]; }
 
-  // Runs `attempt` on endpoints from the preferred one on, until it succeeds, fails definitely, fails
-  // with an unknown outcome that `retry` does not allow to repeat, or `deadline` passes. `what` names
-  // the call in error messages ("Put of 'k'").
+  // Runs `attempt` on endpoints from the preferred one on, until it succeeds, fails definitely,
+  // fails with an unknown outcome that `retry` does not allow to repeat, or `deadline` passes.
+  // `what` names the call in error messages ("Put of 'k'").
   absl::Status Call(const std::string& what, Retry retry, absl::Time deadline, Attempt attempt);
 
   // The endpoint to try first.

@@ -1,5 +1,5 @@
-// Client: key-value, transactions, write-once, leases (grant, revoke), compaction and status, each a
-// unary etcd RPC sent through Endpoints::Call. Keep-alives and watches are in lease_keeper.cc and
+// Client: key-value, transactions, write-once, leases (grant, revoke), compaction and status, each
+// a unary etcd RPC sent through Endpoints::Call. Keep-alives and watches are in lease_keeper.cc and
 // watcher.cc.
 #include "daemon/etcd/etcd_client.h"
 
@@ -36,8 +36,7 @@ absl::StatusOr<std::optional<KeyValue>> Client::Get(const std::string& key) {
   const etcdserverpb::RangeRequest request = internal::RangeOf(key, /*prefix=*/false);
   etcdserverpb::RangeResponse response;
   const absl::Status status = endpoints_->Call(
-      absl::StrCat("Get of ", Quoted(key)), Retry::kAlways,
-      absl::Now() + options().call_timeout,
+      absl::StrCat("Get of ", Quoted(key)), Retry::kAlways, absl::Now() + options().call_timeout,
       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
         return endpoint.kv->Range(&context, request, &response);
       });
@@ -50,12 +49,12 @@ absl::StatusOr<RangeResult> Client::GetPrefix(const std::string& prefix,
                                               const RangeOptions& options) {
   const etcdserverpb::RangeRequest request = internal::RangeOf(prefix, options);
   etcdserverpb::RangeResponse response;
-  const absl::Status status = endpoints_->Call(
-      absl::StrCat("Get of prefix ", Quoted(prefix)), Retry::kAlways,
-      absl::Now() + this->options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.kv->Range(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints_->Call(absl::StrCat("Get of prefix ", Quoted(prefix)), Retry::kAlways,
+                       absl::Now() + this->options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         return endpoint.kv->Range(&context, request, &response);
+                       });
   if (!status.ok()) return status;
   RangeResult result{.revision = response.header().revision(), .more = response.more()};
   result.kvs.reserve(response.kvs_size());
@@ -70,12 +69,12 @@ absl::StatusOr<int64_t> Client::Put(const std::string& key, const std::string& v
   request.set_value(value);
   request.set_lease(lease);
   etcdserverpb::PutResponse response;
-  const absl::Status status = endpoints_->Call(
-      absl::StrCat("Put of ", Quoted(key)), Retry::kOnlyIfNotApplied,
-      absl::Now() + options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.kv->Put(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints_->Call(absl::StrCat("Put of ", Quoted(key)), Retry::kOnlyIfNotApplied,
+                       absl::Now() + options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         return endpoint.kv->Put(&context, request, &response);
+                       });
   if (!status.ok()) return status;
   return response.header().revision();
 }
@@ -86,12 +85,12 @@ absl::StatusOr<DeleteResult> DeleteRange(internal::Endpoints& endpoints, const s
                                          bool prefix) {
   const etcdserverpb::DeleteRangeRequest request = internal::DeleteOf(key, prefix);
   etcdserverpb::DeleteRangeResponse response;
-  const absl::Status status = endpoints.Call(
-      absl::StrCat("Delete of ", prefix ? "prefix " : "", Quoted(key)), Retry::kOnlyIfNotApplied,
-      absl::Now() + endpoints.options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.kv->DeleteRange(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints.Call(absl::StrCat("Delete of ", prefix ? "prefix " : "", Quoted(key)),
+                     Retry::kOnlyIfNotApplied, absl::Now() + endpoints.options().call_timeout,
+                     [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                       return endpoint.kv->DeleteRange(&context, request, &response);
+                     });
   if (!status.ok()) return status;
   return DeleteResult{.deleted = response.deleted(), .revision = response.header().revision()};
 }
@@ -109,15 +108,15 @@ absl::StatusOr<DeleteResult> Client::DeletePrefix(const std::string& prefix) {
 absl::StatusOr<TxnResult> Client::Txn(const TxnRequest& request) {
   const etcdserverpb::TxnRequest wire = internal::ToWire(request);
   etcdserverpb::TxnResponse response;
-  const std::string first_key = request.compares.empty()      ? std::string()
-                                : request.compares[0].key;
-  const absl::Status status = endpoints_->Call(
-      absl::StrCat("Txn (", request.compares.size(), " compares, first on ", Quoted(first_key), ")"),
-      request.safe_to_retry ? Retry::kAlways : Retry::kOnlyIfNotApplied,
-      absl::Now() + options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.kv->Txn(&context, wire, &response);
-      });
+  const std::string first_key = request.compares.empty() ? std::string() : request.compares[0].key;
+  const absl::Status status =
+      endpoints_->Call(absl::StrCat("Txn (", request.compares.size(), " compares, first on ",
+                                    Quoted(first_key), ")"),
+                       request.safe_to_retry ? Retry::kAlways : Retry::kOnlyIfNotApplied,
+                       absl::Now() + options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         return endpoint.kv->Txn(&context, wire, &response);
+                       });
   if (!status.ok()) return status;
   return internal::FromWire(response);
 }
@@ -138,8 +137,12 @@ absl::StatusOr<KeyValue> Client::WriteOnce(const std::string& key, const std::st
   absl::StatusOr<TxnResult> result = Txn(request);
   if (!result.ok()) return result.status();
   if (result->succeeded) {
-    return KeyValue{.key = key, .value = value, .create_revision = result->revision,
-                    .mod_revision = result->revision, .version = 1, .lease = lease};
+    return KeyValue{.key = key,
+                    .value = value,
+                    .create_revision = result->revision,
+                    .mod_revision = result->revision,
+                    .version = 1,
+                    .lease = lease};
   }
   if (!result->results.empty() && !result->results[0].kvs.empty()) return result->results[0].kvs[0];
   const int64_t found = result->results.size() > 1 && !result->results[1].kvs.empty()
@@ -161,12 +164,12 @@ absl::StatusOr<Lease> Client::GrantLease(absl::Duration ttl) {
   request.set_ttl(seconds);
   etcdserverpb::LeaseGrantResponse response;
   // Resending may grant a second lease; nothing holds it and it expires after its TTL.
-  const absl::Status status = endpoints_->Call(
-      absl::StrCat("LeaseGrant of ", seconds, " s"), Retry::kAlways,
-      absl::Now() + options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.lease->LeaseGrant(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints_->Call(absl::StrCat("LeaseGrant of ", seconds, " s"), Retry::kAlways,
+                       absl::Now() + options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         return endpoint.lease->LeaseGrant(&context, request, &response);
+                       });
   if (!status.ok()) return status;
   if (!response.error().empty()) {
     return absl::UnavailableError(
@@ -179,12 +182,12 @@ absl::Status Client::RevokeLease(int64_t lease_id) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(lease_id);
   etcdserverpb::LeaseRevokeResponse response;
-  const absl::Status status = endpoints_->Call(
-      absl::StrCat("LeaseRevoke of lease ", lease_id), Retry::kAlways,
-      absl::Now() + options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.lease->LeaseRevoke(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints_->Call(absl::StrCat("LeaseRevoke of lease ", lease_id), Retry::kAlways,
+                       absl::Now() + options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         return endpoint.lease->LeaseRevoke(&context, request, &response);
+                       });
   // Gone already (expired, revoked, or revoked by an earlier attempt of this call).
   if (absl::IsNotFound(status)) return absl::OkStatus();
   return status;
@@ -211,9 +214,9 @@ absl::StatusOr<std::unique_ptr<Watcher>> Client::WatchKey(const std::string& key
 absl::StatusOr<std::unique_ptr<Watcher>> Client::WatchPrefix(const std::string& prefix,
                                                              int64_t start_revision) {
   if (start_revision < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd watch of prefix ", Quoted(prefix), " needs a start revision >= 1, got ",
-        start_revision));
+    return absl::InvalidArgumentError(absl::StrCat("etcd watch of prefix ", Quoted(prefix),
+                                                   " needs a start revision >= 1, got ",
+                                                   start_revision));
   }
   return Watcher::Start(endpoints_, prefix, /*prefix=*/true, start_revision);
 }
@@ -222,12 +225,12 @@ absl::Status Client::Compact(int64_t revision) {
   etcdserverpb::CompactionRequest request;
   request.set_revision(revision);
   etcdserverpb::CompactionResponse response;
-  const absl::Status status = endpoints_->Call(
-      absl::StrCat("Compact at revision ", revision), Retry::kAlways,
-      absl::Now() + options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        return endpoint.kv->Compact(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints_->Call(absl::StrCat("Compact at revision ", revision), Retry::kAlways,
+                       absl::Now() + options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         return endpoint.kv->Compact(&context, request, &response);
+                       });
   // An earlier compaction (perhaps this call's own first attempt) already covered the revision.
   if (absl::IsOutOfRange(status) &&
       status.message().find("required revision has been compacted") != std::string::npos) {
@@ -240,12 +243,12 @@ absl::StatusOr<MemberStatus> Client::Status() {
   etcdserverpb::StatusRequest request;
   etcdserverpb::StatusResponse response;
   std::string answered;
-  const absl::Status status = endpoints_->Call(
-      "Status", Retry::kAlways, absl::Now() + options().call_timeout,
-      [&](const Endpoint& endpoint, grpc::ClientContext& context) {
-        answered = endpoint.address;
-        return endpoint.maintenance->Status(&context, request, &response);
-      });
+  const absl::Status status =
+      endpoints_->Call("Status", Retry::kAlways, absl::Now() + options().call_timeout,
+                       [&](const Endpoint& endpoint, grpc::ClientContext& context) {
+                         answered = endpoint.address;
+                         return endpoint.maintenance->Status(&context, request, &response);
+                       });
   if (!status.ok()) return status;
   return MemberStatus{.endpoint = answered,
                       .member_id = response.header().member_id(),

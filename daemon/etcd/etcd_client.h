@@ -3,27 +3,28 @@
 // stopped, compaction. election.h builds a leader election with a fencing token on top of it.
 //
 // Ownership and threads. A Client owns one gRPC channel per endpoint; every method of Client is
-// thread-safe and may be called from any number of threads at once. LeaseKeeper and Watcher each own
-// one background thread and share the client's channels (they keep them alive, so they may outlive
-// the Client); their methods are thread-safe too. Destroying a keeper or watcher stops its thread
-// within one attempt_timeout. No gRPC or generated type appears in this header.
+// thread-safe and may be called from any number of threads at once. LeaseKeeper and Watcher each
+// own one background thread and share the client's channels (they keep them alive, so they may
+// outlive the Client); their methods are thread-safe too. Destroying a keeper or watcher stops its
+// thread within one attempt_timeout. No gRPC or generated type appears in this header.
 //
 // Failover. Each call goes first to the endpoint that answered last. When an endpoint cannot be
 // reached within dial_timeout, or an attempt fails in a way that says nothing of the outcome, the
 // next endpoint becomes the preferred one. Calls that may safely run twice (reads, lease grants and
-// keep-alives, revokes, compaction, status, watches) move on to the next endpoint until call_timeout.
-// Put, Delete and Txn move on only while the request provably never reached a server (no connection,
-// or the member answered "no leader" before proposing it); after an attempt that may have been
-// applied they fail with kUnavailable and say the outcome is unknown. WriteOnce may always be
-// retried, since a second attempt finds the first one's key, and it does so by itself.
+// keep-alives, revokes, compaction, status, watches) move on to the next endpoint until
+// call_timeout. Put, Delete and Txn move on only while the request provably never reached a server
+// (no connection, or the member answered "no leader" before proposing it); after an attempt that
+// may have been applied they fail with kUnavailable and say the outcome is unknown. WriteOnce may
+// always be retried, since a second attempt finds the first one's key, and it does so by itself.
 //
 // Every request requires the member to have a raft leader (etcd's "hasleader" metadata), so a
 // member cut off from its quorum refuses at once instead of serving stale reads or hanging.
 //
-// Errors are absl::Status; messages name the call, the key and the endpoints tried. etcd's own errors
-// keep their gRPC code: kOutOfRange for a compacted or future revision, kNotFound for an unknown
-// lease, kInvalidArgument for a malformed request. kDeadlineExceeded: call_timeout passed before any
-// endpoint answered. kUnavailable: every endpoint failed, or a write's outcome is unknown.
+// Errors are absl::Status; messages name the call, the key and the endpoints tried. etcd's own
+// errors keep their gRPC code: kOutOfRange for a compacted or future revision, kNotFound for an
+// unknown lease, kInvalidArgument for a malformed request. kDeadlineExceeded: call_timeout passed
+// before any endpoint answered. kUnavailable: every endpoint failed, or a write's outcome is
+// unknown.
 #ifndef MOESNAP_DAEMON_ETCD_ETCD_CLIENT_H_
 #define MOESNAP_DAEMON_ETCD_ETCD_CLIENT_H_
 
@@ -44,8 +45,9 @@ namespace internal {
 class Endpoints;
 }  // namespace internal
 
-// Transport security. All empty: plaintext. ca_file alone: TLS that checks the members' certificates
-// against that CA. cert_file with key_file as well: mutual TLS (etcd's --client-cert-auth).
+// Transport security. All empty: plaintext. ca_file alone: TLS that checks the members'
+// certificates against that CA. cert_file with key_file as well: mutual TLS (etcd's
+// --client-cert-auth).
 struct TlsOptions {
   std::string ca_file{};    // PEM bundle of the CA(s) that signed the members' certificates
   std::string cert_file{};  // PEM certificate chain this client presents
@@ -87,8 +89,8 @@ struct RangeOptions {
 
 struct RangeResult {
   std::vector<KeyValue> kvs{};  // in the order asked for
-  int64_t revision = 0;       // the store's revision when the read was served
-  bool more = false;          // a limit left keys out
+  int64_t revision = 0;         // the store's revision when the read was served
+  bool more = false;            // a limit left keys out
 };
 
 struct DeleteResult {
@@ -103,7 +105,7 @@ struct Compare {
   std::string key{};
   Target target = Target::kCreateRevision;
   Relation relation = Relation::kEqual;
-  int64_t number = 0;  // for kVersion, kCreateRevision, kModRevision
+  int64_t number = 0;   // for kVersion, kCreateRevision, kModRevision
   std::string value{};  // for kValue
 
   static Compare Absent(std::string key);  // create revision == 0
@@ -134,7 +136,7 @@ struct Operation {
 // The result of one operation, in the order of the branch that ran.
 struct OperationResult {
   std::vector<KeyValue> kvs{};  // kGet
-  int64_t deleted = 0;        // kDelete
+  int64_t deleted = 0;          // kDelete
 };
 
 struct TxnRequest {
@@ -148,14 +150,14 @@ struct TxnRequest {
 };
 
 struct TxnResult {
-  bool succeeded = false;               // every compare held, so on_success ran
-  int64_t revision = 0;                 // the store's revision after the transaction
+  bool succeeded = false;                  // every compare held, so on_success ran
+  int64_t revision = 0;                    // the store's revision after the transaction
   std::vector<OperationResult> results{};  // one per operation of the branch that ran
 };
 
-// A write is fenced by a key: it applies only while `key` has this create revision, i.e. has not been
-// deleted (its lease expired, or it was resigned) since. An election's leader key and its revision
-// (the fencing token) make one.
+// A write is fenced by a key: it applies only while `key` has this create revision, i.e. has not
+// been deleted (its lease expired, or it was resigned) since. An election's leader key and its
+// revision (the fencing token) make one.
 struct Fence {
   std::string key{};
   int64_t create_revision = 0;
@@ -251,9 +253,11 @@ class Client {
 
   const Options& options() const;
 
-  // Key-value. Reads are linearizable. `revision` in results is the store's revision after the call.
+  // Key-value. Reads are linearizable. `revision` in results is the store's revision after the
+  // call.
   absl::StatusOr<std::optional<KeyValue>> Get(const std::string& key);
-  absl::StatusOr<RangeResult> GetPrefix(const std::string& prefix, const RangeOptions& options = {});
+  absl::StatusOr<RangeResult> GetPrefix(const std::string& prefix,
+                                        const RangeOptions& options = {});
   // Returns the revision of the write.
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   absl::StatusOr<DeleteResult> Delete(const std::string& key);
@@ -261,9 +265,10 @@ class Client {
   absl::StatusOr<TxnResult> Txn(const TxnRequest& request);
 
   // Writes `value` to `key` unless the key exists, and, with a fence, only while the fence holds.
-  // Returns the key as stored: this value, or the one an earlier writer left (compare values to know
-  // which; equal values are the same decision). kFailedPrecondition if the key is absent and the fence
-  // no longer holds, naming the fence key's revision found. Retried by itself after ambiguous failures.
+  // Returns the key as stored: this value, or the one an earlier writer left (compare values to
+  // know which; equal values are the same decision). kFailedPrecondition if the key is absent and
+  // the fence no longer holds, naming the fence key's revision found. Retried by itself after
+  // ambiguous failures.
   absl::StatusOr<KeyValue> WriteOnce(const std::string& key, const std::string& value,
                                      const std::optional<Fence>& fence = std::nullopt,
                                      int64_t lease = 0);
@@ -274,8 +279,10 @@ class Client {
   absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease_id);
   // Revokes the lease and deletes its keys. A lease that is already gone is not an error.
   absl::Status RevokeLease(int64_t lease_id);
-  // Starts renewing `lease` in the background. `on_lost`, if given, runs once on the keeper's thread
-  // when the lease is lost (it must not destroy the keeper), before status() and WaitLost report it.
+  // Starts renewing `lease` in the background, at once and then every third of its TTL; call it
+  // right after GrantLease, since the keeper counts the TTL from its own start. `on_lost`, if
+  // given, runs once on the keeper's thread when the lease is lost (not when the keeper is
+  // destroyed), before status() and WaitLost report it, and must not destroy the keeper.
   absl::StatusOr<std::unique_ptr<LeaseKeeper>> KeepAlive(
       const Lease& lease, std::function<void(const absl::Status&)> on_lost = nullptr);
 

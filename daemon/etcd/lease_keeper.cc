@@ -1,5 +1,7 @@
 // Lease renewal: one keep-alive round trip (Client::KeepAliveOnce) and LeaseKeeper, which renews a
-// lease every third of its TTL on a thread of its own until the lease is lost or the keeper destroyed.
+// lease every third of its TTL on a thread of its own until the lease is lost or the keeper
+// destroyed.
+#include <algorithm>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -14,7 +16,8 @@ namespace {
 
 // One renewal: a LeaseKeepAlive stream carrying one request and its answer. A stream per renewal
 // costs one HTTP/2 stream on the open connection, and lets each renewal have its own deadline.
-absl::StatusOr<int64_t> Renew(internal::Endpoints& endpoints, int64_t lease_id, absl::Time deadline) {
+absl::StatusOr<int64_t> Renew(internal::Endpoints& endpoints, int64_t lease_id,
+                              absl::Time deadline) {
   etcdserverpb::LeaseKeepAliveRequest request;
   request.set_id(lease_id);
   etcdserverpb::LeaseKeepAliveResponse response;
@@ -23,7 +26,8 @@ absl::StatusOr<int64_t> Renew(internal::Endpoints& endpoints, int64_t lease_id, 
       [&](const internal::Endpoint& endpoint, grpc::ClientContext& context) {
         auto stream = endpoint.lease->LeaseKeepAlive(&context);
         if (stream->Write(request) && stream->WritesDone() && stream->Read(&response)) {
-          context.TryCancel();  // the answer is in; the server ends its side when it sees the cancel
+          context
+              .TryCancel();  // the answer is in; the server ends its side when it sees the cancel
           stream->Finish().IgnoreError();
           return grpc::Status::OK;
         }
@@ -97,8 +101,11 @@ class LeaseKeeper::Impl {
         if (stopping_) return;
       }
       const absl::Time sent = absl::Now();
-      // Any endpoint may renew it, until the lease would have expired.
-      absl::StatusOr<int64_t> granted = Renew(*endpoints_, lease_.id, expires);
+      // One attempt_timeout per round, so that a destroyed keeper stops that soon; a failed round
+      // moves to the next endpoint and the next round follows at once, until the lease would
+      // expire.
+      absl::StatusOr<int64_t> granted = Renew(
+          *endpoints_, lease_.id, std::min(expires, sent + endpoints_->options().attempt_timeout));
       if (granted.ok()) {
         ttl = absl::Seconds(*granted);
         expires = sent + ttl;
@@ -112,14 +119,17 @@ class LeaseKeeper::Impl {
         return;
       }
       if (absl::Now() >= expires) {
-        Lose(absl::UnavailableError(absl::StrCat(
-            "etcd lease ", lease_.id, " was not renewed within its TTL of ",
-            absl::FormatDuration(ttl), "; it must be taken as lost: ", granted.status().message())));
+        Lose(absl::UnavailableError(
+            absl::StrCat("etcd lease ", lease_.id, " was not renewed within its TTL of ",
+                         absl::FormatDuration(ttl),
+                         "; it must be taken as lost: ", granted.status().message())));
         return;
       }
-      // A definite refusal that is not the lease's loss (e.g. permission): try again shortly, while
-      // the lease still holds.
-      next_renewal = std::min(expires, absl::Now() + ttl / 10);
+      // No endpoint renewed it this round (or one refused for another reason than the lease's
+      // loss): try again at once through the next endpoint, or shortly after a definite refusal.
+      const bool unanswered =
+          absl::IsDeadlineExceeded(granted.status()) || absl::IsUnavailable(granted.status());
+      next_renewal = unanswered ? absl::Now() : std::min(expires, absl::Now() + ttl / 10);
     }
   }
 

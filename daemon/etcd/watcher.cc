@@ -15,6 +15,10 @@
 #include "daemon/etcd/wire.h"
 
 namespace moesnap::etcd {
+namespace {
+using WatchStream =
+    grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>;
+}  // namespace
 
 class Watcher::Impl {
  public:
@@ -85,8 +89,8 @@ class Watcher::Impl {
         if (stopping_ || !terminal_.ok()) return;
       }
       const internal::Endpoint& endpoint = endpoints_->at(index);
-      const bool received = endpoints_->Connect(index, absl::Now() + endpoints_->options().dial_timeout) &&
-                            Stream(endpoint);
+      const absl::Time dial_deadline = absl::Now() + endpoints_->options().dial_timeout;
+      const bool received = endpoints_->Connect(index, dial_deadline) && Stream(endpoint);
       {
         absl::MutexLock lock(&mutex_);
         if (stopping_ || !terminal_.ok()) return;
@@ -110,8 +114,7 @@ class Watcher::Impl {
   bool Stream(const internal::Endpoint& endpoint) {
     auto context = std::make_unique<grpc::ClientContext>();
     context->AddMetadata("hasleader", "true");
-    std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>>
-        stream = endpoint.watch->Watch(context.get());
+    std::unique_ptr<WatchStream> stream = endpoint.watch->Watch(context.get());
     etcdserverpb::WatchRequest create;
     {
       absl::MutexLock lock(&mutex_);
@@ -199,7 +202,7 @@ class Watcher::Impl {
         etcdserverpb::WatchRequest progress;
         progress.mutable_progress_request();
         absl::MutexLock lock(&write_mutex_);
-        grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>* stream;
+        WatchStream* stream;
         {
           absl::MutexLock state_lock(&mutex_);
           stream = stream_;
@@ -214,23 +217,22 @@ class Watcher::Impl {
   const etcdserverpb::RangeRequest range_;  // the key and range end watched
   const std::string what_;
 
-  // Serializes writes to the stream (the reader's create, the supervisor's progress requests); taken
-  // before mutex_ when both are held.
+  // Serializes writes to the stream (the reader's create, the supervisor's progress requests);
+  // taken before mutex_ when both are held.
   absl::Mutex write_mutex_ ABSL_ACQUIRED_BEFORE(mutex_);
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::deque<WatchEvent> events_ ABSL_GUARDED_BY(mutex_);
-  absl::Status terminal_ ABSL_GUARDED_BY(mutex_);   // set once: compacted
-  int64_t next_to_request_ ABSL_GUARDED_BY(mutex_); // the next stream starts here
+  absl::Status terminal_ ABSL_GUARDED_BY(mutex_);    // set once: compacted
+  int64_t next_to_request_ ABSL_GUARDED_BY(mutex_);  // the next stream starts here
   int64_t next_to_deliver_ ABSL_GUARDED_BY(mutex_);
   int64_t resumes_ ABSL_GUARDED_BY(mutex_) = 0;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mutex_) = nullptr;  // of the open stream
-  grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>* stream_
-      ABSL_GUARDED_BY(mutex_) = nullptr;
+  WatchStream* stream_ ABSL_GUARDED_BY(mutex_) = nullptr;
   absl::Time last_heard_ ABSL_GUARDED_BY(mutex_);
   bool progress_asked_ ABSL_GUARDED_BY(mutex_) = false;
   bool reader_waiting_ ABSL_GUARDED_BY(mutex_) = false;  // for room in the queue
-  std::thread reader_;      // last two: start once the fields above exist
+  std::thread reader_;  // last two: start once the fields above exist
   std::thread supervisor_;
 };
 

@@ -20,10 +20,14 @@ namespace {
 
 etcdserverpb::Compare::CompareResult ToWire(Compare::Relation relation) {
   switch (relation) {
-    case Compare::Relation::kEqual: return etcdserverpb::Compare::EQUAL;
-    case Compare::Relation::kNotEqual: return etcdserverpb::Compare::NOT_EQUAL;
-    case Compare::Relation::kLess: return etcdserverpb::Compare::LESS;
-    case Compare::Relation::kGreater: return etcdserverpb::Compare::GREATER;
+    case Compare::Relation::kEqual:
+      return etcdserverpb::Compare::EQUAL;
+    case Compare::Relation::kNotEqual:
+      return etcdserverpb::Compare::NOT_EQUAL;
+    case Compare::Relation::kLess:
+      return etcdserverpb::Compare::LESS;
+    case Compare::Relation::kGreater:
+      return etcdserverpb::Compare::GREATER;
   }
   return etcdserverpb::Compare::EQUAL;
 }
@@ -156,19 +160,25 @@ Compare Compare::Absent(std::string key) {
   return CreateRevision(std::move(key), Relation::kEqual, 0);
 }
 Compare Compare::CreateRevision(std::string key, Relation relation, int64_t revision) {
-  return Compare{.key = std::move(key), .target = Target::kCreateRevision, .relation = relation,
+  return Compare{.key = std::move(key),
+                 .target = Target::kCreateRevision,
+                 .relation = relation,
                  .number = revision};
 }
 Compare Compare::ModRevision(std::string key, Relation relation, int64_t revision) {
-  return Compare{.key = std::move(key), .target = Target::kModRevision, .relation = relation,
+  return Compare{.key = std::move(key),
+                 .target = Target::kModRevision,
+                 .relation = relation,
                  .number = revision};
 }
 Compare Compare::Version(std::string key, Relation relation, int64_t version) {
-  return Compare{.key = std::move(key), .target = Target::kVersion, .relation = relation,
-                 .number = version};
+  return Compare{
+      .key = std::move(key), .target = Target::kVersion, .relation = relation, .number = version};
 }
 Compare Compare::Value(std::string key, Relation relation, std::string value) {
-  return Compare{.key = std::move(key), .target = Target::kValue, .relation = relation,
+  return Compare{.key = std::move(key),
+                 .target = Target::kValue,
+                 .relation = relation,
                  .value = std::move(value)};
 }
 
@@ -179,7 +189,8 @@ Operation Operation::GetPrefix(std::string prefix) {
   return Operation{.kind = Kind::kGet, .key = std::move(prefix), .prefix = true};
 }
 Operation Operation::Put(std::string key, std::string value, int64_t lease) {
-  return Operation{.kind = Kind::kPut, .key = std::move(key), .value = std::move(value), .lease = lease};
+  return Operation{
+      .kind = Kind::kPut, .key = std::move(key), .value = std::move(value), .lease = lease};
 }
 Operation Operation::Delete(std::string key) {
   return Operation{.kind = Kind::kDelete, .key = std::move(key)};

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -72,7 +73,9 @@ void FlipPoolByte(const TestDaemon& daemon, uint64_t offset) {
 
 class ClusterTest : public ::testing::Test {
  protected:
-  explicit ClusterTest(int nodes = kGroupSize) : nodes_(nodes) {}
+  // `extra_config` is appended to every node's config.
+  explicit ClusterTest(int nodes = kGroupSize, std::string extra_config = "")
+      : nodes_(nodes), extra_config_(std::move(extra_config)) {}
 
   // Extra environment of node `node`'s daemon (fault injection).
   virtual std::vector<std::string> EnvironmentOf(int /*node*/) { return {}; }
@@ -89,7 +92,7 @@ class ClusterTest : public ::testing::Test {
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
         "control_port = 0\ndata_port = 0\n");
     for (int id = 0; id < nodes_; ++id) {
-      daemons_.push_back(std::make_unique<TestDaemon>("64MiB", cluster, id));
+      daemons_.push_back(std::make_unique<TestDaemon>("64MiB", cluster + extra_config_, id));
     }
     // Node 0 first, so that it is the first candidate and coordinates.
     ASSERT_TRUE(daemons_[0]->Start(EnvironmentOf(0)));
@@ -164,8 +167,9 @@ class ClusterTest : public ::testing::Test {
     }
   }
 
-  // A fresh trainer process restores node `node` and compares every byte; returns the step.
-  int64_t VerifiedStep(int node) {
+  // A fresh trainer process restores node `node` and compares every byte; returns the step, and
+  // with `tier` where the restore came from ("memory" or "durable").
+  int64_t VerifiedStep(int node, std::string* tier = nullptr) {
     ChildProcess verify(TrainerArguments(*daemons_[node], node, "verify", 0));
     int64_t step = -1;
     std::string output;
@@ -174,6 +178,7 @@ class ClusterTest : public ::testing::Test {
       if (absl::StartsWith(*line, "verified step ")) {
         EXPECT_TRUE(absl::SimpleAtoi(line->substr(14), &step));
       }
+      if (absl::StartsWith(*line, "tier ") && tier != nullptr) *tier = line->substr(5);
     }
     EXPECT_EQ(verify.Wait(10s), 0) << "node " << node << ": " << output;
     return step;
@@ -187,6 +192,7 @@ class ClusterTest : public ::testing::Test {
   }
 
   const int nodes_;
+  std::string extra_config_;  // a derived fixture may set it in its constructor
   std::unique_ptr<testing::EtcdCluster> etcd_;
   std::vector<std::unique_ptr<TestDaemon>> daemons_;
 };
@@ -196,6 +202,71 @@ class TwelveNodeClusterTest : public ClusterTest {
  protected:
   TwelveNodeClusterTest() : ClusterTest(2 * kGroupSize) {}
 };
+
+// Every node drains every second committed step into its own folder of one shared directory.
+class DurableClusterTest : public ClusterTest {
+ protected:
+  DurableClusterTest() {
+    char folder[] = "/tmp/moesnap-durable-cluster-XXXXXX";
+    root_ = mkdtemp(folder);
+    extra_config_ = absl::StrCat("[durable]\ndirectory = \"", root_, "\"\nevery_steps = 2\nkeep = 2\n");
+  }
+  void TearDown() override {
+    daemons_.clear();
+    std::filesystem::remove_all(root_);
+  }
+
+  v1::ListDurableResponse ListDurable(int node) {
+    auto stub = v1::Admin::NewStub(grpc::CreateChannel("unix:" + daemons_[node]->admin_socket(),
+                                                       grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::ListDurableResponse response;
+    const grpc::Status status = stub->ListDurable(&context, {}, &response);
+    EXPECT_TRUE(status.ok()) << "node " << node << ": " << status.error_message();
+    return response;
+  }
+
+  // Trains every node to `step` and waits until that step is durable on every node.
+  void TrainAndDrain(int64_t step) {
+    TrainAll(step);
+    for (int attempt = 0; attempt < 600; ++attempt) {
+      bool drained = true;
+      for (int node = 0; node < nodes_ && drained; ++node) {
+        const v1::DurableStatus status = ListDurable(node).status();
+        drained = status.latest_step() >= step && !status.has_draining_step();
+      }
+      if (drained) return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "step " << step << " did not become durable on every node";
+  }
+
+  std::string root_;
+};
+
+TEST_F(DurableClusterTest, EveryDaemonAndPoolLostRestoresTheNewestStepDurableOnEveryNode) {
+  // Each step is durable before the next is due (the first committed step always is).
+  for (int64_t step : {1, 2, 4, 6}) ASSERT_NO_FATAL_FAILURE(TrainAndDrain(step));
+  TrainAll(7);
+  EXPECT_EQ(ListDurable(3).newest_everywhere(), 6);
+  // A power loss: every daemon SIGKILLed, every pool gone.
+  for (int node = 0; node < nodes_; ++node) Replace(node);
+  for (int node = 0; node < nodes_; ++node) ASSERT_TRUE(daemons_[node]->Start());
+  WaitForCluster(nodes_);
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 6) << "node " << node;
+    EXPECT_EQ(tier, "durable") << "node " << node;
+  }
+  // Training goes on from there, committed in memory and encoded anew.
+  TrainAll(9);
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 9) << "node " << node;
+    EXPECT_EQ(tier, "memory") << "node " << node;
+  }
+}
 
 TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
   TrainAll(6);

@@ -26,10 +26,10 @@ TEST(JsonTest, PrintsSixtyFourBitNumbersAsNumbersAndEnumsAsWords) {
 
 TEST(JsonTest, LeavesOutUnsetOptionalFieldsAndKeepsEveryOther) {
   v1::LatestCommittedResponse empty;
-  EXPECT_EQ(Json(empty), "{}\n");
+  EXPECT_EQ(Json(empty), "{\"tier\":\"unspecified\"}\n");  // a plain field is always there
   v1::LatestCommittedResponse latest;
   latest.set_step(0);  // present though zero
-  EXPECT_EQ(Json(latest), "{\"step\":0}\n");
+  EXPECT_EQ(Json(latest), "{\"step\":0,\"tier\":\"unspecified\"}\n");
   v1::RebuildResponse rebuild;
   rebuild.set_seconds(0.1);
   EXPECT_EQ(Json(rebuild),

@@ -42,8 +42,17 @@ threads = 4
 chunk_bytes = "1 MiB"
 [upstream_log]
 max_bytes = "256MiB"
+[http]
+address = "[::1]:9100"
+[durable]
+directory = "/var/lib/moesnap/durable"
+every_steps = 100
+every_seconds = 600
+keep = 3
+bytes_per_second = "500MiB"
 [log]
 level = "debug"
+format = "json"
 )", "full.toml");
   ASSERT_OK(options);
   EXPECT_EQ(options->node_id, 7u);
@@ -56,7 +65,14 @@ level = "debug"
   EXPECT_EQ(options->capture.threads, 4);
   EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(options->durable.directory, "/var/lib/moesnap/durable");
+  EXPECT_EQ(options->durable.every_steps, 100u);
+  EXPECT_EQ(options->durable.every_seconds, 600u);
+  EXPECT_EQ(options->durable.keep, 3u);
+  EXPECT_EQ(options->durable.bytes_per_second, uint64_t{500} << 20);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
+  EXPECT_EQ(options->http.address, "[::1]:9100");
+  EXPECT_EQ(options->log_format, LogFormat::kJson);
 }
 
 TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
@@ -68,6 +84,14 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
       {"[upstream_log]\nmax_bytes = 0\n", "site.toml: upstream_log.max_bytes: must be positive"},
       {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
+      {"[log]\nformat = \"xml\"\n", "site.toml: log.format: log format 'xml' is not text or json"},
+      {"[http]\naddress = \"localhost:7442\"\n", "site.toml: http.address: expected an IP address"},
+      {"[durable]\ndirectory = \"/d\"\n", "site.toml: durable: a directory needs every_steps or every_seconds"},
+      {"[durable]\ndirectory = \"relative\"\nevery_steps = 2\n", "site.toml: durable: directory must be an absolute path"},
+      {"[durable]\nkeep = 0\n", "site.toml: durable.keep"},
+      {"[durable]\nevery_steps = -2\n", "site.toml: durable.every_steps"},
+      {"[durable]\nbytes_per_second = \"fast\"\n", "site.toml: durable.bytes_per_second"},
+      {"[durable]\nevery = 2\n", "unknown key durable.every"},
       {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
       {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},
       {"[agent]\nsocket = \"/x\"\n[admin]\nsocket = \"/x\"\n", "admin.socket"},
@@ -155,7 +179,14 @@ TEST(ConfigTest, ExampleConfigLoadsWithTheDefaults) {
   EXPECT_EQ(example->pool.lock, defaults.pool.lock);
   EXPECT_EQ(example->capture.threads, defaults.capture.threads);
   EXPECT_EQ(example->capture.chunk_bytes, defaults.capture.chunk_bytes);
+  EXPECT_EQ(example->durable.directory, defaults.durable.directory);
+  EXPECT_EQ(example->durable.every_steps, defaults.durable.every_steps);
+  EXPECT_EQ(example->durable.every_seconds, defaults.durable.every_seconds);
+  EXPECT_EQ(example->durable.keep, defaults.durable.keep);
+  EXPECT_EQ(example->durable.bytes_per_second, defaults.durable.bytes_per_second);
   EXPECT_EQ(example->log_level, defaults.log_level);
+  EXPECT_EQ(example->http.address, defaults.http.address);
+  EXPECT_EQ(example->log_format, defaults.log_format);
 }
 
 }  // namespace

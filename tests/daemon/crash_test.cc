@@ -50,7 +50,7 @@ int64_t VerifiedStep(const TestDaemon& daemon) {
   ChildProcess verify(TrainerArguments(daemon, "verify"));
   int64_t step = -1;
   while (std::optional<std::string> line = verify.ReadLine(60s)) {
-    if (absl::StartsWith(*line, "restored ")) continue;
+    if (absl::StartsWith(*line, "restored ") || absl::StartsWith(*line, "tier ")) continue;
     if (!StepAfter(*line, "verified step ", &step)) {
       ADD_FAILURE() << "verify trainer: " << *line;
     }
@@ -80,7 +80,7 @@ void Follow(ChildProcess& trainer, int lines, Progress& progress) {
       ++seen;
     } else if (StepAfter(*line, "verified step ", &step)) {
       progress.restored = step;
-    } else if (absl::StartsWith(*line, "restored ")) {
+    } else if (absl::StartsWith(*line, "restored ") || absl::StartsWith(*line, "tier ")) {
       continue;
     } else {
       return;  // an error line: the daemon went away

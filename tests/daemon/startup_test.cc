@@ -22,11 +22,14 @@ struct DaemonRun {
   std::string output;
 };
 
-// Runs moesnapd on `config` text until it exits.
-DaemonRun RunDaemon(const std::string& directory, const std::string& config) {
+// Runs moesnapd on `config` text, with `flags`, until it exits.
+DaemonRun RunDaemon(const std::string& directory, const std::string& config,
+                    const std::vector<std::string>& flags = {}) {
   const std::string path = directory + "/moesnapd.toml";
   std::ofstream(path) << config;
-  ChildProcess daemon({BinaryPath("moesnapd"), "--config", path}, {}, ChildProcess::Stderr::kCapture);
+  std::vector<std::string> argv = {BinaryPath("moesnapd"), "--config", path};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  ChildProcess daemon(argv, {}, ChildProcess::Stderr::kCapture);
   DaemonRun run;
   while (std::optional<std::string> line = daemon.ReadLine(30s)) run.output += *line + "\n";
   run.exit_code = daemon.Wait(30s);
@@ -52,7 +55,8 @@ class StartupTest : public ::testing::Test {
   }
   std::string Sockets(const std::string& admin_directory) const {
     return absl::StrCat("[agent]\nsocket = \"", directory_, "/agent.sock\"\n[admin]\nsocket = \"",
-                        admin_directory, "/admin.sock\"\n[pool]\nname = \"", pool_name_,
+                        admin_directory, "/admin.sock\"\n[http]\naddress = \"127.0.0.1:0\"\n"
+                        "[pool]\nname = \"", pool_name_,
                         "\"\nbytes = \"16MiB\"\njournal_bytes = \"1MiB\"\nlock = \"off\"\n");
   }
 
@@ -79,6 +83,23 @@ TEST_F(StartupTest, FailedStartRemovesTheFreshPool) {
   EXPECT_TRUE(absl::StrContains(run.output, "missing/admin.sock")) << run.output;
   EXPECT_TRUE(absl::StrContains(run.output, "created pool")) << run.output;  // it got that far
   EXPECT_FALSE(PoolExists());
+}
+
+TEST_F(StartupTest, CheckConfigValidatesWithoutStartingAndNodeIdReplacesTheFiles) {
+  // No etcd behind the endpoint: --check-config reaches nothing.
+  const std::string cluster =
+      "[cluster]\ndata_units = 1\nparity_units = 1\nnode_count = 2\n"
+      "etcd_endpoints = [\"127.0.0.1:1\"]\nadvertise_host = \"127.0.0.1\"\n";
+  const DaemonRun valid =
+      RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "1"});
+  EXPECT_EQ(valid.exit_code, 0) << valid.output;
+  EXPECT_TRUE(absl::StrContains(valid.output, "moesnapd.toml: valid")) << valid.output;
+  EXPECT_FALSE(PoolExists());
+  const DaemonRun stranger =
+      RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "9"});
+  EXPECT_EQ(stranger.exit_code, 2) << stranger.output;
+  EXPECT_TRUE(absl::StrContains(stranger.output, "node id 9 is not below cluster.node_count = 2"))
+      << stranger.output;
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 //           --steps: change the step's regions, Snapshot, print "snapshot S", WaitCaptured, print
 //           "captured S".
 //   verify: restore the latest committed step into fresh regions and compare every byte; print
-//           "verified step S" and "restored B bytes in T ms" (exit 0) or the first mismatches
-//           (exit 1).
+//           "verified step S", "tier memory|durable" (where the restore came from) and "restored
+//           B bytes in T ms" (exit 0) or the first mismatches (exit 1).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -101,6 +101,7 @@ int Run(const TrainerOptions& options) {
     step = restored->step;
     if (int result = CheckRegions(options, **buffer, step); result != 0) return result;
     std::printf("verified step %lld\n", static_cast<long long>(step));
+    std::printf("tier %s\n", restored->tier == moesnap::RestoreTier::kDurable ? "durable" : "memory");
     std::printf("restored %zu bytes in %.1f ms\n", options.regions * options.region_bytes,
                 milliseconds);
     std::fflush(stdout);

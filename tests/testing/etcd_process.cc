@@ -74,8 +74,8 @@ absl::StatusOr<TestCertificates> MakeTestCertificates(const std::string& directo
     commands.push_back(with({openssl, "req"}, with(ec, {"-keyout", key, "-out", request, "-subj",
                                                         absl::StrCat("/CN=moesnap-test-", name)})));
     commands.push_back({openssl, "x509", "-req", "-in", request, "-CA", files.ca_file, "-CAkey",
-                        ca_key, "-set_serial", std::to_string(serial++), "-days", "2", "-out",
-                        cert, "-extfile", absl::StrCat(directory, "/", name, ".ext")});
+                        ca_key, "-set_serial", std::to_string(serial++), "-days", "2", "-out", cert,
+                        "-extfile", absl::StrCat(directory, "/", name, ".ext")});
   }
   for (const std::vector<std::string>& command : commands) {
     if (absl::Status status = RunCommand(command); !status.ok()) return status;
@@ -146,7 +146,9 @@ std::vector<std::string> EtcdCluster::Arguments(int index) const {
     initial_cluster.push_back(absl::StrCat(each.name, "=", each.peer_url));
   }
   std::vector<std::string> arguments = {
-      MOESNAP_ETCD_BINARY,
+      // setpriv (util-linux) execs etcd with a parent-death signal, so a test that crashes before
+      // its destructor runs leaves no member behind.
+      "/usr/bin/setpriv", "--pdeathsig", "KILL", "--", MOESNAP_ETCD_BINARY,
       "--name", member.name,
       "--data-dir", member.data_directory,
       "--listen-client-urls", client_url,
@@ -225,8 +227,8 @@ absl::Status EtcdCluster::WaitHealthy(absl::Duration timeout) {
       if (members_[i].stopped || members_[i].process == nullptr) continue;
       if (!running(i)) {
         if (members_[i].id == 0) {  // never served: it failed to start
-          return absl::UnavailableError(absl::StrCat("etcd ", members_[i].name, " exited at start: ",
-                                                     LogTail(i)));
+          return absl::UnavailableError(
+              absl::StrCat("etcd ", members_[i].name, " exited at start: ", LogTail(i)));
         }
         continue;
       }
@@ -256,9 +258,8 @@ absl::Status EtcdCluster::WaitHealthy(absl::Duration timeout) {
   }
   std::string logs;
   for (int i = 0; i < size(); ++i) absl::StrAppend(&logs, "\n", members_[i].name, ": ", LogTail(i));
-  return absl::DeadlineExceededError(absl::StrCat("etcd not healthy within ",
-                                                  absl::FormatDuration(timeout), ": ",
-                                                  last_problem, logs));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "etcd not healthy within ", absl::FormatDuration(timeout), ": ", last_problem, logs));
 }
 
 absl::Status EtcdCluster::Kill(int member) {
@@ -314,9 +315,9 @@ absl::Status EtcdCluster::Restart(int member, absl::Duration timeout) {
     last = status.ok() ? absl::UnavailableError("no leader yet") : status.status();
     absl::SleepFor(kPollInterval);
   }
-  return absl::DeadlineExceededError(absl::StrCat(members_[member].name, " not serving within ",
-                                                  absl::FormatDuration(timeout), " of restart: ",
-                                                  last.ToString(), "; ", LogTail(member)));
+  return absl::DeadlineExceededError(
+      absl::StrCat(members_[member].name, " not serving within ", absl::FormatDuration(timeout),
+                   " of restart: ", last.ToString(), "; ", LogTail(member)));
 }
 
 bool EtcdCluster::running(int member) {

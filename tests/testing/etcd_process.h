@@ -1,8 +1,8 @@
-// Real etcd for tests: a 1- or 3-member etcd (Debian's etcd-server) on free loopback ports, with its
-// data and logs in a fresh temporary folder, started as child processes that a test can SIGKILL,
-// SIGSTOP, SIGCONT and restart. Start returns once every member serves (a condition polled, never a
-// fixed sleep); Leader finds the raft leader. The destructor kills every member and removes the
-// folder.
+// Real etcd for tests: a 1- or 3-member etcd (Debian's etcd-server) on free loopback ports, with
+// its data and logs in a fresh temporary folder, started as child processes that a test can
+// SIGKILL, SIGSTOP, SIGCONT and restart. Start returns once every member serves (a condition
+// polled, never a fixed sleep); Leader finds the raft leader. The destructor kills every member and
+// removes the folder.
 //
 //   Use:
 //     auto etcd = EtcdCluster::Start({.members = 3});
@@ -14,7 +14,9 @@
 //
 // Members write without fsync (--unsafe-no-fsync) unless Options::fsync, which is for measuring.
 // Each member's log is <directory>/member<i>.log; LogTail shows its end in failure messages.
-// Not thread-safe: one test thread drives a cluster.
+// Not thread-safe: one test thread drives a cluster. Members die with the thread that started them
+// (a parent-death signal, so that a crashed test leaves none behind): call Start and Restart from a
+// thread that outlives the cluster, such as the test's own.
 #ifndef MOESNAP_TESTS_TESTING_ETCD_PROCESS_H_
 #define MOESNAP_TESTS_TESTING_ETCD_PROCESS_H_
 

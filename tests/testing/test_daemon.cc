@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/loopback_port.h"
 #include "proto/moesnap.grpc.pb.h"
 
 namespace moesnap::testing {
@@ -47,9 +48,11 @@ TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_c
   agent_socket_ = directory_ + "/agent.sock";
   admin_socket_ = directory_ + "/admin.sock";
   config_path_ = directory_ + "/moesnapd.toml";
+  http_port_ = UnusedLoopbackPort();
   std::ofstream(config_path_) << absl::StrCat(
       "[node]\nid = ", node_id, "\n[agent]\nsocket = \"", agent_socket_, "\"\n[admin]\nsocket = \"",
-      admin_socket_, "\"\n[pool]\nname = \"", pool_name_, "\"\nbytes = \"", pool_bytes,
+      admin_socket_, "\"\n[http]\naddress = \"127.0.0.1:", http_port_, "\"\n[pool]\nname = \"",
+      pool_name_, "\"\nbytes = \"", pool_bytes,
       "\"\njournal_bytes = \"1MiB\"\nlock = \"off\"\n[capture]\nthreads = 2\n", extra_config);
 }
 

@@ -39,6 +39,8 @@ class TestDaemon {
   const std::string& config_path() const { return config_path_; }
   const std::string& directory() const { return directory_; }
   const std::string& pool_name() const { return pool_name_; }
+  // Where it serves /metrics, /healthz and /readyz on 127.0.0.1.
+  uint16_t http_port() const { return http_port_; }
 
  private:
   std::string directory_;
@@ -46,6 +48,7 @@ class TestDaemon {
   std::string agent_socket_;
   std::string admin_socket_;
   std::string pool_name_;
+  uint16_t http_port_ = 0;
   std::unique_ptr<ChildProcess> process_;
 };
 

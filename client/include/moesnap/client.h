@@ -82,9 +82,15 @@ struct RestoredRegion {
   uint64_t bytes = 0;
 };
 
+// Where a restore's state came from: the daemons' memory, or the durable tier on disk (when memory
+// no longer holds the committed state: a fresh pool after a power loss, more than m nodes of a
+// group lost, a new set of machines).
+enum class RestoreTier { kMemory, kDurable };
+
 struct RestoreResult {
   int64_t step = 0;  // the committed step restored
   std::vector<RestoredRegion> regions;
+  RestoreTier tier = RestoreTier::kMemory;
 };
 
 // A sparse step's place in its window: window j of W steps holds steps j*W+1 .. j*W+W, slot i being
@@ -173,7 +179,9 @@ class Client {
   absl::Status WaitCommitted(int64_t step);
 
   // Writes the latest committed state (or `step`, which must be the latest) into the registered
-  // regions (all when `regions` is empty), checking every chunk's checksum.
+  // regions (all when `regions` is empty), checking every chunk's checksum. When memory no longer
+  // holds the committed state, the daemon restores the newest step durable on every node instead
+  // (`tier` says which served it); LatestCommitted already names that step.
   absl::StatusOr<RestoreResult> Restore(std::optional<int64_t> step = std::nullopt,
                                         const std::vector<std::string>& regions = {});
   // Elastic restore: the latest committed regions that rank `source_rank` snapshotted (on any node

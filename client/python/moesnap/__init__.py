@@ -8,10 +8,12 @@ A training loop adds four lines::
     ...  # in the loop: client.wait_captured() before optimizer.step(), client.snapshot(step) after it
 
 See ``moesnap.Client`` for the whole API. Errors are ``moesnap.Error`` with the daemon's message.
+``moesnap.load(directory)`` reads a step exported with ``moesnapctl export`` without a daemon.
 """
 
 from ._moesnap import Error, Operator, SharedBuffer, SparseSchedule, plan
+from .load import exported_step, load
 from .torch_helpers import Client, RandomState, initialize_optimizer_state
 
 __all__ = ["Client", "Error", "Operator", "RandomState", "SharedBuffer", "SparseSchedule", "plan",
-           "initialize_optimizer_state"]
+           "initialize_optimizer_state", "load", "exported_step"]

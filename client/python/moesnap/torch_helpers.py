@@ -76,6 +76,7 @@ class Client:
         self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
         self._buffers: List[_moesnap.SharedBuffer] = []  # keep shared memory mapped
         self._last_snapshot: Optional[int] = None
+        self._restore_tier: Optional[str] = None
 
     # Registration -------------------------------------------------------------------------------
 
@@ -237,7 +238,8 @@ class Client:
         """Writes the latest committed state (or ``step``, which must be the latest) into the
         registered tensors and state providers, and returns its step. With ``names``, only those
         regions (each at its latest committed version) and no state provider."""
-        restored_step, _ = self._native.restore(step, [] if names is None else list(names))
+        restored_step, _, self._restore_tier = self._native.restore(
+            step, [] if names is None else list(names))
         if names is not None:
             return restored_step
         for name, (provider, view) in self._states.items():
@@ -252,6 +254,13 @@ class Client:
     def latest_committed(self) -> Optional[int]:
         """The latest committed step of this rank, or None."""
         return self._native.latest_committed()
+
+    @property
+    def restore_tier(self) -> Optional[str]:
+        """Which tier served this process's last ``restore``: ``"memory"`` (the daemons' memory)
+        or ``"durable"`` (the newest step durable on every node, once memory no longer held the
+        committed state); None before any restore."""
+        return self._restore_tier
 
     @property
     def last_snapshot(self) -> Optional[int]:

@@ -32,6 +32,8 @@ class Daemon:
         self.config.write_text(
             f'[node]\nid = {node_id}\n'
             f'[agent]\nsocket = "{self.agent_socket}"\n[admin]\nsocket = "{self.admin_socket}"\n'
+            # Port 0: a free port, so daemons of parallel tests never collide on the default one.
+            f'[http]\naddress = "127.0.0.1:0"\n'
             f'[pool]\nname = "{self.pool}"\nbytes = "256MiB"\nlock = "off"\n' + extra_config)
         self.process: Optional[subprocess.Popen] = None
 

@@ -465,6 +465,10 @@ absl::StatusOr<v1::FetchLogResponse> FakePeerClient::FetchLog(uint32_t, const v1
   return absl::UnimplementedError("not in these tests");
 }
 
+absl::StatusOr<v1::DurableStateResponse> FakePeerClient::DurableState(uint32_t, absl::Time) {
+  return absl::UnimplementedError("not in these tests");
+}
+
 // --- NodeUnits and InProcessCluster ---------------------------------------------------------------
 
 namespace {

@@ -201,6 +201,8 @@ class FakePeerClient final : public PeerClient {
       uint32_t node, const v1::SendRegionRequest& request) override;
   absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
                                                 const v1::FetchLogRequest& request) override;
+  absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                        absl::Time deadline) override;
   uint64_t calls() const override { return calls_; }
 
  private:

@@ -47,13 +47,13 @@ class ElectionTest : public ::testing::Test {
   std::unique_ptr<Election> election_;
 };
 
-TEST_F(ElectionTest, NextCandidateLeadsWhenTheLeasesExpiresAndTheOldLeaderIsFencedOff) {
+TEST_F(ElectionTest, NextCandidateLeadsWhenTheLeadersLeaseExpiresAndTheOldLeaderIsFencedOff) {
   auto [lease_a, keeper_a] = KeptLease();
   auto [lease_b, keeper_b] = KeptLease();
   ASSERT_NE(keeper_a, nullptr);
   ASSERT_NE(keeper_b, nullptr);
-  const absl::StatusOr<Leadership> a = election_->Campaign("a", "host-a:7000", lease_a.id,
-                                                           absl::Seconds(10));
+  const absl::StatusOr<Leadership> a =
+      election_->Campaign("a", "host-a:7000", lease_a.id, absl::Seconds(10));
   ASSERT_OK(a);
   EXPECT_EQ(a->key, "/job/coordinator/a");
 

@@ -1,6 +1,9 @@
-// The etcd client's failover and retry rule, against in-process fake members (gRPC servers of etcd's
-// KV service on loopback) whose answers each test scripts: which failures move a call to the next
-// endpoint, which writes must not be resent, and how WriteOnce recovers a write whose answer was lost.
+// The etcd client's failover and retry rule, against in-process fake members (gRPC servers of
+// etcd's KV service on loopback) whose answers each test scripts: which failures move a call to the
+// next endpoint, which writes must not be resent, and how WriteOnce recovers a write whose answer
+// was lost.
+#include "daemon/etcd/endpoints.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
@@ -9,9 +12,12 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "daemon/etcd/endpoints.h"
+#include "common/loopback_port.h"
+#include "common/metrics.h"
 #include "daemon/etcd/etcd_client.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -32,10 +38,10 @@ struct FakeStore {
 
 // What a fake member does with its next call.
 enum class Fate {
-  kServe,               // answer as etcd would
-  kRefuse,              // fail before applying anything
-  kApplyThenFail,       // apply, then fail instead of answering (the answer is lost)
-  kHangUntilDeadline,   // answer nothing until the caller gives up
+  kServe,              // answer as etcd would
+  kRefuse,             // fail before applying anything
+  kApplyThenFail,      // apply, then fail instead of answering (the answer is lost)
+  kHangUntilDeadline,  // answer nothing until the caller gives up
 };
 
 class FakeMember final : public etcdserverpb::KV::Service {
@@ -193,6 +199,43 @@ TEST_F(EndpointsTest, ReadMovesToTheNextEndpointAfterAFailureAndStaysThere) {
   EXPECT_EQ(second_.calls(), 2);
 }
 
+// The value of one series in the process's /metrics exposition (-1 when absent).
+double Sample(const std::string& series) {
+  const std::string text = metrics::Registry::Default().Exposition();
+  const size_t at = text.find("\n" + series + " ");
+  double value = -1;
+  if (at != std::string::npos) {
+    const size_t start = at + series.size() + 2;
+    EXPECT_TRUE(absl::SimpleAtod(text.substr(start, text.find('\n', start) - start), &value));
+  }
+  return value;
+}
+
+TEST_F(EndpointsTest, ConnectivityMetricsFollowEveryAttempt) {
+  std::unique_ptr<Client> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const double answered = Sample("moesnap_etcd_attempts_total{outcome=\"answered\"}");
+  const double unanswered = Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}");
+  const double failovers = Sample("moesnap_etcd_failovers_total");
+  ASSERT_GE(answered, 0);
+  first_.Script(Fate::kRefuse, kTimedOut);
+  ASSERT_OK(client->Get("k"));  // refused by the first member, answered by the second
+  EXPECT_EQ(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 1);
+  EXPECT_EQ(Sample("moesnap_etcd_attempts_total{outcome=\"answered\"}"), answered + 1);
+  EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers + 1);
+  EXPECT_EQ(Sample("moesnap_etcd_reachable"), 1);
+  // A member nobody listens for: no connection, so no answer.
+  absl::StatusOr<std::unique_ptr<Client>> lost =
+      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort())},
+                             .call_timeout = absl::Milliseconds(300),
+                             .attempt_timeout = absl::Milliseconds(100),
+                             .dial_timeout = absl::Milliseconds(100)});
+  ASSERT_OK(lost);
+  EXPECT_FALSE((*lost)->Get("k").ok());
+  EXPECT_EQ(Sample("moesnap_etcd_reachable"), 0);
+  EXPECT_GT(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 1);
+}
+
 TEST_F(EndpointsTest, WriteWithAnUnknownOutcomeIsNotResent) {
   std::unique_ptr<Client> client = NewClient();
   ASSERT_NE(client, nullptr);
@@ -281,8 +324,8 @@ TEST(ClassifyFailureTest, SaysWhichFailuresMayHaveBeenApplied) {
   EXPECT_EQ(ClassifyFailure(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                          "etcdserver: mvcc: database space exceeded")),
             Failure::kDefinite);
-  EXPECT_EQ(ClassifyFailure(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                         "etcdserver: requested lease not found")),
+  EXPECT_EQ(ClassifyFailure(
+                grpc::Status(grpc::StatusCode::NOT_FOUND, "etcdserver: requested lease not found")),
             Failure::kDefinite);
 }
 
@@ -302,13 +345,15 @@ TEST(OptionsTest, BadOptionsAreRefusedNamingTheProblem) {
     return std::string(client.status().message());
   };
   EXPECT_THAT(refused(Options{}), HasSubstr("at least one endpoint"));
-  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1"}}), HasSubstr("'127.0.0.1' is not host:port"));
+  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1"}}),
+              HasSubstr("'127.0.0.1' is not host:port"));
   EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:99999"}}), HasSubstr("not host:port"));
-  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:2379"}, .call_timeout = absl::ZeroDuration()}),
-              HasSubstr("call_timeout must be positive"));
-  EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:2379"},
-                              .tls = {.ca_file = "/nonexistent/ca.pem"}}),
-              HasSubstr("'/nonexistent/ca.pem'"));
+  EXPECT_THAT(
+      refused(Options{.endpoints = {"127.0.0.1:2379"}, .call_timeout = absl::ZeroDuration()}),
+      HasSubstr("call_timeout must be positive"));
+  EXPECT_THAT(
+      refused(Options{.endpoints = {"127.0.0.1:2379"}, .tls = {.ca_file = "/nonexistent/ca.pem"}}),
+      HasSubstr("'/nonexistent/ca.pem'"));
   EXPECT_THAT(refused(Options{.endpoints = {"127.0.0.1:2379"},
                               .tls = {.ca_file = "/dev/null", .cert_file = "/dev/null"}}),
               HasSubstr("both tls.cert_file and tls.key_file"));

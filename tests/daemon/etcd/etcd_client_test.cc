@@ -97,9 +97,9 @@ TEST_F(EtcdClientTest, PutGetDeleteReportRevisions) {
 
 TEST_F(EtcdClientTest, PrefixReadsAndDeletesStopAtThePrefix) {
   const std::string high(std::string("p\xff", 2));
-  for (const std::string& key : {std::string("job/a/1"), std::string("job/a/2"), std::string("job/a"),
-                                 std::string("job/a0"), std::string("job/b/1"), high + "\x01",
-                                 std::string("q")}) {
+  for (const std::string& key :
+       {std::string("job/a/1"), std::string("job/a/2"), std::string("job/a"), std::string("job/a0"),
+        std::string("job/b/1"), high + "\x01", std::string("q")}) {
     ASSERT_OK(client_->Put(key, "x"));
   }
   const absl::StatusOr<RangeResult> under_a = client_->GetPrefix("job/a/");
@@ -141,7 +141,8 @@ TEST_F(EtcdClientTest, TxnComparesValueVersionAndRevisions) {
   const absl::StatusOr<TxnResult> by_value = txn(Compare::Value("k", Relation::kEqual, "v1"), "v2");
   ASSERT_OK(by_value);
   EXPECT_TRUE(by_value->succeeded);
-  const absl::StatusOr<TxnResult> stale_value = txn(Compare::Value("k", Relation::kEqual, "v1"), "v3");
+  const absl::StatusOr<TxnResult> stale_value =
+      txn(Compare::Value("k", Relation::kEqual, "v1"), "v3");
   ASSERT_OK(stale_value);
   EXPECT_FALSE(stale_value->succeeded);
   ASSERT_EQ(stale_value->results.size(), 1u);
@@ -152,7 +153,8 @@ TEST_F(EtcdClientTest, TxnComparesValueVersionAndRevisions) {
       txn(Compare::ModRevision("k", Relation::kEqual, *created), "v3");
   ASSERT_OK(stale_mod);
   EXPECT_FALSE(stale_mod->succeeded);
-  const absl::StatusOr<TxnResult> by_version = txn(Compare::Version("k", Relation::kEqual, 2), "v3");
+  const absl::StatusOr<TxnResult> by_version =
+      txn(Compare::Version("k", Relation::kEqual, 2), "v3");
   ASSERT_OK(by_version);
   EXPECT_TRUE(by_version->succeeded);
   const absl::StatusOr<TxnResult> by_create =
@@ -386,13 +388,13 @@ TEST(EtcdTlsTest, MutualTlsServesOnlyClientsWithACertificateFromItsCa) {
   const absl::StatusOr<moesnap::testing::TestCertificates> certificates =
       moesnap::testing::MakeTestCertificates(directory);
   ASSERT_OK(certificates);
-  absl::StatusOr<std::unique_ptr<EtcdCluster>> etcd = EtcdCluster::Start(
-      {.server_cert_file = certificates->server_cert_file,
-       .server_key_file = certificates->server_key_file,
-       .client_ca_file = certificates->ca_file,
-       .client_tls = {.ca_file = certificates->ca_file,
-                      .cert_file = certificates->client_cert_file,
-                      .key_file = certificates->client_key_file}});
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> etcd =
+      EtcdCluster::Start({.server_cert_file = certificates->server_cert_file,
+                          .server_key_file = certificates->server_key_file,
+                          .client_ca_file = certificates->ca_file,
+                          .client_tls = {.ca_file = certificates->ca_file,
+                                         .cert_file = certificates->client_cert_file,
+                                         .key_file = certificates->client_key_file}});
   ASSERT_OK(etcd);
 
   absl::StatusOr<std::unique_ptr<Client>> mutual = Client::Create((*etcd)->ClientOptions());

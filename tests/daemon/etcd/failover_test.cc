@@ -1,7 +1,8 @@
 // The etcd client against a real three-member etcd that loses members: a watch resumes on another
-// member without losing or repeating an event, and a stream of fenced write-once decisions goes on
-// through the other members when the raft leader is SIGKILLed in the middle of it, with no decision
-// lost or written twice.
+// member without losing or repeating an event when its member is killed or stopped, a killed member
+// comes back and catches up, and a stream of fenced write-once decisions goes on through the other
+// members when the raft leader is SIGKILLed in the middle of it, with no decision lost or written
+// twice.
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -38,10 +39,13 @@ class FailoverTest : public ::testing::Test {
 };
 
 TEST_F(FailoverTest, WatchResumesAfterTheMemberItUsedIsKilled) {
-  const absl::StatusOr<int64_t> start = client_->Put("w/0", "0");
-  ASSERT_OK(start);
+  // Writes to three members are write-once: a leader election may start at any time on a loaded
+  // machine, and only a write-once can be resent after an attempt with an unknown outcome.
+  const absl::StatusOr<KeyValue> written = client_->WriteOnce("w/0", "0");
+  ASSERT_OK(written);
+  const int64_t start = written->mod_revision;
   // Nothing failed yet, so the watch streams from the first endpoint, member 0.
-  absl::StatusOr<std::unique_ptr<Watcher>> watcher = client_->WatchPrefix("w/", *start);
+  absl::StatusOr<std::unique_ptr<Watcher>> watcher = client_->WatchPrefix("w/", start);
   ASSERT_OK(watcher);
   absl::StatusOr<WatchEvent> first = (*watcher)->Next(absl::Seconds(10));
   ASSERT_OK(first);
@@ -62,6 +66,56 @@ TEST_F(FailoverTest, WatchResumesAfterTheMemberItUsedIsKilled) {
   }
   EXPECT_STATUS((*watcher)->Next(absl::Milliseconds(200)), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE((*watcher)->resumes(), 1);
+}
+
+TEST_F(FailoverTest, WatchMovesOnWhenTheMemberItUsedStopsAnswering) {
+  // A stopped member keeps its connections open: only the watcher's own check notices it.
+  Options options = etcd_->ClientOptions();
+  options.attempt_timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<Client>> watching = Client::Create(options);
+  ASSERT_OK(watching);
+  // Writes to three members are write-once: a leader election may start at any time on a loaded
+  // machine, and only a write-once can be resent after an attempt with an unknown outcome.
+  const absl::StatusOr<KeyValue> written = client_->WriteOnce("w/0", "0");
+  ASSERT_OK(written);
+  const int64_t start = written->mod_revision;
+  absl::StatusOr<std::unique_ptr<Watcher>> watcher = (*watching)->WatchPrefix("w/", start);
+  ASSERT_OK(watcher);
+  absl::StatusOr<WatchEvent> first = (*watcher)->Next(absl::Seconds(10));
+  ASSERT_OK(first);
+
+  ASSERT_OK(etcd_->Stop(0));
+  Options survivors = etcd_->ClientOptions();
+  survivors.endpoints = {etcd_->endpoint(1), etcd_->endpoint(2)};
+  absl::StatusOr<std::unique_ptr<Client>> writer = Client::Create(survivors);
+  ASSERT_OK(writer);
+  // WriteOnce, not Put: the stopped member may be the raft leader, and a write sent while the
+  // others elect a new one has an unknown outcome, which only a write-once can resend safely.
+  ASSERT_OK((*writer)->WriteOnce("w/1", "1"));
+  // Sooner than gRPC's keep-alive pings (10 s + 5 s) would find the connection dead.
+  absl::StatusOr<WatchEvent> event = (*watcher)->Next(absl::Seconds(8));
+  ASSERT_OK(event);
+  EXPECT_EQ(event->kv.key, "w/1");
+  EXPECT_GE((*watcher)->resumes(), 1);
+  ASSERT_OK(etcd_->Continue(0));
+}
+
+TEST_F(FailoverTest, KilledMemberRestartsAndCatchesUp) {
+  ASSERT_OK(etcd_->Kill(1));
+  const absl::StatusOr<KeyValue> written = client_->WriteOnce("while-down", "x");
+  ASSERT_OK(written);
+  ASSERT_OK(etcd_->Restart(1));
+  ASSERT_OK(etcd_->WaitHealthy(absl::Seconds(15)));
+
+  // The restarted member alone serves the write it missed.
+  Options only_restarted = etcd_->ClientOptions();
+  only_restarted.endpoints = {etcd_->endpoint(1)};
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(only_restarted);
+  ASSERT_OK(client);
+  const absl::StatusOr<std::optional<KeyValue>> read = (*client)->Get("while-down");
+  ASSERT_OK(read);
+  ASSERT_TRUE(read->has_value());
+  EXPECT_EQ((*read)->mod_revision, written->mod_revision);
 }
 
 TEST_F(FailoverTest, FencedDecisionsGoOnWhenTheEtcdLeaderIsKilled) {
