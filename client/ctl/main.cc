@@ -1,11 +1,12 @@
 // moesnapctl: the operator's view of a node's moesnapd, over the daemon's admin socket.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -62,33 +63,6 @@ struct Session {
   }
 };
 
-// A one-line progress bar on stderr, redrawn in place; only on a terminal.
-class ProgressLine {
- public:
-  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
-  ~ProgressLine() {
-    if (drawn_) std::fputc('\n', stderr);
-  }
-  void Draw(uint64_t done, uint64_t total) {
-    if (!enabled_ || total == 0) return;
-    const int permille = static_cast<int>(done * 1000 / total);
-    if (drawn_ && permille == last_permille_) return;
-    constexpr int kWidth = 40;
-    const int filled = permille * kWidth / 1000;
-    std::fprintf(stderr, "\r[%s%s] %5.1f%% %s of %s", std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, ' ').c_str(), permille / 10.0,
-                 moesnap::FormatByteSize(done).c_str(), moesnap::FormatByteSize(total).c_str());
-    std::fflush(stderr);
-    drawn_ = true;
-    last_permille_ = permille;
-  }
-
- private:
-  const bool enabled_;
-  bool drawn_ = false;
-  int last_permille_ = -1;
-};
-
 // moesnapctl export: streams the step from the daemon into safetensors files.
 int RunExport(Session& session, const moesnap::v1::ExportRequest& request, const std::string& out) {
   using namespace moesnap;
@@ -98,7 +72,23 @@ int RunExport(Session& session, const moesnap::v1::ExportRequest& request, const
   std::unique_ptr<grpc::ClientReader<v1::ExportChunk>> reader = stub->Export(&context, request);
   v1::ExportChunk chunk;
   std::unique_ptr<ctl::SafetensorsExport> files;
-  ProgressLine progress(!session.json && isatty(STDERR_FILENO));
+  // The bar counts the bytes received here; the daemon only streams them.
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> expected{0};
+  const auto started = std::chrono::steady_clock::now();
+  ctl::ProgressWatcher progress(
+      [&]() -> std::optional<v1::OperationProgress> {
+        if (expected.load() == 0) return std::nullopt;
+        v1::OperationProgress now;
+        now.set_kind("export");
+        now.set_unit("bytes");
+        now.set_done(received.load());
+        now.set_total(expected.load());
+        now.set_seconds(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+        return now;
+      },
+      ctl::ProgressWatcher::Wanted(session.json));
   absl::Status written;
   while (written.ok() && reader->Read(&chunk)) {
     if (chunk.has_header() && files == nullptr) {
@@ -106,9 +96,10 @@ int RunExport(Session& session, const moesnap::v1::ExportRequest& request, const
           ctl::SafetensorsExport::Begin(out, chunk.header());
       written = begun.status();
       if (begun.ok()) files = *std::move(begun);
+      if (begun.ok()) expected = files->bytes_expected();
     } else if (chunk.has_data() && files != nullptr) {
       written = files->Add(chunk.data());
-      if (written.ok()) progress.Draw(files->bytes_received(), files->bytes_expected());
+      received = files->bytes_received();
     } else {
       written = absl::DataLossError("the daemon's export stream is out of order");
     }

@@ -1,4 +1,4 @@
-// Progress of a long moesnapctl command (rebuild, verify; export will use it too) on a terminal:
+// Progress of a long moesnapctl command (rebuild, verify, export) on a terminal:
 // while the command's own call runs, a watcher polls the daemon for the running operation of that
 // kind and redraws one line on stderr in place:
 //   verify [##########----------]  50%  1.0 GiB / 2.0 GiB  812.3 MiB/s  1.3 s

@@ -221,6 +221,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
 
   Log(LogLevel::kDebug, "step ", step, ": prepare (token ", token, ")");
   std::map<uint32_t, v1::NodeImage> images;
+  std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
   absl::Mutex images_mutex;
   std::vector<absl::Status> prepared = InParallel(nodes, [&](uint32_t id) -> absl::Status {
     v1::PrepareRequest request;
@@ -233,6 +234,8 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     if (!response.ok()) return response.status();
     absl::MutexLock lock(&images_mutex);
     images[id] = response->image();
+    if (response->has_committed_step()) held[id] = response->committed_step();
+    else held[id] = std::nullopt;
     return absl::OkStatus();
   });
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -255,8 +258,14 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     request.set_timeout_ms(options.commit_timeout_ms);
     request.set_token(token);
     if (base) request.set_base_step(*base);
-    for (uint32_t member : groups[options.GroupOf(id)->first]) {
+    // Deltas update the group's committed parity, which exists only when every member holds the
+    // same committed step (a node that went back to a durable step holds none).
+    const std::vector<uint32_t>& group = groups[options.GroupOf(id)->first];
+    for (uint32_t member : group) {
       *request.add_group_images() = images[member];
+      if (!held[member] || held[member] != held[group.front()]) {
+        request.set_whole(true);
+      }
     }
     absl::StatusOr<v1::EncodeResponse> response = context_.peers->Encode(id, request);
     if (!response.ok()) return response.status();

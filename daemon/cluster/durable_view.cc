@@ -12,6 +12,8 @@ absl::Status DurableView::WaitMemory(absl::Time deadline) {
   return rebuilder_->WaitRestorable(deadline);
 }
 
+void DurableView::StateLoaded() { rebuilder_->StateReplaced(); }
+
 absl::StatusOr<v1::DurableStateResponse> DurableView::Local() const {
   v1::DurableStateResponse response;
   response.set_node_id(context_.node_id());

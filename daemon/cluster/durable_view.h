@@ -19,19 +19,20 @@ namespace moesnap::daemon::cluster {
 class DurableView final : public durable::JobView {
  public:
   // `durable` null: this node has no durable tier (it reports no durable step).
-  DurableView(const ClusterContext& context, const ClusterStore* store, const Rebuilder* rebuilder,
+  DurableView(const ClusterContext& context, const ClusterStore* store, Rebuilder* rebuilder,
               const durable::DurableDirectory* durable)
       : context_(context), store_(store), rebuilder_(rebuilder), durable_(durable) {}
 
   absl::Status WaitMemory(absl::Time deadline) override;
   durable::PeerSurvey SurveyPeers(absl::Time deadline) override;
+  void StateLoaded() override;
   // This node's answer to a peer's DurableState.
   absl::StatusOr<v1::DurableStateResponse> Local() const;
 
  private:
   const ClusterContext context_;
   const ClusterStore* const store_;
-  const Rebuilder* const rebuilder_;
+  Rebuilder* const rebuilder_;
   const durable::DurableDirectory* const durable_;
 };
 

@@ -85,6 +85,14 @@ void Participant::ProposeLoop() {
           store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
                                           "the cluster decided step ", step,
                                           " before this node captured it")));
+        } else if (const std::optional<int64_t> replaced = rebuilder_->replaced_through();
+                   replaced && step <= *replaced && (!committed || *committed < step)) {
+          // The job went back to a durable step and trains this step again; its number was
+          // committed by the run it went back from, and a decision is never written twice.
+          store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
+                                          "step ", step, " was committed before the job went "
+                                          "back to the durable tier; the steps after it are "
+                                          "snapshotted again")));
         }
         proposed_to.erase(step);
         it = undecided.erase(it);
@@ -150,6 +158,9 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   if (!image.ok()) return image.status();
   v1::PrepareResponse response;
   *response.mutable_image() = image->manifest();
+  if (const v1::JournalCluster committed = store_->ClusterRecord(); committed.has_committed_step()) {
+    response.set_committed_step(committed.committed_step());
+  }
   response.mutable_image()->set_node_id(context_.node_id());
   bool reopened = false;
   {
@@ -168,6 +179,12 @@ absl::Status Participant::CatchUp(std::optional<int64_t> base, absl::Time deadli
     return base && (!committed || *committed < *base);
   };
   std::optional<int64_t> committed = CommittedStep();
+  // A node that went back to a durable step holds none of the steps committed before: it has
+  // nothing to apply, and the coordinator has its group encode whole.
+  if (const std::optional<int64_t> replaced = rebuilder_->replaced_through();
+      behind(committed) && replaced && *base <= *replaced) {
+    return absl::OkStatus();
+  }
   if (behind(committed)) {
     // A decision this node missed (its watch lagged, or it was cut off): read it from the log.
     absl::StatusOr<std::vector<v1::StepDecision>> missed = log_->DecisionsAfter(committed);
@@ -241,9 +258,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   if (absl::Status status = CatchUp(base, deadline); !status.ok()) return status;
   // A step that keeps every node's layout updates the committed parity with the deltas of the
   // units it changed; anything else (the first step, a rank registering new regions) encodes whole.
-  // Every node of the group decides the same from the same two records.
+  // Every node of the group decides the same from the same two records, unless the coordinator
+  // found that the group's nodes do not hold the same committed step.
   const v1::JournalCluster committed = store_->ClusterRecord();
-  bool delta = committed.has_committed_step() &&
+  bool delta = !request.whole() && committed.has_committed_step() &&
                committed.group_images_size() == layout.group_size();
   for (int position = 0; delta && position < layout.group_size(); ++position) {
     delta = SameLayout(committed.group_images(position), request.group_images(position));
@@ -309,6 +327,13 @@ void Participant::Apply(const v1::StepDecision& decision) {
     absl::MutexLock lock(&mutex_);
     open_.erase(step);
     last_abort_ = absl::StrCat("step ", step, ": ", decision.reason());
+    changed_.SignalAll();
+    return;
+  }
+  if (const std::optional<int64_t> replaced = rebuilder_->replaced_through();
+      !open && replaced && step <= *replaced) {
+    // Committed by the run the job went back from: nothing of it is held here.
+    absl::MutexLock lock(&mutex_);
     changed_.SignalAll();
     return;
   }

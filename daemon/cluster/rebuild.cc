@@ -47,6 +47,7 @@ void Rebuilder::Start() {
 
 void Rebuilder::NoteBehind(int64_t step) {
   absl::MutexLock lock(&mutex_);
+  if (ReplacedLocked(step)) return;
   behind_ = true;
   wanted_ = true;
   if (!target_ || *target_ < step) target_ = step;
@@ -245,19 +246,32 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   const absl::Time started = absl::Now();
   // The group's record of its latest committed step, from the members that hold it.
   std::optional<v1::JournalCluster> record;
+  // The members that lost the target step: this node, and those that answer that they rebuild
+  // and hold an older step or none. A member that holds an older step without rebuilding is only
+  // applying the decision late.
+  std::vector<uint32_t> lost = {self};
   for (uint32_t id : topology.groups[topology.group]) {
     if (id == self) continue;
     absl::StatusOr<v1::GroupStateResponse> response = context_.peers->GroupState(id);
-    if (!response.ok() || response->rebuilding() || !response->cluster().has_committed_step()) {
-      continue;
+    if (!response.ok()) continue;
+    const v1::JournalCluster& held = response->cluster();
+    if (target && response->rebuilding() &&
+        (!held.has_committed_step() || held.committed_step() < *target)) {
+      lost.push_back(id);
     }
-    if (!record || response->cluster().committed_step() > record->committed_step()) {
-      record = response->cluster();
-    }
+    if (response->rebuilding() || !held.has_committed_step()) continue;
+    if (!record || held.committed_step() > record->committed_step()) record = held;
   }
   const v1::JournalCluster mine = store_->ClusterRecord();
   v1::RebuildResponse stats;
   if (target && (!record || record->committed_step() < *target)) {
+    if (lost.size() > static_cast<size_t>(layout.group_size() - layout.data_units())) {
+      // Fewer than k members can ever hold it: memory cannot bring the step back.
+      return absl::DataLossError(absl::StrCat(
+          "step ", *target, " is lost in group ", topology.group, ": nodes [",
+          absl::StrJoin(lost, ", "), "] do not hold it and at most ",
+          layout.group_size() - layout.data_units(), " may be lost"));
+    }
     return absl::UnavailableError(absl::StrCat(
         "no live member of group ", topology.group, " holds step ", *target,
         " yet (the latest committed), so node ", self, " cannot rebuild it now",
@@ -353,6 +367,10 @@ void Rebuilder::Run() {
       }
       if (target && committed && *committed >= *target) target.reset();
       if (target) {
+        absl::MutexLock lock(&mutex_);
+        if (ReplacedLocked(*target)) target.reset();
+      }
+      if (target) {
         {
           absl::MutexLock lock(&mutex_);
           behind_ = true;
@@ -365,7 +383,8 @@ void Rebuilder::Run() {
       }
     }
     absl::MutexLock lock(&mutex_);
-    if (status.ok()) {
+    // State loaded from the durable tier meanwhile answers for the target.
+    if (status.ok() || (target && ReplacedLocked(*target))) {
       checked_ = true;
       behind_ = false;
       target_.reset();
@@ -428,6 +447,39 @@ absl::Status Rebuilder::WaitRestorable(absl::Time deadline) const {
     }
   }
   return behind_ ? failure_ : absl::OkStatus();
+}
+
+void Rebuilder::StateReplaced() {
+  // The steps committed so far belong to the run the job went back from.
+  std::optional<int64_t> latest;
+  if (absl::StatusOr<std::vector<v1::StepDecision>> decisions = log_->DecisionsAfter(std::nullopt);
+      decisions.ok()) {
+    for (const v1::StepDecision& decision : *decisions) {
+      if (decision.committed()) latest = std::max(latest.value_or(decision.step()), decision.step());
+    }
+  }
+  absl::MutexLock lock(&mutex_);
+  if (target_) latest = std::max(latest.value_or(*target_), *target_);
+  if (!latest || ReplacedLocked(*latest)) return;
+  Log(LogLevel::kInfo, "node ", context_.node_id(), " holds a step loaded from the durable tier; ",
+      "the steps committed through step ", *latest, " no longer need rebuilding",
+      failure_.ok() ? "" : absl::StrCat(" (the last rebuild failed: ", failure_.message(), ")"));
+  replaced_through_ = latest;
+  checked_ = true;
+  behind_ = false;
+  wanted_ = false;
+  target_.reset();
+  failure_ = absl::OkStatus();
+  changed_.SignalAll();
+}
+
+std::optional<int64_t> Rebuilder::replaced_through() const {
+  absl::MutexLock lock(&mutex_);
+  return replaced_through_;
+}
+
+bool Rebuilder::ReplacedLocked(int64_t step) const {
+  return replaced_through_ && step <= *replaced_through_;
 }
 
 bool Rebuilder::rebuilding() const {

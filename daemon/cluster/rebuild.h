@@ -89,6 +89,12 @@ class Rebuilder {
   absl::Status last_failure() const;
   // True until the first check ends, and while a rebuild that has not failed yet runs.
   bool rebuilding() const;
+  // The store's committed state was replaced by a step loaded from the durable tier (the job went
+  // back to it): the steps committed so far, as etcd holds them, no longer need rebuilding, and
+  // this node takes part in the steps that follow (encoded whole, as it holds no committed step).
+  void StateReplaced();
+  // The latest step committed before the state was replaced (absent: it was not).
+  std::optional<int64_t> replaced_through() const;
   // This node's record of the committed step (without pool offsets) for a group member.
   v1::GroupStateResponse GroupState() const;
 
@@ -100,6 +106,7 @@ class Rebuilder {
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
   void Run();
+  bool ReplacedLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterContext context_;
   ClusterStore* const store_;
@@ -119,6 +126,7 @@ class Rebuilder {
   bool wanted_ ABSL_GUARDED_BY(mutex_) = true;    // a check is due
   std::optional<int64_t> target_ ABSL_GUARDED_BY(mutex_);  // the step being rebuilt
   absl::Status failure_ ABSL_GUARDED_BY(mutex_);  // of the last attempt
+  std::optional<int64_t> replaced_through_ ABSL_GUARDED_BY(mutex_);  // see StateReplaced
   std::thread thread_;
 };
 

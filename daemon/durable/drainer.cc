@@ -1,7 +1,12 @@
 // Drainer: the commit observer, the drain thread, and retention.
 #include "daemon/durable/drainer.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -10,6 +15,8 @@
 namespace moesnap::daemon::durable {
 namespace {
 
+// The drain thread's nice value (Linux nices threads one by one).
+constexpr int kDrainNice = 19;
 // How long retention waits for the other nodes to say which steps they hold.
 constexpr absl::Duration kSurveyTimeout = absl::Seconds(2);
 
@@ -95,6 +102,10 @@ void Drainer::Committed(std::optional<int64_t> previous, int64_t step,
 }
 
 void Drainer::Run() {
+  // Background work: the capture threads, which a trainer may wait on, get the CPU first.
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kDrainNice) != 0) {
+    Log(LogLevel::kDebug, "durable tier: the drain thread keeps its priority: ", std::strerror(errno));
+  }
   while (true) {
     std::optional<std::pair<int64_t, NodeImage>> work;
     {

@@ -44,6 +44,9 @@ class JobView {
   virtual absl::Status WaitMemory(absl::Time deadline) = 0;
   // Every other node of the job, asked in parallel until `deadline`.
   virtual PeerSurvey SurveyPeers(absl::Time deadline) = 0;
+  // A rank's state was loaded from the durable tier into this node's memory: whatever memory could
+  // not recover before (a failed rebuild) is replaced by it.
+  virtual void StateLoaded() = 0;
 };
 
 // A single node: its memory is what it is, and it has no peers.
@@ -51,6 +54,7 @@ class SingleNodeView final : public JobView {
  public:
   absl::Status WaitMemory(absl::Time) override { return absl::OkStatus(); }
   PeerSurvey SurveyPeers(absl::Time) override { return {}; }
+  void StateLoaded() override {}
 };
 
 // The newest step in every list (absent when they share none, or when there are none).

@@ -169,6 +169,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
   if (store_->LatestCommitted(rank) != record->latest_committed_step()) {
     Log(LogLevel::kInfo, "rank ", rank, " restores from the durable tier: ", choice->reason);
     if (absl::Status status = LoadRankFromDisk(store_, **reader, rank); !status.ok()) return status;
+    view_->StateLoaded();
   }
   absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline);
   if (restored.ok()) restored->set_tier(v1::TIER_DURABLE);

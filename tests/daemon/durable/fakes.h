@@ -198,6 +198,7 @@ class FakeJobView final : public JobView {
  public:
   absl::Status WaitMemory(absl::Time) override { return memory; }
   PeerSurvey SurveyPeers(absl::Time) override { return peers; }
+  void StateLoaded() override {}
   absl::Status memory;
   PeerSurvey peers;
 };
