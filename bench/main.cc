@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       {"etcd", moesnap::bench::RunEtcdSuite},
       {"peers", moesnap::bench::RunPeersSuite},
       {"sparse", moesnap::bench::RunSparseSuite},
+      {"elastic", moesnap::bench::RunElasticSuite},
       {"durable", moesnap::bench::RunDurableSuite},
       {"gpu", moesnap::bench::RunGpuSuite},
       {"ettr", moesnap::bench::RunEttrSuite},

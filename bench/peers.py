@@ -6,10 +6,16 @@ next step computes, so the stall is max(0, copy - compute)) against torch.save o
 /dev/shm (what in-memory checkpointing of other tools does) and to disk with fsync; and the time to
 get the state back after a crash: moesnap's restore against torch.load from each. Prints one line
 per figure, "name|value|unit|baseline|baseline_value", for moesnap-bench.
+
+Then what a restarted trainer feels end to end: a fresh process connecting, registering a state of
+1 GiB in 2,048 tensors and restoring it, against a fresh process's torch.load of the same state
+from /dev/shm (each timed from after its imports and model construction, best of 3).
 """
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -30,6 +36,59 @@ def state_of(megabytes: int):
     return model, optimizer
 
 
+# The restart row's state: 1,024 Linear(512, 512) layers, 2,048 tensors of 1 GiB in all.
+RESTART_LAYERS, RESTART_WIDTH, RESTART_RANK = 1024, 512, 1
+
+
+def restart_model(initialize: bool) -> torch.nn.Module:
+    make = torch.nn.Linear if initialize else \
+        lambda *shape: torch.nn.utils.skip_init(torch.nn.Linear, *shape)
+    return torch.nn.ModuleList(make(RESTART_WIDTH, RESTART_WIDTH) for _ in range(RESTART_LAYERS))
+
+
+def restart_child(kind: str, socket_path: str, shm_path: str) -> None:
+    """A fresh trainer process getting the state back; prints the seconds it took."""
+    model = restart_model(initialize=False)
+    start = time.perf_counter()
+    if kind == "moesnap":
+        client = moesnap.Client(socket_path, RESTART_RANK)
+        client.register_module("model", model)
+        client.restore()
+    else:
+        torch.load(shm_path)
+    print(time.perf_counter() - start, flush=True)
+
+
+def restart_rows(socket_path: str):
+    torch.manual_seed(0)
+    model = restart_model(initialize=True)
+    tensors = len(model.state_dict())
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    client = moesnap.Client(socket_path, RESTART_RANK)
+    client.register_module("model", model)
+    client.snapshot(1)
+    client.wait_committed(1)
+    shm_path = f"/dev/shm/moesnap-peers-restart-{os.getpid()}.pt"
+    try:
+        torch.save(model.state_dict(), shm_path)
+        del client, model
+
+        def fresh(kind: str) -> float:
+            child = subprocess.run([sys.executable, __file__, "--socket", socket_path,
+                                    "--restart-child", kind, "--shm-path", shm_path],
+                                   check=True, capture_output=True, text=True)
+            return float(child.stdout.split()[-1])
+
+        moesnap_restart = min(fresh("moesnap") for _ in range(3))
+        torch_restart = min(fresh("torch") for _ in range(3))
+    finally:
+        os.unlink(shm_path)
+    name = (f"fresh process: connect, register and restore ({state_bytes / (1 << 30):.2f} GiB, "
+            f"{tensors} tensors)")
+    return [(name, moesnap_restart * 1e3, "ms", "fresh process: torch.load from /dev/shm",
+             torch_restart * 1e3)]
+
+
 def best(repetitions, body):
     times = []
     for _ in range(repetitions):
@@ -44,8 +103,13 @@ def main() -> None:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--megabytes", type=int, default=256, help="fp32 weights; the state is 3x")
     parser.add_argument("--disk-dir", default=tempfile.gettempdir())
+    parser.add_argument("--restart-child", choices=("moesnap", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--shm-path", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     torch.set_num_threads(2)
+    if arguments.restart_child:
+        restart_child(arguments.restart_child, arguments.socket, arguments.shm_path)
+        return
 
     model, optimizer = state_of(arguments.megabytes)
     state_bytes = sum(p.numel() * 4 * 3 for p in model.parameters())
@@ -104,6 +168,8 @@ def main() -> None:
         (f"state back after a crash, moesnap restore ({mib:.0f} MiB)", moesnap_restore * 1e3, "ms",
          "torch.load from disk (page cache)", disk_load * 1e3),
     ]
+    del client, model, optimizer, checkpoint  # the restart rows need the memory
+    rows += restart_rows(arguments.socket)
     for name, value, unit, baseline, baseline_value in rows:
         print(f"{name}|{value:.3f}|{unit}|{baseline}|{baseline_value:.3f}", flush=True)
 

@@ -9,7 +9,7 @@ namespace moesnap::bench {
 
 absl::Status RunPeersSuite(Report& report) {
   if (absl::Status status = RunPythonScript(
-          {.suite = "peers", .file = "peers.py", .pool_bytes = uint64_t{2} << 30}, report);
+          {.suite = "peers", .file = "peers.py", .pool_bytes = uint64_t{3} << 30}, report);
       !status.ok()) {
     return status;
   }

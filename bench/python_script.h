@@ -16,6 +16,9 @@ struct PythonScript {
   std::string suite;        // the records and notes go under this suite
   std::string file;         // in bench/, e.g. "peers.py"; it gets --socket AGENT_SOCKET
   uint64_t pool_bytes = 0;  // the daemon's snapshot pool
+  // The script starts its own daemons (a cluster of moesnapd processes it can SIGKILL): no daemon
+  // in this process, and the script gets --bin-dir (where moesnapd and moesnapctl are) instead.
+  bool own_daemons = false;
 };
 
 // The script prints "name|value|unit|baseline|baseline_value" per figure (ratio = value / baseline)

@@ -18,6 +18,9 @@ absl::Status RunPeersSuite(Report& report);
 // The DeepSeek-MoE-16B schedule rows always; the daemon rows are UNAVAILABLE (and skipped by `all`)
 // without the Python interpreter that has torch.
 absl::Status RunSparseSuite(Report& report);
+// A node lost by a four-node MoE job, survived without restarting the survivors, beside a restart
+// of the whole job; UNAVAILABLE (and skipped by `all`) without the interpreter that has torch.
+absl::Status RunElasticSuite(Report& report);
 // Drains to the machine's disk against a plain write and torch.save of the same bytes; the
 // trainer's stall during a drain. torch.save is left out without the Python interpreter.
 absl::Status RunDurableSuite(Report& report);

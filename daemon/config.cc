@@ -263,6 +263,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   }
 
   reader.Integer("capture", "threads", 1, 256, options.capture.threads);
+  reader.Integer("capture", "max_in_flight_steps", 0, 64, options.capture.max_in_flight_steps);
   reader.Bytes("capture", "chunk_bytes", options.capture.chunk_bytes);
   if (options.capture.chunk_bytes < 4096 || options.capture.chunk_bytes > (uint64_t{1} << 30)) {
     reader.Error("capture.chunk_bytes", absl::StrCat("must be in [4 KiB, 1 GiB], got ",

@@ -69,12 +69,12 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequ
   const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
-  absl::StatusOr<uint64_t> bytes =
+  absl::StatusOr<v1::SnapshotResponse> taken =
       store_->Snapshot(request->rank(), request->step(), Names(request->regions()), sparse);
   snapshot_blocking_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - started));
-  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
-  snapshot_bytes.Add(*bytes);
-  response->set_bytes(*bytes);
+  if (!taken.ok()) return ToGrpcStatus(taken.status());
+  snapshot_bytes.Add(taken->bytes());
+  *response = *std::move(taken);
   return grpc::Status::OK;
 }
 

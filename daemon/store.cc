@@ -41,6 +41,8 @@ struct StepMetrics {
   metrics::Counter& committed = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "committed"}});
   metrics::Counter& aborted = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "aborted"}});
   metrics::Counter& superseded = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "superseded"}});
+  // Never captured: Snapshot answered "skipped" (commits lagging, or no room in the pool).
+  metrics::Counter& skipped = registry.AddCounter(kSteps, kStepsHelp, {{"outcome", "skipped"}});
 };
 [[maybe_unused]] const StepMetrics& step_metrics_at_start = StepMetrics::Get();
 
@@ -89,6 +91,7 @@ struct Store::StepRecord {
   std::optional<v1::SparseSlot> sparse;             // its place in a window, for a sparse step
   uint64_t pending_chunks = 0;
   bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
+  bool skipped = false;   // never captured: the daemon skipped it (Snapshot says why)
   uint64_t bytes = 0;
   uint32_t regions = 0;
   absl::Status failure;
@@ -267,9 +270,9 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
-                                         const std::vector<std::string>& regions,
-                                         const std::optional<v1::SparseSlot>& sparse) {
+absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step,
+                                                     const std::vector<std::string>& regions,
+                                                     const std::optional<v1::SparseSlot>& sparse) {
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   if (rank_state.regions.empty()) {
@@ -288,7 +291,7 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
         rank_state.replay_through && step <= *rank_state.replay_through &&
         it != rank_state.steps.end() && it->second.state != v1::STEP_STATE_ABORTED &&
         (!sparse || (it->second.sparse && it->second.sparse->buffer() == sparse->buffer()))) {
-      return uint64_t{0};  // nothing to copy
+      return v1::SnapshotResponse();  // nothing to copy
     }
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
                                                    " is not after step ",
@@ -296,15 +299,13 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
                                                    ", its latest snapshot"));
   }
 
-  if (sparse) {
-    if (absl::Status status = CheckSparseSlot(rank_state, rank, step, *sparse); !status.ok()) {
-      return status;
-    }
-  }
-
-  std::vector<const RankState::Registered*> selected;
+  // What the step captures. A dense step that names some regions also takes every region an
+  // earlier step named and did not commit (skipped, aborted, or still waiting): the trainer's
+  // memory holds their values as of this step, and without them the step would not be a
+  // consistent state.
+  std::map<std::string, const RankState::Registered*> selected;
   if (regions.empty()) {
-    for (const auto& [name, region] : rank_state.regions) selected.push_back(&region);
+    for (const auto& [name, region] : rank_state.regions) selected[name] = &region;
   } else {
     for (const std::string& name : regions) {
       auto it = rank_state.regions.find(name);
@@ -313,22 +314,57 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
                                                 "' (", rank_state.regions.size(),
                                                 " regions are registered)"));
       }
-      selected.push_back(&it->second);
+      selected[name] = &it->second;
+    }
+    for (const auto& [earlier, record] : rank_state.steps) {
+      if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED) continue;
+      if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
+      for (const std::string& name : record.region_names) {
+        if (auto it = rank_state.regions.find(name); it != rank_state.regions.end()) {
+          selected[name] = &it->second;
+        }
+      }
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& [name, region] : selected) names.push_back(name);
+
+  if (sparse) {
+    const std::optional<v1::SparseWindow>& open = rank_state.open_window;
+    if (sparse->slot() > 0 && open && open->first_step() == sparse->window_first_step() &&
+        !open->failure().empty()) {
+      return Skip(rank_state, rank, step, sparse, names,
+                  absl::StrCat("the window from step ", open->first_step(),
+                               " can no longer commit: ", open->failure()));
+    }
+    if (absl::Status status = CheckSparseSlot(rank_state, rank, step, *sparse); !status.ok()) {
+      return status;
+    }
+  } else {
+    std::vector<int64_t> waiting;
+    for (const auto& [earlier, record] : rank_state.steps) {
+      if (!record.sparse && !IsFinished(record.state)) waiting.push_back(earlier);
+    }
+    if (options_.max_in_flight_steps > 0 &&
+        waiting.size() >= static_cast<size_t>(options_.max_in_flight_steps)) {
+      return Skip(rank_state, rank, step, sparse, names,
+                  absl::StrCat("steps ", absl::StrJoin(waiting, ", "),
+                               " still wait for their commit (capture.max_in_flight_steps = ",
+                               options_.max_in_flight_steps, "): commits lag behind training"));
     }
   }
 
   StepRecord record;
   record.step = step;
   record.started = absl::Now();
-  for (const RankState::Registered* region : selected) record.bytes += region->spec.bytes();
-  for (const RankState::Registered* region : selected) {
+  for (const auto& [name, region] : selected) record.bytes += region->spec.bytes();
+  for (const auto& [name, region] : selected) {
     absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region->spec.bytes());
     if (!stored.ok()) {
       // Extents taken so far are released with `record`; nothing stored is touched.
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "step ", step, " of rank ", rank, " needs ", record.bytes, " bytes (",
-          FormatByteSize(record.bytes), ") for ", selected.size(), " regions: ",
-          stored.status().message()));
+      return Skip(rank_state, rank, step, sparse, names,
+                  absl::StrCat("it needs ", record.bytes, " bytes (", FormatByteSize(record.bytes),
+                               ") for ", selected.size(), " regions: ", stored.status().message()));
     }
     auto version = std::make_shared<Version>();
     version->rank = rank;
@@ -367,8 +403,9 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
   for (size_t i = 0; i < stored.versions.size(); ++i) {
     const std::shared_ptr<Version>& version = stored.versions[i];
     for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
-      copies.push_back([this, rank, step, version, chunk, source = selected[i]->source,
-                        backend = selected[i]->backend] {
+      const RankState::Registered* region = selected.at(version->region);
+      copies.push_back([this, rank, step, version, chunk, source = region->source,
+                        backend = region->backend] {
         CopyChunk(rank, step, version, chunk, source, backend);
       });
     }
@@ -376,7 +413,58 @@ absl::StatusOr<uint64_t> Store::Snapshot(uint32_t rank, int64_t step,
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", stored.regions,
       " regions, ", bytes, " bytes");
   workers_.SubmitAll(std::move(copies));
-  return bytes;
+  v1::SnapshotResponse response;
+  response.set_bytes(bytes);
+  return response;
+}
+
+v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t step,
+                                const std::optional<v1::SparseSlot>& sparse,
+                                std::vector<std::string> regions, const std::string& why) {
+  ++snapshots_skipped_;
+  StepMetrics::Get().skipped.Add();
+  last_skip_ = absl::StrCat("rank ", rank, ", step ", step, ": ", why);
+  // Under a sustained lag every step is skipped: say so at the first and then ever more rarely.
+  if ((snapshots_skipped_ & (snapshots_skipped_ - 1)) == 0) {
+    Log(LogLevel::kWarning, "snapshot skipped (", snapshots_skipped_, " so far): ", last_skip_);
+  }
+  StepRecord record;
+  record.step = step;
+  record.state = v1::STEP_STATE_ABORTED;
+  record.skipped = true;
+  record.region_names = std::move(regions);  // the changes a later step must take with it
+  record.failure = absl::AbortedError(absl::StrCat("skipped: ", why));
+  record.sparse = sparse;
+  if (sparse) {
+    if (sparse->slot() == 0) {
+      rank_state.open_window.emplace();
+      rank_state.open_window->set_first_step(sparse->window_first_step());
+      rank_state.open_window->set_size(sparse->window_size());
+      rank_state.open_window->set_buffer(sparse->buffer());
+    }
+    v1::WindowSlot* slot = rank_state.open_window->add_slots();
+    slot->set_slot(sparse->slot());
+    slot->set_step(step);
+    slot->set_state(v1::STEP_STATE_ABORTED);
+    *slot->mutable_operators() = sparse->operators();
+    if (rank_state.open_window->failure().empty()) {
+      rank_state.open_window->set_failure(
+          absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
+    }
+  }
+  rank_state.steps[step] = std::move(record);
+  TrimFinishedSteps(rank_state);
+  step_changed_.SignalAll();
+  v1::SnapshotResponse response;
+  response.set_skipped(why);
+  return response;
+}
+
+void Store::TrimFinishedSteps(RankState& rank_state) {
+  while (rank_state.steps.size() > kFinishedStepsKept &&
+         IsFinished(rank_state.steps.begin()->second.state)) {
+    rank_state.steps.erase(rank_state.steps.begin());
+  }
 }
 
 void Store::CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
@@ -479,10 +567,7 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   // In a cluster the node's step moves once every rank's versions are in (CommitNodeStep).
   if (mode_ == CommitMode::kLocal) NotifyCommitted();
   step_changed_.SignalAll();
-  while (rank_state.steps.size() > kFinishedStepsKept &&
-         IsFinished(rank_state.steps.begin()->second.state)) {
-    rank_state.steps.erase(rank_state.steps.begin());
-  }
+  TrimFinishedSteps(rank_state);
 }
 
 void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status why,
@@ -524,8 +609,9 @@ absl::StatusOr<v1::StepState> Store::WaitFor(uint32_t rank, int64_t step, bool u
     if (it != rank_state.steps.end()) {
       const StepRecord& record = it->second;
       if (record.state == v1::STEP_STATE_ABORTED) {
-        // Copied, then aborted by the cluster: the trainer may go on, its regions are free.
-        if (!until_committed && record.captured) return record.state;
+        // Copied, then aborted by the cluster, or skipped: the trainer may go on, its regions are
+        // free.
+        if (!until_committed && (record.captured || record.skipped)) return record.state;
         return absl::Status(record.failure.code(),
                             absl::StrCat("step ", step, " of rank ", rank, " failed: ",
                                          record.failure.message()));
@@ -642,6 +728,17 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       work.push_back({stored->second, registered->second.source, registered->second.backend});
     }
     response.set_step(latest);
+    if (regions.empty()) {
+      // The whole rank goes back to `latest`: steps after it are of a timeline that ended.
+      for (auto& [later, record] : rank_state.steps) {
+        if (later > latest && !IsFinished(record.state)) {
+          AbortStep(rank_state, record, absl::AbortedError(absl::StrCat(
+                                            "discarded: the rank restored step ", latest)));
+        }
+      }
+      rank_state.latest_snapshot = latest;
+      rank_state.replay_through.reset();
+    }
   }
 
   // Copy outside the lock, chunk by chunk on the capture threads; the versions held here cannot be
@@ -859,6 +956,9 @@ v1::StatusResponse Store::Status() const {
   status.set_pool_used_bytes(pool_->capacity() - pool_->free_bytes() - in_flight_bytes_);
   status.set_ranks(static_cast<uint32_t>(ranks_.size()));
   status.set_journal_sequence(journal_->sequence());
+  status.set_steps_superseded(steps_superseded_);
+  status.set_snapshots_skipped(snapshots_skipped_);
+  status.set_last_skip(last_skip_);
   return status;
 }
 
@@ -1245,6 +1345,7 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
     // Older steps still captured were never committed by the cluster: the new step supersedes them.
     for (auto& [older, older_record] : rank_state.steps) {
       if (older < step && !IsFinished(older_record.state)) {
+        ++steps_superseded_;
         AbortStep(rank_state, older_record,
                   absl::AbortedError(absl::StrCat("superseded by step ", step)),
                   StepOutcome::kSuperseded);

@@ -33,6 +33,10 @@ namespace moesnap::daemon {
 struct CaptureOptions {
   int threads = 2;
   uint64_t chunk_bytes = uint64_t{4} << 20;  // unit of copy, CRC and (later) transfer
+  // Dense steps of one rank captured or capturing and not yet committed (0: as many as the pool
+  // holds): a further snapshot is skipped (answered, counted, never an error) until one commits.
+  // A sparse window's slots are bounded by the window instead.
+  int max_in_flight_steps = 0;
 };
 
 // The copy backends the store may use; `device` is null when no GPU backend is available.
@@ -67,10 +71,12 @@ class Store final : public ClusterStore, public DurableStore {
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
 
   // Queues the copies of `regions` (all registered regions when empty) for `step` and returns the
-  // bytes to copy, at once. The step must come after every earlier snapshot of the rank.
+  // bytes to copy, at once. The step must come after every earlier snapshot of the rank. A step
+  // that cannot be taken now (capture.max_in_flight_steps reached, or the pool cannot hold it) is
+  // skipped: the response says why, the step counts as aborted, and the trainer goes on.
   // A sparse step names its slot of a window: slot 0 opens the window, later slots continue it in
   // order (FAILED_PRECONDITION otherwise); the window commits when all its slots have.
-  absl::StatusOr<uint64_t> Snapshot(uint32_t rank, int64_t step,
+  absl::StatusOr<v1::SnapshotResponse> Snapshot(uint32_t rank, int64_t step,
                                     const std::vector<std::string>& regions,
                                     const std::optional<v1::SparseSlot>& sparse = std::nullopt);
 
@@ -82,7 +88,8 @@ class Store final : public ClusterStore, public DurableStore {
                                               const std::function<bool()>& cancelled);
 
   // Writes the latest committed version of each requested region (all registered regions when
-  // empty) back into the rank's registered regions, checking every chunk's CRC.
+  // empty) back into the rank's registered regions, checking every chunk's CRC. Restoring every
+  // region starts a new timeline: the rank's later steps, captured and not committed, are dropped.
   // A step of the rank still capturing (a crashed trainer's last snapshot) is waited for first, up
   // to `deadline`, so that it can become the state restored. In a cluster the caller first waits
   // until the node holds its share of the committed state (Cluster::WaitRestorable).
@@ -178,6 +185,13 @@ class Store final : public ClusterStore, public DurableStore {
   void AbortStep(RankState& rank_state, StepRecord& record, absl::Status why,
                  StepOutcome outcome = StepOutcome::kAborted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void TrimFinishedSteps(RankState& rank_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
+  // and the answer saying so.
+  v1::SnapshotResponse Skip(RankState& rank_state, uint32_t rank, int64_t step,
+                            const std::optional<v1::SparseSlot>& sparse,
+                            std::vector<std::string> regions, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
   v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
                                     const v1::JournalCluster& cluster) const
@@ -201,6 +215,9 @@ class Store final : public ClusterStore, public DurableStore {
   mutable absl::Mutex mutex_;
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t steps_superseded_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t snapshots_skipped_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::string last_skip_ ABSL_GUARDED_BY(mutex_);
   v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told

@@ -73,11 +73,11 @@ std::string FormatStatus(const v1::StatusResponse& status) {
                               status.pool_in_flight_bytes())},
       {"ranks", absl::StrCat(status.ranks())},
       {"superseded", absl::StrCat(status.steps_superseded(),
-                                  " captured steps dropped for a newer one while commits lagged")},
-      {"refused", status.snapshots_refused() == 0
+                                  " captured steps dropped: a newer step committed first")},
+      {"skipped", status.snapshots_skipped() == 0
                       ? std::string("0 snapshots")
-                      : absl::StrCat(status.snapshots_refused(), " snapshots, the last: ",
-                                     status.last_refusal())},
+                      : absl::StrCat(status.snapshots_skipped(), " snapshots, the last: ",
+                                     status.last_skip())},
       {"journal", absl::StrCat("sequence ", status.journal_sequence())},
       {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
       {"durable", DescribeDurable(status.durable())},

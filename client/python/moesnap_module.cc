@@ -46,6 +46,25 @@ auto WithoutGil(Call call) {
   return call();
 }
 
+py::dict ReconfigurationDict(const moesnap::Reconfiguration& plan) {
+  py::list transfers;
+  for (const moesnap::Transfer& transfer : plan.transfers) {
+    py::dict row;
+    row["expert"] = transfer.expert;
+    row["from"] = transfer.from ? py::object(py::int_(*transfer.from)) : py::object(py::none());
+    row["to"] = transfer.to;
+    row["bytes"] = transfer.bytes;
+    transfers.append(row);
+  }
+  py::dict reconfiguration;
+  reconfiguration["survivors"] = plan.survivors;
+  reconfiguration["replicas"] = plan.replicas;
+  reconfiguration["placement"] = plan.placement;
+  reconfiguration["transfers"] = transfers;
+  reconfiguration["bytes_moved"] = plan.bytes_moved;
+  return reconfiguration;
+}
+
 moesnap::LogDirection ParseDirection(const std::string& direction) {
   if (direction == "forward") return moesnap::LogDirection::kForward;
   if (direction == "backward") return moesnap::LogDirection::kBackward;
@@ -86,22 +105,27 @@ class Error(Exception):
                                {static_cast<py::ssize_t>(buffer.size())}, {1});
       })
       .def_property_readonly("size", &moesnap::SharedBuffer::size)
+      .def_property_readonly("fd", &moesnap::SharedBuffer::fd)
       .def_property_readonly("address",
                              [](const moesnap::SharedBuffer& buffer) {
                                return reinterpret_cast<uintptr_t>(buffer.data());
                              });
 
   py::class_<moesnap::Client>(module, "Client", "A connection of one trainer rank to moesnapd.")
-      .def(py::init([](const std::string& socket_path, uint32_t rank, double call_timeout_s,
+      .def(py::init([](const std::optional<std::string>& socket_path,
+                       std::optional<uint32_t> rank, double call_timeout_s,
                        double wait_timeout_s) {
-             moesnap::ClientOptions options;
-             options.socket_path = socket_path;
-             options.rank = rank;
+             // Unset arguments come from the launcher's environment (MOESNAP_SOCKET, RANK,
+             // LOCAL_RANK), then the defaults.
+             moesnap::ClientOptions options = Value(moesnap::ClientOptions::FromEnvironment());
+             if (socket_path) options.socket_path = *socket_path;
+             if (rank) options.rank = *rank;
              options.call_timeout = std::chrono::milliseconds(static_cast<int64_t>(call_timeout_s * 1000));
              options.wait_timeout = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout_s * 1000));
              return Value(WithoutGil([&] { return moesnap::Client::Connect(options); }));
            }),
-           py::arg("socket_path"), py::arg("rank"), py::arg("call_timeout_s") = 30.0,
+           py::arg("socket_path") = std::nullopt, py::arg("rank") = std::nullopt,
+           py::arg("call_timeout_s") = 30.0,
            py::arg("wait_timeout_s") = 600.0)
       .def("allocate_host",
            [](const moesnap::Client& client, size_t bytes) { return Value(client.AllocateHost(bytes)); },
@@ -129,8 +153,8 @@ class Error(Exception):
           },
           py::arg("regions"),
           "Registers (name, memory handle, offset, bytes, dtype, shape) tuples in one call.")
-      .def("take_lost_steps",
-           [](moesnap::Client& client) { return client.TakeLostSteps(); })
+      .def("take_skipped_steps",
+           [](moesnap::Client& client) { return client.TakeSkippedSteps(); })
       .def(
           "register_host_region",
           [](moesnap::Client& client, const std::string& name,
@@ -170,6 +194,12 @@ class Error(Exception):
           },
           py::arg("step"))
       .def(
+          "commit",
+          [](moesnap::Client& client, int64_t step) {
+            Check(WithoutGil([&] { return client.Commit(step); }));
+          },
+          py::arg("step"))
+      .def(
           "wait_committed",
           [](moesnap::Client& client, int64_t step) {
             Check(WithoutGil([&] { return client.WaitCommitted(step); }));
@@ -190,6 +220,24 @@ class Error(Exception):
                                                                                 : "memory");
           },
           py::arg("step") = std::nullopt, py::arg("regions") = std::vector<std::string>{})
+      .def(
+          "restore_from",
+          [](moesnap::Client& client, uint32_t source_rank,
+             const std::vector<std::string>& regions) {
+            const moesnap::RestoreResult result =
+                Value(WithoutGil([&] { return client.RestoreFrom(source_rank, regions); }));
+            py::list restored;
+            for (const moesnap::RestoredRegion& region : result.regions) {
+              restored.append(py::make_tuple(region.name, region.step, region.bytes));
+            }
+            return py::make_tuple(result.step, restored,
+                                  result.source_node ? py::object(py::int_(*result.source_node))
+                                                     : py::object(py::none()),
+                                  result.decoded);
+          },
+          py::arg("source_rank"), py::arg("regions") = std::vector<std::string>{},
+          "Elastic restore: (step, [(region, step, bytes)], the node whose snapshot served it "
+          "or None on a single node, whether it was decoded from parity).")
       .def("latest_committed",
            [](moesnap::Client& client) {
              return Value(WithoutGil([&] { return client.LatestCommitted(); }));
@@ -341,22 +389,8 @@ class Error(Exception):
         result["recovery"] = recovery;
         result["reconfiguration"] = py::none();
         if (!failed.empty()) {
-          const moesnap::Reconfiguration plan =
-              Value(moesnap::Reconfigure(loads, options, overlap, failed));
-          py::list transfers;
-          for (const moesnap::Transfer& transfer : plan.transfers) {
-            py::dict row;
-            row["expert"] = transfer.expert;
-            row["from"] = transfer.from ? py::object(py::int_(*transfer.from)) : py::object(py::none());
-            row["to"] = transfer.to;
-            transfers.append(row);
-          }
-          py::dict reconfiguration;
-          reconfiguration["survivors"] = plan.survivors;
-          reconfiguration["replicas"] = plan.replicas;
-          reconfiguration["placement"] = plan.placement;
-          reconfiguration["transfers"] = transfers;
-          result["reconfiguration"] = reconfiguration;
+          result["reconfiguration"] =
+              ReconfigurationDict(Value(moesnap::Reconfigure(loads, options, overlap, failed)));
         }
         return result;
       },
@@ -365,4 +399,39 @@ class Error(Exception):
       "survivors ('from' None: from the snapshot cluster).",
       py::arg("loads"), py::arg("nodes"), py::arg("slots"), py::arg("min_replicas") = 1,
       py::arg("failed") = std::vector<int>{});
+
+  module.def(
+      "reconfigure",
+      [](const std::vector<double>& loads, int nodes, int slots, int min_replicas,
+         const moesnap::Placement& current, const std::vector<int>& failed,
+         const std::vector<uint64_t>& expert_bytes) {
+        const moesnap::PlanOptions options{nodes, slots, min_replicas};
+        return ReconfigurationDict(
+            Value(moesnap::Reconfigure(loads, options, current, failed, expert_bytes)));
+      },
+      "The reconfiguration of placement `current` (a list per node) once `failed` nodes are gone "
+      "(every node that is gone, earlier losses too): the allocation over the survivors, the new "
+      "placement and the transfers onto them ('from' None: no survivor holds the expert).",
+      py::arg("loads"), py::arg("nodes"), py::arg("slots"), py::arg("min_replicas"),
+      py::arg("current"), py::arg("failed"), py::arg("expert_bytes") = std::vector<uint64_t>{});
+
+  module.def(
+      "recovery_probabilities",
+      [](const moesnap::Placement& placement, int experts) {
+        py::list rows;
+        for (const moesnap::RecoveryProbability& row :
+             moesnap::RecoveryProbabilities(placement, experts)) {
+          py::dict converted;
+          converted["failed"] = row.failed;
+          converted["probability"] = row.probability;
+          converted["interval"] = py::make_tuple(row.low, row.high);
+          converted["exact"] = row.exact;
+          rows.append(converted);
+        }
+        return rows;
+      },
+      "For 0..N failed nodes of `placement` (experts per node), chosen uniformly: the probability "
+      "that every one of `experts` experts keeps a replica (exact over node subsets while they "
+      "are few, else sampled with a 95% interval).",
+      py::arg("placement"), py::arg("experts"));
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -64,7 +65,8 @@ struct Client::State {
   // Every registration, host regions naming their MemoryHandle in handle.memory.
   std::map<std::string, v1::RegionSpec> regions;
   std::map<int64_t, uint64_t> snapshot_sessions;  // step -> the session that captured it
-  std::vector<std::pair<int64_t, std::string>> lost_steps;
+  std::optional<int64_t> last_taken;               // the latest snapshot the daemon took
+  std::vector<std::pair<int64_t, std::string>> skipped_steps;
 
   void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
     context.set_deadline(std::chrono::system_clock::now() + timeout);
@@ -203,6 +205,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   state->options = options;
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(64 << 20);
+  // The daemon is a local socket that comes back within a second when restarted (an upgrade,
+  // systemd's restart): try it again soon, instead of gRPC's default backoff of up to two
+  // minutes, during which every call would fail without trying.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
                                              grpc::InsecureChannelCredentials(), arguments);
   state->stub = v1::Agent::NewStub(state->channel);
@@ -361,7 +369,12 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       return status;
     }
     std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!response.skipped().empty()) {
+      state_->skipped_steps.emplace_back(request.step(), response.skipped());
+      return uint64_t{0};
+    }
     state_->snapshot_sessions[request.step()] = session;
+    state_->last_taken = request.step();
     while (state_->snapshot_sessions.size() > kStepsRemembered) {
       state_->snapshot_sessions.erase(state_->snapshot_sessions.begin());
     }
@@ -391,12 +404,56 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
                                           " restarted before step ", step, " was ",
                                           until_committed ? "committed" : "captured");
   state_->snapshot_sessions.erase(it);
-  state_->lost_steps.emplace_back(step, reason);
+  state_->skipped_steps.emplace_back(step, reason);
   // The regions are free to change: nothing copies them any more. A commit will never come.
   return until_committed ? absl::AbortedError(reason) : absl::OkStatus();
 }
 
 absl::Status Client::WaitCaptured(int64_t step) { return Wait(step, false); }
+
+absl::Status Client::Commit(int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
+  std::chrono::milliseconds retry_pause(10);
+  while (true) {
+    std::optional<int64_t> taken;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      taken = state_->last_taken;
+    }
+    if (taken == step) {
+      absl::Status committed = WaitCommitted(step);
+      // Taken here but aborted by the cluster (another node skipped or lost it), or lost with a
+      // daemon that went away: take it again.
+      if (!absl::IsAborted(committed) && !absl::IsUnavailable(committed)) return committed;
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (state_->last_taken == step) state_->last_taken.reset();
+      taken.reset();
+    }
+    // Committed already: this process restored `step` and took nothing after it.
+    if (absl::StatusOr<std::optional<int64_t>> latest = LatestCommitted();
+        latest.ok() && *latest == step) {
+      return absl::OkStatus();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", step, " of rank ", state_->options.rank, " could not be snapshotted within ",
+          state_->options.wait_timeout.count(), " ms (see TakeSkippedSteps for why)"));
+    }
+    // Earlier steps settle (committed, superseded or aborted) before the step is taken again.
+    if (taken) (void)WaitCommitted(*taken);
+    absl::StatusOr<uint64_t> snapshot = Snapshot(step);
+    // The daemon restarting: it will be back (the deadline bounds how long this waits for it).
+    if (!snapshot.ok() && !absl::IsUnavailable(snapshot.status())) return snapshot.status();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!snapshot.ok() || state_->last_taken == taken) {
+      // Skipped again with nothing of the rank in flight: the pool is short of room until the
+      // cluster commits (or an operator frees some), or the daemon is not back yet. Ask again
+      // a little later.
+      std::this_thread::sleep_for(retry_pause);
+      retry_pause = std::min(retry_pause * 2, std::chrono::milliseconds(1000));
+    }
+  }
+}
 
 absl::Status Client::WaitCommitted(int64_t step) { return Wait(step, true); }
 
@@ -434,6 +491,8 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
     }
     result.tier =
         response.tier() == v1::TIER_DURABLE ? RestoreTier::kDurable : RestoreTier::kMemory;
+    if (response.has_source_node()) result.source_node = response.source_node();
+    result.decoded = response.decoded();
     return result;
   });
 }
@@ -528,9 +587,9 @@ absl::Status Client::Reconnect() {
   return state_->ReconnectLocked();
 }
 
-std::vector<std::pair<int64_t, std::string>> Client::TakeLostSteps() {
+std::vector<std::pair<int64_t, std::string>> Client::TakeSkippedSteps() {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return std::exchange(state_->lost_steps, {});
+  return std::exchange(state_->skipped_steps, {});
 }
 
 uint32_t Client::rank() const { return state_->options.rank; }

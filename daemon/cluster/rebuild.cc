@@ -246,17 +246,17 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   const absl::Time started = absl::Now();
   // The group's record of its latest committed step, from the members that hold it.
   std::optional<v1::JournalCluster> record;
-  // The members that lost the target step: this node, and those that answer that they rebuild
-  // and hold an older step or none. A member that holds an older step without rebuilding is only
-  // applying the decision late.
+  // The members that lost the target step: this node, those that hold no committed step (fresh
+  // memory, or a step loaded from the durable tier), and those that rebuild and hold an older one.
+  // A member that holds an older step without rebuilding is only applying the decision late.
   std::vector<uint32_t> lost = {self};
   for (uint32_t id : topology.groups[topology.group]) {
     if (id == self) continue;
     absl::StatusOr<v1::GroupStateResponse> response = context_.peers->GroupState(id);
     if (!response.ok()) continue;
     const v1::JournalCluster& held = response->cluster();
-    if (target && response->rebuilding() &&
-        (!held.has_committed_step() || held.committed_step() < *target)) {
+    if (target && (!held.has_committed_step() ||
+                   (response->rebuilding() && held.committed_step() < *target))) {
       lost.push_back(id);
     }
     if (response->rebuilding() || !held.has_committed_step()) continue;

@@ -69,6 +69,7 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
   const erasure::StripeLayout& layout = context_.layout();
   // This node's own committed state first; NOT_FOUND means the rank ran elsewhere.
   absl::StatusOr<v1::RestoreResponse> local = store_->RestoreFromRank(rank, source_rank, names);
+  if (local.ok()) local->set_source_node(context_.node_id());
   if (!absl::IsNotFound(local.status())) return local;
   // Which node holds the rank: any live node of its group knows.
   const std::vector<uint32_t> nodes = context_.nodes->LiveIds();
@@ -168,6 +169,8 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
   }
   v1::RestoreResponse response;
   response.set_step(step);
+  response.set_source_node(found->node_id());
+  response.set_decoded(!holder_live);
   for (Wanted& region : wanted) {
     const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
     if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes);

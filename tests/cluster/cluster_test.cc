@@ -180,9 +180,12 @@ class ClusterTest : public ::testing::Test {
           TrainerArguments(*daemons_[node], node, "train", steps)));
     }
     for (int node = 0; node < nodes_; ++node) {
-      std::string last;
-      while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) last = *line;
-      EXPECT_EQ(last, absl::StrCat("done ", steps)) << "trainer of node " << node;
+      std::string last, output;
+      while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) {
+        last = *line;
+        absl::StrAppend(&output, *line, "\n");
+      }
+      EXPECT_EQ(last, absl::StrCat("done ", steps)) << "trainer of node " << node << ":\n" << output;
       EXPECT_EQ(trainers[node]->Wait(10s), 0) << "trainer of node " << node;
     }
   }
@@ -319,12 +322,14 @@ TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
     // Each node holds its own data whole and parity for the group: m/n of the stripes.
     EXPECT_EQ(status.nodes(node).memory().data_bytes(), (4 + node) * 200000u) << "node " << node;
   }
-  // Step 1 encodes whole; steps 2-6 keep the layout, so only changed units' deltas are sent (and
-  // the restores below check that parity built from deltas decodes right).
+  // Step 1 encodes whole; later steps keep the layout, so only changed units' deltas are sent (and
+  // the restores below check that parity built from deltas decodes right). Steps the trainers
+  // took while a commit ran are skipped, so not every step is encoded.
   for (int node = 0; node < nodes_; ++node) {
     const v1::ClusterStatusResponse status = Status(node);
     EXPECT_EQ(status.full_encodes(), 1u) << "node " << node;
-    EXPECT_EQ(status.delta_encodes(), 5u) << "node " << node;
+    EXPECT_GE(status.delta_encodes(), 1u) << "node " << node;
+    EXPECT_LE(status.delta_encodes(), 5u) << "node " << node;
   }
   uint64_t parity = 0;
   const v1::ClusterStatusResponse status = Status(0);
@@ -498,7 +503,8 @@ TEST_F(ClusterTest, CtlShowsTheClusterAndRepairsCorruptDataAndParityFromTheGroup
 // Elastic restore after losing two nodes: the planner moves the lost nodes' experts (every region a
 // rank snapshotted is an expert held once, on its rank's node) onto the survivors; each moved expert
 // is restored into a new rank on its new node, decoded from the group's parity since its holder is
-// gone, and a region of a live rank is fetched from its holder. Every byte is compared.
+// gone, and a region of a live rank is fetched from its holder; each answer says which. Every byte
+// is compared.
 TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   TrainAll(5);  // step 5 captures every region, so each holds the bytes of (rank, region, 5)
   struct Expert {
@@ -531,6 +537,9 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
     ASSERT_TRUE(restored.ok()) << "rank " << expert.rank << " " << name << " onto node " << node
                                << ": " << restored.status();
     EXPECT_EQ(restored->step, 5);
+    // Rank r ran on node r; the lost nodes' regions were decoded, a live node's fetched.
+    EXPECT_EQ(restored->source_node, expert.rank);
+    EXPECT_EQ(restored->decoded, expert.rank == 1 || expert.rank == 4) << "rank " << expert.rank;
     std::vector<uint8_t> expected(200000);
     testing::DeterministicBytes(uint64_t{expert.rank} << 48 ^ uint64_t(expert.region) << 32 ^ 5)
         .Fill(expected.data(), expected.size());

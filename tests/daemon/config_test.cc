@@ -17,6 +17,7 @@ TEST(ConfigTest, EmptyFileTakesEveryDefault) {
   EXPECT_EQ(options->agent_socket, "/run/moesnap/agent.sock");
   EXPECT_EQ(options->pool.bytes, uint64_t{8} << 30);
   EXPECT_EQ(options->capture.chunk_bytes, uint64_t{4} << 20);
+  EXPECT_EQ(options->capture.max_in_flight_steps, 0);
   EXPECT_EQ(options->pool.lock, PoolLockMode::kAuto);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{1} << 30);
 }
@@ -40,6 +41,7 @@ journal_bytes = 1048576
 [capture]
 threads = 4
 chunk_bytes = "1 MiB"
+max_in_flight_steps = 3
 [upstream_log]
 max_bytes = "256MiB"
 [http]
@@ -64,6 +66,7 @@ format = "json"
   EXPECT_EQ(options->pool.journal_bytes, 1048576u);
   EXPECT_EQ(options->capture.threads, 4);
   EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
+  EXPECT_EQ(options->capture.max_in_flight_steps, 3);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
   EXPECT_EQ(options->durable.directory, "/var/lib/moesnap/durable");
   EXPECT_EQ(options->durable.every_steps, 100u);

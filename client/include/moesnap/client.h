@@ -91,6 +91,10 @@ struct RestoreResult {
   int64_t step = 0;  // the committed step restored
   std::vector<RestoredRegion> regions;
   RestoreTier tier = RestoreTier::kMemory;
+  // RestoreFrom in a cluster: the node whose snapshot served it, and whether that node was lost
+  // (its regions decoded from its group's parity).
+  std::optional<uint32_t> source_node;
+  bool decoded = false;
 };
 
 // A sparse step's place in its window: window j of W steps holds steps j*W+1 .. j*W+W, slot i being
@@ -138,7 +142,7 @@ struct LoggedMessage {
 // once the daemon is back (at that call or a later one), hands its memory over again and registers
 // every region again, then carries on; calls made while it is down fail with UNAVAILABLE. A step
 // whose capture was lost with the daemon counts as captured (its regions may change) and is
-// reported by TakeLostSteps(). The restarted daemon still holds every committed step.
+// reported by TakeSkippedSteps(). The restarted daemon still holds every committed step.
 class Client {
  public:
   // Connects and starts a session for `options.rank` (forgetting regions an earlier process of the
@@ -166,7 +170,8 @@ class Client {
   absl::Status RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory);
 
   // Starts the capture of `regions` (every registered region when empty) at `step` and returns the
-  // bytes the daemon will copy. Returns as soon as the copies are queued.
+  // bytes the daemon will copy. Returns as soon as the copies are queued. A step the daemon skips
+  // (TakeSkippedSteps says why) copies 0 bytes and is not an error: training goes on.
   absl::StatusOr<uint64_t> Snapshot(int64_t step, const std::vector<std::string>& regions = {});
   // The same for a sparse step, slot `slot` of its window.
   absl::StatusOr<uint64_t> SnapshotSparse(int64_t step, const std::vector<std::string>& regions,
@@ -177,6 +182,11 @@ class Client {
   absl::Status WaitCaptured(int64_t step);
   // Blocks until `step` is committed (restorable after a crash).
   absl::Status WaitCommitted(int64_t step);
+  // Makes the regions' present state, snapshotted as `step` (the latest), committed: when the
+  // daemon skipped `step` or the cluster aborted it, waits for the rank's earlier steps to settle
+  // and snapshots every region as `step` again, until it commits or wait_timeout runs out. For the
+  // end of training or a planned stop.
+  absl::Status Commit(int64_t step);
 
   // Writes the latest committed state (or `step`, which must be the latest) into the registered
   // regions (all when `regions` is empty), checking every chunk's checksum. When memory no longer
@@ -208,9 +218,10 @@ class Client {
   // gone.
   absl::Status Reconnect();
 
-  // Steps this client snapshotted whose capture was lost with a daemon that went away, each with
-  // the reason; cleared by the call.
-  std::vector<std::pair<int64_t, std::string>> TakeLostSteps();
+  // Steps this client asked to snapshot that were not: skipped by the daemon (earlier steps still
+  // waiting for their commit, or no room in its pool) or lost with a daemon that went away; each
+  // with the reason. Cleared by the call.
+  std::vector<std::pair<int64_t, std::string>> TakeSkippedSteps();
 
   uint32_t rank() const;
   uint32_t node_id() const;

@@ -7,12 +7,13 @@ state as the trainer registered it, grouped by the name it registered it under::
     model.load_state_dict(state["model"])           # client.register_module("model", model)
     optimizer.load_state_dict(state["optim"])       # client.register_optimizer("optim", optimizer)
 
-A region named ``"<name>.<key>"`` lands in ``state[name][key]``. An optimizer's regions
-``"<name>.state.<index>.<key>"`` become ``state[name]["state"][index][key]``, and its
-``"<name>.param_groups"`` region, when the trainer registered one, ``state[name]["param_groups"]``.
-Non-tensor state (``register_state``: pickled objects) comes back as the pickle's bytes, or
-unpickled with ``allow_pickle=True`` (only for files you trust: unpickling runs code). Region
-aliases of sparse snapshots (names with ``@``) are left out.
+A region named ``"<name>.<key>"`` lands in ``state[name][key]``. Non-tensor state
+(``register_state``: pickled objects) comes back as the pickle's bytes, or unpickled with
+``allow_pickle=True`` (only for files you trust: unpickling runs code). An optimizer comes back,
+with ``allow_pickle=True``, as exactly its ``optimizer.state_dict()`` (``param_groups`` and
+non-tensor state are in its pickled ``"<name>.state_dict"`` region); without, as its state tensors
+by parameter, ``state[name]["state"][<parameter region>][key]``, beside the pickle's bytes in
+``state[name]["state_dict"]``. Region aliases of sparse snapshots (names with ``@``) are left out.
 
 The files are read as untrusted input: every header is bounded and checked against its file before
 any tensor is built.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import json
 import mmap
 import pickle
-import re
 import struct
 from pathlib import Path
 from typing import Any, Dict, Tuple, Union
@@ -41,7 +41,6 @@ _TORCH_DTYPES = {
 }
 _ELEMENT_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "F16": 2, "BF16": 2,
                   "F32": 4, "F64": 8}
-_OPTIMIZER_STATE = re.compile(r"state\.(\d+)\.([^.]+)")
 
 
 def _read_safetensors(path: Path) -> Dict[str, Union[torch.Tensor, bytes]]:
@@ -122,19 +121,40 @@ def _group(regions: Dict[str, Any]) -> Dict[str, Any]:
         else:
             state[name] = value
     for prefix, entries in prefixes.items():
-        optimizer_keys = [key for key in entries if key != "param_groups"]
-        if optimizer_keys and all(_OPTIMIZER_STATE.fullmatch(key) for key in optimizer_keys):
-            optimizer: Dict[str, Any] = {"state": {}}
-            for key, value in entries.items():
-                if key == "param_groups":
-                    optimizer["param_groups"] = value
-                    continue
-                index, field = _OPTIMIZER_STATE.fullmatch(key).groups()
-                optimizer["state"].setdefault(int(index), {})[field] = value
-            state[prefix] = optimizer
+        if "state_dict" in entries and \
+                all(key == "state_dict" or key.startswith("state.") for key in entries):
+            state[prefix] = _optimizer(prefix, entries)
         else:
             state[prefix] = dict(sorted(entries.items()))
     return state
+
+
+def _optimizer(prefix: str, entries: Dict[str, Any]) -> Dict[str, Any]:
+    """An optimizer's regions as its state dict (see the module)."""
+    manifest = entries["state_dict"]
+    if isinstance(manifest, bytes):  # not unpickled: the tensors by parameter, the pickle as is
+        by_parameter: Dict[str, Dict[str, Any]] = {}
+        for key, value in entries.items():
+            if key != "state_dict":
+                parameter, _, field = key[len("state."):].rpartition(".")
+                by_parameter.setdefault(parameter, {})[field] = value
+        return {"state": by_parameter, "state_dict": manifest}
+    from .torch_helpers import _TensorRef  # pylint: disable=import-outside-toplevel
+    state: Dict[int, Dict[str, Any]] = {}
+    for index, fields in manifest["state"].items():
+        state[index] = {}
+        for field, value in fields.items():
+            if isinstance(value, _TensorRef):
+                key = f"state.{manifest['parameters'][index]}.{field}"
+                if key in entries:
+                    value = entries[key]
+                elif all(value.shape):  # a tensor with elements has a region
+                    raise Error("DATA_LOSS", f"optimizer '{prefix}' names state '{prefix}.{key}', "
+                                             f"which the export does not hold")
+                else:
+                    value = torch.empty(value.shape, dtype=value.dtype)
+            state[index][field] = value
+    return {"state": state, "param_groups": manifest["param_groups"]}
 
 
 def load(directory: Union[str, Path], rank: int = 0, *, allow_pickle: bool = False) -> Dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .torch_helpers import Client, Error
+from .torch_helpers import Client, Error, initialize_optimizer_state
 
 
 class SparseSnapshots:
@@ -48,9 +48,10 @@ class SparseSnapshots:
         self._client = client
         self._optimizer = optimizer
         parameter_names = {id(p): f"{model_name}.{key}" for key, p in model.named_parameters()}
+        # Every operator's state is named up front, so it must exist before the first step.
+        initialize_optimizer_state(optimizer)
         ordered = [p for group in optimizer.param_groups for p in group["params"]]
-        state_names = {id(p): [f"{optimizer_name}.state.{i}.{key}" for key in optimizer.state[p]]
-                       for i, p in enumerate(ordered)}
+        state_names = {id(p): client.optimizer_state_regions(optimizer_name, p) for p in ordered}
         owner: Dict[int, str] = {}
         # operator -> (slot, parameters, weight regions, full-state regions)
         self._operators: List[Tuple[str, int, List[torch.nn.Parameter], List[str], List[str]]] = []

@@ -1,12 +1,42 @@
-"""PyTorch on top of libmoesnap: tensors moved into memory the daemon shares, optimizer state,
-and non-tensor state (RNG, data-loader position) serialized into host regions at each snapshot."""
+"""PyTorch on top of libmoesnap: a rank's training state, exactly as ``torch.save`` of its state
+dicts would keep it, snapshotted into the node's moesnapd and restored after a crash.
+
+How each kind of state reaches the daemon, and why:
+
+* Parameters (and other tensors registered whole) are shared in place: their storage moves into
+  shared memory (as ``Tensor.share_memory_()`` does) and the daemon reads it by file descriptor. A
+  storage is shared once, whatever number of tensors view it, so flat buffers and their views
+  (FSDP flat parameters, fused optimizers' buffers) and tied weights keep working. Registering N
+  tensors of B bytes costs O(B + N): each storage is copied into shared memory once and the
+  regions are registered in one call. Parameters change only in the optimizer step, so the
+  daemon may copy them while the next forward and backward run.
+* Module buffers change in ``forward`` (running statistics, token or load counters), so they are
+  staged: ``snapshot(step)`` copies each buffer into shared memory the daemon copies from, and
+  ``restore`` copies them back. Buffers are small; one staging copy per step costs little and
+  is the only way to capture them as of the step without pausing the next forward.
+* Optimizer state is ``optimizer.state_dict()`` whole: ``param_groups`` (lr, betas, weight decay,
+  momentum...) and non-tensor per-parameter state are pickled into a region at every snapshot,
+  beside a manifest naming every state tensor; state tensors are shared in place as regions
+  ``<optimizer>.state.<parameter>.<key>`` (small ones, such as Adam's ``step``, staged). State an
+  optimizer creates lazily at its first ``step()`` is registered at the first snapshot after it
+  appears, and a fresh process restoring creates it from the manifest, so any optimizer works.
+* Anything with ``state_dict()``/``load_state_dict()`` (a scheduler, a sampler, RNG) is pickled
+  into a region of its own at every snapshot.
+
+A failure of the snapshot system (the daemon gone or restarting, commits lagging, a full pool)
+never raises from ``snapshot``/``wait_captured``: the step is skipped, ``skipped_steps`` says
+why, and training goes on.
+"""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import random
+import resource
 import struct
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Protocol, Tuple
 
 import numpy
 import torch
@@ -14,35 +44,66 @@ import torch
 from . import _moesnap
 from ._moesnap import Error
 
-_ALIGNMENT = 64  # bytes between tensors in a shared buffer: SIMD copies and CRCs stay aligned
+_log = logging.getLogger("moesnap")
+
+_ALIGNMENT = 64  # bytes between staged tensors in a buffer: SIMD copies and CRCs stay aligned
 _LENGTH_PREFIX = struct.Struct("<Q")
+# Optimizer state tensors smaller than a page are staged rather than shared: a shared storage
+# costs a file, a descriptor and a mapping on both sides, which for Adam's scalar `step` per
+# parameter would double the mappings of a large model for 4 bytes each.
+_STAGE_BELOW_BYTES = 4096
+# Pickled state is copied whole at every snapshot, so its regions are small unless asked: enough
+# for a scheduler, a sampler's position or the random generators (about 12 KiB).
+_STATE_CAPACITY = 64 << 10
+# An optimizer's pickled state dict grows with its parameters (each one's index and name).
+_OPTIMIZER_CAPACITY_PER_PARAMETER = 512
+# What a failure of the snapshot system looks like from the trainer: the step is skipped, never
+# raised. Other codes (a region unknown, a tensor reallocated) are misuse and raise.
+_SYSTEM_FAILURES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED",
+                              "DATA_LOSS", "INTERNAL", "UNKNOWN", "CANCELLED"})
 
 
 class StateProvider(Protocol):
-    """Anything with ``state_dict()`` and ``load_state_dict(state)``: a loss scaler, a sampler."""
+    """Anything with ``state_dict()`` and ``load_state_dict(state)`` (PyTorch's ``Stateful``):
+    an LR scheduler, a sampler, a loss scaler."""
 
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> None: ...
 
 
+class RestoredFrom(NamedTuple):
+    """What ``Client.restore_from`` restored: the committed step, the node whose snapshot served
+    it (None on a daemon without a cluster) and whether that node was lost, so that its regions
+    were decoded from its group's parity."""
+    step: int
+    node: Optional[int]
+    decoded: bool
+
+
 class RandomState:
-    """The Python, NumPy and PyTorch CPU random generators as one state provider."""
+    """The Python, NumPy, PyTorch CPU and (once CUDA is in use) every CUDA device's random
+    generators, as one state provider."""
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"python": random.getstate(), "numpy": numpy.random.get_state(),
-                "torch": torch.get_rng_state()}
+        state = {"python": random.getstate(), "numpy": numpy.random.get_state(),
+                 "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         random.setstate(state["python"])
         numpy.random.set_state(state["numpy"])
         torch.set_rng_state(state["torch"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def initialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Creates Adam/AdamW state now, as their first ``step()`` would, so it can be registered
-    before training starts. The values are exactly those of the lazy initialization (zero moments,
-    step 0), so a run that calls this trains bit-identically to one that does not."""
+    """Creates Adam/AdamW state now, as their first ``step()`` would (zero moments, step 0), so
+    that it exists before training starts. Only sparse snapshots need this (they name every
+    operator's state up front); dense snapshots register state whenever the optimizer creates it."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise TypeError(f"initialize_optimizer_state knows Adam and AdamW, not "
                         f"{type(optimizer).__name__}: run one optimizer step before registering")
@@ -59,155 +120,392 @@ def initialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                                                            memory_format=torch.preserve_format)
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _untyped_storage(tensor: torch.Tensor):
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage()
+    return tensor.storage()._storage  # torch 1.x: TypedStorage wraps the untyped storage
+
+
+def _compatible(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+
+
+@dataclass(frozen=True)
+class _TensorRef:
+    """A state tensor in an optimizer's pickled manifest: how to create it in a process whose
+    optimizer has not made it yet (its bytes are in region ``<optimizer>.state.<parameter>.<key>``,
+    the parameter named by the manifest's ``parameters``)."""
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    device: str
+
+
+@dataclass
+class _Region:
+    """A registered region. `tensor` is the memory the daemon copies: the live tensor when shared
+    in place, a staging view when staged (`live` then finds the live tensor)."""
+    name: str
+    tensor: torch.Tensor
+    address: int
+    live: Optional[Callable[[], torch.Tensor]] = None  # staged regions only
+    memory: Optional[Tuple[int, int]] = None  # (memory handle, offset) of host regions
+    base: Optional[str] = None  # an alias: the region whose bytes it names
+
+
+class _OptimizerRegistration:
+    def __init__(self, name: str, optimizer: torch.optim.Optimizer, fqns: List[str]) -> None:
+        self.name = name
+        self.optimizer = optimizer
+        self.fqns = fqns  # parameter index in state_dict order -> its region name
+
+    def parameters(self) -> List[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def region(self, index: int, key: Any) -> str:
+        return f"{self.name}.state.{self.fqns[index]}.{key}"
+
+    @property
+    def manifest_region(self) -> str:
+        return f"{self.name}.state_dict"
+
+
 class Client:
     """One trainer rank's connection to its node's moesnapd.
 
-    Register everything first (modules, optimizers, other state), then per step: ``snapshot(step)``
-    right after ``optimizer.step()`` and ``wait_captured()`` before the next ``optimizer.step()``.
-    Not thread-safe: use it from the training thread.
+    ``socket_path`` defaults to ``MOESNAP_SOCKET`` (else the daemon's default socket) and ``rank``
+    to ``RANK`` (else ``LOCAL_RANK``, else 0), as torchrun and Slurm set them. Register everything
+    first (``register`` takes modules, optimizers, tensors and anything with ``state_dict()``),
+    then per step: ``snapshot(step)`` right after ``optimizer.step()`` and ``wait_captured()``
+    before the next ``optimizer.step()``; ``commit(last_step)`` at the end. Not thread-safe: use
+    it from the training thread.
     """
 
-    def __init__(self, socket_path: str, rank: int, *, call_timeout_s: float = 30.0,
-                 wait_timeout_s: float = 600.0) -> None:
+    def __init__(self, socket_path: Optional[str] = None, rank: Optional[int] = None, *,
+                 call_timeout_s: float = 30.0, wait_timeout_s: float = 600.0) -> None:
+        _raise_open_file_limit()
         self._native = _moesnap.Client(socket_path, rank, call_timeout_s, wait_timeout_s)
-        self._tensors: Dict[str, Tuple[torch.Tensor, int, int]] = {}  # name -> (tensor, address, bytes)
-        # name -> (buffer, offset) of host tensors, so that aliases can name the same bytes
-        self._host_places: Dict[str, Tuple[_moesnap.SharedBuffer, int]] = {}
+        self._regions: Dict[str, _Region] = {}
+        self._registrations: Dict[str, List[str]] = {}  # registration name -> its regions
+        # id(tensor) -> (its region name, the tensor, kept alive so that its id stays its own):
+        # tied weights register once, and optimizers name their state by it
+        self._registered_tensors: Dict[int, Tuple[str, torch.Tensor]] = {}
+        self._memory: Dict[int, Tuple[Any, int]] = {}  # storage address -> (storage, handle)
+        self._buffers: List[_moesnap.SharedBuffer] = []  # staging memory stays mapped
         self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
-        self._buffers: List[_moesnap.SharedBuffer] = []  # keep shared memory mapped
+        self._optimizers: List[_OptimizerRegistration] = []
         self._last_snapshot: Optional[int] = None
+        self._captured_through: Optional[int] = None
         self._restore_tier: Optional[str] = None
+        self.skipped_steps: List[Tuple[int, str]] = []
 
     # Registration -------------------------------------------------------------------------------
 
-    def register_module(self, name: str, module: torch.nn.Module) -> None:
-        """Registers every parameter and buffer of ``module`` as a region named ``name.<key>``
-        (its state-dict key). CPU storage moves into shared memory in place: the module keeps its
-        Parameter objects, and optimizers holding them keep working. CUDA tensors stay where they
-        are and are shared with the daemon by CUDA IPC."""
-        self._register_tensors((f"{name}.{key}", tensor)
-                               for key, tensor in module.state_dict(keep_vars=True).items())
+    def register(self, name: str, obj: Any, **options: Any) -> None:
+        """Registers ``obj`` under ``name``: a module, an optimizer, a tensor, or anything with
+        ``state_dict()`` and ``load_state_dict()`` (an LR scheduler, a sampler,
+        ``moesnap.RandomState()``)."""
+        if isinstance(obj, torch.nn.Module):
+            self.register_module(name, obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            self.register_optimizer(name, obj, **options)
+        elif isinstance(obj, torch.Tensor):
+            self.register_tensor(name, obj)
+        else:
+            self.register_state(name, obj, **options)
 
-    def register_optimizer(self, name: str, optimizer: torch.optim.Optimizer) -> None:
-        """Registers the optimizer's state tensors as regions ``name.state.<index>.<key>``. Adam
-        and AdamW state is created first if the optimizer has not stepped yet."""
-        if not optimizer.state:
-            initialize_optimizer_state(optimizer)
-        index = 0
-        tensors = []
-        for group in optimizer.param_groups:
-            for parameter in group["params"]:
-                for key, value in optimizer.state[parameter].items():
-                    if not isinstance(value, torch.Tensor):
-                        raise Error("INVALID_ARGUMENT",
-                                    f"optimizer state '{name}.state.{index}.{key}' is a "
-                                    f"{type(value).__name__}, not a tensor")
-                    tensors.append((f"{name}.state.{index}.{key}", value))
-                index += 1
-        self._register_tensors(tensors)
+    def register_module(self, name: str, module: torch.nn.Module) -> None:
+        """Registers every entry of ``module.state_dict()`` as a region ``name.<key>``: parameters
+        shared in place (the module keeps its Parameter objects and every view of their storage),
+        persistent buffers staged at each snapshot. Register modules before their optimizers."""
+        self._check_registration_open(name)
+        parameters = {id(p) for p in module.parameters()}
+        shared, staged = [], []
+        for key, tensor in module.state_dict(keep_vars=True).items():
+            if id(tensor) in parameters:
+                shared.append((f"{name}.{key}", tensor))
+            else:
+                staged.append((f"{name}.{key}", tensor, _buffer_getter(module, key)))
+        regions = self._share(shared, internal=False) + self._stage(staged)
+        self._registrations[name] = regions
+
+    def register_optimizer(self, name: str, optimizer: torch.optim.Optimizer,
+                           capacity: Optional[int] = None) -> None:
+        """Registers everything ``optimizer.state_dict()`` holds: state tensors as regions
+        ``name.state.<parameter region>.<key>`` (registered as the optimizer creates them), and
+        ``param_groups`` and non-tensor state pickled into ``name.state_dict`` (``capacity``
+        bytes, by default 64 KiB + 512 bytes per parameter) at each snapshot. Every parameter
+        must belong to a module or tensor registered before, which names it."""
+        self._check_registration_open(name)
+        fqns = []
+        for index, parameter in enumerate(p for g in optimizer.param_groups for p in g["params"]):
+            if id(parameter) not in self._registered_tensors:
+                raise Error("INVALID_ARGUMENT",
+                            f"parameter {index} of optimizer '{name}' (shape "
+                            f"{list(parameter.shape)}) is in no registered module or tensor: "
+                            f"register its module first")
+            fqns.append(self._registered_tensors[id(parameter)][0])
+        registration = _OptimizerRegistration(name, optimizer, fqns)
+        if capacity is None:
+            capacity = _STATE_CAPACITY + _OPTIMIZER_CAPACITY_PER_PARAMETER * len(fqns)
+        self.register_state(registration.manifest_region, _OptimizerManifest(self, registration),
+                            capacity)
+        self._optimizers.append(registration)
+        self._registrations[name] = [registration.manifest_region] + \
+            self._adopt_optimizer_state(registration)
 
     def register_tensor(self, name: str, tensor: torch.Tensor) -> None:
-        """Registers one tensor as region ``name`` (moved into shared memory in place)."""
-        self._register_tensors([(name, tensor)])
+        """Registers one tensor as region ``name``, shared in place: change it in place only, and
+        only between ``wait_captured()`` and the next ``snapshot()``."""
+        self._check_registration_open(name)
+        self._registrations[name] = self._share([(name, tensor)], internal=False)
 
     def register_alias(self, name: str, alias: str) -> None:
-        """Registers ``alias`` as a second region over the bytes of host tensor region ``name``.
-        The store keeps each region's own latest version, so snapshotting a tensor under several
+        """Registers ``alias`` as a second region over the bytes of host region ``name``. The
+        store keeps each region's own latest version, so snapshotting a tensor under several
         aliases at different steps keeps each of those versions (sparse snapshots use this)."""
         self._check_registration_open(alias)
-        if name not in self._host_places:
+        region = self._regions.get(name)
+        if region is None or region.memory is None:
             raise Error("NOT_FOUND", f"'{name}' is not a registered host tensor region")
-        tensor, _, nbytes = self._tensors[name]
-        buffer, offset = self._host_places[name]
-        self._native.register_host_region(alias, buffer, offset, max(nbytes, 1),
-                                          str(tensor.dtype), list(tensor.shape))
-        self._tensors[alias] = self._tensors[name]
-        self._host_places[alias] = (buffer, offset)
+        tensor = region.tensor
+        self._native.register_host_regions([(alias, region.memory[0], region.memory[1],
+                                             max(_nbytes(tensor), 1), str(tensor.dtype),
+                                             list(tensor.shape))])
+        self._regions[alias] = _Region(alias, tensor, region.address, memory=region.memory,
+                                       base=region.base or name)
+        self._registrations[alias] = [alias]
 
-    def register_state(self, name: str, provider: StateProvider, capacity: int = 1 << 20) -> None:
-        """Registers non-tensor state: ``provider.state_dict()`` is pickled into a host region of
-        ``capacity`` bytes at every snapshot, and handed back to ``load_state_dict`` on restore."""
+    def register_state(self, name: str, provider: StateProvider,
+                       capacity: int = _STATE_CAPACITY) -> None:
+        """Registers non-tensor state: ``provider.state_dict()`` is pickled into a region of
+        ``capacity`` bytes at every snapshot and handed to ``load_state_dict`` on restore. The
+        region is copied whole at each snapshot: give a capacity fitting the state's growth."""
         self._check_registration_open(name)
+        for method in ("state_dict", "load_state_dict"):
+            if not callable(getattr(provider, method, None)):
+                raise Error("INVALID_ARGUMENT",
+                            f"'{name}' is a {type(provider).__name__}, which has no {method}(): "
+                            f"register modules, optimizers, tensors, or objects with "
+                            f"state_dict() and load_state_dict()")
+        size = len(pickle.dumps(provider.state_dict(), protocol=pickle.HIGHEST_PROTOCOL))
+        if size > capacity:
+            raise Error("RESOURCE_EXHAUSTED",
+                        f"state '{name}' pickles to {size} bytes but its region would hold "
+                        f"{capacity}: register it with a larger capacity")
         buffer = self._native.allocate_host(capacity + _LENGTH_PREFIX.size)
-        self._native.register_host_region(name, buffer, 0, buffer.size, "pickle", [])
+        (handle,) = self._native.share_memory([buffer.fd])
+        self._native.register_host_regions([(name, handle, 0, buffer.size, "pickle", [])])
         self._buffers.append(buffer)
         self._states[name] = (provider, memoryview(buffer).cast("B"))
+        self._registrations[name] = [name]
+
+    def regions_of(self, registration: str) -> List[str]:
+        """The regions that the ``register_*`` call named ``registration`` created (so far, for an
+        optimizer): the names to give ``snapshot``, ``restore`` or ``restore_from``."""
+        if registration not in self._registrations:
+            raise Error("NOT_FOUND", f"nothing was registered as '{registration}'")
+        return list(self._registrations[registration])
+
+    def optimizer_state_regions(self, optimizer_name: str, parameter: torch.Tensor) -> List[str]:
+        """The regions of ``parameter``'s state in the optimizer registered as
+        ``optimizer_name`` (registering state the optimizer created since the last snapshot)."""
+        for registration in self._optimizers:
+            if registration.name != optimizer_name:
+                continue
+            self._adopt_optimizer_state(registration)
+            for index, candidate in enumerate(registration.parameters()):
+                if candidate is parameter:
+                    return [registration.region(index, key)
+                            for key, value in registration.optimizer.state[parameter].items()
+                            if registration.region(index, key) in self._regions]
+        raise Error("NOT_FOUND", f"no optimizer registered as '{optimizer_name}' holds that "
+                                 f"parameter")
 
     def _check_registration_open(self, name: str) -> None:
         if self._last_snapshot is not None:
             raise Error("FAILED_PRECONDITION",
                         f"cannot register '{name}' after snapshots started (last step "
                         f"{self._last_snapshot}): register every tensor and state first")
-        if name in self._tensors or name in self._states:
+        if name in self._regions or name in self._registrations:
             raise Error("ALREADY_EXISTS", f"region '{name}' is already registered")
 
-    def _register_tensors(self, named: Iterable[Tuple[str, torch.Tensor]]) -> None:
-        unique: List[Tuple[str, torch.Tensor]] = []
-        seen = set()
+    def _share(self, named: Iterable[Tuple[str, torch.Tensor]], internal: bool) -> List[str]:
+        """Registers tensors shared in place: CPU storages move into shared memory (each once)
+        and are handed to the daemon in one call; CUDA tensors are shared by IPC. Zero-size
+        tensors hold no bytes and are skipped. Returns the region names registered."""
+        host: List[Tuple[str, torch.Tensor]] = []
+        names: List[str] = []
         for name, tensor in named:
-            self._check_registration_open(name)
-            if id(tensor) in seen:  # tied weights: one region serves every name of the tensor
+            if not internal:
+                self._check_registration_open(name)
+                if id(tensor) in self._registered_tensors:  # tied weights: one region for all names
+                    continue
+                self._registered_tensors[id(tensor)] = (name, tensor)
+            if _nbytes(tensor) == 0:
                 continue
-            seen.add(id(tensor))
+            if not tensor.is_contiguous():
+                raise Error("INVALID_ARGUMENT",
+                            f"tensor '{name}' is not contiguous (strides {list(tensor.stride())}): "
+                            f"moesnap registers a tensor as one range of its storage")
             if tensor.device.type == "cuda":
                 self._register_cuda_tensor(name, tensor)
+                names.append(name)
             elif tensor.device.type == "cpu":
-                unique.append((name, tensor))
+                host.append((name, tensor))
             else:
                 raise Error("UNIMPLEMENTED", f"tensor '{name}' is on {tensor.device}: moesnap "
                                              f"shares CPU tensors and CUDA tensors")
-        if not unique:
-            return
-        offsets = []
-        total = 0
-        for _, tensor in unique:
+        if not host:
+            return names
+        fresh_fds: List[int] = []
+        fresh_storages: List[Any] = []
+        for _, tensor in host:
+            storage = _untyped_storage(tensor)
+            if storage.data_ptr() in self._memory:
+                continue
+            try:
+                fd, _ = storage._share_fd_cpu_()  # moves the storage into shared memory in place
+            except RuntimeError as error:
+                raise Error("RESOURCE_EXHAUSTED",
+                            f"cannot move the storage of '{host[0][0]}' into shared memory: "
+                            f"{error} (raise the open-file limit, ulimit -n, for many "
+                            f"tensors)") from error
+            storage = _untyped_storage(tensor)  # its address changed
+            self._memory[storage.data_ptr()] = (storage, -1)
+            fresh_fds.append(fd)
+            fresh_storages.append(storage)
+        handles = self._native.share_memory(fresh_fds) if fresh_fds else []
+        for storage, handle in zip(fresh_storages, handles):
+            self._memory[storage.data_ptr()] = (storage, handle)
+        specs = []
+        for name, tensor in host:
+            storage = _untyped_storage(tensor)
+            handle = self._memory[storage.data_ptr()][1]
+            offset = tensor.data_ptr() - storage.data_ptr()
+            specs.append((name, handle, offset, _nbytes(tensor), str(tensor.dtype),
+                          list(tensor.shape)))
+            self._regions[name] = _Region(name, tensor, tensor.data_ptr(), memory=(handle, offset))
+            names.append(name)
+        self._native.register_host_regions(specs)
+        return names
+
+    def _stage(self, named: List[Tuple[str, torch.Tensor, Callable[[], torch.Tensor]]]) -> List[str]:
+        """Registers tensors staged at each snapshot: host ones packed into one shared buffer,
+        CUDA ones each into a staging tensor on their device."""
+        host = [(name, tensor, live) for name, tensor, live in named
+                if _nbytes(tensor) > 0 and tensor.device.type != "cuda"]
+        names = []
+        for name, tensor, live in named:
+            if _nbytes(tensor) > 0 and tensor.device.type == "cuda":
+                staging = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+                staging.copy_(tensor)
+                self._register_cuda_tensor(name, staging)
+                self._regions[name].live = live
+                names.append(name)
+        if not host:
+            return names
+        offsets, total = [], 0
+        for _, tensor, _ in host:
             offsets.append(total)
-            nbytes = tensor.numel() * tensor.element_size()
-            total += (nbytes + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
-        buffer = self._native.allocate_host(max(total, _ALIGNMENT))
+            total += (_nbytes(tensor) + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
+        buffer = self._native.allocate_host(total)
+        (handle,) = self._native.share_memory([buffer.fd])
         self._buffers.append(buffer)
-        for (name, tensor), offset in zip(unique, offsets):
-            nbytes = tensor.numel() * tensor.element_size()
-            shared = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset) \
-                if nbytes > 0 else torch.empty(0, dtype=torch.uint8)
-            shared = shared.view(tensor.dtype).view(tensor.shape)
-            shared.copy_(tensor.detach())
-            tensor.data = shared  # the same Parameter/tensor object, now in shared memory
-            self._native.register_host_region(name, buffer, offset, max(nbytes, 1),
-                                              str(tensor.dtype), list(tensor.shape))
-            self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
-            self._host_places[name] = (buffer, offset)
+        specs = []
+        for (name, tensor, live), offset in zip(host, offsets):
+            staging = torch.frombuffer(buffer, dtype=torch.uint8, count=_nbytes(tensor),
+                                       offset=offset).view(tensor.dtype).view(tensor.shape)
+            staging.copy_(tensor.detach())
+            specs.append((name, handle, offset, _nbytes(tensor), str(tensor.dtype),
+                          list(tensor.shape)))
+            self._regions[name] = _Region(name, staging, staging.data_ptr(), live=live,
+                                          memory=(handle, offset))
+            names.append(name)
+        self._native.register_host_regions(specs)
+        return names
 
     def _register_cuda_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Shares a CUDA tensor by IPC: the daemon opens its allocation's handle and copies the
         region after waiting on an event recorded on the current stream at each snapshot."""
-        storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") \
-            else tensor.storage()._storage  # torch 1.x: TypedStorage wraps the untyped storage
+        storage = _untyped_storage(tensor)
         # _share_cuda_ reports the storage's offset inside the cudaMalloc block that holds it.
         storage_offset_in_block = storage._share_cuda_()[3]
         block_base = storage.data_ptr() - storage_offset_in_block
-        nbytes = tensor.numel() * tensor.element_size()
         stream = torch.cuda.current_stream(tensor.device).cuda_stream
         self._native.register_device_region(name, tensor.device.index, block_base,
-                                            tensor.data_ptr() - block_base, nbytes, stream,
-                                            str(tensor.dtype), list(tensor.shape))
-        self._tensors[name] = (tensor, tensor.data_ptr(), nbytes)
+                                            tensor.data_ptr() - block_base, _nbytes(tensor),
+                                            stream, str(tensor.dtype), list(tensor.shape))
+        self._regions[name] = _Region(name, tensor, tensor.data_ptr())
+
+    def _adopt_optimizer_state(self, registration: _OptimizerRegistration) -> List[str]:
+        """Makes every state tensor of the optimizer one the daemon copies: registers state that
+        appeared since the last call (shared in place, or staged when small), and puts the
+        registered tensor back where the optimizer replaced it (``load_state_dict`` copies).
+        Returns the regions registered now."""
+        optimizer = registration.optimizer
+        fresh_shared: List[Tuple[str, torch.Tensor]] = []
+        fresh_staged: List[Tuple[str, torch.Tensor, Callable[[], torch.Tensor]]] = []
+        for index, parameter in enumerate(registration.parameters()):
+            state = optimizer.state.get(parameter)
+            if not state:
+                continue
+            for key, value in list(state.items()):
+                if not isinstance(value, torch.Tensor):
+                    continue
+                name = registration.region(index, key)
+                region = self._regions.get(name)
+                if region is None:
+                    if _nbytes(value) == 0:
+                        continue
+                    if _nbytes(value) < _STAGE_BELOW_BYTES:
+                        fresh_staged.append((name, value, _state_getter(optimizer, parameter, key)))
+                    else:
+                        fresh_shared.append((name, value))
+                elif region.live is not None:
+                    continue  # staged: read from the optimizer at each snapshot
+                elif value is not region.tensor:
+                    if _compatible(value, region.tensor):
+                        region.tensor.copy_(value)
+                        state[key] = region.tensor
+                    else:  # the optimizer changed the state's shape or dtype: register it anew
+                        self._regions.pop(name)
+                        fresh_shared.append((name, value))
+        return self._share(fresh_shared, internal=True) + self._stage(fresh_staged)
 
     # Snapshots ----------------------------------------------------------------------------------
 
     def snapshot(self, step: int, names: Optional[List[str]] = None,
                  sparse: Optional[Dict[str, Any]] = None) -> int:
         """Starts capturing ``names`` (every registered region when None) at ``step``; non-tensor
-        state is always included. Returns the bytes the daemon copies; returns at once.
-        ``sparse`` places a sparse step in its window: keys ``window_first_step``, ``window_size``,
-        ``slot``, ``buffer`` and ``operators`` (see ``moesnap.sparse``)."""
-        for name, (tensor, address, nbytes) in self._tensors.items():
-            if tensor.data_ptr() != address or tensor.numel() * tensor.element_size() != nbytes:
+        state and optimizer state dicts are always included. Returns the bytes the daemon copies,
+        at once; 0 when the step is skipped (``skipped_steps`` says why), which is no error:
+        training goes on. ``sparse`` places a sparse step in its window: keys
+        ``window_first_step``, ``window_size``, ``slot``, ``buffer`` and ``operators``."""
+        for name, region in self._regions.items():
+            if region.live is None and region.base is None and \
+                    region.tensor.data_ptr() != region.address:
                 raise Error("FAILED_PRECONDITION",
-                            f"tensor '{name}' was resized or reallocated after registration "
-                            f"(registered {nbytes} bytes, now "
-                            f"{tensor.numel() * tensor.element_size()} bytes elsewhere): "
-                            f"change tensors in place only")
+                            f"tensor '{name}' was reallocated after registration (its bytes moved "
+                            f"from {region.address:#x} to {region.tensor.data_ptr():#x}): change "
+                            f"registered tensors in place only")
+        # The previous capture reads the staging memory: it must be done before it is rewritten.
+        self._wait_for_capture()
+        for registration in self._optimizers:
+            self._adopt_optimizer_state(registration)
+        for region in self._regions.values():
+            if region.live is not None:
+                live = region.live()
+                if _compatible(live, region.tensor):
+                    region.tensor.copy_(live)
+                else:
+                    raise Error("FAILED_PRECONDITION",
+                                f"buffer '{region.name}' changed from {region.tensor.dtype} "
+                                f"{list(region.tensor.shape)} to {live.dtype} {list(live.shape)} "
+                                f"after registration")
         for name, (provider, view) in self._states.items():
             payload = pickle.dumps(provider.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
             capacity = len(view) - _LENGTH_PREFIX.size
@@ -218,38 +516,157 @@ class Client:
             view[:_LENGTH_PREFIX.size] = _LENGTH_PREFIX.pack(len(payload))
             view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + len(payload)] = payload
         regions = [] if names is None else list(names) + list(self._states)
-        if sparse is None:
-            copied = self._native.snapshot(step, regions)
-        else:
-            copied = self._native.snapshot_sparse(step, regions, **sparse)
         self._last_snapshot = step
+        try:
+            if sparse is None:
+                copied = self._native.snapshot(step, regions)
+            else:
+                copied = self._native.snapshot_sparse(step, regions, **sparse)
+        except Error as error:
+            if error.code not in _SYSTEM_FAILURES:
+                raise
+            self._captured_through = step  # nothing to wait for
+            self._skip(step, error.message)
+            return 0
+        self._collect_skipped()
         return copied
 
     def wait_captured(self) -> None:
-        """Blocks until the last snapshot's regions are copied (they may then change again)."""
-        if self._last_snapshot is not None:
-            self._native.wait_captured(self._last_snapshot)
+        """Blocks until the last snapshot's regions are copied (they may then change again).
+        Never raises for a failure of the snapshot system: the step counts as skipped."""
+        self._wait_for_capture()
+
+    def _wait_for_capture(self) -> None:
+        step = self._last_snapshot
+        if step is None or self._captured_through == step:
+            return
+        try:
+            self._native.wait_captured(step)
+        except Error as error:
+            if error.code not in _SYSTEM_FAILURES:
+                raise
+            self._skip(step, error.message)
+        finally:
+            self._captured_through = step
+        self._collect_skipped()
 
     def wait_committed(self, step: int) -> None:
-        """Blocks until ``step`` is committed: restorable after a crash."""
+        """Blocks until ``step`` is committed: restorable after a crash. Raises when it will
+        not be (skipped, aborted): for tests and tools; trainers end with ``commit``."""
         self._native.wait_committed(step)
 
+    def commit(self, step: int) -> bool:
+        """Makes the present state, as ``step`` (the latest snapshot's), committed: for the end of
+        training or a planned stop. When the daemon skipped ``step`` or the cluster aborted it, it
+        is taken again until it commits. Returns False, saying why in the log, when it could not
+        (the daemon gone), never raises for it."""
+        self._wait_for_capture()
+        try:
+            self._native.commit(step)
+            return True
+        except Error as error:
+            if error.code not in _SYSTEM_FAILURES:
+                raise
+            _log.error("moesnap could not commit step %d: %s", step, error.message)
+            return False
+
+    def _skip(self, step: int, reason: str) -> None:
+        self.skipped_steps.append((step, reason))
+        count = len(self.skipped_steps)
+        if count & (count - 1) == 0:  # the first, then ever more rarely under a sustained failure
+            _log.warning("moesnap skipped the snapshot of step %d (%d so far): %s", step, count,
+                         reason)
+
+    def _collect_skipped(self) -> None:
+        for step, reason in self._native.take_skipped_steps():
+            self._skip(step, reason)
+
+    # Restore ------------------------------------------------------------------------------------
+
     def restore(self, step: Optional[int] = None, names: Optional[List[str]] = None) -> int:
-        """Writes the latest committed state (or ``step``, which must be the latest) into the
-        registered tensors and state providers, and returns its step. With ``names``, only those
-        regions (each at its latest committed version) and no state provider."""
-        restored_step, _, self._restore_tier = self._native.restore(
-            step, [] if names is None else list(names))
+        """Writes the latest committed state (or ``step``, which must be the latest) into
+        everything registered, creating optimizer state the optimizer has not made yet, and
+        returns its step. With ``names``, only those regions (each at its latest committed
+        version), no state provider and no optimizer state dict."""
         if names is not None:
+            restored_step, _, self._restore_tier = self._native.restore(step, list(names))
+            self._unstage(names)
             return restored_step
+        for _ in range(3):
+            manifests_step = self._restore_optimizer_manifests(step)
+            restored_step, _, self._restore_tier = self._native.restore(step, [])
+            if manifests_step is None or manifests_step == restored_step:
+                break
+            # A step committed between the two restores (the previous process's last one): the
+            # manifests must be that step's, so read them again.
+        else:
+            raise Error("ABORTED", "the committed step kept changing during the restore: "
+                                   "restore while no snapshot of this rank is in flight")
+        self._unstage(self._regions)
         for name, (provider, view) in self._states.items():
             (length,) = _LENGTH_PREFIX.unpack(bytes(view[:_LENGTH_PREFIX.size]))
             if length == 0:
                 continue  # never snapshotted with content
             provider.load_state_dict(
                 pickle.loads(bytes(view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + length])))
+        for registration in self._optimizers:
+            self._adopt_optimizer_state(registration)  # load_state_dict copied the tensors
         self._last_snapshot = restored_step
+        self._captured_through = restored_step
         return restored_step
+
+    def _restore_optimizer_manifests(self, step: Optional[int]) -> Optional[int]:
+        """Restores the optimizers' pickled state dicts and creates, in each optimizer, the state
+        tensors they name that it has not made yet, so that the whole restore can fill them.
+        Returns the step restored, None without optimizers."""
+        if not self._optimizers:
+            return None
+        restored_step, _, _ = self._native.restore(
+            step, [registration.manifest_region for registration in self._optimizers])
+        for registration in self._optimizers:
+            manifest = self._load_pickle(registration.manifest_region)
+            if manifest is None:
+                continue
+            _check_parameters(registration, manifest)
+            parameters = registration.parameters()
+            for index, entries in manifest["state"].items():
+                state = registration.optimizer.state[parameters[index]]
+                for key, value in entries.items():
+                    if isinstance(value, _TensorRef) and key not in state:
+                        state[key] = torch.zeros(value.shape, dtype=value.dtype,
+                                                 device=value.device)
+            self._adopt_optimizer_state(registration)
+        return restored_step
+
+    def _load_pickle(self, name: str) -> Any:
+        view = self._states[name][1]
+        (length,) = _LENGTH_PREFIX.unpack(bytes(view[:_LENGTH_PREFIX.size]))
+        if length == 0:
+            return None
+        return pickle.loads(bytes(view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + length]))
+
+    def _unstage(self, names: Iterable[str]) -> None:
+        """Copies restored staging memory into the live tensors it stands for."""
+        for name in names:
+            region = self._regions.get(name)
+            if region is not None and region.base is not None:
+                region = self._regions[region.base]
+            if region is not None and region.live is not None:
+                live = region.live()
+                with torch.no_grad():
+                    live.copy_(region.tensor)
+
+    def restore_from(self, source_rank: int, names: List[str]) -> RestoredFrom:
+        """Elastic restore: writes the latest committed regions ``names`` that rank
+        ``source_rank`` snapshotted (on any node of the cluster; decoded from parity when that
+        node is lost) into this rank's registered regions of the same names, checking every
+        chunk's CRC-32C. An expert moved onto this rank after a failure takes its weights and
+        optimizer state this way."""
+        if not names:
+            raise Error("INVALID_ARGUMENT", "restore_from needs the names of the regions to restore")
+        step, _, node, decoded = self._native.restore_from(source_rank, list(names))
+        self._unstage(names)
+        return RestoredFrom(step, node, decoded)
 
     def latest_committed(self) -> Optional[int]:
         """The latest committed step of this rank, or None."""
@@ -290,11 +707,11 @@ class Client:
         records = self._native.fetch_log(sender_rank, step, direction, peer_rank)
         tensors = []
         for expected, (micro_batch, payload) in enumerate(records):
-            if micro_batch != expected or len(payload) != like.numel() * like.element_size():
+            if micro_batch != expected or len(payload) != _nbytes(like):
                 raise Error("DATA_LOSS",
                             f"log of step {step} from rank {sender_rank} to rank {peer_rank} "
                             f"({direction}): micro-batch {expected} is missing or has "
-                            f"{len(payload)} bytes instead of {like.numel() * like.element_size()}")
+                            f"{len(payload)} bytes instead of {_nbytes(like)}")
             tensors.append(torch.frombuffer(bytearray(payload), dtype=torch.uint8)
                            .view(like.dtype).reshape(like.shape).clone())
         return tensors
@@ -302,3 +719,80 @@ class Client:
     @property
     def rank(self) -> int:
         return self._native.rank
+
+
+class _OptimizerManifest:
+    """The pickled part of an optimizer's state dict: ``param_groups``, non-tensor state, and a
+    ``_TensorRef`` for each state tensor (its bytes are in their own region)."""
+
+    def __init__(self, client: Client, registration: _OptimizerRegistration) -> None:
+        self._client = client
+        self._registration = registration
+
+    def state_dict(self) -> Dict[str, Any]:
+        state_dict = self._registration.optimizer.state_dict()
+        state = {}
+        for index, entries in state_dict["state"].items():
+            state[index] = {
+                key: _TensorRef(value.dtype, tuple(value.shape), str(value.device))
+                if isinstance(value, torch.Tensor) else value
+                for key, value in entries.items()}
+        return {"state": state, "param_groups": state_dict["param_groups"],
+                "parameters": self._registration.fqns}
+
+    def load_state_dict(self, manifest: Dict[str, Any]) -> None:
+        registration = self._registration
+        _check_parameters(registration, manifest)
+        parameters = registration.parameters()
+        # The state tensors hold the restored bytes already: load_state_dict deep-copies what it
+        # gets, which for them would cost the state's size again, so it gets empty stand-ins (of
+        # the same dtype, for optimizers that look at them), and the tensors go back after it.
+        state, tensors = {}, []
+        for index, entries in manifest["state"].items():
+            live = registration.optimizer.state[parameters[index]]
+            state[index] = {}
+            for key, value in entries.items():
+                if isinstance(value, _TensorRef):
+                    tensors.append((parameters[index], key, live[key]))
+                    state[index][key] = torch.empty(0, dtype=value.dtype)
+                else:
+                    state[index][key] = value
+        registration.optimizer.load_state_dict({"state": state,
+                                                "param_groups": manifest["param_groups"]})
+        for parameter, key, tensor in tensors:
+            registration.optimizer.state[parameter][key] = tensor
+
+
+def _check_parameters(registration: _OptimizerRegistration, manifest: Dict[str, Any]) -> None:
+    """Refuses, by name, an optimizer whose parameters are not those the snapshot was taken of."""
+    stored = manifest["parameters"]
+    if stored == registration.fqns:
+        return
+    for index, (expected, found) in enumerate(zip(stored, registration.fqns)):
+        if expected != found:
+            raise Error("INVALID_ARGUMENT",
+                        f"optimizer '{registration.name}': parameter {index} is '{found}' in this "
+                        f"trainer but was '{expected}' in the snapshot")
+    raise Error("INVALID_ARGUMENT",
+                f"optimizer '{registration.name}' has {len(registration.fqns)} parameters in this "
+                f"trainer but had {len(stored)} in the snapshot")
+
+
+def _buffer_getter(module: torch.nn.Module, key: str) -> Callable[[], torch.Tensor]:
+    """The live buffer ``key`` of ``module``, looked up at each use: modules may replace a buffer
+    object (``self.count = self.count + 1``)."""
+    path, _, leaf = key.rpartition(".")
+    owner = module.get_submodule(path) if path else module
+    return lambda: getattr(owner, leaf)
+
+
+def _state_getter(optimizer: torch.optim.Optimizer, parameter: torch.Tensor,
+                  key: Any) -> Callable[[], torch.Tensor]:
+    return lambda: optimizer.state[parameter][key]
+
+
+def _raise_open_file_limit() -> None:
+    """Each shared storage keeps a file descriptor open: allow as many as the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

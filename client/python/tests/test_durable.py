@@ -137,7 +137,7 @@ def test_exported_step_loads_into_a_fresh_model_without_a_daemon(daemon: Daemon,
         assert dtype == "F32" and shape == list(tensor.shape), key
         assert raw == tensor.contiguous().numpy().tobytes(), key
     others, _ = read_safetensors(export / "rank-0.other.safetensors")
-    assert sorted(others) == ["data", "rng"]
+    assert sorted(others) == ["data", "optim.state_dict", "rng"]
     assert all(dtype == "U8" for dtype, _, _ in others.values())
 
     state = moesnap.load(export)
@@ -146,13 +146,21 @@ def test_exported_step_loads_into_a_fresh_model_without_a_daemon(daemon: Daemon,
     model.load_state_dict(state["model"])
     for key, tensor in model.state_dict().items():
         assert torch.equal(tensor, expected["model"][key]), key
+    # Without unpickling, the optimizer's tensors by parameter; with it, its whole state dict.
+    names = [f"model.{key}" for key, _ in model.named_parameters()]
     expected_optimizer = expected["optimizer"]["state"]
-    assert state["optim"]["state"].keys() == expected_optimizer.keys()
+    assert sorted(state["optim"]["state"]) == sorted(names)
     for index, entries in expected_optimizer.items():
         for key, tensor in entries.items():
-            assert torch.equal(state["optim"]["state"][index][key], tensor), (index, key)
+            assert torch.equal(state["optim"]["state"][names[index]][key], tensor), (index, key)
     assert isinstance(state["data"], bytes)  # pickles stay bytes unless asked
-    assert moesnap.load(export, allow_pickle=True)["data"] == {"next_step": 7}
+    trusted = moesnap.load(export, allow_pickle=True)
+    assert trusted["data"] == {"next_step": 7}
+    assert trusted["optim"]["param_groups"] == expected["optimizer"]["param_groups"]
+    assert trusted["optim"]["state"].keys() == expected_optimizer.keys()
+    for index, entries in expected_optimizer.items():
+        for key, tensor in entries.items():
+            assert torch.equal(trusted["optim"]["state"][index][key], tensor), (index, key)
     assert moesnap.exported_step(export) == (6, "memory")
 
 

@@ -5,14 +5,11 @@ replacement recovers from its window and the neighbours' logs while the other st
 loss printed, and each stage's final parameters and Adam state, must be bit-identical to an
 uninterrupted run, and no surviving stage may compute a step twice."""
 
-import json
 import os
 import random
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -20,7 +17,7 @@ from typing import Dict, List, Optional
 import pytest
 import torch
 
-from conftest import BIN_DIR, Daemon, Etcd, unused_port
+from conftest import ChildProcess, Cluster
 from test_training import assert_identical_state, losses_of
 
 PIPELINE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_train.py"
@@ -29,7 +26,7 @@ STEPS = 12
 WINDOW = 3
 
 
-class Stage:
+class Stage(ChildProcess):
     """A stage process whose output lines are collected as they come."""
 
     def __init__(self, stage: int, rendezvous: Path, socket_path: Optional[str],
@@ -46,28 +43,7 @@ class Stage:
             command.append("--replacement")
         if crash_at:
             command += ["--crash-mid-backward", str(crash_at)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True)
-        self.lines: List[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, pattern: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(re.fullmatch(pattern, line) for line in self.lines):
-            assert self.process.poll() is None or self._reader.is_alive(), self.lines
-            assert time.monotonic() < deadline, (pattern, self.lines)
-            time.sleep(0.005)
-
-    def finish(self, timeout: float = 180) -> List[str]:
-        code = self.process.wait(timeout)
-        self._reader.join(10)
-        assert code == 0, "\n".join(self.lines)
-        return self.lines
+        super().__init__(command)
 
     def steps_completed(self) -> List[int]:
         return [int(line.split()[1]) for line in self.lines if re.fullmatch(r"step \d+.*", line)]
@@ -84,46 +60,6 @@ def reference(tmp_path_factory):
     return expected, [torch.load(directory / f"stage{s}.pt") for s in range(STAGES)]
 
 
-class Cluster:
-    """Three daemons on loopback and their etcd, one group of k = 2, m = 1; node i serves stage i."""
-
-    def __init__(self, directory: Path, log_bytes: Dict[int, str]) -> None:
-        self.etcd = Etcd()
-        cluster = ('[cluster]\njob = "pipeline"\nnode_count = 3\ndata_units = 2\nparity_units = 1\n'
-                   'stripe_unit_bytes = "64KiB"\nlease_ttl_ms = 2000\ncommit_timeout_ms = 8000\n'
-                   f'etcd_endpoints = ["{self.etcd.endpoint}"]\nadvertise_host = "127.0.0.1"\n'
-                   'control_port = 0\ndata_port = 0\n')
-        self.daemons = []
-        for i in range(STAGES):
-            node_directory = directory / f"node{i}"
-            node_directory.mkdir()
-            log = f'[upstream_log]\nmax_bytes = "{log_bytes[i]}"\n' if i in log_bytes else ""
-            self.daemons.append(Daemon(node_directory, i, log + cluster))
-        for daemon in self.daemons:
-            daemon.start()
-        self.wait_until_live(STAGES)
-
-    def ctl(self, node: int, *arguments: str) -> str:
-        return subprocess.run([str(BIN_DIR / "moesnapctl"), "--socket",
-                               self.daemons[node].admin_socket, *arguments],
-                              capture_output=True, text=True, check=True).stdout
-
-    def wait_until_live(self, live: int) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            status = json.loads(self.ctl(0, "--json", "cluster", "status"))
-            if sum(1 for node in status["nodes"]
-                   if node["live"] and node.get("answered") and not node["rebuilding"]) == live:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"the cluster did not settle with {live} live nodes")
-
-    def remove(self) -> None:
-        for daemon in self.daemons:
-            daemon.remove()
-        self.etcd.stop()
-
-
 def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
                           log_bytes: Optional[Dict[int, str]] = None, mid_backward: bool = False):
     """Trains the pipeline with stage ``victim`` SIGKILLed at a random step: from outside after it
@@ -135,7 +71,9 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
                + (f"in the backward pass of step {kill_after + 1}" if mid_backward
                   else f"after step {kill_after}"))
     expected_losses, expected_states = reference
-    cluster = Cluster(tmp_path, log_bytes or {})
+    cluster = Cluster(tmp_path, STAGES, data_units=2, parity_units=1,
+                      node_config={node: f'[upstream_log]\nmax_bytes = "{size}"\n'
+                                   for node, size in (log_bytes or {}).items()})
     try:
         rendezvous = tmp_path / "rendezvous"
         rendezvous.mkdir()
@@ -148,8 +86,8 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
             stages[victim].process.send_signal(signal.SIGKILL)
         assert stages[victim].process.wait(120) == -signal.SIGKILL, context
         if lose_node:  # the node goes with its memory; a replacement daemon rebuilds from parity
-            cluster.daemons[victim].remove()
-            cluster.daemons[victim].start()
+            cluster.lose(victim)
+            cluster.replace(victim)
             cluster.wait_until_live(STAGES)
         replacement = Stage(victim, rendezvous, cluster.daemons[victim].agent_socket,
                             outs[victim], generation=1, replacement=True)

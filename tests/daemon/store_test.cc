@@ -1,0 +1,243 @@
+// The store in process, with real pool, journal and host copies of memfd trainer memory: what it
+// decides when commits lag, when the pool is full or fragmented, when a rank restores, and when a
+// trainer process goes away.
+#include "daemon/store.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/shared_memory.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon {
+namespace {
+
+constexpr uint64_t kRegionBytes = 256 * 1024;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    store_.reset();
+    journal_.reset();
+    pool_.reset();
+    SharedMemory::Unlink(name_ + ".data").IgnoreError();
+    SharedMemory::Unlink(name_ + ".journal").IgnoreError();
+    for (const auto& [rank, trainer] : trainers_) munmap(trainer.data, trainer.bytes);
+  }
+
+  void Open(CommitMode mode, uint64_t pool_bytes = 4 << 20, CaptureOptions options = {}) {
+    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
+        {.name = name_, .bytes = pool_bytes, .lock = PoolLockMode::kOff}, std::nullopt);
+    ASSERT_OK(pool);
+    pool_ = *std::move(pool);
+    absl::StatusOr<std::unique_ptr<Journal>> journal =
+        Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+    ASSERT_OK(journal);
+    journal_ = *std::move(journal);
+    options.chunk_bytes = 64 * 1024;
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        Store::Open(pool_.get(), journal_.get(), {backend_.get(), nullptr}, options, mode);
+    ASSERT_OK(store);
+    store_ = *std::move(store);
+  }
+
+  // A trainer process of `rank` holding `regions` regions of kRegionBytes in one memfd, registered.
+  void Connect(uint32_t rank, int regions = 2, uint64_t region_bytes = kRegionBytes) {
+    const TrainerSessions::Session session = sessions_.Start(rank);
+    const uint64_t bytes = regions * region_bytes;
+    const int fd = memfd_create("store-test", MFD_CLOEXEC);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    auto* data = static_cast<uint8_t*>(
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd);
+    close(fd);
+    ASSERT_OK(memory);
+    absl::StatusOr<uint64_t> id = sessions_.Add(session.token, {*memory});
+    ASSERT_OK(id);
+    store_->StartSession(rank, session.number);
+    std::vector<v1::RegionSpec> specs;
+    for (int i = 0; i < regions; ++i) {
+      v1::RegionSpec spec;
+      spec.set_name(absl::StrCat("region", i));
+      spec.set_device(v1::DEVICE_HOST);
+      spec.set_bytes(region_bytes);
+      spec.mutable_handle()->set_memory(*id);
+      spec.mutable_handle()->set_shm_offset(i * region_bytes);
+      specs.push_back(spec);
+    }
+    ASSERT_OK(store_->RegisterRegions(rank, specs));
+    if (auto old = trainers_.find(rank); old != trainers_.end()) {
+      munmap(old->second.data, old->second.bytes);
+    }
+    trainers_[rank] = {data, bytes, session.number};
+  }
+
+  // The trainer's bytes for `step`, then its snapshot.
+  v1::SnapshotResponse Take(uint32_t rank, int64_t step) {
+    Trainer& trainer = trainers_.at(rank);
+    std::memset(trainer.data, static_cast<int>(step), trainer.bytes);
+    absl::StatusOr<v1::SnapshotResponse> taken = store_->Snapshot(rank, step, {});
+    EXPECT_OK(taken);
+    return taken.value_or(v1::SnapshotResponse());
+  }
+
+  absl::StatusOr<v1::StepState> WaitCaptured(uint32_t rank, int64_t step) {
+    return store_->WaitCaptured(rank, step, absl::Now() + absl::Seconds(30), [] { return false; });
+  }
+
+  // Waits until `step` is captured on the node and commits it, as the cluster would.
+  void CommitInCluster(int64_t step) {
+    ASSERT_OK(store_->WaitNodeCaptured(step, absl::Now() + absl::Seconds(30)));
+    v1::JournalCluster record;
+    record.set_committed_step(step);
+    ASSERT_OK(store_->CommitNodeStep(step, record));
+  }
+
+  struct Trainer {
+    uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+    uint64_t session = 0;
+  };
+
+  std::string name_ = absl::StrCat("moesnap-store-test-", getpid(), "-",
+                                   ::testing::UnitTest::GetInstance()->random_seed());
+  TrainerSessions sessions_;
+  std::unique_ptr<CopyBackend> backend_ = CreateHostCopyBackend(&sessions_);
+  std::unique_ptr<Pool> pool_;
+  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<Store> store_;
+  std::map<uint32_t, Trainer> trainers_;
+};
+
+TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) {
+  CaptureOptions options;
+  options.max_in_flight_steps = 2;
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  EXPECT_TRUE(Take(0, 1).skipped().empty());
+  ASSERT_OK(WaitCaptured(0, 1));
+  EXPECT_TRUE(Take(0, 2).skipped().empty());
+  ASSERT_OK(WaitCaptured(0, 2));
+  // Steps 1 and 2 wait for the cluster: step 3 is skipped, and it is not an error.
+  const v1::SnapshotResponse third = Take(0, 3);
+  EXPECT_TRUE(absl::StrContains(third.skipped(), "steps 1, 2 still wait for their commit"))
+      << third.skipped();
+  EXPECT_EQ(third.bytes(), 0u);
+  absl::StatusOr<v1::StepState> state = WaitCaptured(0, 3);
+  ASSERT_OK(state);  // the trainer goes on
+  EXPECT_EQ(*state, v1::STEP_STATE_ABORTED);
+  const uint64_t in_flight = store_->Status().pool_in_flight_bytes();
+  EXPECT_EQ(in_flight, 2 * 2 * kRegionBytes);  // two steps of two regions, no more
+
+  // The cluster commits step 2 (step 1 is superseded): room for the next snapshot.
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
+  EXPECT_TRUE(Take(0, 4).skipped().empty());
+  const v1::StatusResponse status = store_->Status();
+  EXPECT_EQ(status.steps_superseded(), 1u);
+  EXPECT_EQ(status.snapshots_skipped(), 1u);
+  EXPECT_TRUE(absl::StrContains(status.last_skip(), "rank 0, step 3")) << status.last_skip();
+  EXPECT_EQ(store_->LatestCommitted(0), 2);
+}
+
+TEST_F(StoreTest, AFullPoolSkipsTheStepAndKeepsWhatIsCommitted) {
+  CaptureOptions options;  // no bound on the steps in flight: the pool is the limit
+  // Room for the committed step and one more of 2 regions, not two more.
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 5 * 2 * kRegionBytes / 2, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  EXPECT_TRUE(Take(0, 2).skipped().empty());
+  ASSERT_OK(WaitCaptured(0, 2));
+  const v1::SnapshotResponse third = Take(0, 3);
+  EXPECT_TRUE(absl::StrContains(third.skipped(), "the pool has")) << third.skipped();
+  ASSERT_OK(WaitCaptured(0, 3));
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
+  std::memset(trainers_[0].data, 0, trainers_[0].bytes);
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(restored);
+  EXPECT_EQ(restored->step(), 2);
+  EXPECT_EQ(trainers_[0].data[trainers_[0].bytes - 1], 2);
+}
+
+TEST_F(StoreTest, FragmentedFreeSpaceStillTakesASnapshotThatFitsAndRestoresItExactly) {
+  // Six ranks fill the pool; dropping ranks 1 and 3 leaves two holes, apart, of one region each.
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 6 * kRegionBytes));
+  for (uint32_t rank = 0; rank < 6; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(Connect(rank, 1));
+    Take(rank, 1);
+    ASSERT_OK(store_->WaitCommitted(rank, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+  }
+  ASSERT_OK(store_->DropStep(1, 1));
+  ASSERT_OK(store_->DropStep(1, 3));
+  ASSERT_EQ(pool_->free_bytes(), 2 * kRegionBytes);
+  EXPECT_STATUS(pool_->Allocate(2 * kRegionBytes), absl::StatusCode::kResourceExhausted);
+
+  // A region as large as both holes together is stored across them, and comes back exactly.
+  ASSERT_NO_FATAL_FAILURE(Connect(6, 1, 2 * kRegionBytes));
+  Trainer& trainer = trainers_[6];
+  for (uint64_t i = 0; i < trainer.bytes; ++i) trainer.data[i] = static_cast<uint8_t>(i * 13 + 5);
+  absl::StatusOr<v1::SnapshotResponse> taken = store_->Snapshot(6, 1, {});
+  ASSERT_OK(taken);
+  EXPECT_TRUE(taken->skipped().empty()) << taken->skipped();
+  ASSERT_OK(store_->WaitCommitted(6, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+  std::vector<uint8_t> expected(trainer.data, trainer.data + trainer.bytes);
+  std::memset(trainer.data, 0, trainer.bytes);
+  ASSERT_OK(store_->Restore(6, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(std::memcmp(trainer.data, expected.data(), expected.size()), 0);
+  EXPECT_EQ(store_->Verify(std::nullopt).corruptions_size(), 0);
+}
+
+TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  ASSERT_OK(WaitCaptured(0, 2));
+  Take(0, 3);  // captured later, never committed (the job died)
+  ASSERT_OK(WaitCaptured(0, 3));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));  // the job restarts
+  // A restore of some regions only (a sparse replay) keeps the timeline: step 2 stands as captured
+  // by the process before, and snapshotting it again copies nothing ...
+  ASSERT_OK(store_->Restore(0, std::nullopt, {"region0"}, absl::Now() + absl::Seconds(30)));
+  absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, 2, {});
+  ASSERT_OK(replayed);
+  EXPECT_EQ(replayed->bytes(), 0u);
+  // ... a restore of the whole rank starts a new one from step 1.
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(restored);
+  EXPECT_EQ(restored->step(), 1);
+  const v1::SnapshotResponse again = Take(0, 2);
+  EXPECT_TRUE(again.skipped().empty());
+  EXPECT_EQ(again.bytes(), 2 * kRegionBytes);
+  ASSERT_OK(WaitCaptured(0, 2));
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
+  EXPECT_EQ(store_->LatestCommitted(0), 2);
+}
+
+TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneStarted) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  // Rank 1 registered and never snapshots step 1: the node waits for it ...
+  EXPECT_STATUS(store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(50)),
+                absl::StatusCode::kDeadlineExceeded);
+  const uint64_t first_session = trainers_[1].session;
+  ASSERT_NO_FATAL_FAILURE(Connect(1));      // a newer process of rank 1
+  store_->EndSession(1, first_session);     // the old one's late goodbye changes nothing
+  EXPECT_STATUS(store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(50)),
+                absl::StatusCode::kDeadlineExceeded);
+  store_->EndSession(1, trainers_[1].session);  // ... until its process is gone
+  EXPECT_OK(store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30)));
+}
+
+}  // namespace
+}  // namespace moesnap::daemon
