@@ -28,6 +28,7 @@
 #include "erasure/reed_solomon.h"
 #include "moesnap/client.h"
 #include "proto/moesnap.grpc.pb.h"
+#include "tests/testing/etcd_process.h"
 
 namespace moesnap::bench {
 namespace {
@@ -46,23 +47,28 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// N daemons of one cluster and a trainer rank on each, all in this process.
+// N daemons of one cluster (a job of their own on `etcd`) and a trainer rank on each, all in this
+// process.
 class LoopbackCluster {
  public:
-  static absl::StatusOr<std::unique_ptr<LoopbackCluster>> Start(int nodes, int k, int m) {
+  static absl::StatusOr<std::unique_ptr<LoopbackCluster>> Start(const testing::EtcdCluster& etcd,
+                                                                int nodes, int k, int m) {
     auto cluster = std::unique_ptr<LoopbackCluster>(new LoopbackCluster());
     cluster->directory_ = absl::StrCat("/tmp/moesnap-bench-cluster-", getpid());
     std::filesystem::create_directories(cluster->directory_);
     daemon::ClusterOptions shape;
+    static int jobs = 0;
+    shape.job = absl::StrCat("bench-", getpid(), "-", jobs++);
+    shape.node_count = nodes;
     shape.data_units = k;
     shape.parity_units = m;
     shape.stripe_unit_bytes = 4 << 20;
-    shape.heartbeat_timeout_ms = 2000;
+    shape.lease_ttl_ms = 5000;
     shape.commit_timeout_ms = 60000;
-    for (int id = 0; id < nodes; ++id) {
-      shape.nodes.push_back(
-          {static_cast<uint32_t>(id), "127.0.0.1", UnusedLoopbackPort(), UnusedLoopbackPort()});
-    }
+    shape.etcd_endpoints = etcd.endpoints();
+    shape.advertise_host = "127.0.0.1";
+    shape.control_port = 0;
+    shape.data_port = 0;
     for (int id = 0; id < nodes; ++id) {
       daemon::DaemonOptions options;
       options.node_id = id;
@@ -201,7 +207,7 @@ class LoopbackCluster {
         absl::StatusOr<v1::ClusterStatusResponse> status = Status(static_cast<int>(node));
         if (!status.ok()) return status.status();
         for (const v1::ClusterNodeStatus& peer : status->nodes()) {
-          settled = settled && peer.live() && !peer.rebuilding();
+          settled = settled && peer.live() && peer.answered() && !peer.rebuilding();
         }
       }
       if (settled) return absl::OkStatus();
@@ -239,12 +245,16 @@ Limits MeasureLimits() {
 absl::Status RunClusterSuite(Report& report) {
   SetLogLevel(LogLevel::kWarning);  // the daemons' per-step lines would bury the table
   const Limits limits = MeasureLimits();
+  // One etcd for every shape, writing to disk as a production one does.
+  absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+      testing::EtcdCluster::Start({.members = 1, .fsync = true});
+  if (!etcd.ok()) return etcd.status();
   struct Shape {
     int nodes, k, m;
   };
   for (Shape shape : {Shape{3, 2, 1}, Shape{6, 4, 2}, Shape{12, 4, 2}}) {
     absl::StatusOr<std::unique_ptr<LoopbackCluster>> cluster =
-        LoopbackCluster::Start(shape.nodes, shape.k, shape.m);
+        LoopbackCluster::Start(**etcd, shape.nodes, shape.k, shape.m);
     if (!cluster.ok()) return cluster.status();
     absl::StatusOr<double> first = (*cluster)->CommitStep(1, {});
     if (!first.ok()) return first.status();

@@ -1,8 +1,7 @@
 // ClusterOptions: validation, groups, and the canonical form digests and differences come from.
 #include "daemon/cluster_config.h"
 
-#include <algorithm>
-#include <set>
+#include <arpa/inet.h>
 
 #include "absl/strings/str_cat.h"
 #include "erasure/stripe_layout.h"
@@ -10,82 +9,106 @@
 namespace moesnap::daemon {
 namespace {
 
-std::string NodeText(const ClusterNode& node) {
-  return absl::StrCat(node.id, "@", node.host, ":", node.control_port, "/", node.data_port);
+// etcd cannot keep a lease shorter than about 2 s with its default election timeout.
+constexpr uint32_t kMinLeaseTtlMs = 2000;
+
+bool IsAddressLiteral(const std::string& host) {
+  in6_addr scratch{};
+  return inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
+         inet_pton(AF_INET6, host.c_str(), &scratch) == 1;
+}
+
+// Job names become etcd key segments: no '/', nothing invisible.
+bool ValidJobName(const std::string& job) {
+  if (job.empty() || job.size() > 128) return false;
+  for (char c : job) {
+    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                         c == '-' || c == '_' || c == '.';
+    if (!allowed) return false;
+  }
+  return true;
 }
 
 }  // namespace
 
-absl::Status ClusterOptions::Validate(uint32_t self) {
+absl::Status ClusterOptions::ValidateShape() const {
   if (absl::StatusOr<erasure::StripeLayout> layout =
           erasure::StripeLayout::Create(data_units, parity_units, stripe_unit_bytes);
       !layout.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("cluster: ", layout.status().message()));
   }
+  if (!ValidJobName(job)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.job must be 1-128 letters, digits, '-', '_' or '.', got '", job, "'"));
+  }
+  if (node_count == 0 || node_count % group_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.node_count: ", node_count, " nodes cannot form groups of k + m = ", group_size(),
+        "; the node count must be a positive multiple of the group size"));
+  }
   if (commit_timeout_ms < 100) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cluster.commit_timeout_ms must be at least 100, got ", commit_timeout_ms));
   }
-  if (heartbeat_timeout_ms < 100) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cluster.heartbeat_timeout_ms must be at least 100, got ", heartbeat_timeout_ms));
+  if (lease_ttl_ms < kMinLeaseTtlMs) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster.lease_ttl_ms must be at least ",
+                                                   kMinLeaseTtlMs, " (etcd's shortest lease), got ",
+                                                   lease_ttl_ms));
   }
-  std::sort(nodes.begin(), nodes.end(),
-            [](const ClusterNode& a, const ClusterNode& b) { return a.id < b.id; });
-  std::set<std::string> endpoints;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const ClusterNode& node = nodes[i];
-    if (i > 0 && nodes[i - 1].id == node.id) {
-      return absl::InvalidArgumentError(absl::StrCat("cluster.nodes: node id ", node.id, " appears twice"));
-    }
-    if (node.host.empty() || node.control_port == 0 || node.data_port == 0) {
+  if (etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError("cluster.etcd_endpoints: a cluster needs etcd's address");
+  }
+  for (const std::string& endpoint : etcd_endpoints) {
+    if (endpoint.empty() || endpoint.find(':') == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "cluster.nodes: node ", node.id, " needs a host, a control_port and a data_port"));
-    }
-    for (uint16_t port : {node.control_port, node.data_port}) {
-      if (!endpoints.insert(absl::StrCat(node.host, ":", port)).second) {
-        return absl::InvalidArgumentError(absl::StrCat("cluster.nodes: ", node.host, ":", port,
-                                                       " is used twice (node ", node.id, ")"));
-      }
+          "cluster.etcd_endpoints: expected \"host:port\" entries, got '", endpoint, "'"));
     }
   }
-  if (nodes.size() % group_size() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cluster: ", nodes.size(), " nodes cannot form groups of k + m = ", group_size(),
-        "; the node count must be a multiple of the group size"));
-  }
-  if (!GroupOf(self)) {
+  if (etcd_cert_file.empty() != etcd_key_file.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node.id ", self, " is not among cluster.nodes"));
+        "cluster.etcd_cert_file and cluster.etcd_key_file go together (mutual TLS)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterOptions::Validate(uint32_t self) const {
+  if (absl::Status status = ValidateShape(); !status.ok()) return status;
+  if (self >= node_count) {
+    return absl::InvalidArgumentError(absl::StrCat("node id ", self, " is not below cluster.node_count = ",
+                                                   node_count));
+  }
+  if (advertise_host.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster.advertise_host is not set: the address peers reach this node on (or "
+        "--advertise-host, or MOESNAP_ADVERTISE_HOST)");
   }
   return absl::OkStatus();
 }
 
 std::vector<std::vector<uint32_t>> ClusterOptions::Groups() const {
   std::vector<std::vector<uint32_t>> groups;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (i % group_size() == 0) groups.emplace_back();
-    groups.back().push_back(nodes[i].id);
+  for (uint32_t id = 0; id < node_count; ++id) {
+    if (id % group_size() == 0) groups.emplace_back();
+    groups.back().push_back(id);
   }
   return groups;
 }
 
 std::optional<std::pair<int, int>> ClusterOptions::GroupOf(uint32_t id) const {
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (nodes[i].id == id) {
-      return std::pair<int, int>(static_cast<int>(i) / group_size(), static_cast<int>(i) % group_size());
-    }
-  }
-  return std::nullopt;
+  if (id >= node_count || group_size() <= 0) return std::nullopt;
+  return std::pair<int, int>(static_cast<int>(id) / group_size(),
+                             static_cast<int>(id) % group_size());
+}
+
+std::string ClusterOptions::ListenHost() const {
+  if (!listen_host.empty()) return listen_host;
+  return IsAddressLiteral(advertise_host) ? advertise_host : "0.0.0.0";
 }
 
 std::string ClusterOptions::Canonical() const {
-  std::string text = absl::StrCat("k=", data_units, ";m=", parity_units, ";unit=", stripe_unit_bytes,
-                                  ";heartbeat_ms=", heartbeat_timeout_ms,
-                                  ";commit_ms=", commit_timeout_ms,
-                                  ";degraded=", allow_degraded ? 1 : 0, ";nodes=");
-  for (const ClusterNode& node : nodes) absl::StrAppend(&text, NodeText(node), ",");
-  return text;
+  return absl::StrCat("job=", job, ";nodes=", node_count, ";k=", data_units, ";m=", parity_units,
+                      ";unit=", stripe_unit_bytes, ";lease_ms=", lease_ttl_ms,
+                      ";commit_ms=", commit_timeout_ms, ";degraded=", allow_degraded ? 1 : 0);
 }
 
 uint64_t ClusterOptions::Digest() const {
@@ -101,24 +124,21 @@ std::string ClusterOptions::DifferenceFrom(const ClusterOptions& other) const {
   auto differs = [](const std::string& field, const auto& here, const auto& there) {
     return absl::StrCat(field, ": ", here, " here, ", there, " there");
   };
+  if (job != other.job) return differs("job", job, other.job);
+  if (node_count != other.node_count) return differs("node_count", node_count, other.node_count);
   if (data_units != other.data_units) return differs("data_units", data_units, other.data_units);
   if (parity_units != other.parity_units) return differs("parity_units", parity_units, other.parity_units);
   if (stripe_unit_bytes != other.stripe_unit_bytes) {
     return differs("stripe_unit_bytes", stripe_unit_bytes, other.stripe_unit_bytes);
   }
-  if (heartbeat_timeout_ms != other.heartbeat_timeout_ms) {
-    return differs("heartbeat_timeout_ms", heartbeat_timeout_ms, other.heartbeat_timeout_ms);
+  if (lease_ttl_ms != other.lease_ttl_ms) {
+    return differs("lease_ttl_ms", lease_ttl_ms, other.lease_ttl_ms);
   }
   if (commit_timeout_ms != other.commit_timeout_ms) {
     return differs("commit_timeout_ms", commit_timeout_ms, other.commit_timeout_ms);
   }
   if (allow_degraded != other.allow_degraded) {
     return differs("allow_degraded", allow_degraded, other.allow_degraded);
-  }
-  for (size_t i = 0; i < std::max(nodes.size(), other.nodes.size()); ++i) {
-    const std::string here = i < nodes.size() ? NodeText(nodes[i]) : "(none)";
-    const std::string there = i < other.nodes.size() ? NodeText(other.nodes[i]) : "(none)";
-    if (here != there) return differs(absl::StrCat("node #", i), here, there);
   }
   return "";
 }

@@ -3,15 +3,16 @@
 // first: an operator fixes a config in one pass, and nothing is created before all of it is valid.
 #include "daemon/config.h"
 
-#include <arpa/inet.h>
 #include <sys/un.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include <toml++/toml.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
@@ -63,6 +64,22 @@ class Reader {
     if (node == nullptr) return;
     if (!node->is_string()) return Error(table + "." + key, "expected a string");
     out = *node->value<std::string>();
+  }
+
+  void Strings(const std::string& table, const std::string& key, std::vector<std::string>& out) {
+    const toml::node* node = Find(table, key);
+    if (node == nullptr) return;
+    const toml::array* list = node->as_array();
+    std::vector<std::string> values;
+    for (size_t i = 0; list != nullptr && i < list->size(); ++i) {
+      if (!list->get(i)->is_string()) {
+        list = nullptr;
+        break;
+      }
+      values.push_back(*list->get(i)->value<std::string>());
+    }
+    if (list == nullptr) return Error(table + "." + key, "expected an array of strings");
+    out = std::move(values);
   }
 
   void Bool(const std::string& table, const std::string& key, bool& out) {
@@ -119,14 +136,6 @@ class Reader {
   std::vector<std::string> errors_;
 };
 
-// Peers and the data plane take numeric addresses only: a host name would be resolved differently
-// on different nodes, and resolving it fails only once the daemon runs.
-bool IsAddressLiteral(const std::string& host) {
-  in6_addr scratch{};
-  return inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
-         inet_pton(AF_INET6, host.c_str(), &scratch) == 1;
-}
-
 void CheckSocketPath(Reader& reader, const std::string& key, const std::string& path) {
   if (path.empty()) return reader.Error(key, "a socket path must not be empty");
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
@@ -136,58 +145,36 @@ void CheckSocketPath(Reader& reader, const std::string& key, const std::string& 
   }
 }
 
-std::optional<ClusterOptions> ParseCluster(Reader& reader, uint32_t node_id) {
+std::optional<ClusterOptions> ParseCluster(Reader& reader) {
   ClusterOptions cluster;
+  reader.String("cluster", "job", cluster.job);
+  reader.Integer("cluster", "node_count", 1, 65536, cluster.node_count);
   reader.Integer("cluster", "data_units", 1, 255, cluster.data_units);
   reader.Integer("cluster", "parity_units", 1, 255, cluster.parity_units);
   reader.Bytes("cluster", "stripe_unit_bytes", cluster.stripe_unit_bytes);
-  reader.Integer("cluster", "heartbeat_timeout_ms", 100, 3600000, cluster.heartbeat_timeout_ms);
+  reader.Integer("cluster", "lease_ttl_ms", 2000, 3600000, cluster.lease_ttl_ms);
   reader.Integer("cluster", "commit_timeout_ms", 100, 3600000, cluster.commit_timeout_ms);
   reader.Bool("cluster", "allow_degraded", cluster.allow_degraded);
-
-  const toml::node* nodes = reader.Find("cluster", "nodes");
-  const toml::array* list = nodes == nullptr ? nullptr : nodes->as_array();
-  if (list == nullptr || list->empty()) {
-    reader.Error("cluster.nodes", "a cluster needs its nodes as [[cluster.nodes]] tables");
+  reader.Strings("cluster", "etcd_endpoints", cluster.etcd_endpoints);
+  reader.String("cluster", "etcd_ca_file", cluster.etcd_ca_file);
+  reader.String("cluster", "etcd_cert_file", cluster.etcd_cert_file);
+  reader.String("cluster", "etcd_key_file", cluster.etcd_key_file);
+  reader.String("cluster", "advertise_host", cluster.advertise_host);
+  reader.String("cluster", "listen_host", cluster.listen_host);
+  reader.Integer("cluster", "control_port", 0, 65535, cluster.control_port);
+  reader.Integer("cluster", "data_port", 0, 65535, cluster.data_port);
+  if (reader.Find("cluster", "nodes") != nullptr) {
+    reader.Error("cluster.nodes", "nodes are no longer listed: each daemon finds its peers in etcd; "
+                                  "set cluster.node_count and this node's cluster.advertise_host");
     return std::nullopt;
   }
-  bool nodes_valid = true;
-  for (size_t i = 0; i < list->size(); ++i) {
-    const std::string where = absl::StrCat("cluster.nodes[", i, "]");
-    const toml::table* table = list->get(i)->as_table();
-    if (table == nullptr) {
-      reader.Error(where, "expected a table with id, host, control_port, data_port");
-      nodes_valid = false;
-      continue;
-    }
-    ClusterNode node;
-    for (const auto& [key_name, value] : *table) {
-      const std::string key(key_name.str());
-      const auto number = value.value<int64_t>();
-      if (key == "host" && value.is_string()) {
-        node.host = *value.value<std::string>();
-        if (!IsAddressLiteral(node.host)) {
-          // Reported, but the shape is still checked: every error in one pass.
-          reader.Error(absl::StrCat(where, ".host"),
-                       absl::StrCat("expected an IPv4 or IPv6 address, got '", node.host, "'"));
-        }
-      } else if (key == "id" && value.is_integer() && *number >= 0 && *number <= UINT32_MAX) {
-        node.id = static_cast<uint32_t>(*number);
-      } else if ((key == "control_port" || key == "data_port") && value.is_integer() && *number > 0 &&
-                 *number < 65536) {
-        (key == "control_port" ? node.control_port : node.data_port) = static_cast<uint16_t>(*number);
-      } else if (key == "host" || key == "id" || key == "control_port" || key == "data_port") {
-        reader.Error(absl::StrCat(where, ".", key), "malformed value");
-        nodes_valid = false;
-      } else {
-        reader.Error(absl::StrCat(where, ".", key), "unknown key");
-        nodes_valid = false;
-      }
-    }
-    cluster.nodes.push_back(std::move(node));
+  if (cluster.node_count == 0) {
+    reader.Error("cluster.node_count", "a cluster needs the number of nodes of the job");
+    return std::nullopt;
   }
-  if (!nodes_valid) return std::nullopt;
-  if (absl::Status s = cluster.Validate(node_id); !s.ok()) {
+  // This node's id and address may still come from the command line or the environment
+  // (ApplyNodeIdentity checks them); the job's shape must hold now.
+  if (absl::Status s = cluster.ValidateShape(); !s.ok()) {
     reader.Error("cluster", std::string(s.message()));
     return std::nullopt;
   }
@@ -207,8 +194,7 @@ void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
 
 }  // namespace
 
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin,
-                                                 std::optional<uint32_t> node_id) {
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin) {
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -221,7 +207,6 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   DaemonOptions options;
 
   reader.Integer("node", "id", 0, UINT32_MAX, options.node_id);
-  if (node_id) options.node_id = *node_id;
   reader.String("agent", "socket", options.agent_socket);
   reader.String("admin", "socket", options.admin_socket);
   CheckSocketPath(reader, "agent.socket", options.agent_socket);
@@ -313,20 +298,42 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("log.format", std::string(parsed.status().message()));
   }
 
-  if (root.contains("cluster")) options.cluster = ParseCluster(reader, options.node_id);
+  if (root.contains("cluster")) options.cluster = ParseCluster(reader);
 
   reader.UnknownKeys();
   if (absl::Status errors = reader.Result(); !errors.ok()) return errors;
   return options;
 }
 
-absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path,
-                                                std::optional<uint32_t> node_id) {
+absl::StatusOr<NodeIdentity> NodeIdentityFromEnvironment() {
+  NodeIdentity identity;
+  if (const char* id = std::getenv("MOESNAP_NODE_ID"); id != nullptr && *id != '\0') {
+    uint32_t value = 0;
+    if (!absl::SimpleAtoi(id, &value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MOESNAP_NODE_ID: expected a node id (an integer >= 0), got '", id, "'"));
+    }
+    identity.node_id = value;
+  }
+  if (const char* host = std::getenv("MOESNAP_ADVERTISE_HOST"); host != nullptr && *host != '\0') {
+    identity.advertise_host = host;
+  }
+  return identity;
+}
+
+absl::Status ApplyNodeIdentity(const NodeIdentity& identity, DaemonOptions* options) {
+  if (identity.node_id) options->node_id = *identity.node_id;
+  if (!options->cluster) return absl::OkStatus();
+  if (identity.advertise_host) options->cluster->advertise_host = *identity.advertise_host;
+  return options->cluster->Validate(options->node_id);
+}
+
+absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path) {
   std::ifstream file(path);
   if (!file) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
   std::stringstream text;
   text << file.rdbuf();
-  return ParseDaemonOptions(text.str(), path, node_id);
+  return ParseDaemonOptions(text.str(), path);
 }
 
 }  // namespace moesnap::daemon

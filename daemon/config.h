@@ -44,13 +44,21 @@ struct DaemonOptions {
   std::optional<ClusterOptions> cluster;
 };
 
-// `node_id`, when given, replaces [node] id (moesnapd --node-id: a Slurm prolog or a Kubernetes pod
-// knows its node only when it starts) before anything that depends on it is checked.
-absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path,
-                                                std::optional<uint32_t> node_id = std::nullopt);
+absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);
 // The same from TOML text; `origin` names it in errors.
-absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin,
-                                                 std::optional<uint32_t> node_id = std::nullopt);
+absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const std::string& origin);
+
+// This node's id and advertised address when they do not come from the file: from the command
+// line, else from MOESNAP_NODE_ID and MOESNAP_ADVERTISE_HOST, so that one file serves every node
+// of a Slurm or Kubernetes job.
+struct NodeIdentity {
+  std::optional<uint32_t> node_id;
+  std::optional<std::string> advertise_host;
+};
+absl::StatusOr<NodeIdentity> NodeIdentityFromEnvironment();
+// Puts `identity` over what the file said and checks the node's part of the cluster (an id below
+// node_count, an address to advertise).
+absl::Status ApplyNodeIdentity(const NodeIdentity& identity, DaemonOptions* options);
 
 }  // namespace moesnap::daemon
 

@@ -123,8 +123,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       int64_t step = 0;
       if (absl::SimpleAtoi(crash, &step)) {
         daemon->cluster_->set_crash_in_commit_for_testing(step);
-        Log(LogLevel::kWarning, "fault injection: SIGKILL in the middle of committing step ", step,
-            " or the first committed after it");
+        Log(LogLevel::kWarning, "fault injection: as coordinator, SIGKILL right after deciding ",
+            "step ", step, " or the first step committed after it");
       }
     }
   }
@@ -140,7 +140,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       identity.shape.set_data_units(options.cluster->data_units);
       identity.shape.set_parity_units(options.cluster->parity_units);
       identity.shape.set_stripe_unit_bytes(options.cluster->stripe_unit_bytes);
-      identity.cluster_nodes = static_cast<uint32_t>(options.cluster->nodes.size());
+      identity.cluster_nodes = options.cluster->node_count;
     }
     daemon->drainer_ = std::make_unique<durable::Drainer>(
         options.durable, identity, daemon->store_.get(), view, &daemon->clock_);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon/progress.h"
 
 namespace moesnap::daemon {
@@ -49,11 +50,23 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
       continue;
     }
     const metrics::Labels peer = {{"peer", absl::StrCat(node.node_id())}};
-    out.AddGauge("moesnap_peer_up", "1 when the peer answers heartbeats, 0 when it is lost",
+    out.AddGauge("moesnap_peer_up",
+                 "1 while a daemon holds the peer's membership key in etcd, 0 when it is lost",
                  node.live() ? 1 : 0, peer);
-    out.AddGauge("moesnap_peer_silent_seconds", "Seconds since the peer last answered a heartbeat",
-                 node.silent_ms() / 1000.0, peer);
   }
+  out.AddGauge("moesnap_etcd_unreachable_seconds",
+               "Seconds since this node last reached etcd (0 while it can): commits pause meanwhile",
+               status.has_etcd_unreachable_since_unix_ms()
+                   ? std::max<double>(0, absl::ToUnixMillis(absl::Now()) -
+                                             status.etcd_unreachable_since_unix_ms()) /
+                         1000.0
+                   : 0);
+  out.AddGauge("moesnap_cluster_coordinator_token", "The coordinator's fencing token",
+               status.coordinator_token());
+  out.AddCounter("moesnap_cluster_etcd_writes_total", "etcd writes this node made for the cluster",
+                 status.etcd_writes());
+  out.AddCounter("moesnap_cluster_peer_calls_total", "Peer service calls this node made",
+                 status.peer_calls());
   if (status.has_latest_committed_step()) {
     out.AddGauge("moesnap_cluster_latest_committed_step", "This node's latest committed step",
                  status.latest_committed_step());

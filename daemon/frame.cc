@@ -39,6 +39,7 @@ void EncodeFrameHeader(const FrameHeader& header, uint8_t out[FrameHeader::kByte
   Put<uint32_t>(out, 40, header.length);
   Put<uint32_t>(out, 44, header.payload_crc);
   Put<uint16_t>(out, 48, static_cast<uint16_t>(header.region.size()));
+  Put<int64_t>(out, 52, header.attempt);
   Put<uint32_t>(out, kHeaderCrcOffset, erasure::Crc32c(out, kHeaderCrcOffset));
 }
 
@@ -72,6 +73,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, u
   header.length = Get<uint32_t>(in, 40);
   header.payload_crc = Get<uint32_t>(in, 44);
   const uint16_t region_bytes = Get<uint16_t>(in, 48);
+  header.attempt = Get<int64_t>(in, 52);
   if (header.length > max_payload) {
     return absl::InvalidArgumentError(absl::StrCat("frame payload of ", header.length,
                                                    " bytes exceeds the limit of ", max_payload));

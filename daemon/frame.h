@@ -4,12 +4,15 @@
 //
 //   offset size field
 //   0      4    magic "MSDP"            32     8    offset   byte offset within the unit
-//   4      2    version (1)             40     4    length   payload bytes
+//   4      2    version (2)             40     4    length   payload bytes
 //   6      2    kind (FrameKind)        44     4    payload_crc   CRC-32C of the payload
 //   8      8    step                    48     2    region_bytes  length of the region name
-//   16     4    rank                    50     10   reserved, zero
-//   20     4    stripe_unit (index in stripe)   60     4    header_crc  CRC-32C of bytes 0..59
-//   24     8    stripe
+//   16     4    rank                    50     2    reserved, zero
+//   20     4    stripe_unit (index in stripe)   52     8    attempt   the encode this frame is for
+//   24     8    stripe                  60     4    header_crc  CRC-32C of bytes 0..59
+//
+// `attempt` is the fencing token of the coordinator whose Encode sent a parity delta: a step encoded
+// again under a newer coordinator drops the frames an older one's encode still had on the wire.
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, every length bound and
 // both CRCs hold; anything else is rejected with the reason and the connection is closed, so a
@@ -36,7 +39,7 @@ enum class FrameKind : uint16_t {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x5044534d;  // "MSDP" little-endian
-  static constexpr uint16_t kVersion = 1;
+  static constexpr uint16_t kVersion = 2;
   static constexpr size_t kBytes = 64;
   static constexpr size_t kMaxRegionBytes = 1024;
 
@@ -48,6 +51,7 @@ struct FrameHeader {
   uint64_t offset = 0;
   uint32_t length = 0;
   uint32_t payload_crc = 0;
+  int64_t attempt = 0;
   std::string region;
 };
 

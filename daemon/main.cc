@@ -1,6 +1,7 @@
 // moesnapd: parse flags, load the config, start the daemon, serve until SIGTERM or SIGINT.
 #include <csignal>
 #include <cstdio>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -15,7 +16,13 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "TOML configuration (see deploy/moesnapd.toml)");
   std::optional<uint32_t> node_id;
   app.add_option("--node-id", node_id,
-                 "This node's id, replacing [node] id (for a Slurm prolog or a Kubernetes pod)");
+                 "This node's id, replacing [node] id and $MOESNAP_NODE_ID (for a Slurm prolog or a "
+                 "Kubernetes pod)");
+  std::string advertise_host;
+  CLI::Option* advertise_host_given = app.add_option(
+      "--advertise-host", advertise_host,
+      "The address peers reach this node on, replacing cluster.advertise_host and "
+      "$MOESNAP_ADVERTISE_HOST");
   bool check_only = false;
   app.add_flag("--check-config", check_only,
                "Check the configuration, list every error, and exit (0: valid) without starting");
@@ -31,9 +38,18 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<moesnap::daemon::DaemonOptions> options =
-      moesnap::daemon::LoadDaemonOptions(config_path, node_id);
-  if (!options.ok()) {
-    std::fprintf(stderr, "moesnapd: %s\n", options.status().ToString().c_str());
+      moesnap::daemon::LoadDaemonOptions(config_path);
+  // The node's id and address: the command line, else the environment, else the file.
+  absl::StatusOr<moesnap::daemon::NodeIdentity> identity =
+      moesnap::daemon::NodeIdentityFromEnvironment();
+  if (identity.ok()) {
+    if (node_id) identity->node_id = node_id;
+    if (*advertise_host_given) identity->advertise_host = advertise_host;
+  }
+  absl::Status valid = !options.ok() ? options.status() : identity.status();
+  if (valid.ok()) valid = moesnap::daemon::ApplyNodeIdentity(*identity, &*options);
+  if (!valid.ok()) {
+    std::fprintf(stderr, "moesnapd: %s\n", valid.ToString().c_str());
     return 2;
   }
   if (check_only) {

@@ -31,7 +31,8 @@ absl::Status ParityStore::Recover(const v1::JournalCluster& record) {
   return absl::OkStatus();
 }
 
-absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image_bytes,
+absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
+                               const std::vector<uint64_t>& image_bytes,
                                const std::vector<std::vector<bool>>* changed) {
   if (static_cast<int>(image_bytes.size()) != layout_->group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", image_bytes.size(),
@@ -39,6 +40,7 @@ absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image
                                                    layout_->group_size()));
   }
   Pending pending;
+  pending.attempt = attempt;
   const uint64_t stripes = layout_->StripeCount(image_bytes);
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
     if (!layout_->IsParityPosition(stripe, position_)) continue;
@@ -75,6 +77,10 @@ absl::Status ParityStore::Begin(int64_t step, const std::vector<uint64_t>& image
   }
   pending.complete = pending.missing == 0;
   absl::MutexLock lock(&mutex_);
+  if (auto it = pending_.find(step); it != pending_.end() && it->second.attempt > attempt) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is open for attempt ",
+                                                      it->second.attempt, ", newer than ", attempt));
+  }
   pending_[step] = std::move(pending);
   changed_.SignalAll();
   return absl::OkStatus();
@@ -85,7 +91,11 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   {
     absl::MutexLock lock(&mutex_);
     const absl::Time deadline = absl::Now() + begin_wait_;
-    while (!pending_.contains(header.step)) {
+    auto open = [&] {
+      auto it = pending_.find(header.step);
+      return it != pending_.end() && it->second.attempt >= header.attempt;
+    };
+    while (!open()) {
       if (committed_step_ && header.step <= *committed_step_) {
         return absl::FailedPreconditionError(
             absl::StrCat("parity data for step ", header.step, ", which is already committed"));
@@ -96,13 +106,15 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
       }
     }
     Pending& pending = pending_[header.step];
+    if (pending.attempt != header.attempt) return absl::OkStatus();  // an older attempt's: dropped
     auto unit = pending.units.find(header.stripe);
     if (unit == pending.units.end()) {
       return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ": this node holds no "
                                                      "parity of stripe ", header.stripe));
     }
+    // Bounds from the wire, checked without overflow: the offset may be anything.
     if (header.stripe_unit >= static_cast<uint32_t>(layout_->data_units()) ||
-        header.offset + header.length > unit->second.bytes) {
+        header.offset > unit->second.bytes || header.length > unit->second.bytes - header.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", header.step, ", stripe ", header.stripe, ": data unit ", header.stripe_unit,
           " bytes [", header.offset, ", ", header.offset + header.length, ") do not fit a unit of ",
@@ -135,7 +147,8 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   }
   absl::MutexLock lock(&mutex_);
   auto it = pending_.find(header.step);
-  if (it == pending_.end()) return absl::OkStatus();  // aborted meanwhile
+  // Aborted, or opened again by a newer attempt, meanwhile.
+  if (it == pending_.end() || it->second.attempt != header.attempt) return absl::OkStatus();
   it->second.missing -= header.length;
   if (it->second.missing == 0) {
     it->second.complete = true;

@@ -2,6 +2,8 @@
 // the coordinator tells the node every image size of the group, filled as the data nodes' units
 // arrive over the data plane (each added with its Reed-Solomon coefficient), and are complete when
 // every expected byte has arrived. The committed step's units stay until the next step commits.
+// Each opening is one attempt (the coordinator's fencing token): a step opened again by a newer
+// coordinator starts afresh, and frames of an older attempt are dropped.
 #ifndef MOESNAP_DAEMON_PARITY_STORE_H_
 #define MOESNAP_DAEMON_PARITY_STORE_H_
 
@@ -45,10 +47,12 @@ class ParityStore {
   // every data unit is expected (a full encode). With it (a sparse step of an unchanged layout),
   // units start as copies of the committed ones and only the deltas of units marked changed
   // (changed[position][unit]) are expected.
-  absl::Status Begin(int64_t step, const std::vector<uint64_t>& image_bytes,
+  // Opening a step again with a newer `attempt` replaces the older attempt's units.
+  absl::Status Begin(int64_t step, int64_t attempt, const std::vector<uint64_t>& image_bytes,
                      const std::vector<std::vector<bool>>* changed);
-  // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin (a fast data node's
-  // units can arrive before the coordinator's Encode reaches this node).
+  // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin of its attempt (a fast
+  // data node's units can arrive before the coordinator's Encode reaches this node); a frame of an
+  // older attempt than the one open is dropped.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
   // Waits until every expected byte of `step` has arrived, then checksums the units.
   absl::Status WaitComplete(int64_t step, absl::Time deadline);
@@ -70,6 +74,7 @@ class ParityStore {
 
  private:
   struct Pending {
+    int64_t attempt = 0;
     std::map<uint64_t, ParityUnit> units;
     std::map<uint64_t, uint64_t> expected;  // stripe -> data bytes still to arrive
     uint64_t missing = 0;

@@ -4,8 +4,9 @@
 # step; it SIGKILLs the trainer while a snapshot is being copied, then SIGKILLs the daemon, and each
 # time a fresh trainer restores and checks every byte. Part 2 kills a PyTorch MoE trainer the same
 # way and compares its losses and final state with an uninterrupted run. Part 3 runs a cluster of six
-# daemons (k = 4, m = 2) with a trainer per node, loses two nodes with their memory, rebuilds them
-# from parity and checks every byte on every node, then loses three (more than m) and shows the error.
+# daemons (k = 4, m = 2) on a local etcd (or the one $MOESNAP_DEMO_ETCD names, "host:port,..."),
+# with a trainer per node, loses two nodes with their memory, rebuilds them from parity and checks
+# every byte on every node, then loses three (more than m) and shows the error.
 # Part 4 shows the erasure layer alone. Part 5 runs a 3-stage pipeline on a 3-node cluster, loses a
 # stage's trainer and then a stage's node, and recovers each stage alone from its sparse window and
 # its neighbours' upstream logs. Extra arguments go to moesnap-erasure-demo.
@@ -117,28 +118,44 @@ kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null || true; daemon_pid=""
 echo
 echo "== part 3: a cluster of 6 moesnapd on loopback (k=4 data + m=2 parity), a trainer per node"
 cluster_pids=()
+etcd_pid=""
 cluster_cleanup() {
-  for pid in "${cluster_pids[@]}"; do
+  for pid in "${cluster_pids[@]}" "$etcd_pid"; do
     [ -n "$pid" ] && { kill -9 "$pid"; wait "$pid"; } 2>/dev/null || true
   done
   rm -f /dev/shm/"$pool"-node*.data /dev/shm/"$pool"-node*.journal
   cleanup
 }
 trap cluster_cleanup EXIT
-read -r -a ports <<< "$(/usr/bin/python3 -c '
+# The job's control state (who is where, who coordinates, what each step's outcome is) lives in
+# etcd: an existing one, or one started here for the demo.
+if [ -n "${MOESNAP_DEMO_ETCD:-}" ]; then
+  etcd_endpoints=$MOESNAP_DEMO_ETCD
+  echo "etcd: $etcd_endpoints (from MOESNAP_DEMO_ETCD)"
+else
+  read -r etcd_client etcd_peer <<< "$(/usr/bin/python3 -c '
 import socket
-sockets = [socket.socket() for _ in range(12)]
+sockets = [socket.socket() for _ in range(2)]
 for s in sockets: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in sockets))')"
-nodes=""
-for id in 0 1 2 3 4 5; do
-  nodes+=$'[[cluster.nodes]]\n'"id = $id"$'\nhost = "127.0.0.1"\n'
-  nodes+="control_port = ${ports[$((2 * id))]}"$'\n'"data_port = ${ports[$((2 * id + 1))]}"$'\n'
-done
+  etcd_endpoints="127.0.0.1:$etcd_client"
+  etcd --name demo --data-dir "$work/etcd" --listen-client-urls "http://$etcd_endpoints" \
+    --advertise-client-urls "http://$etcd_endpoints" --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "demo=http://127.0.0.1:$etcd_peer" --log-level warn 2>"$work/etcd.log" &
+  etcd_pid=$!
+  for _ in $(seq 200); do
+    /usr/bin/python3 -c "import urllib.request, sys; sys.exit(b'\"true\"' not in
+urllib.request.urlopen('http://$etcd_endpoints/health', timeout=1).read())" 2>/dev/null && break
+    sleep 0.05
+  done
+  echo "etcd: started on $etcd_endpoints for the demo (point MOESNAP_DEMO_ETCD at an existing one)"
+fi
+etcd_list="\"${etcd_endpoints//,/\", \"}\""
+# One [cluster] section for every node; each daemon gets its id and address on the command line,
+# as a Slurm or Kubernetes job would from its environment.
 for id in 0 1 2 3 4 5; do
   cat > "$work/node$id.toml" <<CONFIG
-[node]
-id = $id
 [agent]
 socket = "$work/node$id.agent.sock"
 [admin]
@@ -150,16 +167,21 @@ name = "$pool-node$id"
 bytes = "128MiB"
 lock = "off"
 [cluster]
+job = "demo-$$"
+node_count = 6
 data_units = 4
 parity_units = 2
 stripe_unit_bytes = "1MiB"
-heartbeat_timeout_ms = 1000
-$nodes
+lease_ttl_ms = 2000
+etcd_endpoints = [$etcd_list]
+control_port = 0
+data_port = 0
 CONFIG
 done
 start_node() {
   rm -f "$work/node$1.agent.sock"
-  "$bin/moesnapd" --config "$work/node$1.toml" 2>>"$work/node$1.log" &
+  "$bin/moesnapd" --config "$work/node$1.toml" --node-id "$1" --advertise-host 127.0.0.1 \
+    2>>"$work/node$1.log" &
   cluster_pids[$1]=$!
   for _ in $(seq 400); do serving "$work/node$1.admin.sock" "${cluster_pids[$1]}" && return 0; sleep 0.05; done
   echo "node $1 did not start; its log:" >&2; cat "$work/node$1.log" >&2; exit 1
@@ -201,7 +223,7 @@ wait_settled
 trainer_pids=()
 for id in 0 1 2 3 4 5; do node_trainer $id --mode train --steps 8 > "$work/train$id.log" & trainer_pids+=($!); done
 for pid in "${trainer_pids[@]}"; do wait "$pid"; done
-# Each node learns its peers' state from their heartbeats: wait until node 0 has heard all six.
+# Every node applies the decision of step 8 from etcd: wait until all six report it.
 for _ in $(seq 50); do [ "$(ctl 0 cluster status | grep -c ' live.* 8 ')" = 6 ] && break; sleep 0.1; done
 echo "6 trainers ran 8 steps; every step committed on all nodes with parity spread over the group:"
 ctl 0 cluster status

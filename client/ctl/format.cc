@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/ctl/progress_bar.h"
 #include "client/ctl/durable_format.h"
 #include "common/byte_size.h"
@@ -187,23 +189,41 @@ std::string FormatDrop(int64_t step, const v1::DropStepResponse& drop) {
 
 std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster) {
   std::string out = absl::StrCat(
-      "node ", cluster.node_id(), ", k=", cluster.shape().data_units(), " m=",
-      cluster.shape().parity_units(), ", stripe unit ",
+      "node ", cluster.node_id(), " of job '", cluster.job(), "', k=", cluster.shape().data_units(),
+      " m=", cluster.shape().parity_units(), ", stripe unit ",
       FormatByteSize(cluster.shape().stripe_unit_bytes()), ", latest committed step ",
       cluster.has_latest_committed_step() ? absl::StrCat(cluster.latest_committed_step()) : "none",
       "\n");
+  absl::StrAppend(&out, "etcd ", absl::StrJoin(cluster.etcd_endpoints(), ","), ": ");
+  if (cluster.has_etcd_unreachable_since_unix_ms()) {
+    const absl::Time since = absl::FromUnixMillis(cluster.etcd_unreachable_since_unix_ms());
+    absl::StrAppend(&out, "unreachable since ",
+                    absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", since, absl::LocalTimeZone()), " (",
+                    absl::ToInt64Seconds(absl::Now() - since),
+                    " s): commits are paused, captures go on\n");
+  } else {
+    absl::StrAppend(&out, "reachable\n");
+  }
   if (!cluster.last_abort().empty()) absl::StrAppend(&out, "last abort: ", cluster.last_abort(), "\n");
-  std::vector<std::vector<std::string>> rows = {{"NODE", "GROUP", "POS", "ADDRESS", "STATE",
+  if (!cluster.rebuild_error().empty()) {
+    absl::StrAppend(&out, "last rebuild failed (tried again): ", cluster.rebuild_error(), "\n");
+  }
+  std::vector<std::vector<std::string>> rows = {{"NODE", "GROUP", "POS", "ADDRESS", "HOST", "STATE",
                                                  "COMMITTED", "DATA", "PARITY", "IN FLIGHT"}};
   for (const v1::ClusterNodeStatus& node : cluster.nodes()) {
     std::string state = node.live() ? "live" : "lost";
     if (node.live() && node.rebuilding()) state = "rebuilding";
-    if (node.coordinator()) state += ", coordinator";
-    if (!node.live() && node.silent_ms() >= 0) absl::StrAppend(&state, " (", node.silent_ms(), " ms)");
-    const bool known = node.live() || node.memory().pool_bytes() > 0;
+    if (node.live() && !node.answered()) state = "live, not answering";
+    if (node.coordinator()) {
+      absl::StrAppend(&state, ", coordinator (token ", cluster.coordinator_token(), ")");
+    }
+    const bool known = node.answered();
     rows.push_back({absl::StrCat(node.node_id()), absl::StrCat(node.group()),
                     absl::StrCat(node.position()),
-                    absl::StrCat(node.host(), ":", node.control_port(), "/", node.data_port()), state,
+                    node.live() ? absl::StrCat(node.host(), ":", node.control_port(), "/",
+                                               node.data_port())
+                                : "-",
+                    node.live() ? node.hostname() : "-", state,
                     node.has_latest_committed_step() ? absl::StrCat(node.latest_committed_step()) : "-",
                     known ? FormatByteSize(node.memory().data_bytes()) : "-",
                     known ? FormatByteSize(node.memory().parity_bytes()) : "-",

@@ -3,18 +3,25 @@
 #include "daemon/cluster/cluster.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/decision_feed.h"
+#include "daemon/cluster/etcd_control.h"
+#include "daemon/cluster/etcd_keys.h"
+#include "daemon/cluster/etcd_session.h"
 #include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
 #include "daemon/cluster/membership.h"
 #include "daemon/cluster/node_table.h"
+#include "daemon/cluster/parallel.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/cluster/peer_client.h"
 #include "daemon/cluster/peer_service.h"
@@ -34,21 +41,36 @@ std::shared_ptr<grpc::ServerCredentials> PeerServerCredentials() {
   return grpc::InsecureServerCredentials();
 }
 
+std::string Hostname() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string();
+}
+
+std::string HostPort(const std::string& host, uint16_t port) {
+  const bool bracket = host.find(':') != std::string::npos && host[0] != '[';
+  return absl::StrCat(bracket ? "[" : "", host, bracket ? "]" : "", ":", port);
+}
+
 }  // namespace
 
 // Declared in construction order; destroyed in reverse after the server stopped.
 struct Cluster::Units {
-  ClusterStore* store = nullptr;
-  Pool* pool = nullptr;
+  explicit Units(const ClusterOptions& options) : keys(options.job) {}
+
+  cluster::EtcdKeys keys;
   std::unique_ptr<const cluster::Topology> topology;
   std::unique_ptr<cluster::NodeTable> nodes;
   std::unique_ptr<cluster::PeerClient> peers;
   cluster::ClusterContext context;
+  std::unique_ptr<cluster::EtcdSession> session;
+  std::unique_ptr<cluster::DecisionLog> decisions;
+  std::unique_ptr<cluster::Leadership> leadership;
   std::unique_ptr<ParityStore> parity;
   std::unique_ptr<cluster::Transfer> transfer;
   std::unique_ptr<cluster::Membership> membership;
   std::unique_ptr<cluster::Rebuilder> rebuilder;
   std::unique_ptr<cluster::Participant> participant;
+  std::unique_ptr<cluster::DecisionFeed> feed;
   std::unique_ptr<cluster::Coordinator> coordinator;
   std::unique_ptr<cluster::RemoteRestore> remote_restore;
   std::unique_ptr<cluster::LogForwarding> log_forwarding;
@@ -71,19 +93,32 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
         "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
         "deltas against the lost node's last image; set it to false (the default)");
   }
-  auto units = std::make_unique<Units>();
-  units->store = store;
-  units->pool = pool;
+  if (absl::Status status = options.Validate(node_id); !status.ok()) return status;
+  auto units = std::make_unique<Units>(options);
   absl::StatusOr<std::unique_ptr<const cluster::Topology>> topology =
       cluster::Topology::Create(node_id, options);
   if (!topology.ok()) return topology.status();
   units->topology = *std::move(topology);
-  const absl::Duration interval = cluster::HeartbeatInterval(options);
-  units->nodes = std::make_unique<cluster::NodeTable>(
-      node_id, options.nodes, absl::Milliseconds(options.heartbeat_timeout_ms));
-  units->peers = cluster::NewGrpcPeerClient(units->nodes.get(), {interval});
+  units->nodes = std::make_unique<cluster::NodeTable>(options.node_count);
+  units->peers = cluster::NewGrpcPeerClient(units->nodes.get(), {});
   units->context = {units->topology.get(), units->nodes.get(), units->peers.get()};
   const cluster::ClusterContext& context = units->context;
+
+  absl::StatusOr<std::unique_ptr<cluster::EtcdSession>> session =
+      cluster::EtcdSession::Start(options);
+  if (!session.ok()) return session.status();
+  units->session = *std::move(session);
+  units->decisions = cluster::NewEtcdDecisionLog(units->session.get(), units->keys, node_id);
+  units->leadership = cluster::NewEtcdLeadership(units->session.get(), units->keys, node_id);
+  units->membership =
+      std::make_unique<cluster::Membership>(context, units->session.get(), units->keys);
+  // A member with another config refuses this daemon now; etcd out of reach is checked again
+  // before this node registers.
+  if (absl::Status status = units->membership->CheckConfig(); absl::IsFailedPrecondition(status)) {
+    return status;
+  } else if (!status.ok()) {
+    Log(LogLevel::kWarning, status.message(), "; starting, and joining once etcd answers");
+  }
 
   units->parity = std::make_unique<ParityStore>(
       pool, units->topology->codec.get(), &units->topology->layout, units->topology->position,
@@ -92,17 +127,19 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
     return status;
   }
   units->transfer = std::make_unique<cluster::Transfer>(context, store, units->parity.get());
-  if (absl::Status status = units->transfer->Start(); !status.ok()) return status;
-  units->membership = std::make_unique<cluster::Membership>(context);
+  const std::string listen = options.ListenHost();
+  absl::StatusOr<uint16_t> data_port = units->transfer->Start(listen, options.data_port);
+  if (!data_port.ok()) return data_port.status();
   units->rebuilder = std::make_unique<cluster::Rebuilder>(
-      context, store, units->parity.get(), units->transfer.get(), pool,
-      cluster::RebuildOptions{.settle = interval * 3,
-                              .retry_interval = absl::Milliseconds(options.heartbeat_timeout_ms)});
+      context, store, units->parity.get(), units->transfer.get(), pool, units->decisions.get(),
+      cluster::RebuildOptions{});
   units->participant = std::make_unique<cluster::Participant>(
       context, store, units->parity.get(), units->transfer.get(), units->rebuilder.get(),
-      units->membership.get());
-  units->coordinator = std::make_unique<cluster::Coordinator>(context, units->membership.get(),
-                                                              units->participant.get());
+      units->decisions.get());
+  units->feed = std::make_unique<cluster::DecisionFeed>(
+      units->session.get(), units->keys, units->decisions.get(), units->participant.get());
+  units->coordinator = std::make_unique<cluster::Coordinator>(
+      context, units->leadership.get(), units->decisions.get());
   units->remote_restore = std::make_unique<cluster::RemoteRestore>(
       context, store, units->transfer.get(), units->rebuilder.get());
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
@@ -111,33 +148,42 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
                                                          durable);
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{
-      units->membership.get(), units->coordinator.get(), units->participant.get(),
-      units->transfer.get(), units->rebuilder.get(), units->remote_restore.get(),
-      units->log_forwarding.get(), units->report.get(), units->durable.get()});
+      units->coordinator.get(), units->participant.get(), units->transfer.get(),
+      units->rebuilder.get(), units->remote_restore.get(), units->log_forwarding.get(),
+      units->report.get(), units->durable.get()});
 
-  const ClusterNode self = *units->nodes->Address(node_id);
   grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(self.host, ":", self.control_port), PeerServerCredentials(),
-                           &bound_port);
+  int control_port = 0;
+  builder.AddListeningPort(HostPort(listen, options.control_port), PeerServerCredentials(),
+                           &control_port);
   builder.RegisterService(units->service.get());
   builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
   units->server = builder.BuildAndStart();
-  if (units->server == nullptr || bound_port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve the Peer service on ", self.host, ":",
-                                               self.control_port, " (is the port in use?)"));
+  if (units->server == nullptr || control_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve the Peer service on ",
+                                               HostPort(listen, options.control_port),
+                                               " (is the port in use?)"));
   }
-  // The config check: every peer that answers now must agree, or this daemon does not join.
-  if (absl::Status status = units->membership->Join(); !status.ok()) return status;
-  units->membership->Start();
+
+  v1::MemberRecord self;
+  self.set_node_id(node_id);
+  self.set_host(options.advertise_host);
+  self.set_control_port(static_cast<uint32_t>(control_port));
+  self.set_data_port(*data_port);
+  self.set_hostname(Hostname());
+  self.set_config_digest(options.Digest());
+  *self.mutable_shape() = cluster::ShapeOf(options);
+  units->membership->Start(self);
+  units->feed->Start();
+  units->rebuilder->Start();
   units->participant->Start();
   units->coordinator->Start();
-  units->rebuilder->Start();
   const cluster::Topology& shape = *units->topology;
-  Log(LogLevel::kInfo, "node ", node_id, " is position ", shape.position, " of group ", shape.group,
-      " [", absl::StrJoin(shape.groups[shape.group], ", "), "], k=", options.data_units,
-      " m=", options.parity_units, "; peers on ", self.host, ":", self.control_port,
-      ", data plane on port ", self.data_port);
+  Log(LogLevel::kInfo, "node ", node_id, " of job '", options.job, "' is position ", shape.position,
+      " of group ", shape.group, " [", absl::StrJoin(shape.groups[shape.group], ", "),
+      "], k=", options.data_units, " m=", options.parity_units, "; advertised as ",
+      HostPort(options.advertise_host, static_cast<uint16_t>(control_port)), " (data plane port ",
+      *data_port, "), etcd at ", absl::StrJoin(options.etcd_endpoints, ", "));
   return std::unique_ptr<Cluster>(new Cluster(std::move(units)));
 }
 
@@ -149,41 +195,62 @@ v1::ClusterStatusResponse Cluster::Status() const {
   const ClusterOptions& options = topology.options;
   v1::ClusterStatusResponse response;
   response.set_node_id(topology.node_id);
+  response.set_job(options.job);
+  for (const std::string& endpoint : options.etcd_endpoints) response.add_etcd_endpoints(endpoint);
+  if (std::optional<absl::Time> since = units_->session->unreachable_since()) {
+    response.set_etcd_unreachable_since_unix_ms(absl::ToUnixMillis(*since));
+  }
   response.set_full_encodes(units_->participant->full_encodes());
   response.set_delta_encodes(units_->participant->delta_encodes());
   response.set_parity_bytes_sent(units_->participant->parity_bytes_sent());
   response.mutable_shape()->set_data_units(options.data_units);
   response.mutable_shape()->set_parity_units(options.parity_units);
   response.mutable_shape()->set_stripe_unit_bytes(options.stripe_unit_bytes);
-  const v1::HeartbeatResponse mine = units_->report->Heartbeat();
+  response.set_last_abort(units_->participant->last_abort());
+  response.set_rebuild_error(std::string(units_->rebuilder->last_failure().message()));
+  response.set_peer_calls(units_->peers->calls());
+  response.set_etcd_writes(units_->session->writes());
+  response.set_etcd_keep_alives(units_->session->keep_alives());
+  const std::optional<cluster::LeaderView> leader = units_->nodes->Leader();
+  if (leader) response.set_coordinator_token(leader->token);
+  const v1::NodeReport mine = units_->report->Describe();
   if (mine.has_latest_committed_step()) {
     response.set_latest_committed_step(mine.latest_committed_step());
   }
-  response.set_last_abort(units_->participant->last_abort());
-  const uint32_t coordinator = units_->membership->Coordinator();
-  for (uint32_t id : units_->nodes->Ids()) {
-    const std::optional<cluster::NodeView> view = units_->nodes->View(id);
+  // What every other live node says of itself, asked now.
+  const std::vector<uint32_t> ids = units_->nodes->Ids();
+  std::vector<std::optional<v1::NodeReport>> reports(ids.size());
+  cluster::InParallel(ids, [&](uint32_t id) -> absl::Status {
+    if (id == topology.node_id) {
+      reports[id] = mine;
+    } else if (units_->nodes->Live(id)) {
+      absl::StatusOr<v1::NodeReport> report = units_->peers->Describe(id);
+      if (report.ok()) reports[id] = *std::move(report);
+    }
+    return absl::OkStatus();
+  });
+  for (uint32_t id : ids) {
+    const cluster::NodeView view = units_->nodes->View(id);
     v1::ClusterNodeStatus* node = response.add_nodes();
     node->set_node_id(id);
-    node->set_host(view->address.host);
-    node->set_control_port(view->address.control_port);
-    node->set_data_port(view->address.data_port);
+    node->set_host(view.address.host);
+    node->set_control_port(view.address.control_port);
+    node->set_data_port(view.address.data_port);
+    node->set_hostname(view.hostname);
+    node->set_incarnation(view.incarnation);
     const auto [group, position] = *options.GroupOf(id);
     node->set_group(group);
     node->set_position(position);
-    node->set_live(view->live);
-    node->set_coordinator(id == coordinator);
-    const v1::HeartbeatResponse& report = id == topology.node_id ? mine : view->report;
-    if (id != topology.node_id) {
-      node->set_silent_ms(view->last_seen == absl::InfinitePast()
-                              ? -1
-                              : absl::ToInt64Milliseconds(absl::Now() - view->last_seen));
+    node->set_live(view.live);
+    node->set_coordinator(leader && leader->node_id == id);
+    if (const std::optional<v1::NodeReport>& report = reports[id]) {
+      node->set_answered(true);
+      if (report->has_latest_committed_step()) {
+        node->set_latest_committed_step(report->latest_committed_step());
+      }
+      node->set_rebuilding(report->rebuilding());
+      *node->mutable_memory() = report->memory();
     }
-    if (report.has_latest_committed_step()) {
-      node->set_latest_committed_step(report.latest_committed_step());
-    }
-    node->set_rebuilding(report.rebuilding());
-    *node->mutable_memory() = report.memory();
   }
   return response;
 }

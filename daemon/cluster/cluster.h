@@ -1,16 +1,19 @@
 // The daemon's part in a cluster, assembled from units under daemon/cluster/ that each do one job:
-//   node_table   who the nodes are, where, and which are live (membership writes it)
-//   peer_client  every call to a peer: channels, deadlines, retries, status conversion
-//   membership   heartbeats, the config check at join, the coordinator choice
-//   transfer     bytes over the data plane: data units to parity holders, units to rebuilders
-//   rebuild      decoding a node's units from its group: rebuild, repair
-//   participant  this node's side of every step's commit
-//   coordinator  the two-phase commit of every step across the nodes
+//   node_table     who holds each node id, where, which are live, who coordinates
+//   peer_client    every call to a peer: channels, deadlines, retries, status conversion
+//   etcd_session   the client, this node's lease, whether etcd is reachable
+//   membership     this node's key in etcd, the config check at join, the node table kept current
+//   etcd_control   the decision log (fenced write-once keys) and the leadership (election)
+//   transfer       bytes over the data plane: data units to parity holders, units to rebuilders
+//   rebuild        decoding a node's units from its group: rebuild, repair
+//   participant    this node's side of every step's commit, acting on decisions etcd holds
+//   decision_feed  every decision etcd holds, handed to the participant in order
+//   coordinator    elected on etcd, runs each step's commit and writes its decision
 //   remote_restore, log_forwarding  elastic restore and upstream logs across nodes
-//   peer_service the Peer gRPC service, translation only
+//   peer_service   the Peer gRPC service, translation only
 // Units depend on the shared context (context.h) and on each other in that order, never back.
-// Nodes sorted by id form groups of k + m; each node keeps its own data whole and holds parity for
-// its group; stripes rotate parity; sparse steps send deltas.
+// Node ids 0 .. node_count - 1 form groups of k + m; each node keeps its own data whole and holds
+// parity for its group; stripes rotate parity; sparse steps send deltas.
 #ifndef MOESNAP_DAEMON_CLUSTER_CLUSTER_H_
 #define MOESNAP_DAEMON_CLUSTER_CLUSTER_H_
 
@@ -33,10 +36,10 @@ namespace moesnap::daemon {
 
 class Cluster {
  public:
-  // Starts the Peer service and the data plane on this node's ports, checks the cluster config with
-  // every peer that answers (a difference is an error naming it), and starts a rebuild if this
-  // node's committed step is behind its group's. `durable` (null: no durable tier) is where this
-  // node's durable steps are, for the peers that ask.
+  // Starts the Peer service and the data plane on this node's ports, checks the job's config
+  // against every member's in etcd (a difference is an error naming it), registers this node, and
+  // rebuilds it if its committed step is behind the latest one etcd holds. `durable` (null: no
+  // durable tier) is where this node's durable steps are, for the peers that ask.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
                                                         ClusterStore* store, UpstreamLog* log,
@@ -48,9 +51,9 @@ class Cluster {
   // has finished); why it cannot when the rebuild failed. Every restore, and every answer about
   // what is committed, waits for it.
   absl::Status WaitRestorable(absl::Time deadline) const;
-  // Fault injection: as coordinator of the first step at or after `step` that reaches its commit,
-  // commit it on the first half of the nodes and SIGKILL this process (a coordinator dying between
-  // commits). "At or after": an earlier step aborted by a slow start must not skip the fault.
+  // Fault injection: as coordinator, SIGKILL this process right after writing the decision of the
+  // first step at or after `step` that commits (a coordinator dying before any node acted on its
+  // decision). "At or after": an earlier step aborted by a slow start must not skip the fault.
   void set_crash_in_commit_for_testing(int64_t step);
   // Rebuilds node `node_id` (this one, or asks that node to).
   absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node_id);

@@ -1,21 +1,28 @@
-// Coordinator: proposals, rounds, and finishing steps a lost coordinator left open.
+// Coordinator: the campaign, what is decided, rounds, and fenced decisions.
 #include "daemon/cluster/coordinator.h"
 
 #include <signal.h>
 
-#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
+namespace {
 
-Coordinator::Coordinator(const ClusterContext& context, const Membership* membership,
-                         const Participant* local)
-    : context_(context), membership_(membership), local_(local) {}
+// How long a leader waits for proposals before it looks whether it still leads.
+constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
+constexpr absl::Duration kMaxDecideBackoff = absl::Seconds(1);
+
+}  // namespace
+
+Coordinator::Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
+                         const CoordinatorOptions& options)
+    : context_(context), leadership_(leadership), log_(log), options_(options) {}
 
 Coordinator::~Coordinator() {
   {
@@ -27,83 +34,192 @@ Coordinator::~Coordinator() {
 }
 
 void Coordinator::Start() {
-  loop_ = std::thread([this] { Loop(); });
+  loop_ = std::thread([this] {
+    while (!stopping()) {
+      absl::StatusOr<int64_t> token = leadership_->Campaign(options_.campaign_wait);
+      if (!token.ok()) {
+        if (!absl::IsDeadlineExceeded(token.status())) {
+          absl::MutexLock lock(&mutex_);
+          changed_.WaitWithTimeout(&mutex_, options_.campaign_wait);
+        }
+        continue;
+      }
+      Lead(*token);
+      // Stepping down lets the next candidate lead at once instead of after a lease.
+      leadership_->Resign(*token);
+    }
+  });
+}
+
+bool Coordinator::stopping() const {
+  absl::MutexLock lock(&mutex_);
+  return stopping_;
+}
+
+int64_t Coordinator::token() const {
+  absl::MutexLock lock(&mutex_);
+  return token_;
 }
 
 absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeRequest& request) {
-  const uint32_t coordinator = membership_->Coordinator();
-  if (coordinator != context_.node_id()) {
-    return absl::FailedPreconditionError(absl::StrCat("node ", coordinator, " is the coordinator"));
+  absl::MutexLock lock(&mutex_);
+  if (token_ == 0) {
+    const std::optional<LeaderView> leader = context_.nodes->Leader();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", context_.node_id(), " does not coordinate",
+        leader ? absl::StrCat("; node ", leader->node_id, " does (token ", leader->token, ")")
+               : ""));
   }
   v1::ProposeResponse response;
-  absl::MutexLock lock(&mutex_);
-  if (!last_round_ || request.step() > *last_round_) {
-    proposed_.insert(request.step());
-  } else if (request.step() != running_round_) {
+  if (decided_.contains(request.step()) || (base_ && request.step() <= *base_)) {
     response.set_decided(true);
+    return response;
   }
+  proposed_.insert(request.step());
   changed_.SignalAll();
   return response;
 }
 
-void Coordinator::Loop() {
-  const absl::Duration poll = HeartbeatInterval(context_.options());
-  while (true) {
+void Coordinator::Lead(int64_t token) {
+  // What is decided already: the previous coordinators' decisions, read from etcd.
+  absl::StatusOr<std::vector<v1::StepDecision>> known = log_->DecisionsAfter(std::nullopt);
+  while (!known.ok()) {
+    if (stopping() || !leadership_->Holds(token)) return;
+    absl::MutexLock lock(&mutex_);
+    changed_.WaitWithTimeout(&mutex_, kIdleWake);
+    known = log_->DecisionsAfter(std::nullopt);
+  }
+  {
+    absl::MutexLock lock(&mutex_);
+    decided_.clear();
+    base_.reset();
+    last_round_.reset();
+    for (const v1::StepDecision& decision : *known) {
+      decided_[decision.step()] = decision.committed();
+      if (decision.committed()) base_ = decision.step();
+      last_round_ = decision.step();
+    }
+    for (auto it = proposed_.begin(); it != proposed_.end();) {
+      it = decided_.contains(*it) ? proposed_.erase(it) : std::next(it);
+    }
+    token_ = token;
+  }
+  Log(LogLevel::kInfo, "node ", context_.node_id(), " coordinates with fencing token ", token,
+      "; the latest committed step is ", base_ ? absl::StrCat(*base_) : "none");
+  while (!stopping() && leadership_->Holds(token)) {
     std::optional<int64_t> step;
     {
       absl::MutexLock lock(&mutex_);
-      if (stopping_) return;
-      if (proposed_.empty()) changed_.WaitWithTimeout(&mutex_, poll);
-      if (stopping_) return;
-      // Lock order: this unit's mutex, then the node table's (which calls nothing back).
-      if (membership_->Coordinator() == context_.node_id() && !proposed_.empty()) {
+      if (proposed_.empty()) changed_.WaitWithTimeout(&mutex_, kIdleWake);
+      if (!proposed_.empty()) {
         step = *proposed_.begin();
         proposed_.erase(proposed_.begin());
-        last_round_ = step;
-        running_round_ = step;
       }
     }
-    if (membership_->Coordinator() == context_.node_id()) ResolveOrphans();
-    if (step) RunRound(*step);
+    if (step && !RunRound(*step, token)) break;
+  }
+  Log(LogLevel::kInfo, "node ", context_.node_id(), " no longer coordinates (token ", token, ")");
+  absl::MutexLock lock(&mutex_);
+  token_ = 0;
+}
+
+bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std::string& reason) {
+  v1::StepDecision decision;
+  decision.set_step(step);
+  decision.set_committed(committed);
+  decision.set_token(token);
+  decision.set_coordinator(context_.node_id());
+  decision.set_reason(reason);
+  absl::Duration backoff = absl::Milliseconds(50);
+  while (true) {
+    absl::StatusOr<v1::StepDecision> held = log_->Decide(decision);
+    if (held.ok()) {
+      ++decisions_;
+      if (held->committed() != committed || held->token() != token) {
+        Log(LogLevel::kWarning, "step ", step, " was decided before this coordinator: ",
+            held->committed() ? "committed" : "aborted", " under token ", held->token());
+      }
+      if (committed && held->committed() && crash_in_commit_ >= 0 && step >= crash_in_commit_) {
+        Log(LogLevel::kWarning, "fault injection: SIGKILL right after deciding step ", step);
+        raise(SIGKILL);
+      }
+      std::optional<int64_t> forget;
+      {
+        absl::MutexLock lock(&mutex_);
+        decided_[step] = held->committed();
+        if (held->committed()) {
+          const std::optional<int64_t> previous = base_;
+          base_ = std::max(base_.value_or(step), step);
+          // Every node applied the base this step was encoded against; no one needs what is older.
+          if (++commits_since_forget_ >= options_.forget_every && previous) {
+            commits_since_forget_ = 0;
+            forget = previous;
+          }
+          decided_.erase(decided_.begin(), decided_.lower_bound(step));
+        }
+      }
+      if (forget) {
+        const absl::Status forgotten = log_->ForgetBefore(*forget, token);
+        if (!forgotten.ok()) {
+          Log(LogLevel::kWarning, "old decisions not dropped: ", forgotten.message());
+        }
+      }
+      return true;
+    }
+    if (absl::IsFailedPrecondition(held.status())) {
+      Log(LogLevel::kWarning, "the decision of step ", step, " was refused: this coordinator ",
+          "(token ", token, ") was deposed: ", held.status().message());
+      return false;
+    }
+    // etcd out of reach: the nodes keep the step open; the decision goes in once etcd answers,
+    // unless this coordinator's lease ends first (then the next one runs the step again).
+    if (stopping() || !leadership_->Holds(token)) return false;
+    Log(LogLevel::kWarning, "the decision of step ", step, " waits for etcd: ",
+        held.status().message());
     absl::MutexLock lock(&mutex_);
-    running_round_.reset();
+    changed_.WaitWithTimeout(&mutex_, backoff);
+    backoff = std::min(backoff * 2, kMaxDecideBackoff);
   }
 }
 
-absl::Status Coordinator::SendCommit(uint32_t id, int64_t step) {
-  v1::CommitRequest request;
-  request.set_coordinator(context_.node_id());
-  request.set_step(step);
-  return context_.peers->Commit(id, request);
-}
-
-absl::Status Coordinator::SendAbort(uint32_t id, int64_t step, const std::string& reason) {
-  v1::AbortRequest request;
-  request.set_coordinator(context_.node_id());
-  request.set_step(step);
-  request.set_reason(reason);
-  return context_.peers->Abort(id, request);
-}
-
-void Coordinator::RunRound(int64_t step) {
+bool Coordinator::RunRound(int64_t step, int64_t token) {
   const ClusterOptions& options = context_.options();
-  const std::vector<uint32_t> nodes = context_.nodes->Ids();
-  const absl::Time started = absl::Now();
-  auto abort = [&](const std::string& reason) {
-    Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
-    InParallel(nodes, [&](uint32_t id) { return SendAbort(id, step, reason); });
-  };
-  for (uint32_t id : nodes) {
-    if (!context_.nodes->Live(id)) {
-      abort(absl::StrCat("node ", id, " of group ", options.GroupOf(id)->first,
-                         " is lost; snapshots need every node of every group (rebuild it with a "
-                         "replacement daemon started with its id)"));
-      return;
+  std::optional<int64_t> base;
+  std::optional<int64_t> passed_over_by;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (decided_.contains(step)) return true;
+    if (last_round_ && step <= *last_round_) {
+      passed_over_by = last_round_;
+    } else {
+      last_round_ = step;
+      base = base_;
     }
   }
+  if (passed_over_by) {
+    // Proposed after a later step's round began: that step passed it over.
+    return Decide(step, token, false,
+                  absl::StrCat("captured on a node after the round of step ", *passed_over_by,
+                               " began"));
+  }
+  const std::vector<uint32_t> nodes = context_.nodes->Ids();
+  const absl::Time started = absl::Now();
+  std::vector<uint32_t> lost;
+  for (uint32_t id : nodes) {
+    if (!context_.nodes->Live(id)) lost.push_back(id);
+  }
+  if (!lost.empty()) {
+    const std::string reason = absl::StrCat(
+        "node", lost.size() > 1 ? "s [" : " ", absl::StrJoin(lost, ", "), lost.size() > 1 ? "]" : "",
+        " of group ", options.GroupOf(lost[0])->first,
+        lost.size() > 1 ? " are" : " is",
+        " lost; snapshots need every node of every group (rebuild it with a replacement daemon "
+        "started with its id)");
+    Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
+    return Decide(step, token, false, reason);
+  }
 
-  Log(LogLevel::kDebug, "step ", step, ": prepare");
-  // Phase 1a: every node captured the step.
+  Log(LogLevel::kDebug, "step ", step, ": prepare (token ", token, ")");
   std::map<uint32_t, v1::NodeImage> images;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
   absl::Mutex images_mutex;
@@ -112,6 +228,8 @@ void Coordinator::RunRound(int64_t step) {
     request.set_coordinator(context_.node_id());
     request.set_step(step);
     request.set_timeout_ms(options.commit_timeout_ms);
+    request.set_token(token);
+    if (base) request.set_base_step(*base);
     absl::StatusOr<v1::PrepareResponse> response = context_.peers->Prepare(id, request);
     if (!response.ok()) return response.status();
     absl::MutexLock lock(&images_mutex);
@@ -122,13 +240,14 @@ void Coordinator::RunRound(int64_t step) {
   });
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!prepared[i].ok()) {
-      abort(absl::StrCat("node ", nodes[i], " did not prepare: ", prepared[i].message()));
-      return;
+      const std::string reason =
+          absl::StrCat("node ", nodes[i], " did not prepare: ", prepared[i].message());
+      Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
+      return leadership_->Holds(token) && Decide(step, token, false, reason);
     }
   }
 
-  Log(LogLevel::kDebug, "step ", step, ": encode");
-  // Phase 1b: parity of every group delivered and stored.
+  Log(LogLevel::kDebug, "step ", step, ": encode against ", base ? absl::StrCat(*base) : "none");
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;
   std::atomic<uint64_t> sent{0};
   std::atomic<bool> delta{true};
@@ -137,8 +256,10 @@ void Coordinator::RunRound(int64_t step) {
     request.set_coordinator(context_.node_id());
     request.set_step(step);
     request.set_timeout_ms(options.commit_timeout_ms);
+    request.set_token(token);
+    if (base) request.set_base_step(*base);
     // Deltas update the group's committed parity, which exists only when every member holds the
-    // same committed step.
+    // same committed step (a node that went back to a durable step holds none).
     const std::vector<uint32_t>& group = groups[options.GroupOf(id)->first];
     for (uint32_t member : group) {
       *request.add_group_images() = images[member];
@@ -154,91 +275,20 @@ void Coordinator::RunRound(int64_t step) {
   });
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!encoded[i].ok()) {
-      abort(absl::StrCat("node ", nodes[i], " did not store its parity: ", encoded[i].message()));
-      return;
+      const std::string reason =
+          absl::StrCat("node ", nodes[i], " did not store its parity: ", encoded[i].message());
+      Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
+      return leadership_->Holds(token) && Decide(step, token, false, reason);
     }
   }
 
-  Log(LogLevel::kDebug, "step ", step, ": commit");
-  // Phase 2. Past this point the step is decided: a node that misses the commit learns it from
-  // its group when it comes back (rebuild), or from the next coordinator.
-  auto commit = [&](uint32_t id) { return SendCommit(id, step); };
-  if (crash_in_commit_ >= 0 && step >= crash_in_commit_) {
-    for (size_t i = 0; i < nodes.size() / 2; ++i) (void)commit(nodes[i]);
-    Log(LogLevel::kWarning, "fault injection: SIGKILL after committing step ", step, " on ",
-        nodes.size() / 2, " of ", nodes.size(), " nodes");
-    raise(SIGKILL);
-  }
-  std::vector<absl::Status> committed = InParallel(nodes, commit);
+  if (!Decide(step, token, true, "")) return false;
   uint64_t bytes = 0;
   for (const auto& [id, image] : images) bytes += image.bytes();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!committed[i].ok()) {
-      Log(LogLevel::kWarning, "step ", step, ": node ", nodes[i],
-          " did not confirm the commit: ", committed[i].message());
-    }
-  }
   Log(LogLevel::kInfo, "step ", step, " committed on ", nodes.size(), " nodes (", bytes,
       " bytes of data, ", sent.load(), delta ? " bytes of deltas" : " bytes of units",
       " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started));
-}
-
-void Coordinator::ResolveOrphans() {
-  std::set<int64_t> orphans;
-  for (uint32_t id : context_.nodes->LiveIds()) {
-    if (id == context_.node_id()) continue;
-    const std::optional<NodeView> peer = context_.nodes->View(id);
-    if (!peer || !peer->report.has_open_step()) continue;
-    const uint32_t owner = peer->report.open_step_coordinator();
-    if (owner != context_.node_id() && !context_.nodes->Live(owner)) {
-      orphans.insert(peer->report.open_step());
-    }
-  }
-  for (const OpenStepView& open : local_->OpenSteps()) {
-    if (open.coordinator != context_.node_id() && !context_.nodes->Live(open.coordinator)) {
-      orphans.insert(open.step);
-    }
-  }
-  {
-    // Heartbeats report an open step until the next one after its resolution.
-    absl::MutexLock lock(&mutex_);
-    for (int64_t step : resolved_orphans_) orphans.erase(step);
-  }
-  const std::vector<uint32_t> nodes = context_.nodes->LiveIds();
-  for (int64_t step : orphans) {
-    // The old coordinator committed only after every node encoded the step. So: a node committed,
-    // or every live node encoded it (the old coordinator may have begun committing) -> commit,
-    // which is always safe then; a live node that never encoded it -> no commit can have happened
-    // anywhere -> abort.
-    std::atomic<bool> any_committed{false};
-    std::atomic<bool> all_encoded{true};
-    InParallel(nodes, [&](uint32_t id) -> absl::Status {
-      v1::StepOutcomeRequest request;
-      request.set_step(step);
-      absl::StatusOr<v1::StepOutcomeResponse> response = context_.peers->StepOutcome(id, request);
-      if (response.ok() && response->state() == v1::STEP_STATE_COMMITTED) any_committed = true;
-      if (!response.ok() || (response->state() != v1::STEP_STATE_COMMITTED &&
-                             response->state() != v1::STEP_STATE_ENCODED)) {
-        all_encoded = false;
-      }
-      return response.status();
-    });
-    const bool commit = any_committed || all_encoded;
-    Log(LogLevel::kWarning, "step ", step, " was left open by a lost coordinator: ",
-        any_committed  ? "committing it (a node had committed)"
-        : all_encoded ? "committing it (every live node had encoded it)"
-                      : "aborting it (a live node had not encoded it, so none committed)");
-    std::vector<absl::Status> statuses = InParallel(nodes, [&](uint32_t id) {
-      return commit ? SendCommit(id, step)
-                    : SendAbort(id, step, "its coordinator was lost before every node encoded it");
-    });
-    // Until every live node took the decision, the next pass tries again.
-    if (std::all_of(statuses.begin(), statuses.end(),
-                    [](const absl::Status& status) { return status.ok(); })) {
-      absl::MutexLock lock(&mutex_);
-      resolved_orphans_.insert(step);
-    }
-  }
+  return true;
 }
 
 }  // namespace moesnap::daemon::cluster

@@ -1,66 +1,87 @@
-// The coordinator's rounds: for each step a node proposes, a two-phase commit across every node
-// (prepare and encode everywhere, then commit everywhere; abort if any node fails either). It runs
-// on every node and acts while its node is the coordinator (membership says which).
-//
-// A node commits only after every node has encoded, so if the coordinator dies the next one
-// finishes the open step: commit if any node committed it or every live node encoded it, abort
-// otherwise (then no node can have committed it).
+// The coordinator: one node at a time, elected on etcd, runs each proposed step's commit:
+//   prepare  every node reports its image of the step;
+//   encode   every node sends its units (or deltas against the base step) to the parity holders
+//            and answers once the parity it holds is complete;
+//   decide   the step's outcome, committed or aborted, is written once to etcd in a transaction
+//            that also requires this coordinator's leader key, so a deposed coordinator's decision
+//            fails and a step can never be both. Every node acts on that key, not on any message.
+// Every call carries the fencing token (the leader key's create revision); nodes refuse lower ones.
+// A coordinator that loses its lease (crash, pause, partition) is deposed; the next one learns
+// what is decided from etcd and runs again any step nodes propose that has no decision.
 #ifndef MOESNAP_DAEMON_CLUSTER_COORDINATOR_H_
 #define MOESNAP_DAEMON_CLUSTER_COORDINATOR_H_
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
-#include "daemon/cluster/membership.h"
-#include "daemon/cluster/participant.h"
+#include "daemon/cluster/control.h"
 
 namespace moesnap::daemon::cluster {
+
+struct CoordinatorOptions {
+  // Old decisions are dropped from the log once per this many committed steps.
+  int forget_every = 64;
+  // How long one campaign waits before looking whether to stop.
+  absl::Duration campaign_wait = absl::Milliseconds(500);
+};
 
 // Thread-safe.
 class Coordinator {
  public:
-  // `local` is this node's participant (its open steps count when finishing a lost coordinator's).
-  Coordinator(const ClusterContext& context, const Membership* membership,
-              const Participant* local);
-  ~Coordinator();  // stops after the round in progress
+  Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
+              const CoordinatorOptions& options = {});
+  ~Coordinator();  // stops after the round in progress, and steps down
 
+  // Campaigns, and coordinates whenever this node leads.
   void Start();
 
-  // A node captured `step`: its round starts unless it already ran.
+  // A node captured `step`: its round runs unless the step is decided. FAILED_PRECONDITION when
+  // this node does not coordinate.
   absl::StatusOr<v1::ProposeResponse> Propose(const v1::ProposeRequest& request);
 
-  // Fault injection: as coordinator of the first step at or after `step` that reaches its commit,
-  // commit it on the first half of the nodes and SIGKILL this process. "At or after": an earlier
-  // step aborted by a slow start must not skip the fault.
+  // The token this node coordinates under (0: it does not).
+  int64_t token() const;
+  // Decisions this coordinator wrote (for the per-step figures).
+  uint64_t decisions() const { return decisions_; }
+
+  // Fault injection: SIGKILL this process right after the decision of the first step at or after
+  // `step` that commits is written to etcd (before any node acted on it).
   void set_crash_in_commit(int64_t step) { crash_in_commit_ = step; }
 
  private:
-  void Loop();
-  void RunRound(int64_t step);
-  // Open steps whose coordinator is gone: finished from what the nodes report.
-  void ResolveOrphans();
-  absl::Status SendAbort(uint32_t id, int64_t step, const std::string& reason);
-  absl::Status SendCommit(uint32_t id, int64_t step);
+  // Leads under `token` until deposed or stopping.
+  void Lead(int64_t token);
+  // Runs `step`'s commit; false when this coordinator was deposed meanwhile.
+  bool RunRound(int64_t step, int64_t token);
+  // Writes `step`'s outcome (retrying while etcd cannot be reached); false when deposed.
+  bool Decide(int64_t step, int64_t token, bool committed, const std::string& reason);
+  bool stopping() const;
 
   const ClusterContext context_;
-  const Membership* const membership_;
-  const Participant* const local_;
+  Leadership* const leadership_;
+  DecisionLog* const log_;
+  const CoordinatorOptions options_;
   std::atomic<int64_t> crash_in_commit_{-1};
+  std::atomic<uint64_t> decisions_{0};
 
-  absl::Mutex mutex_;
+  mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::set<int64_t> proposed_ ABSL_GUARDED_BY(mutex_);  // steps awaiting a round
+  int64_t token_ ABSL_GUARDED_BY(mutex_) = 0;  // while leading
+  std::set<int64_t> proposed_ ABSL_GUARDED_BY(mutex_);  // awaiting a round
+  std::map<int64_t, bool> decided_ ABSL_GUARDED_BY(mutex_);  // step -> committed, as etcd holds
+  std::optional<int64_t> base_ ABSL_GUARDED_BY(mutex_);  // the latest committed step
   std::optional<int64_t> last_round_ ABSL_GUARDED_BY(mutex_);
-  std::optional<int64_t> running_round_ ABSL_GUARDED_BY(mutex_);
-  std::set<int64_t> resolved_orphans_ ABSL_GUARDED_BY(mutex_);
+  int commits_since_forget_ ABSL_GUARDED_BY(mutex_) = 0;
   std::thread loop_;
 };
 

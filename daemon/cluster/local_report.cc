@@ -18,19 +18,15 @@ v1::NodeMemory LocalReport::Memory() const {
   return memory;
 }
 
-v1::HeartbeatResponse LocalReport::Heartbeat() const {
-  v1::HeartbeatResponse response;
-  response.set_node_id(context_.node_id());
+v1::NodeReport LocalReport::Describe() const {
+  v1::NodeReport report;
+  report.set_node_id(context_.node_id());
   const v1::JournalCluster record = store_->ClusterRecord();
-  if (record.has_committed_step()) response.set_latest_committed_step(record.committed_step());
-  *response.mutable_memory() = Memory();
-  response.set_rebuilding(rebuilder_->behind());
-  const std::vector<OpenStepView> open = participant_->OpenSteps();
-  if (!open.empty()) {
-    response.set_open_step(open.back().step);
-    response.set_open_step_coordinator(open.back().coordinator);
-  }
-  return response;
+  if (record.has_committed_step()) report.set_latest_committed_step(record.committed_step());
+  *report.mutable_memory() = Memory();
+  report.set_rebuilding(rebuilder_->behind());
+  if (std::optional<int64_t> open = participant_->OpenStep()) report.set_open_step(*open);
+  return report;
 }
 
 }  // namespace moesnap::daemon::cluster

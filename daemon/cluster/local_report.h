@@ -1,4 +1,4 @@
-// What this node tells its peers and operators about itself: its committed step, its memory, whether
+// What this node tells operators and peers about itself: its committed step, its memory, whether
 // it is behind its group, and its open step.
 #ifndef MOESNAP_DAEMON_CLUSTER_LOCAL_REPORT_H_
 #define MOESNAP_DAEMON_CLUSTER_LOCAL_REPORT_H_
@@ -19,8 +19,7 @@ class LocalReport {
               const Pool* pool, const Rebuilder* rebuilder, const Participant* participant);
 
   v1::NodeMemory Memory() const;
-  // The answer to a peer's heartbeat.
-  v1::HeartbeatResponse Heartbeat() const;
+  v1::NodeReport Describe() const;
 
  private:
   const ClusterContext context_;

@@ -1,7 +1,8 @@
-// Membership by heartbeats: every node asks every other one every heartbeat interval; a peer that
-// has not answered for the heartbeat timeout is lost. A daemon joins only if every peer that
-// answers has the same cluster config (the first difference is named). The coordinator is the
-// lowest live node.
+// Membership on etcd: this daemon holds its node id's key (address, ports, config digest) under its
+// lease, and keeps the node table current from the job's member keys and the coordinator's election.
+// A lost node is an expired lease; a replacement for node id N may come from any host and address,
+// and takes the key once the old one is gone. A daemon whose job config differs from a member's does
+// not join, and names the difference.
 #ifndef MOESNAP_DAEMON_CLUSTER_MEMBERSHIP_H_
 #define MOESNAP_DAEMON_CLUSTER_MEMBERSHIP_H_
 
@@ -14,42 +15,50 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/context.h"
+#include "daemon/cluster/etcd_keys.h"
+#include "daemon/cluster/etcd_session.h"
+#include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon::cluster {
 
-// Heartbeats go this often for a given heartbeat timeout.
-absl::Duration HeartbeatInterval(const ClusterOptions& options);
+// The job-wide part of a config, as members record it.
+v1::ClusterShape ShapeOf(const ClusterOptions& options);
 
 // Thread-safe.
 class Membership {
  public:
-  explicit Membership(const ClusterContext& context);
-  ~Membership();  // stops the heartbeats
+  Membership(const ClusterContext& context, EtcdSession* session, const EtcdKeys& keys);
+  ~Membership();  // stops; the session's lease revocation removes this node's key
 
-  // Shows this node's config to every peer that answers now; any refusal is the error.
-  absl::Status Join();
-  // Starts heartbeating every peer.
-  void Start();
+  // Compares this node's config with every member's; the first difference is the error.
+  absl::Status CheckConfig();
+  // Keeps this node registered as `self` (waiting while another daemon holds its id, again after
+  // a lost lease) and the node table current.
+  void Start(const v1::MemberRecord& self);
 
-  // A peer's heartbeat: OK when its config equals this node's; otherwise why not.
-  absl::Status CheckPeer(const v1::HeartbeatRequest& request) const;
-  // The lowest live node.
-  uint32_t Coordinator() const;
-  // OK when `coordinator` is the lowest live node as this node sees it.
-  absl::Status CheckCoordinator(uint32_t coordinator) const;
+  // Whether this daemon holds its node id's key now; waits up to `deadline` for it.
+  bool WaitRegistered(absl::Time deadline) const;
+  // Times this daemon registered (1 at start; more after lost leases).
+  int registrations() const;
 
  private:
-  void HeartbeatLoop(uint32_t peer);
-  // False when stopping.
-  bool SleepUnlessStopping(absl::Duration duration);
+  void RegisterLoop(v1::MemberRecord self);
+  void WatchMembers();
+  void WatchLeader();
+  // Reads the members or the leader into the node table; the read's revision.
+  absl::StatusOr<int64_t> ReadMembers();
+  absl::StatusOr<int64_t> ReadLeader();
+  bool stopping() const;
 
   const ClusterContext context_;
-  const absl::Duration interval_;
-  const uint64_t digest_;  // of the config, sent with every heartbeat
+  EtcdSession* const session_;
+  const EtcdKeys keys_;
 
-  absl::Mutex mutex_;
-  absl::CondVar stopping_changed_;
+  mutable absl::Mutex mutex_;
+  mutable absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  bool registered_ ABSL_GUARDED_BY(mutex_) = false;
+  int registrations_ ABSL_GUARDED_BY(mutex_) = 0;
   std::vector<std::thread> threads_;
 };
 

@@ -1,94 +1,92 @@
-// NodeTable: liveness from the time a peer was last heard.
+// NodeTable: the live members and the leader, with a version to wait on.
 #include "daemon/cluster/node_table.h"
-
-#include "absl/time/clock.h"
-#include "common/log.h"
 
 namespace moesnap::daemon::cluster {
 
-NodeTable::NodeTable(uint32_t self, const std::vector<ClusterNode>& nodes, absl::Duration liveness)
-    : self_(self), liveness_(liveness) {
-  for (const ClusterNode& node : nodes) entries_[node.id].address = node;
-}
+NodeTable::NodeTable(uint32_t node_count) : node_count_(node_count) {}
 
 std::vector<uint32_t> NodeTable::Ids() const {
-  absl::MutexLock lock(&mutex_);
   std::vector<uint32_t> ids;
-  for (const auto& [id, entry] : entries_) ids.push_back(id);
+  for (uint32_t id = 0; id < node_count_; ++id) ids.push_back(id);
   return ids;
 }
 
 std::vector<uint32_t> NodeTable::LiveIds() const {
   absl::MutexLock lock(&mutex_);
   std::vector<uint32_t> ids;
-  for (const auto& [id, entry] : entries_) {
-    if (LiveLocked(id)) ids.push_back(id);
-  }
+  for (const auto& [id, view] : live_) ids.push_back(id);
   return ids;
-}
-
-bool NodeTable::LiveLocked(uint32_t id) const {
-  if (id == self_) return true;
-  auto it = entries_.find(id);
-  return it != entries_.end() && it->second.refused.empty() &&
-         absl::Now() - it->second.last_seen < liveness_;
 }
 
 bool NodeTable::Live(uint32_t id) const {
   absl::MutexLock lock(&mutex_);
-  return LiveLocked(id);
+  return live_.contains(id);
 }
 
-std::optional<NodeView> NodeTable::View(uint32_t id) const {
+NodeView NodeTable::View(uint32_t id) const {
   absl::MutexLock lock(&mutex_);
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return std::nullopt;
-  return NodeView{it->second.address, LiveLocked(id), it->second.incarnation,
-                  id == self_ ? absl::Now() : it->second.last_seen, it->second.report};
+  auto it = live_.find(id);
+  if (it == live_.end()) return NodeView{.id = id};
+  return it->second;
 }
 
 std::optional<ClusterNode> NodeTable::Address(uint32_t id) const {
   absl::MutexLock lock(&mutex_);
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return std::nullopt;
+  auto it = live_.find(id);
+  if (it == live_.end()) return std::nullopt;
   return it->second.address;
 }
 
-uint64_t NodeTable::Incarnation(uint32_t id) const {
+int64_t NodeTable::Incarnation(uint32_t id) const {
   absl::MutexLock lock(&mutex_);
-  auto it = entries_.find(id);
-  return it == entries_.end() ? 0 : it->second.incarnation;
+  auto it = live_.find(id);
+  return it == live_.end() ? 0 : it->second.incarnation;
 }
 
-bool NodeTable::NoteLiveness(uint32_t id, Entry& entry) {
-  const bool live = LiveLocked(id);
-  if (live == entry.was_live) return false;
-  entry.was_live = live;
-  if (!live) ++entry.incarnation;  // whatever answers next is a new process, or a new connection
-  return true;
+std::optional<LeaderView> NodeTable::Leader() const {
+  absl::MutexLock lock(&mutex_);
+  return leader_;
 }
 
-bool NodeTable::Heard(uint32_t id, const v1::HeartbeatResponse& report) {
+void NodeTable::Set(const NodeView& view) {
+  if (view.id >= node_count_) return;
   absl::MutexLock lock(&mutex_);
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return false;
-  it->second.last_seen = absl::Now();
-  it->second.report = report;
-  it->second.refused.clear();
-  return NoteLiveness(id, it->second);
+  NodeView& stored = live_[view.id];
+  stored = view;
+  stored.live = true;
+  ++version_;
+  changed_.SignalAll();
 }
 
-bool NodeTable::Missed(uint32_t id, std::optional<std::string> refusal) {
+void NodeTable::Remove(uint32_t id) {
   absl::MutexLock lock(&mutex_);
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return false;
-  if (refusal) {
-    if (it->second.refused.empty()) {
-      Log(LogLevel::kError, "node ", id, " refuses this node: ", *refusal);
-    }
-    it->second.refused = *std::move(refusal);
+  if (live_.erase(id) > 0) {
+    ++version_;
+    changed_.SignalAll();
   }
-  return NoteLiveness(id, it->second);
+}
+
+void NodeTable::SetLeader(std::optional<LeaderView> leader) {
+  absl::MutexLock lock(&mutex_);
+  const bool same = leader_.has_value() == leader.has_value() &&
+                    (!leader || (leader_->node_id == leader->node_id &&
+                                 leader_->token == leader->token));
+  if (same) return;
+  leader_ = leader;
+  ++version_;
+  changed_.SignalAll();
+}
+
+uint64_t NodeTable::version() const {
+  absl::MutexLock lock(&mutex_);
+  return version_;
+}
+
+void NodeTable::WaitChange(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock lock(&mutex_);
+  while (version_ == seen) {
+    if (changed_.WaitWithDeadline(&mutex_, deadline)) return;
+  }
 }
 
 }  // namespace moesnap::daemon::cluster

@@ -1,6 +1,8 @@
-// Who the job's nodes are, where they are reached, and which are live, as this node knows it now.
-// Membership writes it; every other unit only reads it. A node's incarnation changes each time it
-// is lost, so connections made to an earlier incarnation are dropped and made again.
+// Who holds each node id of the job, where it is reached and since which incarnation, and who
+// coordinates, as this node last read it from etcd. Membership writes it; every other unit only
+// reads it. A node is live while a daemon holds its membership key (under a lease); its incarnation
+// is that key's create revision, so a replacement (even on the same address) is a new incarnation
+// and connections made to an earlier one are made again.
 #ifndef MOESNAP_DAEMON_CLUSTER_NODE_TABLE_H_
 #define MOESNAP_DAEMON_CLUSTER_NODE_TABLE_H_
 
@@ -14,55 +16,53 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster_config.h"
-#include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon::cluster {
 
 struct NodeView {
-  ClusterNode address;
+  uint32_t id = 0;
   bool live = false;
-  uint64_t incarnation = 0;
-  absl::Time last_seen = absl::InfinitePast();  // this node: always now
-  v1::HeartbeatResponse report;                 // what it said when last heard
+  ClusterNode address;   // as the live daemon advertises it
+  std::string hostname;  // the machine it runs on
+  int64_t incarnation = 0;
+};
+
+struct LeaderView {
+  uint32_t node_id = 0;
+  int64_t token = 0;  // the leader key's create revision
 };
 
 // Thread-safe.
 class NodeTable {
  public:
-  // `nodes` is every node of the job; a peer is live while heard within `liveness` and not
-  // refusing this node. This node is always live.
-  NodeTable(uint32_t self, const std::vector<ClusterNode>& nodes, absl::Duration liveness);
+  explicit NodeTable(uint32_t node_count);
 
   // Every node id of the job, in order.
   std::vector<uint32_t> Ids() const;
   std::vector<uint32_t> LiveIds() const;
   bool Live(uint32_t id) const;
-  std::optional<NodeView> View(uint32_t id) const;
+  NodeView View(uint32_t id) const;
+  // Where a live node is reached; nullopt while no daemon holds it.
   std::optional<ClusterNode> Address(uint32_t id) const;
-  uint64_t Incarnation(uint32_t id) const;
+  int64_t Incarnation(uint32_t id) const;
+  std::optional<LeaderView> Leader() const;
 
-  // Membership's side. Heard: `id` answered with `report`. Missed: it did not answer (or refused
-  // this node, when `refusal` is set). Each returns true when the node's liveness changed.
-  bool Heard(uint32_t id, const v1::HeartbeatResponse& report);
-  bool Missed(uint32_t id, std::optional<std::string> refusal);
+  // Membership's side.
+  void Set(const NodeView& view);
+  void Remove(uint32_t id);
+  void SetLeader(std::optional<LeaderView> leader);
+
+  // A counter that moves with every change; WaitChange waits until it passes `seen`.
+  uint64_t version() const;
+  void WaitChange(uint64_t seen, absl::Time deadline) const;
 
  private:
-  struct Entry {
-    ClusterNode address;
-    absl::Time last_seen = absl::InfinitePast();
-    v1::HeartbeatResponse report;
-    std::string refused;  // why it refused this node's config, if it did
-    bool was_live = false;
-    uint64_t incarnation = 0;
-  };
-  bool LiveLocked(uint32_t id) const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
-  // Records a liveness change of `entry`; true when it changed.
-  bool NoteLiveness(uint32_t id, Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-
-  const uint32_t self_;
-  const absl::Duration liveness_;
+  const uint32_t node_count_;
   mutable absl::Mutex mutex_;
-  std::map<uint32_t, Entry> entries_ ABSL_GUARDED_BY(mutex_);
+  mutable absl::CondVar changed_;
+  std::map<uint32_t, NodeView> live_ ABSL_GUARDED_BY(mutex_);
+  std::optional<LeaderView> leader_ ABSL_GUARDED_BY(mutex_);
+  uint64_t version_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -1,4 +1,5 @@
-// Participant: proposing captured steps, and the node's side of prepare, encode, commit, abort.
+// Participant: proposing captured steps, prepare and encode under a fencing token, and applying
+// the decisions etcd holds.
 #include "daemon/cluster/participant.h"
 
 #include "absl/strings/str_cat.h"
@@ -8,16 +9,22 @@
 namespace moesnap::daemon::cluster {
 namespace {
 
-// How often the proposer looks up from waiting for captures to see whether it should stop.
+// How often the proposer looks up from waiting for captures (a new leader, stopping).
 constexpr absl::Duration kProposerWake = absl::Milliseconds(100);
+// How long Encode waits for this node to apply the decision of its base step, after a read of the
+// log did not bring it (the watch may deliver it a moment later).
+constexpr absl::Duration kBaseWait = absl::Seconds(2);
+
+std::string StepText(const std::optional<int64_t>& step) {
+  return step ? absl::StrCat("step ", *step) : "no step";
+}
 
 }  // namespace
 
 Participant::Participant(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
-                         Transfer* transfer, const Rebuilder* rebuilder,
-                         const Membership* membership)
+                         Transfer* transfer, Rebuilder* rebuilder, DecisionLog* log)
     : context_(context), store_(store), parity_(parity), transfer_(transfer),
-      rebuilder_(rebuilder), membership_(membership) {}
+      rebuilder_(rebuilder), log_(log) {}
 
 Participant::~Participant() {
   {
@@ -37,52 +44,117 @@ bool Participant::stopping() const {
   return stopping_;
 }
 
+std::optional<int64_t> Participant::CommittedStep() const {
+  const v1::JournalCluster record = store_->ClusterRecord();
+  if (!record.has_committed_step()) return std::nullopt;
+  return record.committed_step();
+}
+
+bool Participant::DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const {
+  return (committed && step <= *committed) || decided_.contains(step);
+}
+
 void Participant::ProposeLoop() {
-  std::optional<int64_t> last;
+  std::optional<int64_t> last_captured;
+  std::set<int64_t> undecided;             // captured here, no decision seen
+  std::map<int64_t, int64_t> proposed_to;  // step -> the leader token it was proposed under
   while (!stopping()) {
-    absl::StatusOr<int64_t> step = store_->WaitNodeCapturedAfter(last, absl::Now() + kProposerWake);
-    if (!step.ok()) continue;
-    last = *step;
-    Propose(*step);
+    absl::StatusOr<int64_t> captured =
+        store_->WaitNodeCapturedAfter(last_captured, absl::Now() + kProposerWake);
+    if (captured.ok()) {
+      last_captured = *captured;
+      undecided.insert(*captured);
+    }
+    const std::optional<LeaderView> leader = context_.nodes->Leader();
+    const std::optional<int64_t> committed = CommittedStep();
+    for (auto it = undecided.begin(); it != undecided.end();) {
+      const int64_t step = *it;
+      std::optional<bool> decision;
+      {
+        absl::MutexLock lock(&mutex_);
+        if (committed && step <= *committed) {
+          decision = step == *committed;
+        } else if (auto found = decided_.find(step); found != decided_.end()) {
+          decision = found->second;
+        }
+      }
+      if (decision) {
+        // Aborted, or passed over by a later commit: a capture of it that ended after the decision
+        // (a replacement replaying it, or one slower than the commit timeout) is dropped here.
+        if (!*decision) {
+          store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
+                                          "the cluster decided step ", step,
+                                          " before this node captured it")));
+        } else if (const std::optional<int64_t> replaced = rebuilder_->replaced_through();
+                   replaced && step <= *replaced && (!committed || *committed < step)) {
+          // The job went back to a durable step and trains this step again; its number was
+          // committed by the run it went back from, and a decision is never written twice.
+          store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
+                                          "step ", step, " was committed before the job went "
+                                          "back to the durable tier; the steps after it are "
+                                          "snapshotted again")));
+        }
+        proposed_to.erase(step);
+        it = undecided.erase(it);
+        continue;
+      }
+      // Proposed once per leader, so that a new coordinator learns of it; its decision comes from
+      // etcd whatever the answer says.
+      if (leader && proposed_to[step] != leader->token) {
+        v1::ProposeRequest request;
+        request.set_from_node(context_.node_id());
+        request.set_step(step);
+        if (context_.peers->Propose(leader->node_id, request).ok()) {
+          proposed_to[step] = leader->token;
+        }
+      }
+      ++it;
+    }
   }
 }
 
-void Participant::Propose(int64_t step) {
-  // Retried while the coordinator changes or is unreachable; the commit timeout bounds it.
-  const absl::Time give_up = absl::Now() + absl::Milliseconds(context_.options().commit_timeout_ms);
-  while (absl::Now() < give_up) {
-    v1::ProposeRequest request;
-    request.set_from_node(context_.node_id());
-    request.set_step(step);
-    absl::StatusOr<v1::ProposeResponse> response =
-        context_.peers->Propose(membership_->Coordinator(), request);
-    if (response.ok()) {
-      if (response->decided()) {
-        // Captured after the cluster's round of the step ended (a replacement replaying it, or
-        // a capture slower than the commit timeout): no round will take it, so end it here.
-        store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
-                                        "the cluster decided step ", step,
-                                        " before this node captured it")));
-      }
-      return;
-    }
-    absl::MutexLock lock(&mutex_);
-    changed_.WaitWithTimeout(&mutex_, HeartbeatInterval(context_.options()));
-    if (stopping_) return;
+absl::Status Participant::Fence(int64_t token, uint32_t coordinator) {
+  const std::optional<LeaderView> leader = context_.nodes->Leader();
+  absl::MutexLock lock(&mutex_);
+  if (leader && leader->token > highest_token_) {
+    highest_token_ = leader->token;
+    highest_coordinator_ = leader->node_id;
   }
+  if (token < highest_token_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", context_.node_id(), " refuses coordinator node ", coordinator, ": its token ",
+        token, " is lower than token ", highest_token_, " of node ", highest_coordinator_,
+        ", so it was deposed"));
+  }
+  highest_token_ = token;
+  highest_coordinator_ = coordinator;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareRequest& request) {
-  if (absl::Status status = membership_->CheckCoordinator(request.coordinator()); !status.ok()) {
+  const int64_t step = request.step();
+  if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
     return status;
   }
-  if (rebuilder_->behind()) {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(request.timeout_ms());
+  // A node that just started checks first whether it is behind; that takes a read of the log.
+  if (rebuilder_->BehindAfterCheck(std::min(deadline, absl::Now() + kBaseWait))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", context_.node_id(),
         " does not hold its data of the latest committed step (rebuilding or unrecoverable)"));
   }
-  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(
-      request.step(), absl::Now() + absl::Milliseconds(request.timeout_ms()));
+  // The step's image builds on the latest committed one: that decision is applied first.
+  const std::optional<int64_t> base =
+      request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
+  if (absl::Status status = CatchUp(base, deadline); !status.ok()) return status;
+  {
+    const std::optional<int64_t> committed = CommittedStep();
+    absl::MutexLock lock(&mutex_);
+    if (DecidedLocked(step, committed)) {
+      return absl::FailedPreconditionError(absl::StrCat("step ", step, " is already decided"));
+    }
+  }
+  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(step, deadline);
   if (!image.ok()) return image.status();
   v1::PrepareResponse response;
   *response.mutable_image() = image->manifest();
@@ -90,17 +162,64 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
     response.set_committed_step(committed.committed_step());
   }
   response.mutable_image()->set_node_id(context_.node_id());
-  absl::MutexLock lock(&mutex_);
-  OpenStep& open = open_[request.step()];
-  open.coordinator = request.coordinator();
-  open.image = *std::move(image);
+  bool reopened = false;
+  {
+    absl::MutexLock lock(&mutex_);
+    PreparedStep& open = open_[step];
+    reopened = open.token != 0 && open.token != request.token();
+    open = PreparedStep{request.token(), request.coordinator(), *std::move(image), {}, false};
+  }
+  // Parity an earlier coordinator's encode opened is dropped with its frames.
+  if (reopened) parity_->Abort(step);
   return response;
+}
+
+absl::Status Participant::CatchUp(std::optional<int64_t> base, absl::Time deadline) {
+  auto behind = [&](const std::optional<int64_t>& committed) {
+    return base && (!committed || *committed < *base);
+  };
+  std::optional<int64_t> committed = CommittedStep();
+  // A node that went back to a durable step holds none of the steps committed before: it has
+  // nothing to apply, and the coordinator has its group encode whole.
+  if (const std::optional<int64_t> replaced = rebuilder_->replaced_through();
+      behind(committed) && replaced && *base <= *replaced) {
+    return absl::OkStatus();
+  }
+  if (behind(committed)) {
+    // A decision this node missed (its watch lagged, or it was cut off): read it from the log.
+    absl::StatusOr<std::vector<v1::StepDecision>> missed = log_->DecisionsAfter(committed);
+    if (missed.ok()) {
+      for (const v1::StepDecision& decision : *missed) {
+        if (decision.step() > *base) break;
+        Apply(decision);
+      }
+    }
+    committed = CommittedStep();
+  }
+  const absl::Time until = std::min(deadline, absl::Now() + kBaseWait);
+  while (behind(committed) && absl::Now() < until) {
+    {
+      absl::MutexLock lock(&mutex_);
+      changed_.WaitWithDeadline(&mutex_, std::min(until, absl::Now() + kProposerWake));
+    }
+    committed = CommittedStep();
+  }
+  if (committed != base) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", context_.node_id(), " holds ", StepText(committed),
+        " committed, and the coordinator encodes against ", StepText(base),
+        committed && base && *committed > *base ? " (the coordinator is behind)" : ""));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& request) {
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
   const int64_t step = request.step();
+  if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
+    return status;
+  }
   if (request.group_images_size() != layout.group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ",
                                                    request.group_images_size(),
@@ -110,9 +229,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   {
     absl::MutexLock lock(&mutex_);
     auto it = open_.find(step);
-    if (it == open_.end() || it->second.coordinator != request.coordinator()) {
+    if (it == open_.end() || it->second.token != request.token()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, " was not prepared here by node ", request.coordinator()));
+          "step ", step, " was not prepared here by node ", request.coordinator(), " under token ",
+          request.token()));
     }
     image = it->second.image;
   }
@@ -130,6 +250,12 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   if (image_bytes[topology.position] != image.bytes()) {
     return absl::InvalidArgumentError("this node's image size differs");
   }
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(request.timeout_ms());
+  // Parity follows the decided sequence: this node's committed step must be the base every node
+  // of the group takes its deltas against.
+  const std::optional<int64_t> base =
+      request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
+  if (absl::Status status = CatchUp(base, deadline); !status.ok()) return status;
   // A step that keeps every node's layout updates the committed parity with the deltas of the
   // units it changed; anything else (the first step, a rank registering new regions) encodes whole.
   // Every node of the group decides the same from the same two records, unless the coordinator
@@ -147,13 +273,14 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
                                      request.group_images(position), layout.unit_bytes()));
     }
   }
-  if (absl::Status status = parity_->Begin(step, image_bytes, delta ? &changed : nullptr);
+  if (absl::Status status =
+          parity_->Begin(step, request.token(), image_bytes, delta ? &changed : nullptr);
       !status.ok()) {
     return status;
   }
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(request.timeout_ms());
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
-      step, image, delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
+      step, request.token(), image,
+      delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
       delta ? &changed[topology.position] : nullptr);
   absl::Status status = sent.status();
   if (status.ok()) status = parity_->WaitComplete(step, deadline);
@@ -161,95 +288,96 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
     parity_->Abort(step);
     return status;
   }
+  absl::MutexLock lock(&mutex_);
+  auto it = open_.find(step);
+  if (it == open_.end() || it->second.token != request.token()) {
+    return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
+                                           "this node encoded it"));
+  }
   (delta ? delta_encodes_ : full_encodes_)++;
   parity_bytes_sent_ += *sent;
+  it->second.group_images.assign(request.group_images().begin(), request.group_images().end());
+  it->second.encoded = true;
   v1::EncodeResponse response;
   response.set_bytes_sent(*sent);
   response.set_delta(delta);
   response.set_parity_bytes(parity_->in_flight_bytes());
-  absl::MutexLock lock(&mutex_);
-  OpenStep& open = open_[step];
-  open.group_images.assign(request.group_images().begin(), request.group_images().end());
-  open.encoded = true;
   return response;
 }
 
-absl::Status Participant::Commit(const v1::CommitRequest& request) {
-  const int64_t step = request.step();
-  const v1::JournalCluster current = store_->ClusterRecord();
-  if (current.has_committed_step() && current.committed_step() == step) {
-    return absl::OkStatus();  // a new coordinator finishing the step
-  }
-  OpenStep open;
+void Participant::Apply(const v1::StepDecision& decision) {
+  absl::MutexLock apply_lock(&apply_mutex_);
+  const int64_t step = decision.step();
+  const std::optional<int64_t> committed = CommittedStep();
+  std::optional<PreparedStep> open;
   {
     absl::MutexLock lock(&mutex_);
-    auto it = open_.find(step);
-    if (it == open_.end() || !it->second.encoded) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step, " is not encoded on node ", context_.node_id()));
+    if (DecidedLocked(step, committed)) return;  // applied before
+    decided_[step] = decision.committed();
+    if (decision.token() > highest_token_) {
+      highest_token_ = decision.token();
+      highest_coordinator_ = decision.coordinator();
     }
-    // A commit is sent only once the step is decided (every node encoded it), so it is accepted
-    // from whichever coordinator finishes the step.
-    open = it->second;
+    if (auto it = open_.find(step); it != open_.end()) open = it->second;
   }
-  v1::JournalCluster record;
-  record.set_committed_step(step);
-  for (const v1::NodeImage& image : open.group_images) *record.add_group_images() = image;
-  for (v1::JournalParity& parity : parity_->Records(step)) *record.add_parity() = std::move(parity);
-  if (absl::Status status = store_->CommitNodeStep(step, record); !status.ok()) return status;
-  parity_->Commit(step);
+  if (!decision.committed()) {
+    store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
+                                    "the cluster aborted step ", step, ": ", decision.reason())));
+    parity_->Abort(step);
+    absl::MutexLock lock(&mutex_);
+    open_.erase(step);
+    last_abort_ = absl::StrCat("step ", step, ": ", decision.reason());
+    changed_.SignalAll();
+    return;
+  }
+  if (const std::optional<int64_t> replaced = rebuilder_->replaced_through();
+      !open && replaced && step <= *replaced) {
+    // Committed by the run the job went back from: nothing of it is held here.
+    absl::MutexLock lock(&mutex_);
+    changed_.SignalAll();
+    return;
+  }
+  absl::Status status;
+  if (!open || !open->encoded || open->token != decision.token()) {
+    status = absl::DataLossError(absl::StrCat(
+        "step ", step, " was committed under token ", decision.token(), " but this node ",
+        !open ? "never prepared it" : !open->encoded ? "did not finish encoding it"
+                                                     : absl::StrCat("encoded it under token ",
+                                                                    open->token)));
+  } else {
+    v1::JournalCluster record;
+    record.set_committed_step(step);
+    for (const v1::NodeImage& image : open->group_images) *record.add_group_images() = image;
+    for (v1::JournalParity& parity : parity_->Records(step)) {
+      *record.add_parity() = std::move(parity);
+    }
+    status = store_->CommitNodeStep(step, record);
+    if (status.ok()) parity_->Commit(step);
+  }
+  if (!status.ok()) {
+    // The group committed the step without this node holding its part of it: rebuild it.
+    Log(LogLevel::kWarning, "node ", context_.node_id(), " is behind its group: ",
+        status.message());
+    parity_->Abort(step);
+    rebuilder_->NoteBehind(step);
+  }
   absl::MutexLock lock(&mutex_);
   open_.erase(open_.begin(), open_.upper_bound(step));
-  return absl::OkStatus();
+  // What is committed now answers for the steps up to it; a commit this node could not take stays
+  // recorded as decided until its rebuild installs it.
+  if (status.ok()) decided_.erase(decided_.begin(), decided_.upper_bound(step));
+  changed_.SignalAll();
 }
 
-absl::Status Participant::Abort(const v1::AbortRequest& request) {
-  const int64_t step = request.step();
-  const v1::JournalCluster current = store_->ClusterRecord();
-  if (current.has_committed_step() && current.committed_step() == step) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step, " is already committed on node ", context_.node_id()));
-  }
-  {
-    // An abort can race its coordinator's commit only if it comes from elsewhere while that
-    // coordinator lives: refused then.
-    absl::MutexLock lock(&mutex_);
-    auto it = open_.find(step);
-    if (it != open_.end() && it->second.coordinator != request.coordinator() &&
-        context_.nodes->Live(it->second.coordinator)) {
-      return absl::FailedPreconditionError(absl::StrCat("step ", step, " belongs to coordinator ",
-                                                        it->second.coordinator, ", which is live"));
-    }
-  }
-  store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
-                                  "the cluster aborted step ", step, ": ", request.reason())));
-  parity_->Abort(step);
+std::optional<int64_t> Participant::OpenStep() const {
   absl::MutexLock lock(&mutex_);
-  open_.erase(step);
-  last_abort_ = absl::StrCat("step ", step, ": ", request.reason());
-  return absl::OkStatus();
+  if (open_.empty()) return std::nullopt;
+  return open_.rbegin()->first;
 }
 
-v1::StepOutcomeResponse Participant::StepOutcome(const v1::StepOutcomeRequest& request) const {
-  v1::StepOutcomeResponse response;
-  const v1::JournalCluster current = store_->ClusterRecord();
-  if (current.has_committed_step() && current.committed_step() == request.step()) {
-    response.set_state(v1::STEP_STATE_COMMITTED);
-    return response;
-  }
+int64_t Participant::highest_token() const {
   absl::MutexLock lock(&mutex_);
-  auto it = open_.find(request.step());
-  if (it != open_.end()) {
-    response.set_state(it->second.encoded ? v1::STEP_STATE_ENCODED : v1::STEP_STATE_CAPTURED);
-  }
-  return response;
-}
-
-std::vector<OpenStepView> Participant::OpenSteps() const {
-  absl::MutexLock lock(&mutex_);
-  std::vector<OpenStepView> views;
-  for (const auto& [step, open] : open_) views.push_back({step, open.coordinator, open.encoded});
-  return views;
+  return highest_token_;
 }
 
 std::string Participant::last_abort() const {

@@ -1,11 +1,16 @@
 // A node's part in every step's commit. Once its trainers have captured a step it proposes the step
-// to the coordinator; then, asked by the coordinator:
+// to the coordinator (the leader etcd names, again whenever that changes); then, asked by the
+// coordinator, each call carrying the coordinator's fencing token:
 //   Prepare  waits until its trainers captured the step and reports its image (NodeImage);
-//   Encode   opens its parity units of the step, sends each of its data units (or, for a step that
-//            keeps every node's layout, the deltas of the changed ones) to the stripe's m parity
-//            holders, and answers once every unit it holds has received all its data;
-//   Commit   journals the step (its versions, its group's images, its parity) and frees the
-//            previous step; or Abort, and the step is forgotten with the previous one intact.
+//   Encode   checks it has applied every decision up to the coordinator's base step (catching up
+//            from etcd if it missed one), opens its parity units of the step, sends each of its
+//            data units (or, for a step that keeps every node's layout, the deltas of the changed
+//            ones against the base) to the stripe's m parity holders, and answers once every unit
+//            it holds has received all its data.
+// It commits or aborts a step only on the decision etcd holds (Apply), never on a coordinator's
+// word; a commit decided under a token it did not encode under, or of a step it never encoded,
+// means this node is behind: it rebuilds from its group. A token lower than the highest this node
+// has seen (from a call or from etcd) is refused: that coordinator was deposed.
 #ifndef MOESNAP_DAEMON_CLUSTER_PARTICIPANT_H_
 #define MOESNAP_DAEMON_CLUSTER_PARTICIPANT_H_
 
@@ -13,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
-#include "daemon/cluster/membership.h"
+#include "daemon/cluster/control.h"
 #include "daemon/cluster/rebuild.h"
 #include "daemon/cluster/transfer.h"
 #include "daemon/cluster_store.h"
@@ -29,18 +35,11 @@
 
 namespace moesnap::daemon::cluster {
 
-// A step prepared here and neither committed nor aborted yet.
-struct OpenStepView {
-  int64_t step = 0;
-  uint32_t coordinator = 0;
-  bool encoded = false;
-};
-
 // Thread-safe.
 class Participant {
  public:
   Participant(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
-              Transfer* transfer, const Rebuilder* rebuilder, const Membership* membership);
+              Transfer* transfer, Rebuilder* rebuilder, DecisionLog* log);
   ~Participant();  // stops proposing
 
   // Starts proposing every step this node's trainers capture.
@@ -48,12 +47,14 @@ class Participant {
 
   absl::StatusOr<v1::PrepareResponse> Prepare(const v1::PrepareRequest& request);
   absl::StatusOr<v1::EncodeResponse> Encode(const v1::EncodeRequest& request);
-  absl::Status Commit(const v1::CommitRequest& request);
-  absl::Status Abort(const v1::AbortRequest& request);
-  v1::StepOutcomeResponse StepOutcome(const v1::StepOutcomeRequest& request) const;
+  // A decision the log holds, in any order and any number of times.
+  void Apply(const v1::StepDecision& decision);
 
-  // Open steps, oldest first.
-  std::vector<OpenStepView> OpenSteps() const;
+  std::optional<int64_t> CommittedStep() const;
+  // The newest step prepared here and not decided yet.
+  std::optional<int64_t> OpenStep() const;
+  // The highest fencing token this node has seen.
+  int64_t highest_token() const;
   // Why the latest aborted step failed ("step S: reason"), if any.
   std::string last_abort() const;
   uint64_t full_encodes() const { return full_encodes_; }
@@ -61,32 +62,45 @@ class Participant {
   uint64_t parity_bytes_sent() const { return parity_bytes_sent_; }
 
  private:
-  struct OpenStep {
+  struct PreparedStep {
+    int64_t token = 0;
     uint32_t coordinator = 0;
     NodeImage image;
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
   };
+  // OK when `token` is not lower than any this node has seen; raises the highest seen.
+  absl::Status Fence(int64_t token, uint32_t coordinator);
+  // Makes this node's committed step `base` (absent: none), applying decisions it missed from the
+  // log; FAILED_PRECONDITION when it cannot by `deadline`.
+  absl::Status CatchUp(std::optional<int64_t> base, absl::Time deadline);
+  // Whether `step` is decided (committed at or before this node's committed step, or decided in
+  // the log as this node has seen it).
+  bool DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const
+      ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   void ProposeLoop();
-  // Proposes `step` to the coordinator until it takes it or the commit timeout passes.
-  void Propose(int64_t step);
   bool stopping() const;
 
   const ClusterContext context_;
   ClusterStore* const store_;
   ParityStore* const parity_;
   Transfer* const transfer_;
-  const Rebuilder* const rebuilder_;
-  const Membership* const membership_;
+  Rebuilder* const rebuilder_;
+  DecisionLog* const log_;
 
   std::atomic<uint64_t> full_encodes_{0};
   std::atomic<uint64_t> delta_encodes_{0};
   std::atomic<uint64_t> parity_bytes_sent_{0};
 
+  absl::Mutex apply_mutex_;  // decisions are applied one at a time
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::map<int64_t, OpenStep> open_ ABSL_GUARDED_BY(mutex_);
+  std::map<int64_t, PreparedStep> open_ ABSL_GUARDED_BY(mutex_);
+  // Decisions seen of steps after the committed one: step -> committed.
+  std::map<int64_t, bool> decided_ ABSL_GUARDED_BY(mutex_);
+  int64_t highest_token_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint32_t highest_coordinator_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
   std::thread proposer_;
 };

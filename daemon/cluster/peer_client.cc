@@ -2,6 +2,7 @@
 // calls that only read.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,8 +21,9 @@ namespace {
 
 // Control calls answer at once unless the peer is gone.
 constexpr absl::Duration kControlDeadline = absl::Seconds(10);
-// A group member answers what it holds from memory.
+// A node answers what it holds from memory.
 constexpr absl::Duration kGroupStateDeadline = absl::Seconds(2);
+constexpr absl::Duration kDescribeDeadline = absl::Seconds(2);
 // Bulk pushes return once every frame is on the wire.
 constexpr absl::Duration kSendUnitsDeadline = absl::Minutes(10);
 constexpr absl::Duration kSendRegionDeadline = absl::Minutes(5);
@@ -43,10 +45,9 @@ class GrpcPeerClient final : public PeerClient {
   GrpcPeerClient(const NodeTable* nodes, const PeerClientOptions& options)
       : nodes_(nodes), options_(options) {}
 
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(uint32_t node,
-                                                   const v1::HeartbeatRequest& request) override {
-    return Call<v1::HeartbeatResponse>(node, "Heartbeat", &v1::Peer::Stub::Heartbeat, request,
-                                       options_.heartbeat_interval * 2, /*reads_only=*/false);
+  absl::StatusOr<v1::NodeReport> Describe(uint32_t node) override {
+    return Call<v1::NodeReport>(node, "Describe", &v1::Peer::Stub::Describe, v1::DescribeRequest(),
+                                kDescribeDeadline, /*reads_only=*/true);
   }
   absl::StatusOr<v1::ProposeResponse> Propose(uint32_t node,
                                               const v1::ProposeRequest& request) override {
@@ -64,21 +65,6 @@ class GrpcPeerClient final : public PeerClient {
     return Call<v1::EncodeResponse>(node, "Encode", &v1::Peer::Stub::Encode, request,
                                     absl::Milliseconds(request.timeout_ms()) + kControlDeadline,
                                     false);
-  }
-  absl::Status Commit(uint32_t node, const v1::CommitRequest& request) override {
-    return Call<v1::CommitResponse>(node, "Commit", &v1::Peer::Stub::Commit, request,
-                                    kControlDeadline, false)
-        .status();
-  }
-  absl::Status Abort(uint32_t node, const v1::AbortRequest& request) override {
-    return Call<v1::AbortResponse>(node, "Abort", &v1::Peer::Stub::Abort, request,
-                                   kControlDeadline, false)
-        .status();
-  }
-  absl::StatusOr<v1::StepOutcomeResponse> StepOutcome(
-      uint32_t node, const v1::StepOutcomeRequest& request) override {
-    return Call<v1::StepOutcomeResponse>(node, "StepOutcome", &v1::Peer::Stub::StepOutcome,
-                                         request, kControlDeadline, true);
   }
   absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) override {
     return Call<v1::GroupStateResponse>(node, "GroupState", &v1::Peer::Stub::GroupState,
@@ -115,6 +101,8 @@ class GrpcPeerClient final : public PeerClient {
                                           std::min(deadline - absl::Now(), kControlDeadline), true);
   }
 
+  uint64_t calls() const override { return calls_; }
+
  private:
   template <typename Response, typename Request, typename Method>
   absl::StatusOr<Response> Call(uint32_t node, const char* name, Method method,
@@ -127,6 +115,7 @@ class GrpcPeerClient final : public PeerClient {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
       Response response;
+      ++calls_;
       status = ((*stub)->*method)(&context, request, &response);
       if (status.ok()) return response;
       if (!Retriable(status) || absl::Now() >= deadline) break;
@@ -144,15 +133,20 @@ class GrpcPeerClient final : public PeerClient {
   // The stub for `node`'s current address, made on first use and again when the address changes.
   absl::StatusOr<v1::Peer::Stub*> Stub(uint32_t node) {
     const std::optional<ClusterNode> address = nodes_->Address(node);
-    if (!address) return absl::NotFoundError(absl::StrCat("node ", node, " is not in the cluster"));
-    const std::string target = absl::StrCat(address->host, ":", address->control_port);
+    if (!address) {
+      return absl::UnavailableError(absl::StrCat("node ", node, " is lost (no daemon holds it)"));
+    }
+    // An IPv6 address goes in brackets before its port.
+    const bool bracket = address->host.find(':') != std::string::npos && address->host[0] != '[';
+    const std::string target = absl::StrCat(bracket ? "[" : "", address->host, bracket ? "]" : "",
+                                            ":", address->control_port);
     absl::MutexLock lock(&mutex_);
     Channel& channel = channels_[node];
     if (channel.stub == nullptr || channel.target != target) {
-      // Reconnect within a heartbeat: a restarted peer must be seen as soon as it answers.
+      // Reconnect soon: a restarted peer must be reached as soon as it answers.
       grpc::ChannelArguments arguments;
       const int backoff_ms =
-          static_cast<int>(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+          static_cast<int>(absl::ToInt64Milliseconds(options_.reconnect_backoff));
       arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff_ms);
       arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);
       arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
@@ -173,6 +167,7 @@ class GrpcPeerClient final : public PeerClient {
 
   const NodeTable* const nodes_;
   const PeerClientOptions options_;
+  std::atomic<uint64_t> calls_{0};
   absl::Mutex mutex_;
   std::map<uint32_t, Channel> channels_ ABSL_GUARDED_BY(mutex_);
   // Stubs of addresses a node no longer has; one per address change, kept while the client lives.

@@ -23,8 +23,7 @@ class PeerClient {
  public:
   virtual ~PeerClient() = default;
 
-  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(uint32_t node,
-                                                          const v1::HeartbeatRequest& request) = 0;
+  virtual absl::StatusOr<v1::NodeReport> Describe(uint32_t node) = 0;
   virtual absl::StatusOr<v1::ProposeResponse> Propose(uint32_t node,
                                                       const v1::ProposeRequest& request) = 0;
   // Prepare and Encode may take the request's timeout_ms on the peer, and a little more.
@@ -32,10 +31,6 @@ class PeerClient {
                                                       const v1::PrepareRequest& request) = 0;
   virtual absl::StatusOr<v1::EncodeResponse> Encode(uint32_t node,
                                                     const v1::EncodeRequest& request) = 0;
-  virtual absl::Status Commit(uint32_t node, const v1::CommitRequest& request) = 0;
-  virtual absl::Status Abort(uint32_t node, const v1::AbortRequest& request) = 0;
-  virtual absl::StatusOr<v1::StepOutcomeResponse> StepOutcome(
-      uint32_t node, const v1::StepOutcomeRequest& request) = 0;
   virtual absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) = 0;
   virtual absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
                                                           const v1::SendUnitsRequest& request) = 0;
@@ -46,18 +41,21 @@ class PeerClient {
       uint32_t node, const v1::SendRegionRequest& request) = 0;
   virtual absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
                                                         const v1::FetchLogRequest& request) = 0;
+
+  // Calls made so far (each attempt counts), for the per-step figures.
+  virtual uint64_t calls() const = 0;
   // Waits for the answer until `deadline` at most.
   virtual absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
                                                                 absl::Time deadline) = 0;
 };
 
 struct PeerClientOptions {
-  // How long a heartbeat may take, and how soon a lost peer's channel tries to reconnect.
-  absl::Duration heartbeat_interval = absl::Seconds(2);
+  // How soon a channel to a peer that went away tries to connect again.
+  absl::Duration reconnect_backoff = absl::Milliseconds(500);
 };
 
-// Over gRPC, to the addresses in `nodes` (a channel is made again when a node's incarnation
-// changes). `nodes` must outlive the client.
+// Over gRPC, to the addresses in `nodes` (a channel is made again when a node's address changes);
+// a node no daemon holds is UNAVAILABLE at once. `nodes` must outlive the client.
 std::unique_ptr<PeerClient> NewGrpcPeerClient(const NodeTable* nodes,
                                               const PeerClientOptions& options);
 

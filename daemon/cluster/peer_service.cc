@@ -16,12 +16,9 @@ grpc::Status Answer(absl::StatusOr<Response> answer, Response* response) {
 
 }  // namespace
 
-grpc::Status PeerService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                                    v1::HeartbeatResponse* response) {
-  if (absl::Status status = units_.membership->CheckPeer(*request); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  *response = units_.report->Heartbeat();
+grpc::Status PeerService::Describe(grpc::ServerContext*, const v1::DescribeRequest*,
+                                   v1::NodeReport* response) {
+  *response = units_.report->Describe();
   return grpc::Status::OK;
 }
 
@@ -38,22 +35,6 @@ grpc::Status PeerService::Prepare(grpc::ServerContext*, const v1::PrepareRequest
 grpc::Status PeerService::Encode(grpc::ServerContext*, const v1::EncodeRequest* request,
                                  v1::EncodeResponse* response) {
   return Answer(units_.participant->Encode(*request), response);
-}
-
-grpc::Status PeerService::Commit(grpc::ServerContext*, const v1::CommitRequest* request,
-                                 v1::CommitResponse*) {
-  return ToGrpcStatus(units_.participant->Commit(*request));
-}
-
-grpc::Status PeerService::Abort(grpc::ServerContext*, const v1::AbortRequest* request,
-                                v1::AbortResponse*) {
-  return ToGrpcStatus(units_.participant->Abort(*request));
-}
-
-grpc::Status PeerService::StepOutcome(grpc::ServerContext*, const v1::StepOutcomeRequest* request,
-                                      v1::StepOutcomeResponse* response) {
-  *response = units_.participant->StepOutcome(*request);
-  return grpc::Status::OK;
 }
 
 grpc::Status PeerService::GroupState(grpc::ServerContext*, const v1::GroupStateRequest*,

@@ -7,7 +7,6 @@
 #include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
-#include "daemon/cluster/membership.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/cluster/rebuild.h"
 #include "daemon/cluster/remote_restore.h"
@@ -17,7 +16,6 @@
 namespace moesnap::daemon::cluster {
 
 struct PeerServiceUnits {
-  Membership* membership = nullptr;
   Coordinator* coordinator = nullptr;
   Participant* participant = nullptr;
   Transfer* transfer = nullptr;
@@ -32,19 +30,14 @@ class PeerService final : public v1::Peer::Service {
  public:
   explicit PeerService(const PeerServiceUnits& units) : units_(units) {}
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
-                         v1::HeartbeatResponse*) override;
+  grpc::Status Describe(grpc::ServerContext*, const v1::DescribeRequest*,
+                        v1::NodeReport*) override;
   grpc::Status Propose(grpc::ServerContext*, const v1::ProposeRequest*,
                        v1::ProposeResponse*) override;
   grpc::Status Prepare(grpc::ServerContext*, const v1::PrepareRequest*,
                        v1::PrepareResponse*) override;
   grpc::Status Encode(grpc::ServerContext*, const v1::EncodeRequest*,
                       v1::EncodeResponse*) override;
-  grpc::Status Commit(grpc::ServerContext*, const v1::CommitRequest*,
-                      v1::CommitResponse*) override;
-  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
-  grpc::Status StepOutcome(grpc::ServerContext*, const v1::StepOutcomeRequest*,
-                           v1::StepOutcomeResponse*) override;
   grpc::Status GroupState(grpc::ServerContext*, const v1::GroupStateRequest*,
                           v1::GroupStateResponse*) override;
   grpc::Status SendUnits(grpc::ServerContext*, const v1::SendUnitsRequest*,

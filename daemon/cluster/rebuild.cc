@@ -23,14 +23,14 @@ metrics::Counter& rebuilt_bytes = metrics::Registry::Default().AddCounter(
 
 // Stripes decoded together are bounded by the bytes their units take in memory.
 constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
-constexpr int kRebuildAttempts = 3;
 
 }  // namespace
 
 Rebuilder::Rebuilder(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
-                     Transfer* transfer, Pool* pool, const RebuildOptions& options)
+                     Transfer* transfer, Pool* pool, DecisionLog* log,
+                     const RebuildOptions& options)
     : context_(context), store_(store), parity_(parity), transfer_(transfer), pool_(pool),
-      options_(options) {}
+      log_(log), options_(options) {}
 
 Rebuilder::~Rebuilder() {
   {
@@ -38,11 +38,20 @@ Rebuilder::~Rebuilder() {
     stopping_ = true;
     changed_.SignalAll();
   }
-  if (at_start_.joinable()) at_start_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Rebuilder::Start() {
-  at_start_ = std::thread([this] { RebuildAtStart(); });
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Rebuilder::NoteBehind(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  if (ReplacedLocked(step)) return;
+  behind_ = true;
+  wanted_ = true;
+  if (!target_ || *target_ < step) target_ = step;
+  changed_.SignalAll();
 }
 
 std::vector<bool> Rebuilder::HoldersOf(int group, int64_t step, int excluded) {
@@ -227,7 +236,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force) {
+absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
+                                                         std::optional<int64_t> target) {
   absl::MutexLock decode_lock(&decode_mutex_);
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
@@ -236,18 +246,38 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force) {
   const absl::Time started = absl::Now();
   // The group's record of its latest committed step, from the members that hold it.
   std::optional<v1::JournalCluster> record;
+  // The members that lost the target step: this node, those that hold no committed step (fresh
+  // memory, or a step loaded from the durable tier), and those that rebuild and hold an older one.
+  // A member that holds an older step without rebuilding is only applying the decision late.
+  std::vector<uint32_t> lost = {self};
   for (uint32_t id : topology.groups[topology.group]) {
     if (id == self) continue;
     absl::StatusOr<v1::GroupStateResponse> response = context_.peers->GroupState(id);
-    if (!response.ok() || response->rebuilding() || !response->cluster().has_committed_step()) {
-      continue;
+    if (!response.ok()) continue;
+    const v1::JournalCluster& held = response->cluster();
+    if (target && (!held.has_committed_step() ||
+                   (response->rebuilding() && held.committed_step() < *target))) {
+      lost.push_back(id);
     }
-    if (!record || response->cluster().committed_step() > record->committed_step()) {
-      record = response->cluster();
-    }
+    if (response->rebuilding() || !held.has_committed_step()) continue;
+    if (!record || held.committed_step() > record->committed_step()) record = held;
   }
   const v1::JournalCluster mine = store_->ClusterRecord();
   v1::RebuildResponse stats;
+  if (target && (!record || record->committed_step() < *target)) {
+    if (lost.size() > static_cast<size_t>(layout.group_size() - layout.data_units())) {
+      // Fewer than k members can ever hold it: memory cannot bring the step back.
+      return absl::DataLossError(absl::StrCat(
+          "step ", *target, " is lost in group ", topology.group, ": nodes [",
+          absl::StrJoin(lost, ", "), "] do not hold it and at most ",
+          layout.group_size() - layout.data_units(), " may be lost"));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "no live member of group ", topology.group, " holds step ", *target,
+        " yet (the latest committed), so node ", self, " cannot rebuild it now",
+        record ? absl::StrCat("; the newest a member holds is step ", record->committed_step())
+               : ""));
+  }
   if (!record || (mine.has_committed_step() && mine.committed_step() >= record->committed_step() &&
                   !force)) {
     if (mine.has_committed_step()) stats.set_step(mine.committed_step());
@@ -283,12 +313,12 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force) {
     stripes.push_back(stripe);
   }
   const NodeImage& rebuilt = *image;
-  DecodeTarget target{*record, topology.group, position,
+  DecodeTarget decode{*record, topology.group, position,
                       [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
                         rebuilt.Write(unit * layout.unit_bytes(), bytes, length);
                       },
                       &parity};
-  if (absl::Status status = DecodeLocked(target, stripes, &stats); !status.ok()) return status;
+  if (absl::Status status = DecodeLocked(decode, stripes, &stats); !status.ok()) return status;
   if (std::vector<std::pair<int, uint32_t>> corrupt = image->CorruptChunks(); !corrupt.empty()) {
     const v1::ImageRegion& region = image->manifest().regions(corrupt[0].first);
     return absl::DataLossError(absl::StrCat(
@@ -313,35 +343,69 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force) {
   return stats;
 }
 
-bool Rebuilder::SleepUnlessStopping(absl::Duration duration) {
-  const absl::Time until = absl::Now() + duration;
-  absl::MutexLock lock(&mutex_);
-  while (!stopping_ && !changed_.WaitWithDeadline(&mutex_, until)) {
+void Rebuilder::Run() {
+  absl::Duration backoff = options_.retry_interval;
+  while (true) {
+    std::optional<int64_t> noted;
+    {
+      absl::MutexLock lock(&mutex_);
+      while (!wanted_ && !stopping_) changed_.Wait(&mutex_);
+      if (stopping_) return;
+      wanted_ = false;
+      noted = target_;
+    }
+    // The latest committed step is what etcd holds, whatever the group has applied so far.
+    const v1::JournalCluster mine = store_->ClusterRecord();
+    const std::optional<int64_t> committed =
+        mine.has_committed_step() ? std::optional<int64_t>(mine.committed_step()) : std::nullopt;
+    absl::StatusOr<std::vector<v1::StepDecision>> newer = log_->DecisionsAfter(committed);
+    std::optional<int64_t> target = noted;
+    absl::Status status = newer.status();
+    if (newer.ok()) {
+      for (const v1::StepDecision& decision : *newer) {
+        if (decision.committed() && (!target || decision.step() > *target)) target = decision.step();
+      }
+      if (target && committed && *committed >= *target) target.reset();
+      if (target) {
+        absl::MutexLock lock(&mutex_);
+        if (ReplacedLocked(*target)) target.reset();
+      }
+      if (target) {
+        {
+          absl::MutexLock lock(&mutex_);
+          behind_ = true;
+          target_ = target;
+        }
+        Log(LogLevel::kInfo, "node ", context_.node_id(), " holds ",
+            committed ? absl::StrCat("step ", *committed) : "no step", "; the group committed step ",
+            *target, ": rebuilding");
+        status = RebuildSelf(/*force=*/false, target).status();
+      }
+    }
+    absl::MutexLock lock(&mutex_);
+    // State loaded from the durable tier meanwhile answers for the target.
+    if (status.ok() || (target && ReplacedLocked(*target))) {
+      checked_ = true;
+      behind_ = false;
+      target_.reset();
+      failure_ = absl::OkStatus();
+      backoff = options_.retry_interval;
+      changed_.SignalAll();
+      continue;
+    }
+    // A peer restarting, a group that has not applied the step yet, etcd out of reach, or too few
+    // survivors: reported, and tried again until it works.
+    checked_ = checked_ || newer.ok();
+    failure_ = status;
+    wanted_ = true;
+    changed_.SignalAll();
+    Log(LogLevel::kWarning, "rebuild of node ", context_.node_id(), " failed, trying again in ",
+        absl::FormatDuration(backoff), ": ", status.ToString());
+    const absl::Time retry = absl::Now() + backoff;
+    while (!stopping_ && !changed_.WaitWithDeadline(&mutex_, retry)) {
+    }
+    backoff = std::min(backoff * 2, options_.max_retry_interval);
   }
-  return !stopping_;
-}
-
-void Rebuilder::RebuildAtStart() {
-  if (!SleepUnlessStopping(options_.settle)) return;
-  // A peer that restarts or a connection that breaks fails one attempt; too few survivors fail
-  // every attempt the same way, and that answer is final.
-  absl::StatusOr<v1::RebuildResponse> rebuilt = RebuildSelf(/*force=*/false);
-  for (int attempt = 1; attempt < kRebuildAttempts && !rebuilt.ok() &&
-                        (absl::IsUnavailable(rebuilt.status()) ||
-                         absl::IsDeadlineExceeded(rebuilt.status()));
-       ++attempt) {
-    Log(LogLevel::kWarning, "rebuild attempt ", attempt, " failed, retrying: ",
-        rebuilt.status().ToString());
-    if (!SleepUnlessStopping(options_.retry_interval)) return;
-    rebuilt = RebuildSelf(/*force=*/false);
-  }
-  absl::MutexLock lock(&mutex_);
-  rebuilding_ = false;
-  if (!rebuilt.ok()) {
-    error_ = rebuilt.status();
-    Log(LogLevel::kError, "rebuild failed: ", rebuilt.status().ToString());
-  }
-  changed_.SignalAll();
 }
 
 absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildNode(uint32_t node_id) {
@@ -355,47 +419,90 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildNode(uint32_t node_id) {
 }
 
 absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildHere() {
-  {
-    absl::MutexLock lock(&mutex_);
-    rebuilding_ = true;
-  }
-  absl::StatusOr<v1::RebuildResponse> rebuilt = RebuildSelf(/*force=*/true);
+  absl::StatusOr<v1::RebuildResponse> rebuilt = RebuildSelf(/*force=*/true, std::nullopt);
   absl::MutexLock lock(&mutex_);
-  rebuilding_ = false;
-  error_ = rebuilt.status();
+  if (rebuilt.ok()) {
+    behind_ = false;
+    target_.reset();
+    failure_ = absl::OkStatus();
+  } else {
+    // A node that held its data still does: the failure is reported, the data stays restorable.
+    failure_ = rebuilt.status();
+  }
   changed_.SignalAll();
   return rebuilt;
 }
 
 absl::Status Rebuilder::WaitRestorable(absl::Time deadline) const {
   absl::MutexLock lock(&mutex_);
-  while (rebuilding_) {
-    if (changed_.WaitWithDeadline(&mutex_, deadline)) {
-      return absl::UnavailableError(absl::StrCat("node ", context_.node_id(),
-                                                 " is still rebuilding its data from group ",
-                                                 context_.topology->group, "; retry"));
+  // Until the first check, and while a rebuild runs that has not failed yet.
+  while (!checked_ || (behind_ && failure_.ok())) {
+    if (stopping_ || changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          "node ", context_.node_id(), " is still ",
+          checked_ ? absl::StrCat("rebuilding", target_ ? absl::StrCat(" step ", *target_) : "",
+                                  " from group ", context_.topology->group)
+                   : "checking whether it holds the latest committed step (is etcd reachable?)",
+          "; retry"));
     }
   }
-  return error_;
+  return behind_ ? failure_ : absl::OkStatus();
 }
 
 void Rebuilder::StateReplaced() {
+  // The steps committed so far belong to the run the job went back from.
+  std::optional<int64_t> latest;
+  if (absl::StatusOr<std::vector<v1::StepDecision>> decisions = log_->DecisionsAfter(std::nullopt);
+      decisions.ok()) {
+    for (const v1::StepDecision& decision : *decisions) {
+      if (decision.committed()) latest = std::max(latest.value_or(decision.step()), decision.step());
+    }
+  }
   absl::MutexLock lock(&mutex_);
-  if (rebuilding_ || error_.ok()) return;
-  Log(LogLevel::kInfo, "node ", context_.node_id(), " holds a step loaded from the durable tier; "
-      "the failed rebuild (", error_.message(), ") no longer applies");
-  error_ = absl::OkStatus();
+  if (target_) latest = std::max(latest.value_or(*target_), *target_);
+  if (!latest || ReplacedLocked(*latest)) return;
+  Log(LogLevel::kInfo, "node ", context_.node_id(), " holds a step loaded from the durable tier; ",
+      "the steps committed through step ", *latest, " no longer need rebuilding",
+      failure_.ok() ? "" : absl::StrCat(" (the last rebuild failed: ", failure_.message(), ")"));
+  replaced_through_ = latest;
+  checked_ = true;
+  behind_ = false;
+  wanted_ = false;
+  target_.reset();
+  failure_ = absl::OkStatus();
   changed_.SignalAll();
+}
+
+std::optional<int64_t> Rebuilder::replaced_through() const {
+  absl::MutexLock lock(&mutex_);
+  return replaced_through_;
+}
+
+bool Rebuilder::ReplacedLocked(int64_t step) const {
+  return replaced_through_ && step <= *replaced_through_;
 }
 
 bool Rebuilder::rebuilding() const {
   absl::MutexLock lock(&mutex_);
-  return rebuilding_;
+  return !checked_ || (behind_ && failure_.ok());
 }
 
 bool Rebuilder::behind() const {
   absl::MutexLock lock(&mutex_);
-  return rebuilding_ || !error_.ok();
+  return !checked_ || behind_;
+}
+
+bool Rebuilder::BehindAfterCheck(absl::Time deadline) const {
+  absl::MutexLock lock(&mutex_);
+  while (!checked_ && !stopping_) {
+    if (changed_.WaitWithDeadline(&mutex_, deadline)) break;
+  }
+  return !checked_ || behind_;
+}
+
+absl::Status Rebuilder::last_failure() const {
+  absl::MutexLock lock(&mutex_);
+  return failure_;
 }
 
 v1::GroupStateResponse Rebuilder::GroupState() const {

@@ -1,11 +1,16 @@
 // Rebuild and repair: decoding a node's units of the committed step from k units per stripe held
 // by its group's other nodes, fetched over the data plane.
-//   - A node whose journal is behind its group's (a replacement with fresh memory, or a node that
-//     died during a commit) rebuilds its data and parity at start, and on an operator's request.
+//   - A node whose committed step is behind the latest one etcd holds (a replacement with fresh
+//     memory, a node that died or was cut off during a commit, a node that missed a commit) rebuilds
+//     its data and parity: checked at start, and whenever it finds itself behind. A failed rebuild is
+//     reported and tried again (backing off) until it succeeds.
+//   - An operator's rebuild of a node that holds its data already rebuilds it anyway; if that fails
+//     the node keeps serving what it holds.
 //   - Repair rebuilds the chunks and parity units a scrub found corrupt.
 //   - Remote restore decodes the units of a lost node that cover the regions it wants.
-// Restore waits while this node is rebuilding; more than m nodes of a group lost makes it fail with
-// the group, the lost nodes and the step that can no longer be recovered.
+// Restore waits for the first check, and is refused only while this node does not hold the latest
+// committed step; more than m nodes of a group lost makes it fail with the group, the lost nodes and
+// the step that can no longer be recovered.
 #ifndef MOESNAP_DAEMON_CLUSTER_REBUILD_H_
 #define MOESNAP_DAEMON_CLUSTER_REBUILD_H_
 
@@ -21,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/context.h"
+#include "daemon/cluster/control.h"
 #include "daemon/cluster/transfer.h"
 #include "daemon/cluster_store.h"
 #include "daemon/parity_store.h"
@@ -39,21 +45,22 @@ struct DecodeTarget {
 };
 
 struct RebuildOptions {
-  // How long to let membership find the live peers before the rebuild at start.
-  absl::Duration settle = absl::Seconds(1);
-  // Between attempts of the rebuild at start.
-  absl::Duration retry_interval = absl::Seconds(2);
+  // Between a failed attempt and the next; doubled after each failure, up to max_retry_interval.
+  absl::Duration retry_interval = absl::Milliseconds(200);
+  absl::Duration max_retry_interval = absl::Seconds(30);
 };
 
 // Thread-safe.
 class Rebuilder {
  public:
   Rebuilder(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
-            Transfer* transfer, Pool* pool, const RebuildOptions& options);
-  ~Rebuilder();  // stops a rebuild at start that has not begun
+            Transfer* transfer, Pool* pool, DecisionLog* log, const RebuildOptions& options);
+  ~Rebuilder();  // stops after the attempt in progress
 
-  // Starts the rebuild at start, which finds whether this node is behind its group.
+  // Starts checking whether this node is behind, and rebuilding while it is.
   void Start();
+  // The group committed `step` and this node could not take it: rebuild.
+  void NoteBehind(int64_t step);
 
   // Rebuilds node `node_id` (this one, or asks that node to).
   absl::StatusOr<v1::RebuildResponse> RebuildNode(uint32_t node_id);
@@ -70,33 +77,43 @@ class Rebuilder {
   // position `excluded` never counts.
   std::vector<bool> HoldersOf(int group, int64_t step, int excluded);
 
-  // Waits until this node holds its share of the committed state; why it cannot when the rebuild
-  // failed.
+  // Waits for the first check; then OK while this node holds the latest committed step, or why it
+  // does not (still rebuilding, or the last attempt's failure).
   absl::Status WaitRestorable(absl::Time deadline) const;
-  // True while this node does not hold its data of the latest committed step (rebuilding, or a
-  // rebuild failed).
+  // True until the first check, and while this node does not hold its data of the latest committed
+  // step.
   bool behind() const;
-  // True while the rebuild at start (or one asked for) runs.
+  // Waits up to `deadline` for the first check; then behind().
+  bool BehindAfterCheck(absl::Time deadline) const;
+  // Why the last rebuild failed (OK if it did not).
+  absl::Status last_failure() const;
+  // True until the first check ends, and while a rebuild that has not failed yet runs.
   bool rebuilding() const;
-  // The store's committed state was replaced by a step loaded from the durable tier: a rebuild
-  // that failed no longer holds this node back (it takes part in the steps that follow).
+  // The store's committed state was replaced by a step loaded from the durable tier (the job went
+  // back to it): the steps committed so far, as etcd holds them, no longer need rebuilding, and
+  // this node takes part in the steps that follow (encoded whole, as it holds no committed step).
   void StateReplaced();
+  // The latest step committed before the state was replaced (absent: it was not).
+  std::optional<int64_t> replaced_through() const;
   // This node's record of the committed step (without pool offsets) for a group member.
   v1::GroupStateResponse GroupState() const;
 
  private:
-  absl::StatusOr<v1::RebuildResponse> RebuildSelf(bool force);
+  // Rebuilds this node's units of the group's latest committed step, which must be `target` when
+  // given (UNAVAILABLE while no member holds it yet). Without `force`, nothing happens when this
+  // node holds that step already.
+  absl::StatusOr<v1::RebuildResponse> RebuildSelf(bool force, std::optional<int64_t> target);
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
-  void RebuildAtStart();
-  // False when stopping.
-  bool SleepUnlessStopping(absl::Duration duration);
+  void Run();
+  bool ReplacedLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterContext context_;
   ClusterStore* const store_;
   ParityStore* const parity_;
   Transfer* const transfer_;
   Pool* const pool_;
+  DecisionLog* const log_;
   const RebuildOptions options_;
 
   absl::Mutex decode_mutex_;  // one rebuild, repair or remote decode at a time
@@ -104,9 +121,13 @@ class Rebuilder {
   mutable absl::Mutex mutex_;
   mutable absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  bool rebuilding_ ABSL_GUARDED_BY(mutex_) = true;  // until the start-up check says otherwise
-  absl::Status error_ ABSL_GUARDED_BY(mutex_);
-  std::thread at_start_;
+  bool checked_ ABSL_GUARDED_BY(mutex_) = false;  // the first check ended
+  bool behind_ ABSL_GUARDED_BY(mutex_) = true;    // does not hold the latest committed step
+  bool wanted_ ABSL_GUARDED_BY(mutex_) = true;    // a check is due
+  std::optional<int64_t> target_ ABSL_GUARDED_BY(mutex_);  // the step being rebuilt
+  absl::Status failure_ ABSL_GUARDED_BY(mutex_);  // of the last attempt
+  std::optional<int64_t> replaced_through_ ABSL_GUARDED_BY(mutex_);  // see StateReplaced
+  std::thread thread_;
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -31,14 +31,12 @@ Transfer::Transfer(const ClusterContext& context, const ClusterStore* store, Par
 
 Transfer::~Transfer() { server_.reset(); }
 
-absl::Status Transfer::Start() {
-  const std::optional<ClusterNode> self = context_.nodes->Address(context_.node_id());
-  if (!self) return absl::InternalError("this node has no address in the node table");
+absl::StatusOr<uint16_t> Transfer::Start(const std::string& host, uint16_t port) {
   absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
-      DataPlaneServer::Start({self->host, self->data_port, kMaxFramePayload}, this);
+      DataPlaneServer::Start({host, port, kMaxFramePayload}, this);
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
-  return absl::OkStatus();
+  return server_->port();
 }
 
 absl::StatusOr<std::shared_ptr<DataPlaneClient>> Transfer::Client(uint32_t id) {
@@ -52,7 +50,9 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> Transfer::Client(uint32_t id) {
   }
   // Connect outside the lock, so a slow peer delays only the callers that send to it.
   const std::optional<ClusterNode> node = context_.nodes->Address(id);
-  if (!node) return absl::NotFoundError(absl::StrCat("node ", id, " is not in the cluster"));
+  if (!node) {
+    return absl::UnavailableError(absl::StrCat("node ", id, " is lost (no daemon holds it)"));
+  }
   absl::StatusOr<std::unique_ptr<DataPlaneClient>> connected =
       DataPlaneClient::Connect(node->host, node->data_port, kDataConnectionsPerPeer);
   if (!connected.ok()) {
@@ -85,7 +85,8 @@ absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header, const uint8_t
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, const NodeImage& image,
+absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
+                                                 const NodeImage& image,
                                                  const std::optional<NodeImage>& previous,
                                                  const std::vector<bool>* changed) {
   const erasure::StripeLayout& layout = context_.layout();
@@ -117,6 +118,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, const NodeImage& 
       FrameHeader header;
       header.kind = FrameKind::kParityDelta;
       header.step = step;
+      header.attempt = attempt;
       header.rank = context_.node_id();
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);

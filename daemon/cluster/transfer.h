@@ -53,15 +53,15 @@ class Transfer final : public FrameSink {
   Transfer(const ClusterContext& context, const ClusterStore* store, ParityStore* parity);
   ~Transfer() override;
 
-  // Serves the data plane on this node's data port.
-  absl::Status Start();
+  // Serves the data plane on `host`:`port` (0: any free port); the port it serves on.
+  absl::StatusOr<uint16_t> Start(const std::string& host, uint16_t port);
 
   // Sends `length` bytes to node `to` as frames of `header` whose offsets start at header.offset.
   absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
   // Sends this node's data units of `step` to their parity holders: all of them, or with
-  // `previous` (the committed image) and `changed`, the deltas of the changed ones. Returns the
-  // bytes sent.
-  absl::StatusOr<uint64_t> SendDataUnits(int64_t step, const NodeImage& image,
+  // `previous` (the committed image) and `changed`, the deltas of the changed ones, as frames of
+  // `attempt` (the coordinator's token). Returns the bytes sent.
+  absl::StatusOr<uint64_t> SendDataUnits(int64_t step, int64_t attempt, const NodeImage& image,
                                          const std::optional<NodeImage>& previous,
                                          const std::vector<bool>* changed);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).

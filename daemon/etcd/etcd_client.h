@@ -123,12 +123,14 @@ struct Operation {
   bool prefix = false;  // kGet, kDelete: every key that starts with `key`
   std::string value{};  // kPut
   int64_t lease = 0;    // kPut: attach the key to this lease (0: none)
+  std::string range_end{};  // kDelete without prefix: every key in [key, range_end) when set
 
   static Operation Get(std::string key);
   static Operation GetPrefix(std::string prefix);
   static Operation Put(std::string key, std::string value, int64_t lease = 0);
   static Operation Delete(std::string key);
   static Operation DeletePrefix(std::string prefix);
+  static Operation DeleteRange(std::string key, std::string range_end);
 };
 
 // The result of one operation, in the order of the branch that ran.

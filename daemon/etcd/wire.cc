@@ -125,6 +125,9 @@ etcdserverpb::RequestOp ToWire(const Operation& operation) {
     }
     case Operation::Kind::kDelete:
       *wire.mutable_request_delete_range() = DeleteOf(operation.key, operation.prefix);
+      if (!operation.prefix && !operation.range_end.empty()) {
+        wire.mutable_request_delete_range()->set_range_end(operation.range_end);
+      }
       break;
   }
   return wire;
@@ -194,6 +197,9 @@ Operation Operation::Delete(std::string key) {
 }
 Operation Operation::DeletePrefix(std::string prefix) {
   return Operation{.kind = Kind::kDelete, .key = std::move(prefix), .prefix = true};
+}
+Operation Operation::DeleteRange(std::string key, std::string range_end) {
+  return Operation{.kind = Kind::kDelete, .key = std::move(key), .range_end = std::move(range_end)};
 }
 
 }  // namespace moesnap::etcd

@@ -1,6 +1,6 @@
-// A cluster on loopback: real moesnapd processes (one group, k = 4, m = 2), a real trainer per node,
-// real SIGKILL. Every case ends in bytes: each node's restored state must equal what its trainer
-// snapshotted, whichever daemons were killed and replaced with fresh memory.
+// A cluster on loopback: real moesnapd processes (one group, k = 4, m = 2) and a real etcd, a real
+// trainer per node, real SIGKILL. Every case ends in bytes: each node's restored state must equal
+// what its trainer snapshotted, whichever daemons were killed and replaced with fresh memory.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,12 +17,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/loopback_port.h"
+#include "absl/strings/str_join.h"
 #include "moesnap/client.h"
 #include "moesnap/placement_planner.h"
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/etcd_process.h"
 #include "tests/testing/test_daemon.h"
 
 namespace moesnap {
@@ -76,24 +77,27 @@ class ClusterTest : public ::testing::Test {
   explicit ClusterTest(int nodes = kGroupSize, std::string extra_config = "")
       : nodes_(nodes), extra_config_(std::move(extra_config)) {}
 
+  // Extra environment of node `node`'s daemon (fault injection).
+  virtual std::vector<std::string> EnvironmentOf(int /*node*/) { return {}; }
+
   void SetUp() override {
-    // The kernel may hand out a port it just handed out: draw until every port is distinct.
-    std::set<uint16_t> ports;
-    while (ports.size() < 2u * nodes_) ports.insert(UnusedLoopbackPort());
-    std::string nodes;
-    auto port = ports.begin();
-    for (int id = 0; id < nodes_; ++id, port = std::next(port, 2)) {
-      absl::StrAppend(&nodes, "[[cluster.nodes]]\nid = ", id, "\nhost = \"127.0.0.1\"\n",
-                      "control_port = ", *port, "\ndata_port = ", *std::next(port), "\n");
-    }
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd = testing::EtcdCluster::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+    // A lost node is noticed after its lease: the shortest etcd keeps, so that tests run quickly.
     const std::string cluster = absl::StrCat(
-        "[cluster]\ndata_units = ", kDataUnits, "\nparity_units = ", kParityUnits,
-        "\nstripe_unit_bytes = \"256KiB\"\nheartbeat_timeout_ms = 2000\n",
-        "commit_timeout_ms = 10000\n", nodes);
+        "[cluster]\njob = \"cluster-test\"\nnode_count = ", nodes_, "\ndata_units = ", kDataUnits,
+        "\nparity_units = ", kParityUnits, "\nstripe_unit_bytes = \"256KiB\"\n",
+        "lease_ttl_ms = 2000\ncommit_timeout_ms = 10000\netcd_endpoints = [\"",
+        absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
+        "control_port = 0\ndata_port = 0\n");
     for (int id = 0; id < nodes_; ++id) {
       daemons_.push_back(std::make_unique<TestDaemon>("64MiB", cluster + extra_config_, id));
     }
-    for (auto& daemon : daemons_) ASSERT_TRUE(daemon->Start());
+    // Node 0 first, so that it is the first candidate and coordinates.
+    ASSERT_TRUE(daemons_[0]->Start(EnvironmentOf(0)));
+    WaitForCoordinator(0);
+    for (int id = 1; id < nodes_; ++id) ASSERT_TRUE(daemons_[id]->Start(EnvironmentOf(id)));
     WaitForCluster(nodes_);
   }
 
@@ -108,7 +112,7 @@ class ClusterTest : public ::testing::Test {
     return response;
   }
 
-  // Waits until `live` nodes see each other live and none of them is rebuilding.
+  // Waits until every running node sees `live` nodes live, answering and not rebuilding.
   void WaitForCluster(int live) {
     for (int attempt = 0; attempt < 300; ++attempt) {
       bool settled = true;
@@ -117,7 +121,7 @@ class ClusterTest : public ::testing::Test {
         int seen = 0;
         const v1::ClusterStatusResponse status = Status(node);
         for (const v1::ClusterNodeStatus& peer : status.nodes()) {
-          if (peer.live() && !peer.rebuilding()) ++seen;
+          if (peer.live() && peer.answered() && !peer.rebuilding()) ++seen;
         }
         settled = seen == live;
       }
@@ -125,6 +129,47 @@ class ClusterTest : public ::testing::Test {
       std::this_thread::sleep_for(100ms);
     }
     FAIL() << "the cluster did not settle with " << live << " live nodes";
+  }
+
+  // Waits until every running node sees `live` nodes live and answering, rebuilding or not (a
+  // replaced node's old daemon stays live until its lease ends, but does not answer).
+  void WaitForLive(int live) {
+    for (int attempt = 0; attempt < 300; ++attempt) {
+      bool settled = true;
+      for (int node = 0; node < nodes_ && settled; ++node) {
+        if (!daemons_[node]->running()) continue;
+        int seen = 0;
+        const v1::ClusterStatusResponse status = Status(node);
+        for (const v1::ClusterNodeStatus& peer : status.nodes()) {
+          if (peer.live() && peer.answered()) ++seen;
+        }
+        settled = seen == live;
+      }
+      if (settled) return;
+      std::this_thread::sleep_for(100ms);
+    }
+    FAIL() << "the cluster did not reach " << live << " live nodes";
+  }
+
+  // Waits until node `node` coordinates, as node `node` sees it.
+  void WaitForCoordinator(int node) {
+    for (int attempt = 0; attempt < 300; ++attempt) {
+      const v1::ClusterStatusResponse status = Status(node);
+      for (const v1::ClusterNodeStatus& peer : status.nodes()) {
+        if (peer.coordinator() && peer.node_id() == static_cast<uint32_t>(node)) return;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "node " << node << " never coordinated";
+  }
+
+  // The node that coordinates, as node `asking` sees it.
+  int Coordinator(int asking) {
+    const v1::ClusterStatusResponse status = Status(asking);
+    for (const v1::ClusterNodeStatus& peer : status.nodes()) {
+      if (peer.coordinator()) return static_cast<int>(peer.node_id());
+    }
+    return -1;
   }
 
   // Trains every node to `steps`, each trainer waiting for its last step to commit.
@@ -171,6 +216,7 @@ class ClusterTest : public ::testing::Test {
 
   const int nodes_;
   std::string extra_config_;  // a derived fixture may set it in its constructor
+  std::unique_ptr<testing::EtcdCluster> etcd_;
   std::vector<std::unique_ptr<TestDaemon>> daemons_;
 };
 
@@ -230,7 +276,8 @@ TEST_F(DurableClusterTest, EveryDaemonAndPoolLostRestoresTheNewestStepDurableOnE
   // A power loss: every daemon SIGKILLed, every pool gone.
   for (int node = 0; node < nodes_; ++node) Replace(node);
   for (int node = 0; node < nodes_; ++node) ASSERT_TRUE(daemons_[node]->Start());
-  WaitForCluster(nodes_);
+  // Every node behind step 7, which no node holds: their rebuilds fail until the job goes back.
+  ASSERT_NO_FATAL_FAILURE(WaitForLive(nodes_));
   for (int node = 0; node < nodes_; ++node) {
     std::string tier;
     EXPECT_EQ(VerifiedStep(node, &tier), 6) << "node " << node;
@@ -253,14 +300,7 @@ TEST_F(DurableClusterTest, MoreThanMLossesTakeEveryNodeBackToTheNewestDurableSte
   TrainAll(7);  // committed in memory, not durable
   for (int node : {0, 2, 3}) Replace(node);
   for (int node : {0, 2, 3}) ASSERT_TRUE(daemons_[node]->Start());
-  for (int attempt = 0; ; ++attempt) {  // every node live (the replacements' rebuilds fail)
-    ASSERT_LT(attempt, 300) << "the replacements did not join";
-    int live = 0;
-    const v1::ClusterStatusResponse status = Status(1);
-    for (const v1::ClusterNodeStatus& peer : status.nodes()) live += peer.live() ? 1 : 0;
-    if (live == nodes_) break;
-    std::this_thread::sleep_for(100ms);
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitForLive(nodes_));  // the replacements' rebuilds fail
   for (int node = 0; node < nodes_; ++node) {
     std::string tier;
     EXPECT_EQ(VerifiedStep(node, &tier), 6) << "node " << node;
@@ -342,17 +382,25 @@ TEST_F(ClusterTest, CoordinatorKilledWhileStepsCommitLosesNothing) {
     trainers.push_back(std::make_unique<ChildProcess>(
         TrainerArguments(*daemons_[node], node, "train", 1000000)));
   }
-  // Let a few steps commit, then kill the coordinator (node 0) in the middle of the next ones.
+  // Let a few steps commit, then kill the coordinator in the middle of the next ones.
   for (int attempt = 0; Status(1).latest_committed_step() < 3; ++attempt) {
     ASSERT_LT(attempt, 600) << "no step committed";
     std::this_thread::sleep_for(50ms);
   }
-  Replace(0);
-  // Steps go on being captured while node 0 is missing; none can commit without it.
-  std::this_thread::sleep_for(3s);
+  const int coordinator = Coordinator(1);
+  ASSERT_GE(coordinator, 0);
+  Replace(coordinator);
+  // Steps go on being captured while the node is missing; none can commit without it, and another
+  // node takes over coordinating once the lost one's lease ends.
+  const int survivor = (coordinator + 1) % nodes_;
+  for (int attempt = 0; Coordinator(survivor) == coordinator || Coordinator(survivor) < 0;
+       ++attempt) {
+    ASSERT_LT(attempt, 200) << "no node took over coordinating";
+    std::this_thread::sleep_for(50ms);
+  }
   for (auto& trainer : trainers) trainer->Kill(SIGKILL);
   trainers.clear();
-  ASSERT_TRUE(daemons_[0]->Start());
+  ASSERT_TRUE(daemons_[coordinator]->Start());
   WaitForCluster(nodes_);
   const int64_t step = Status(1).latest_committed_step();
   EXPECT_GT(step, 0);
@@ -364,28 +412,42 @@ TEST_F(ClusterTest, CoordinatorKilledWhileStepsCommitLosesNothing) {
   }
 }
 
-// The coordinator dies between commits: step 3 (or the first later step that reaches its commit)
-// is committed on nodes 0-2 and only encoded on nodes 3-5. The next coordinator must commit it
-// everywhere (a node had committed), never leave it half-committed, and the replacement of node 0
-// rebuilds that step.
-TEST_F(ClusterTest, CoordinatorDyingBetweenCommitsIsFinishedByTheNext) {
-  Replace(0);
-  ASSERT_TRUE(daemons_[0]->Start({"MOESNAP_CRASH_IN_COMMIT=3"}));
-  WaitForCluster(nodes_);
+// The coordinator (node 0) is SIGKILLed right after it writes the decision of step 3 (or of the
+// first later step that commits) to etcd, before any node heard from it. Every other node still
+// commits that step, from etcd alone, and the replacement of node 0 rebuilds it.
+class CoordinatorCrashTest : public ClusterTest {
+ protected:
+  std::vector<std::string> EnvironmentOf(int node) override {
+    if (node == 0) return {"MOESNAP_CRASH_IN_COMMIT=3"};
+    return {};
+  }
+};
+
+TEST_F(CoordinatorCrashTest, NodesCommitTheStepADeadCoordinatorDecided) {
   std::vector<std::unique_ptr<ChildProcess>> trainers;
   for (int node = 0; node < nodes_; ++node) {
     trainers.push_back(std::make_unique<ChildProcess>(
         TrainerArguments(*daemons_[node], node, "train", 1000000)));
   }
-  ASSERT_TRUE(daemons_[0]->WaitExit(60s).has_value()) << "node 0 did not crash in a commit";
-  // Node 1 was among the first half: it holds the step the coordinator died in (3, or a later one
-  // if a slow start aborted step 3).
-  const int64_t step = Status(1).latest_committed_step();
-  ASSERT_GE(step, 3);
-  for (int attempt = 0; Status(5).latest_committed_step() < step; ++attempt) {
-    ASSERT_LT(attempt, 200) << "node 5 never committed step " << step;
+  if (!daemons_[0]->WaitExit(60s).has_value()) {
+    for (int node = 0; node < nodes_; ++node) {
+      std::string output;
+      while (std::optional<std::string> line = trainers[node]->ReadLine(100ms)) output += *line + "\n";
+      ADD_FAILURE() << "trainer of node " << node << ":\n" << output;
+    }
+    FAIL() << "node 0 did not crash in a commit";
+  }
+  // Every survivor commits the step the coordinator decided (3, or a later one if a slow start
+  // aborted step 3); no step after it can commit without node 0.
+  int64_t step = -1;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    step = Status(1).latest_committed_step();
+    bool all = step >= 3;
+    for (int node = 2; node < nodes_ && all; ++node) all = Status(node).latest_committed_step() == step;
+    if (all) break;
     std::this_thread::sleep_for(50ms);
   }
+  ASSERT_GE(step, 3);
   for (auto& trainer : trainers) trainer->Kill(SIGKILL);
   trainers.clear();
   Replace(0);
@@ -405,6 +467,8 @@ TEST_F(ClusterTest, CtlShowsTheClusterAndRepairsCorruptDataAndParityFromTheGroup
   EXPECT_EQ(status.exit_code, 0) << status.output;
   EXPECT_TRUE(absl::StrContains(status.output, "k=4 m=2, stripe unit 256.0 KiB, latest committed step 1"))
       << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, "etcd 127.0.0.1:")) << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, ": reachable")) << status.output;
   EXPECT_TRUE(absl::StrContains(status.output, "live, coordinator")) << status.output;
   CtlResult json = Ctl(*daemons_[2], {"--json", "cluster", "status"});
   EXPECT_EQ(json.exit_code, 0) << json.output;
@@ -510,8 +574,8 @@ TEST_F(ClusterTest, ADaemonWithAnotherClusterConfigIsRefusedNamingTheDifference)
   std::string output;
   while (std::optional<std::string> line = daemon.ReadLine(30s)) output += *line + "\n";
   EXPECT_NE(daemon.Wait(10s).value_or(0), 0) << output;
-  EXPECT_TRUE(absl::StrContains(output, "refuses to join")) << output;
-  EXPECT_TRUE(absl::StrContains(output, "stripe_unit_bytes: 262144 here, 524288 there")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "node 5 cannot join job 'cluster-test'")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "stripe_unit_bytes: 524288 here, 262144 there")) << output;
 }
 
 // Each group codes only its own nodes: losing m nodes in each group at once (4 of 12) is survived,

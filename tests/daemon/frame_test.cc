@@ -23,6 +23,7 @@ FrameHeader Sample(const std::vector<uint8_t>& payload) {
   header.offset = 4096;
   header.length = static_cast<uint32_t>(payload.size());
   header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  header.attempt = 0x0102030405060708;
   header.region = "layer3.expert17.master";
   return header;
 }
@@ -41,6 +42,7 @@ TEST(FrameTest, RoundTripsEveryField) {
   EXPECT_EQ(received->stripe, sent.stripe);
   EXPECT_EQ(received->offset, sent.offset);
   EXPECT_EQ(received->length, sent.length);
+  EXPECT_EQ(received->attempt, sent.attempt);
   EXPECT_EQ(received->region.size(), sent.region.size());
   EXPECT_OK(CheckFramePayload(*received, payload));
 }

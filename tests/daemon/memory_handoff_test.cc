@@ -204,7 +204,11 @@ TEST_F(MemoryHandoffTest, ATrainerThatExitsReleasesItsRegistrations) {
   for (auto deadline = std::chrono::steady_clock::now() + 20s;
        std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(10ms)) {
     status = SnapshotOf(5, 2);
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) break;
+    // Until then step 1 may still be capturing (also FAILED_PRECONDITION, for another reason).
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+        absl::StrContains(status.error_message(), "no registered regions")) {
+      break;
+    }
   }
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "no registered regions"))

@@ -68,13 +68,10 @@ TEST_F(StartupTest, BadConfigListsEveryErrorAndCreatesNothing) {
   const DaemonRun run = RunDaemon(
       directory_, Sockets(directory_) +
                       "[capture]\nthreads = 0\n[cluster]\ndata_units = 1\nparity_units = 1\n"
-                      "[[cluster.nodes]]\nid = 0\nhost = \"localhost\"\ncontrol_port = 7440\n"
-                      "data_port = 7441\n[[cluster.nodes]]\nid = 1\nhost = \"127.0.0.2\"\n"
-                      "control_port = 7440\ndata_port = 7441\n");
+                      "node_count = 3\n");
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_TRUE(absl::StrContains(run.output, "capture.threads")) << run.output;
-  EXPECT_TRUE(absl::StrContains(run.output, "cluster.nodes[0].host: expected an IPv4 or IPv6 address"))
-      << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "3 nodes cannot form groups of k + m = 2")) << run.output;
   EXPECT_FALSE(PoolExists());
 }
 
@@ -89,17 +86,20 @@ TEST_F(StartupTest, FailedStartRemovesTheFreshPool) {
 }
 
 TEST_F(StartupTest, CheckConfigValidatesWithoutStartingAndNodeIdReplacesTheFiles) {
+  // No etcd behind the endpoint: --check-config reaches nothing.
   const std::string cluster =
-      "[cluster]\ndata_units = 1\nparity_units = 1\n"
-      "[[cluster.nodes]]\nid = 0\nhost = \"127.0.0.1\"\ncontrol_port = 7440\ndata_port = 7441\n"
-      "[[cluster.nodes]]\nid = 1\nhost = \"127.0.0.2\"\ncontrol_port = 7440\ndata_port = 7441\n";
-  const DaemonRun valid = RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "1"});
+      "[cluster]\ndata_units = 1\nparity_units = 1\nnode_count = 2\n"
+      "etcd_endpoints = [\"127.0.0.1:1\"]\nadvertise_host = \"127.0.0.1\"\n";
+  const DaemonRun valid =
+      RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "1"});
   EXPECT_EQ(valid.exit_code, 0) << valid.output;
   EXPECT_TRUE(absl::StrContains(valid.output, "moesnapd.toml: valid")) << valid.output;
   EXPECT_FALSE(PoolExists());
-  const DaemonRun stranger = RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "9"});
+  const DaemonRun stranger =
+      RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "9"});
   EXPECT_EQ(stranger.exit_code, 2) << stranger.output;
-  EXPECT_TRUE(absl::StrContains(stranger.output, "node.id 9 is not among cluster.nodes")) << stranger.output;
+  EXPECT_TRUE(absl::StrContains(stranger.output, "node id 9 is not below cluster.node_count = 2"))
+      << stranger.output;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@ production, and the example MoE trainer as a real process."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
@@ -92,24 +94,59 @@ def unused_port() -> int:
         return probe.getsockname()[1]
 
 
+class Etcd:
+    """A one-member etcd on free loopback ports with a temporary data folder, for cluster tests."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="moesnap-pytest-etcd-")
+        self.client_port, peer_port = unused_port(), unused_port()
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        self.log = open(Path(self.directory) / "etcd.log", "w")
+        self.process = subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir", str(Path(self.directory) / "data"),
+             "--listen-client-urls", f"http://{self.endpoint}",
+             "--advertise-client-urls", f"http://{self.endpoint}",
+             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+             "--initial-cluster", f"t={peer_url}", "--unsafe-no-fsync", "--log-level", "warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as answer:
+                    if json.loads(answer.read()).get("health") == "true":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("etcd did not start serving")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class Cluster:
-    """Daemons of one job on loopback: node i is daemons[i], the nodes sorted by id form groups of
-    k + m. The one place that knows how a test cluster is configured and started."""
+    """Daemons of one job on loopback and their own etcd: node i is daemons[i], the nodes sorted by
+    id form groups of k + m. The one place that knows how a test cluster is configured and
+    started."""
 
     def __init__(self, directory: Path, nodes: int, data_units: int, parity_units: int,
                  node_config: Optional[Dict[int, str]] = None,
-                 heartbeat_timeout_ms: int = 2000, commit_timeout_ms: int = 8000,
+                 lease_ttl_ms: int = 2000, commit_timeout_ms: int = 8000,
                  pool_bytes: str = "256MiB") -> None:
-        ports = set()
-        while len(ports) < 2 * nodes:  # the kernel may hand one port out twice
-            ports.add(unused_port())
-        ports = sorted(ports)
-        table = "".join(f'[[cluster.nodes]]\nid = {i}\nhost = "127.0.0.1"\n'
-                        f'control_port = {ports[2 * i]}\ndata_port = {ports[2 * i + 1]}\n'
-                        for i in range(nodes))
-        cluster = (f'[cluster]\ndata_units = {data_units}\nparity_units = {parity_units}\n'
-                   f'stripe_unit_bytes = "64KiB"\nheartbeat_timeout_ms = {heartbeat_timeout_ms}\n'
-                   f'commit_timeout_ms = {commit_timeout_ms}\n' + table)
+        self.etcd = Etcd()
+        # Every node the same section: each finds the others in etcd, on ports it picks itself.
+        cluster = (f'[cluster]\njob = "pytest"\nnode_count = {nodes}\ndata_units = {data_units}\n'
+                   f'parity_units = {parity_units}\nstripe_unit_bytes = "64KiB"\n'
+                   f'lease_ttl_ms = {lease_ttl_ms}\ncommit_timeout_ms = {commit_timeout_ms}\n'
+                   f'etcd_endpoints = ["{self.etcd.endpoint}"]\nadvertise_host = "127.0.0.1"\n'
+                   'control_port = 0\ndata_port = 0\n')
         self.daemons: List[Daemon] = []
         for i in range(nodes):
             node_directory = directory / f"node{i}"
@@ -126,11 +163,13 @@ class Cluster:
                               capture_output=True, text=True, check=True).stdout
 
     def wait_until_live(self, live: int, asking: int = 0, timeout: float = 60) -> None:
-        """Waits until node ``asking`` sees ``live`` nodes live and none rebuilding."""
+        """Waits until node ``asking`` sees ``live`` nodes live, answering and not rebuilding (a lost
+        node's daemon stays live in etcd until its lease ends, but does not answer)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = json.loads(self.ctl(asking, "--json", "cluster", "status"))
-            if sum(1 for node in status["nodes"] if node["live"] and not node["rebuilding"]) == live:
+            if sum(1 for node in status["nodes"]
+                   if node["live"] and node.get("answered") and not node["rebuilding"]) == live:
                 return
             time.sleep(0.1)
         raise AssertionError(f"the cluster did not settle with {live} live nodes")
@@ -146,6 +185,7 @@ class Cluster:
     def remove(self) -> None:
         for daemon in self.daemons:
             daemon.remove()
+        self.etcd.stop()
 
 
 def wait_until_serving(process: subprocess.Popen, admin_socket: str, timeout: float = 20) -> None:

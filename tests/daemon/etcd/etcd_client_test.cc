@@ -276,6 +276,17 @@ TEST_F(EtcdLeaseTest, KeeperReportsLossWhenItsMemberStopsPastTheTtl) {
   EXPECT_TRUE(Eventually([&] { return !Exists("owned"); }));
 }
 
+TEST_F(EtcdClientTest, TxnDeletesAKeyRangeAndNothingOutsideIt) {
+  for (const char* key : {"r/1", "r/2", "r/3", "r/4", "s/1"}) ASSERT_OK(client_->Put(key, "v"));
+  const absl::StatusOr<TxnResult> deleted =
+      client_->Txn(TxnRequest{.on_success = {Operation::DeleteRange("r/2", "r/4")}});
+  ASSERT_OK(deleted);
+  ASSERT_EQ(deleted->results.size(), 1u);
+  EXPECT_EQ(deleted->results[0].deleted, 2);
+  for (const char* key : {"r/1", "r/4", "s/1"}) EXPECT_TRUE(Exists(key)) << key;
+  for (const char* key : {"r/2", "r/3"}) EXPECT_FALSE(Exists(key)) << key;
+}
+
 TEST_F(EtcdClientTest, WatchDeliversPrefixEventsInOrderFromARevision) {
   const absl::StatusOr<int64_t> start = client_->Put("w/1", "a");
   ASSERT_OK(start);

@@ -1,0 +1,138 @@
+// EtcdDecisionLog and EtcdLeadership.
+#include "daemon/cluster/etcd_control.h"
+
+#include <map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "daemon/etcd/election.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+std::string CandidateName(uint32_t node_id) { return absl::StrCat(node_id); }
+
+class EtcdDecisionLog final : public DecisionLog {
+ public:
+  EtcdDecisionLog(EtcdSession* session, const EtcdKeys& keys, uint32_t node_id)
+      : session_(session), keys_(keys),
+        fence_key_(absl::StrCat(keys.Leader(), "/", CandidateName(node_id))) {}
+
+  absl::StatusOr<v1::StepDecision> Decide(const v1::StepDecision& decision) override {
+    session_->CountWrite();
+    absl::StatusOr<etcd::KeyValue> stored = session_->client().WriteOnce(
+        keys_.Step(decision.step()), decision.SerializeAsString(),
+        etcd::Fence{.key = fence_key_, .create_revision = decision.token()});
+    session_->Note(stored.status());
+    if (!stored.ok()) return stored.status();
+    return Parse(*stored);
+  }
+
+  absl::StatusOr<std::vector<v1::StepDecision>> DecisionsAfter(
+      std::optional<int64_t> after) override {
+    absl::StatusOr<etcd::RangeResult> read = session_->client().GetPrefix(keys_.Steps());
+    session_->Note(read.status());
+    if (!read.ok()) return read.status();
+    std::vector<v1::StepDecision> decisions;
+    for (const etcd::KeyValue& kv : read->kvs) {  // in key order, which is step order
+      absl::StatusOr<v1::StepDecision> decision = Parse(kv);
+      if (!decision.ok()) return decision.status();
+      if (!after || decision->step() > *after) decisions.push_back(*std::move(decision));
+    }
+    return decisions;
+  }
+
+  absl::Status ForgetBefore(int64_t step, int64_t token) override {
+    session_->CountWrite();
+    absl::StatusOr<etcd::TxnResult> result = session_->client().Txn(etcd::TxnRequest{
+        .compares = {etcd::Compare::CreateRevision(fence_key_, etcd::Compare::Relation::kEqual,
+                                                   token)},
+        .on_success = {etcd::Operation::DeleteRange(keys_.Steps(), keys_.Step(step))},
+        .safe_to_retry = true});
+    session_->Note(result.status());
+    if (!result.ok()) return result.status();
+    if (!result->succeeded) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "decisions before step ", step, " not dropped: the leadership of token ", token,
+          " is gone"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<v1::StepDecision> Parse(const etcd::KeyValue& kv) const {
+    v1::StepDecision decision;
+    const std::optional<int64_t> step = keys_.StepOf(kv.key);
+    if (!step || !decision.ParseFromString(kv.value) || decision.step() != *step) {
+      return absl::DataLossError(absl::StrCat("etcd key ", kv.key,
+                                              " does not hold a decision of its step"));
+    }
+    return decision;
+  }
+
+  EtcdSession* const session_;
+  const EtcdKeys keys_;
+  const std::string fence_key_;
+};
+
+class EtcdLeadership final : public Leadership {
+ public:
+  EtcdLeadership(EtcdSession* session, const EtcdKeys& keys, uint32_t node_id)
+      : session_(session), election_(session->client(), keys.Leader()), node_id_(node_id) {}
+
+  absl::StatusOr<int64_t> Campaign(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::StatusOr<int64_t> lease = session_->WaitLease(deadline);
+    if (!lease.ok()) return lease.status();
+    absl::StatusOr<etcd::Leadership> led = election_.Campaign(
+        CandidateName(node_id_), CandidateName(node_id_), *lease, deadline - absl::Now());
+    if (!absl::IsDeadlineExceeded(led.status())) session_->Note(led.status());
+    if (!led.ok()) return led.status();
+    session_->CountWrite();
+    absl::MutexLock lock(&mutex_);
+    held_[led->token] = *led;
+    return led->token;
+  }
+
+  bool Holds(int64_t token) const override {
+    absl::MutexLock lock(&mutex_);
+    auto it = held_.find(token);
+    return it != held_.end() && session_->Holds(it->second.lease);
+  }
+
+  void Resign(int64_t token) override {
+    std::optional<etcd::Leadership> leadership;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto it = held_.find(token);
+      if (it == held_.end()) return;
+      leadership = it->second;
+      held_.erase(it);
+    }
+    session_->CountWrite();
+    (void)election_.Resign(*leadership);
+  }
+
+ private:
+  EtcdSession* const session_;
+  etcd::Election election_;
+  const uint32_t node_id_;
+  mutable absl::Mutex mutex_;
+  std::map<int64_t, etcd::Leadership> held_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace
+
+std::unique_ptr<DecisionLog> NewEtcdDecisionLog(EtcdSession* session, const EtcdKeys& keys,
+                                                uint32_t node_id) {
+  return std::make_unique<EtcdDecisionLog>(session, keys, node_id);
+}
+
+std::unique_ptr<Leadership> NewEtcdLeadership(EtcdSession* session, const EtcdKeys& keys,
+                                              uint32_t node_id) {
+  return std::make_unique<EtcdLeadership>(session, keys, node_id);
+}
+
+}  // namespace moesnap::daemon::cluster

@@ -1,0 +1,125 @@
+// The coordinator, in-process with real participants, parity and data planes, and fakes at the
+// store, peer-client, decision-log and election seams: every step gets one fenced decision, a
+// deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
+// node aborts steps and is named, and an unreachable log pauses commits without losing a step.
+#include "daemon/cluster/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "tests/daemon/cluster/in_process_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+using testing::InProcessCluster;
+
+constexpr uint64_t kBytes = 300000;  // about 4.6 stripe units of 64 KiB per node
+
+bool Contains(const std::vector<int64_t>& steps, int64_t step) {
+  return std::find(steps.begin(), steps.end(), step) != steps.end();
+}
+
+TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAreDropped) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  for (int64_t step = 1; step <= 5; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  const std::map<int64_t, v1::StepDecision> decisions = cluster.log().decisions();
+  for (const auto& [step, decision] : decisions) {
+    EXPECT_TRUE(decision.committed()) << "step " << step;
+    EXPECT_EQ(decision.token(), token) << "step " << step;
+  }
+  // One write per step, and one that dropped the decisions no node needs (every 4 commits here).
+  EXPECT_EQ(cluster.log().writes(), 5 + 1);
+  EXPECT_FALSE(decisions.contains(1));
+  EXPECT_TRUE(decisions.contains(5));
+  cluster.ExpectEveryNodeRebuildable(5, kBytes);
+}
+
+// The first failure: a coordinator that looked lost (paused past its lease) still runs.
+// Its decision is refused by the fence, the new coordinator runs the step again under its own
+// token, and every node commits it; none aborts it.
+TEST(CoordinatorTest, ADeposedCoordinatorsDecisionIsRefusedAndTheNextOneFinishesTheStep) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t old_token = cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  std::atomic<bool> deposed{false};
+  int64_t new_token = 0;
+  cluster.log().BeforeDecide([&](const v1::StepDecision& decision) {
+    // Node 0 has prepared and encoded step 2 everywhere, and pauses before deciding it: meanwhile
+    // its lease ends and node 1 is elected.
+    if (decision.step() == 2 && decision.token() == old_token && !deposed.exchange(true)) {
+      new_token = cluster.election().Elect(1);
+    }
+  });
+  cluster.CaptureEverywhere(2, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(2));
+  ASSERT_TRUE(deposed);
+  const v1::StepDecision decision = cluster.log().decisions().at(2);
+  EXPECT_TRUE(decision.committed());
+  EXPECT_EQ(decision.token(), new_token);
+  EXPECT_EQ(decision.coordinator(), 1u);
+  for (int node = 0; node < cluster.size(); ++node) {
+    EXPECT_FALSE(Contains(cluster.node(node).store.aborted(), 2)) << "node " << node;
+  }
+  // Whatever node 0 still sends under its old token is refused, and says why.
+  v1::PrepareRequest late;
+  late.set_coordinator(0);
+  late.set_step(3);
+  late.set_token(old_token);
+  late.set_timeout_ms(100);
+  absl::StatusOr<v1::PrepareResponse> refused = cluster.node(3).participant.Prepare(late);
+  ASSERT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "was deposed")) << refused.status();
+  cluster.ExpectEveryNodeRebuildable(2, kBytes);
+}
+
+TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.table().Remove(5);  // its lease ended
+  cluster.CaptureEverywhere(1, kBytes);
+  std::optional<v1::StepDecision> decision = cluster.WaitDecided(1);
+  ASSERT_TRUE(decision.has_value());
+  EXPECT_FALSE(decision->committed());
+  EXPECT_TRUE(absl::StrContains(decision->reason(), "node 5 of group 0 is lost")) << decision->reason();
+  for (int node = 0; node < 5; ++node) {
+    for (int attempt = 0; attempt < 1000 && !Contains(cluster.node(node).store.aborted(), 1); ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(Contains(cluster.node(node).store.aborted(), 1)) << "node " << node;
+    EXPECT_EQ(cluster.node(node).participant.CommittedStep(), std::nullopt) << "node " << node;
+  }
+}
+
+// etcd out of reach: trainers go on capturing, nothing commits, and once it is back the steps
+// commit by themselves.
+TEST(CoordinatorTest, AnUnreachableLogPausesCommitsAndTheyResumeByThemselves) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.log().SetReachable(false);
+  cluster.CaptureEverywhere(2, kBytes);
+  cluster.CaptureEverywhere(3, kBytes);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int node = 0; node < cluster.size(); ++node) {
+    EXPECT_EQ(cluster.node(node).participant.CommittedStep(), 1) << "node " << node;
+  }
+  cluster.log().SetReachable(true);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  EXPECT_TRUE(cluster.log().decisions().at(2).committed());
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+}  // namespace
+}  // namespace moesnap::daemon::cluster

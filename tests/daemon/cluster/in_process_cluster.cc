@@ -1,0 +1,603 @@
+// The in-process cluster's fakes and wiring.
+#include "tests/daemon/cluster/in_process_cluster.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "erasure/crc32c.h"
+#include "tests/testing/deterministic_bytes.h"
+
+namespace moesnap::daemon::cluster::testing {
+namespace {
+
+constexpr uint64_t kChunkBytes = 16 << 10;
+constexpr uint64_t kStripeUnitBytes = 64 << 10;
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+}  // namespace
+
+std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes) {
+  return moesnap::testing::DeterministicBytes(uint64_t{node} << 40 ^ static_cast<uint64_t>(step))
+      .Bytes(bytes);
+}
+
+// --- FakeClusterStore -----------------------------------------------------------------------------
+
+FakeClusterStore::FakeClusterStore(Pool* pool, uint32_t node) : pool_(pool), node_(node) {}
+
+void FakeClusterStore::Capture(int64_t step, uint64_t bytes) {
+  const std::vector<uint8_t> state = StateOf(node_, step, bytes);
+  v1::NodeImage manifest;
+  manifest.set_node_id(node_);
+  manifest.set_step(step);
+  manifest.set_bytes(bytes);
+  v1::ImageRegion* region = manifest.add_regions();
+  region->set_rank(node_);
+  region->set_region("state");
+  region->set_step(step);
+  region->set_bytes(bytes);
+  region->set_dtype("uint8");
+  region->add_shape(static_cast<int64_t>(bytes));
+  region->set_chunk_bytes(kChunkBytes);
+  for (uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
+    region->add_chunk_crcs(erasure::Crc32c(state.data() + offset, std::min(kChunkBytes, bytes - offset)));
+  }
+  absl::StatusOr<NodeImage> image = NodeImage::Allocate(pool_, manifest);
+  ASSERT_TRUE(image.ok()) << image.status();
+  image->Write(0, state.data(), bytes);
+  absl::MutexLock lock(&mutex_);
+  captured_[step] = *std::move(image);
+  changed_.SignalAll();
+}
+
+std::vector<int64_t> FakeClusterStore::aborted() const {
+  absl::MutexLock lock(&mutex_);
+  return aborted_;
+}
+
+std::vector<int64_t> FakeClusterStore::commits() const {
+  absl::MutexLock lock(&mutex_);
+  return commits_;
+}
+
+std::vector<uint8_t> FakeClusterStore::CommittedBytesOf() const {
+  absl::MutexLock lock(&mutex_);
+  std::vector<uint8_t> bytes(committed_.bytes());
+  committed_.Read(0, bytes.size(), bytes.data());
+  return bytes;
+}
+
+absl::StatusOr<int64_t> FakeClusterStore::WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                                absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (true) {
+    auto it = after ? captured_.upper_bound(*after) : captured_.begin();
+    if (it != captured_.end()) return it->first;
+    if (changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError("nothing captured");
+    }
+  }
+}
+
+absl::StatusOr<NodeImage> FakeClusterStore::WaitNodeCaptured(int64_t step, absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  while (!captured_.contains(step)) {
+    if (changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("step ", step, " is not captured on node ",
+                                                      node_));
+    }
+  }
+  return captured_[step];
+}
+
+NodeImage FakeClusterStore::CommittedImage() const {
+  absl::MutexLock lock(&mutex_);
+  return committed_;
+}
+
+absl::Status FakeClusterStore::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
+  absl::MutexLock lock(&mutex_);
+  auto it = captured_.find(step);
+  if (it == captured_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("node ", node_, " did not capture step ", step));
+  }
+  committed_ = it->second;
+  captured_.erase(captured_.begin(), std::next(it));
+  record_ = cluster;
+  commits_.push_back(step);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+void FakeClusterStore::AbortNodeStep(int64_t step, const absl::Status&) {
+  absl::MutexLock lock(&mutex_);
+  if (captured_.erase(step) > 0) aborted_.push_back(step);
+  changed_.SignalAll();
+}
+
+absl::Status FakeClusterStore::InstallImage(const NodeImage& image,
+                                            const v1::JournalCluster& cluster) {
+  absl::MutexLock lock(&mutex_);
+  committed_ = image;
+  record_ = cluster;
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+v1::JournalCluster FakeClusterStore::ClusterRecord() const {
+  absl::MutexLock lock(&mutex_);
+  return record_;
+}
+
+uint64_t FakeClusterStore::CommittedBytes() const {
+  absl::MutexLock lock(&mutex_);
+  return committed_.bytes();
+}
+
+uint64_t FakeClusterStore::InFlightBytes() const {
+  absl::MutexLock lock(&mutex_);
+  uint64_t bytes = 0;
+  for (const auto& [step, image] : captured_) bytes += image.bytes();
+  return bytes;
+}
+
+absl::Status FakeClusterStore::WriteRegion(uint32_t, const v1::ImageRegion&, const PoolBytes&) {
+  return absl::UnimplementedError("not in these tests");
+}
+
+absl::StatusOr<v1::RestoreResponse> FakeClusterStore::RestoreFromRank(
+    uint32_t, uint32_t source_rank, const std::vector<std::string>&) {
+  return absl::NotFoundError(absl::StrCat("rank ", source_rank, " is not here"));
+}
+
+v1::VerifyResponse FakeClusterStore::Verify(std::optional<int64_t>) const {
+  absl::MutexLock lock(&mutex_);
+  v1::VerifyResponse response;
+  for (const auto& [region, chunk] : committed_.CorruptChunks()) {
+    v1::VerifyResponse::Corruption* corruption = response.add_corruptions();
+    corruption->set_rank(committed_.manifest().regions(region).rank());
+    corruption->set_region(committed_.manifest().regions(region).region());
+    corruption->set_chunk(chunk);
+  }
+  return response;
+}
+
+// --- FakeDecisionLog ------------------------------------------------------------------------------
+
+void FakeDecisionLog::Listen(uint32_t node, Listener listener) {
+  absl::MutexLock lock(&mutex_);
+  listeners_[node] = std::move(listener);
+}
+
+void FakeDecisionLog::Deafen(uint32_t node) {
+  absl::MutexLock lock(&mutex_);
+  deaf_.insert(node);
+}
+
+void FakeDecisionLog::Hear(uint32_t node) {
+  absl::MutexLock lock(&mutex_);
+  deaf_.erase(node);
+}
+
+void FakeDecisionLog::SetLeaderToken(int64_t token) {
+  absl::MutexLock lock(&mutex_);
+  leader_token_ = token;
+}
+
+void FakeDecisionLog::SetReachable(bool reachable) {
+  absl::MutexLock lock(&mutex_);
+  reachable_ = reachable;
+}
+
+void FakeDecisionLog::CutOff(uint32_t node, bool cut) {
+  absl::MutexLock lock(&mutex_);
+  if (cut) {
+    cut_off_.insert(node);
+  } else {
+    cut_off_.erase(node);
+  }
+}
+
+DecisionLog* FakeDecisionLog::ViewOf(uint32_t node) {
+  absl::MutexLock lock(&mutex_);
+  std::unique_ptr<NodeView>& view = views_[node];
+  if (view == nullptr) view = std::make_unique<NodeView>(this, node);
+  return view.get();
+}
+
+absl::Status FakeDecisionLog::NodeView::Reach() const {
+  absl::MutexLock lock(&log_->mutex_);
+  if (log_->cut_off_.contains(node_)) {
+    return absl::UnavailableError(absl::StrCat("node ", node_, " cannot reach the decision log"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::StepDecision> FakeDecisionLog::NodeView::Decide(
+    const v1::StepDecision& decision) {
+  if (absl::Status reached = Reach(); !reached.ok()) return reached;
+  return log_->Decide(decision);
+}
+
+absl::StatusOr<std::vector<v1::StepDecision>> FakeDecisionLog::NodeView::DecisionsAfter(
+    std::optional<int64_t> after) {
+  if (absl::Status reached = Reach(); !reached.ok()) return reached;
+  return log_->DecisionsAfter(after);
+}
+
+absl::Status FakeDecisionLog::NodeView::ForgetBefore(int64_t step, int64_t token) {
+  if (absl::Status reached = Reach(); !reached.ok()) return reached;
+  return log_->ForgetBefore(step, token);
+}
+
+void FakeDecisionLog::BeforeDecide(std::function<void(const v1::StepDecision&)> hook) {
+  absl::MutexLock lock(&mutex_);
+  before_decide_ = std::move(hook);
+}
+
+std::map<int64_t, v1::StepDecision> FakeDecisionLog::decisions() const {
+  absl::MutexLock lock(&mutex_);
+  return decisions_;
+}
+
+int FakeDecisionLog::writes() const {
+  absl::MutexLock lock(&mutex_);
+  return writes_;
+}
+
+absl::StatusOr<v1::StepDecision> FakeDecisionLog::Decide(const v1::StepDecision& decision) {
+  std::function<void(const v1::StepDecision&)> hook;
+  {
+    absl::MutexLock lock(&mutex_);
+    hook = before_decide_;
+  }
+  if (hook) hook(decision);
+  std::vector<Listener> listeners;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!reachable_) return absl::UnavailableError("the decision log cannot be reached");
+    if (auto it = decisions_.find(decision.step()); it != decisions_.end()) return it->second;
+    if (decision.token() != leader_token_) {
+      return absl::FailedPreconditionError(absl::StrCat("token ", decision.token(),
+                                                        " no longer leads (", leader_token_, " does)"));
+    }
+    decisions_[decision.step()] = decision;
+    ++writes_;
+    for (const auto& [node, listener] : listeners_) {
+      if (!deaf_.contains(node) && !cut_off_.contains(node)) listeners.push_back(listener);
+    }
+  }
+  // Delivered as a watch would, outside the log's lock (a listener may read the log).
+  for (const Listener& listener : listeners) listener(decision);
+  return decision;
+}
+
+absl::StatusOr<std::vector<v1::StepDecision>> FakeDecisionLog::DecisionsAfter(
+    std::optional<int64_t> after) {
+  absl::MutexLock lock(&mutex_);
+  if (!reachable_) return absl::UnavailableError("the decision log cannot be reached");
+  std::vector<v1::StepDecision> decisions;
+  for (auto it = after ? decisions_.upper_bound(*after) : decisions_.begin();
+       it != decisions_.end(); ++it) {
+    decisions.push_back(it->second);
+  }
+  return decisions;
+}
+
+absl::Status FakeDecisionLog::ForgetBefore(int64_t step, int64_t token) {
+  absl::MutexLock lock(&mutex_);
+  if (!reachable_) return absl::UnavailableError("the decision log cannot be reached");
+  if (token != leader_token_) return absl::FailedPreconditionError("deposed");
+  decisions_.erase(decisions_.begin(), decisions_.lower_bound(step));
+  ++writes_;
+  return absl::OkStatus();
+}
+
+// --- FakeElection ---------------------------------------------------------------------------------
+
+int64_t FakeElection::Elect(uint32_t node) {
+  int64_t token = 0;
+  {
+    absl::MutexLock lock(&mutex_);
+    leader_ = node;
+    token = token_ += 10;
+    changed_.SignalAll();
+  }
+  log_->SetLeaderToken(token);
+  nodes_->SetLeader(LeaderView{node, token});
+  return token;
+}
+
+void FakeElection::Depose() {
+  {
+    absl::MutexLock lock(&mutex_);
+    leader_.reset();
+    changed_.SignalAll();
+  }
+  log_->SetLeaderToken(0);
+  nodes_->SetLeader(std::nullopt);
+}
+
+std::optional<std::pair<uint32_t, int64_t>> FakeElection::leader() const {
+  absl::MutexLock lock(&mutex_);
+  if (!leader_) return std::nullopt;
+  return std::pair<uint32_t, int64_t>(*leader_, token_);
+}
+
+absl::StatusOr<int64_t> FakeElection::Candidate::Campaign(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&election_->mutex_);
+  while (election_->leader_ != node_) {
+    if (election_->changed_.WaitWithDeadline(&election_->mutex_, deadline)) {
+      return absl::DeadlineExceededError("another node leads");
+    }
+  }
+  return election_->token_;
+}
+
+bool FakeElection::Candidate::Holds(int64_t token) const {
+  absl::MutexLock lock(&election_->mutex_);
+  return election_->leader_ == node_ && election_->token_ == token;
+}
+
+void FakeElection::Candidate::Resign(int64_t) {}
+
+// --- FakeNetwork and FakePeerClient ---------------------------------------------------------------
+
+void FakeNetwork::Attach(uint32_t node, NodeUnits* units) {
+  absl::MutexLock lock(&mutex_);
+  nodes_[node] = units;
+}
+
+void FakeNetwork::Detach(uint32_t node) {
+  absl::MutexLock lock(&mutex_);
+  nodes_.erase(node);
+}
+
+void FakeNetwork::Cut(uint32_t node) {
+  absl::MutexLock lock(&mutex_);
+  cut_.insert(node);
+}
+
+void FakeNetwork::Heal(uint32_t node) {
+  absl::MutexLock lock(&mutex_);
+  cut_.erase(node);
+}
+
+void FakeNetwork::SetFilter(
+    std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter) {
+  absl::MutexLock lock(&mutex_);
+  filter_ = std::move(filter);
+}
+
+absl::StatusOr<NodeUnits*> FakeNetwork::Route(uint32_t from, uint32_t to, const std::string& name) {
+  std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (cut_.contains(from) || cut_.contains(to)) {
+      return absl::UnavailableError(absl::StrCat(name, " to node ", to, ": cut off"));
+    }
+    auto it = nodes_.find(to);
+    if (it == nodes_.end()) {
+      return absl::UnavailableError(absl::StrCat(name, " to node ", to, ": no such node"));
+    }
+    filter = filter_;
+    if (!filter) return it->second;
+  }
+  if (absl::Status status = filter(from, to, name); !status.ok()) return status;
+  absl::MutexLock lock(&mutex_);
+  auto it = nodes_.find(to);
+  if (it == nodes_.end()) return absl::UnavailableError("gone");
+  return it->second;
+}
+
+absl::StatusOr<v1::NodeReport> FakePeerClient::Describe(uint32_t node) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Describe");
+  if (!to.ok()) return to.status();
+  return (*to)->report.Describe();
+}
+
+absl::StatusOr<v1::ProposeResponse> FakePeerClient::Propose(uint32_t node,
+                                                            const v1::ProposeRequest& request) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Propose");
+  if (!to.ok()) return to.status();
+  return (*to)->coordinator.Propose(request);
+}
+
+absl::StatusOr<v1::PrepareResponse> FakePeerClient::Prepare(uint32_t node,
+                                                            const v1::PrepareRequest& request) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Prepare");
+  if (!to.ok()) return to.status();
+  return (*to)->participant.Prepare(request);
+}
+
+absl::StatusOr<v1::EncodeResponse> FakePeerClient::Encode(uint32_t node,
+                                                          const v1::EncodeRequest& request) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Encode");
+  if (!to.ok()) return to.status();
+  return (*to)->participant.Encode(request);
+}
+
+absl::StatusOr<v1::GroupStateResponse> FakePeerClient::GroupState(uint32_t node) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "GroupState");
+  if (!to.ok()) return to.status();
+  return (*to)->rebuilder.GroupState();
+}
+
+absl::StatusOr<v1::SendUnitsResponse> FakePeerClient::SendUnits(
+    uint32_t node, const v1::SendUnitsRequest& request) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "SendUnits");
+  if (!to.ok()) return to.status();
+  return (*to)->transfer.ServeUnits(request);
+}
+
+absl::StatusOr<v1::RebuildResponse> FakePeerClient::Rebuild(uint32_t node) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Rebuild");
+  if (!to.ok()) return to.status();
+  return (*to)->rebuilder.RebuildHere();
+}
+
+absl::StatusOr<v1::LocateRankResponse> FakePeerClient::LocateRank(uint32_t,
+                                                                  const v1::LocateRankRequest&) {
+  return absl::UnimplementedError("not in these tests");
+}
+
+absl::StatusOr<v1::SendRegionResponse> FakePeerClient::SendRegion(uint32_t,
+                                                                  const v1::SendRegionRequest&) {
+  return absl::UnimplementedError("not in these tests");
+}
+
+absl::StatusOr<v1::FetchLogResponse> FakePeerClient::FetchLog(uint32_t, const v1::FetchLogRequest&) {
+  return absl::UnimplementedError("not in these tests");
+}
+
+absl::StatusOr<v1::DurableStateResponse> FakePeerClient::DurableState(uint32_t, absl::Time) {
+  return absl::UnimplementedError("not in these tests");
+}
+
+// --- NodeUnits and InProcessCluster ---------------------------------------------------------------
+
+namespace {
+
+std::unique_ptr<Pool> TestPool(const std::string& name) {
+  std::filesystem::remove("/dev/shm/" + name + ".data");
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
+      {.name = name, .bytes = 64 << 20, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20},
+      std::nullopt);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? *std::move(pool) : nullptr;
+}
+
+std::string PoolName(uint32_t id) {
+  static std::atomic<int> counter{0};
+  return absl::StrCat("moesnap-cluster-unit-", getpid(), "-", id, "-", counter++);
+}
+
+}  // namespace
+
+NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* nodes,
+                     FakeNetwork* network, FakeDecisionLog* log, FakeElection* election)
+    : id(node_id),
+      pool_name(PoolName(node_id)),
+      pool(TestPool(pool_name)),
+      peers(node_id, network),
+      context{topology, nodes, &peers},
+      store(pool.get(), node_id),
+      parity(pool.get(), topology->codec.get(), &topology->layout, topology->position,
+             absl::Seconds(5)),
+      transfer(context, &store, &parity),
+      rebuilder(context, &store, &parity, &transfer, pool.get(), log->ViewOf(node_id),
+                {.retry_interval = absl::Milliseconds(20),
+                 .max_retry_interval = absl::Milliseconds(200)}),
+      participant(context, &store, &parity, &transfer, &rebuilder, log->ViewOf(node_id)),
+      candidate(election, node_id),
+      coordinator(context, &candidate, log->ViewOf(node_id),
+                  {.forget_every = 4, .campaign_wait = absl::Milliseconds(50)}),
+      report(context, &store, &parity, pool.get(), &rebuilder, &participant) {}
+
+NodeUnits::~NodeUnits() {
+  std::filesystem::remove("/dev/shm/" + pool_name + ".data");
+}
+
+void NodeUnits::Start() {
+  rebuilder.Start();
+  participant.Start();
+  coordinator.Start();
+}
+
+InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
+    : table_(nodes), log_(), election_(&log_, &table_) {
+  ClusterOptions options;
+  options.job = "unit";
+  options.node_count = nodes;
+  options.data_units = data_units;
+  options.parity_units = parity_units;
+  options.stripe_unit_bytes = kStripeUnitBytes;
+  options.commit_timeout_ms = 5000;
+  options.advertise_host = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options);
+  EXPECT_TRUE(topology.ok()) << topology.status();
+  topology_ = *std::move(topology);
+  for (int id = 0; id < nodes; ++id) Replace(id);
+}
+
+InProcessCluster::~InProcessCluster() {
+  for (auto& [id, units] : nodes_) network_.Detach(id);
+  nodes_.clear();
+}
+
+void InProcessCluster::Replace(uint32_t id) {
+  network_.Detach(id);
+  table_.Remove(id);
+  nodes_.erase(id);
+  // Each node's topology differs only in who it is.
+  ClusterOptions options = topology_->options;
+  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(id, options);
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  topologies_.push_back(*std::move(topology));
+  auto units = std::make_unique<NodeUnits>(id, topologies_.back().get(), &table_, &network_, &log_,
+                                           &election_);
+  absl::StatusOr<uint16_t> port = units->transfer.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  NodeUnits* raw = units.get();
+  log_.Listen(id, [raw](const v1::StepDecision& decision) { raw->participant.Apply(decision); });
+  network_.Attach(id, raw);
+  table_.Set({.id = id, .address = {id, "127.0.0.1", 1, *port}, .hostname = "test",
+              .incarnation = static_cast<int64_t>(topologies_.size())});
+  nodes_[id] = std::move(units);
+  raw->Start();
+}
+
+void InProcessCluster::CaptureEverywhere(int64_t step, uint64_t bytes) {
+  for (auto& [id, units] : nodes_) units->store.Capture(step, bytes);
+}
+
+bool InProcessCluster::WaitCommitted(int64_t step, std::vector<uint32_t> nodes) {
+  if (nodes.empty()) {
+    for (const auto& [id, units] : nodes_) nodes.push_back(id);
+  }
+  const absl::Time deadline = absl::Now() + kWait;
+  for (uint32_t id : nodes) {
+    while (node(id).participant.CommittedStep() != step) {
+      if (absl::Now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return true;
+}
+
+std::optional<v1::StepDecision> InProcessCluster::WaitDecided(int64_t step) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (absl::Now() < deadline) {
+    const std::map<int64_t, v1::StepDecision> decisions = log_.decisions();
+    if (auto it = decisions.find(step); it != decisions.end()) return it->second;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return std::nullopt;
+}
+
+void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes) {
+  for (auto& [id, units] : nodes_) {
+    absl::StatusOr<v1::RebuildResponse> rebuilt = units->rebuilder.RebuildHere();
+    ASSERT_TRUE(rebuilt.ok()) << "node " << id << ": " << rebuilt.status();
+    EXPECT_EQ(rebuilt->step(), step) << "node " << id;
+    EXPECT_TRUE(units->store.CommittedBytesOf() == StateOf(id, step, bytes))
+        << "node " << id << "'s data decoded from its group differs from what it captured";
+  }
+}
+
+}  // namespace moesnap::daemon::cluster::testing

@@ -1,0 +1,276 @@
+// An in-process cluster for the unit tests of the deciding units: real participants, coordinators,
+// rebuilders, parity stores and data planes (TCP on loopback), with fakes at the seams: the store
+// (FakeClusterStore: one region per node whose bytes are a function of node and step), the peer
+// client (FakeNetwork: calls go straight to the target node's unit, and the test may cut a node off
+// or fail chosen calls), the decision log (FakeDecisionLog: fenced write-once decisions, which the
+// test may make unreachable, and whose delivery to a node it may withhold) and the election
+// (FakeElection: the test says who leads).
+#ifndef MOESNAP_TESTS_DAEMON_CLUSTER_IN_PROCESS_CLUSTER_H_
+#define MOESNAP_TESTS_DAEMON_CLUSTER_IN_PROCESS_CLUSTER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/cluster/context.h"
+#include "daemon/cluster/control.h"
+#include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/local_report.h"
+#include "daemon/cluster/participant.h"
+#include "daemon/cluster/peer_client.h"
+#include "daemon/cluster/rebuild.h"
+#include "daemon/cluster/transfer.h"
+#include "daemon/cluster_store.h"
+#include "daemon/parity_store.h"
+#include "daemon/pool.h"
+
+namespace moesnap::daemon::cluster::testing {
+
+// The bytes node `node`'s trainer holds after step `step`.
+std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes);
+
+class FakeClusterStore final : public ClusterStore {
+ public:
+  FakeClusterStore(Pool* pool, uint32_t node);
+
+  // The node's trainer captured `step`: one region of `bytes` bytes, StateOf(node, step).
+  void Capture(int64_t step, uint64_t bytes);
+  std::vector<int64_t> aborted() const;
+  std::vector<int64_t> commits() const;
+  // The committed region's bytes.
+  std::vector<uint8_t> CommittedBytesOf() const;
+
+  absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
+                                                absl::Time deadline) override;
+  absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
+  NodeImage CommittedImage() const override;
+  absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
+  void AbortNodeStep(int64_t step, const absl::Status& why) override;
+  absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) override;
+  v1::JournalCluster ClusterRecord() const override;
+  uint64_t CommittedBytes() const override;
+  uint64_t InFlightBytes() const override;
+  absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
+                           const PoolBytes& bytes) override;
+  absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
+      uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
+  v1::VerifyResponse Verify(std::optional<int64_t> step) const override;
+
+ private:
+  Pool* const pool_;
+  const uint32_t node_;
+  mutable absl::Mutex mutex_;
+  absl::CondVar changed_;
+  std::map<int64_t, NodeImage> captured_ ABSL_GUARDED_BY(mutex_);
+  NodeImage committed_ ABSL_GUARDED_BY(mutex_);
+  v1::JournalCluster record_ ABSL_GUARDED_BY(mutex_);
+  std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
+  std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
+};
+
+// The decision log every node shares.
+class FakeDecisionLog final : public DecisionLog {
+ public:
+  // Who hears of each decision as it is written (the nodes' watches).
+  using Listener = std::function<void(const v1::StepDecision&)>;
+  void Listen(uint32_t node, Listener listener);
+  // The node's watch misses the decisions written from now on until Hear (it must read them).
+  void Deafen(uint32_t node);
+  void Hear(uint32_t node);
+  // The fence: only decisions of this token are written.
+  void SetLeaderToken(int64_t token);
+  // While unreachable every call fails UNAVAILABLE; CutOff makes it so for one node's calls.
+  void SetReachable(bool reachable);
+  void CutOff(uint32_t node, bool cut);
+  // The log as node `node` reaches it.
+  DecisionLog* ViewOf(uint32_t node);
+  // Runs before each Decide is written (a test pauses or deposes the coordinator there).
+  void BeforeDecide(std::function<void(const v1::StepDecision&)> hook);
+  std::map<int64_t, v1::StepDecision> decisions() const;
+  int writes() const;
+
+  absl::StatusOr<v1::StepDecision> Decide(const v1::StepDecision& decision) override;
+  absl::StatusOr<std::vector<v1::StepDecision>> DecisionsAfter(
+      std::optional<int64_t> after) override;
+  absl::Status ForgetBefore(int64_t step, int64_t token) override;
+
+ private:
+  class NodeView final : public DecisionLog {
+   public:
+    NodeView(FakeDecisionLog* log, uint32_t node) : log_(log), node_(node) {}
+    absl::StatusOr<v1::StepDecision> Decide(const v1::StepDecision& decision) override;
+    absl::StatusOr<std::vector<v1::StepDecision>> DecisionsAfter(
+        std::optional<int64_t> after) override;
+    absl::Status ForgetBefore(int64_t step, int64_t token) override;
+
+   private:
+    absl::Status Reach() const;
+    FakeDecisionLog* const log_;
+    const uint32_t node_;
+  };
+
+  mutable absl::Mutex mutex_;
+  std::set<uint32_t> cut_off_ ABSL_GUARDED_BY(mutex_);
+  std::map<uint32_t, std::unique_ptr<NodeView>> views_ ABSL_GUARDED_BY(mutex_);
+  std::map<int64_t, v1::StepDecision> decisions_ ABSL_GUARDED_BY(mutex_);
+  std::map<uint32_t, Listener> listeners_ ABSL_GUARDED_BY(mutex_);
+  std::set<uint32_t> deaf_ ABSL_GUARDED_BY(mutex_);
+  int64_t leader_token_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool reachable_ ABSL_GUARDED_BY(mutex_) = true;
+  int writes_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::function<void(const v1::StepDecision&)> before_decide_ ABSL_GUARDED_BY(mutex_);
+};
+
+// Who leads. Elect gives the node a new, higher token; the decision log and the node table follow.
+class FakeElection {
+ public:
+  FakeElection(FakeDecisionLog* log, NodeTable* nodes) : log_(log), nodes_(nodes) {}
+  int64_t Elect(uint32_t node);
+  // The leader loses its lease and nobody leads.
+  void Depose();
+  std::optional<std::pair<uint32_t, int64_t>> leader() const;
+
+  class Candidate final : public Leadership {
+   public:
+    Candidate(FakeElection* election, uint32_t node) : election_(election), node_(node) {}
+    absl::StatusOr<int64_t> Campaign(absl::Duration timeout) override;
+    bool Holds(int64_t token) const override;
+    void Resign(int64_t token) override;
+
+   private:
+    FakeElection* const election_;
+    const uint32_t node_;
+  };
+
+ private:
+  FakeDecisionLog* const log_;
+  NodeTable* const nodes_;
+  mutable absl::Mutex mutex_;
+  absl::CondVar changed_;
+  std::optional<uint32_t> leader_ ABSL_GUARDED_BY(mutex_);
+  int64_t token_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+struct NodeUnits;
+
+// Peer calls between the in-process nodes.
+class FakeNetwork {
+ public:
+  void Attach(uint32_t node, NodeUnits* units);
+  void Detach(uint32_t node);
+  // Calls to and from a cut node fail UNAVAILABLE.
+  void Cut(uint32_t node);
+  void Heal(uint32_t node);
+  // A call for which `filter(from, to, name)` returns an error fails with it (names: "Prepare",
+  // "Encode", "Propose", "GroupState", "SendUnits", ...).
+  void SetFilter(std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter);
+  // The units that answer a call from `from` to `to`, or why the call fails.
+  absl::StatusOr<NodeUnits*> Route(uint32_t from, uint32_t to, const std::string& name);
+
+ private:
+  absl::Mutex mutex_;
+  std::map<uint32_t, NodeUnits*> nodes_ ABSL_GUARDED_BY(mutex_);
+  std::set<uint32_t> cut_ ABSL_GUARDED_BY(mutex_);
+  std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter_
+      ABSL_GUARDED_BY(mutex_);
+};
+
+class FakePeerClient final : public PeerClient {
+ public:
+  FakePeerClient(uint32_t self, FakeNetwork* network) : self_(self), network_(network) {}
+  absl::StatusOr<v1::NodeReport> Describe(uint32_t node) override;
+  absl::StatusOr<v1::ProposeResponse> Propose(uint32_t node,
+                                              const v1::ProposeRequest& request) override;
+  absl::StatusOr<v1::PrepareResponse> Prepare(uint32_t node,
+                                              const v1::PrepareRequest& request) override;
+  absl::StatusOr<v1::EncodeResponse> Encode(uint32_t node,
+                                            const v1::EncodeRequest& request) override;
+  absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) override;
+  absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
+                                                  const v1::SendUnitsRequest& request) override;
+  absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) override;
+  absl::StatusOr<v1::LocateRankResponse> LocateRank(
+      uint32_t node, const v1::LocateRankRequest& request) override;
+  absl::StatusOr<v1::SendRegionResponse> SendRegion(
+      uint32_t node, const v1::SendRegionRequest& request) override;
+  absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
+                                                const v1::FetchLogRequest& request) override;
+  absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,
+                                                        absl::Time deadline) override;
+  uint64_t calls() const override { return calls_; }
+
+ private:
+  const uint32_t self_;
+  FakeNetwork* const network_;
+  std::atomic<uint64_t> calls_{0};
+};
+
+// One node's units, as the daemon assembles them, over the fakes.
+struct NodeUnits {
+  NodeUnits(uint32_t id, const Topology* topology, NodeTable* nodes, FakeNetwork* network,
+            FakeDecisionLog* log, FakeElection* election);
+  ~NodeUnits();
+  // Starts proposing, coordinating when elected, and checking whether the node is behind.
+  void Start();
+
+  const uint32_t id;
+  const std::string pool_name;
+  std::unique_ptr<Pool> pool;
+  FakePeerClient peers;
+  ClusterContext context;
+  FakeClusterStore store;
+  ParityStore parity;
+  Transfer transfer;
+  Rebuilder rebuilder;
+  Participant participant;
+  FakeElection::Candidate candidate;
+  Coordinator coordinator;
+  LocalReport report;
+};
+
+class InProcessCluster {
+ public:
+  // `nodes` nodes in groups of k + m, 64 KiB stripe units.
+  InProcessCluster(int nodes, int data_units, int parity_units);
+  ~InProcessCluster();
+
+  NodeUnits& node(uint32_t id) { return *nodes_.at(id); }
+  int size() const { return static_cast<int>(nodes_.size()); }
+  FakeDecisionLog& log() { return log_; }
+  FakeNetwork& network() { return network_; }
+  FakeElection& election() { return election_; }
+  NodeTable& table() { return table_; }
+
+  // Every node's trainer captures `step` (`bytes` bytes of state each).
+  void CaptureEverywhere(int64_t step, uint64_t bytes);
+  // Waits until every node in `nodes` (all when empty) has committed `step`.
+  bool WaitCommitted(int64_t step, std::vector<uint32_t> nodes = {});
+  // Waits until the log holds a decision of `step`.
+  std::optional<v1::StepDecision> WaitDecided(int64_t step);
+  // Replaces node `id` by a fresh one with empty memory (a lost node and its replacement).
+  void Replace(uint32_t id);
+  // Decodes every node's committed data from the others' units (a rebuild of each, by a fresh
+  // node in its place, without touching the cluster) and compares it with the node's own bytes.
+  // Any difference means parity diverged.
+  void ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes);
+
+ private:
+  std::unique_ptr<const Topology> topology_;
+  // Each node's own view (who it is, its group and position); kept while any node may use it.
+  std::vector<std::unique_ptr<const Topology>> topologies_;
+  NodeTable table_;
+  FakeNetwork network_;
+  FakeDecisionLog log_;
+  FakeElection election_;
+  std::map<uint32_t, std::unique_ptr<NodeUnits>> nodes_;
+};
+
+}  // namespace moesnap::daemon::cluster::testing
+
+#endif  // MOESNAP_TESTS_DAEMON_CLUSTER_IN_PROCESS_CLUSTER_H_

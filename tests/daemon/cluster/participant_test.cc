@@ -1,0 +1,110 @@
+// The participant, in-process with real coordinators, parity and data planes, and fakes at the
+// store, peer-client, decision-log and election seams: it acts only on decisions the log holds,
+// catches up on one it missed before it takes part in the next step, refuses to encode against any
+// base but the decided one (so parity cannot diverge), refuses a deposed coordinator's token, and
+// rebuilds rather than journal a commit it did not encode.
+#include "daemon/cluster/participant.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "tests/daemon/cluster/in_process_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+using testing::InProcessCluster;
+
+constexpr uint64_t kBytes = 300000;
+
+// The second failure: a node that never heard that step 1 committed (a lost commit
+// message, a watch that lagged). It learns it from the log before it prepares step 2, so both steps
+// commit everywhere and every node's parity decodes.
+TEST(ParticipantTest, ANodeThatMissedADecisionCatchesUpFromTheLogBeforeTheNextStep) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.log().Deafen(3);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1, {0, 1, 2, 4, 5}));
+  EXPECT_EQ(cluster.node(3).participant.CommittedStep(), std::nullopt);
+  cluster.CaptureEverywhere(2, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(2, {0, 1, 2, 4, 5}));
+  cluster.log().Hear(3);
+  cluster.CaptureEverywhere(3, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  EXPECT_EQ(cluster.node(3).store.commits(), (std::vector<int64_t>{1, 2, 3}));
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+// The third failure: parity bases diverging. A node that cannot learn the decision of the
+// base step refuses to encode against anything else; the step is aborted, nothing diverges, and once
+// the node reaches the log again the next step commits everywhere with parity that decodes.
+TEST(ParticipantTest, ANodeRefusesToEncodeAgainstABaseItHasNotAppliedSoParityCannotDiverge) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.log().CutOff(3, true);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1, {0, 1, 2, 4, 5}));
+  cluster.CaptureEverywhere(2, kBytes);
+  std::optional<v1::StepDecision> second = cluster.WaitDecided(2);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_FALSE(second->committed());
+  EXPECT_TRUE(absl::StrContains(second->reason(), "node 3")) << second->reason();
+  EXPECT_TRUE(absl::StrContains(second->reason(), "encodes against step 1")) << second->reason();
+  cluster.log().CutOff(3, false);
+  cluster.CaptureEverywhere(3, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  for (int node = 0; node < cluster.size(); ++node) {
+    const std::vector<int64_t> commits = cluster.node(node).store.commits();
+    EXPECT_EQ(commits, (std::vector<int64_t>{1, 3})) << "node " << node;
+  }
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+TEST(ParticipantTest, ATokenLowerThanOneSeenIsRefusedNamingTheNewerCoordinator) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t first = cluster.election().Elect(0);
+  const int64_t second = cluster.election().Elect(1);
+  v1::PrepareRequest request;
+  request.set_coordinator(0);
+  request.set_step(1);
+  request.set_token(first);
+  request.set_timeout_ms(100);
+  absl::StatusOr<v1::PrepareResponse> refused = cluster.node(2).participant.Prepare(request);
+  ASSERT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                absl::StrCat("token ", first, " is lower than token ", second,
+                                             " of node 1")))
+      << refused.status();
+  v1::EncodeRequest encode;
+  encode.set_coordinator(0);
+  encode.set_step(1);
+  encode.set_token(first);
+  EXPECT_STATUS(cluster.node(2).participant.Encode(encode), absl::StatusCode::kFailedPrecondition);
+}
+
+// A commit this node cannot take (decided under a token it did not encode under) is never
+// journalled with parity it does not hold: the node rebuilds that step from its group.
+TEST(ParticipantTest, ACommitItDidNotEncodeMakesTheNodeRebuildInsteadOfJournalingIt) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.log().Deafen(4);
+  cluster.CaptureEverywhere(2, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(2, {0, 1, 2, 3, 5}));
+  v1::StepDecision mismatched = cluster.log().decisions().at(2);
+  ASSERT_EQ(mismatched.token(), token);
+  mismatched.set_token(token + 1);
+  cluster.node(4).participant.Apply(mismatched);
+  ASSERT_TRUE(cluster.WaitCommitted(2, {4}));
+  EXPECT_EQ(cluster.node(4).store.commits(), (std::vector<int64_t>{1}));  // step 2 came by rebuild
+  EXPECT_TRUE(cluster.node(4).store.CommittedBytesOf() == testing::StateOf(4, 2, kBytes));
+  EXPECT_OK(cluster.node(4).rebuilder.WaitRestorable(absl::Now() + absl::Seconds(5)));
+}
+
+}  // namespace
+}  // namespace moesnap::daemon::cluster
