@@ -422,9 +422,9 @@ absl::Status Client::Commit(int64_t step) {
     }
     if (taken == step) {
       absl::Status committed = WaitCommitted(step);
-      // Taken here but aborted by the cluster (another node skipped or lost it), or lost with a
-      // daemon that went away: take it again.
-      if (!absl::IsAborted(committed) && !absl::IsUnavailable(committed)) return committed;
+      // Taken here but lost with a daemon that went away: take it again. A step the cluster
+      // aborted cannot be taken again (its decision is final): that is the answer.
+      if (!absl::IsUnavailable(committed)) return committed;
       std::lock_guard<std::mutex> lock(state_->mutex);
       if (state_->last_taken == step) state_->last_taken.reset();
       taken.reset();

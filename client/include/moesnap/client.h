@@ -182,10 +182,11 @@ class Client {
   absl::Status WaitCaptured(int64_t step);
   // Blocks until `step` is committed (restorable after a crash).
   absl::Status WaitCommitted(int64_t step);
-  // Makes the regions' present state, snapshotted as `step` (the latest), committed: when the
-  // daemon skipped `step` or the cluster aborted it, waits for the rank's earlier steps to settle
-  // and snapshots every region as `step` again, until it commits or wait_timeout runs out. For the
-  // end of training or a planned stop.
+  // Makes the regions' present state committed as `step`: call it for the last step of training
+  // (or before a planned stop) instead of Snapshot. It lets the rank's earlier steps settle first,
+  // so the pool has room, then takes `step` (again, if the daemon skipped it or went away) until
+  // it commits or wait_timeout runs out. ABORTED when the cluster aborted `step` (a node lost
+  // during its commit): a cluster's decision on a step is final.
   absl::Status Commit(int64_t step);
 
   // Writes the latest committed state (or `step`, which must be the latest) into the registered

@@ -73,10 +73,23 @@ class SparseSnapshots:
         if missing:
             raise Error("INVALID_ARGUMENT", f"parameters in no operator: {', '.join(missing)}")
 
+        # Everything else (state providers, optimizers' state dicts, module buffers) is captured
+        # whole at each window's first step: the replay starts from it and advances it as the
+        # uninterrupted run did.
+        self._window_state = client.window_state_regions()
+        covered = set(self._window_state) | {region for _, _, _, _, full in self._operators
+                                             for region in full}
+        uncovered = [name for name in client.registered_regions() if name not in covered]
+        if uncovered:
+            raise Error("INVALID_ARGUMENT",
+                        f"regions in no operator, which no sparse step would capture: "
+                        f"{', '.join(uncovered)}")
         self._norms = torch.zeros(window, dtype=torch.float32)
         client.register_tensor("sparse.grad_norm", self._norms)
         for buffer in (0, 1):
             client.register_alias("sparse.grad_norm", self._norm_region(buffer))
+            for region in self._window_state:
+                client.register_alias(region, self._window_state_region(region, buffer))
             for _, slot, _, weights, full in self._operators:
                 for region in full:
                     client.register_alias(region, self._full_region(region, buffer))
@@ -96,6 +109,10 @@ class SparseSnapshots:
     @staticmethod
     def _weight_region(region: str, slot: int, buffer: int) -> str:
         return f"{region}@w{slot}.{buffer}"
+
+    @staticmethod
+    def _window_state_region(region: str, buffer: int) -> str:
+        return f"{region}@s{buffer}"
 
     @staticmethod
     def _norm_region(buffer: int) -> str:
@@ -154,6 +171,8 @@ class SparseSnapshots:
         first = step - slot
         buffer = self._buffer_for_window(first)
         names = [self._norm_region(buffer)]
+        if slot == 0:
+            names += [self._window_state_region(region, buffer) for region in self._window_state]
         for _, s, _, weights, full in self._operators:
             if s == slot:
                 names += [self._full_region(region, buffer) for region in full]
@@ -190,7 +209,9 @@ class SparseSnapshots:
         first = committed["first_step"]
         end = first + self.window - 1
         buffer = committed["buffer"]
-        regions = [self._norm_region(buffer)]
+        # The window's first step: its state providers, optimizer hyper-parameters and buffers.
+        regions = [self._norm_region(buffer)] + \
+            [self._window_state_region(region, buffer) for region in self._window_state]
         for _, slot, _, weights, full in self._operators:
             if slot == 0:
                 regions += [self._full_region(region, buffer) for region in full]

@@ -154,6 +154,7 @@ class _Region:
     live: Optional[Callable[[], torch.Tensor]] = None  # staged regions only
     memory: Optional[Tuple[int, int]] = None  # (memory handle, offset) of host regions
     base: Optional[str] = None  # an alias: the region whose bytes it names
+    pickled: bool = False  # a state provider's pickle, rewritten at each snapshot
 
 
 class _OptimizerRegistration:
@@ -272,11 +273,11 @@ class Client:
         if region is None or region.memory is None:
             raise Error("NOT_FOUND", f"'{name}' is not a registered host tensor region")
         tensor = region.tensor
+        dtype, shape = ("pickle", []) if region.pickled else (str(tensor.dtype), list(tensor.shape))
         self._native.register_host_regions([(alias, region.memory[0], region.memory[1],
-                                             max(_nbytes(tensor), 1), str(tensor.dtype),
-                                             list(tensor.shape))])
+                                             max(_nbytes(tensor), 1), dtype, shape)])
         self._regions[alias] = _Region(alias, tensor, region.address, memory=region.memory,
-                                       base=region.base or name)
+                                       base=region.base or name, pickled=region.pickled)
         self._registrations[alias] = [alias]
 
     def register_state(self, name: str, provider: StateProvider,
@@ -301,7 +302,22 @@ class Client:
         self._native.register_host_regions([(name, handle, 0, buffer.size, "pickle", [])])
         self._buffers.append(buffer)
         self._states[name] = (provider, memoryview(buffer).cast("B"))
+        self._regions[name] = _Region(name, torch.frombuffer(buffer, dtype=torch.uint8),
+                                      buffer.address, memory=(handle, 0), pickled=True)
         self._registrations[name] = [name]
+
+    def registered_regions(self) -> List[str]:
+        """Every registered region that is not an alias of another."""
+        return [name for name, region in self._regions.items() if region.base is None]
+
+    def window_state_regions(self) -> List[str]:
+        """The regions that are neither parameters nor optimizer state tensors: state providers'
+        pickles (optimizers' state dicts among them) and staged module buffers. Sparse snapshots
+        capture them whole at the first step of each window."""
+        optimizer_state = tuple(f"{registration.name}.state." for registration in self._optimizers)
+        return [name for name, region in self._regions.items()
+                if region.base is None and (region.pickled or (
+                    region.live is not None and not name.startswith(optimizer_state)))]
 
     def regions_of(self, registration: str) -> List[str]:
         """The regions that the ``register_*`` call named ``registration`` created (so far, for an
@@ -485,6 +501,26 @@ class Client:
         at once; 0 when the step is skipped (``skipped_steps`` says why), which is no error:
         training goes on. ``sparse`` places a sparse step in its window: keys
         ``window_first_step``, ``window_size``, ``slot``, ``buffer`` and ``operators``."""
+        self._prepare_snapshot()
+        regions = [] if names is None else list(names) + list(self._states)
+        self._last_snapshot = step
+        try:
+            if sparse is None:
+                copied = self._native.snapshot(step, regions)
+            else:
+                copied = self._native.snapshot_sparse(step, regions, **sparse)
+        except Error as error:
+            if error.code not in _SYSTEM_FAILURES:
+                raise
+            self._captured_through = step  # nothing to wait for
+            self._skip(step, error.message)
+            return 0
+        self._collect_skipped()
+        return copied
+
+    def _prepare_snapshot(self) -> None:
+        """Makes every region hold what the next snapshot takes: checks that shared tensors did not
+        move, registers optimizer state created since, stages buffers and pickles state."""
         for name, region in self._regions.items():
             if region.live is None and region.base is None and \
                     region.tensor.data_ptr() != region.address:
@@ -515,21 +551,6 @@ class Client:
                             f"{capacity}: register it with a larger capacity")
             view[:_LENGTH_PREFIX.size] = _LENGTH_PREFIX.pack(len(payload))
             view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + len(payload)] = payload
-        regions = [] if names is None else list(names) + list(self._states)
-        self._last_snapshot = step
-        try:
-            if sparse is None:
-                copied = self._native.snapshot(step, regions)
-            else:
-                copied = self._native.snapshot_sparse(step, regions, **sparse)
-        except Error as error:
-            if error.code not in _SYSTEM_FAILURES:
-                raise
-            self._captured_through = step  # nothing to wait for
-            self._skip(step, error.message)
-            return 0
-        self._collect_skipped()
-        return copied
 
     def wait_captured(self) -> None:
         """Blocks until the last snapshot's regions are copied (they may then change again).
@@ -556,11 +577,13 @@ class Client:
         self._native.wait_committed(step)
 
     def commit(self, step: int) -> bool:
-        """Makes the present state, as ``step`` (the latest snapshot's), committed: for the end of
-        training or a planned stop. When the daemon skipped ``step`` or the cluster aborted it, it
-        is taken again until it commits. Returns False, saying why in the log, when it could not
-        (the daemon gone), never raises for it."""
+        """Makes the present state committed as ``step``: call it for the last step of training
+        (or before a planned stop) instead of ``snapshot``. The rank's earlier steps settle first,
+        so that the pool has room; ``step`` is taken again if the daemon skipped it. Returns False,
+        saying why in the log, when it could not (the daemon gone, the cluster aborted the step),
+        never raises for it."""
         self._wait_for_capture()
+        self._prepare_snapshot()
         try:
             self._native.commit(step)
             return True
@@ -587,10 +610,11 @@ class Client:
         """Writes the latest committed state (or ``step``, which must be the latest) into
         everything registered, creating optimizer state the optimizer has not made yet, and
         returns its step. With ``names``, only those regions (each at its latest committed
-        version), no state provider and no optimizer state dict."""
+        version) and the state providers among them (or aliased by them)."""
         if names is not None:
             restored_step, _, self._restore_tier = self._native.restore(step, list(names))
             self._unstage(names)
+            self._load_states(names)
             return restored_step
         for _ in range(3):
             manifests_step = self._restore_optimizer_manifests(step)
@@ -603,12 +627,7 @@ class Client:
             raise Error("ABORTED", "the committed step kept changing during the restore: "
                                    "restore while no snapshot of this rank is in flight")
         self._unstage(self._regions)
-        for name, (provider, view) in self._states.items():
-            (length,) = _LENGTH_PREFIX.unpack(bytes(view[:_LENGTH_PREFIX.size]))
-            if length == 0:
-                continue  # never snapshotted with content
-            provider.load_state_dict(
-                pickle.loads(bytes(view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + length])))
+        self._load_states(self._states)
         for registration in self._optimizers:
             self._adopt_optimizer_state(registration)  # load_state_dict copied the tensors
         self._last_snapshot = restored_step
@@ -637,6 +656,19 @@ class Client:
                                                  device=value.device)
             self._adopt_optimizer_state(registration)
         return restored_step
+
+    def _load_states(self, names: Iterable[str]) -> None:
+        """Hands the restored pickles of the state regions among ``names`` (or aliased by them)
+        to their providers, in registration order."""
+        named = set()
+        for name in names:
+            region = self._regions.get(name)
+            named.add(region.base if region is not None and region.base else name)
+        for name, (provider, _) in self._states.items():
+            if name in named:
+                state = self._load_pickle(name)
+                if state is not None:  # None: never snapshotted with content
+                    provider.load_state_dict(state)
 
     def _load_pickle(self, name: str) -> Any:
         view = self._states[name][1]

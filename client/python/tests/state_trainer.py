@@ -17,12 +17,14 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy
 import torch
 from torch import nn
 
 import moesnap
+import moesnap.sparse
 
 VOCAB, MODEL, HIDDEN, EXPERTS = 64, 32, 64, 4
 BATCH, SEQUENCE, DATASET = 8, 12, 512
@@ -82,13 +84,35 @@ class Sampler:
         self.batches_drawn = state["batches_drawn"]
 
 
+def operators_of(model: Model):
+    """MoEtion operators in capture order: the experts, the gate, then the dense parts."""
+    return [("experts", [model.experts.up, model.experts.down]),
+            ("gate", list(model.experts.gate.parameters())),
+            ("embedding", list(model.embedding.parameters())),
+            ("norm", list(model.norm.parameters())),
+            ("head", list(model.head.parameters()))]
+
+
+def wait_for_every_rank(directory: str, ranks: str) -> None:
+    """A file-system barrier: the job's ranks end together, as collectives make them."""
+    Path(directory, f"rank{os.environ['RANK']}").touch()
+    deadline = time.monotonic() + 300
+    while len(list(Path(directory).iterdir())) < int(ranks):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every one of {ranks} ranks reached the last step")
+        time.sleep(0.01)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, required=True, help="train up to this step")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--out", help="write the final state here (torch.save)")
-    parser.add_argument("--step-seconds", type=float, default=0.0,
-                        help="make each step take at least this long (a slower trainer)")
+    parser.add_argument("--barrier", nargs=2, metavar=("DIRECTORY", "RANKS"),
+                        help="before committing the last step, wait until RANKS trainers reached "
+                             "it (a file each in DIRECTORY), as ranks in lockstep do")
+    parser.add_argument("--sparse-window", type=int, default=0,
+                        help="sparse snapshots over windows of this many steps (0: dense)")
     arguments = parser.parse_args()
 
     torch.manual_seed(0)
@@ -106,7 +130,29 @@ def main() -> int:
         torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.97)], milestones=[5])
     sampler = Sampler()
 
+    def train_step(step: int) -> None:
+        tokens = sampler.next_batch()
+        noise = torch.from_numpy(numpy.random.normal(0.0, 0.01, (BATCH, SEQUENCE, VOCAB))
+                                 .astype(numpy.float32))
+        logits = model(tokens[:, :-1]) + noise
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        if sparse:  # a replay scales by the norm the window logged
+            sparse.clip_grad_norm_(model.parameters(), 1.0, step)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if client:
+            client.wait_captured()  # the previous snapshot's copy must end before the update
+        optimizer.step()
+        scheduler.step()
+        print(f"step {step} loss {loss.item().hex()} lr {optimizer.param_groups[0]['lr'].hex()}",
+              flush=True)
+
+    if arguments.sparse_window:  # sparse snapshots name every operator's state up front
+        moesnap.initialize_optimizer_state(optimizer)
     client = None
+    sparse = None
     start = 0
     if os.environ.get("MOESNAP_SOCKET"):
         client = moesnap.Client()
@@ -116,35 +162,36 @@ def main() -> int:
         client.register("scheduler", scheduler)
         client.register("sampler", sampler)
         client.register("rng", moesnap.RandomState())
+        if arguments.sparse_window:
+            sparse = moesnap.sparse.SparseSnapshots(client, model, optimizer, operators_of(model),
+                                                     arguments.sparse_window)
         print("registered", flush=True)
-        if client.latest_committed() is not None:
+        if sparse:
+            print("restoring", flush=True)
+            start = sparse.recover(train_step)
+            print(f"restored {start}", flush=True)
+        elif client.latest_committed() is not None:
             print("restoring", flush=True)
             start = client.restore()
             print(f"restored {start}", flush=True)
 
     for step in range(start + 1, arguments.steps + 1):
-        began = time.monotonic()
-        tokens = sampler.next_batch()
-        noise = torch.from_numpy(numpy.random.normal(0.0, 0.01, (BATCH, SEQUENCE, VOCAB))
-                                 .astype(numpy.float32))
-        logits = model(tokens[:, :-1]) + noise
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if client:
-            client.wait_captured()  # the previous snapshot's copy must end before the update
-        optimizer.step()
-        scheduler.step()
-        print(f"step {step} loss {loss.item().hex()} lr {optimizer.param_groups[0]['lr'].hex()}",
-              flush=True)
-        if client:
+        train_step(step)
+        if sparse:
+            sparse.snapshot(step)
+            print(f"snapshot {step}", flush=True)
+        elif client and step < arguments.steps:
             client.snapshot(step)
             print(f"snapshot {step}", flush=True)
-        time.sleep(max(0.0, arguments.step_seconds - (time.monotonic() - began)))
+        elif client:  # the last step: committed, waiting for it
+            if arguments.barrier:
+                wait_for_every_rank(*arguments.barrier)
+            if not client.commit(step):
+                return 1
+            print(f"snapshot {step}", flush=True)
 
     if client:
-        if not client.commit(arguments.steps):
+        if sparse and not client.commit(arguments.steps):
             return 1
         for step, _ in client.skipped_steps:
             print(f"skipped {step}", flush=True)

@@ -105,7 +105,7 @@ def run_until(trainer: subprocess.Popen, pattern: str) -> Tuple[List[str], bool]
     return seen, False
 
 
-def killed_at_random_points(daemon: Daemon, reference, optimizer: str, kills: int,
+def killed_at_random_points(daemon: Daemon, reference, options: List[str], kills: int,
                             seed: int, out: Path) -> List[str]:
     """Runs the trainer to the end through `kills` SIGKILLs at points drawn with `seed`, checking
     every printed step against the reference; returns where each kill landed."""
@@ -123,13 +123,12 @@ def killed_at_random_points(daemon: Daemon, reference, optimizer: str, kills: in
                    # before the first commit there is no restore: kill at the first step instead
                    "restoring": r"restoring|step \d+ .*",
                    "step": rf"step {step} .*", "snapshot": f"snapshot {step}"}[kind]
-        lines, killed = run_until(start(daemon.agent_socket, extra=["--optimizer", optimizer]),
-                                  pattern)
+        lines, killed = run_until(start(daemon.agent_socket, extra=options), pattern)
         assert killed, f"the trainer ended before '{pattern}' (seed {seed}): {lines}"
         assert_same_steps(lines, expected)
         progress = max([progress] + list(steps_of(lines)))
         landed.append(lines[-1])
-    lines = finish(start(daemon.agent_socket, out=out, extra=["--optimizer", optimizer]))
+    lines = finish(start(daemon.agent_socket, out=out, extra=options))
     assert_same_steps(lines, expected)
     assert "done" in lines
     assert_same(torch.load(out), expected_state)
@@ -140,8 +139,7 @@ def test_adamw_trainer_killed_at_ten_random_points_resumes_bit_identically(
         daemon: Daemon, adamw_reference, tmp_path):
     seed = int(os.environ.get("MOESNAP_TEST_SEED", random.randrange(1 << 30)))
     print(f"kill points drawn with seed {seed} (set MOESNAP_TEST_SEED to draw them again)")
-    landed = killed_at_random_points(daemon, adamw_reference, "adamw", 10, seed,
-                                     tmp_path / "state.pt")
+    landed = killed_at_random_points(daemon, adamw_reference, [], 10, seed, tmp_path / "state.pt")
     print("killed at:", landed)
 
 
@@ -149,7 +147,19 @@ def test_sgd_with_momentum_trainer_killed_resumes_bit_identically(daemon: Daemon
                                                                    tmp_path):
     # Momentum buffers appear at the first step: the state registers then, and a fresh process
     # creates it from the snapshot to restore into.
-    killed_at_random_points(daemon, sgd_reference, "sgd", 3, 20261123, tmp_path / "state.pt")
+    killed_at_random_points(daemon, sgd_reference, ["--optimizer", "sgd"], 3, 20261123,
+                            tmp_path / "state.pt")
+
+
+@pytest.mark.parametrize("window,kills", [(2, 4), (3, 10), (5, 4)])
+def test_sparse_trainer_killed_at_random_points_recovers_bit_identically(
+        daemon: Daemon, adamw_reference, tmp_path, window, kills):
+    # The replay of the last complete window starts from the sampler, scheduler, optimizer
+    # hyper-parameters, random generators and buffers as they were at its first step.
+    seed = int(os.environ.get("MOESNAP_TEST_SEED", random.randrange(1 << 30)))
+    print(f"kill points drawn with seed {seed} (set MOESNAP_TEST_SEED to draw them again)")
+    killed_at_random_points(daemon, adamw_reference, ["--sparse-window", str(window)], kills,
+                            seed, tmp_path / "state.pt")
 
 
 def test_daemon_killed_and_restarted_under_a_running_trainer_is_ridden_through(

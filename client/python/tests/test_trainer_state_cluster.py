@@ -8,6 +8,7 @@ import json
 import os
 import random
 import signal
+import tempfile
 from pathlib import Path
 from typing import Dict, List
 
@@ -26,9 +27,13 @@ def reference(tmp_path_factory):
     return reference_run(tmp_path_factory, "adamw")
 
 
-def start_job(cluster: Cluster, steps: int, out: Path = None) -> List:
+def start_job(cluster: Cluster, steps: int, directory: Path, save: bool = False) -> List:
+    """The job's ranks, one per node; they end together (at a barrier in ``directory``), as ranks
+    in lockstep do. With ``save``, each writes its final state to ``directory/rank<r>.pt``."""
+    barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=directory))
     return [start(cluster.daemons[rank].agent_socket, steps,
-                  out / f"rank{rank}.pt" if out else None, rank=rank) for rank in range(NODES)]
+                  directory / f"rank{rank}.pt" if save else None, rank=rank,
+                  extra=["--barrier", str(barrier), str(NODES)]) for rank in range(NODES)]
 
 
 def test_whole_job_killed_at_random_points_restarts_from_the_committed_step(tmp_path, reference):
@@ -40,7 +45,7 @@ def test_whole_job_killed_at_random_points_restarts_from_the_committed_step(tmp_
     try:
         progress = 0
         for _ in range(3):
-            job = start_job(cluster, 30)
+            job = start_job(cluster, 30, tmp_path)
             # The job dies as a whole (a node's power, a scheduler's preemption) once rank 0 has
             # printed this step: the other ranks may be ahead of it or behind.
             kill_at = draw.randint(progress + 2, progress + 8)
@@ -56,7 +61,7 @@ def test_whole_job_killed_at_random_points_restarts_from_the_committed_step(tmp_
             for lines in outputs:
                 assert_same_steps(lines, expected)
             progress = kill_at
-        job = start_job(cluster, 30, tmp_path)
+        job = start_job(cluster, 30, tmp_path, save=True)
         outputs = [finish(trainer) for trainer in job]
         # Ranks restarted while the cluster still decides the steps the dead job left in flight
         # may restore different steps (a step can commit between two ranks' restores): each
@@ -78,7 +83,7 @@ def test_commits_lagging_behind_training_skip_steps_and_never_stop_a_trainer(tmp
     cluster = Cluster(tmp_path, NODES, data_units=2, parity_units=1, pool_bytes="24MiB")
     try:
         reference_losses = reference_for(tmp_path, steps)
-        job = start_job(cluster, steps)
+        job = start_job(cluster, steps, tmp_path)
         outputs = [finish(trainer) for trainer in job]
         for lines in outputs:
             assert_same_steps(lines, reference_losses)
@@ -90,7 +95,7 @@ def test_commits_lagging_behind_training_skip_steps_and_never_stop_a_trainer(tmp
             print(f"node {node}: {status.get('snapshots_skipped', 0)} snapshots skipped, last: "
                   f"{status.get('last_skip', '')}")
         # A fresh job restores step 200 exactly where the uninterrupted run ended.
-        job = start_job(cluster, steps, tmp_path)
+        job = start_job(cluster, steps, tmp_path, save=True)
         for rank, trainer in enumerate(job):
             lines = finish(trainer)
             assert f"restored {steps}" in lines
