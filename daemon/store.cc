@@ -382,19 +382,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   }
   record.regions = static_cast<uint32_t>(selected.size());
   record.sparse = sparse;
-  if (sparse) {
-    if (sparse->slot() == 0) {  // a new window; an open one left incomplete is abandoned
-      rank_state.open_window.emplace();
-      rank_state.open_window->set_first_step(sparse->window_first_step());
-      rank_state.open_window->set_size(sparse->window_size());
-      rank_state.open_window->set_buffer(sparse->buffer());
-    }
-    v1::WindowSlot* slot = rank_state.open_window->add_slots();
-    slot->set_slot(sparse->slot());
-    slot->set_step(step);
-    slot->set_state(v1::STEP_STATE_CAPTURING);
-    *slot->mutable_operators() = sparse->operators();
-  }
+  if (sparse) AddWindowSlot(rank_state, step, *sparse, v1::STEP_STATE_CAPTURING);
   const uint64_t bytes = record.bytes;
   in_flight_bytes_ += bytes;
   rank_state.latest_snapshot = step;
@@ -418,6 +406,21 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   return response;
 }
 
+void Store::AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
+                          v1::StepState state) {
+  if (sparse.slot() == 0) {  // a new window; an open one left incomplete is abandoned
+    rank_state.open_window.emplace();
+    rank_state.open_window->set_first_step(sparse.window_first_step());
+    rank_state.open_window->set_size(sparse.window_size());
+    rank_state.open_window->set_buffer(sparse.buffer());
+  }
+  v1::WindowSlot* slot = rank_state.open_window->add_slots();
+  slot->set_slot(sparse.slot());
+  slot->set_step(step);
+  slot->set_state(state);
+  *slot->mutable_operators() = sparse.operators();
+}
+
 v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t step,
                                 const std::optional<v1::SparseSlot>& sparse,
                                 std::vector<std::string> regions, const std::string& why) {
@@ -436,17 +439,7 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
   record.failure = absl::AbortedError(absl::StrCat("skipped: ", why));
   record.sparse = sparse;
   if (sparse) {
-    if (sparse->slot() == 0) {
-      rank_state.open_window.emplace();
-      rank_state.open_window->set_first_step(sparse->window_first_step());
-      rank_state.open_window->set_size(sparse->window_size());
-      rank_state.open_window->set_buffer(sparse->buffer());
-    }
-    v1::WindowSlot* slot = rank_state.open_window->add_slots();
-    slot->set_slot(sparse->slot());
-    slot->set_step(step);
-    slot->set_state(v1::STEP_STATE_ABORTED);
-    *slot->mutable_operators() = sparse->operators();
+    AddWindowSlot(rank_state, step, *sparse, v1::STEP_STATE_ABORTED);
     if (rank_state.open_window->failure().empty()) {
       rank_state.open_window->set_failure(
           absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));

@@ -165,6 +165,9 @@ class Store final : public ClusterStore, public DurableStore {
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
   static v1::RankWindows WindowsOf(uint32_t rank, const RankState& rank_state);
+  // Records a sparse step as the next slot of the rank's open window (opening one at slot 0).
+  static void AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
+                            v1::StepState state);
   void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
                  std::shared_ptr<RegionSource> source, CopyBackend* backend);
   // Called when the last chunk of a step is copied: commits it on a single node (captured ==

@@ -208,8 +208,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // The daemon is a local socket that comes back within a second when restarted (an upgrade,
   // systemd's restart): try it again soon, instead of gRPC's default backoff of up to two
   // minutes, during which every call would fail without trying.
+  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the connect timeout too, and a
+  // loaded machine may take longer than a backoff to answer.)
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
                                              grpc::InsecureChannelCredentials(), arguments);
