@@ -126,3 +126,62 @@ function(moesnap_external_proto_library name)
 endfunction()
 
 include(GoogleTest)
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# moesnap_shared_library(NAME OUTPUT_NAME x EXPORT_NAME y VERSION v SOVERSION n [SOURCES a.cc]
+#                        [OBJECTS_OF static libraries] PUBLIC_DEPS x PRIVATE_DEPS y): an installed
+# shared library, its API headers in client/include. Only its own symbols leave it: what it takes
+# from static archives (the wire schema, common/, erasure/) stays inside, so that it never clashes
+# with another copy in the same process. Its run path is its own folder, where the wheel puts
+# what it needs.
+function(moesnap_shared_library name)
+  cmake_parse_arguments(ARG "" "OUTPUT_NAME;EXPORT_NAME;VERSION;SOVERSION"
+                        "SOURCES;OBJECTS_OF;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  set(objects)
+  foreach(library ${ARG_OBJECTS_OF})
+    list(APPEND objects $<TARGET_OBJECTS:${library}>)
+  endforeach()
+  add_library(${name} SHARED ${ARG_SOURCES} ${objects})
+  target_compile_options(${name} PRIVATE ${MOESNAP_WARNINGS})
+  target_include_directories(${name}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/client/include>
+           $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  target_link_options(${name} PRIVATE LINKER:--exclude-libs,ALL LINKER:--no-undefined)
+  set_target_properties(${name} PROPERTIES
+    OUTPUT_NAME ${ARG_OUTPUT_NAME} EXPORT_NAME ${ARG_EXPORT_NAME}
+    VERSION ${ARG_VERSION} SOVERSION ${ARG_SOVERSION}
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
+    INSTALL_RPATH "$ORIGIN")
+endfunction()
+
+# moesnap_install_package(TARGETS a b HEADERS include/moesnap/x.h): `cmake --install build
+# --component client` puts the libraries, the headers, a CMake package (find_package(moesnap) gives
+# moesnap::<export name>) and pkg-config files (moesnap for C++, moesnap-c for the C ABI) under the
+# prefix. The pkg-config files find the prefix from where they lie, so a prefix given at install
+# time works.
+function(moesnap_install_package)
+  cmake_parse_arguments(ARG "" "" "TARGETS;HEADERS" ${ARGN})
+  set(package_dir ${CMAKE_INSTALL_LIBDIR}/cmake/moesnap)
+  install(TARGETS ${ARG_TARGETS} EXPORT moesnapTargets COMPONENT client
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(FILES ${ARG_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/moesnap COMPONENT client)
+  install(EXPORT moesnapTargets NAMESPACE moesnap:: DESTINATION ${package_dir} COMPONENT client)
+  configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/moesnapConfig.cmake.in
+    ${CMAKE_CURRENT_BINARY_DIR}/moesnapConfig.cmake INSTALL_DESTINATION ${package_dir})
+  write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/moesnapConfigVersion.cmake
+    COMPATIBILITY SameMinorVersion)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/moesnapConfig.cmake
+                ${CMAKE_CURRENT_BINARY_DIR}/moesnapConfigVersion.cmake
+          DESTINATION ${package_dir} COMPONENT client)
+  # From <prefix>/<libdir>/pkgconfig back up to <prefix>.
+  string(REGEX REPLACE "[^/]+" ".." prefix_from_pkgconfig "${CMAKE_INSTALL_LIBDIR}/pkgconfig")
+  foreach(pc moesnap moesnap-c)
+    configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc @ONLY)
+    install(FILES ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
+            COMPONENT client)
+  endforeach()
+endfunction()

@@ -15,7 +15,7 @@ packages=(
   libcli11-dev                                          # moesnapctl command line
   libgtest-dev libgmock-dev                             # unit and integration tests
   libbenchmark-dev                                      # benchmark harness
-  pybind11-dev python3-dev                              # the Python package
+  python3-pip python3-venv patchelf                    # the Python wheel: built, bundled, installed
   python3-torch python3-numpy python3-pytest            # PyTorch integration and its tests
   systemd                                               # systemd-analyze verify of the unit file
   libsystemd-dev                                        # sd_notify: readiness and watchdog

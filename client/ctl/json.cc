@@ -2,14 +2,11 @@
 // the shortest form that reads back to the same value).
 #include "client/ctl/json.h"
 
-#include <charconv>
-#include <cmath>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "common/json_text.h"
 #include "google/protobuf/descriptor.h"
 
 namespace moesnap::ctl {
@@ -28,13 +25,6 @@ std::string EnumPrefix(absl::string_view type_name) {
     prefix += absl::ascii_toupper(c);
   }
   return prefix + "_";
-}
-
-std::string Number(double value) {
-  if (!std::isfinite(value)) return JsonString(std::isnan(value) ? "NaN" : value > 0 ? "Infinity" : "-Infinity");
-  char buffer[32];
-  const std::to_chars_result written = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, written.ptr);
 }
 
 void AppendMessage(const Message& message, std::string& out);
@@ -60,11 +50,11 @@ void AppendValue(const Message& message, const FieldDescriptor& field, int index
                                      : reflection.GetUInt64(message, &field));
       return;
     case FieldDescriptor::CPPTYPE_DOUBLE:
-      out += Number(repeated ? reflection.GetRepeatedDouble(message, &field, index)
+      out += JsonNumber(repeated ? reflection.GetRepeatedDouble(message, &field, index)
                              : reflection.GetDouble(message, &field));
       return;
     case FieldDescriptor::CPPTYPE_FLOAT:
-      out += Number(repeated ? reflection.GetRepeatedFloat(message, &field, index)
+      out += JsonNumber(repeated ? reflection.GetRepeatedFloat(message, &field, index)
                              : reflection.GetFloat(message, &field));
       return;
     case FieldDescriptor::CPPTYPE_BOOL:
@@ -123,26 +113,6 @@ std::string EnumWord(const google::protobuf::EnumValueDescriptor& value) {
   const std::string prefix = EnumPrefix(value.type()->name());
   if (absl::StartsWith(name, prefix) && name.size() > prefix.size()) name.remove_prefix(prefix.size());
   return absl::AsciiStrToLower(name);
-}
-
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
 }
 
 std::string Json(const google::protobuf::Message& message) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/json_text.h"  // JsonString, for the commands that print JSON by hand
 #include "google/protobuf/message.h"
 
 namespace moesnap::ctl {
@@ -22,9 +23,6 @@ std::string JsonError(absl::string_view code, absl::string_view message, int exi
 // The short word for an enum value: its name without the prefix its type's name gives it
 // (StepState's STEP_STATE_COMMITTED is "committed"), in lower case.
 std::string EnumWord(const google::protobuf::EnumValueDescriptor& value);
-
-// `text` as a JSON string literal, quotes included.
-std::string JsonString(absl::string_view text);
 
 }  // namespace moesnap::ctl
 

@@ -121,8 +121,8 @@ int RunExport(Session& session, const moesnap::v1::ExportRequest& request, const
   std::vector<std::string> names = files->files();
   if (session.json) {
     std::vector<std::string> quoted;
-    for (const std::string& name : names) quoted.push_back(ctl::JsonString(name));
-    std::printf("{\"directory\":%s,\"bytes\":%llu,\"files\":[%s]}\n", ctl::JsonString(out).c_str(),
+    for (const std::string& name : names) quoted.push_back(JsonString(name));
+    std::printf("{\"directory\":%s,\"bytes\":%llu,\"files\":[%s]}\n", JsonString(out).c_str(),
                 static_cast<unsigned long long>(files->bytes_received()),
                 absl::StrJoin(quoted, ",").c_str());
   } else {

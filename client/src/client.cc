@@ -49,7 +49,7 @@ struct Client::State {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Agent::Stub> stub;
-  std::unique_ptr<DeviceRegions> device_regions = CreateDeviceRegions();
+  std::unique_ptr<DeviceRegions> device_regions = std::make_unique<DeviceRegions>();
 
   std::mutex mutex;  // guards everything below
   v1::HelloResponse hello;

@@ -26,7 +26,7 @@ SharedBuffer::~SharedBuffer() {
   close(state_->fd);
 }
 
-absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes) {
+absl::StatusOr<int> SharedBuffer::CreateFile(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("a shared buffer needs at least 1 byte");
   const int fd = memfd_create("moesnap-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
@@ -45,10 +45,21 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t byte
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return fail("cannot seal a shared buffer's size", errno);
   }
-  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (data == MAP_FAILED) return fail(absl::StrCat("cannot map ", bytes, " shared bytes"), errno);
+  return fd;
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes) {
+  absl::StatusOr<int> fd = CreateFile(bytes);
+  if (!fd.ok()) return fd.status();
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, *fd, 0);
+  if (data == MAP_FAILED) {
+    const int error = errno;
+    close(*fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", bytes, " shared bytes: ", std::strerror(error)));
+  }
   return std::shared_ptr<SharedBuffer>(
-      new SharedBuffer(std::make_unique<State>(State{fd, static_cast<uint8_t*>(data), bytes})));
+      new SharedBuffer(std::make_unique<State>(State{*fd, static_cast<uint8_t*>(data), bytes})));
 }
 
 uint8_t* SharedBuffer::data() const { return state_->data; }

@@ -165,8 +165,9 @@ class Client {
   // Registers `bytes` bytes at `offset` of `buffer` as a region (handing the buffer over once).
   absl::Status RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
                                   size_t offset, size_t bytes);
-  // Registers GPU memory shared by CUDA IPC. UNIMPLEMENTED in a build without CUDA,
-  // FAILED_PRECONDITION when the daemon has no GPU backend.
+  // Registers GPU memory shared by CUDA IPC. The first such call loads the CUDA driver
+  // (libcuda.so.1; nothing of CUDA is linked in): FAILED_PRECONDITION when it cannot be loaded, or
+  // when the daemon has no GPU backend.
   absl::Status RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory);
 
   // Starts the capture of `regions` (every registered region when empty) at `step` and returns the

@@ -23,6 +23,9 @@ class SharedBuffer {
   // Maps `bytes` of zeroed shared memory, reserved now (a full system is an error here, not a
   // fault on first write).
   static absl::StatusOr<std::shared_ptr<SharedBuffer>> Allocate(size_t bytes);
+  // The same file, unmapped, for a caller that maps it itself (the Python package maps it with
+  // mmap); the caller owns the descriptor.
+  static absl::StatusOr<int> CreateFile(size_t bytes);
   ~SharedBuffer();
   SharedBuffer(const SharedBuffer&) = delete;
   SharedBuffer& operator=(const SharedBuffer&) = delete;

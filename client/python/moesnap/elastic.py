@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._moesnap import Error
+from .core import Error
 from .moe import ExpertParallel, LayerPlan, Transfer, recovery_probability
 from .torch_helpers import Client, initialize_optimizer_state
 

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _moesnap
-from ._moesnap import Error
+from . import core
+from .core import Error
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class LayerPlan:
     def create(loads: Sequence[float], nodes: int, slots: int, min_replicas: int = 1) -> LayerPlan:
         """The planner's allocation and maximum-rank-overlap placement over ``nodes`` nodes with
         ``slots`` experts each."""
-        plan = _moesnap.plan(list(loads), nodes, slots, min_replicas)
+        plan = core.plan(list(loads), nodes, slots, min_replicas)
         return LayerPlan(tuple(float(load) for load in loads), slots, min_replicas,
                          tuple(tuple(node) for node in plan["placement"]), tuple(range(nodes)))
 
@@ -85,7 +85,7 @@ class LayerPlan:
             raise Error("INVALID_ARGUMENT", f"nodes {sorted(unknown)} are not members of the "
                                             f"plan (members {list(self.members)})")
         gone = sorted(set(range(self.nodes)) - set(self.members) | lost)
-        result = _moesnap.reconfigure(list(self.loads), self.nodes, self.slots, self.min_replicas,
+        result = core.reconfigure(list(self.loads), self.nodes, self.slots, self.min_replicas,
                                       [list(node) for node in self.placement], gone)
         plan = LayerPlan(self.loads, self.slots, self.min_replicas,
                          tuple(tuple(node) for node in result["placement"]),
@@ -100,7 +100,7 @@ def recovery_probability(plans: Sequence[LayerPlan], failed: int) -> float:
     joint = [[index * plan.experts + expert for index, plan in enumerate(plans)
               for expert in plan.placement[node]] for node in members]
     experts = sum(plan.experts for plan in plans)
-    rows = _moesnap.recovery_probabilities(joint, experts)
+    rows = core.recovery_probabilities(joint, experts)
     return rows[min(failed, len(members))]["probability"]
 
 

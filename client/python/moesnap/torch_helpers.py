@@ -41,8 +41,8 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Pr
 import numpy
 import torch
 
-from . import _moesnap
-from ._moesnap import Error
+from . import core
+from .core import Error
 
 _log = logging.getLogger("moesnap")
 
@@ -188,14 +188,14 @@ class Client:
     def __init__(self, socket_path: Optional[str] = None, rank: Optional[int] = None, *,
                  call_timeout_s: float = 30.0, wait_timeout_s: float = 600.0) -> None:
         _raise_open_file_limit()
-        self._native = _moesnap.Client(socket_path, rank, call_timeout_s, wait_timeout_s)
+        self._native = core.Client(socket_path, rank, call_timeout_s, wait_timeout_s)
         self._regions: Dict[str, _Region] = {}
         self._registrations: Dict[str, List[str]] = {}  # registration name -> its regions
         # id(tensor) -> (its region name, the tensor, kept alive so that its id stays its own):
         # tied weights register once, and optimizers name their state by it
         self._registered_tensors: Dict[int, Tuple[str, torch.Tensor]] = {}
         self._memory: Dict[int, Tuple[Any, int]] = {}  # storage address -> (storage, handle)
-        self._buffers: List[_moesnap.SharedBuffer] = []  # staging memory stays mapped
+        self._buffers: List[core.SharedBuffer] = []  # staging memory stays mapped
         self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
         self._optimizers: List[_OptimizerRegistration] = []
         self._last_snapshot: Optional[int] = None
@@ -612,13 +612,15 @@ class Client:
         returns its step. With ``names``, only those regions (each at its latest committed
         version) and the state providers among them (or aliased by them)."""
         if names is not None:
-            restored_step, _, self._restore_tier = self._native.restore(step, list(names))
+            restored = self._native.restore(step, list(names))
+            restored_step, self._restore_tier = restored.step, restored.tier
             self._unstage(names)
             self._load_states(names)
             return restored_step
         for _ in range(3):
             manifests_step = self._restore_optimizer_manifests(step)
-            restored_step, _, self._restore_tier = self._native.restore(step, [])
+            restored = self._native.restore(step, [])
+            restored_step, self._restore_tier = restored.step, restored.tier
             if manifests_step is None or manifests_step == restored_step:
                 break
             # A step committed between the two restores (the previous process's last one): the
@@ -640,8 +642,8 @@ class Client:
         Returns the step restored, None without optimizers."""
         if not self._optimizers:
             return None
-        restored_step, _, _ = self._native.restore(
-            step, [registration.manifest_region for registration in self._optimizers])
+        restored_step = self._native.restore(
+            step, [registration.manifest_region for registration in self._optimizers]).step
         for registration in self._optimizers:
             manifest = self._load_pickle(registration.manifest_region)
             if manifest is None:
@@ -696,9 +698,9 @@ class Client:
         optimizer state this way."""
         if not names:
             raise Error("INVALID_ARGUMENT", "restore_from needs the names of the regions to restore")
-        step, _, node, decoded = self._native.restore_from(source_rank, list(names))
+        restored = self._native.restore_from(source_rank, list(names))
         self._unstage(names)
-        return RestoredFrom(step, node, decoded)
+        return RestoredFrom(restored.step, restored.node, restored.decoded)
 
     def latest_committed(self) -> Optional[int]:
         """The latest committed step of this rank, or None."""

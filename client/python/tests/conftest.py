@@ -58,9 +58,9 @@ class Daemon:
 class ChildProcess:
     """A child process whose output lines (stdout and stderr) are collected as they come."""
 
-    def __init__(self, command: List[str]) -> None:
+    def __init__(self, command: List[str], env: Optional[Dict[str, str]] = None) -> None:
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True)
+                                        text=True, env=env)
         self.lines: List[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -30,7 +30,7 @@ from typing import Any, Dict, Tuple, Union
 
 import torch
 
-from ._moesnap import Error
+from .core import Error
 
 _MAX_HEADER_BYTES = 100 << 20
 _PICKLE_LENGTH = struct.Struct("<Q")  # register_state's prefix: the pickle's length

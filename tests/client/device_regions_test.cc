@@ -1,0 +1,191 @@
+// GPU regions against a fake CUDA driver: the driver is loaded at the first shared region and not
+// before, every call runs in the device's primary context and leaves the caller's as it was, IPC
+// handles and events reach the daemon's handle, events are recorded on the regions' streams, and
+// driver errors name the call. The real loader is checked where this machine has no driver.
+#include "client/src/device_regions.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// What the fake driver saw; the driver's entry points are plain functions, so they reach it
+// through this pointer, set by each test.
+struct FakeDriverState {
+  int loads = 0;
+  int context_depth = 0;  // pushed minus popped
+  int deepest_context = 0;
+  std::vector<CuDevicePointer> exported_memory;
+  std::vector<unsigned> event_flags;
+  std::vector<std::pair<CuEvent, CuStream>> recorded;
+  std::vector<CuEvent> destroyed;
+  std::vector<CuDevice> released;
+  uintptr_t next_event = 0x1000;
+  CuResult memory_handle_result = 0;
+};
+FakeDriverState* fake = nullptr;
+
+const CudaDriver kFakeDriver = {
+    .device_get = [](CuDevice* device, int ordinal) -> CuResult {
+      *device = 100 + ordinal;
+      return 0;
+    },
+    .primary_context_retain = [](CuContext* context, CuDevice device) -> CuResult {
+      *context = reinterpret_cast<CuContext>(static_cast<uintptr_t>(device));
+      return 0;
+    },
+    .primary_context_release = [](CuDevice device) -> CuResult {
+      fake->released.push_back(device);
+      return 0;
+    },
+    .context_push = [](CuContext) -> CuResult {
+      fake->deepest_context = std::max(fake->deepest_context, ++fake->context_depth);
+      return 0;
+    },
+    .context_pop = [](CuContext*) -> CuResult {
+      --fake->context_depth;
+      return 0;
+    },
+    .ipc_get_memory_handle = [](CuIpcMemHandle* handle, CuDevicePointer pointer) -> CuResult {
+      if (fake->memory_handle_result != 0) return fake->memory_handle_result;
+      fake->exported_memory.push_back(pointer);
+      std::memset(handle->reserved, 0xAB, sizeof(handle->reserved));
+      return 0;
+    },
+    .event_create = [](CuEvent* event, unsigned flags) -> CuResult {
+      fake->event_flags.push_back(flags);
+      *event = reinterpret_cast<CuEvent>(fake->next_event++);
+      return 0;
+    },
+    .ipc_get_event_handle = [](CuIpcEventHandle* handle, CuEvent) -> CuResult {
+      std::memset(handle->reserved, 0xCD, sizeof(handle->reserved));
+      return 0;
+    },
+    .event_record = [](CuEvent event, CuStream stream) -> CuResult {
+      fake->recorded.emplace_back(event, stream);
+      return 0;
+    },
+    .event_destroy = [](CuEvent event) -> CuResult {
+      fake->destroyed.push_back(event);
+      return 0;
+    },
+    .get_error_name = [](CuResult error, const char** name) -> CuResult {
+      *name = error == 1 ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_UNKNOWN";
+      return 0;
+    },
+};
+
+class DeviceRegionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { fake = &state_; }
+  void TearDown() override { fake = nullptr; }
+
+  DeviceRegions::DriverLoader FakeLoader() {
+    return [this]() -> absl::StatusOr<const CudaDriver*> {
+      ++state_.loads;
+      return &kFakeDriver;
+    };
+  }
+
+  static DeviceMemory Memory(uintptr_t base, size_t offset, uintptr_t stream) {
+    return {.device = 1, .allocation_base = reinterpret_cast<void*>(base), .offset = offset,
+            .bytes = 4096, .stream = reinterpret_cast<void*>(stream)};
+  }
+
+  FakeDriverState state_;
+};
+
+TEST_F(DeviceRegionsTest, LoadsTheDriverAtTheFirstSharedRegionAndNotBefore) {
+  DeviceRegions regions(FakeLoader());
+  ASSERT_OK(regions.RecordCaptureEvents({}));  // a trainer with host regions only
+  ASSERT_OK(regions.RecordCaptureEvents({"model.weight"}));
+  EXPECT_EQ(state_.loads, 0);
+  ASSERT_OK(regions.Share("a", Memory(0x7000, 0, 0)));
+  ASSERT_OK(regions.Share("b", Memory(0x9000, 0, 0)));
+  EXPECT_EQ(state_.loads, 1);
+}
+
+TEST_F(DeviceRegionsTest, WithoutADriverSharingFailsNamingTheRegionAndTheReason) {
+  DeviceRegions regions([]() -> absl::StatusOr<const CudaDriver*> {
+    return absl::FailedPreconditionError(
+        "cannot load the CUDA driver: libcuda.so.1: cannot open shared object file");
+  });
+  absl::StatusOr<v1::RegionHandle> handle = regions.Share("layer0.weight", Memory(0x7000, 0, 0));
+  ASSERT_STATUS(handle, absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(handle.status().message(), HasSubstr("GPU region 'layer0.weight'"));
+  EXPECT_THAT(handle.status().message(), HasSubstr("libcuda.so.1"));
+}
+
+TEST_F(DeviceRegionsTest, SharesTheAllocationAndAnInterprocessEventInThePrimaryContext) {
+  DeviceRegions regions(FakeLoader());
+  absl::StatusOr<v1::RegionHandle> handle = regions.Share("a", Memory(0x7000, 512, 0));
+  ASSERT_OK(handle);
+  EXPECT_THAT(state_.exported_memory, ElementsAre(0x7000));
+  EXPECT_THAT(state_.event_flags, ElementsAre(kCuEventDisableTiming | kCuEventInterprocess));
+  EXPECT_EQ(handle->cuda_memory_handle(), std::string(kCudaIpcHandleBytes, '\xAB'));
+  EXPECT_EQ(handle->cuda_event_handle(), std::string(kCudaIpcHandleBytes, '\xCD'));
+  EXPECT_EQ(handle->cuda_offset(), 512u);
+  EXPECT_EQ(handle->cuda_device(), 1);
+  EXPECT_EQ(state_.deepest_context, 1);
+  EXPECT_EQ(state_.context_depth, 0);  // the trainer's context is current again
+}
+
+TEST_F(DeviceRegionsTest, RecordsEventsOnTheStreamsOfTheNamedGpuRegionsOnly) {
+  DeviceRegions regions(FakeLoader());
+  ASSERT_OK(regions.Share("a", Memory(0x7000, 0, 0x51)));
+  ASSERT_OK(regions.Share("b", Memory(0x9000, 0, 0x52)));
+  const CuEvent a = reinterpret_cast<CuEvent>(0x1000), b = reinterpret_cast<CuEvent>(0x1001);
+  ASSERT_OK(regions.RecordCaptureEvents({"a", "host.region"}));
+  EXPECT_THAT(state_.recorded, ElementsAre(std::make_pair(a, reinterpret_cast<CuStream>(0x51))));
+  state_.recorded.clear();
+  ASSERT_OK(regions.RecordCaptureEvents({}));
+  EXPECT_THAT(state_.recorded, ElementsAre(std::make_pair(a, reinterpret_cast<CuStream>(0x51)),
+                                           std::make_pair(b, reinterpret_cast<CuStream>(0x52))));
+  EXPECT_EQ(state_.context_depth, 0);
+}
+
+TEST_F(DeviceRegionsTest, SharingANameAgainReplacesItsEventAndTheEndReleasesEverything) {
+  {
+    DeviceRegions regions(FakeLoader());
+    ASSERT_OK(regions.Share("a", Memory(0x7000, 0, 0)));
+    ASSERT_OK(regions.Share("a", Memory(0x8000, 0, 0)));
+    EXPECT_THAT(state_.destroyed, ElementsAre(reinterpret_cast<CuEvent>(0x1000)));
+  }
+  EXPECT_THAT(state_.destroyed, ElementsAre(reinterpret_cast<CuEvent>(0x1000),
+                                            reinterpret_cast<CuEvent>(0x1001)));
+  EXPECT_THAT(state_.released, ElementsAre(101));  // device 1's primary context, once
+}
+
+TEST_F(DeviceRegionsTest, DriverErrorsNameTheCallAndTheError) {
+  DeviceRegions regions(FakeLoader());
+  state_.memory_handle_result = 1;
+  absl::StatusOr<v1::RegionHandle> handle = regions.Share("a", Memory(0x7000, 0, 0));
+  ASSERT_STATUS(handle, absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(handle.status().message(), HasSubstr("cuIpcGetMemHandle: CUDA_ERROR_INVALID_VALUE"));
+  EXPECT_EQ(state_.context_depth, 0);
+}
+
+TEST_F(DeviceRegionsTest, RefusesARegionWithoutAllocationOrSize) {
+  DeviceRegions regions(FakeLoader());
+  ASSERT_STATUS(regions.Share("a", Memory(0, 0, 0)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state_.loads, 0);
+}
+
+TEST(CudaDriverTest, LoadingWithoutADriverSaysWhy) {
+  absl::StatusOr<const CudaDriver*> driver = LoadCudaDriver();
+  if (driver.ok()) GTEST_SKIP() << "this machine has a CUDA driver";
+  ASSERT_STATUS(driver, absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(driver.status().message(), HasSubstr("CUDA driver"));
+}
+
+}  // namespace
+}  // namespace moesnap
