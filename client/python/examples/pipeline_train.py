@@ -4,21 +4,24 @@
 Stage 0 holds the embedding and a transformer block, the middle stages a block each, the last stage
 a block, the final norm, the head and the loss (the blocks of examples/moe_train.py: attention and
 an 8-expert MoE layer). GPipe schedule: every micro-batch forward, then every micro-batch backward,
-then the optimizer step. Deterministic, so a run with a lost stage must end bit-identical to an
-uninterrupted one.
+then the optimizer step. Each stage keeps the state real trainers keep: AdamW with weight decay, a
+warmup-then-decay LR schedule, gradient clipping, dropout (torch RNG), a buffer counting tokens in
+forward, and (first and last stage) a sampler drawing each batch with Python's ``random``.
+Deterministic, so a run with a lost stage must end bit-identical to an uninterrupted one.
 
 With --socket every stage takes sparse snapshots (moesnap.sparse, windows of --window steps) and
 logs what it sends across its boundaries (moesnap.pipeline.StageLink). When a neighbour is lost,
 the stage waits for its replacement on the next rendezvous generation and rejoins
 (moesnap.pipeline.rejoin); the replacement is started with --generation N --replacement.
 
-Prints one line per event, flushed: "step S" (and "step S loss HEX" on the last stage) for each
-completed step, "rejoined T logs|fallback", "generation G", "log refusals N", "done".
+Prints one line per event, flushed: "step S lr HEX" (and "step S loss HEX lr HEX" on the last
+stage) for each completed step, "rejoined T logs|fallback", "generation G", "log refusals N", "done".
 """
 
 import argparse
 import datetime
 import os
+import random
 import signal
 import sys
 from pathlib import Path
@@ -33,7 +36,9 @@ import moesnap.pipeline
 import moesnap.sparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_train import BATCH, MODEL, SEQUENCE, VOCAB, Block, batch_for, save_state  # noqa: E402
+from moe_train import BATCH, MODEL, SEQUENCE, VOCAB, Block  # noqa: E402
+
+DATASET = 256
 
 
 class Stage(nn.Module):
@@ -45,12 +50,17 @@ class Stage(nn.Module):
         self.block = Block()
         self.norm = nn.LayerNorm(MODEL) if self.last else None
         self.head = nn.Linear(MODEL, VOCAB) if self.last else None
+        self.dropout = nn.Dropout(0.1)
+        # Changed in forward, from the data: tokens whose block output sums above zero.
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mask = torch.triu(torch.full((SEQUENCE, SEQUENCE), float("-inf")), diagonal=1)
         if self.first:
             x = self.embedding(x)
-        x = self.block(x, mask)
+        x = self.dropout(self.block(x, mask))
+        with torch.no_grad():
+            self.tokens_seen += (x.sum(-1) > 0).sum()
         return self.head(self.norm(x)) if self.last else x
 
     def operators(self):
@@ -63,6 +73,26 @@ class Stage(nn.Module):
         if outer:
             operators.append(("outer", outer))
         return operators
+
+
+class Sampler:
+    """Draws each batch's sequences with Python's ``random`` (seeded alike on the first and the last
+    stage, which both need the batch); its position is its own state."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.data = torch.randint(VOCAB, (DATASET, SEQUENCE + 1), generator=generator)
+        self.batches_drawn = 0
+
+    def next_batch(self) -> torch.Tensor:
+        self.batches_drawn += 1
+        return self.data[random.sample(range(DATASET), BATCH)]
+
+    def state_dict(self) -> dict:
+        return {"batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches_drawn = state["batches_drawn"]
 
 
 def main() -> int:
@@ -86,9 +116,14 @@ def main() -> int:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    random.seed(0)
     stage = arguments.stage
     model = Stage(stage, arguments.stages)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [
+        torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=4),
+        torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)], milestones=[4])
+    sampler = Sampler()
     moesnap.initialize_optimizer_state(optimizer)
     ranks = list(range(arguments.stages))
 
@@ -96,8 +131,11 @@ def main() -> int:
     sparse: Optional[moesnap.sparse.SparseSnapshots] = None
     if arguments.socket:
         client = moesnap.Client(arguments.socket, stage)
-        client.register_module("model", model)
-        client.register_optimizer("optim", optimizer)
+        client.register("model", model)
+        client.register("optim", optimizer)
+        client.register("scheduler", scheduler)
+        client.register("sampler", sampler)
+        client.register("rng", moesnap.RandomState())
         sparse = moesnap.sparse.SparseSnapshots(client, model, optimizer, model.operators(),
                                                  arguments.window)
     link = moesnap.pipeline.StageLink(client, stage, ranks)
@@ -105,12 +143,12 @@ def main() -> int:
     activation = torch.zeros(micro, SEQUENCE, MODEL)
 
     def run_step(step: int) -> None:
-        tokens = batch_for(step)
+        tokens = sampler.next_batch() if link.first or link.last else None
         optimizer.zero_grad()
         inputs: List[torch.Tensor] = []
         outputs: List[torch.Tensor] = []
         for index in range(arguments.micro_batches):
-            rows = tokens[index * micro:(index + 1) * micro]
+            rows = tokens[index * micro:(index + 1) * micro] if tokens is not None else None
             if link.first:
                 x = rows[:, :-1]
             else:
@@ -133,13 +171,18 @@ def main() -> int:
                 outputs[index].backward(gradient)
             if not link.first:
                 link.send_backward(step, index, inputs[index].grad)
+        if sparse:  # a replay scales by the norm the window logged
+            sparse.clip_grad_norm_(model.parameters(), 1.0, step)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if client:
             client.wait_captured()
         optimizer.step()
+        scheduler.step()
         if sparse:
             sparse.snapshot(step)
         loss = f" loss {sum(o.item() for o in outputs).hex()}" if link.last else ""
-        print(f"step {step}{loss}", flush=True)
+        print(f"step {step}{loss} lr {optimizer.param_groups[0]['lr'].hex()}", flush=True)
 
     completed: Optional[int] = None if arguments.replacement else 0
     generation = arguments.generation
@@ -173,7 +216,10 @@ def main() -> int:
         client.wait_committed(arguments.steps)
         print(f"log refusals {link.log_refusals}", flush=True)
     if arguments.out:
-        save_state(arguments.out, model, optimizer)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "sampler": sampler.state_dict(),
+                    "random": random.getstate(), "torch_rng": torch.get_rng_state()},
+                   arguments.out)
     print("done", flush=True)
     return 0
 

@@ -6,7 +6,10 @@ is lost, the other stages keep their state and wait: the replacement restores th
 committed sparse window, replays the window and the steps after it with its inputs read from the
 neighbours' logs instead of live neighbours, and the pipeline goes on from the step the most
 advanced stage completed (``rejoin``). Survivors never recompute a step they completed; one that
-was a step behind finishes that step from the logs too.
+was a step behind finishes that step from the logs too. A survivor's state providers and buffers
+(sampler, RNG, LR schedule, counters) go back to the end of the step it completed first, since the
+step it had begun may have advanced them; the replacement's come back with its window, and the
+replay advances them as the uninterrupted run did.
 
 When a log the replay needs is gone (the neighbour's node was lost with it, the log ran out of
 ``upstream_log.max_bytes``, or it was dropped), every stage falls back to its last committed window
@@ -107,6 +110,10 @@ def rejoin(link: StageLink, sparse: SparseSnapshots, run_step: Callable[[int], N
 
     Every collective here runs under the process group's timeout: it must exceed the time the
     replacement takes to restore and replay a window."""
+    if completed is not None:
+        # The step after it may have begun (its forward drew from the sampler and the RNG and
+        # changed buffers) before the neighbour was lost: it runs again from where it began.
+        sparse.rewind(completed)
     gathered: List[Optional[int]] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, completed)
     done = [step for step in gathered if step is not None]

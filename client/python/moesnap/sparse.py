@@ -166,6 +166,7 @@ class SparseSnapshots:
         """Call right after ``optimizer.step()`` of ``step``, where a dense trainer calls
         ``client.snapshot``. Returns the bytes the daemon copies (0 for a step stored already)."""
         if step <= self._skip_through:
+            self._client.stage(step)  # kept in this process only: rewind may come back to it
             return 0
         slot = self._slot(step)
         first = step - slot
@@ -184,6 +185,12 @@ class SparseSnapshots:
 
     def wait_captured(self) -> None:
         self._client.wait_captured()
+
+    def rewind(self, step: int) -> None:
+        """Puts the state that is not weights or optimizer state (state providers, buffers) back
+        as it was at the end of ``step``, the last step this trainer completed (see
+        ``Client.rewind``)."""
+        self._client.rewind(step)
 
     # Recovery ------------------------------------------------------------------------------------
     def recover(self, train_step: Callable[[int], None]) -> int:

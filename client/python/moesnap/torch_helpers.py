@@ -200,6 +200,7 @@ class Client:
         self._optimizers: List[_OptimizerRegistration] = []
         self._last_snapshot: Optional[int] = None
         self._captured_through: Optional[int] = None
+        self._staged_step: Optional[int] = None  # the step whose end the staging memory holds
         self._restore_tier: Optional[str] = None
         self.skipped_steps: List[Tuple[int, str]] = []
 
@@ -502,6 +503,7 @@ class Client:
         training goes on. ``sparse`` places a sparse step in its window: keys
         ``window_first_step``, ``window_size``, ``slot``, ``buffer`` and ``operators``."""
         self._prepare_snapshot()
+        self._staged_step = step
         regions = [] if names is None else list(names) + list(self._states)
         self._last_snapshot = step
         try:
@@ -517,6 +519,29 @@ class Client:
             return 0
         self._collect_skipped()
         return copied
+
+    def stage(self, step: int) -> None:
+        """Stages buffers and pickles state providers as ``snapshot(step)`` would, without taking
+        a snapshot: for a step whose snapshot is stored already (a replay), so that ``rewind``
+        can go back to its end."""
+        self._prepare_snapshot()
+        self._staged_step = step
+
+    def rewind(self, step: int) -> None:
+        """Puts every state provider (not optimizers) and module buffer back as it was at the end
+        of ``step``, the last step snapshotted or staged, from this process's memory: a step cut
+        short (a pipeline neighbour lost in its forward or backward pass) may have drawn from a
+        sampler or an RNG and changed buffers before it failed. Parameters and optimizer state
+        are left alone: a step changes them only in ``optimizer.step()``, after its last
+        exchange with other ranks."""
+        if self._staged_step != step:
+            raise Error("FAILED_PRECONDITION",
+                        f"cannot rewind to the end of step {step}: this process last staged "
+                        f"{'no step' if self._staged_step is None else f'step {self._staged_step}'}")
+        manifests = {registration.manifest_region for registration in self._optimizers}
+        regions = [name for name in self.window_state_regions() if name not in manifests]
+        self._unstage(regions)
+        self._load_states(regions)
 
     def _prepare_snapshot(self) -> None:
         """Makes every region hold what the next snapshot takes: checks that shared tensors did not
@@ -584,6 +609,7 @@ class Client:
         never raises for it."""
         self._wait_for_capture()
         self._prepare_snapshot()
+        self._staged_step = step
         try:
             self._native.commit(step)
             return True
@@ -614,6 +640,7 @@ class Client:
         if names is not None:
             restored = self._native.restore(step, list(names))
             restored_step, self._restore_tier = restored.step, restored.tier
+            self._staged_step = None  # the staging memory now mixes steps
             self._unstage(names)
             self._load_states(names)
             return restored_step
@@ -634,6 +661,7 @@ class Client:
             self._adopt_optimizer_state(registration)  # load_state_dict copied the tensors
         self._last_snapshot = restored_step
         self._captured_through = restored_step
+        self._staged_step = restored_step
         return restored_step
 
     def _restore_optimizer_manifests(self, step: Optional[int]) -> Optional[int]:

@@ -155,3 +155,37 @@ def test_rank_and_socket_come_from_the_launchers_environment(daemon: Daemon, mon
     with pytest.raises(moesnap.Error) as error:
         moesnap.Client()
     assert "RANK" in error.value.message
+
+
+def test_rewind_goes_back_to_the_last_staged_step_only(daemon: Daemon):
+    class Counter:
+        def __init__(self) -> None:
+            self.position = 0
+
+        def state_dict(self) -> dict:
+            return {"position": self.position}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.position = state["position"]
+
+    model = torch.nn.BatchNorm1d(3)
+    counter = Counter()
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register("model", model)
+    client.register("sampler", counter)
+    counter.position = 7
+    model(torch.randn(4, 3))
+    statistics = model.running_mean.clone()
+    client.snapshot(1)
+    client.wait_captured()
+    weight = model.weight.detach().clone()
+    # The next step begins, then is cut short: the sampler and the buffers moved, the weights not.
+    counter.position = 8
+    model(torch.randn(4, 3))
+    with pytest.raises(moesnap.Error) as error:
+        client.rewind(2)
+    assert error.value.code == "FAILED_PRECONDITION" and "step 1" in error.value.message
+    client.rewind(1)
+    assert counter.position == 7
+    assert torch.equal(model.running_mean, statistics)
+    assert torch.equal(model.weight, weight)

@@ -1,14 +1,17 @@
 """Localized recovery of a pipeline stage: three stages of examples/pipeline_train.py as separate
 processes (torch.distributed with gloo on loopback), each on its own node of a three-daemon cluster
-(k = 2, m = 1), sparse snapshots and upstream logs on. One stage is SIGKILLed at a random step; its
-replacement recovers from its window and the neighbours' logs while the other stages wait. Every
-loss printed, and each stage's final parameters and Adam state, must be bit-identical to an
-uninterrupted run, and no surviving stage may compute a step twice."""
+(k = 2, m = 1), sparse snapshots and upstream logs on. Each stage keeps a sampler on Python's
+``random``, a warmup LR schedule, dropout and a buffer changed in forward. One stage is SIGKILLed at a
+random step; its replacement recovers from its window and the neighbours' logs while the other
+stages wait. Every loss and lr printed, and each stage's whole final state (parameters, buffers,
+optimizer state and param_groups, scheduler, sampler, RNG), must be bit-identical to an
+uninterrupted run, and no surviving stage may complete a step twice."""
 
 import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 from conftest import ChildProcess, Cluster
-from test_training import assert_identical_state, losses_of
+from test_trainer_state import assert_same
 
 PIPELINE = Path(__file__).resolve().parents[1] / "examples" / "pipeline_train.py"
 STAGES = 3
@@ -49,15 +52,47 @@ class Stage(ChildProcess):
         return [int(line.split()[1]) for line in self.lines if re.fullmatch(r"step \d+.*", line)]
 
 
+def finish_together(stages: List[Stage], timeout: float) -> List[Optional[int]]:
+    """Each stage's exit code, None for one still running at the deadline (then killed), so that
+    a hang reports every stage's lines."""
+    deadline = time.monotonic() + timeout
+    codes: List[Optional[int]] = []
+    for stage in stages:
+        try:
+            codes.append(stage.process.wait(max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for stage, code in zip(stages, codes):
+        if code is None:
+            stage.process.kill()
+            stage.process.wait()
+    return codes
+
+
+def printed_steps(lines: List[str]) -> Dict[int, List[str]]:
+    """What a stage printed for each step it completed (its lr, and on the last stage its loss),
+    every time it completed it."""
+    printed: Dict[int, List[str]] = {}
+    for line in lines:
+        match = re.fullmatch(r"step (\d+) (.*)", line)
+        if match:
+            printed.setdefault(int(match.group(1)), []).append(match.group(2))
+    return printed
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run without moesnap: losses and each stage's final state."""
+    """An uninterrupted run without moesnap: what each stage printed per step, and its final
+    state."""
     directory = tmp_path_factory.mktemp("pipeline-reference")
     stages = [Stage(s, directory, None, directory / f"stage{s}.pt") for s in range(STAGES)]
-    lines = [stage.finish() for stage in stages]
-    expected = {step: values[0] for step, values in losses_of(lines[-1]).items()}
-    assert sorted(expected) == list(range(1, STEPS + 1))
-    return expected, [torch.load(directory / f"stage{s}.pt") for s in range(STAGES)]
+    printed = []
+    for stage in stages:
+        steps = printed_steps(stage.finish())
+        assert sorted(steps) == list(range(1, STEPS + 1))
+        printed.append({step: values[0] for step, values in steps.items()})
+    assert all(line.startswith("loss ") for line in printed[-1].values())
+    return printed, [torch.load(directory / f"stage{s}.pt") for s in range(STAGES)]
 
 
 def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
@@ -72,7 +107,7 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
     context = (f"seed {seed}: stage {victim} killed "
                + (f"in the backward pass of step {kill_after + 1}" if mid_backward
                   else f"after step {kill_after}"))
-    expected_losses, expected_states = reference
+    expected_printed, expected_states = reference
     cluster = Cluster(tmp_path, STAGES, data_units=2, parity_units=1,
                       node_config={node: f'[upstream_log]\nmax_bytes = "{size}"\n'
                                    for node, size in (log_bytes or {}).items()})
@@ -84,7 +119,7 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
                         crash_at=kill_after + 1 if mid_backward and s == victim else None)
                   for s in range(STAGES)]
         if not mid_backward:
-            stages[victim].wait_for(rf"step {kill_after}( loss \S+)?")
+            stages[victim].wait_for(rf"step {kill_after} .*")
             stages[victim].process.send_signal(signal.SIGKILL)
         assert stages[victim].process.wait(120) == -signal.SIGKILL, context
         if lose_node:  # the node goes with its memory; a replacement daemon rebuilds from parity
@@ -94,7 +129,7 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
         replacement = Stage(victim, rendezvous, cluster.daemons[victim].agent_socket,
                             outs[victim], generation=1, replacement=True)
         survivors = [stage for s, stage in enumerate(stages) if s != victim]
-        codes = [stage.process.wait(300) for stage in survivors + [replacement]]
+        codes = finish_together(survivors + [replacement], timeout=240)
         assert codes == [0] * STAGES, "\n\n".join(
             f"exit {code}:\n" + "\n".join(stage.lines)
             for code, stage in zip(codes, survivors + [replacement]))
@@ -103,12 +138,14 @@ def run_with_a_lost_stage(reference, tmp_path, victim: int, lose_node: bool,
     finally:
         cluster.remove()
 
-    all_lines = stages[victim].lines + [line for block in lines for line in block]
-    for step, values in losses_of(all_lines).items():
-        assert all(value == expected_losses[step] for value in values), (context, step, values)
-    assert set(losses_of(all_lines)) == set(range(1, STEPS + 1)), context
     for s in range(STAGES):
-        assert_identical_state(torch.load(outs[s]), expected_states[s])
+        stage_lines = stages[s].lines + (replacement.lines if s == victim else [])
+        printed = printed_steps(stage_lines)
+        assert set(printed) == set(range(1, STEPS + 1)), (context, s, stage_lines)
+        for step, values in printed.items():
+            assert all(value == expected_printed[s][step] for value in values), \
+                (context, f"stage {s} step {step}", values, expected_printed[s][step])
+        assert_same(torch.load(outs[s]), expected_states[s], f"stage {s}")
     rejoined = [line for block in lines for line in block if line.startswith("rejoined ")]
     assert len(rejoined) == STAGES and len(set(rejoined)) == 1, (context, rejoined)
     assert "committed" in windows and "expert0" in windows, windows  # moesnapctl inspect
@@ -122,8 +159,8 @@ def report(context: str, rejoined: str, replacement: Stage) -> None:
     source = ("from its last window and the neighbours' upstream logs" if how == "logs"
               else "with every stage falling back to its last window")
     print(f"pipeline: {context}; its replacement replayed steps {first_replayed}-{target} "
-          f"{source}, all stages rejoined at step {target} and trained to {STEPS}; every loss "
-          f"and each stage's parameters and Adam state bit-identical to an uninterrupted run",
+          f"{source}, all stages rejoined at step {target} and trained to {STEPS}; every loss and "
+          f"lr and each stage's whole state bit-identical to an uninterrupted run",
           flush=True)
 
 
