@@ -666,6 +666,16 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
             "step ", capturing->step, " of rank ", rank, " is still capturing; restore after it"));
       }
     }
+    // A step this rank captured that the node voted to commit may still commit: the restore takes
+    // it or the step before it only once the cluster decided, so that ranks restarting together
+    // cannot restore different steps (one before the decision, one after).
+    while (const std::optional<int64_t> pending = PreparedStepOf(rank_state)) {
+      if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+        return absl::UnavailableError(absl::StrCat(
+            "step ", *pending, " of rank ", rank, " is being decided by the cluster (this node "
+            "voted to commit it); restore again once it is decided"));
+      }
+    }
     if (!rank_state.latest_committed) {
       return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
     }
@@ -1150,6 +1160,14 @@ absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> afte
   }
 }
 
+std::optional<int64_t> Store::PreparedStepOf(const RankState& rank_state) const {
+  for (int64_t step : prepared_steps_) {
+    auto it = rank_state.steps.find(step);
+    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_CAPTURED) return step;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mutex_);
   while (true) {
@@ -1205,6 +1223,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
       *manifest.add_ranks() = *std::move(saved);
     }
   }
+  prepared_steps_.insert(step);
   return NodeImage(std::move(manifest), std::move(stored));
 }
 
@@ -1332,6 +1351,7 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
     return status;
   }
   cluster_ = cluster;
+  prepared_steps_.erase(prepared_steps_.begin(), prepared_steps_.upper_bound(step));
   for (auto& [rank, record] : committing) {
     RankState& rank_state = ranks_[rank];
     StepRecord& stored = rank_state.steps[record->step];
@@ -1353,6 +1373,8 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
 
 void Store::AbortNodeStep(int64_t step, const absl::Status& why) {
   absl::MutexLock lock(&mutex_);
+  prepared_steps_.erase(step);
+  step_changed_.SignalAll();
   for (auto& [rank, rank_state] : ranks_) {
     auto it = rank_state.steps.find(step);
     if (it != rank_state.steps.end() && !IsFinished(it->second.state)) {
@@ -1371,6 +1393,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
     LoadRankRecord(rank, &rebuilt[rank.rank()]);
   }
   absl::MutexLock lock(&mutex_);
+  prepared_steps_.clear();  // the installed state decides from here
   // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.
   for (auto& [rank, rank_state] : ranks_) {
     RankState& installed = rebuilt[rank];

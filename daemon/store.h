@@ -161,6 +161,9 @@ class Store final : public ClusterStore, public DurableStore {
   static void AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
                              std::optional<v1::SparseWindow>* committed);
   // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
+  // A step of the rank, captured and not decided, that this node voted to commit.
+  std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
@@ -225,6 +228,9 @@ class Store final : public ClusterStore, public DurableStore {
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts
+  // Steps whose image this node handed to the cluster (it voted to commit them) and that are not
+  // decided here yet: a rank's restore waits for them.
+  std::set<int64_t> prepared_steps_ ABSL_GUARDED_BY(mutex_);
 
   // Declared last: destroyed first, so queued copies finish while the state they touch still lives.
   WorkerPool workers_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -220,6 +221,48 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   ASSERT_OK(WaitCaptured(0, 2));
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
   EXPECT_EQ(store_->LatestCommitted(0), 2);
+}
+
+// A step this node already offered the cluster may still commit: a rank restarting meanwhile
+// restores only once it is decided, so that it cannot restore the step before one that then commits
+// (the other ranks of a restarting job would restore that one).
+TEST_F(StoreTest, ARestoreWaitsForTheDecisionOfAStepTheNodePrepared) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  ASSERT_OK(WaitCaptured(0, 2));
+  ASSERT_OK(store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30)));  // voted for step 2
+  ASSERT_NO_FATAL_FAILURE(Connect(0));  // the job restarts
+  absl::StatusOr<v1::RestoreResponse> early =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Milliseconds(50));
+  EXPECT_STATUS(early, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(early.status().message(), "step 2")) << early.status();
+
+  absl::StatusOr<v1::RestoreResponse> restored;
+  std::thread restore([&] {
+    restored = store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  });
+  v1::JournalCluster record;
+  record.set_committed_step(2);
+  ASSERT_OK(store_->CommitNodeStep(2, record));
+  restore.join();
+  ASSERT_OK(restored);
+  EXPECT_EQ(restored->step(), 2);
+
+  // Decided the other way: the restore takes the step before it.
+  Take(0, 3);
+  ASSERT_OK(WaitCaptured(0, 3));
+  ASSERT_OK(store_->WaitNodeCaptured(3, absl::Now() + absl::Seconds(30)));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  restore = std::thread([&] {
+    restored = store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  });
+  store_->AbortNodeStep(3, absl::AbortedError("a node voted no"));
+  restore.join();
+  ASSERT_OK(restored);
+  EXPECT_EQ(restored->step(), 2);
 }
 
 TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneStarted) {

@@ -98,22 +98,27 @@ def test_pool_lost_with_its_daemon_resumes_from_the_durable_step_bit_identically
     try:
         lines = run_to_end(7, daemon.agent_socket, tmp_path / "first.pt")
         deadline = time.monotonic() + 60
-        while True:  # step 6 was due; wait until it is on disk and no drain runs
+        while True:  # steps 1, 3 and 6 were due; wait until each was handled and no drain runs
             status = durable_status(daemon)
-            if status.get("latest_step", 0) >= 6 and "draining_step" not in status:
+            handled = status.get("drains_completed", 0) + status.get("drains_skipped", 0)
+            if handled >= 3 and "draining_step" not in status:
                 break
-            assert time.monotonic() < deadline, status
+            assert time.monotonic() < deadline, json.dumps(status)
             time.sleep(0.05)
+        # A due step is skipped when the one before was still draining as it came due (the disk
+        # is slower than the schedule): the newest durable step is then an earlier due one.
+        durable_step = status["latest_step"]
+        assert durable_step in (1, 3, 6), json.dumps(status)
         daemon.remove()  # SIGKILL and the pool deleted: a power loss
         daemon.start()
         tier = ctl(daemon, "restore-tier")
-        assert "durable, step 6" in tier.stdout, tier.stdout + tier.stderr
+        assert f"durable, step {durable_step}" in tier.stdout, tier.stdout + tier.stderr
         out = tmp_path / "state.pt"
         lines += run_to_end(STEPS, daemon.agent_socket, out)
     finally:
         daemon.remove()
     restored = [int(line.split()[1]) for line in lines if line.startswith("restored ")]
-    assert restored == [6], lines
+    assert restored == [durable_step], lines
     for step, values in losses_of(lines).items():
         assert all(value == expected_losses[step] for value in values), (step, values)
     assert_identical_state(torch.load(out), expected_state)
