@@ -17,12 +17,15 @@ namespace {
 // How long a leader waits for proposals before it looks whether it still leads.
 constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
 constexpr absl::Duration kMaxDecideBackoff = absl::Seconds(1);
+// Proposals waiting for a round; legitimate ones are a few steps of each node.
+constexpr size_t kMaxProposals = 4096;
 
 }  // namespace
 
 Coordinator::Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-                         const CoordinatorOptions& options)
-    : context_(context), leadership_(leadership), log_(log), options_(options) {}
+                         const Participant* participant, const CoordinatorOptions& options)
+    : context_(context), leadership_(leadership), log_(log), participant_(participant),
+      options_(options) {}
 
 Coordinator::~Coordinator() {
   {
@@ -75,9 +78,28 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     response.set_decided(true);
     return response;
   }
+  if (proposed_.size() >= kMaxProposals && !proposed_.contains(request.step())) {
+    // The furthest ahead give way: the job's next steps are the lowest.
+    if (request.step() > *proposed_.rbegin()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          kMaxProposals, " proposals wait already, all before step ", request.step()));
+    }
+    proposed_.erase(std::prev(proposed_.end()));
+  }
   proposed_.insert(request.step());
   changed_.SignalAll();
   return response;
+}
+
+std::optional<int64_t> Coordinator::NextRoundLocked() {
+  for (auto it = proposed_.begin(); it != proposed_.end(); ++it) {
+    if (participant_->CaptureOf(*it) != Participant::Capture::kNotYet) {
+      const int64_t step = *it;
+      proposed_.erase(it);
+      return step;
+    }
+  }
+  return std::nullopt;
 }
 
 void Coordinator::Lead(int64_t token) {
@@ -110,10 +132,10 @@ void Coordinator::Lead(int64_t token) {
     std::optional<int64_t> step;
     {
       absl::MutexLock lock(&mutex_);
-      if (proposed_.empty()) changed_.WaitWithTimeout(&mutex_, kIdleWake);
-      if (!proposed_.empty()) {
-        step = *proposed_.begin();
-        proposed_.erase(proposed_.begin());
+      step = NextRoundLocked();
+      if (!step) {
+        changed_.WaitWithTimeout(&mutex_, kIdleWake);
+        step = NextRoundLocked();
       }
     }
     if (step && !RunRound(*step, token)) break;
@@ -195,6 +217,11 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       last_round_ = step;
       base = base_;
     }
+  }
+  if (participant_->CaptureOf(step) == Participant::Capture::kPassed) {
+    return Decide(step, token, false,
+                  absl::StrCat("node ", context_.node_id(), " (the coordinator's) captured a later "
+                               "step and never this one"));
   }
   if (passed_over_by) {
     // Proposed after a later step's round began: that step passed it over.

@@ -50,6 +50,15 @@ class Participant {
   // A decision the log holds, in any order and any number of times.
   void Apply(const v1::StepDecision& decision);
 
+  // What this node's trainers did of `step`, as the coordinator on this node asks before it runs
+  // a round: a step proposed by another node runs only once this node could prepare it.
+  enum class Capture {
+    kCaptured,  // every rank captured it (and it is not decided yet)
+    kNotYet,    // no step at or after it is captured here yet
+    kPassed,    // a later step is captured here and this one never was: it never will be
+  };
+  Capture CaptureOf(int64_t step) const;
+
   std::optional<int64_t> CommittedStep() const;
   // The newest step prepared here and not decided yet.
   std::optional<int64_t> OpenStep() const;
@@ -69,7 +78,9 @@ class Participant {
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
   };
-  // OK when `token` is not lower than any this node has seen; raises the highest seen.
+  // OK when `token` is the one etcd names for `coordinator`'s leadership (waiting briefly for this
+  // node to learn of a new leader) and not lower than any this node has seen; raises the highest
+  // seen. A token no leader holds is refused: a peer cannot fence the real coordinator out.
   absl::Status Fence(int64_t token, uint32_t coordinator);
   // Makes this node's committed step `base` (absent: none), applying decisions it missed from the
   // log; FAILED_PRECONDITION when it cannot by `deadline`.
@@ -78,6 +89,7 @@ class Participant {
   // the log as this node has seen it).
   bool DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
+  absl::Duration CappedWait(uint32_t timeout_ms) const;
   void ProposeLoop();
   bool stopping() const;
 
@@ -99,6 +111,9 @@ class Participant {
   std::map<int64_t, PreparedStep> open_ ABSL_GUARDED_BY(mutex_);
   // Decisions seen of steps after the committed one: step -> committed.
   std::map<int64_t, bool> decided_ ABSL_GUARDED_BY(mutex_);
+  // Steps every rank here captured and no decision was seen of, and the newest step captured.
+  std::set<int64_t> undecided_ ABSL_GUARDED_BY(mutex_);
+  std::optional<int64_t> last_captured_ ABSL_GUARDED_BY(mutex_);
   int64_t highest_token_ ABSL_GUARDED_BY(mutex_) = 0;
   uint32_t highest_coordinator_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);

@@ -1,7 +1,8 @@
 // The coordinator, in-process with real participants, parity and data planes, and fakes at the
 // store, peer-client, decision-log and election seams: every step gets one fenced decision, a
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
-// node aborts steps and is named, and an unreachable log pauses commits without losing a step.
+// node aborts steps and is named, and an unreachable log pauses commits without losing a step. A
+// proposal is only a hint: one far ahead holds nothing up, one this node passed is aborted at once.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -81,6 +82,39 @@ TEST(CoordinatorTest, ADeposedCoordinatorsDecisionIsRefusedAndTheNextOneFinishes
   ASSERT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "was deposed")) << refused.status();
   cluster.ExpectEveryNodeRebuildable(2, kBytes);
+}
+
+TEST(CoordinatorTest, AProposalAheadOfThisNodeWaitsForItAndHoldsNoStepUp) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (cluster.node(0).coordinator.token() != token && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(cluster.node(0).coordinator.token(), token) << "node 0 never led";
+  v1::ProposeRequest far;
+  far.set_from_node(3);
+  far.set_step(int64_t{1} << 62);
+  ASSERT_OK(cluster.node(0).coordinator.Propose(far));
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  EXPECT_FALSE(cluster.log().decisions().contains(far.step()))
+      << "a round ran for a step no node captured";
+}
+
+TEST(CoordinatorTest, AStepTheCoordinatorsNodePassedWithoutCapturingIsAbortedAtOnce) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(1, kBytes);
+  cluster.CaptureEverywhere(2, kBytes);
+  const std::optional<v1::StepDecision> skipped = cluster.WaitDecided(1);
+  ASSERT_TRUE(skipped.has_value());
+  EXPECT_FALSE(skipped->committed());
+  EXPECT_TRUE(absl::StrContains(skipped->reason(), "captured a later step and never this one"))
+      << skipped->reason();
+  ASSERT_TRUE(cluster.WaitCommitted(2));
 }
 
 TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {

@@ -19,6 +19,7 @@ namespace {
 
 constexpr uint64_t kChunkBytes = 16 << 10;
 constexpr uint64_t kStripeUnitBytes = 64 << 10;
+constexpr uint64_t kTestPoolBytes = 64 << 20;
 constexpr absl::Duration kWait = absl::Seconds(20);
 
 }  // namespace
@@ -476,7 +477,7 @@ namespace {
 std::unique_ptr<Pool> TestPool(const std::string& name) {
   std::filesystem::remove("/dev/shm/" + name + ".data");
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
-      {.name = name, .bytes = 64 << 20, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20},
+      {.name = name, .bytes = kTestPoolBytes, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20},
       std::nullopt);
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *std::move(pool) : nullptr;
@@ -505,7 +506,7 @@ NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* node
                  .max_retry_interval = absl::Milliseconds(200)}),
       participant(context, &store, &parity, &transfer, &rebuilder, log->ViewOf(node_id)),
       candidate(election, node_id),
-      coordinator(context, &candidate, log->ViewOf(node_id),
+      coordinator(context, &candidate, log->ViewOf(node_id), &participant,
                   {.forget_every = 4, .campaign_wait = absl::Milliseconds(50)}),
       report(context, &store, &parity, pool.get(), &rebuilder, &participant) {}
 
@@ -529,7 +530,7 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
   options.stripe_unit_bytes = kStripeUnitBytes;
   options.commit_timeout_ms = 5000;
   options.advertise_host = "127.0.0.1";
-  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options);
+  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options, kTestPoolBytes);
   EXPECT_TRUE(topology.ok()) << topology.status();
   topology_ = *std::move(topology);
   for (int id = 0; id < nodes; ++id) Replace(id);
@@ -546,7 +547,7 @@ void InProcessCluster::Replace(uint32_t id) {
   nodes_.erase(id);
   // Each node's topology differs only in who it is.
   ClusterOptions options = topology_->options;
-  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(id, options);
+  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(id, options, kTestPoolBytes);
   ASSERT_TRUE(topology.ok()) << topology.status();
   topologies_.push_back(*std::move(topology));
   auto units = std::make_unique<NodeUnits>(id, topologies_.back().get(), &table_, &network_, &log_,
