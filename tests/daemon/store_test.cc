@@ -97,7 +97,8 @@ class StoreTest : public ::testing::Test {
   // The ranks left out of the node's steps, with why.
   std::map<uint32_t, std::string> Dropped() const {
     std::map<uint32_t, std::string> dropped;
-    for (const v1::DroppedRank& rank : store_->Status().dropped_ranks()) {
+    const v1::StatusResponse status = store_->Status();
+    for (const v1::DroppedRank& rank : status.dropped_ranks()) {
       dropped[rank.rank()] = rank.reason();
     }
     return dropped;
