@@ -477,8 +477,7 @@ namespace {
 std::unique_ptr<Pool> TestPool(const std::string& name) {
   std::filesystem::remove("/dev/shm/" + name + ".data");
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
-      {.name = name, .bytes = kTestPoolBytes, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20},
-      std::nullopt);
+      {.name = name, .bytes = kTestPoolBytes, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20});
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *std::move(pool) : nullptr;
 }
@@ -530,7 +529,8 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
   options.stripe_unit_bytes = kStripeUnitBytes;
   options.commit_timeout_ms = 5000;
   options.advertise_host = "127.0.0.1";
-  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options, kTestPoolBytes);
+  absl::StatusOr<std::unique_ptr<const Topology>> topology =
+      Topology::Create(0, options, kTestPoolBytes);
   EXPECT_TRUE(topology.ok()) << topology.status();
   topology_ = *std::move(topology);
   for (int id = 0; id < nodes; ++id) Replace(id);
@@ -547,7 +547,8 @@ void InProcessCluster::Replace(uint32_t id) {
   nodes_.erase(id);
   // Each node's topology differs only in who it is.
   ClusterOptions options = topology_->options;
-  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(id, options, kTestPoolBytes);
+  absl::StatusOr<std::unique_ptr<const Topology>> topology =
+      Topology::Create(id, options, kTestPoolBytes);
   ASSERT_TRUE(topology.ok()) << topology.status();
   topologies_.push_back(*std::move(topology));
   auto units = std::make_unique<NodeUnits>(id, topologies_.back().get(), &table_, &network_, &log_,
