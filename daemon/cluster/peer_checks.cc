@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/region_limits.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
@@ -48,17 +49,17 @@ absl::Status CheckRegion(const v1::ImageRegion& region, const PeerLimits& limits
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("region of rank ", region.rank(), ": ", what));
   };
-  if (region.region().empty() || region.region().size() > PeerLimits::kMaxRegionNameBytes) {
+  if (region.region().empty() || region.region().size() > kMaxRegionNameBytes) {
     return invalid(absl::StrCat("its name is ", region.region().size(), " bytes, not 1 to ",
-                                PeerLimits::kMaxRegionNameBytes));
+                                kMaxRegionNameBytes));
   }
-  if (region.dtype().size() > PeerLimits::kMaxDtypeBytes) {
+  if (region.dtype().size() > kMaxDtypeBytes) {
     return invalid(absl::StrCat("its dtype is ", region.dtype().size(), " bytes, above ",
-                                PeerLimits::kMaxDtypeBytes));
+                                kMaxDtypeBytes));
   }
-  if (region.shape_size() > PeerLimits::kMaxShapeDims) {
+  if (region.shape_size() > kMaxShapeDimensions) {
     return invalid(absl::StrCat("its shape has ", region.shape_size(), " dimensions, above ",
-                                PeerLimits::kMaxShapeDims));
+                                kMaxShapeDimensions));
   }
   if (region.bytes() > limits.max_image_bytes) {
     return invalid(absl::StrCat("it is ", region.bytes(), " bytes, above the ",
@@ -206,10 +207,10 @@ absl::Status CheckSendRegion(const v1::SendRegionRequest& request, const PeerLim
   if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
     return status;
   }
-  if (request.region().empty() || request.region().size() > PeerLimits::kMaxRegionNameBytes) {
+  if (request.region().empty() || request.region().size() > kMaxRegionNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("region name of ", request.region().size(),
                                                    " bytes, not 1 to ",
-                                                   PeerLimits::kMaxRegionNameBytes));
+                                                   kMaxRegionNameBytes));
   }
   return absl::OkStatus();
 }

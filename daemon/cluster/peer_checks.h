@@ -25,10 +25,7 @@ struct PeerLimits {
   // node's pool can hold (pool bytes x group size), so it is refused before anything is sized by it.
   uint64_t max_image_bytes = 0;
 
-  // Fixed bounds of the wire format.
-  static constexpr size_t kMaxRegionNameBytes = 1024;  // a frame carries the name (frame.h)
-  static constexpr size_t kMaxDtypeBytes = 64;
-  static constexpr int kMaxShapeDims = 32;
+  // Names, dtypes and shapes are bounded as a trainer's registration is (region_limits.h).
   static constexpr int kMaxRanksPerImage = 1 << 16;
 };
 

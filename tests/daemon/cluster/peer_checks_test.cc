@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "daemon/region_limits.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::daemon::cluster {
@@ -160,7 +161,7 @@ TEST(PeerChecksTest, RegionFieldsAreBounded) {
                 "its name is 1025 bytes");
   ExpectRefused(with([](v1::ImageRegion& r) { r.set_dtype(std::string(65, 'f')); }), "dtype");
   ExpectRefused(with([](v1::ImageRegion& r) {
-                  for (int i = 0; i < 33; ++i) r.add_shape(1);
+                  for (int i = 0; i <= kMaxShapeDimensions; ++i) r.add_shape(1);
                 }),
                 "dimensions");
   ExpectRefused(with([](v1::ImageRegion& r) { r.set_chunk_bytes(0); }), "chunk size is 0");
@@ -190,7 +191,7 @@ TEST(PeerChecksTest, UnitListsAreBounded) {
 TEST(PeerChecksTest, RegionNamesAreBounded) {
   v1::SendRegionRequest request;
   request.set_to_node(1);
-  request.set_region(std::string(PeerLimits::kMaxRegionNameBytes + 1, 'r'));
+  request.set_region(std::string(kMaxRegionNameBytes + 1, 'r'));
   ExpectRefused(CheckSendRegion(request, Limits()), "region name of 1025 bytes");
   request.set_region("");
   ExpectRefused(CheckSendRegion(request, Limits()), "region name of 0 bytes");
