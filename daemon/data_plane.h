@@ -63,6 +63,7 @@ class DataPlaneServer {
 // different connections. A failed connection is reconnected on its next use.
 class DataPlaneClient {
  public:
+  // `host`: an IP address or a host name.
   static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(const std::string& host,
                                                                   uint16_t port, int connections);
   ~DataPlaneClient();

@@ -1,5 +1,6 @@
 #include "tests/testing/test_daemon.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -69,8 +70,9 @@ void TestDaemon::DiscardPool() {
 }
 
 bool TestDaemon::Start(const std::vector<std::string>& environment) {
-  process_ = std::make_unique<ChildProcess>(
-      std::vector<std::string>{BinaryPath("moesnapd"), "--config", config_path_}, environment);
+  std::vector<std::string> argv = launcher_;
+  argv.insert(argv.end(), {BinaryPath("moesnapd"), "--config", config_path_});
+  process_ = std::make_unique<ChildProcess>(argv, environment);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     if (Serves(admin_socket_, process_->pid())) return true;
     if (!process_->running()) return false;
@@ -80,5 +82,19 @@ bool TestDaemon::Start(const std::vector<std::string>& environment) {
 }
 
 int TestDaemon::Kill(int signal) { return process_ ? process_->Kill(signal) : 0; }
+
+bool TestDaemon::Pause() {
+  if (!running()) return false;
+  process_->Signal(SIGSTOP);
+  for (int attempt = 0; attempt < 5000; ++attempt) {
+    if (process_->stopped()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+void TestDaemon::Resume() {
+  if (process_) process_->Signal(SIGCONT);
+}
 
 }  // namespace moesnap::testing

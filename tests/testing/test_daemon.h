@@ -24,7 +24,13 @@ class TestDaemon {
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).
   // False if it exited or never served.
   bool Start(const std::vector<std::string>& environment = {});
+  // Starts later daemons with `launcher` before moesnapd's command line (e.g. NetLab::Launch's
+  // prefix, to run it on a host of a network lab).
+  void set_launcher(std::vector<std::string> launcher) { launcher_ = std::move(launcher); }
   int Kill(int signal);
+  // SIGSTOP, waiting until the process is stopped; SIGCONT.
+  bool Pause();
+  void Resume();
   // Deletes the pool and journal files (after a kill), so the next Start is a replacement node
   // with fresh memory.
   void DiscardPool();
@@ -49,6 +55,7 @@ class TestDaemon {
   std::string admin_socket_;
   std::string pool_name_;
   uint16_t http_port_ = 0;
+  std::vector<std::string> launcher_;
   std::unique_ptr<ChildProcess> process_;
 };
 
