@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -70,15 +71,32 @@ void TestDaemon::DiscardPool() {
 }
 
 bool TestDaemon::Start(const std::vector<std::string>& environment) {
-  std::vector<std::string> argv = launcher_;
-  argv.insert(argv.end(), {BinaryPath("moesnapd"), "--config", config_path_});
-  process_ = std::make_unique<ChildProcess>(argv, environment);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    if (Serves(admin_socket_, process_->pid())) return true;
-    if (!process_->running()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The HTTP port was free when it was picked, but another process may have bound it since: a
+  // daemon that exits at start gets another port, twice at most.
+  for (int start = 0; start < 3; ++start) {
+    if (start > 0) MoveHttpPort();
+    std::vector<std::string> argv = launcher_;
+    argv.insert(argv.end(), {BinaryPath("moesnapd"), "--config", config_path_});
+    process_ = std::make_unique<ChildProcess>(argv, environment);
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      if (Serves(admin_socket_, process_->pid())) return true;
+      if (!process_->running()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (process_->running()) return false;  // never served
   }
   return false;
+}
+
+void TestDaemon::MoveHttpPort() {
+  std::ifstream in(config_path_);
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string old_address = absl::StrCat("127.0.0.1:", http_port_);
+  http_port_ = UnusedLoopbackPort();
+  if (const size_t at = config.find(old_address); at != std::string::npos) {
+    config.replace(at, old_address.size(), absl::StrCat("127.0.0.1:", http_port_));
+  }
+  std::ofstream(config_path_) << config;
 }
 
 int TestDaemon::Kill(int signal) { return process_ ? process_->Kill(signal) : 0; }

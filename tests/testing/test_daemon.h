@@ -22,7 +22,7 @@ class TestDaemon {
   ~TestDaemon();
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).
-  // False if it exited or never served.
+  // False if it exited (three times, each with another HTTP port) or never served.
   bool Start(const std::vector<std::string>& environment = {});
   // Starts later daemons with `launcher` before moesnapd's command line (e.g. NetLab::Launch's
   // prefix, to run it on a host of a network lab).
@@ -49,6 +49,9 @@ class TestDaemon {
   uint16_t http_port() const { return http_port_; }
 
  private:
+  // Picks another HTTP port and writes it into the config.
+  void MoveHttpPort();
+
   std::string directory_;
   std::string config_path_;
   std::string agent_socket_;
