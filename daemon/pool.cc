@@ -62,8 +62,7 @@ Pool::Pool(SharedMemory memory, bool reattached, int lock_fd)
     : memory_(std::move(memory)), reattached_(reattached), lock_fd_(lock_fd),
       allocator_(memory_.size()) {}
 
-absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& options,
-                                                         std::optional<gid_t> group) {
+absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& options) {
   if (options.bytes < kPageBytes || options.bytes % kPageBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat("pool.bytes must be a positive multiple of ",
                                                    kPageBytes, ", got ", options.bytes));
@@ -79,11 +78,11 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& opti
         "the snapshots in them) to change its size"));
   }
   if (absl::IsNotFound(memory.status())) {
-    memory = SharedMemory::Create(name, options.bytes, {.group = group, .reserve = true});
+    memory = SharedMemory::Create(name, options.bytes, {.reserve = true});
   }
   if (!memory.ok()) return memory.status();
   const std::string path = absl::StrCat("/dev/shm/", name);
-  const int lock_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int lock_fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     if (lock_fd >= 0) close(lock_fd);

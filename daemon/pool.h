@@ -111,12 +111,11 @@ class Pool {
   // The pool file's size is a whole number of pages.
   static constexpr uint64_t kPageBytes = 4096;
 
-  // Maps /dev/shm/<name>.data, creating it (mode 0600, or 0660 for `group`) if absent. An existing
+  // Maps /dev/shm/<name>.data, creating it (mode 0600: private to the daemon's user) if absent. An existing
   // file of another size is an error naming both sizes: a pool is never silently resized.
   // The pool is locked (flock) for this process's lifetime: a second daemon on the same pool is
   // refused, and the kernel drops the lock when this one dies, however it dies.
-  static absl::StatusOr<std::unique_ptr<Pool>> OpenOrCreate(const PoolOptions& options,
-                                                            std::optional<gid_t> group);
+  static absl::StatusOr<std::unique_ptr<Pool>> OpenOrCreate(const PoolOptions& options);
   ~Pool();
 
   // Hands out `bytes` in one extent (rounded up to ExtentAllocator::kAlignment), for buffers that

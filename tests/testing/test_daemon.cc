@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -71,12 +72,21 @@ void TestDaemon::DiscardPool() {
 }
 
 bool TestDaemon::Start(const std::vector<std::string>& environment) {
+  const bool injects_faults =
+      std::any_of(environment.begin(), environment.end(), [](const std::string& variable) {
+        return variable.rfind("MOESNAP_CRASH_", 0) == 0;
+      });
+  return StartProgram(injects_faults ? "moesnapd-faults" : "moesnapd", environment);
+}
+
+bool TestDaemon::StartProgram(const std::string& program,
+                              const std::vector<std::string>& environment) {
   // The HTTP port was free when it was picked, but another process may have bound it since: a
   // daemon that exits at start gets another port, twice at most.
   for (int start = 0; start < 3; ++start) {
     if (start > 0) MoveHttpPort();
     std::vector<std::string> argv = launcher_;
-    argv.insert(argv.end(), {BinaryPath("moesnapd"), "--config", config_path_});
+    argv.insert(argv.end(), {BinaryPath(program), "--config", config_path_});
     process_ = std::make_unique<ChildProcess>(argv, environment);
     for (int attempt = 0; attempt < 1000; ++attempt) {
       if (Serves(admin_socket_, process_->pid())) return true;

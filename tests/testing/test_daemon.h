@@ -22,9 +22,13 @@ class TestDaemon {
   ~TestDaemon();
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).
-  // False if it exited (three times, each with another HTTP port) or never served.
+  // False if it exited (three times, each with another HTTP port) or never served. An
+  // `environment` that sets a MOESNAP_CRASH_* variable runs moesnapd-faults, the test build that
+  // alone honours them.
   bool Start(const std::vector<std::string>& environment = {});
-  // Starts later daemons with `launcher` before moesnapd's command line (e.g. NetLab::Launch's
+  // The same with `program` (moesnapd or moesnapd-faults) whatever the environment.
+  bool StartProgram(const std::string& program, const std::vector<std::string>& environment);
+  // Starts later daemons with `launcher` before the program's command line (e.g. NetLab::Launch's
   // prefix, to run it on a host of a network lab).
   void set_launcher(std::vector<std::string> launcher) { launcher_ = std::move(launcher); }
   int Kill(int signal);
@@ -39,6 +43,7 @@ class TestDaemon {
     return process_ ? process_->Wait(timeout) : std::nullopt;
   }
   bool running() { return process_ && process_->running(); }
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
 
   const std::string& agent_socket() const { return agent_socket_; }
   const std::string& admin_socket() const { return admin_socket_; }
