@@ -786,21 +786,8 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
     }
     RankState& rank_state = rank_it->second;
-    while (const StepRecord* capturing = rank_state.Capturing()) {
-      if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "step ", capturing->step, " of rank ", rank, " is still capturing; restore after it"));
-      }
-    }
-    // A step this rank captured that the node voted to commit may still commit: the restore takes
-    // it or the step before it only once the cluster decided, so that ranks restarting together
-    // cannot restore different steps (one before the decision, one after).
-    while (const std::optional<int64_t> pending = PreparedStepOf(rank_state)) {
-      if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
-        return absl::UnavailableError(absl::StrCat(
-            "step ", *pending, " of rank ", rank, " is being decided by the cluster (this node "
-            "voted to commit it); restore again once it is decided"));
-      }
+    if (absl::Status settled = AwaitSettled(rank, rank_state, deadline); !settled.ok()) {
+      return settled;
     }
     if (!rank_state.latest_committed) {
       return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
@@ -958,6 +945,32 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     restored->set_bytes(item.version->bytes);
   }
   return response;
+}
+
+absl::Status Store::AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline) {
+  while (const StepRecord* capturing = rank_state.Capturing()) {
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", capturing->step, " of rank ", rank, " is still capturing; restore after it"));
+    }
+  }
+  // A step this rank captured that the node voted to commit may still commit: a restore takes it
+  // or the step before it only once the cluster decided, so that ranks restarting together
+  // cannot restore different steps (one before the decision, one after).
+  while (const std::optional<int64_t> pending = PreparedStepOf(rank_state)) {
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          "step ", *pending, " of rank ", rank, " is being decided by the cluster (this node "
+          "voted to commit it); restore again once it is decided"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::WaitSettled(uint32_t rank, absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? absl::OkStatus() : AwaitSettled(rank, it->second, deadline);
 }
 
 std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {

@@ -98,6 +98,9 @@ class Store final : public ClusterStore, public DurableStore {
                                               absl::Time deadline);
 
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
+  // Waits until no step of `rank` is capturing or being decided by the cluster, so that the latest
+  // committed step is what a restore would give.
+  absl::Status WaitSettled(uint32_t rank, absl::Time deadline);
   // The rank's last committed sparse window and the open one after it.
   v1::RankWindows Windows(uint32_t rank) const;
   v1::ListWindowsResponse ListWindows(std::optional<uint32_t> rank) const;
@@ -165,6 +168,8 @@ class Store final : public ClusterStore, public DurableStore {
   // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
   // A step of the rank, captured and not decided, that this node voted to commit.
   std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
