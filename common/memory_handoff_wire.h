@@ -18,10 +18,15 @@ inline constexpr uint32_t kResponseMagic = 0x524d534d;  // "MSMR"
 inline constexpr uint32_t kMaxFilesPerRequest = 64;
 inline constexpr uint32_t kSessionBytes = 16;
 inline constexpr uint32_t kMaxMessageBytes = 512;
+// The gRPC metadata key under which a trainer presents its session on every Agent call after Hello:
+// the daemon acts only for the rank that session was bound to.
+inline constexpr char kSessionMetadataKey[] = "moesnap-session-bin";
 
 struct Request {
   uint32_t magic = kRequestMagic;
-  uint32_t files = 0;  // the number of descriptors attached
+  // The number of descriptors attached. 0: binds the connection to the session (a trainer's first
+  // request), so the session, and the rank it holds, live exactly as long as the connection.
+  uint32_t files = 0;
   uint8_t session[kSessionBytes] = {};
 };
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace moesnap {
 namespace {
@@ -40,24 +41,35 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// A file another user created (squatting the name before the daemon) or could read or write is
+// never adopted: its bytes are not the daemon's.
+absl::Status CheckOwnFile(const std::string& name, const struct stat& info) {
+  const mode_t mode = info.st_mode & 07777;
+  if (!S_ISREG(info.st_mode) || info.st_uid != geteuid() || mode != 0600) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "/dev/shm/%s is %s owned by uid %d with mode %04o, but this process (uid %d) adopts only "
+        "its own regular files with mode 0600: another user may have created or read it; remove "
+        "it (losing what it holds) if it is not this daemon's",
+        name, S_ISREG(info.st_mode) ? "a file" : "not a regular file", info.st_uid, mode,
+        geteuid()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name, size_t bytes,
                                                   const CreateOptions& options) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   if (bytes == 0) return absl::InvalidArgumentError("a shared-memory file needs at least 1 byte");
-  const mode_t mode = options.group ? 0660 : 0600;
-  const int fd = shm_open(ShmPath(name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  const int fd =
+      shm_open(ShmPath(name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create /dev/shm/", name));
   auto fail = [&](int error, const std::string& what) {
     close(fd);
     shm_unlink(ShmPath(name).c_str());
     return ErrnoStatus(error, what);
   };
-  // The umask may have cleared group bits; set them explicitly.
-  if (options.group && (fchown(fd, static_cast<uid_t>(-1), *options.group) != 0 || fchmod(fd, mode) != 0)) {
-    return fail(errno, absl::StrCat("cannot give /dev/shm/", name, " to group ", *options.group));
-  }
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     return fail(errno, absl::StrCat("cannot size /dev/shm/", name, " to ", bytes, " bytes"));
   }
@@ -75,13 +87,22 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name, size_
 
 absl::StatusOr<SharedMemory> SharedMemory::Open(const std::string& name, bool writable) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
-  const int fd = shm_open(ShmPath(name).c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
+  const int fd =
+      shm_open(ShmPath(name).c_str(), (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0 && errno == ELOOP) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "/dev/shm/", name, " is a symbolic link, not a file this daemon created: remove it"));
+  }
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open /dev/shm/", name));
   struct stat info {};
   if (fstat(fd, &info) != 0) {
     const int error = errno;
     close(fd);
     return ErrnoStatus(error, absl::StrCat("cannot stat /dev/shm/", name));
+  }
+  if (absl::Status own = CheckOwnFile(name, info); !own.ok()) {
+    close(fd);
+    return own;
   }
   if (info.st_size == 0) {
     close(fd);

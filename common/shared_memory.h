@@ -22,17 +22,18 @@ namespace moesnap {
 class SharedMemory {
  public:
   struct CreateOptions {
-    // Mode of the new file: 0600, or 0660 when `group` is set (the file is then chowned to it).
-    std::optional<gid_t> group;
     // Reserve the memory now (posix_fallocate), so that a full /dev/shm is an error here rather than
     // a SIGBUS on first write.
     bool reserve = true;
   };
 
-  // Creates the file exclusively (ALREADY_EXISTS if it exists) with `bytes` bytes and maps it.
+  // Creates the file exclusively (ALREADY_EXISTS if it exists), mode 0600 (private to this user),
+  // with `bytes` bytes, and maps it.
   static absl::StatusOr<SharedMemory> Create(const std::string& name, size_t bytes,
                                              const CreateOptions& options);
-  // Maps an existing file whole (NOT_FOUND if absent).
+  // Maps an existing file whole (NOT_FOUND if absent). Only a file this process could have created:
+  // a regular file (not a symlink) owned by this process's uid with mode 0600; anything else may
+  // have been planted or read by another user, and is FAILED_PRECONDITION naming owner and mode.
   static absl::StatusOr<SharedMemory> Open(const std::string& name, bool writable);
   // Removes the name; existing mappings stay valid. NOT_FOUND if absent.
   static absl::Status Unlink(const std::string& name);

@@ -264,6 +264,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
 
   reader.Integer("capture", "threads", 1, 256, options.capture.threads);
   reader.Integer("capture", "max_in_flight_steps", 0, 64, options.capture.max_in_flight_steps);
+  int64_t idle_rank_timeout_ms = absl::ToInt64Milliseconds(options.capture.idle_rank_timeout);
+  reader.Integer("capture", "idle_rank_timeout_ms", 0, 7 * 24 * 3600 * 1000, idle_rank_timeout_ms);
+  options.capture.idle_rank_timeout = absl::Milliseconds(idle_rank_timeout_ms);
   reader.Bytes("capture", "chunk_bytes", options.capture.chunk_bytes);
   if (options.capture.chunk_bytes < 4096 || options.capture.chunk_bytes > (uint64_t{1} << 30)) {
     reader.Error("capture.chunk_bytes", absl::StrCat("must be in [4 KiB, 1 GiB], got ",

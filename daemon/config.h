@@ -24,8 +24,15 @@ namespace moesnap::daemon {
 
 // Who may talk to the daemon: its own uid, root, members of `group`, and `allowed_uids`.
 struct AccessOptions {
-  std::string group;  // owns the sockets (0660) and the pool files; empty: the daemon's own group
+  std::string group;  // owns the sockets (0660); empty: the daemon's own group
   std::vector<uid_t> allowed_uids;
+};
+
+// Crashes on purpose, for the crash tests. Only moesnapd-faults, the test build of the daemon, sets
+// them (from MOESNAP_CRASH_IN_JOURNAL_WRITE and MOESNAP_CRASH_IN_COMMIT); moesnapd never does.
+struct FaultInjection {
+  std::optional<int64_t> crash_in_journal_write;  // SIGKILL half-way through this journal write
+  std::optional<int64_t> crash_in_commit;  // as coordinator, SIGKILL right after deciding this step
 };
 
 struct DaemonOptions {
@@ -42,6 +49,7 @@ struct DaemonOptions {
   LogFormat log_format = LogFormat::kText;
   // Absent: a single node, no peers.
   std::optional<ClusterOptions> cluster;
+  FaultInjection faults;
 };
 
 absl::StatusOr<DaemonOptions> LoadDaemonOptions(const std::string& path);

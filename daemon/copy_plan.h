@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct CopyPlan {
   uint64_t space = 0;             // the reservation
 };
 
+inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return a > std::numeric_limits<uint64_t>::max() - b ? std::numeric_limits<uint64_t>::max() : a + b;
+}
+
 // The plan of `count` regions, in order: size_of(position) bytes each, copied and checksummed in
 // chunks of chunk_of(position) bytes; runs of small regions make parts of up to `part_bytes`.
 template <typename SizeOf, typename ChunkOf>
@@ -41,8 +46,10 @@ CopyPlan PlanCopy(size_t count, SizeOf size_of, ChunkOf chunk_of, uint64_t part_
     const uint64_t bytes = size_of(position);
     const uint64_t chunk_bytes = chunk_of(position);
     plan.offsets.push_back(plan.space);
-    plan.bytes += bytes;
-    plan.space += PoolReservation::SpaceFor(bytes);
+    // Sizes come from trainers: sums saturate, and a plan of more than the address space is
+    // refused by the pool like any other that does not fit.
+    plan.bytes = SaturatingAdd(plan.bytes, bytes);
+    plan.space = SaturatingAdd(plan.space, PoolReservation::SpaceFor(bytes));
     if (bytes > chunk_bytes) {
       plan.large.push_back(position);
       for (uint32_t chunk = 0; uint64_t{chunk} * chunk_bytes < bytes; ++chunk) {

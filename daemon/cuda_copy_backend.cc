@@ -2,6 +2,7 @@
 // handle is opened once and shared by every region inside it (PyTorch's caching allocator packs many
 // tensors into one cudaMalloc block, and a handle may be opened only once per process). Copies wait on
 // the trainer's IPC event on the daemon's own stream, then cudaMemcpyAsync into pinned pool memory.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -21,10 +22,46 @@ absl::Status CudaError(cudaError_t error, const std::string& what) {
                                           cudaGetErrorString(error), ")"));
 }
 
+// The size of the allocation starting at `base`, as the driver knows it (cuMemGetAddressRange,
+// reached through the runtime so that moesnapd does not link the driver library).
+absl::StatusOr<uint64_t> AllocationBytes(void* base) {
+  using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static GetAddressRange get_address_range = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t error = cudaGetDriverEntryPointByVersion(
+        "cuMemGetAddressRange", &function, 12000, cudaEnableDefault, &found);
+#elif CUDART_VERSION >= 12000
+    const cudaError_t error =
+        cudaGetDriverEntryPoint("cuMemGetAddressRange", &function, cudaEnableDefault, &found);
+#else
+    const cudaError_t error =
+        cudaGetDriverEntryPoint("cuMemGetAddressRange", &function, cudaEnableDefault);
+    found = cudaDriverEntryPointSuccess;
+#endif
+    return error == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<GetAddressRange>(function)
+               : nullptr;
+  }();
+  if (get_address_range == nullptr) {
+    return absl::InternalError("the CUDA driver has no cuMemGetAddressRange");
+  }
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  if (CUresult result = get_address_range(&start, &bytes, reinterpret_cast<CUdeviceptr>(base));
+      result != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuMemGetAddressRange failed (CUresult ", result, ")"));
+  }
+  // An IPC handle opens its allocation at the allocation's start.
+  return static_cast<uint64_t>(bytes - (reinterpret_cast<CUdeviceptr>(base) - start));
+}
+
 // One opened cudaIpcMemHandle_t; closed when the last region inside it is released.
 struct OpenedAllocation {
   int device = 0;
   void* base = nullptr;
+  uint64_t bytes = 0;  // of the allocation: every region inside it lies within
   ~OpenedAllocation() {
     if (base != nullptr && cudaSetDevice(device) == cudaSuccess) cudaIpcCloseMemHandle(base);
   }
@@ -115,7 +152,19 @@ class CudaCopyBackend : public CopyBackend {
         allocation->base = nullptr;
         return CudaError(error, absl::StrCat("region '", spec.name(), "': cudaIpcOpenMemHandle"));
       }
+      absl::StatusOr<uint64_t> bytes = AllocationBytes(allocation->base);
+      if (!bytes.ok()) {
+        return absl::Status(bytes.status().code(),
+                            absl::StrCat("region '", spec.name(), "': ", bytes.status().message()));
+      }
+      allocation->bytes = *bytes;
       allocations_[handle.cuda_memory_handle()] = allocation;
+    }
+    if (handle.cuda_offset() > allocation->bytes ||
+        spec.bytes() > allocation->bytes - handle.cuda_offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region '", spec.name(), "' is ", spec.bytes(), " bytes at offset ", handle.cuda_offset(),
+          " of its CUDA allocation, which holds only ", allocation->bytes, " bytes"));
     }
     std::shared_ptr<OpenedEvent> event;
     if (!handle.cuda_event_handle().empty()) {

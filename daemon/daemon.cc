@@ -1,10 +1,8 @@
 // Daemon::Start: the start-up sequence, with page-locking by the best backend available.
 #include "daemon/daemon.h"
 
-#include <cstdlib>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/log.h"
@@ -52,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   const bool journal_existed = SharedMemory::Exists(options.pool.name + ".journal");
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options.pool, policy->group());
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options.pool);
   if (!pool.ok()) return pool.status();
   daemon->pool_ = *std::move(pool);
   // A start that fails after creating a fresh pool removes it (and a journal it created), so a
@@ -85,15 +83,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   absl::StatusOr<std::unique_ptr<Journal>> journal =
-      Journal::OpenOrCreate(options.pool.name, options.pool.journal_bytes, policy->group());
+      Journal::OpenOrCreate(options.pool.name, options.pool.journal_bytes);
   if (!journal.ok()) return journal.status();
   daemon->journal_ = *std::move(journal);
-  if (const char* crash = std::getenv("MOESNAP_CRASH_IN_JOURNAL_WRITE")) {
-    int64_t sequence = 0;
-    if (absl::SimpleAtoi(crash, &sequence)) {
-      daemon->journal_->set_crash_in_write_for_testing(sequence);
-      Log(LogLevel::kWarning, "fault injection: SIGKILL during journal write ", sequence);
-    }
+  if (const std::optional<int64_t> sequence = options.faults.crash_in_journal_write) {
+    daemon->journal_->set_crash_in_write_for_testing(*sequence);
+    Log(LogLevel::kWarning, "fault injection: SIGKILL during journal write ", *sequence);
   }
 
   absl::StatusOr<std::unique_ptr<Store>> store =
@@ -119,13 +114,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                        daemon->upstream_log_.get(), daemon->durable_directory_.get());
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
-    if (const char* crash = std::getenv("MOESNAP_CRASH_IN_COMMIT")) {
-      int64_t step = 0;
-      if (absl::SimpleAtoi(crash, &step)) {
-        daemon->cluster_->set_crash_in_commit_for_testing(step);
-        Log(LogLevel::kWarning, "fault injection: as coordinator, SIGKILL right after deciding ",
-            "step ", step, " or the first step committed after it");
-      }
+    if (const std::optional<int64_t> step = options.faults.crash_in_commit) {
+      daemon->cluster_->set_crash_in_commit_for_testing(*step);
+      Log(LogLevel::kWarning, "fault injection: as coordinator, SIGKILL right after deciding ",
+          "step ", *step, " or the first step committed after it");
     }
   }
 
@@ -152,10 +144,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   const std::string memory_socket = options.agent_socket + memory_handoff::kSocketSuffix;
   daemon->agent_service_ = std::make_unique<AgentService>(
       daemon->store_.get(), daemon->sessions_.get(), daemon->upstream_log_.get(),
-      daemon->cluster_.get(), daemon->tiers_.get(),
+      daemon->cluster_.get(), daemon->tiers_.get(), &daemon->connection_peers_,
       NodeFacts{options.node_id, memory_socket, daemon->device_backend_ != nullptr});
-  daemon->memory_handoff_ =
-      std::make_unique<MemoryHandoff>(daemon->sessions_.get(), daemon->store_.get());
+  absl::StatusOr<std::vector<FileIdentity>> own_files = IdentifyFiles(
+      {"/dev/shm/" + daemon->pool_->file_name(), "/dev/shm/" + options.pool.name + ".journal"});
+  if (!own_files.ok()) return own_files.status();
+  daemon->memory_handoff_ = std::make_unique<MemoryHandoff>(
+      daemon->sessions_.get(), daemon->store_.get(), *std::move(own_files));
   daemon->admin_service_ =
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
                                      daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
@@ -164,7 +159,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       {{.path = options.agent_socket, .service = daemon->agent_service_.get()},
        {.path = memory_socket, .handler = daemon->memory_handoff_.get()},
        {.path = options.admin_socket, .service = daemon->admin_service_.get()}},
-      *std::move(policy));
+      *std::move(policy), &daemon->connection_peers_);
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);
 

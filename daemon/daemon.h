@@ -43,6 +43,7 @@ class Daemon {
   Daemon() = default;
 
   std::unique_ptr<TrainerSessions> sessions_;  // before the host backend, which reads it
+  ConnectionPeers connection_peers_;            // filled by server_, read by agent_service_
   std::unique_ptr<CopyBackend> host_backend_;
   std::unique_ptr<CopyBackend> device_backend_;
   std::unique_ptr<Pool> pool_;

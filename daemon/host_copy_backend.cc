@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/bus_error_guard.h"
 #include "daemon/copy_backend.h"
 #include "erasure/crc32c.h"
 
@@ -16,22 +17,39 @@ namespace {
 
 constexpr uint64_t kPieceBytes = 256 * 1024;
 
+// A trainer shrank its file under the copy (a page past its end raised SIGBUS).
+absl::Status TruncatedError(uint32_t rank, uint64_t memory, uint64_t offset) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "memory ", memory, " of rank ", rank, " was truncated under the copy (bus error near byte ",
+      offset, " of the file): a trainer keeps shared files at their size while regions in them are "
+      "registered"));
+}
+
 class HostRegionSource : public RegionSource {
  public:
-  HostRegionSource(std::shared_ptr<TrainerMemory> memory, uint64_t offset, uint64_t bytes)
-      : memory_(std::move(memory)), offset_(offset), bytes_(bytes) {}
+  HostRegionSource(std::shared_ptr<TrainerMemory> memory, uint32_t rank, uint64_t id,
+                   uint64_t offset, uint64_t bytes)
+      : memory_(std::move(memory)), rank_(rank), id_(id), offset_(offset), bytes_(bytes) {}
   uint64_t bytes() const override { return bytes_; }
   uint8_t* data() const { return memory_->data() + offset_; }
+  // The error of a copy that found the file shrunk, `position` bytes into the region.
+  absl::Status Truncated(uint64_t position) const {
+    return TruncatedError(rank_, id_, offset_ + position);
+  }
 
  private:
   std::shared_ptr<TrainerMemory> memory_;
+  uint32_t rank_;
+  uint64_t id_;
   uint64_t offset_;
   uint64_t bytes_;
 };
 
 class HostCopyBackend : public CopyBackend {
  public:
-  explicit HostCopyBackend(const TrainerSessions* sessions) : sessions_(sessions) {}
+  explicit HostCopyBackend(const TrainerSessions* sessions) : sessions_(sessions) {
+    InstallBusErrorGuard();
+  }
 
   std::string name() const override { return "host"; }
   bool supports_device_memory() const override { return false; }
@@ -64,15 +82,19 @@ class HostCopyBackend : public CopyBackend {
           " but memory ", spec.handle().memory(), " of rank ", rank, " holds only ",
           (*memory)->bytes()));
     }
-    return std::make_shared<HostRegionSource>(*std::move(memory), offset, spec.bytes());
+    return std::make_shared<HostRegionSource>(*std::move(memory), rank, spec.handle().memory(),
+                                              offset, spec.bytes());
   }
 
   absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
                                    uint64_t bytes, uint32_t crc) override {
-    const uint8_t* origin = static_cast<HostRegionSource&>(source).data() + offset;
+    const auto& region = static_cast<HostRegionSource&>(source);
+    const uint8_t* origin = region.data() + offset;
     for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
       const uint64_t piece = std::min(kPieceBytes, bytes - done);
-      std::memcpy(destination + done, origin + done, piece);
+      if (!GuardedCopy(destination + done, origin + done, piece)) {
+        return region.Truncated(offset + done);
+      }
       crc = erasure::Crc32cExtend(crc, destination + done, piece);
     }
     return crc;
@@ -80,11 +102,14 @@ class HostCopyBackend : public CopyBackend {
 
   absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
                                   uint64_t bytes, uint32_t crc) override {
-    uint8_t* destination = static_cast<HostRegionSource&>(source).data() + offset;
+    const auto& region = static_cast<HostRegionSource&>(source);
+    uint8_t* destination = region.data() + offset;
     for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
       const uint64_t piece = std::min(kPieceBytes, bytes - done);
       crc = erasure::Crc32cExtend(crc, origin + done, piece);
-      std::memcpy(destination + done, origin + done, piece);
+      if (!GuardedCopy(destination + done, origin + done, piece)) {
+        return region.Truncated(offset + done);
+      }
     }
     return crc;
   }

@@ -37,8 +37,7 @@ uint32_t SlotCrc(const SlotHeader& header, const uint8_t* payload) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Journal>> Journal::OpenOrCreate(const std::string& pool_name,
-                                                               uint64_t bytes,
-                                                               std::optional<gid_t> group) {
+                                                               uint64_t bytes) {
   if (bytes < kMinimumBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool.journal_bytes must be at least ", kMinimumBytes, ", got ", bytes));
@@ -46,7 +45,7 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::OpenOrCreate(const std::string
   const std::string name = pool_name + ".journal";
   absl::StatusOr<SharedMemory> memory = SharedMemory::Open(name, /*writable=*/true);
   if (absl::IsNotFound(memory.status())) {
-    memory = SharedMemory::Create(name, bytes, {.group = group, .reserve = true});
+    memory = SharedMemory::Create(name, bytes, {.reserve = true});
   }
   if (!memory.ok()) return memory.status();
   std::unique_ptr<Journal> journal(new Journal(*std::move(memory)));

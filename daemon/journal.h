@@ -25,10 +25,9 @@ class Journal {
   // Two slots of 32 KiB at least: below that no real state fits.
   static constexpr uint64_t kMinimumBytes = 64 * 1024;
 
-  // Maps /dev/shm/<pool_name>.journal, creating it with `bytes` bytes if absent.
+  // Maps /dev/shm/<pool_name>.journal, creating it with `bytes` bytes (mode 0600) if absent.
   static absl::StatusOr<std::unique_ptr<Journal>> OpenOrCreate(const std::string& pool_name,
-                                                               uint64_t bytes,
-                                                               std::optional<gid_t> group);
+                                                               uint64_t bytes);
 
   // The newest intact state (empty when the journal is new), and its sequence number.
   const v1::JournalState& recovered_state() const { return recovered_; }

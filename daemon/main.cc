@@ -1,14 +1,35 @@
-// moesnapd: parse flags, load the config, start the daemon, serve until SIGTERM or SIGINT.
+// moesnapd: parse flags, load the config, start the daemon, serve until SIGTERM or SIGINT. Built a
+// second time as moesnapd-faults (MOESNAP_FAULT_INJECTION) for the crash tests, which alone reads
+// the MOESNAP_CRASH_* variables: a production daemon cannot be told to kill itself.
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/numbers.h"
 #include "common/log.h"
 #include "common/version.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+
+#ifdef MOESNAP_FAULT_INJECTION
+// The crashes the environment asks for.
+moesnap::daemon::FaultInjection FaultsFromEnvironment() {
+  moesnap::daemon::FaultInjection faults;
+  int64_t value = 0;
+  if (const char* text = std::getenv("MOESNAP_CRASH_IN_JOURNAL_WRITE");
+      text != nullptr && absl::SimpleAtoi(text, &value)) {
+    faults.crash_in_journal_write = value;
+  }
+  if (const char* text = std::getenv("MOESNAP_CRASH_IN_COMMIT");
+      text != nullptr && absl::SimpleAtoi(text, &value)) {
+    faults.crash_in_commit = value;
+  }
+  return faults;
+}
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"moesnapd: keeps the training state of this node's ranks in memory"};
@@ -56,6 +77,9 @@ int main(int argc, char** argv) {
     std::printf("%s: valid\n", config_path.c_str());
     return 0;
   }
+#ifdef MOESNAP_FAULT_INJECTION
+  options->faults = FaultsFromEnvironment();
+#endif
   moesnap::ConfigureLog(options->log_level, options->log_format, options->node_id);
   absl::StatusOr<std::unique_ptr<moesnap::daemon::Daemon>> daemon =
       moesnap::daemon::Daemon::Start(*options);

@@ -33,8 +33,9 @@ bool Answer(int fd, const absl::Status& status, uint64_t first_id) {
 
 }  // namespace
 
-MemoryHandoff::MemoryHandoff(TrainerSessions* sessions, Store* store)
-    : sessions_(sessions), store_(store) {
+MemoryHandoff::MemoryHandoff(TrainerSessions* sessions, Store* store,
+                             std::vector<FileIdentity> own_files)
+    : sessions_(sessions), store_(store), own_files_(std::move(own_files)) {
   if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
     Log(LogLevel::kError, "memory handoff: pipe(): ", std::strerror(errno));
   }
@@ -141,7 +142,7 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
     refused = absl::InvalidArgumentError(absl::StrCat(
         "malformed memory handoff request (", received, " bytes, at most ",
         wire::kMaxFilesPerRequest, " files per request)"));
-  } else if (request.files == 0 || request.files != files.size()) {
+  } else if (request.files != files.size()) {
     refused = absl::InvalidArgumentError(absl::StrCat("the request announces ", request.files,
                                                       " files but carries ", files.size()));
   } else if (!connection.token.empty() && connection.token != token) {
@@ -158,7 +159,8 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
   std::vector<std::shared_ptr<TrainerMemory>> mapped;
   absl::Status status;
   for (size_t i = 0; i < files.size() && status.ok(); ++i) {
-    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(files[i]);
+    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
+        TrainerMemory::Map(files[i], connection.peer.uid, own_files_);
     if (memory.ok()) {
       mapped.push_back(*std::move(memory));
     } else {

@@ -27,7 +27,8 @@ class MemoryHandoff : public ConnectionHandler {
   // Connections beyond this are closed at once.
   static constexpr size_t kMaxConnections = 4096;
 
-  MemoryHandoff(TrainerSessions* sessions, Store* store);
+  // Files in `own_files` (the daemon's pool and journal) are refused, whoever hands them over.
+  MemoryHandoff(TrainerSessions* sessions, Store* store, std::vector<FileIdentity> own_files);
   ~MemoryHandoff() override;  // closes every connection (sessions are not ended: the daemon stops)
 
   void Adopt(int connection, const ucred& peer) override;
@@ -45,6 +46,7 @@ class MemoryHandoff : public ConnectionHandler {
 
   TrainerSessions* const sessions_;
   Store* const store_;
+  const std::vector<FileIdentity> own_files_;
   int wake_pipe_[2] = {-1, -1};
   absl::Mutex mutex_;
   std::vector<std::pair<int, ucred>> adopted_ ABSL_GUARDED_BY(mutex_);

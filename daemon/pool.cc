@@ -63,8 +63,7 @@ Pool::Pool(SharedMemory memory, bool reattached, int lock_fd)
     : memory_(std::move(memory)), reattached_(reattached), lock_fd_(lock_fd),
       allocator_(memory_.size()) {}
 
-absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& options,
-                                                         std::optional<gid_t> group) {
+absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& options) {
   if (options.bytes < kPageBytes || options.bytes % kPageBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat("pool.bytes must be a positive multiple of ",
                                                    kPageBytes, ", got ", options.bytes));
@@ -80,11 +79,11 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::OpenOrCreate(const PoolOptions& opti
         "the snapshots in them) to change its size"));
   }
   if (absl::IsNotFound(memory.status())) {
-    memory = SharedMemory::Create(name, options.bytes, {.group = group, .reserve = true});
+    memory = SharedMemory::Create(name, options.bytes, {.reserve = true});
   }
   if (!memory.ok()) return memory.status();
   const std::string path = absl::StrCat("/dev/shm/", name);
-  const int lock_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int lock_fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     if (lock_fd >= 0) close(lock_fd);
@@ -180,7 +179,9 @@ void PoolReservation::ForEachRange(uint64_t offset, uint64_t length, Visit visit
 }
 
 uint64_t PoolReservation::SpaceFor(uint64_t bytes) {
-  return *ExtentAllocator::RoundUp(bytes, std::numeric_limits<uint64_t>::max());
+  // Beyond any pool when rounding would wrap: the reservation is refused.
+  return ExtentAllocator::RoundUp(bytes, std::numeric_limits<uint64_t>::max())
+      .value_or(std::numeric_limits<uint64_t>::max());
 }
 
 std::shared_ptr<PoolBytes> PoolReservation::Take(uint64_t offset, uint64_t bytes) const {

@@ -116,7 +116,8 @@ class PoolReservation {
   PoolReservation(const PoolReservation&) = delete;
   PoolReservation& operator=(const PoolReservation&) = delete;
 
-  // The space a version of `bytes` bytes takes: the pool's alignment.
+  // The space a version of `bytes` bytes takes: rounded up to the pool's alignment (the largest
+  // uint64_t when that would wrap, which no pool holds).
   static uint64_t SpaceFor(uint64_t bytes);
   uint64_t bytes() const { return bytes_; }
   // [offset, offset + SpaceFor(bytes)) of the reservation as a byte string of `bytes` bytes.
@@ -145,12 +146,11 @@ class Pool {
   // The pool file's size is a whole number of pages.
   static constexpr uint64_t kPageBytes = 4096;
 
-  // Maps /dev/shm/<name>.data, creating it (mode 0600, or 0660 for `group`) if absent. An existing
+  // Maps /dev/shm/<name>.data, creating it (mode 0600: private to the daemon's user) if absent. An existing
   // file of another size is an error naming both sizes: a pool is never silently resized.
   // The pool is locked (flock) for this process's lifetime: a second daemon on the same pool is
   // refused, and the kernel drops the lock when this one dies, however it dies.
-  static absl::StatusOr<std::unique_ptr<Pool>> OpenOrCreate(const PoolOptions& options,
-                                                            std::optional<gid_t> group);
+  static absl::StatusOr<std::unique_ptr<Pool>> OpenOrCreate(const PoolOptions& options);
   ~Pool();
 
   // Hands out `bytes` in one extent (rounded up to ExtentAllocator::kAlignment), for buffers that

@@ -7,6 +7,7 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/memory_handoff_wire.h"
 #include "common/metrics.h"
 #include "daemon/progress.h"
 
@@ -40,11 +41,38 @@ absl::Status AgentService::WaitRestorable(absl::Time deadline) const {
   return cluster_ != nullptr ? cluster_->WaitRestorable(deadline) : absl::OkStatus();
 }
 
-grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* request,
+absl::Status AgentService::CheckRank(const grpc::ServerContext& context, uint32_t rank) const {
+  const auto& metadata = context.client_metadata();
+  auto presented = metadata.find(memory_handoff::kSessionMetadataKey);
+  if (presented == metadata.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call for rank ", rank, " without a session: a trainer calls Hello first and presents "
+        "the session it returned (metadata ", memory_handoff::kSessionMetadataKey,
+        ") on every later call"));
+  }
+  absl::StatusOr<uint32_t> bound =
+      sessions_->RankOf(std::string(presented->second.data(), presented->second.size()));
+  if (!bound.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("a call for rank ", rank, ": ",
+                                                    bound.status().message()));
+  }
+  if (*bound != rank) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call for rank ", rank, " from the session of rank ", *bound,
+        " (bound at its Hello): a trainer acts for its own rank only"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status AgentService::Hello(grpc::ServerContext* context, const v1::HelloRequest* request,
                                  v1::HelloResponse* response) {
-  const TrainerSessions::Session session = sessions_->Start(request->rank());
-  store_->StartSession(request->rank(), session.number);
-  response->set_session(session.token);
+  absl::StatusOr<ucred> caller = peers_->Of(*context);
+  if (!caller.ok()) return ToGrpcStatus(absl::PermissionDeniedError(caller.status().message()));
+  absl::StatusOr<TrainerSessions::Session> session =
+      sessions_->Start(request->rank(), {.uid = caller->uid, .pid = caller->pid});
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  store_->StartSession(request->rank(), session->number);
+  response->set_session(session->token);
   response->set_memory_socket(facts_.memory_socket);
   response->set_node_id(facts_.node_id);
   response->set_pool_bytes(store_->Status().pool_bytes());
@@ -57,15 +85,21 @@ grpc::Status AgentService::Hello(grpc::ServerContext*, const v1::HelloRequest* r
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::RegisterRegions(grpc::ServerContext*,
+grpc::Status AgentService::RegisterRegions(grpc::ServerContext* context,
                                            const v1::RegisterRegionsRequest* request,
                                            v1::RegisterRegionsResponse*) {
+  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   std::vector<v1::RegionSpec> regions(request->regions().begin(), request->regions().end());
   return ToGrpcStatus(store_->RegisterRegions(request->rank(), regions));
 }
 
-grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* request,
+grpc::Status AgentService::Snapshot(grpc::ServerContext* context, const v1::SnapshotRequest* request,
                                     v1::SnapshotResponse* response) {
+  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
@@ -80,6 +114,9 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequ
 
 grpc::Status AgentService::WaitCaptured(grpc::ServerContext* context, const v1::WaitRequest* request,
                                         v1::WaitResponse* response) {
+  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   absl::StatusOr<v1::StepState> state = store_->WaitCaptured(
       request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
   if (!state.ok()) return ToGrpcStatus(state.status());
@@ -90,6 +127,9 @@ grpc::Status AgentService::WaitCaptured(grpc::ServerContext* context, const v1::
 grpc::Status AgentService::WaitCommitted(grpc::ServerContext* context,
                                          const v1::WaitRequest* request,
                                          v1::WaitResponse* response) {
+  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   absl::StatusOr<v1::StepState> state = store_->WaitCommitted(
       request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
   if (!state.ok()) return ToGrpcStatus(state.status());
@@ -99,6 +139,9 @@ grpc::Status AgentService::WaitCommitted(grpc::ServerContext* context,
 
 grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
                                    v1::RestoreResponse* response) {
+  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   std::optional<int64_t> step;
   if (request->has_step()) step = request->step();
   absl::StatusOr<v1::RestoreResponse> restored;
@@ -126,6 +169,9 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
 grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
                                            const v1::LatestCommittedRequest* request,
                                            v1::LatestCommittedResponse* response) {
+  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   // A replacement node answers once its rebuild has brought back what the group committed; with
   // the committed state gone from memory, from the durable tier.
   absl::StatusOr<v1::LatestCommittedResponse> latest =
@@ -135,8 +181,11 @@ grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::AppendLog(grpc::ServerContext*, const v1::AppendLogRequest* request,
+grpc::Status AgentService::AppendLog(grpc::ServerContext* context, const v1::AppendLogRequest* request,
                                      v1::AppendLogResponse* response) {
+  if (absl::Status bound = CheckRank(*context, request->record().rank()); !bound.ok()) {
+    return ToGrpcStatus(bound);
+  }
   absl::StatusOr<v1::AppendLogResponse> appended =
       log_->Append(request->record());
   if (!appended.ok()) return ToGrpcStatus(appended.status());
@@ -244,6 +293,11 @@ grpc::Status AdminService::DropStep(grpc::ServerContext*, const v1::DropStepRequ
   if (!dropped.ok()) return ToGrpcStatus(dropped.status());
   *response = *std::move(dropped);
   return grpc::Status::OK;
+}
+
+grpc::Status AdminService::DropRank(grpc::ServerContext*, const v1::DropRankRequest* request,
+                                    v1::DropRankResponse*) {
+  return ToGrpcStatus(store_->DropRank(request->rank()));
 }
 
 }  // namespace moesnap::daemon

@@ -11,6 +11,7 @@
 #include "daemon/durable/restore_tiers.h"
 #include "daemon/store.h"
 #include "daemon/trainer_memory.h"
+#include "daemon/unix_server.h"
 #include "daemon/upstream_log.h"
 #include "proto/moesnap.grpc.pb.h"
 
@@ -25,11 +26,12 @@ struct NodeFacts {
 
 class AgentService final : public v1::Agent::Service {
  public:
-  // `cluster` is null on a single node. LatestCommitted and Restore go through `tiers`.
+  // `cluster` is null on a single node. LatestCommitted and Restore go through `tiers`. `peers`
+  // tells who called Hello.
   AgentService(Store* store, TrainerSessions* sessions, UpstreamLog* log, Cluster* cluster,
-               durable::RestoreTiers* tiers, NodeFacts facts)
+               durable::RestoreTiers* tiers, const ConnectionPeers* peers, NodeFacts facts)
       : store_(store), sessions_(sessions), log_(log), cluster_(cluster), tiers_(tiers),
-        facts_(std::move(facts)) {}
+        peers_(peers), facts_(std::move(facts)) {}
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
   grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
@@ -52,12 +54,16 @@ class AgentService final : public v1::Agent::Service {
   // OK once this node holds its share of what was committed (a cluster's replacement may still be
   // rebuilding it); always OK on a single node.
   absl::Status WaitRestorable(absl::Time deadline) const;
+  // OK when the call presents a current session bound to `rank` at its Hello; PERMISSION_DENIED
+  // naming both ranks when it is bound to another, or when the call presents no current session.
+  absl::Status CheckRank(const grpc::ServerContext& context, uint32_t rank) const;
 
   Store* store_;
   TrainerSessions* sessions_;
   UpstreamLog* log_;
   Cluster* cluster_;
   durable::RestoreTiers* tiers_;
+  const ConnectionPeers* peers_;
   NodeFacts facts_;
 };
 
@@ -79,6 +85,8 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
   grpc::Status DropStep(grpc::ServerContext*, const v1::DropStepRequest*,
                         v1::DropStepResponse*) override;
+  grpc::Status DropRank(grpc::ServerContext*, const v1::DropRankRequest*,
+                        v1::DropRankResponse*) override;
   grpc::Status ClusterStatus(grpc::ServerContext*, const v1::ClusterStatusRequest*,
                              v1::ClusterStatusResponse*) override;
   grpc::Status Rebuild(grpc::ServerContext*, const v1::RebuildRequest*,

@@ -14,6 +14,7 @@
 #include "common/shared_memory.h"
 #include "daemon/copy_plan.h"
 #include "daemon/progress.h"
+#include "daemon/region_limits.h"
 #include "erasure/crc32c.h"
 #include "proto/step_state_name.h"
 
@@ -287,6 +288,7 @@ CopyBackend* Store::BackendFor(v1::Device device) const {
 }
 
 void Store::StartSession(uint32_t rank, uint64_t session) {
+  activity_.Active(rank);
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   rank_state.session = session;
@@ -299,6 +301,7 @@ void Store::EndSession(uint32_t rank, uint64_t session) {
   absl::MutexLock lock(&mutex_);
   auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.session != session) return;  // a newer process took over
+  activity_.Gone(rank);
   // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
   it->second.regions = RegionTable::None();
   it->second.restarting = false;
@@ -309,10 +312,7 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
   // Open everything first, outside the lock: a bad region fails the call without changing anything.
   std::map<std::string, RegionTable::Region> opened;
   for (const v1::RegionSpec& spec : regions) {
-    if (spec.name().empty()) return absl::InvalidArgumentError("a region needs a name");
-    if (spec.bytes() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("region '", spec.name(), "' has 0 bytes"));
-    }
+    if (absl::Status valid = CheckRegionSpec(spec); !valid.ok()) return valid;
     CopyBackend* backend = BackendFor(spec.device());
     if (backend == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -322,6 +322,7 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     if (!source.ok()) return source.status();
     opened[spec.name()] = {spec, *std::move(source), backend};
   }
+  activity_.Active(rank);
   // The rank's next table is made outside the lock too; a registration that raced with this one
   // (or a new session) makes it start again from the table that won.
   while (true) {
@@ -345,6 +346,7 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
 absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step,
                                                      const std::vector<std::string>& regions,
                                                      const std::optional<v1::SparseSlot>& sparse) {
+  activity_.Active(rank);
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   const std::shared_ptr<const RegionTable> table = rank_state.regions;
@@ -1137,6 +1139,11 @@ v1::StatusResponse Store::Status() const {
   status.set_steps_superseded(steps_superseded_);
   status.set_snapshots_skipped(snapshots_skipped_);
   status.set_last_skip(last_skip_);
+  for (const auto& [rank, reason] : activity_.Dropped()) {
+    v1::DroppedRank* dropped = status.add_dropped_ranks();
+    dropped->set_rank(rank);
+    dropped->set_reason(reason);
+  }
   return status;
 }
 
@@ -1289,6 +1296,8 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
 absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
   std::vector<uint32_t> waiting;
   for (const auto& [rank, rank_state] : ranks_) {
+    // Left out (idle, or dropped by an operator): the step commits without it.
+    if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
     auto it = rank_state.steps.find(step);
     if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED) {
       return absl::Status(it->second.failure.code(),
@@ -1328,11 +1337,29 @@ absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> afte
         return step;
       }
     }
-    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+    if (WaitStepChanged(deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no step after ", after ? absl::StrCat(*after) : "none", " is captured on this node"));
     }
   }
+}
+
+bool Store::WaitStepChanged(absl::Time deadline) {
+  const absl::Time idle_at = activity_.NextIdleAt().value_or(absl::InfiniteFuture());
+  step_changed_.WaitWithDeadline(&mutex_, std::min(deadline, idle_at));
+  return absl::Now() >= deadline;
+}
+
+absl::Status Store::DropRank(uint32_t rank) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || (it->second.regions->regions.empty() && !it->second.restarting)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " has no trainer registered on this node: nothing to drop"));
+  }
+  activity_.Drop(rank);
+  step_changed_.SignalAll();
+  return absl::OkStatus();
 }
 
 std::optional<int64_t> Store::PreparedStepOf(const RankState& rank_state) const {
@@ -1349,7 +1376,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     absl::StatusOr<bool> captured = NodeCaptured(step);
     if (!captured.ok()) return captured.status();
     if (*captured) break;
-    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+    if (WaitStepChanged(deadline)) {
       const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
       return absl::DeadlineExceededError(absl::StrCat(
           "step ", step, " is not captured on this node: ranks [", absl::StrJoin(waiting, ", "),

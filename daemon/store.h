@@ -25,6 +25,7 @@
 #include "daemon/journal.h"
 #include "daemon/node_image.h"
 #include "daemon/pool.h"
+#include "daemon/rank_activity.h"
 #include "daemon/worker_pool.h"
 #include "proto/moesnap.pb.h"
 
@@ -37,6 +38,9 @@ struct CaptureOptions {
   // holds): a further snapshot is skipped (answered, counted, never an error) until one commits.
   // A sparse window's slots are bounded by the window instead.
   int max_in_flight_steps = 0;
+  // In a cluster, a rank whose trainer has not snapshotted for this long is left out of the node's
+  // steps until it does (RankActivity); zero: never.
+  absl::Duration idle_rank_timeout = absl::Minutes(10);
 };
 
 // The copy backends the store may use; `device` is null when no GPU backend is available.
@@ -140,6 +144,9 @@ class Store final : public ClusterStore, public DurableStore {
   v1::InspectStepResponse InspectStep(int64_t step, std::optional<uint32_t> rank) const;
   v1::VerifyResponse Verify(std::optional<int64_t> step) const override;
   absl::StatusOr<v1::DropStepResponse> DropStep(int64_t step, std::optional<uint32_t> rank);
+  // Leaves `rank` out of the node's steps until its next Snapshot (moesnapctl drop-rank):
+  // FAILED_PRECONDITION when no trainer of it is registered on this node.
+  absl::Status DropRank(uint32_t rank);
 
  private:
   struct Version;
@@ -219,6 +226,8 @@ class Store final : public ClusterStore, public DurableStore {
   NodeImage CommittedImageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Tells the commit observer when the node's committed step moved past `notified_step_`.
   void NotifyCommitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Waits until a step changes or a rank turns idle; true once `deadline` passed.
+  bool WaitStepChanged(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
                                         absl::Time deadline, const std::function<bool()>& cancelled);
 
@@ -228,6 +237,7 @@ class Store final : public ClusterStore, public DurableStore {
   const CaptureOptions options_;
   const CommitMode mode_;
   const absl::Time started_ = absl::Now();
+  mutable RankActivity activity_{options_.idle_rank_timeout};
 
   mutable absl::Mutex mutex_;
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);

@@ -18,6 +18,8 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/server_posix.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -46,7 +48,8 @@ bool SomeoneListens(const sockaddr_un& address, int type) {
   return connected;
 }
 
-absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> group, int type) {
+absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> group, mode_t mode,
+                               int type) {
   absl::StatusOr<sockaddr_un> address = SocketAddress(path);
   if (!address.ok()) return address.status();
   struct stat info {};
@@ -73,7 +76,7 @@ absl::StatusOr<int> BindSocket(const std::string& path, std::optional<gid_t> gro
                                                std::strerror(bind_error)));
   }
   if ((group && chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) ||
-      chmod(path.c_str(), 0660) != 0 || listen(fd, 128) != 0) {
+      chmod(path.c_str(), mode) != 0 || listen(fd, 128) != 0) {
     const int error = errno;
     close(fd);
     unlink(path.c_str());
@@ -103,6 +106,21 @@ class RefusalService : public grpc::CallbackGenericService {
 };
 
 }  // namespace
+
+void ConnectionPeers::Record(int fd, const ucred& peer) {
+  absl::MutexLock lock(&mutex_);
+  by_fd_[fd] = peer;
+}
+
+absl::StatusOr<ucred> ConnectionPeers::Of(const grpc::ServerContext& context) const {
+  const std::string peer = context.peer();
+  int fd = -1;
+  if (absl::StartsWith(peer, "fd:") && absl::SimpleAtoi(peer.substr(3), &fd)) {
+    absl::MutexLock lock(&mutex_);
+    if (auto found = by_fd_.find(fd); found != by_fd_.end()) return found->second;
+  }
+  return absl::NotFoundError(absl::StrCat("cannot tell who is calling from '", peer, "'"));
+}
 
 absl::StatusOr<AccessPolicy> AccessPolicy::FromOptions(const AccessOptions& options) {
   AccessPolicy policy;
@@ -145,11 +163,16 @@ std::string AccessPolicy::Describe() const {
 }
 
 absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<Endpoint>& endpoints,
-                                                              AccessPolicy policy) {
+                                                              AccessPolicy policy,
+                                                              ConnectionPeers* peers) {
   std::unique_ptr<UnixServer> server(new UnixServer());
   server->policy_ = std::move(policy);
+  server->peers_ = peers;
+  // Listed uids are admitted by the credential check, whatever their groups: the file's mode must
+  // not refuse them first.
+  const mode_t mode = server->policy_.lists_uids() ? 0666 : 0660;
   for (const Endpoint& endpoint : endpoints) {
-    absl::StatusOr<int> fd = BindSocket(endpoint.path, server->policy_.group(),
+    absl::StatusOr<int> fd = BindSocket(endpoint.path, server->policy_.group(), mode,
                                         endpoint.handler ? SOCK_SEQPACKET : SOCK_STREAM);
     if (!fd.ok()) return fd.status();  // the destructor closes and removes what was bound
     server->listeners_.push_back(*fd);
@@ -164,21 +187,27 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<
   // server, off again for the refusing one (which answers every call, a health check too, with
   // PERMISSION_DENIED).
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  bool built = true;
   for (const Endpoint& endpoint : endpoints) {
-    if (endpoint.service != nullptr) builder.RegisterService(endpoint.service);
+    if (endpoint.service == nullptr) {
+      server->servers_.push_back(nullptr);
+      continue;
+    }
+    grpc::ServerBuilder builder;
+    builder.SetMaxReceiveMessageSize(64 << 20);
+    builder.RegisterService(endpoint.service);
+    server->servers_.push_back(builder.BuildAndStart());
+    built = built && server->servers_.back() != nullptr;
   }
-  server->server_ = builder.BuildAndStart();
   grpc::EnableDefaultHealthCheckService(false);
-  if (server->server_ != nullptr) server->SetServing(false);
+  if (built) server->SetServing(false);
   server->refusal_service_ = std::make_unique<RefusalService>(absl::StrCat(
       "permission denied: this moesnapd accepts ", server->policy_.Describe(),
       "; ask the operator to add your user to the group or to access.allowed_uids"));
   grpc::ServerBuilder refusal_builder;
   refusal_builder.RegisterCallbackGenericService(server->refusal_service_.get());
   server->refusal_server_ = refusal_builder.BuildAndStart();
-  if (server->server_ == nullptr || server->refusal_server_ == nullptr) {
+  if (!built || server->refusal_server_ == nullptr) {
     return absl::InternalError("cannot start the gRPC servers");
   }
   server->accept_thread_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
@@ -186,27 +215,47 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<
 }
 
 void UnixServer::SetServing(bool serving) {
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus(serving);
+  for (const std::unique_ptr<grpc::Server>& server : servers_) {
+    if (server == nullptr) continue;
+    if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+      health->SetServingStatus(serving);
+    }
   }
 }
 
 void UnixServer::AcceptLoop() {
+  // Out of descriptors or memory, accept fails while the connection stays queued and the listener
+  // stays readable: the listeners then rest for kRestMs instead of spinning the loop.
+  constexpr int kRestMs = 100;
   std::vector<pollfd> watched;
   for (int fd : listeners_) watched.push_back({fd, POLLIN, 0});
   watched.push_back({wake_pipe_[0], POLLIN, 0});
+  bool resting = false;
+  bool warned = false;  // about the exhaustion that lasts now
   while (true) {
-    if (poll(watched.data(), watched.size(), -1) < 0) {
+    for (size_t i = 0; i + 1 < watched.size(); ++i) watched[i].events = resting ? 0 : POLLIN;
+    if (poll(watched.data(), watched.size(), resting ? kRestMs : -1) < 0) {
       if (errno == EINTR) continue;
       Log(LogLevel::kError, "poll on the daemon sockets failed: ", std::strerror(errno));
       return;
     }
     if (watched.back().revents != 0) return;  // stopping
-    for (size_t i = 0; i + 1 < watched.size(); ++i) {
+    resting = false;
+    for (size_t i = 0; i + 1 < watched.size() && !resting; ++i) {
       if ((watched[i].revents & POLLIN) == 0) continue;
       // gRPC drives the connection from its own poller, which needs a non-blocking socket.
       const int connection = accept4(watched[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (connection < 0) continue;
+      if (connection < 0) {
+        const int error = errno;
+        resting = error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM;
+        if (resting && !warned) {
+          Log(LogLevel::kWarning, "cannot accept connections on ", paths_[i], ": ",
+              std::strerror(error), "; retrying every ", kRestMs, " ms");
+          warned = true;
+        }
+        continue;
+      }
+      warned = false;
       ucred peer{};
       socklen_t length = sizeof(peer);
       if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
@@ -224,8 +273,11 @@ void UnixServer::AcceptLoop() {
         } else {
           close(connection);
         }
+      } else if (allowed) {
+        if (peers_ != nullptr) peers_->Record(connection, peer);
+        grpc::AddInsecureChannelFromFd(servers_[i].get(), connection);
       } else {
-        grpc::AddInsecureChannelFromFd(allowed ? server_.get() : refusal_server_.get(), connection);
+        grpc::AddInsecureChannelFromFd(refusal_server_.get(), connection);
       }
     }
   }
@@ -243,7 +295,9 @@ UnixServer::~UnixServer() {
     if (fd >= 0) close(fd);
   }
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
-  if (server_) server_->Shutdown(deadline);
+  for (const std::unique_ptr<grpc::Server>& server : servers_) {
+    if (server) server->Shutdown(deadline);
+  }
   if (refusal_server_) refusal_server_->Shutdown(deadline);
 }
 

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,7 +19,9 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 
 namespace moesnap::daemon {
@@ -29,12 +32,29 @@ class AccessPolicy {
   static absl::StatusOr<AccessPolicy> FromOptions(const AccessOptions& options);
   bool Allows(uid_t uid, gid_t gid) const;
   std::optional<gid_t> group() const { return group_; }
+  bool lists_uids() const { return !allowed_uids_.empty(); }
   std::string Describe() const;  // the rule, for refusals and logs
 
  private:
   std::optional<gid_t> group_;
   std::string group_name_;
   std::vector<uid_t> allowed_uids_;
+};
+
+// The credentials of the connections handed to gRPC, so that a handler can tell who calls: gRPC
+// names a connection it was handed by descriptor "fd:<n>" (ServerContext::peer()). A descriptor
+// number is reused only once gRPC closed its connection, after the connection's last call, and
+// the accept that reuses it records the new peer before that connection's first call.
+// Thread-safe.
+class ConnectionPeers {
+ public:
+  void Record(int fd, const ucred& peer);
+  // NOT_FOUND when the call did not come through a connection the UnixServer accepted.
+  absl::StatusOr<ucred> Of(const grpc::ServerContext& context) const;
+
+ private:
+  mutable absl::Mutex mutex_;
+  std::map<int, ucred> by_fd_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Takes the connections of an endpoint that does not speak gRPC (the memory handoff).
@@ -56,10 +76,13 @@ class UnixServer {
     ConnectionHandler* handler = nullptr;
   };
 
-  // Binds every endpoint's socket (mode 0660, the policy's group), refusing a path another live
-  // daemon serves, then starts serving.
+  // Binds every endpoint's socket (mode 0660, the policy's group; 0666 when the policy lists uids,
+  // which the credential check then admits by name), refusing a path another live daemon serves,
+  // then starts serving. Each gRPC endpoint has its own server: a call reaches only the service of
+  // the socket it came in on. The peers of gRPC connections are recorded in `peers`.
   static absl::StatusOr<std::unique_ptr<UnixServer>> Start(const std::vector<Endpoint>& endpoints,
-                                                           AccessPolicy policy);
+                                                           AccessPolicy policy,
+                                                           ConnectionPeers* peers);
   ~UnixServer();  // stops accepting, shuts the servers down, removes the socket files
 
   // What the standard gRPC health service (grpc.health.v1.Health, served on every endpoint to
@@ -74,9 +97,10 @@ class UnixServer {
   std::vector<std::string> paths_;
   std::vector<int> listeners_;
   std::vector<ConnectionHandler*> handlers_;  // per listener; null for gRPC endpoints
+  std::vector<std::unique_ptr<grpc::Server>> servers_;  // per listener; null for raw endpoints
+  ConnectionPeers* peers_ = nullptr;
   int wake_pipe_[2] = {-1, -1};
   std::unique_ptr<grpc::CallbackGenericService> refusal_service_;
-  std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> refusal_server_;
   std::thread accept_thread_;
 };

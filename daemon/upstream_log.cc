@@ -34,6 +34,19 @@ uint64_t UpstreamLog::Footprint(const std::string& payload) {
   return payload.size() + kRecordOverhead;
 }
 
+uint64_t UpstreamLog::FetchFootprint(const Key& key) const {
+  uint64_t bytes = 0;
+  const Key first{std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), 0};
+  for (auto it = records_.lower_bound(first);
+       it != records_.end() && std::get<0>(it->first) == std::get<0>(key) &&
+       std::get<1>(it->first) == std::get<1>(key) && std::get<2>(it->first) == std::get<2>(key) &&
+       std::get<3>(it->first) == std::get<3>(key);
+       ++it) {
+    bytes += Footprint(it->second.payload);
+  }
+  return bytes;
+}
+
 void UpstreamLog::Prune() {
   if (senders_.empty()) return;
   const std::optional<int64_t> step = recovery_point_(senders_);
@@ -79,6 +92,13 @@ absl::StatusOr<v1::AppendLogResponse> UpstreamLog::Append(const v1::LogRecord& r
     return response;
   }
   const uint64_t needed = Footprint(record.payload());
+  if (const uint64_t answer = FetchFootprint(key) + needed; answer > kMaxFetchBytes) {
+    refused_.insert({record.step(), record.rank()});
+    return absl::ResourceExhaustedError(absl::StrCat(
+        RecordName(record), " would make the step's records to rank ", record.peer_rank(), " ",
+        FormatByteSize(answer), ", more than one fetch answers (", FormatByteSize(kMaxFetchBytes),
+        "): the step is not logged"));
+  }
   if (bytes_ + needed > options_.max_bytes) {
     refused_.insert({record.step(), record.rank()});
     return absl::ResourceExhaustedError(absl::StrCat(

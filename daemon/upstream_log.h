@@ -42,6 +42,10 @@ class UpstreamLog {
   UpstreamLog(uint32_t node_id, const UpstreamLogOptions& options, RecoveryPoint recovery_point)
       : node_id_(node_id), options_(options), recovery_point_(std::move(recovery_point)) {}
 
+  // A step's records from one rank to one neighbour in one direction come back in one fetch answer,
+  // which must stay under the 64 MiB message limit of clients and peers: a record that would take
+  // them past kMaxFetchBytes is refused like one that does not fit the budget.
+  static constexpr uint64_t kMaxFetchBytes = uint64_t{48} << 20;
   absl::StatusOr<v1::AppendLogResponse> Append(const v1::LogRecord& record);
   // NOT_FOUND when this node has never held a record of the rank (it ran elsewhere); OUT_OF_RANGE
   // for a step already dropped; DATA_LOSS for a step whose records did not fit. Each record's
@@ -58,6 +62,8 @@ class UpstreamLog {
     uint32_t crc = 0;
   };
   static uint64_t Footprint(const std::string& payload);
+  // The footprint of the records one fetch of `key`'s step, sender, direction and receiver answers.
+  uint64_t FetchFootprint(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Drops what no recovery can need any more.
   void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 

@@ -82,6 +82,9 @@ std::string FormatStatus(const v1::StatusResponse& status) {
       {"uptime", absl::StrCat(status.uptime_seconds(), " s")},
       {"durable", DescribeDurable(status.durable())},
   };
+  for (const v1::DroppedRank& dropped : status.dropped_ranks()) {
+    rows.push_back({"left out", absl::StrCat("rank ", dropped.rank(), ": ", dropped.reason())});
+  }
   for (const v1::OperationProgress& operation : status.operations()) {
     rows.push_back({"running", RenderProgress(operation, 20)});
   }

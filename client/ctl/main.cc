@@ -177,6 +177,10 @@ int main(int argc, char** argv) {
   auto* drop = app.add_subcommand("drop", "Delete a step's stored versions and free their memory");
   drop->add_option("STEP", step, "Step to drop")->required();
   auto* drop_rank = drop->add_option("--rank", rank, "Only this rank");
+  auto* drop_rank_command = app.add_subcommand(
+      "drop-rank", "Leave rank RANK out of this node's steps until it snapshots again (a trainer "
+                   "that registered and stopped snapshotting holds every step of the node)");
+  drop_rank_command->add_option("RANK", rank, "Rank to leave out")->required();
   auto* cluster = app.add_subcommand("cluster", "The cluster as this node sees it");
   cluster->require_subcommand(1);
   auto* cluster_status = cluster->add_subcommand(
@@ -358,6 +362,18 @@ int main(int argc, char** argv) {
         },
         ctl::FormatVerify);
     return code == ctl::kSuccess && corrupt ? ctl::kProblemFound : code;
+  }
+  if (*drop_rank_command) {
+    v1::DropRankRequest request;
+    request.set_rank(rank);
+    return session.Run<v1::DropRankResponse>(
+        [&](Stub& stub, grpc::ClientContext& context, v1::DropRankResponse& response) {
+          return stub.DropRank(&context, request, &response);
+        },
+        [&](const v1::DropRankResponse&) {
+          return absl::StrCat("rank ", rank, " is left out of this node's steps until its next "
+                              "snapshot\n");
+        });
   }
   v1::DropStepRequest request;
   request.set_step(step);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/src/device_regions.h"
 #include "client/src/memory_channel.h"
+#include "common/memory_handoff_wire.h"
 #include "common/grpc_status.h"
 #include "erasure/crc32c.h"
 #include "proto/moesnap.grpc.pb.h"
@@ -68,8 +69,15 @@ struct Client::State {
   std::optional<int64_t> last_taken;               // the latest snapshot the daemon took
   std::vector<std::pair<int64_t, std::string>> skipped_steps;
 
-  void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
+  // The session the daemon bound this rank to at Hello, presented on every call (the daemon refuses
+  // calls without it). Its own lock: calls are prepared with and without `mutex` held.
+  mutable std::mutex session_token_mutex;
+  std::string session_token;
+
+  void PrepareCall(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
     context.set_deadline(std::chrono::system_clock::now() + timeout);
+    std::lock_guard<std::mutex> lock(session_token_mutex);
+    if (!session_token.empty()) context.AddMetadata(memory_handoff::kSessionMetadataKey, session_token);
   }
 
   // Adds the socket to errors that mean "no daemon there", so the caller knows where it looked.
@@ -96,7 +104,7 @@ struct Client::State {
                                                  "or the socket path to where it listens)"));
     }
     grpc::ClientContext context;
-    SetDeadline(context, options.call_timeout);
+    PrepareCall(context, options.call_timeout);
     v1::HelloRequest request;
     request.set_rank(options.rank);
     v1::HelloResponse response;
@@ -107,6 +115,10 @@ struct Client::State {
     absl::StatusOr<MemoryChannel> channel_to_memory =
         MemoryChannel::Connect(response.memory_socket(), response.session(), options.call_timeout);
     if (!channel_to_memory.ok()) return channel_to_memory.status();
+    {
+      std::lock_guard<std::mutex> lock(session_token_mutex);
+      session_token = response.session();
+    }
     hello = std::move(response);
     memory = *std::move(channel_to_memory);
     ++session;
@@ -125,7 +137,7 @@ struct Client::State {
         }
       }
       grpc::ClientContext context;
-      SetDeadline(context, options.call_timeout);
+      PrepareCall(context, options.call_timeout);
       v1::RegisterRegionsResponse response;
       if (absl::Status status =
               Check(stub->RegisterRegions(&context, request, &response), "RegisterRegions");
@@ -183,7 +195,7 @@ struct Client::State {
   absl::StatusOr<v1::LatestCommittedResponse> LatestCommitted() {
     return WithReconnect([&]() -> absl::StatusOr<v1::LatestCommittedResponse> {
       grpc::ClientContext context;
-      SetDeadline(context, options.call_timeout);
+      PrepareCall(context, options.call_timeout);
       v1::LatestCommittedRequest request;
       request.set_rank(options.rank);
       v1::LatestCommittedResponse response;
@@ -362,7 +374,7 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       session = state_->session;
     }
     grpc::ClientContext context;
-    state_->SetDeadline(context, state_->options.call_timeout);
+    state_->PrepareCall(context, state_->options.call_timeout);
     v1::SnapshotResponse response;
     if (absl::Status status =
             state_->Check(state_->stub->Snapshot(&context, request, &response), "Snapshot");
@@ -387,7 +399,7 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
   const char* call = until_committed ? "WaitCommitted" : "WaitCaptured";
   absl::Status status = state_->WithReconnect([&] {
     grpc::ClientContext context;
-    state_->SetDeadline(context, state_->options.wait_timeout);
+    state_->PrepareCall(context, state_->options.wait_timeout);
     v1::WaitRequest request;
     request.set_rank(state_->options.rank);
     request.set_step(step);
@@ -478,7 +490,7 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
   for (const std::string& region : regions) request.add_regions(region);
   return state_->WithReconnect([&]() -> absl::StatusOr<RestoreResult> {
     grpc::ClientContext context;
-    state_->SetDeadline(context, state_->options.wait_timeout);
+    state_->PrepareCall(context, state_->options.wait_timeout);
     v1::RestoreResponse response;
     if (absl::Status status =
             state_->Check(state_->stub->Restore(&context, request, &response), "Restore");
@@ -548,7 +560,7 @@ absl::Status Client::AppendLog(int64_t step, uint32_t micro_batch, LogDirection 
   record->set_payload(std::string(payload));
   return state_->WithReconnect([&] {
     grpc::ClientContext context;
-    state_->SetDeadline(context, state_->options.call_timeout);
+    state_->PrepareCall(context, state_->options.call_timeout);
     v1::AppendLogResponse response;
     return state_->Check(state_->stub->AppendLog(&context, request, &response), "AppendLog");
   });
@@ -565,7 +577,7 @@ absl::StatusOr<std::vector<LoggedMessage>> Client::FetchLog(uint32_t sender_rank
   v1::FetchLogResponse response;
   absl::Status fetched = state_->WithReconnect([&] {
     grpc::ClientContext context;
-    state_->SetDeadline(context, state_->options.wait_timeout);
+    state_->PrepareCall(context, state_->options.wait_timeout);
     return state_->Check(state_->stub->FetchLog(&context, request, &response), "FetchLog");
   });
   if (!fetched.ok()) return fetched;

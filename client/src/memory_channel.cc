@@ -43,7 +43,12 @@ absl::StatusOr<MemoryChannel> MemoryChannel::Connect(const std::string& path,
     return absl::UnavailableError(absl::StrCat("cannot connect to moesnapd's memory socket ", path,
                                                ": ", std::strerror(error)));
   }
-  return MemoryChannel(fd, path, session, timeout);
+  MemoryChannel channel(fd, path, session, timeout);
+  // Bound to the session at once: the daemon keeps the rank for this process while it is open.
+  if (absl::StatusOr<uint64_t> bound = channel.ShareBatch(nullptr, 0); !bound.ok()) {
+    return bound.status();
+  }
+  return channel;
 }
 
 MemoryChannel::MemoryChannel(MemoryChannel&& other) noexcept
@@ -97,13 +102,15 @@ absl::StatusOr<uint64_t> MemoryChannel::ShareBatch(const int* fds, uint32_t coun
   msghdr message{};
   message.msg_iov = &data;
   message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = CMSG_SPACE(sizeof(int) * count);
-  cmsghdr* header = CMSG_FIRSTHDR(&message);
-  header->cmsg_level = SOL_SOCKET;
-  header->cmsg_type = SCM_RIGHTS;
-  header->cmsg_len = CMSG_LEN(sizeof(int) * count);
-  std::memcpy(CMSG_DATA(header), fds, sizeof(int) * count);
+  if (count > 0) {
+    message.msg_control = control;
+    message.msg_controllen = CMSG_SPACE(sizeof(int) * count);
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int) * count);
+    std::memcpy(CMSG_DATA(header), fds, sizeof(int) * count);
+  }
   if (sendmsg(fd_, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(request))) {
     return absl::UnavailableError(absl::StrCat("handing memory to moesnapd at ", path_,
                                                " failed: ", std::strerror(errno)));

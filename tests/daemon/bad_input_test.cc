@@ -1,11 +1,13 @@
 // Bad input against a real moesnapd: each mistake gets an error that names what was wrong, and the
 // state already committed stays restorable, byte for byte.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <cstring>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -144,6 +146,41 @@ TEST_F(BadInputTest, MalformedConfigNamesTheKeyAndTheFile) {
   ExpectStepOneIntact();
 }
 
+TEST_F(BadInputTest, AFileTruncatedUnderTheCopyFailsTheStepAndTheDaemonServesOn) {
+  // An unsealed file, as PyTorch's shared storages are: the trainer can shrink it at any time.
+  constexpr size_t kFileBytes = 4 << 20;
+  const int fd = memfd_create("unsealed-region", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kFileBytes), 0);
+  absl::StatusOr<std::vector<MemoryHandle>> shared = client_->ShareMemory({fd});
+  ASSERT_OK(shared);
+  ASSERT_OK(client_->RegisterHostRegions(
+      {{{"optimizer", "uint8", {kFileBytes}}, (*shared)[0], 0, kFileBytes}}));
+  ASSERT_EQ(ftruncate(fd, 4096), 0);  // every page of the region but the first is gone
+
+  ASSERT_OK(client_->Snapshot(2));
+  const absl::Status captured = client_->WaitCommitted(2);
+  ExpectError(captured, absl::StatusCode::kFailedPrecondition, "truncated under the copy");
+  EXPECT_TRUE(daemon_.running());
+
+  ASSERT_EQ(ftruncate(fd, kFileBytes), 0);  // back to its size: the next step captures it
+  ASSERT_OK(client_->Snapshot(3));
+  ASSERT_OK(client_->WaitCommitted(3));
+  close(fd);
+}
+
+TEST_F(BadInputTest, OverlongRegionDescriptionsAreRefusedNamingTheLimit) {
+  const std::string long_name(5000, 'n');
+  ExpectError(client_->RegisterHostRegion({long_name, "uint8", {64}}, buffer_, 0, 64),
+              absl::StatusCode::kInvalidArgument, "at most 1024");
+  ExpectError(client_->RegisterHostRegion({"bias", std::string(100, 'd'), {64}}, buffer_, 0, 64),
+              absl::StatusCode::kInvalidArgument, "dtype of 100 bytes; at most 64");
+  ExpectError(client_->RegisterHostRegion({"bias", "uint8", std::vector<int64_t>(65, 1)}, buffer_,
+                                          0, 64),
+              absl::StatusCode::kInvalidArgument, "65 dimensions; at most 64");
+  ExpectStepOneIntact();
+}
+
 TEST_F(BadInputTest, SecondDaemonOnTheSameSocketOrPoolIsRefused) {
   ChildProcess second({BinaryPath("moesnapd"), "--config", daemon_.config_path()}, {},
                       ChildProcess::Stderr::kCapture);
@@ -187,6 +224,29 @@ TEST_F(BadInputTest, PeerWithoutCredentialsIsRefusedByName) {
   EXPECT_TRUE(absl::StrContains(output, "PERMISSION_DENIED")) << output;
   EXPECT_TRUE(absl::StrContains(output, "accepts root and uid")) << output;
   ExpectStepOneIntact();
+}
+
+// MOESNAP_CRASH_IN_JOURNAL_WRITE kills the test build of the daemon at its first journal write; the
+// production daemon has no such code and trains on.
+TEST(FaultInjectionTest, OnlyTheTestBuildOfTheDaemonHonoursTheCrashVariables) {
+  const std::vector<std::string> crash = {"MOESNAP_CRASH_IN_JOURNAL_WRITE=1"};
+  auto train = [](TestDaemon& daemon) {
+    ChildProcess trainer({BinaryPath("moesnap-test-trainer"), "--socket", daemon.agent_socket(),
+                          "--regions", "1", "--region-bytes", "4096", "--steps", "3"});
+    while (trainer.ReadLine(30s)) {
+    }
+    return trainer.Wait(30s);
+  };
+  {
+    TestDaemon test_build{"16MiB"};
+    ASSERT_TRUE(test_build.StartProgram("moesnapd-faults", crash));
+    train(test_build);
+    EXPECT_EQ(test_build.WaitExit(30s), -SIGKILL);
+  }
+  TestDaemon production{"16MiB"};
+  ASSERT_TRUE(production.StartProgram("moesnapd", crash));
+  EXPECT_EQ(train(production), 0);
+  EXPECT_TRUE(production.running());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 namespace moesnap::daemon {
@@ -73,6 +74,13 @@ TEST(CopyPlanTest, RegionsTakeConsecutiveAlignedSpaceInTheReservation) {
   EXPECT_EQ(plan.space, 10368u);
   EXPECT_EQ(plan.bytes, 1u + 64 + 65 + 10000 + 3);
   EXPECT_EQ(plan.large, (std::vector<uint32_t>{3}));
+}
+
+TEST(CopyPlanTest, SizesFromATrainerNear2To64SaturateInsteadOfWrapping) {
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  const CopyPlan plan = PlanOf({max - 3, 128});
+  EXPECT_EQ(plan.space, max);  // no pool reserves it
+  EXPECT_EQ(plan.bytes, max);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <thread>
 
@@ -82,11 +83,18 @@ class MemoryHandoffTest : public ::testing::Test {
     request.set_rank(rank);
     v1::HelloResponse response;
     EXPECT_TRUE(agent_->Hello(&context, request, &response).ok());
+    sessions_[rank] = response.session();
     return response;
+  }
+
+  // A call of `rank`'s trainer: it presents the session its Hello returned.
+  void Present(grpc::ClientContext& context, uint32_t rank) {
+    context.AddMetadata(wire::kSessionMetadataKey, sessions_[rank]);
   }
 
   grpc::Status SnapshotOf(uint32_t rank, int64_t step) {
     grpc::ClientContext context;
+    Present(context, rank);
     v1::SnapshotRequest request;
     request.set_rank(rank);
     request.set_step(step);
@@ -98,6 +106,7 @@ class MemoryHandoffTest : public ::testing::Test {
 
   TestDaemon daemon_{"64MiB"};
   std::unique_ptr<v1::Agent::Stub> agent_;
+  std::map<uint32_t, std::string> sessions_;  // by rank
 };
 
 TEST_F(MemoryHandoffTest, HostileRequestsAreRefusedAndTheDaemonServesOn) {
@@ -148,6 +157,7 @@ TEST_F(MemoryHandoffTest, HostileRequestsAreRefusedAndTheDaemonServesOn) {
     ASSERT_EQ(Exchange(connection, request, {file}, sizeof(request)).first, 0u);
     close(file);
     grpc::ClientContext context;
+    Present(context, 1);
     v1::RegisterRegionsRequest registration;
     registration.set_rank(1);
     v1::RegionSpec* spec = registration.add_regions();
@@ -188,6 +198,7 @@ TEST_F(MemoryHandoffTest, ATrainerThatExitsReleasesItsRegistrations) {
   close(file);
   {
     grpc::ClientContext context;
+    Present(context, 5);
     v1::RegisterRegionsRequest registration;
     registration.set_rank(5);
     v1::RegionSpec* spec = registration.add_regions();
@@ -200,19 +211,17 @@ TEST_F(MemoryHandoffTest, ATrainerThatExitsReleasesItsRegistrations) {
   }
   ASSERT_TRUE(SnapshotOf(5, 1).ok());
   close(connection);  // the trainer exits
+  // Its session ends with the connection (and with it the rank's registrations): the session no
+  // longer acts for rank 5.
   grpc::Status status;
   for (auto deadline = std::chrono::steady_clock::now() + 20s;
        std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(10ms)) {
     status = SnapshotOf(5, 2);
-    // Until then step 1 may still be capturing (also FAILED_PRECONDITION, for another reason).
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-        absl::StrContains(status.error_message(), "no registered regions")) {
-      break;
-    }
+    // Until then step 1 may still be capturing (FAILED_PRECONDITION).
+    if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED) break;
   }
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
-  EXPECT_TRUE(absl::StrContains(status.error_message(), "no registered regions"))
-      << status.error_message();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "not current")) << status.error_message();
 }
 
 TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {

@@ -30,7 +30,7 @@ TEST(NodeImageTest, ReadsAndWritesSpanRegionsAndReadZerosPastTheEnd) {
   options.name = "moesnap-node-image-test-" + std::to_string(getpid());
   options.bytes = 1 << 20;
   options.lock = PoolLockMode::kOff;
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options, std::nullopt);
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options);
   ASSERT_OK(pool);
   absl::StatusOr<NodeImage> image =
       NodeImage::Allocate(pool->get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));

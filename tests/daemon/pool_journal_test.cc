@@ -1,7 +1,11 @@
 // Pool allocation and the journal's crash consistency, in process (the crash tests do it for real).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
@@ -26,7 +30,7 @@ class PoolTest : public ::testing::Test {
 };
 
 TEST_F(PoolTest, AllocatesFreesAndCoalesces) {
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
   ASSERT_OK(pool);
   EXPECT_FALSE((*pool)->reattached());
   const uint64_t capacity = options_.bytes;
@@ -62,7 +66,7 @@ TEST_F(PoolTest, AllocatesFreesAndCoalesces) {
 }
 
 TEST_F(PoolTest, AReservationIsCutIntoVersionsAndWhatIsNotTakenGoesBack) {
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
   ASSERT_OK(pool);
   const uint64_t capacity = options_.bytes;
   // Two holes: the reservation takes both, and a version may straddle them.
@@ -105,16 +109,30 @@ TEST_F(PoolTest, AReservationIsCutIntoVersionsAndWhatIsNotTakenGoesBack) {
   EXPECT_OK((*pool)->Allocate(capacity));
 }
 
+// A region's byte count comes from a trainer: near 2^64 it must not wrap to a small extent.
+TEST_F(PoolTest, SizesNear2To64AreRefusedNeverWrapped) {
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
+  ASSERT_OK(pool);
+  for (const uint64_t bytes : {std::numeric_limits<uint64_t>::max(),
+                               std::numeric_limits<uint64_t>::max() - kUnit + 2,
+                               std::numeric_limits<uint64_t>::max() - 3}) {
+    EXPECT_STATUS((*pool)->Allocate(bytes), absl::StatusCode::kResourceExhausted) << bytes;
+    EXPECT_STATUS((*pool)->AllocateBytes(bytes), absl::StatusCode::kResourceExhausted) << bytes;
+    EXPECT_STATUS((*pool)->Claim(0, bytes), absl::StatusCode::kDataLoss) << bytes;
+  }
+  EXPECT_EQ((*pool)->free_bytes(), options_.bytes);
+}
+
 TEST_F(PoolTest, ReattachesTheSameBytesAndRefusesAnotherSizeOrASecondOwner) {
   {
-    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
     ASSERT_OK(pool);
     absl::StatusOr<std::shared_ptr<PoolExtent>> extent = (*pool)->Allocate(4096);
     ASSERT_OK(extent);
     std::memset((*extent)->data(), 0x5a, 4096);
-    EXPECT_STATUS(Pool::OpenOrCreate(options_, std::nullopt), absl::StatusCode::kFailedPrecondition);
+    EXPECT_STATUS(Pool::OpenOrCreate(options_), absl::StatusCode::kFailedPrecondition);
   }
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_, std::nullopt);
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
   ASSERT_OK(pool);
   EXPECT_TRUE((*pool)->reattached());
   absl::StatusOr<std::shared_ptr<PoolExtent>> claimed = (*pool)->Claim(0, 4096);
@@ -125,7 +143,7 @@ TEST_F(PoolTest, ReattachesTheSameBytesAndRefusesAnotherSizeOrASecondOwner) {
   pool->reset();
   PoolOptions bigger = options_;
   bigger.bytes *= 2;
-  absl::StatusOr<std::unique_ptr<Pool>> resized = Pool::OpenOrCreate(bigger, std::nullopt);
+  absl::StatusOr<std::unique_ptr<Pool>> resized = Pool::OpenOrCreate(bigger);
   ASSERT_STATUS(resized, absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(resized.status().message().find("pool.bytes"), std::string::npos);
 }
@@ -150,12 +168,12 @@ class JournalTest : public ::testing::Test {
 
 TEST_F(JournalTest, RecoversTheNewestWriteAfterReopen) {
   {
-    auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+    auto journal = Journal::OpenOrCreate(name_, 1 << 20);
     ASSERT_OK(journal);
     EXPECT_EQ((*journal)->recovered_state().versions_size(), 0);
     for (int step = 1; step <= 5; ++step) ASSERT_OK((*journal)->Write(StateAtStep(step)));
   }
-  auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+  auto journal = Journal::OpenOrCreate(name_, 1 << 20);
   ASSERT_OK(journal);
   EXPECT_EQ((*journal)->sequence(), 5);
   EXPECT_EQ((*journal)->recovered_state().versions(0).step(), 5);
@@ -167,7 +185,7 @@ TEST_F(JournalTest, AProcessKilledMidWriteLeavesThePreviousStateReadable) {
     const pid_t child = fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+      auto journal = Journal::OpenOrCreate(name_, 1 << 20);
       if (!journal.ok()) _exit(1);
       (*journal)->set_crash_in_write_for_testing(crash_at);
       for (int step = 1; step <= 10; ++step) (*journal)->Write(StateAtStep(step)).IgnoreError();
@@ -176,7 +194,7 @@ TEST_F(JournalTest, AProcessKilledMidWriteLeavesThePreviousStateReadable) {
     int status = 0;
     waitpid(child, &status, 0);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "crash at " << crash_at;
-    auto journal = Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+    auto journal = Journal::OpenOrCreate(name_, 1 << 20);
     ASSERT_OK(journal);
     EXPECT_EQ((*journal)->sequence(), crash_at - 1);
     if (crash_at > 1) {
@@ -187,7 +205,7 @@ TEST_F(JournalTest, AProcessKilledMidWriteLeavesThePreviousStateReadable) {
 }
 
 TEST_F(JournalTest, StateLargerThanASlotIsRefusedWithTheSizeNeeded) {
-  auto journal = Journal::OpenOrCreate(name_, 64 * 1024, std::nullopt);
+  auto journal = Journal::OpenOrCreate(name_, 64 * 1024);
   ASSERT_OK(journal);
   ASSERT_OK((*journal)->Write(StateAtStep(1)));
   v1::JournalState huge = StateAtStep(2);
@@ -196,6 +214,73 @@ TEST_F(JournalTest, StateLargerThanASlotIsRefusedWithTheSizeNeeded) {
   ASSERT_STATUS(status, absl::StatusCode::kResourceExhausted);
   EXPECT_NE(status.message().find("pool.journal_bytes"), std::string::npos);
   EXPECT_EQ((*journal)->sequence(), 1);
+}
+
+// The pool and journal hold every rank's state: created private to the daemon's user, and a file
+// someone else put under their names first (to read the snapshots, or to feed the daemon forged
+// ones) is refused, never adopted.
+class OwnFilesTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* suffix : {".data", ".journal", ".target"}) {
+      SharedMemory::Unlink(name_ + suffix).IgnoreError();
+    }
+  }
+  std::string Path(const char* suffix) const { return "/dev/shm/" + name_ + suffix; }
+  // Plants a file of the pool's size under `suffix`, with `mode`, owned by `uid`.
+  void Plant(const char* suffix, mode_t mode, uid_t uid) {
+    const int fd = open(Path(suffix).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(options_.bytes)), 0);
+    ASSERT_EQ(fchmod(fd, mode), 0);
+    ASSERT_EQ(fchown(fd, uid, static_cast<gid_t>(-1)), 0);
+    close(fd);
+  }
+  void ExpectRefused(const std::string& mentions) {
+    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
+    ASSERT_STATUS(pool, absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(pool.status().message().find(mentions), std::string::npos) << pool.status();
+  }
+
+  std::string name_ = UniqueName("own");
+  PoolOptions options_{.name = name_, .bytes = 16 * Pool::kPageBytes};
+};
+
+TEST_F(OwnFilesTest, PoolAndJournalAreCreatedPrivateToTheDaemonsUser) {
+  const mode_t old_umask = umask(0);  // a permissive umask must not open them up
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
+  auto journal = Journal::OpenOrCreate(name_, 1 << 20);
+  umask(old_umask);
+  ASSERT_OK(pool);
+  ASSERT_OK(journal);
+  for (const char* suffix : {".data", ".journal"}) {
+    struct stat info {};
+    ASSERT_EQ(stat(Path(suffix).c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 07777, 0600u) << suffix;
+    EXPECT_EQ(info.st_uid, geteuid()) << suffix;
+  }
+}
+
+TEST_F(OwnFilesTest, AFileOfAnotherModeIsNotAdopted) {
+  ASSERT_NO_FATAL_FAILURE(Plant(".data", 0640, geteuid()));
+  ExpectRefused("mode 0640");
+  ASSERT_NO_FATAL_FAILURE(Plant(".journal", 0666, geteuid()));
+  EXPECT_STATUS(Journal::OpenOrCreate(name_, 1 << 20), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(OwnFilesTest, AFileOfAnotherUserIsNotAdopted) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
+  ASSERT_NO_FATAL_FAILURE(Plant(".data", 0600, 65534));
+  ExpectRefused("owned by uid 65534");
+  ASSERT_NO_FATAL_FAILURE(Plant(".journal", 0600, 65534));
+  EXPECT_STATUS(Journal::OpenOrCreate(name_, 1 << 20), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(OwnFilesTest, ASymbolicLinkIsNotFollowed) {
+  // The link points at a file the daemon could adopt: only the link itself is wrong.
+  ASSERT_NO_FATAL_FAILURE(Plant(".target", 0600, geteuid()));
+  ASSERT_EQ(symlink(Path(".target").c_str(), Path(".data").c_str()), 0);
+  ExpectRefused("symbolic link");
 }
 
 }  // namespace

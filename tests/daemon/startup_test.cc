@@ -1,6 +1,9 @@
 // moesnapd's start as an operator meets it: a bad config is refused with every error listed and
 // nothing created; a start that fails after the pool was created removes the fresh pool again.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -63,6 +66,21 @@ class StartupTest : public ::testing::Test {
   std::string directory_;
   std::string pool_name_;
 };
+
+TEST_F(StartupTest, APoolFileSomeoneElseCreatedIsRefusedAndKept) {
+  // Planted under the pool's name before the daemon starts, readable by everyone.
+  const std::string planted = "/dev/shm/" + pool_name_ + ".data";
+  const int fd = open(planted.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0644), 0);
+  ASSERT_EQ(ftruncate(fd, 16 << 20), 0);
+  close(fd);
+  const DaemonRun run = RunDaemon(directory_, Sockets(directory_));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, planted + " is a file owned by uid")) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "mode 0644")) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(planted));  // not the daemon's to remove
+}
 
 TEST_F(StartupTest, BadConfigListsEveryErrorAndCreatesNothing) {
   const DaemonRun run = RunDaemon(

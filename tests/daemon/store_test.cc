@@ -33,11 +33,11 @@ class StoreTest : public ::testing::Test {
 
   void Open(CommitMode mode, uint64_t pool_bytes = 4 << 20, CaptureOptions options = {}) {
     absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
-        {.name = name_, .bytes = pool_bytes, .lock = PoolLockMode::kOff}, std::nullopt);
+        {.name = name_, .bytes = pool_bytes, .lock = PoolLockMode::kOff});
     ASSERT_OK(pool);
     pool_ = *std::move(pool);
     absl::StatusOr<std::unique_ptr<Journal>> journal =
-        Journal::OpenOrCreate(name_, 1 << 20, std::nullopt);
+        Journal::OpenOrCreate(name_, 1 << 20);
     ASSERT_OK(journal);
     journal_ = *std::move(journal);
     options.chunk_bytes = 64 * 1024;
@@ -49,13 +49,16 @@ class StoreTest : public ::testing::Test {
 
   // A trainer process of `rank` holding `regions` regions of kRegionBytes in one memfd, registered.
   void Connect(uint32_t rank, int regions = 2, uint64_t region_bytes = kRegionBytes) {
-    const TrainerSessions::Session session = sessions_.Start(rank);
+    absl::StatusOr<TrainerSessions::Session> started =
+        sessions_.Start(rank, {.uid = geteuid(), .pid = getpid()});
+    ASSERT_OK(started);
+    const TrainerSessions::Session session = *started;
     const uint64_t bytes = regions * region_bytes;
     const int fd = memfd_create("store-test", MFD_CLOEXEC);
     ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
     auto* data = static_cast<uint8_t*>(
         mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd);
+    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
     close(fd);
     ASSERT_OK(memory);
     absl::StatusOr<uint64_t> id = sessions_.Add(session.token, {*memory});
@@ -89,6 +92,16 @@ class StoreTest : public ::testing::Test {
 
   absl::StatusOr<v1::StepState> WaitCaptured(uint32_t rank, int64_t step) {
     return store_->WaitCaptured(rank, step, absl::Now() + absl::Seconds(30), [] { return false; });
+  }
+
+  // The ranks left out of the node's steps, with why.
+  std::map<uint32_t, std::string> Dropped() const {
+    std::map<uint32_t, std::string> dropped;
+    const v1::StatusResponse status = store_->Status();
+    for (const v1::DroppedRank& rank : status.dropped_ranks()) {
+      dropped[rank.rank()] = rank.reason();
+    }
+    return dropped;
   }
 
   // Waits until `step` is captured on the node and commits it, as the cluster would.
@@ -340,6 +353,43 @@ TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneS
                 absl::StatusCode::kDeadlineExceeded);
   store_->EndSession(1, trainers_[1].session);  // ... until its process is gone
   EXPECT_OK(store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30)));
+}
+
+TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
+  CaptureOptions options;
+  options.idle_rank_timeout = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  // Rank 1 registered and never snapshots: once it is idle, step 1 is captured without it. (On a
+  // loaded machine rank 0 may turn idle too while its copy runs; it is left out the same way.)
+  ASSERT_OK(store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30)));
+  std::map<uint32_t, std::string> dropped = Dropped();
+  ASSERT_TRUE(dropped.contains(1));
+  EXPECT_TRUE(absl::StrContains(dropped[1], "capture.idle_rank_timeout_ms")) << dropped[1];
+  v1::JournalCluster record;
+  record.set_committed_step(1);
+  ASSERT_OK(store_->CommitNodeStep(1, record));
+  // Its next snapshot brings it back: step 2 waits for it again.
+  Take(1, 2);
+  EXPECT_FALSE(Dropped().contains(1));
+  Take(0, 2);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
+  EXPECT_EQ(*store_->LatestCommitted(1), 2);
+}
+
+TEST_F(StoreTest, AnOperatorLeavesAStuckRankOut) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  EXPECT_STATUS(store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(50)),
+                absl::StatusCode::kDeadlineExceeded);
+  EXPECT_STATUS(store_->DropRank(7), absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK(store_->DropRank(1));
+  ASSERT_OK(store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(Dropped(), (std::map<uint32_t, std::string>{{1, "dropped by an operator"}}));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -26,7 +27,7 @@ TEST(TrainerMemoryTest, MapsTheWholeFileSharedWithTheTrainer) {
   const int fd = SharedFile(8192, /*sealed=*/true);
   void* trainer = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ASSERT_NE(trainer, MAP_FAILED);
-  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
   close(fd);  // the mapping stays
   ASSERT_OK(memory);
   EXPECT_EQ((*memory)->bytes(), 8192u);
@@ -41,14 +42,16 @@ TEST(TrainerMemoryTest, MapsTheWholeFileSharedWithTheTrainer) {
 TEST(TrainerMemoryTest, RefusesWhatIsNotASharedMemoryFile) {
   int pipe_ends[2];
   ASSERT_EQ(pipe(pipe_ends), 0);
-  EXPECT_STATUS(TrainerMemory::Map(pipe_ends[0]), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(TrainerMemory::Map(pipe_ends[0], geteuid(), {}),
+                absl::StatusCode::kInvalidArgument);
   close(pipe_ends[0]);
   close(pipe_ends[1]);
   const int empty = SharedFile(0, false);
-  EXPECT_STATUS(TrainerMemory::Map(empty), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(TrainerMemory::Map(empty, geteuid(), {}), absl::StatusCode::kInvalidArgument);
   close(empty);
   const int unsealed = SharedFile(4096, false);
-  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(unsealed);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
+      TrainerMemory::Map(unsealed, geteuid(), {});
   close(unsealed);
   ASSERT_OK(memory);
   EXPECT_FALSE((*memory)->shrink_sealed());
@@ -56,15 +59,62 @@ TEST(TrainerMemoryTest, RefusesWhatIsNotASharedMemoryFile) {
 
 std::shared_ptr<TrainerMemory> Memory() {
   const int fd = SharedFile(4096, true);
-  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
   close(fd);
   EXPECT_OK(memory);
   return *memory;
 }
 
+constexpr TrainerSessions::Caller kTrainer{.uid = 1000, .pid = 4242};
+
+TEST(TrainerMemoryTest, RefusesAnotherUsersFileAndTheDaemonsOwn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
+  const int fd = SharedFile(4096, true);
+  ASSERT_EQ(fchown(fd, 65534, 65534), 0);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, 1000, {});
+  ASSERT_STATUS(memory, absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(memory.status().message().find("owned by uid 65534"), std::string::npos)
+      << memory.status();
+  EXPECT_OK(TrainerMemory::Map(fd, 65534, {}));
+  struct stat info {};
+  ASSERT_EQ(fstat(fd, &info), 0);
+  memory = TrainerMemory::Map(fd, 65534, {{info.st_dev, info.st_ino}});
+  ASSERT_STATUS(memory, absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(memory.status().message().find("moesnapd's own"), std::string::npos) << memory.status();
+  close(fd);
+}
+
+TEST(TrainerSessionsTest, ALiveRankIsNotTakenByAnotherUser) {
+  TrainerSessions sessions;
+  absl::StatusOr<TrainerSessions::Session> held = sessions.Start(3, kTrainer);
+  ASSERT_OK(held);
+  ASSERT_OK(sessions.Add(held->token, {}));  // its memory connection is open
+  absl::StatusOr<TrainerSessions::Session> taken = sessions.Start(3, {.uid = 1001, .pid = 77});
+  ASSERT_STATUS(taken, absl::StatusCode::kPermissionDenied);
+  for (const char* mentions : {"rank 3", "uid 1000 (pid 4242)", "uid 1001 (pid 77)"}) {
+    EXPECT_NE(taken.status().message().find(mentions), std::string::npos) << taken.status();
+  }
+  EXPECT_EQ(*sessions.RankOf(held->token), 3u);
+  EXPECT_OK(sessions.Start(4, {.uid = 1001, .pid = 77}));  // another rank is free
+
+  // The same user's new process takes over (it could read the trainer's memory anyway) ...
+  absl::StatusOr<TrainerSessions::Session> same = sessions.Start(3, {.uid = 1000, .pid = 4243});
+  ASSERT_OK(same);
+  EXPECT_STATUS(sessions.RankOf(held->token), absl::StatusCode::kNotFound);
+  ASSERT_OK(sessions.Add(same->token, {}));
+  // ... and once its trainer disconnects, the rank is free for anyone.
+  ASSERT_TRUE(sessions.End(same->token).has_value());
+  absl::StatusOr<TrainerSessions::Session> later = sessions.Start(3, {.uid = 1001, .pid = 78});
+  ASSERT_OK(later);
+  EXPECT_EQ(*sessions.RankOf(later->token), 3u);
+  EXPECT_OK(sessions.Start(3, {.uid = 0, .pid = 1}));  // root may always
+}
+
 TEST(TrainerSessionsTest, MemoryIsFoundOnlyByItsRanksCurrentSession) {
   TrainerSessions sessions;
-  const TrainerSessions::Session first = sessions.Start(3);
+  absl::StatusOr<TrainerSessions::Session> started = sessions.Start(3, kTrainer);
+  ASSERT_OK(started);
+  const TrainerSessions::Session first = *started;
   EXPECT_EQ(first.token.size(), 16u);
   absl::StatusOr<uint64_t> id = sessions.Add(first.token, {Memory(), Memory()});
   ASSERT_OK(id);
@@ -74,7 +124,9 @@ TEST(TrainerSessionsTest, MemoryIsFoundOnlyByItsRanksCurrentSession) {
   EXPECT_STATUS(sessions.Find(4, *id), absl::StatusCode::kNotFound);  // another rank's memory
 
   // A new process of the rank: the old session's memory and token are gone.
-  const TrainerSessions::Session second = sessions.Start(3);
+  started = sessions.Start(3, kTrainer);
+  ASSERT_OK(started);
+  const TrainerSessions::Session second = *started;
   EXPECT_GT(second.number, first.number);
   EXPECT_NE(second.token, first.token);
   EXPECT_STATUS(sessions.Find(3, *id), absl::StatusCode::kNotFound);

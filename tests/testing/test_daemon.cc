@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -69,8 +70,17 @@ void TestDaemon::DiscardPool() {
 }
 
 bool TestDaemon::Start(const std::vector<std::string>& environment) {
+  const bool injects_faults =
+      std::any_of(environment.begin(), environment.end(), [](const std::string& variable) {
+        return variable.rfind("MOESNAP_CRASH_", 0) == 0;
+      });
+  return StartProgram(injects_faults ? "moesnapd-faults" : "moesnapd", environment);
+}
+
+bool TestDaemon::StartProgram(const std::string& program,
+                              const std::vector<std::string>& environment) {
   process_ = std::make_unique<ChildProcess>(
-      std::vector<std::string>{BinaryPath("moesnapd"), "--config", config_path_}, environment);
+      std::vector<std::string>{BinaryPath(program), "--config", config_path_}, environment);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     if (Serves(admin_socket_, process_->pid())) return true;
     if (!process_->running()) return false;

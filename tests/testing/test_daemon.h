@@ -22,8 +22,11 @@ class TestDaemon {
   ~TestDaemon();
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).
-  // False if it exited or never served.
+  // False if it exited or never served. An `environment` that sets a MOESNAP_CRASH_* variable
+  // runs moesnapd-faults, the test build that alone honours them.
   bool Start(const std::vector<std::string>& environment = {});
+  // The same with `program` (moesnapd or moesnapd-faults) whatever the environment.
+  bool StartProgram(const std::string& program, const std::vector<std::string>& environment);
   int Kill(int signal);
   // Deletes the pool and journal files (after a kill), so the next Start is a replacement node
   // with fresh memory.
@@ -33,6 +36,7 @@ class TestDaemon {
     return process_ ? process_->Wait(timeout) : std::nullopt;
   }
   bool running() { return process_ && process_->running(); }
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
 
   const std::string& agent_socket() const { return agent_socket_; }
   const std::string& admin_socket() const { return admin_socket_; }

@@ -476,8 +476,7 @@ namespace {
 std::unique_ptr<Pool> TestPool(const std::string& name) {
   std::filesystem::remove("/dev/shm/" + name + ".data");
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
-      {.name = name, .bytes = 64 << 20, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20},
-      std::nullopt);
+      {.name = name, .bytes = 64 << 20, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20});
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *std::move(pool) : nullptr;
 }

@@ -71,7 +71,7 @@ class TestPool {
     options_.name = "moesnap-durable-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
     options_.bytes = 16 << 20;
     options_.lock = PoolLockMode::kOff;
-    pool_ = *Pool::OpenOrCreate(options_, std::nullopt);
+    pool_ = *Pool::OpenOrCreate(options_);
   }
   ~TestPool() {
     pool_.reset();
