@@ -50,6 +50,7 @@ CopyPlan PlanCopy(size_t count, SizeOf size_of, ChunkOf chunk_of, uint64_t part_
     // refused by the pool like any other that does not fit.
     plan.bytes = SaturatingAdd(plan.bytes, bytes);
     plan.space = SaturatingAdd(plan.space, PoolReservation::SpaceFor(bytes));
+    if (plan.space == std::numeric_limits<uint64_t>::max()) continue;  // never copied: no parts
     if (bytes > chunk_bytes) {
       plan.large.push_back(position);
       for (uint32_t chunk = 0; uint64_t{chunk} * chunk_bytes < bytes; ++chunk) {
