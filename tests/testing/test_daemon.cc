@@ -47,7 +47,10 @@ TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_c
   static std::atomic<int> counter{0};
   char directory[] = "/tmp/moesnap-test-XXXXXX";
   directory_ = mkdtemp(directory);
-  pool_name_ = absl::StrCat("moesnap-test-", getpid(), "-", counter++);
+  // The temporary folder's random part too: a pool left by a daemon a test killed must never be
+  // found again by a later test process that got the same pid.
+  pool_name_ = absl::StrCat("moesnap-test-", getpid(), "-", counter++, "-",
+                            directory_.substr(directory_.rfind('-') + 1));
   agent_socket_ = directory_ + "/agent.sock";
   admin_socket_ = directory_ + "/admin.sock";
   config_path_ = directory_ + "/moesnapd.toml";
