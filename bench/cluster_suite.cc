@@ -6,6 +6,12 @@
 //   - Rebuild of a node of a (4, 2) group from the survivors, against raw TCP for the bytes fetched
 //     plus a raw Reed-Solomon decode of them.
 //   - Memory per node for two-loss protection: data + parity against replication x3.
+//   - Control cost of a step on 3, 6, 12 and 24 nodes with tiny state (one 64 KiB region per node,
+//     tiny pools): etcd writes per step as etcd's own counters show them (mvcc puts and deletes,
+//     raft proposals), beside the one decision a step needs; Peer calls per step per node beside
+//     prepare + encode; lease keep-alives per node per TTL as etcd's leader counts them, beside
+//     one every third of a TTL; the commit latency, beside one fenced write of etcd measured in the
+//     same run.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -27,8 +33,12 @@
 #include "daemon/daemon.h"
 #include "erasure/reed_solomon.h"
 #include "moesnap/client.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "daemon/etcd/etcd_client.h"
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/http_client.h"
 
 namespace moesnap::bench {
 namespace {
@@ -38,6 +48,7 @@ constexpr int kRegionsPerNode = 8;  // 32 MiB of trainer state per node
 constexpr size_t kNodeBytes = kRegionBytes * kRegionsPerNode;
 constexpr int kDenseSteps = 5;
 constexpr size_t kChunkBytes = 4 << 20;
+constexpr uint32_t kControlLeaseMs = 5000;  // every benchmark cluster's lease TTL
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
@@ -47,13 +58,33 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// What each node of a benchmark cluster holds: `regions` trainer regions of `region_bytes`.
+struct Sizes {
+  size_t region_bytes = kRegionBytes;
+  int regions = kRegionsPerNode;
+  uint64_t stripe_unit_bytes = 4 << 20;
+  // Committed + captured + parity (m/k of the data, rounded up per stripe) + a rebuild's copy.
+  uint64_t pool_bytes = 4 * kNodeBytes + (16 << 20);
+  int capture_threads = 2;
+  size_t node_bytes() const { return region_bytes * static_cast<size_t>(regions); }
+};
+
+// Control-cost clusters: 64 KiB per node, so that 24 daemons fit a small machine.
+constexpr Sizes kTinySizes{.region_bytes = 64 << 10,
+                           .regions = 1,
+                           .stripe_unit_bytes = 64 << 10,
+                           .pool_bytes = 4 << 20,
+                           .capture_threads = 1};
+
 // N daemons of one cluster (a job of their own on `etcd`) and a trainer rank on each, all in this
 // process.
 class LoopbackCluster {
  public:
   static absl::StatusOr<std::unique_ptr<LoopbackCluster>> Start(const testing::EtcdCluster& etcd,
-                                                                int nodes, int k, int m) {
+                                                                int nodes, int k, int m,
+                                                                const Sizes& sizes = {}) {
     auto cluster = std::unique_ptr<LoopbackCluster>(new LoopbackCluster());
+    cluster->sizes_ = sizes;
     cluster->directory_ = absl::StrCat("/tmp/moesnap-bench-cluster-", getpid());
     std::filesystem::create_directories(cluster->directory_);
     daemon::ClusterOptions shape;
@@ -62,8 +93,8 @@ class LoopbackCluster {
     shape.node_count = nodes;
     shape.data_units = k;
     shape.parity_units = m;
-    shape.stripe_unit_bytes = 4 << 20;
-    shape.lease_ttl_ms = 5000;
+    shape.stripe_unit_bytes = sizes.stripe_unit_bytes;
+    shape.lease_ttl_ms = kControlLeaseMs;
     shape.commit_timeout_ms = 60000;
     shape.etcd_endpoints = etcd.endpoints();
     shape.advertise_host = "127.0.0.1";
@@ -76,11 +107,10 @@ class LoopbackCluster {
       options.admin_socket = absl::StrCat(cluster->directory_, "/admin", id, ".sock");
       options.http.address = "";  // six daemons in one process: none serves metrics
       options.pool.name = absl::StrCat("moesnap-bench-cluster-", getpid(), "-", id);
-      // Committed + captured + parity (m/k of the data, rounded up per stripe) + a rebuild's copy.
-      options.pool.bytes = 4 * kNodeBytes + (16 << 20);
+      options.pool.bytes = sizes.pool_bytes;
       options.pool.journal_bytes = 1 << 20;
       options.pool.lock = daemon::PoolLockMode::kOff;
-      options.capture.threads = 2;
+      options.capture.threads = sizes.capture_threads;
       options.cluster = shape;
       if (absl::Status status = options.cluster->Validate(id); !status.ok()) return status;
       cluster->pools_.push_back(options.pool.name);
@@ -96,13 +126,14 @@ class LoopbackCluster {
           {.socket_path = absl::StrCat(cluster->directory_, "/agent", id, ".sock"),
            .rank = static_cast<uint32_t>(id)});
       if (!client.ok()) return client.status();
-      absl::StatusOr<std::shared_ptr<SharedBuffer>> state = (*client)->AllocateHost(kNodeBytes);
+      absl::StatusOr<std::shared_ptr<SharedBuffer>> state =
+          (*client)->AllocateHost(sizes.node_bytes());
       if (!state.ok()) return state.status();
-      std::memset((*state)->data(), id + 1, kNodeBytes);
-      for (int region = 0; region < kRegionsPerNode; ++region) {
+      std::memset((*state)->data(), id + 1, sizes.node_bytes());
+      for (int region = 0; region < sizes.regions; ++region) {
         if (absl::Status status = (*client)->RegisterHostRegion(
-                {absl::StrCat("expert", region), "float32", {}}, *state, region * kRegionBytes,
-                kRegionBytes);
+                {absl::StrCat("expert", region), "float32", {}}, *state,
+                region * sizes.region_bytes, sizes.region_bytes);
             !status.ok()) {
           return status;
         }
@@ -129,9 +160,9 @@ class LoopbackCluster {
     std::vector<std::string> names;
     for (int region : regions) names.push_back(absl::StrCat("expert", region));
     for (size_t node = 0; node < clients_.size(); ++node) {
-      for (int region = 0; region < kRegionsPerNode; ++region) {
+      for (int region = 0; region < sizes_.regions; ++region) {
         if (regions.empty() || std::find(regions.begin(), regions.end(), region) != regions.end()) {
-          states_[node]->data()[region * kRegionBytes + step % 4096] ^= 0xff;
+          states_[node]->data()[region * sizes_.region_bytes + step % 4096] ^= 0xff;
         }
       }
     }
@@ -216,6 +247,7 @@ class LoopbackCluster {
     return absl::DeadlineExceededError("the benchmark cluster did not settle");
   }
 
+  Sizes sizes_;
   std::string directory_;
   std::vector<std::string> pools_;
   std::vector<std::unique_ptr<daemon::Daemon>> daemons_;
@@ -223,6 +255,124 @@ class LoopbackCluster {
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<std::shared_ptr<SharedBuffer>> states_;
 };
+
+// etcd's own counters, read from its /metrics: writes to its key space and raft entries.
+struct EtcdCounters {
+  double puts = 0;        // etcd_mvcc_put_total (puts, in Txns too)
+  double deletes = 0;     // etcd_mvcc_delete_total
+  double proposals = 0;   // etcd_server_proposals_committed_total (every write RPC, lease grants)
+  double renewals = 0;    // etcd_debugging_lease_renewed_total (keep-alives the leader served)
+};
+
+absl::StatusOr<EtcdCounters> ReadEtcdCounters(const std::string& endpoint) {
+  uint32_t port = 0;
+  if (!absl::SimpleAtoi(endpoint.substr(endpoint.rfind(':') + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("no port in etcd endpoint ", endpoint));
+  }
+  absl::StatusOr<testing::HttpReply> reply = testing::HttpGet(static_cast<uint16_t>(port), "/metrics");
+  if (!reply.ok()) return reply.status();
+  EtcdCounters counters;
+  const std::vector<std::pair<std::string, double*>> wanted = {
+      {"etcd_mvcc_put_total", &counters.puts},
+      {"etcd_mvcc_delete_total", &counters.deletes},
+      {"etcd_server_proposals_committed_total", &counters.proposals},
+      {"etcd_debugging_lease_renewed_total", &counters.renewals}};
+  int found = 0;
+  for (absl::string_view line : absl::StrSplit(reply->body, '\n')) {
+    for (const auto& [name, value] : wanted) {
+      const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ');
+      if (fields.size() == 2 && fields[0] == name && absl::SimpleAtod(fields[1], value)) ++found;
+    }
+  }
+  if (found != static_cast<int>(wanted.size())) {
+    return absl::NotFoundError(absl::StrCat("etcd's /metrics at ", endpoint, " lacks ",
+                                            wanted.size() - found, " of the counters read"));
+  }
+  return counters;
+}
+
+// What one committed step costs the control plane at one cluster size.
+struct ControlCost {
+  double kv_writes = 0;        // etcd's puts + deletes per step
+  double proposals = 0;        // etcd's raft entries per step
+  double client_writes = 0;    // etcd writes per step as the daemons count them
+  double peer_calls = 0;       // Peer calls per step per node
+  double renewals = 0;         // keep-alives per node per lease TTL
+  double commit_ms = 0;        // median commit latency of a step
+};
+
+constexpr int kControlSteps = 20;
+
+absl::StatusOr<ControlCost> MeasureControl(const testing::EtcdCluster& etcd, int nodes) {
+  const int k = nodes == 3 ? 2 : 4;
+  const int m = nodes == 3 ? 1 : 2;
+  absl::StatusOr<std::unique_ptr<LoopbackCluster>> cluster =
+      LoopbackCluster::Start(etcd, nodes, k, m, kTinySizes);
+  if (!cluster.ok()) return cluster.status();
+  // The first step encodes whole and elects nothing new; counting starts after it.
+  if (absl::StatusOr<double> first = (*cluster)->CommitStep(1, {}); !first.ok()) {
+    return first.status();
+  }
+  auto daemon_counters = [&]() -> absl::StatusOr<std::pair<double, double>> {
+    double peer_calls = 0, writes = 0;
+    for (int node = 0; node < nodes; ++node) {
+      absl::StatusOr<v1::ClusterStatusResponse> status = (*cluster)->Status(node);
+      if (!status.ok()) return status.status();
+      peer_calls += static_cast<double>(status->peer_calls());
+      writes += static_cast<double>(status->etcd_writes());
+    }
+    return std::pair{peer_calls, writes};
+  };
+  absl::StatusOr<EtcdCounters> etcd_before = ReadEtcdCounters(etcd.endpoint(0));
+  if (!etcd_before.ok()) return etcd_before.status();
+  // Answering ClusterStatus makes Peer calls of its own: the cost of one round of reading is
+  // measured and taken off.
+  absl::StatusOr<std::pair<double, double>> first_read = daemon_counters();
+  if (!first_read.ok()) return first_read.status();
+  absl::StatusOr<std::pair<double, double>> before = daemon_counters();
+  if (!before.ok()) return before.status();
+  const double reading_calls = before->first - first_read->first;
+  std::vector<double> latencies;
+  for (int step = 2; step < 2 + kControlSteps; ++step) {
+    absl::StatusOr<double> seconds = (*cluster)->CommitStep(step, {});
+    if (!seconds.ok()) return seconds.status();
+    latencies.push_back(*seconds * 1e3);
+  }
+  absl::StatusOr<EtcdCounters> etcd_after = ReadEtcdCounters(etcd.endpoint(0));
+  if (!etcd_after.ok()) return etcd_after.status();
+  absl::StatusOr<std::pair<double, double>> after = daemon_counters();
+  if (!after.ok()) return after.status();
+  // Keep-alives come every third of a TTL whatever the steps do: counted over one whole TTL.
+  const Clock::time_point renewals_start = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(kControlLeaseMs));
+  absl::StatusOr<EtcdCounters> renewals_after = ReadEtcdCounters(etcd.endpoint(0));
+  if (!renewals_after.ok()) return renewals_after.status();
+  const double ttls = Seconds(Clock::now() - renewals_start) / (kControlLeaseMs / 1e3);
+  return ControlCost{
+      .kv_writes = (etcd_after->puts + etcd_after->deletes - etcd_before->puts -
+                    etcd_before->deletes) / kControlSteps,
+      .proposals = (etcd_after->proposals - etcd_before->proposals) / kControlSteps,
+      .client_writes = (after->second - before->second) / kControlSteps,
+      .peer_calls = (after->first - before->first - reading_calls) / kControlSteps / nodes,
+      .renewals = (renewals_after->renewals - etcd_after->renewals) / nodes / ttls,
+      .commit_ms = Median(latencies)};
+}
+
+// The median round trip of one etcd write (a Put) on `etcd`: the floor under a step's decision.
+absl::StatusOr<double> EtcdPutMilliseconds(const testing::EtcdCluster& etcd) {
+  absl::StatusOr<std::unique_ptr<etcd::Client>> client = etcd::Client::Create(etcd.ClientOptions());
+  if (!client.ok()) return client.status();
+  std::vector<double> samples;
+  for (int i = 0; i < 20; ++i) {
+    const Clock::time_point start = Clock::now();
+    if (absl::StatusOr<int64_t> put = (*client)->Put("/moesnap-bench/probe", std::to_string(i));
+        !put.ok()) {
+      return put.status();
+    }
+    samples.push_back(Seconds(Clock::now() - start) * 1e3);
+  }
+  return Median(samples);
+}
 
 struct Limits {
   double memcpy_gbps = 0;
@@ -346,6 +496,26 @@ absl::Status RunClusterSuite(Report& report) {
                   expert / decode_limit / 1e9, decode_limit / Median(decoded)});
     }
   }
+  absl::StatusOr<double> put_ms = EtcdPutMilliseconds(**etcd);
+  if (!put_ms.ok()) return put_ms.status();
+  for (int nodes : {3, 6, 12, 24}) {
+    absl::StatusOr<ControlCost> cost = MeasureControl(**etcd, nodes);
+    if (!cost.ok()) return cost.status();
+    const std::string label = absl::StrCat(nodes, " nodes");
+    report.Add({"cluster", absl::StrCat("etcd writes per step (etcd's mvcc puts + deletes), ", label),
+                cost->kv_writes, "writes", "one decision per step", 1.0, cost->kv_writes});
+    report.Add({"cluster", absl::StrCat("etcd raft entries per step (etcd's proposals), ", label),
+                cost->proposals, "entries", "one decision per step", 1.0, cost->proposals});
+    report.Add({"cluster", absl::StrCat("etcd writes per step (daemons' own count), ", label),
+                cost->client_writes, "writes", "etcd's mvcc puts + deletes", cost->kv_writes,
+                cost->kv_writes > 0 ? cost->client_writes / cost->kv_writes : 0});
+    report.Add({"cluster", absl::StrCat("control messages (Peer calls) per step per node, ", label),
+                cost->peer_calls, "calls", "prepare + encode per node", 2.0, cost->peer_calls / 2.0});
+    report.Add({"cluster", absl::StrCat("lease keep-alives per node per TTL (etcd's count), ", label),
+                cost->renewals, "renewals", "one per third of a TTL", 3.0, cost->renewals / 3.0});
+    report.Add({"cluster", absl::StrCat("commit latency, 64 KiB/node, ", label), cost->commit_ms,
+                "ms", "one etcd put (fsync) round trip", *put_ms, *put_ms / cost->commit_ms});
+  }
   report.AddNote(
       "cluster",
       absl::StrCat(
@@ -356,7 +526,13 @@ absl::Status RunClusterSuite(Report& report) {
           absl::StrFormat("%.1f", limits.memcpy_gbps), " GB/s, raw TCP ",
           absl::StrFormat("%.1f", limits.tcp_gbps),
           " GB/s; every node shares the same cores, so limits add the nodes' work. Memory: "
-          "parity rounds up to whole stripes, so small nodes pay more than (k+m)/k."));
+          "parity rounds up to whole stripes, so small nodes pay more than (k+m)/k. Control "
+          "cost: the same daemons with one 64 KiB region per node and 4 MiB pools, (2,1) at 3 "
+          "nodes and (4,2) groups above, ", kControlSteps, " dense steps after the first; etcd's "
+          "counters are read from its /metrics before and after them, the daemons' from "
+          "ClusterStatus (peer_calls, etcd_writes), keep-alives over one TTL after them; lease TTL ",
+          kControlLeaseMs, " ms; etcd with fsync. etcd's raft entries count every write RPC, "
+          "Txns whose compare failed too."));
   return absl::OkStatus();
 }
 

@@ -210,6 +210,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   reader.Integer("node", "id", 0, UINT32_MAX, options.node_id);
   reader.String("agent", "socket", options.agent_socket);
   reader.String("admin", "socket", options.admin_socket);
+  reader.String("admin", "group", options.admin_access.group);
   CheckSocketPath(reader, "agent.socket", options.agent_socket);
   // Trainers hand over their memory on the agent socket's path + ".memory": it must fit too.
   CheckSocketPath(reader, "agent.socket",

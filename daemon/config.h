@@ -22,7 +22,7 @@
 
 namespace moesnap::daemon {
 
-// Who may talk to the daemon: its own uid, root, members of `group`, and `allowed_uids`.
+// Who may connect to a socket: the daemon's own uid, root, members of `group`, and `allowed_uids`.
 struct AccessOptions {
   std::string group;  // owns the sockets (0660); empty: the daemon's own group
   std::vector<uid_t> allowed_uids;
@@ -39,7 +39,10 @@ struct DaemonOptions {
   uint32_t node_id = 0;
   std::string agent_socket = "/run/moesnap/agent.sock";
   std::string admin_socket = "/run/moesnap/admin.sock";
-  AccessOptions access;
+  AccessOptions access;  // the agent socket (trainers)
+  // The admin socket (operators): it drops steps and exports every rank's state, so trainers'
+  // group is not let in; [admin] group names the operators' group, if any.
+  AccessOptions admin_access;
   PoolOptions pool;
   CaptureOptions capture;
   UpstreamLogOptions upstream_log;

@@ -37,8 +37,12 @@ std::map<std::string, HttpServer::Handler> OperationsRoutes(HealthMonitor* healt
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
-  absl::StatusOr<AccessPolicy> policy = AccessPolicy::FromOptions(options.access);
+  absl::StatusOr<AccessPolicy> policy =
+      AccessPolicy::FromOptions(options.access, "access.group");
   if (!policy.ok()) return policy.status();
+  absl::StatusOr<AccessPolicy> admin_policy =
+      AccessPolicy::FromOptions(options.admin_access, "admin.group");
+  if (!admin_policy.ok()) return admin_policy.status();
 
   daemon->sessions_ = std::make_unique<TrainerSessions>();
   daemon->host_backend_ = CreateHostCopyBackend(daemon->sessions_.get());
@@ -156,10 +160,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                      daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
                                      locked);
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
-      {{.path = options.agent_socket, .service = daemon->agent_service_.get()},
-       {.path = memory_socket, .handler = daemon->memory_handoff_.get()},
-       {.path = options.admin_socket, .service = daemon->admin_service_.get()}},
-      *std::move(policy), &daemon->connection_peers_);
+      {{.path = options.agent_socket, .service = daemon->agent_service_.get(), .policy = *policy},
+       {.path = memory_socket, .handler = daemon->memory_handoff_.get(), .policy = *policy},
+       {.path = options.admin_socket,
+        .service = daemon->admin_service_.get(),
+        .policy = *std::move(admin_policy)}},
+      &daemon->connection_peers_);
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);
 

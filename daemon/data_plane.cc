@@ -269,11 +269,19 @@ struct DataPlaneClient::Impl {
   std::vector<std::unique_ptr<Connection>> connections;
   std::atomic<uint64_t> next{0};
 
+  // `host` is an IP address or a host name (a replacement node may advertise either); each of its
+  // addresses is tried in turn.
   absl::Status Open(Connection& connection) {
     boost::system::error_code error;
+    tcp::resolver resolver(io);
+    const tcp::resolver::results_type addresses =
+        resolver.resolve(host, std::to_string(port), tcp::resolver::numeric_service, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("cannot resolve the data plane host ", host, ": ",
+                                                 error.message()));
+    }
     auto socket = std::make_unique<tcp::socket>(io);
-    const asio::ip::address address = asio::ip::make_address(host, error);
-    if (!error) socket->connect(tcp::endpoint(address, port), error);
+    asio::connect(*socket, addresses, error);
     if (error) {
       return absl::UnavailableError(absl::StrCat("cannot connect to the data plane of ", host, ":",
                                                  port, ": ", error.message()));

@@ -76,6 +76,7 @@ class DataPlaneServer {
 // not take within `send_timeout` (it stopped reading: paused, or hostile) fails the send.
 class DataPlaneClient {
  public:
+  // `host`: an IP address or a host name.
   static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(
       const std::string& host, uint16_t port, int connections,
       absl::Duration send_timeout = absl::Seconds(30));

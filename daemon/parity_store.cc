@@ -96,6 +96,7 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
       return it != pending_.end() && it->second.attempt >= header.attempt;
     };
     while (!open()) {
+      if (discarded_.contains(header.step)) return absl::OkStatus();  // aborted: dropped
       if (committed_step_ && header.step <= *committed_step_) {
         return absl::FailedPreconditionError(
             absl::StrCat("parity data for step ", header.step, ", which is already committed"));
@@ -207,6 +208,7 @@ void ParityStore::Commit(int64_t step) {
   committed_step_ = step;
   // Older open steps can never commit now.
   pending_.erase(pending_.begin(), std::next(it));
+  discarded_.erase(discarded_.begin(), discarded_.upper_bound(step));
   changed_.SignalAll();
 }
 
@@ -216,12 +218,20 @@ void ParityStore::Abort(int64_t step) {
   changed_.SignalAll();
 }
 
+void ParityStore::Discard(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  pending_.erase(step);
+  if (!committed_step_ || step > *committed_step_) discarded_.insert(step);
+  changed_.SignalAll();
+}
+
 void ParityStore::Install(int64_t step, std::vector<ParityUnit> units) {
   absl::MutexLock lock(&mutex_);
   committed_.clear();
   for (ParityUnit& unit : units) committed_[unit.stripe] = std::move(unit);
   committed_step_ = step;
   pending_.erase(pending_.begin(), pending_.upper_bound(step));
+  discarded_.erase(discarded_.begin(), discarded_.upper_bound(step));
 }
 
 std::optional<ParityUnit> ParityStore::Committed(uint64_t stripe) const {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -63,6 +64,9 @@ class ParityStore {
   // `step` becomes the committed parity; the previous committed units are freed.
   void Commit(int64_t step);
   void Abort(int64_t step);
+  // `step` was decided aborted: its parity goes, and its frames that arrive later are dropped
+  // without closing their connection (later steps' frames follow on it).
+  void Discard(int64_t step);
   // Replaces the committed units (rebuild).
   void Install(int64_t step, std::vector<ParityUnit> units);
 
@@ -90,6 +94,7 @@ class ParityStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  std::set<int64_t> discarded_ ABSL_GUARDED_BY(mutex_);  // decided aborted, after the committed step
   std::optional<int64_t> committed_step_ ABSL_GUARDED_BY(mutex_);
   std::map<uint64_t, ParityUnit> committed_ ABSL_GUARDED_BY(mutex_);
   // Serializes additions into one unit; one lock per stripe residue keeps contention low.

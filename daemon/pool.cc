@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -122,6 +123,82 @@ absl::StatusOr<std::shared_ptr<PoolBytes>> Pool::AllocateBytes(uint64_t bytes) {
   for (const ExtentAllocator::Range& range : ranges) {
     extents.push_back(std::make_shared<PoolExtent>(this, range.offset, range.bytes));
   }
+  return std::make_shared<PoolBytes>(std::move(extents), bytes);
+}
+
+absl::StatusOr<std::shared_ptr<const PoolReservation>> Pool::Reserve(uint64_t bytes) {
+  std::vector<ExtentAllocator::Range> ranges;
+  {
+    absl::MutexLock lock(&mutex_);
+    ranges = allocator_.AllocatePieces(bytes);
+    if (ranges.empty()) return Exhausted(bytes, "");
+  }
+  return std::shared_ptr<const PoolReservation>(new PoolReservation(this, std::move(ranges), bytes));
+}
+
+PoolReservation::PoolReservation(Pool* pool, std::vector<ExtentAllocator::Range> ranges,
+                                 uint64_t bytes)
+    : pool_(pool), ranges_(std::move(ranges)), bytes_(bytes) {
+  uint64_t start = 0;
+  for (const ExtentAllocator::Range& range : ranges_) {
+    starts_.push_back(start);
+    start += range.bytes;
+  }
+}
+
+PoolReservation::~PoolReservation() {
+  std::vector<ExtentAllocator::Range> taken;
+  {
+    absl::MutexLock lock(&mutex_);
+    taken = std::move(taken_);
+  }
+  std::sort(taken.begin(), taken.end(),
+            [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  // The gaps between the parts taken, in the reservation's own offsets, each freed range by range.
+  const uint64_t end = starts_.empty() ? 0 : starts_.back() + ranges_.back().bytes;
+  uint64_t position = 0;
+  for (size_t part = 0; part <= taken.size(); ++part) {
+    const uint64_t gap_end = part < taken.size() ? taken[part].offset : end;
+    ForEachRange(position, gap_end - position, [this](uint64_t offset, uint64_t bytes) {
+      pool_->Free(offset, bytes);
+    });
+    if (part < taken.size()) position = taken[part].offset + taken[part].bytes;
+  }
+}
+
+template <typename Visit>
+void PoolReservation::ForEachRange(uint64_t offset, uint64_t length, Visit visit) const {
+  if (length == 0) return;
+  size_t i = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin() - 1;
+  for (uint64_t done = 0; done < length; ++i) {
+    const uint64_t within = offset + done - starts_[i];
+    const uint64_t piece = std::min(length - done, ranges_[i].bytes - within);
+    visit(ranges_[i].offset + within, piece);
+    done += piece;
+  }
+}
+
+uint64_t PoolReservation::SpaceFor(uint64_t bytes) {
+  // Beyond any pool when rounding would wrap: the reservation is refused.
+  return ExtentAllocator::RoundUp(bytes, std::numeric_limits<uint64_t>::max())
+      .value_or(std::numeric_limits<uint64_t>::max());
+}
+
+std::shared_ptr<PoolBytes> PoolReservation::Take(uint64_t offset, uint64_t bytes) const {
+  const uint64_t space = SpaceFor(bytes);
+  {
+    absl::MutexLock lock(&mutex_);
+    // Contiguous parts merge, so a step's record of what was taken stays short.
+    if (!taken_.empty() && taken_.back().offset + taken_.back().bytes == offset) {
+      taken_.back().bytes += space;
+    } else {
+      taken_.push_back({offset, space});
+    }
+  }
+  std::vector<std::shared_ptr<PoolExtent>> extents;
+  ForEachRange(offset, space, [&](uint64_t at, uint64_t length) {
+    extents.push_back(std::make_shared<PoolExtent>(pool_, at, length));
+  });
   return std::make_shared<PoolBytes>(std::move(extents), bytes);
 }
 

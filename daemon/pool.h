@@ -105,6 +105,41 @@ void PoolBytes::ForEach(uint64_t offset, uint64_t length, Visit visit) const {
   }
 }
 
+// Space for the versions of one step, taken from the pool in one allocation (a few extents at
+// most) and cut into the versions' byte strings by whoever copies them: a step of thousands of
+// regions costs one allocation, not one each. Each part must be taken exactly once; what is taken
+// belongs to the PoolBytes it became (freed with it), and what is never taken goes back to the
+// pool with the reservation. Thread-safe.
+class PoolReservation {
+ public:
+  ~PoolReservation();
+  PoolReservation(const PoolReservation&) = delete;
+  PoolReservation& operator=(const PoolReservation&) = delete;
+
+  // The space a version of `bytes` bytes takes: rounded up to the pool's alignment (the largest
+  // uint64_t when that would wrap, which no pool holds).
+  static uint64_t SpaceFor(uint64_t bytes);
+  uint64_t bytes() const { return bytes_; }
+  // [offset, offset + SpaceFor(bytes)) of the reservation as a byte string of `bytes` bytes.
+  // The range must lie within the reservation, start on the alignment and not be taken before.
+  std::shared_ptr<PoolBytes> Take(uint64_t offset, uint64_t bytes) const;
+
+ private:
+  friend class Pool;
+  PoolReservation(Pool* pool, std::vector<ExtentAllocator::Range> ranges, uint64_t bytes);
+  // Calls visit(pool offset, bytes) for the pool ranges of [offset, offset + length) of the
+  // reservation, in order.
+  template <typename Visit>
+  void ForEachRange(uint64_t offset, uint64_t length, Visit visit) const;
+
+  Pool* const pool_;
+  const std::vector<ExtentAllocator::Range> ranges_;  // in order
+  std::vector<uint64_t> starts_;                      // where each range starts in the reservation
+  const uint64_t bytes_;
+  mutable absl::Mutex mutex_;
+  mutable std::vector<ExtentAllocator::Range> taken_ ABSL_GUARDED_BY(mutex_);  // reservation offsets
+};
+
 // Thread-safe. The pool must outlive every extent it handed out.
 class Pool {
  public:
@@ -124,6 +159,9 @@ class Pool {
   // Hands out `bytes` in as few extents as the free space allows: refused only when fewer bytes
   // are free. RESOURCE_EXHAUSTED says how much is free.
   absl::StatusOr<std::shared_ptr<PoolBytes>> AllocateBytes(uint64_t bytes);
+  // Hands out `bytes` (a sum of PoolReservation::SpaceFor) to be cut into versions later; refused
+  // like AllocateBytes.
+  absl::StatusOr<std::shared_ptr<const PoolReservation>> Reserve(uint64_t bytes);
   // Claims a specific range at start-up, for a version found in the journal.
   absl::StatusOr<std::shared_ptr<PoolExtent>> Claim(uint64_t offset, uint64_t bytes);
   // Claims the extents of a version found in the journal, holding `bytes` bytes.
@@ -138,6 +176,7 @@ class Pool {
 
  private:
   friend class PoolExtent;
+  friend class PoolReservation;
   Pool(SharedMemory memory, bool reattached, int lock_fd);
   void Free(uint64_t offset, uint64_t bytes);
   absl::Status Exhausted(uint64_t bytes, const char* how) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

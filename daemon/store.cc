@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/shared_memory.h"
+#include "daemon/copy_plan.h"
 #include "daemon/progress.h"
 #include "daemon/region_limits.h"
 #include "erasure/crc32c.h"
@@ -84,13 +85,74 @@ struct Store::Version {
   }
 };
 
+// A rank's registered regions; immutable once made, so that a step keeps the table it captures
+// from without copying it (a registration makes a new table).
+struct Store::RegionTable {
+  struct Region {
+    v1::RegionSpec spec;
+    std::shared_ptr<RegionSource> source;
+    CopyBackend* backend = nullptr;
+  };
+
+  RegionTable() = default;
+  RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes);
+  static const std::shared_ptr<const RegionTable>& None();  // a rank with no regions registered
+
+  const std::string& name(uint32_t index) const { return regions[index].spec.name(); }
+  std::optional<uint32_t> Find(std::string_view name) const {
+    auto it = std::lower_bound(regions.begin(), regions.end(), name,
+                               [](const Region& region, std::string_view key) {
+                                 return region.spec.name() < key;
+                               });
+    if (it == regions.end() || it->spec.name() != name) return std::nullopt;
+    return static_cast<uint32_t>(it - regions.begin());
+  }
+
+  std::vector<Region> regions;  // by name
+  std::vector<uint32_t> all;    // every index: what a whole-rank step captures
+  std::shared_ptr<const CopyPlan> plan_of_all;
+};
+
+const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
+  static const auto* none =
+      new std::shared_ptr<const RegionTable>(std::make_shared<const RegionTable>());
+  return *none;
+}
+
+Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes) {
+  regions.reserve(by_name.size());
+  for (auto& [name, region] : by_name) {
+    all.push_back(static_cast<uint32_t>(regions.size()));
+    regions.push_back(std::move(region));
+  }
+  plan_of_all = std::make_shared<const CopyPlan>(PlanCopy(
+      regions.size(), [this](uint32_t i) { return regions[i].spec.bytes(); },
+      [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes));
+}
+
+// One step's capture while its parts copy: what they share.
+struct Store::CaptureJob {
+  uint32_t rank = 0;
+  int64_t step = 0;
+  std::shared_ptr<const RegionTable> table;
+  std::shared_ptr<const std::vector<uint32_t>> selection;
+  std::shared_ptr<const CopyPlan> plan;
+  std::shared_ptr<const PoolReservation> reservation;
+  std::vector<std::shared_ptr<Version>> versions;  // per position, made by the part that copies it
+  absl::Mutex mutex;
+  absl::Status failure ABSL_GUARDED_BY(mutex);  // the first copy that failed
+};
+
 struct Store::StepRecord {
   int64_t step = 0;
   v1::StepState state = v1::STEP_STATE_CAPTURING;
-  std::vector<std::shared_ptr<Version>> versions;  // released once the step finishes
-  std::vector<std::string> region_names;            // what the step captures, kept after it ends
+  std::vector<std::shared_ptr<Version>> versions;  // once captured; released once the step finishes
+  // What the step captures (regions of `table` at the indices of `selection`), kept after it ends.
+  std::shared_ptr<const RegionTable> table;
+  std::shared_ptr<const std::vector<uint32_t>> selection;
   std::optional<v1::SparseSlot> sparse;             // its place in a window, for a sparse step
-  uint64_t pending_chunks = 0;
+  const CaptureJob* capture = nullptr;  // the copy in progress, while capturing
+  uint64_t pending_parts = 0;
   bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
   bool skipped = false;   // never captured: the daemon skipped it (Snapshot says why)
   uint64_t bytes = 0;
@@ -98,16 +160,16 @@ struct Store::StepRecord {
   absl::Status failure;
   absl::Time started;        // Snapshot accepted it
   absl::Time captured_time;  // every chunk copied
+
+  bool Captures(const std::string& region) const {
+    const std::optional<uint32_t> index = table->Find(region);
+    return index && std::binary_search(selection->begin(), selection->end(), *index);
+  }
 };
 
 struct Store::RankState {
-  struct Registered {
-    v1::RegionSpec spec;
-    std::shared_ptr<RegionSource> source;
-    CopyBackend* backend = nullptr;
-  };
   uint64_t session = 0;  // the trainer process registered now (TrainerSessions' number)
-  std::map<std::string, Registered> regions;
+  std::shared_ptr<const RegionTable> regions = RegionTable::None();
   std::map<std::string, std::shared_ptr<Version>> committed;
   std::map<int64_t, StepRecord> steps;
   std::optional<int64_t> latest_committed;
@@ -230,7 +292,7 @@ void Store::StartSession(uint32_t rank, uint64_t session) {
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
   rank_state.session = session;
-  rank_state.regions.clear();  // copies in flight keep their own references to the old sources
+  rank_state.regions = RegionTable::None();  // copies in flight keep their own references to the old table
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay_through = rank_state.latest_snapshot;
 }
@@ -241,14 +303,14 @@ void Store::EndSession(uint32_t rank, uint64_t session) {
   if (it == ranks_.end() || it->second.session != session) return;  // a newer process took over
   activity_.Gone(rank);
   // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
-  it->second.regions.clear();
+  it->second.regions = RegionTable::None();
   it->second.restarting = false;
   step_changed_.SignalAll();
 }
 
 absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
   // Open everything first, outside the lock: a bad region fails the call without changing anything.
-  std::vector<RankState::Registered> opened;
+  std::map<std::string, RegionTable::Region> opened;
   for (const v1::RegionSpec& spec : regions) {
     if (absl::Status valid = CheckRegionSpec(spec); !valid.ok()) return valid;
     CopyBackend* backend = BackendFor(spec.device());
@@ -258,17 +320,27 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     }
     absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(rank, spec);
     if (!source.ok()) return source.status();
-    opened.push_back({spec, *std::move(source), backend});
+    opened[spec.name()] = {spec, *std::move(source), backend};
   }
   activity_.Active(rank);
-  absl::MutexLock lock(&mutex_);
-  RankState& rank_state = ranks_[rank];
-  for (RankState::Registered& region : opened) {
-    const std::string name = region.spec.name();
-    rank_state.regions[name] = std::move(region);
+  // The rank's next table is made outside the lock too; a registration that raced with this one
+  // (or a new session) makes it start again from the table that won.
+  while (true) {
+    std::shared_ptr<const RegionTable> current;
+    {
+      absl::MutexLock lock(&mutex_);
+      current = ranks_[rank].regions;
+    }
+    std::map<std::string, RegionTable::Region> merged = opened;
+    for (const RegionTable::Region& region : current->regions) merged.emplace(region.spec.name(), region);
+    auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes);
+    absl::MutexLock lock(&mutex_);
+    RankState& rank_state = ranks_[rank];
+    if (rank_state.regions != current) continue;
+    rank_state.regions = std::move(next);
+    rank_state.restarting = false;
+    return absl::OkStatus();
   }
-  rank_state.restarting = false;
-  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step,
@@ -277,7 +349,8 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   activity_.Active(rank);
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
-  if (rank_state.regions.empty()) {
+  const std::shared_ptr<const RegionTable> table = rank_state.regions;
+  if (table->regions.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " has no registered regions to snapshot"));
   }
@@ -301,41 +374,53 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                                                    ", its latest snapshot"));
   }
 
-  // What the step captures. A dense step that names some regions also takes every region an
-  // earlier step named and did not commit (skipped, aborted, or still waiting): the trainer's
-  // memory holds their values as of this step, and without them the step would not be a
-  // consistent state.
-  std::map<std::string, const RankState::Registered*> selected;
-  if (regions.empty()) {
-    for (const auto& [name, region] : rank_state.regions) selected[name] = &region;
-  } else {
+  // What the step captures: every region (the table's own selection and plan, made once at
+  // registration, so that a step of thousands of regions costs no work per region here), or the
+  // regions named. A dense step that names some regions also takes every region an earlier step
+  // captured and did not commit (skipped, aborted, or still waiting): the trainer's memory holds
+  // their values as of this step, and without them the step would not be a consistent state.
+  std::shared_ptr<const std::vector<uint32_t>> selection(table, &table->all);
+  std::shared_ptr<const CopyPlan> plan = table->plan_of_all;
+  if (!regions.empty()) {
+    std::vector<uint32_t> chosen;
     for (const std::string& name : regions) {
-      auto it = rank_state.regions.find(name);
-      if (it == rank_state.regions.end()) {
+      const std::optional<uint32_t> index = table->Find(name);
+      if (!index) {
         return absl::NotFoundError(absl::StrCat("rank ", rank, " has no registered region '", name,
-                                                "' (", rank_state.regions.size(),
+                                                "' (", table->regions.size(),
                                                 " regions are registered)"));
       }
-      selected[name] = &it->second;
+      chosen.push_back(*index);
     }
     for (const auto& [earlier, record] : rank_state.steps) {
       if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED) continue;
       if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
-      for (const std::string& name : record.region_names) {
-        if (auto it = rank_state.regions.find(name); it != rank_state.regions.end()) {
-          selected[name] = &it->second;
+      if (record.table == table) {
+        chosen.insert(chosen.end(), record.selection->begin(), record.selection->end());
+        continue;
+      }
+      for (uint32_t index : *record.selection) {
+        if (std::optional<uint32_t> now = table->Find(record.table->name(index))) {
+          chosen.push_back(*now);
         }
       }
     }
+    std::sort(chosen.begin(), chosen.end());
+    chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+    if (chosen.size() < table->all.size()) {
+      auto named = std::make_shared<const std::vector<uint32_t>>(std::move(chosen));
+      plan = std::make_shared<const CopyPlan>(PlanCopy(
+          named->size(), [&](uint32_t position) { return table->regions[(*named)[position]].spec.bytes(); },
+          [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes));
+      selection = std::move(named);
+    }
   }
-  std::vector<std::string> names;
-  for (const auto& [name, region] : selected) names.push_back(name);
 
   if (sparse) {
     const std::optional<v1::SparseWindow>& open = rank_state.open_window;
     if (sparse->slot() > 0 && open && open->first_step() == sparse->window_first_step() &&
         !open->failure().empty()) {
-      return Skip(rank_state, rank, step, sparse, names,
+      return Skip(rank_state, rank, step, sparse, table, selection,
                   absl::StrCat("the window from step ", open->first_step(),
                                " can no longer commit: ", open->failure()));
     }
@@ -349,63 +434,73 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     }
     if (options_.max_in_flight_steps > 0 &&
         waiting.size() >= static_cast<size_t>(options_.max_in_flight_steps)) {
-      return Skip(rank_state, rank, step, sparse, names,
+      return Skip(rank_state, rank, step, sparse, table, selection,
                   absl::StrCat("steps ", absl::StrJoin(waiting, ", "),
                                " still wait for their commit (capture.max_in_flight_steps = ",
                                options_.max_in_flight_steps, "): commits lag behind training"));
     }
   }
 
+  // The pool space of the whole step in one reservation; the copy threads cut it into versions.
+  absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation = pool_->Reserve(plan->space);
+  if (!reservation.ok()) {
+    return Skip(rank_state, rank, step, sparse, table, selection,
+                absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
+                             ") for ", selection->size(), " regions: ",
+                             reservation.status().message()));
+  }
+  auto job = std::make_shared<CaptureJob>();
+  job->rank = rank;
+  job->step = step;
+  job->table = table;
+  job->selection = selection;
+  job->plan = plan;
+  job->reservation = *std::move(reservation);
+  job->versions.resize(selection->size());
+  for (uint32_t position : plan->large) {  // copied by several parts: made before any of them runs
+    job->versions[position] = NewVersion(*job, position);
+  }
+
   StepRecord record;
   record.step = step;
   record.started = absl::Now();
-  for (const auto& [name, region] : selected) record.bytes += region->spec.bytes();
-  for (const auto& [name, region] : selected) {
-    absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->AllocateBytes(region->spec.bytes());
-    if (!stored.ok()) {
-      // Extents taken so far are released with `record`; nothing stored is touched.
-      return Skip(rank_state, rank, step, sparse, names,
-                  absl::StrCat("it needs ", record.bytes, " bytes (", FormatByteSize(record.bytes),
-                               ") for ", selected.size(), " regions: ", stored.status().message()));
-    }
-    auto version = std::make_shared<Version>();
-    version->rank = rank;
-    version->region = region->spec.name();
-    version->step = step;
-    version->bytes = region->spec.bytes();
-    version->dtype = region->spec.dtype();
-    version->shape.assign(region->spec.shape().begin(), region->spec.shape().end());
-    version->chunk_bytes = options_.chunk_bytes;
-    version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
-    version->stored = *std::move(stored);
-    record.pending_chunks += version->chunks();
-    record.region_names.push_back(version->region);
-    record.versions.push_back(std::move(version));
-  }
-  record.regions = static_cast<uint32_t>(selected.size());
+  record.bytes = plan->bytes;
+  record.regions = static_cast<uint32_t>(selection->size());
+  record.table = table;
+  record.selection = selection;
   record.sparse = sparse;
+  record.capture = job.get();
+  record.pending_parts = plan->parts.size();
   if (sparse) AddWindowSlot(rank_state, step, *sparse, v1::STEP_STATE_CAPTURING);
-  const uint64_t bytes = record.bytes;
-  in_flight_bytes_ += bytes;
+  in_flight_bytes_ += record.bytes;
   rank_state.latest_snapshot = step;
-  StepRecord& stored = rank_state.steps[step] = std::move(record);
-  std::vector<std::function<void()>> copies;
-  for (size_t i = 0; i < stored.versions.size(); ++i) {
-    const std::shared_ptr<Version>& version = stored.versions[i];
-    for (uint32_t chunk = 0; chunk < version->chunks(); ++chunk) {
-      const RankState::Registered* region = selected.at(version->region);
-      copies.push_back([this, rank, step, version, chunk, source = region->source,
-                        backend = region->backend] {
-        CopyChunk(rank, step, version, chunk, source, backend);
-      });
-    }
-  }
-  Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", stored.regions,
-      " regions, ", bytes, " bytes");
-  workers_.SubmitAll(std::move(copies));
+  Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", record.regions,
+      " regions, ", record.bytes, " bytes in ", plan->parts.size(), " parts");
   v1::SnapshotResponse response;
-  response.set_bytes(bytes);
+  response.set_bytes(record.bytes);
+  rank_state.steps[step] = std::move(record);
+  std::vector<std::function<void()>> parts;
+  parts.reserve(plan->parts.size());
+  for (size_t part = 0; part < plan->parts.size(); ++part) {
+    parts.push_back([this, job, part] { CapturePart(job, part); });
+  }
+  workers_.SubmitAll(std::move(parts));
   return response;
+}
+
+std::shared_ptr<Store::Version> Store::NewVersion(const CaptureJob& job, uint32_t position) const {
+  const v1::RegionSpec& spec = job.table->regions[(*job.selection)[position]].spec;
+  auto version = std::make_shared<Version>();
+  version->rank = job.rank;
+  version->region = spec.name();
+  version->step = job.step;
+  version->bytes = spec.bytes();
+  version->dtype = spec.dtype();
+  version->shape.assign(spec.shape().begin(), spec.shape().end());
+  version->chunk_bytes = options_.chunk_bytes;
+  version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
+  version->stored = job.reservation->Take(job.plan->offsets[position], spec.bytes());
+  return version;
 }
 
 void Store::AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
@@ -425,7 +520,9 @@ void Store::AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseS
 
 v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t step,
                                 const std::optional<v1::SparseSlot>& sparse,
-                                std::vector<std::string> regions, const std::string& why) {
+                                std::shared_ptr<const RegionTable> table,
+                                std::shared_ptr<const std::vector<uint32_t>> selection,
+                                const std::string& why) {
   ++snapshots_skipped_;
   StepMetrics::Get().skipped.Add();
   last_skip_ = absl::StrCat("rank ", rank, ", step ", step, ": ", why);
@@ -437,7 +534,8 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
   record.step = step;
   record.state = v1::STEP_STATE_ABORTED;
   record.skipped = true;
-  record.region_names = std::move(regions);  // the changes a later step must take with it
+  record.table = std::move(table);  // the changes a later step must take with it
+  record.selection = std::move(selection);
   record.failure = absl::AbortedError(absl::StrCat("skipped: ", why));
   record.sparse = sparse;
   if (sparse) {
@@ -462,28 +560,56 @@ void Store::TrimFinishedSteps(RankState& rank_state) {
   }
 }
 
-void Store::CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
-                      std::shared_ptr<RegionSource> source, CopyBackend* backend) {
-  const uint64_t offset = uint64_t{chunk} * version->chunk_bytes;
-  absl::StatusOr<uint32_t> crc = uint32_t{0};
-  version->stored->ForEach(offset, version->ChunkLength(chunk),
-                           [&](uint8_t* data, uint64_t bytes, uint64_t position) {
-                             if (crc.ok()) crc = backend->CopyOut(*source, offset + position, data, bytes, *crc);
-                           });
+void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_index) {
+  const CopyPlan::Part& part = job->plan->parts[part_index];
+  absl::Status failure;
+  // Copies one chunk of the version at `position` out of the trainer's memory, with its CRC-32C.
+  auto copy = [&](uint32_t position, uint32_t chunk) {
+    const RegionTable::Region& region = job->table->regions[(*job->selection)[position]];
+    Version& version = *job->versions[position];
+    const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
+    absl::StatusOr<uint32_t> crc = uint32_t{0};
+    version.stored->ForEach(offset, version.ChunkLength(chunk),
+                            [&](uint8_t* data, uint64_t bytes, uint64_t at) {
+                              if (crc.ok()) {
+                                crc = region.backend->CopyOut(*region.source, offset + at, data,
+                                                              bytes, *crc);
+                              }
+                            });
+    if (!crc.ok()) {
+      failure = absl::Status(crc.status().code(),
+                             absl::StrCat("copy of region '", version.region, "' chunk ", chunk,
+                                          " failed: ", crc.status().message()));
+      return;
+    }
+    version.chunk_crcs[chunk] = *crc;
+  };
+  if (part.chunk) {
+    copy(part.first, *part.chunk);
+  } else {
+    for (uint32_t position = part.first; position < part.last && failure.ok(); ++position) {
+      job->versions[position] = NewVersion(*job, position);
+      copy(position, 0);
+    }
+  }
+
   absl::MutexLock lock(&mutex_);
-  RankState& rank_state = ranks_[rank];
-  auto it = rank_state.steps.find(step);
-  if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURING) return;
-  StepRecord& record = it->second;
-  if (!crc.ok()) {
-    AbortStep(rank_state, record,
-              absl::Status(crc.status().code(),
-                           absl::StrCat("copy of region '", version->region, "' chunk ", chunk,
-                                        " failed: ", crc.status().message())));
+  RankState& rank_state = ranks_[job->rank];
+  auto it = rank_state.steps.find(job->step);
+  // The step may have ended meanwhile (aborted, or dropped and its number taken again).
+  if (it == rank_state.steps.end() || it->second.capture != job.get() ||
+      it->second.state != v1::STEP_STATE_CAPTURING) {
     return;
   }
-  version->chunk_crcs[chunk] = *crc;
-  if (--record.pending_chunks == 0) FinishStep(rank_state, rank, record);
+  StepRecord& record = it->second;
+  if (!failure.ok()) {
+    AbortStep(rank_state, record, std::move(failure));
+    return;
+  }
+  if (--record.pending_parts == 0) {
+    record.versions = std::move(job->versions);
+    FinishStep(rank_state, job->rank, record);
+  }
 }
 
 v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
@@ -650,10 +776,10 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
                                                    absl::Time deadline) {
   struct Work {
     std::shared_ptr<Version> version;
-    std::shared_ptr<RegionSource> source;
-    CopyBackend* backend;
+    const RegionTable::Region* region;  // in `table`
   };
-  std::vector<Work> work;
+  std::shared_ptr<const RegionTable> table;
+  auto work = std::make_shared<std::vector<Work>>();
   v1::RestoreResponse response;
   {
     absl::MutexLock lock(&mutex_);
@@ -662,21 +788,8 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
     }
     RankState& rank_state = rank_it->second;
-    while (const StepRecord* capturing = rank_state.Capturing()) {
-      if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "step ", capturing->step, " of rank ", rank, " is still capturing; restore after it"));
-      }
-    }
-    // A step this rank captured that the node voted to commit may still commit: the restore takes
-    // it or the step before it only once the cluster decided, so that ranks restarting together
-    // cannot restore different steps (one before the decision, one after).
-    while (const std::optional<int64_t> pending = PreparedStepOf(rank_state)) {
-      if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
-        return absl::UnavailableError(absl::StrCat(
-            "step ", *pending, " of rank ", rank, " is being decided by the cluster (this node "
-            "voted to commit it); restore again once it is decided"));
-      }
+    if (absl::Status settled = AwaitSettled(rank, rank_state, deadline); !settled.ok()) {
+      return settled;
     }
     if (!rank_state.latest_committed) {
       return absl::NotFoundError(absl::StrCat("rank ", rank, " has no committed step to restore"));
@@ -691,27 +804,16 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
           "step ", *step, " of rank ", rank, " was superseded: only the latest committed step, ",
           latest, ", is kept"));
     }
-    if (rank_state.regions.empty()) {
+    table = rank_state.regions;
+    if (table->regions.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank, " has no registered regions to restore into: register them first"));
     }
-    std::vector<std::string> names = regions;
-    if (names.empty()) {
-      for (const auto& [name, region] : rank_state.regions) names.push_back(name);
-    }
-    for (const std::string& name : names) {
-      auto registered = rank_state.regions.find(name);
-      if (registered == rank_state.regions.end()) {
-        return absl::NotFoundError(
-            absl::StrCat("rank ", rank, " has not registered region '", name, "'"));
-      }
-      auto stored = rank_state.committed.find(name);
-      if (stored == rank_state.committed.end()) {
-        return absl::NotFoundError(absl::StrCat("region '", name, "' of rank ", rank,
-                                                " has no committed version to restore"));
-      }
-      const v1::RegionSpec& spec = registered->second.spec;
-      const Version& version = *stored->second;
+    auto add = [&](const RegionTable::Region& registered,
+                   const std::shared_ptr<Version>& stored) -> absl::Status {
+      const v1::RegionSpec& spec = registered.spec;
+      const std::string& name = spec.name();
+      const Version& version = *stored;
       if (spec.bytes() != version.bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "region '", name, "' is ", spec.bytes(), " bytes in this trainer, but step ",
@@ -730,7 +832,35 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
             "] in this trainer, but step ", version.step, " stored [",
             absl::StrJoin(version.shape, ", "), "]"));
       }
-      work.push_back({stored->second, registered->second.source, registered->second.backend});
+      work->push_back({stored, &registered});
+      return absl::OkStatus();
+    };
+    auto not_committed = [rank](const std::string& name) {
+      return absl::NotFoundError(absl::StrCat("region '", name, "' of rank ", rank,
+                                              " has no committed version to restore"));
+    };
+    if (regions.empty()) {
+      // Both are in name order: one pass over each.
+      auto stored = rank_state.committed.begin();
+      for (const RegionTable::Region& registered : table->regions) {
+        const std::string& name = registered.spec.name();
+        while (stored != rank_state.committed.end() && stored->first < name) ++stored;
+        if (stored == rank_state.committed.end() || stored->first != name) return not_committed(name);
+        if (absl::Status status = add(registered, stored->second); !status.ok()) return status;
+      }
+    } else {
+      for (const std::string& name : regions) {
+        const std::optional<uint32_t> index = table->Find(name);
+        if (!index) {
+          return absl::NotFoundError(
+              absl::StrCat("rank ", rank, " has not registered region '", name, "'"));
+        }
+        auto stored = rank_state.committed.find(name);
+        if (stored == rank_state.committed.end()) return not_committed(name);
+        if (absl::Status status = add(table->regions[*index], stored->second); !status.ok()) {
+          return status;
+        }
+      }
     }
     response.set_step(latest);
     if (regions.empty()) {
@@ -746,8 +876,13 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     }
   }
 
-  // Copy outside the lock, chunk by chunk on the capture threads; the versions held here cannot be
-  // freed by a concurrent commit. The first failure is reported; the other chunks still finish.
+  // Copy outside the lock on the capture threads, a run of small regions or a chunk of a large one
+  // per task; the versions held here cannot be freed by a concurrent commit. The first failure is
+  // reported; the other parts still finish.
+  const auto plan = std::make_shared<const CopyPlan>(PlanCopy(
+      work->size(), [&](uint32_t position) { return (*work)[position].version->bytes; },
+      [&](uint32_t position) { return (*work)[position].version->chunk_bytes; },
+      options_.chunk_bytes));
   struct Progress {
     absl::Mutex mutex;
     uint64_t pending ABSL_GUARDED_BY(mutex) = 0;
@@ -756,34 +891,48 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   auto progress = std::make_shared<Progress>();
   {
     absl::MutexLock lock(&progress->mutex);
-    for (const Work& item : work) progress->pending += item.version->chunks();
+    progress->pending = plan->parts.size();
   }
-  for (const Work& item : work) {
-    for (uint32_t chunk = 0; chunk < item.version->chunks(); ++chunk) {
-      workers_.Submit([item, chunk, rank, progress] {
+  std::vector<std::function<void()>> parts;
+  for (size_t part = 0; part < plan->parts.size(); ++part) {
+    parts.push_back([work, plan, part, rank, progress, table] {
+      // Copies one chunk of a version into the trainer's memory and checks its CRC-32C.
+      auto copy = [&](const Work& item, uint32_t chunk) -> absl::Status {
         const Version& version = *item.version;
         const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
         absl::StatusOr<uint32_t> crc = uint32_t{0};
         version.stored->ForEach(offset, version.ChunkLength(chunk),
                                 [&](const uint8_t* data, uint64_t bytes, uint64_t position) {
                                   if (crc.ok()) {
-                                    crc = item.backend->CopyIn(*item.source, offset + position, data,
-                                                               bytes, *crc);
+                                    crc = item.region->backend->CopyIn(*item.region->source,
+                                                                       offset + position, data,
+                                                                       bytes, *crc);
                                   }
                                 });
-        absl::Status status = crc.status();
-        if (crc.ok() && *crc != version.chunk_crcs[chunk]) {
-          status = absl::DataLossError(absl::StrFormat(
+        if (!crc.ok()) return crc.status();
+        if (*crc != version.chunk_crcs[chunk]) {
+          return absl::DataLossError(absl::StrFormat(
               "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the pool holds "
               "%08x; the snapshot is corrupt (moesnapctl verify lists every damaged chunk)",
               version.region, rank, version.step, chunk, version.chunk_crcs[chunk], *crc));
         }
-        absl::MutexLock lock(&progress->mutex);
-        progress->status.Update(status);
-        --progress->pending;
-      });
-    }
+        return absl::OkStatus();
+      };
+      const CopyPlan::Part& range = plan->parts[part];
+      absl::Status status;
+      if (range.chunk) {
+        status = copy((*work)[range.first], *range.chunk);
+      } else {
+        for (uint32_t position = range.first; position < range.last; ++position) {
+          status.Update(copy((*work)[position], 0));
+        }
+      }
+      absl::MutexLock lock(&progress->mutex);
+      progress->status.Update(status);
+      --progress->pending;
+    });
   }
+  workers_.SubmitAll(std::move(parts));
   {
     absl::MutexLock lock(&progress->mutex);
     progress->mutex.Await(absl::Condition(
@@ -791,13 +940,39 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         progress.get()));
     if (!progress->status.ok()) return progress->status;
   }
-  for (const Work& item : work) {
+  for (const Work& item : *work) {
     v1::RestoreResponse::Restored* restored = response.add_regions();
     restored->set_region(item.version->region);
     restored->set_step(item.version->step);
     restored->set_bytes(item.version->bytes);
   }
   return response;
+}
+
+absl::Status Store::AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline) {
+  while (const StepRecord* capturing = rank_state.Capturing()) {
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", capturing->step, " of rank ", rank, " is still capturing; restore after it"));
+    }
+  }
+  // A step this rank captured that the node voted to commit may still commit: a restore takes it
+  // or the step before it only once the cluster decided, so that ranks restarting together
+  // cannot restore different steps (one before the decision, one after).
+  while (const std::optional<int64_t> pending = PreparedStepOf(rank_state)) {
+    if (step_changed_.WaitWithDeadline(&mutex_, deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          "step ", *pending, " of rank ", rank, " is being decided by the cluster (this node "
+          "voted to commit it); restore again once it is decided"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::WaitSettled(uint32_t rank, absl::Time deadline) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  return it == ranks_.end() ? absl::OkStatus() : AwaitSettled(rank, it->second, deadline);
 }
 
 std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
@@ -1122,14 +1297,14 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
   std::vector<uint32_t> waiting;
   for (const auto& [rank, rank_state] : ranks_) {
     // Left out (idle, or dropped by an operator): the step commits without it.
-    if ((!rank_state.regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
+    if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
     auto it = rank_state.steps.find(step);
     if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED) {
       return absl::Status(it->second.failure.code(),
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
     }
     // No trainer of this rank now (and none starting again): nothing to wait for.
-    if (rank_state.regions.empty() && !rank_state.restarting) continue;
+    if (rank_state.regions->regions.empty() && !rank_state.restarting) continue;
     if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) {
       waiting.push_back(rank);
     }
@@ -1141,7 +1316,7 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
   if (!waiting.ok()) return waiting.status();
   const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
-                                       [](const auto& rank) { return !rank.second.regions.empty(); });
+                                       [](const auto& rank) { return !rank.second.regions->regions.empty(); });
   return waiting->empty() && any_trainer;
 }
 
@@ -1178,7 +1353,7 @@ bool Store::WaitStepChanged(absl::Time deadline) {
 absl::Status Store::DropRank(uint32_t rank) {
   absl::MutexLock lock(&mutex_);
   auto it = ranks_.find(rank);
-  if (it == ranks_.end() || (it->second.regions.empty() && !it->second.restarting)) {
+  if (it == ranks_.end() || (it->second.regions->regions.empty() && !it->second.restarting)) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " has no trainer registered on this node: nothing to drop"));
   }
@@ -1216,11 +1391,15 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   for (const auto& [rank, rank_state] : ranks_) {
     auto it = rank_state.steps.find(step);
     if (it == rank_state.steps.end() || it->second.sparse) continue;
-    const std::vector<std::string>& captured = it->second.region_names;
+    const StepRecord& captured = it->second;
     for (const auto& [earlier, record] : rank_state.steps) {
       if (earlier >= step || record.state == v1::STEP_STATE_COMMITTED) continue;
-      for (const std::string& region : record.region_names) {
-        if (std::find(captured.begin(), captured.end(), region) != captured.end()) continue;
+      if (record.table == captured.table && captured.selection->size() == captured.table->all.size()) {
+        continue;  // the step captures every region the earlier one could have changed
+      }
+      for (uint32_t index : *record.selection) {
+        const std::string& region = record.table->name(index);
+        if (captured.Captures(region)) continue;
         auto committed = rank_state.committed.find(region);
         if (committed == rank_state.committed.end() || committed->second->step < earlier) {
           return absl::FailedPreconditionError(absl::StrCat(
@@ -1424,14 +1603,14 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
   // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.
   for (auto& [rank, rank_state] : ranks_) {
     RankState& installed = rebuilt[rank];
-    installed.regions = std::move(rank_state.regions);
+    installed.regions = rank_state.regions;
     installed.restarting = rank_state.restarting;
     installed.replay_through = rank_state.replay_through;
   }
   std::swap(ranks_, rebuilt);
   if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
     std::swap(ranks_, rebuilt);
-    for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = std::move(rank_state.regions);
+    for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = rank_state.regions;
     return status;
   }
   cluster_ = cluster;
@@ -1465,11 +1644,13 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
   {
     absl::MutexLock lock(&mutex_);
     auto rank_it = ranks_.find(rank);
-    if (rank_it == ranks_.end() || !rank_it->second.regions.contains(stored.region())) {
+    const std::optional<uint32_t> index =
+        rank_it == ranks_.end() ? std::nullopt : rank_it->second.regions->Find(stored.region());
+    if (!index) {
       return absl::NotFoundError(absl::StrCat("rank ", rank, " has not registered region '",
                                               stored.region(), "' to restore into"));
     }
-    const RankState::Registered& registered = rank_it->second.regions.at(stored.region());
+    const RegionTable::Region& registered = rank_it->second.regions->regions[*index];
     const v1::RegionSpec& spec = registered.spec;
     if (stored.chunk_bytes() == 0 || bytes.bytes() < stored.bytes() ||
         static_cast<uint64_t>(stored.chunk_crcs_size()) !=

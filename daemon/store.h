@@ -102,6 +102,9 @@ class Store final : public ClusterStore, public DurableStore {
                                               absl::Time deadline);
 
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
+  // Waits until no step of `rank` is capturing or being decided by the cluster, so that the latest
+  // committed step is what a restore would give.
+  absl::Status WaitSettled(uint32_t rank, absl::Time deadline);
   // The rank's last committed sparse window and the open one after it.
   v1::RankWindows Windows(uint32_t rank) const;
   v1::ListWindowsResponse ListWindows(std::optional<uint32_t> rank) const;
@@ -149,6 +152,8 @@ class Store final : public ClusterStore, public DurableStore {
   struct Version;
   struct StepRecord;
   struct RankState;
+  struct RegionTable;
+  struct CaptureJob;
 
   Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
         CommitMode mode);
@@ -171,6 +176,8 @@ class Store final : public ClusterStore, public DurableStore {
   // A step of the rank, captured and not decided, that this node voted to commit.
   std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
@@ -178,8 +185,10 @@ class Store final : public ClusterStore, public DurableStore {
   // Records a sparse step as the next slot of the rank's open window (opening one at slot 0).
   static void AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
                             v1::StepState state);
-  void CopyChunk(uint32_t rank, int64_t step, std::shared_ptr<Version> version, uint32_t chunk,
-                 std::shared_ptr<RegionSource> source, CopyBackend* backend);
+  // A version of the region at `position` of a capture, in its part of the step's reservation.
+  std::shared_ptr<Version> NewVersion(const CaptureJob& job, uint32_t position) const;
+  // Copies one part of a step's capture; the last part to finish ends the capture.
+  void CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part);
   // Called when the last chunk of a step is copied: commits it on a single node (captured ==
   // ready); in a cluster, marks it captured and tells the cluster once the whole node has it.
   void FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
@@ -203,7 +212,9 @@ class Store final : public ClusterStore, public DurableStore {
   // and the answer saying so.
   v1::SnapshotResponse Skip(RankState& rank_state, uint32_t rank, int64_t step,
                             const std::optional<v1::SparseSlot>& sparse,
-                            std::vector<std::string> regions, const std::string& why)
+                            std::shared_ptr<const RegionTable> table,
+                            std::shared_ptr<const std::vector<uint32_t>> selection,
+                            const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
   v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,

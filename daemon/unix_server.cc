@@ -122,14 +122,15 @@ absl::StatusOr<ucred> ConnectionPeers::Of(const grpc::ServerContext& context) co
   return absl::NotFoundError(absl::StrCat("cannot tell who is calling from '", peer, "'"));
 }
 
-absl::StatusOr<AccessPolicy> AccessPolicy::FromOptions(const AccessOptions& options) {
+absl::StatusOr<AccessPolicy> AccessPolicy::FromOptions(const AccessOptions& options,
+                                                       const std::string& group_key) {
   AccessPolicy policy;
   policy.allowed_uids_ = options.allowed_uids;
   if (!options.group.empty()) {
     const struct group* entry = getgrnam(options.group.c_str());
     if (entry == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("access.group '", options.group, "' is not a group on this machine"));
+          absl::StrCat(group_key, " '", options.group, "' is not a group on this machine"));
     }
     policy.group_ = entry->gr_gid;
     policy.group_name_ = options.group;
@@ -162,62 +163,54 @@ std::string AccessPolicy::Describe() const {
   return rule;
 }
 
-absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::vector<Endpoint>& endpoints,
-                                                              AccessPolicy policy,
+absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(std::vector<Endpoint> endpoints,
                                                               ConnectionPeers* peers) {
   std::unique_ptr<UnixServer> server(new UnixServer());
-  server->policy_ = std::move(policy);
   server->peers_ = peers;
-  // Listed uids are admitted by the credential check, whatever their groups: the file's mode must
-  // not refuse them first.
-  const mode_t mode = server->policy_.lists_uids() ? 0666 : 0660;
-  for (const Endpoint& endpoint : endpoints) {
-    absl::StatusOr<int> fd = BindSocket(endpoint.path, server->policy_.group(), mode,
+  for (Endpoint& endpoint : endpoints) {
+    // Listed uids are admitted by the credential check, whatever their groups: the file's mode
+    // must not refuse them first.
+    const mode_t mode = endpoint.policy.lists_uids() ? 0666 : 0660;
+    absl::StatusOr<int> fd = BindSocket(endpoint.path, endpoint.policy.group(), mode,
                                         endpoint.handler ? SOCK_SEQPACKET : SOCK_STREAM);
     if (!fd.ok()) return fd.status();  // the destructor closes and removes what was bound
-    server->listeners_.push_back(*fd);
-    server->paths_.push_back(endpoint.path);
-    server->handlers_.push_back(endpoint.handler);
+    server->listeners_.push_back({.endpoint = std::move(endpoint), .fd = *fd});
   }
   if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe(): ", std::strerror(errno)));
   }
 
   // The health service is process-wide state in gRPC, read when a server is built: on for the real
-  // server, off again for the refusing one (which answers every call, a health check too, with
+  // servers, off for the refusing ones (which answer every call, a health check too, with
   // PERMISSION_DENIED).
-  grpc::EnableDefaultHealthCheckService(true);
   bool built = true;
-  for (const Endpoint& endpoint : endpoints) {
-    if (endpoint.service == nullptr) {
-      server->servers_.push_back(nullptr);
-      continue;
-    }
+  for (Listener& listener : server->listeners_) {
+    if (listener.endpoint.service == nullptr) continue;
+    grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     builder.SetMaxReceiveMessageSize(64 << 20);
-    builder.RegisterService(endpoint.service);
-    server->servers_.push_back(builder.BuildAndStart());
-    built = built && server->servers_.back() != nullptr;
+    builder.RegisterService(listener.endpoint.service);
+    listener.server = builder.BuildAndStart();
+    grpc::EnableDefaultHealthCheckService(false);
+    listener.refusal_service = std::make_unique<RefusalService>(absl::StrCat(
+        "permission denied: ", listener.endpoint.path, " accepts ",
+        listener.endpoint.policy.Describe(),
+        "; ask the operator to add your user to the group or to the allowed uids"));
+    grpc::ServerBuilder refusal_builder;
+    refusal_builder.RegisterCallbackGenericService(listener.refusal_service.get());
+    listener.refusal_server = refusal_builder.BuildAndStart();
+    built = built && listener.server != nullptr && listener.refusal_server != nullptr;
   }
-  grpc::EnableDefaultHealthCheckService(false);
-  if (built) server->SetServing(false);
-  server->refusal_service_ = std::make_unique<RefusalService>(absl::StrCat(
-      "permission denied: this moesnapd accepts ", server->policy_.Describe(),
-      "; ask the operator to add your user to the group or to access.allowed_uids"));
-  grpc::ServerBuilder refusal_builder;
-  refusal_builder.RegisterCallbackGenericService(server->refusal_service_.get());
-  server->refusal_server_ = refusal_builder.BuildAndStart();
-  if (!built || server->refusal_server_ == nullptr) {
-    return absl::InternalError("cannot start the gRPC servers");
-  }
+  if (!built) return absl::InternalError("cannot start the gRPC servers");
+  server->SetServing(false);
   server->accept_thread_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
   return server;
 }
 
 void UnixServer::SetServing(bool serving) {
-  for (const std::unique_ptr<grpc::Server>& server : servers_) {
-    if (server == nullptr) continue;
-    if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+  for (const Listener& listener : listeners_) {
+    if (listener.server == nullptr) continue;
+    if (grpc::HealthCheckServiceInterface* health = listener.server->GetHealthCheckService()) {
       health->SetServingStatus(serving);
     }
   }
@@ -228,7 +221,7 @@ void UnixServer::AcceptLoop() {
   // stays readable: the listeners then rest for kRestMs instead of spinning the loop.
   constexpr int kRestMs = 100;
   std::vector<pollfd> watched;
-  for (int fd : listeners_) watched.push_back({fd, POLLIN, 0});
+  for (const Listener& listener : listeners_) watched.push_back({listener.fd, POLLIN, 0});
   watched.push_back({wake_pipe_[0], POLLIN, 0});
   bool resting = false;
   bool warned = false;  // about the exhaustion that lasts now
@@ -249,7 +242,7 @@ void UnixServer::AcceptLoop() {
         const int error = errno;
         resting = error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM;
         if (resting && !warned) {
-          Log(LogLevel::kWarning, "cannot accept connections on ", paths_[i], ": ",
+          Log(LogLevel::kWarning, "cannot accept connections on ", listeners_[i].endpoint.path, ": ",
               std::strerror(error), "; retrying every ", kRestMs, " ms");
           warned = true;
         }
@@ -262,22 +255,24 @@ void UnixServer::AcceptLoop() {
         close(connection);
         continue;
       }
-      const bool allowed = policy_.Allows(peer.uid, peer.gid);
+      Listener& listener = listeners_[i];
+      const bool allowed = listener.endpoint.policy.Allows(peer.uid, peer.gid);
       if (!allowed) {
-        Log(LogLevel::kWarning, "refused a connection on ", paths_[i], " from pid ", peer.pid,
-            " uid ", peer.uid, " gid ", peer.gid, ": allowed are ", policy_.Describe());
+        Log(LogLevel::kWarning, "refused a connection on ", listener.endpoint.path, " from pid ",
+            peer.pid, " uid ", peer.uid, " gid ", peer.gid, ": allowed are ",
+            listener.endpoint.policy.Describe());
       }
-      if (handlers_[i] != nullptr) {
+      if (listener.endpoint.handler != nullptr) {
         if (allowed) {
-          handlers_[i]->Adopt(connection, peer);
+          listener.endpoint.handler->Adopt(connection, peer);
         } else {
           close(connection);
         }
       } else if (allowed) {
         if (peers_ != nullptr) peers_->Record(connection, peer);
-        grpc::AddInsecureChannelFromFd(servers_[i].get(), connection);
+        grpc::AddInsecureChannelFromFd(listener.server.get(), connection);
       } else {
-        grpc::AddInsecureChannelFromFd(refusal_server_.get(), connection);
+        grpc::AddInsecureChannelFromFd(listener.refusal_server.get(), connection);
       }
     }
   }
@@ -289,16 +284,18 @@ UnixServer::~UnixServer() {
     if (write(wake_pipe_[1], &stop, 1) != 1) Log(LogLevel::kError, "cannot wake the accept loop");
     accept_thread_.join();
   }
-  for (int fd : listeners_) close(fd);
-  for (const std::string& path : paths_) unlink(path.c_str());
+  for (const Listener& listener : listeners_) {
+    close(listener.fd);
+    unlink(listener.endpoint.path.c_str());
+  }
   for (int fd : wake_pipe_) {
     if (fd >= 0) close(fd);
   }
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
-  for (const std::unique_ptr<grpc::Server>& server : servers_) {
-    if (server) server->Shutdown(deadline);
+  for (const Listener& listener : listeners_) {
+    if (listener.server) listener.server->Shutdown(deadline);
+    if (listener.refusal_server) listener.refusal_server->Shutdown(deadline);
   }
-  if (refusal_server_) refusal_server_->Shutdown(deadline);
 }
 
 }  // namespace moesnap::daemon

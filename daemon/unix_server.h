@@ -29,7 +29,9 @@ namespace moesnap::daemon {
 // Who may connect: the daemon's own uid, root, members of the configured group, listed uids.
 class AccessPolicy {
  public:
-  static absl::StatusOr<AccessPolicy> FromOptions(const AccessOptions& options);
+  // `group_key` names the config key of the group in errors.
+  static absl::StatusOr<AccessPolicy> FromOptions(const AccessOptions& options,
+                                                  const std::string& group_key);
   bool Allows(uid_t uid, gid_t gid) const;
   std::optional<gid_t> group() const { return group_; }
   bool lists_uids() const { return !allowed_uids_.empty(); }
@@ -74,14 +76,14 @@ class UnixServer {
     std::string path;
     grpc::Service* service = nullptr;
     ConnectionHandler* handler = nullptr;
+    AccessPolicy policy;  // who may connect to this socket
   };
 
-  // Binds every endpoint's socket (mode 0660, the policy's group; 0666 when the policy lists uids,
-  // which the credential check then admits by name), refusing a path another live daemon serves,
-  // then starts serving. Each gRPC endpoint has its own server: a call reaches only the service of
-  // the socket it came in on. The peers of gRPC connections are recorded in `peers`.
-  static absl::StatusOr<std::unique_ptr<UnixServer>> Start(const std::vector<Endpoint>& endpoints,
-                                                           AccessPolicy policy,
+  // Binds every endpoint's socket (mode 0660 and its policy's group; 0666 when the policy lists
+  // uids, which the credential check then admits by name), refusing a path another live daemon
+  // serves, then starts serving. Each gRPC endpoint has its own server: a call reaches only the
+  // service of the socket it came in on. The peers of gRPC connections are recorded in `peers`.
+  static absl::StatusOr<std::unique_ptr<UnixServer>> Start(std::vector<Endpoint> endpoints,
                                                            ConnectionPeers* peers);
   ~UnixServer();  // stops accepting, shuts the servers down, removes the socket files
 
@@ -93,15 +95,19 @@ class UnixServer {
   UnixServer() = default;
   void AcceptLoop();
 
-  AccessPolicy policy_;
-  std::vector<std::string> paths_;
-  std::vector<int> listeners_;
-  std::vector<ConnectionHandler*> handlers_;  // per listener; null for gRPC endpoints
-  std::vector<std::unique_ptr<grpc::Server>> servers_;  // per listener; null for raw endpoints
+  // Per listener: its endpoint, its gRPC server (null for raw endpoints), and the server that
+  // refuses peers its policy does not admit, saying which rule it applied.
+  struct Listener {
+    Endpoint endpoint;
+    int fd = -1;
+    std::unique_ptr<grpc::Server> server;
+    std::unique_ptr<grpc::CallbackGenericService> refusal_service;
+    std::unique_ptr<grpc::Server> refusal_server;
+  };
+
+  std::vector<Listener> listeners_;
   ConnectionPeers* peers_ = nullptr;
   int wake_pipe_[2] = {-1, -1};
-  std::unique_ptr<grpc::CallbackGenericService> refusal_service_;
-  std::unique_ptr<grpc::Server> refusal_server_;
   std::thread accept_thread_;
 };
 

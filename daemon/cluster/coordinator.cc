@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -246,11 +247,21 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     return Decide(step, token, false, reason);
   }
 
+  // The first node to fail a phase aborts the step at once: the other nodes' calls end as they
+  // apply that decision, instead of waiting out the commit timeout for data that will not come.
+  std::atomic<bool> failed{false};
+  std::atomic<bool> deposed{false};
+  auto abort_once = [&](const std::string& reason) {
+    if (failed.exchange(true)) return;
+    Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
+    if (!leadership_->Holds(token) || !Decide(step, token, false, reason)) deposed = true;
+  };
+
   Log(LogLevel::kDebug, "step ", step, ": prepare (token ", token, ")");
   std::map<uint32_t, v1::NodeImage> images;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
   absl::Mutex images_mutex;
-  std::vector<absl::Status> prepared = InParallel(nodes, [&](uint32_t id) -> absl::Status {
+  InParallel(nodes, [&](uint32_t id) -> absl::Status {
     v1::PrepareRequest request;
     request.set_coordinator(context_.node_id());
     request.set_step(step);
@@ -258,27 +269,23 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     request.set_token(token);
     if (base) request.set_base_step(*base);
     absl::StatusOr<v1::PrepareResponse> response = context_.peers->Prepare(id, request);
-    if (!response.ok()) return response.status();
+    if (!response.ok()) {
+      abort_once(absl::StrCat("node ", id, " did not prepare: ", response.status().message()));
+      return response.status();
+    }
     absl::MutexLock lock(&images_mutex);
     images[id] = response->image();
     if (response->has_committed_step()) held[id] = response->committed_step();
     else held[id] = std::nullopt;
     return absl::OkStatus();
   });
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!prepared[i].ok()) {
-      const std::string reason =
-          absl::StrCat("node ", nodes[i], " did not prepare: ", prepared[i].message());
-      Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
-      return leadership_->Holds(token) && Decide(step, token, false, reason);
-    }
-  }
+  if (failed) return !deposed;
 
   Log(LogLevel::kDebug, "step ", step, ": encode against ", base ? absl::StrCat(*base) : "none");
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;
   std::atomic<uint64_t> sent{0};
   std::atomic<bool> delta{true};
-  std::vector<absl::Status> encoded = InParallel(nodes, [&](uint32_t id) -> absl::Status {
+  InParallel(nodes, [&](uint32_t id) -> absl::Status {
     v1::EncodeRequest request;
     request.set_coordinator(context_.node_id());
     request.set_step(step);
@@ -295,19 +302,16 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       }
     }
     absl::StatusOr<v1::EncodeResponse> response = context_.peers->Encode(id, request);
-    if (!response.ok()) return response.status();
+    if (!response.ok()) {
+      abort_once(
+          absl::StrCat("node ", id, " did not store its parity: ", response.status().message()));
+      return response.status();
+    }
     sent += response->bytes_sent();
     if (!response->delta()) delta = false;
     return absl::OkStatus();
   });
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!encoded[i].ok()) {
-      const std::string reason =
-          absl::StrCat("node ", nodes[i], " did not store its parity: ", encoded[i].message());
-      Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
-      return leadership_->Holds(token) && Decide(step, token, false, reason);
-    }
-  }
+  if (failed) return !deposed;
 
   if (!Decide(step, token, true, "")) return false;
   uint64_t bytes = 0;

@@ -318,6 +318,19 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       !status.ok()) {
     return status;
   }
+  // A decision applied while this call got here (another node failed the step at once) dropped
+  // the parity before it was opened: nothing would end the wait for units below.
+  bool decided = false;
+  {
+    const std::optional<int64_t> committed = CommittedStep();
+    absl::MutexLock lock(&mutex_);
+    decided = DecidedLocked(step, committed);
+  }
+  if (decided) {
+    parity_->Abort(step);
+    return absl::AbortedError(
+        absl::StrCat("step ", step, " was decided while this node opened its parity"));
+  }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
       step, request.token(), image,
       delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
@@ -363,7 +376,7 @@ void Participant::Apply(const v1::StepDecision& decision) {
   if (!decision.committed()) {
     store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
                                     "the cluster aborted step ", step, ": ", decision.reason())));
-    parity_->Abort(step);
+    parity_->Discard(step);
     absl::MutexLock lock(&mutex_);
     open_.erase(step);
     last_abort_ = absl::StrCat("step ", step, ": ", decision.reason());

@@ -94,7 +94,10 @@ absl::StatusOr<TierChoice> RestoreTiers::Choose(uint32_t rank, absl::Time deadli
 absl::StatusOr<v1::LatestCommittedResponse> RestoreTiers::LatestCommitted(uint32_t rank,
                                                                         absl::Time deadline) {
   v1::LatestCommittedResponse response;
-  auto from_memory = [&]() {
+  auto from_memory = [&]() -> absl::StatusOr<v1::LatestCommittedResponse> {
+    // A step still capturing (its trainer may be gone) or being decided settles first: the answer
+    // is the step a restore would give.
+    if (absl::Status settled = store_->WaitSettled(rank, deadline); !settled.ok()) return settled;
     if (std::optional<int64_t> latest = store_->LatestCommitted(rank)) {
       response.set_step(*latest);
       response.set_tier(v1::TIER_MEMORY);

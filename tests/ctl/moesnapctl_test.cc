@@ -34,6 +34,32 @@ Result Ctl(const std::string& socket, std::vector<std::string> arguments) {
   return result;
 }
 
+TEST(MoesnapctlTest, DropRankLeavesARegisteredRankOutAndStatusSaysSo) {
+  TestDaemon daemon("16MiB");
+  ASSERT_TRUE(daemon.Start());
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon.agent_socket(), .rank = 3});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(4096);
+  ASSERT_OK(buffer);
+  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {4096}}, *buffer, 0, 4096));
+
+  Result unknown = Ctl(daemon.admin_socket(), {"drop-rank", "9"});
+  EXPECT_EQ(unknown.exit_code, 4) << unknown.output;
+  EXPECT_TRUE(absl::StrContains(unknown.output, "rank 9 has no trainer registered"))
+      << unknown.output;
+  Result dropped = Ctl(daemon.admin_socket(), {"drop-rank", "3"});
+  EXPECT_EQ(dropped.exit_code, 0) << dropped.output;
+  Result status = Ctl(daemon.admin_socket(), {"status"});
+  EXPECT_TRUE(absl::StrContains(status.output, "rank 3: dropped by an operator")) << status.output;
+  Result json = Ctl(daemon.admin_socket(), {"status", "--json"});
+  EXPECT_TRUE(absl::StrContains(json.output, "\"dropped_ranks\":[{\"rank\":3,")) << json.output;
+
+  ASSERT_OK((*client)->Snapshot(1));  // its next snapshot brings it back
+  status = Ctl(daemon.admin_socket(), {"status"});
+  EXPECT_FALSE(absl::StrContains(status.output, "dropped by an operator")) << status.output;
+}
+
 TEST(MoesnapctlTest, ReportsStepsVerifiesDropsAndFindsACorruptChunk) {
   TestDaemon daemon("64MiB");
   ASSERT_TRUE(daemon.Start());

@@ -30,6 +30,7 @@ id = 7
 socket = "/tmp/a.sock"
 [admin]
 socket = "/tmp/b.sock"
+group = "operators"
 [access]
 group = "moesnap"
 allowed_uids = [1000, 1001]
@@ -42,6 +43,7 @@ journal_bytes = 1048576
 threads = 4
 chunk_bytes = "1 MiB"
 max_in_flight_steps = 3
+idle_rank_timeout_ms = 5000
 [upstream_log]
 max_bytes = "256MiB"
 [http]
@@ -61,12 +63,15 @@ format = "json"
   EXPECT_EQ(options->admin_socket, "/tmp/b.sock");
   EXPECT_EQ(options->access.group, "moesnap");
   EXPECT_EQ(options->access.allowed_uids, (std::vector<uid_t>{1000, 1001}));
+  EXPECT_EQ(options->admin_access.group, "operators");
+  EXPECT_TRUE(options->admin_access.allowed_uids.empty());
   EXPECT_EQ(options->pool.bytes, uint64_t{2} << 30);
   EXPECT_EQ(options->pool.lock, PoolLockMode::kRequired);
   EXPECT_EQ(options->pool.journal_bytes, 1048576u);
   EXPECT_EQ(options->capture.threads, 4);
   EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
   EXPECT_EQ(options->capture.max_in_flight_steps, 3);
+  EXPECT_EQ(options->capture.idle_rank_timeout, absl::Seconds(5));
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
   EXPECT_EQ(options->durable.directory, "/var/lib/moesnap/durable");
   EXPECT_EQ(options->durable.every_steps, 100u);

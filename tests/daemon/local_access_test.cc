@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -149,6 +150,27 @@ TEST_F(LocalAccessTest, AnotherUserCannotTakeALiveRankButMayUseAFreeOne) {
   // A listed uid gets in (the socket's mode does not refuse it first) and trains a rank of its own.
   const auto [trained, output] = as_nobody(7);
   EXPECT_EQ(trained, 0) << output;
+}
+
+TEST_F(LocalAccessTest, AUserLetInAsATrainerIsNoOperator) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  ASSERT_EQ(chmod(daemon_.directory().c_str(), 0755), 0);
+  // Listed in access.allowed_uids, so a trainer; [admin] group is not set, so no operator.
+  ChildProcess ctl({"/usr/bin/setpriv", absl::StrCat("--reuid=", kNobody),
+                    absl::StrCat("--regid=", kNobody), "--clear-groups", BinaryPath("moesnapctl"),
+                    "--socket", daemon_.admin_socket(), "drop", "1"},
+                   {}, ChildProcess::Stderr::kCapture);
+  std::string output;
+  while (std::optional<std::string> line = ctl.ReadLine(30s)) output += *line + "\n";
+  EXPECT_NE(ctl.Wait(10s), 0) << output;
+  EXPECT_TRUE(absl::StrContains(absl::AsciiStrToLower(output), "permission denied")) << output;
+  auto admin = v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + daemon_.admin_socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::InspectStepRequest request;
+  request.set_step(1);
+  v1::InspectStepResponse response;
+  EXPECT_TRUE(admin->InspectStep(&context, request, &response).ok());  // step 1 is still there
 }
 
 TEST_F(LocalAccessTest, AdminCallsAreServedOnTheAdminSocketOnly) {

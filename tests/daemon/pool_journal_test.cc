@@ -65,6 +65,50 @@ TEST_F(PoolTest, AllocatesFreesAndCoalesces) {
   EXPECT_OK((*pool)->Allocate(capacity));
 }
 
+TEST_F(PoolTest, AReservationIsCutIntoVersionsAndWhatIsNotTakenGoesBack) {
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
+  ASSERT_OK(pool);
+  const uint64_t capacity = options_.bytes;
+  // Two holes: the reservation takes both, and a version may straddle them.
+  auto a = (*pool)->Allocate(capacity / 2);
+  auto b = (*pool)->Allocate(kUnit);
+  auto c = (*pool)->Allocate(capacity / 2 - kUnit);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(c);
+  a->reset();
+  c->reset();
+  EXPECT_STATUS((*pool)->Reserve(capacity), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation =
+      (*pool)->Reserve(capacity - kUnit);
+  ASSERT_OK(reservation);
+  EXPECT_EQ((*pool)->free_bytes(), 0u);
+
+  // Taken out of order, one of them across the two holes; [2 * kUnit, capacity / 4) is never taken.
+  const uint64_t straddling = capacity / 2 - 3 * kUnit;
+  std::shared_ptr<PoolBytes> across = (*reservation)->Take(straddling, 5 * kUnit + 1);
+  std::shared_ptr<PoolBytes> first = (*reservation)->Take(0, 2 * kUnit);
+  EXPECT_EQ(across->pieces().size(), 2u);
+  EXPECT_EQ(PoolReservation::SpaceFor(5 * kUnit + 1), 6 * kUnit);
+  std::vector<uint8_t> written(across->bytes());
+  for (size_t i = 0; i < written.size(); ++i) written[i] = static_cast<uint8_t>(i * 13 + 1);
+  across->Write(0, written.data(), written.size());
+  std::vector<uint8_t> read(written.size());
+  across->Read(0, read.size(), read.data());
+  EXPECT_EQ(read, written);
+
+  // The reservation gives back only the gaps between what was taken ...
+  const uint64_t taken = 2 * kUnit + 6 * kUnit;
+  reservation->reset();
+  EXPECT_EQ((*pool)->free_bytes(), capacity - kUnit - taken);
+  // ... and each version its own bytes.
+  across.reset();
+  first.reset();
+  EXPECT_EQ((*pool)->free_bytes(), capacity - kUnit);
+  b->reset();
+  EXPECT_OK((*pool)->Allocate(capacity));
+}
+
 // A region's byte count comes from a trainer: near 2^64 it must not wrap to a small extent.
 TEST_F(PoolTest, SizesNear2To64AreRefusedNeverWrapped) {
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);

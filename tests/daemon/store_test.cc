@@ -207,6 +207,66 @@ TEST_F(StoreTest, FragmentedFreeSpaceStillTakesASnapshotThatFitsAndRestoresItExa
   EXPECT_EQ(store_->Verify(std::nullopt).corruptions_size(), 0);
 }
 
+TEST_F(StoreTest, ThousandsOfSmallRegionsAreCapturedAndRestoredExactlyInOneReservation) {
+  // Sizes that are not multiples of the pool's alignment, and one region larger than a chunk.
+  constexpr int kRegions = 3000;
+  constexpr uint64_t kSmall = 1000;
+  Open(CommitMode::kLocal, 16 << 20);
+  const uint64_t empty = pool_->free_bytes();
+  Connect(0, kRegions, kSmall);
+  Trainer& trainer = trainers_.at(0);
+  auto fill = [&](int64_t step) {
+    for (uint64_t i = 0; i < trainer.bytes; ++i) {
+      trainer.data[i] = static_cast<uint8_t>(i * 7 + step * 131 + i / kSmall);
+    }
+  };
+  for (int64_t step = 1; step <= 3; ++step) {
+    fill(step);
+    absl::StatusOr<v1::SnapshotResponse> taken = store_->Snapshot(0, step, {});
+    ASSERT_OK(taken);
+    EXPECT_EQ(taken->bytes(), kRegions * kSmall);
+    ASSERT_OK(WaitCaptured(0, step));
+  }
+  // One version per region of the last step is all the pool holds, each in its aligned space.
+  EXPECT_EQ(pool_->free_bytes(), empty - kRegions * PoolReservation::SpaceFor(kSmall));
+
+  std::vector<uint8_t> expected(trainer.data, trainer.data + trainer.bytes);
+  std::memset(trainer.data, 0, trainer.bytes);
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(restored);
+  EXPECT_EQ(restored->step(), 3);
+  EXPECT_EQ(restored->regions_size(), kRegions);
+  EXPECT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes), expected);
+
+  // A step naming a few regions plans its own copy and restores them alone.
+  fill(4);
+  ASSERT_OK(store_->Snapshot(0, 4, {"region7", "region2999"}));
+  ASSERT_OK(WaitCaptured(0, 4));
+  std::vector<uint8_t> step4(trainer.data, trainer.data + trainer.bytes);
+  std::memset(trainer.data, 0, trainer.bytes);
+  ASSERT_OK(store_->Restore(0, std::nullopt, {"region7", "region2999"},
+                            absl::Now() + absl::Seconds(30)));
+  for (uint64_t region : {7u, 2999u}) {
+    EXPECT_EQ(std::memcmp(trainer.data + region * kSmall, step4.data() + region * kSmall, kSmall), 0)
+        << "region " << region;
+  }
+}
+
+TEST_F(StoreTest, ARegionLargerThanAChunkAmongSmallOnesIsCopiedChunkByChunk) {
+  Open(CommitMode::kLocal, 16 << 20);
+  Connect(0, 3, 5 * 64 * 1024 + 17);  // five chunks and a bit, three times
+  Take(0, 1);
+  ASSERT_OK(WaitCaptured(0, 1));
+  Trainer& trainer = trainers_.at(0);
+  std::memset(trainer.data, 0xee, trainer.bytes);
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(restored);
+  EXPECT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes),
+            std::vector<uint8_t>(trainer.bytes, 1));
+}
+
 TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));

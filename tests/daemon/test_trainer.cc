@@ -4,8 +4,9 @@
 // captures. So after any crash, the expected content of every region at the restored step is known.
 //
 //   train:  restore the latest committed step if there is one (verifying it), then run steps up to
-//           --steps: change the step's regions, Snapshot, print "snapshot S", WaitCaptured, print
-//           "captured S".
+//           --steps, each after --step-ms of "compute": change the step's regions, Snapshot,
+//           print "snapshot S", WaitCaptured, print "captured S" (or "aborted S" when the cluster
+//           aborted the step first).
 //   verify: restore the latest committed step into fresh regions and compare every byte; print
 //           "verified step S", "tier memory|durable" (where the restore came from) and "restored
 //           B bytes in T ms" (exit 0) or the first mismatches (exit 1).
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +31,7 @@ struct TrainerOptions {
   int regions = 64;
   size_t region_bytes = 4 << 20;
   int64_t steps = 100;
+  int step_ms = 0;  // the compute time of a step, spent before its snapshot
   std::string mode = "train";
 };
 
@@ -109,6 +112,8 @@ int Run(const TrainerOptions& options) {
   if (options.mode == "verify") return 0;
 
   for (++step; step <= options.steps; ++step) {
+    // A real step computes before it snapshots; without this, steps follow back to back.
+    std::this_thread::sleep_for(std::chrono::milliseconds(options.step_ms));
     std::vector<std::string> names;
     for (int region = 0; region < options.regions; ++region) {
       if (!Captures(region, step)) continue;
@@ -120,7 +125,13 @@ int Run(const TrainerOptions& options) {
     if (!bytes.ok()) return Fail(absl::StrCat("snapshot ", step), bytes.status());
     std::printf("snapshot %lld\n", static_cast<long long>(step));
     std::fflush(stdout);
-    if (absl::Status status = (*client)->WaitCaptured(step); !status.ok()) {
+    if (absl::Status status = (*client)->WaitCaptured(step); absl::IsAborted(status)) {
+      // The cluster aborted the step before its capture ended (a node was lost meanwhile): its
+      // regions are free again, and training goes on.
+      std::printf("aborted %lld\n", static_cast<long long>(step));
+      std::fflush(stdout);
+      continue;
+    } else if (!status.ok()) {
       return Fail(absl::StrCat("wait captured ", step), status);
     }
     std::printf("captured %lld\n", static_cast<long long>(step));
@@ -144,6 +155,9 @@ int main(int argc, char** argv) {
   app.add_option("--regions", options.regions, "Number of regions")->check(CLI::Range(1, 4096));
   app.add_option("--region-bytes", options.region_bytes, "Bytes per region");
   app.add_option("--steps", options.steps, "Last step to train to");
+  app.add_option("--step-ms", options.step_ms,
+                 "Compute time of each step in milliseconds, before its snapshot (default 0)")
+      ->check(CLI::Range(0, 60000));
   app.add_option("--mode", options.mode, "train or verify")
       ->check(CLI::IsMember({"train", "verify"}));
   CLI11_PARSE(app, argc, argv);

@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <thread>
 
@@ -86,6 +88,19 @@ int ChildProcess::Kill(int signal) {
   }
   exit_status_ = DecodeStatus(status);
   return *exit_status_;
+}
+
+void ChildProcess::Signal(int signal) {
+  if (!exit_status_) kill(pid_, signal);
+}
+
+bool ChildProcess::stopped() const {
+  std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+  const std::string contents((std::istreambuf_iterator<char>(stat)),
+                             std::istreambuf_iterator<char>());
+  const size_t close_paren = contents.rfind(')');  // the state letter follows the name
+  return close_paren != std::string::npos && close_paren + 2 < contents.size() &&
+         contents[close_paren + 2] == 'T';
 }
 
 std::optional<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {

@@ -30,6 +30,10 @@ class ChildProcess {
   std::optional<std::string> ReadLine(std::chrono::milliseconds timeout);
   // Sends `signal`, then waits for the exit; returns the wait status.
   int Kill(int signal);
+  // Sends `signal` and returns (SIGSTOP, SIGCONT).
+  void Signal(int signal);
+  // Whether the process is stopped (by SIGSTOP), as /proc says.
+  bool stopped() const;
   // Waits up to `timeout` for the exit; returns the exit code, or -signal if killed, or nullopt.
   std::optional<int> Wait(std::chrono::milliseconds timeout);
   bool running();

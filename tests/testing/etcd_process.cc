@@ -102,6 +102,11 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(const Options& o
     return absl::InvalidArgumentError(
         absl::StrCat("an etcd cluster needs at least one member, got ", options.members));
   }
+  if (!options.placements.empty() && options.placements.size() != size_t(options.members)) {
+    return absl::InvalidArgumentError(absl::StrCat("an etcd cluster of ", options.members,
+                                                   " members placed on ", options.placements.size(),
+                                                   " hosts"));
+  }
   std::unique_ptr<EtcdCluster> cluster(new EtcdCluster(options));
   // A port chosen free may be taken by another process before etcd binds it: try fresh ports.
   absl::Status launched;
@@ -178,18 +183,28 @@ std::vector<std::string> EtcdCluster::Arguments(int index) const {
 void EtcdCluster::Spawn(int index) {
   Member& member = members_[index];
   member.stopped = false;
-  member.process = std::make_unique<ChildProcess>(Arguments(index));
+  std::vector<std::string> argv =
+      options_.placements.empty() ? std::vector<std::string>{} : options_.placements[index].launcher;
+  const std::vector<std::string> arguments = Arguments(index);
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  member.process = std::make_unique<ChildProcess>(argv);
 }
 
 absl::Status EtcdCluster::Launch() {
   std::set<uint16_t> ports;
-  while (ports.size() < 2 * members_.size()) {
+  while (options_.placements.empty() && ports.size() < 2 * members_.size()) {
     if (const uint16_t port = UnusedLoopbackPort(); port != 0) ports.insert(port);
   }
   auto port = ports.begin();
-  for (Member& member : members_) {
-    member.client_endpoint = absl::StrCat("127.0.0.1:", *port++);
-    member.peer_url = absl::StrCat("http://127.0.0.1:", *port++);
+  for (int i = 0; i < size(); ++i) {
+    Member& member = members_[i];
+    if (options_.placements.empty()) {
+      member.client_endpoint = absl::StrCat("127.0.0.1:", *port++);
+      member.peer_url = absl::StrCat("http://127.0.0.1:", *port++);
+    } else {  // a host of its own: etcd's usual ports are free there
+      member.client_endpoint = absl::StrCat(options_.placements[i].address, ":2379");
+      member.peer_url = absl::StrCat("http://", options_.placements[i].address, ":2380");
+    }
     std::error_code ignored;
     std::filesystem::remove_all(member.data_directory, ignored);
     std::filesystem::remove(member.log_file, ignored);

@@ -59,6 +59,14 @@ class EtcdCluster {
     std::string server_key_file{};
     std::string client_ca_file{};
     etcd::TlsOptions client_tls{};
+    // Where each member runs, for tests on a network of their own (tests/testing/net_lab.h): its
+    // address (it serves clients on port 2379 and peers on 2380 there) and the command prefix
+    // that runs a program on its host. Empty: every member on free loopback ports here.
+    struct Placement {
+      std::string address{};
+      std::vector<std::string> launcher{};
+    };
+    std::vector<Placement> placements{};
   };
 
   // Starts the members and waits until they serve (up to 30 s). Retries with other ports if one
@@ -70,7 +78,7 @@ class EtcdCluster {
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   int size() const { return static_cast<int>(members_.size()); }
-  // "127.0.0.1:port" of each member's client URL, in member order.
+  // "address:port" of each member's client URL, in member order.
   std::vector<std::string> endpoints() const;
   const std::string& endpoint(int member) const { return members_[member].client_endpoint; }
   // Every endpoint, the client TLS files, and timeouts short enough for tests.

@@ -1,5 +1,6 @@
 #include "tests/testing/test_daemon.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -45,7 +47,10 @@ TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_c
   static std::atomic<int> counter{0};
   char directory[] = "/tmp/moesnap-test-XXXXXX";
   directory_ = mkdtemp(directory);
-  pool_name_ = absl::StrCat("moesnap-test-", getpid(), "-", counter++);
+  // The temporary folder's random part too: a pool left by a daemon a test killed must never be
+  // found again by a later test process that got the same pid.
+  pool_name_ = absl::StrCat("moesnap-test-", getpid(), "-", counter++, "-",
+                            directory_.substr(directory_.rfind('-') + 1));
   agent_socket_ = directory_ + "/agent.sock";
   admin_socket_ = directory_ + "/admin.sock";
   config_path_ = directory_ + "/moesnapd.toml";
@@ -79,16 +84,48 @@ bool TestDaemon::Start(const std::vector<std::string>& environment) {
 
 bool TestDaemon::StartProgram(const std::string& program,
                               const std::vector<std::string>& environment) {
-  process_ = std::make_unique<ChildProcess>(
-      std::vector<std::string>{BinaryPath(program), "--config", config_path_}, environment);
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    if (Serves(admin_socket_, process_->pid())) return true;
-    if (!process_->running()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The HTTP port was free when it was picked, but another process may have bound it since: a
+  // daemon that exits at start gets another port, twice at most.
+  for (int start = 0; start < 3; ++start) {
+    if (start > 0) MoveHttpPort();
+    std::vector<std::string> argv = launcher_;
+    argv.insert(argv.end(), {BinaryPath(program), "--config", config_path_});
+    process_ = std::make_unique<ChildProcess>(argv, environment);
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      if (Serves(admin_socket_, process_->pid())) return true;
+      if (!process_->running()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (process_->running()) return false;  // never served
   }
   return false;
 }
 
+void TestDaemon::MoveHttpPort() {
+  std::ifstream in(config_path_);
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string old_address = absl::StrCat("127.0.0.1:", http_port_);
+  http_port_ = UnusedLoopbackPort();
+  if (const size_t at = config.find(old_address); at != std::string::npos) {
+    config.replace(at, old_address.size(), absl::StrCat("127.0.0.1:", http_port_));
+  }
+  std::ofstream(config_path_) << config;
+}
+
 int TestDaemon::Kill(int signal) { return process_ ? process_->Kill(signal) : 0; }
+
+bool TestDaemon::Pause() {
+  if (!running()) return false;
+  process_->Signal(SIGSTOP);
+  for (int attempt = 0; attempt < 5000; ++attempt) {
+    if (process_->stopped()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+void TestDaemon::Resume() {
+  if (process_) process_->Signal(SIGCONT);
+}
 
 }  // namespace moesnap::testing

@@ -22,12 +22,19 @@ class TestDaemon {
   ~TestDaemon();
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).
-  // False if it exited or never served. An `environment` that sets a MOESNAP_CRASH_* variable
-  // runs moesnapd-faults, the test build that alone honours them.
+  // False if it exited (three times, each with another HTTP port) or never served. An
+  // `environment` that sets a MOESNAP_CRASH_* variable runs moesnapd-faults, the test build that
+  // alone honours them.
   bool Start(const std::vector<std::string>& environment = {});
   // The same with `program` (moesnapd or moesnapd-faults) whatever the environment.
   bool StartProgram(const std::string& program, const std::vector<std::string>& environment);
+  // Starts later daemons with `launcher` before the program's command line (e.g. NetLab::Launch's
+  // prefix, to run it on a host of a network lab).
+  void set_launcher(std::vector<std::string> launcher) { launcher_ = std::move(launcher); }
   int Kill(int signal);
+  // SIGSTOP, waiting until the process is stopped; SIGCONT.
+  bool Pause();
+  void Resume();
   // Deletes the pool and journal files (after a kill), so the next Start is a replacement node
   // with fresh memory.
   void DiscardPool();
@@ -47,12 +54,16 @@ class TestDaemon {
   uint16_t http_port() const { return http_port_; }
 
  private:
+  // Picks another HTTP port and writes it into the config.
+  void MoveHttpPort();
+
   std::string directory_;
   std::string config_path_;
   std::string agent_socket_;
   std::string admin_socket_;
   std::string pool_name_;
   uint16_t http_port_ = 0;
+  std::vector<std::string> launcher_;
   std::unique_ptr<ChildProcess> process_;
 };
 

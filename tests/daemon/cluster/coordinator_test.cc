@@ -1,8 +1,9 @@
 // The coordinator, in-process with real participants, parity and data planes, and fakes at the
 // store, peer-client, decision-log and election seams: every step gets one fenced decision, a
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
-// node aborts steps and is named, and an unreachable log pauses commits without losing a step. A
-// proposal is only a hint: one far ahead holds nothing up, one this node passed is aborted at once.
+// node aborts steps and is named, one node's failure aborts a step at once, and an unreachable log
+// pauses commits without losing a step. A proposal is only a hint: one far ahead holds nothing up,
+// one this node passed is aborted at once.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -133,6 +134,33 @@ TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {
     EXPECT_TRUE(Contains(cluster.node(node).store.aborted(), 1)) << "node " << node;
     EXPECT_EQ(cluster.node(node).participant.CommittedStep(), std::nullopt) << "node " << node;
   }
+}
+
+// A node whose Encode fails at once (its pool has no room for parity) never sends its data units,
+// so the other parity holders would wait for them until the commit timeout (5 s here): the first
+// failure aborts the step at once, the others end as they apply that decision, and the next step
+// commits.
+TEST(CoordinatorTest, OneNodesFailureAbortsTheStepWithoutWaitingOutTheCommitTimeout) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.network().SetFilter([](uint32_t, uint32_t to, const std::string& name) {
+    return to == 3 && name == "Encode" ? absl::ResourceExhaustedError("no room for parity")
+                                       : absl::OkStatus();
+  });
+  const absl::Time start = absl::Now();
+  cluster.CaptureEverywhere(2, kBytes);
+  std::optional<v1::StepDecision> decision = cluster.WaitDecided(2);
+  ASSERT_TRUE(decision.has_value());
+  EXPECT_FALSE(decision->committed());
+  EXPECT_TRUE(absl::StrContains(decision->reason(), "node 3 did not store its parity"))
+      << decision->reason();
+  cluster.network().SetFilter([](uint32_t, uint32_t, const std::string&) { return absl::OkStatus(); });
+  cluster.CaptureEverywhere(3, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(2500));
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
 // etcd out of reach: trainers go on capturing, nothing commits, and once it is back the steps

@@ -1,0 +1,87 @@
+// How a step's copy is cut into tasks and laid out in its pool reservation.
+#include "daemon/copy_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <vector>
+
+namespace moesnap::daemon {
+namespace {
+
+constexpr uint64_t kChunk = 4096;
+
+CopyPlan PlanOf(const std::vector<uint64_t>& sizes) {
+  return PlanCopy(
+      sizes.size(), [&](uint32_t position) { return sizes[position]; },
+      [](uint32_t) { return kChunk; }, kChunk);
+}
+
+TEST(CopyPlanTest, RunsOfSmallRegionsShareAPartUpToAChunkAndALargeOneHasAPartPerChunk) {
+  // Parts: [0, 3) of 4000 bytes; [3, 4) since 100 + 4096 passes a chunk; [4, 5) of exactly a
+  // chunk; three chunks of region 5; then [6, 8).
+  const std::vector<uint64_t> sizes{1000, 1000, 2000, 100, 4096, 2 * kChunk + 1, 10, 10};
+  const CopyPlan plan = PlanOf(sizes);
+  ASSERT_EQ(plan.parts.size(), 7u);
+  EXPECT_EQ(plan.parts[0].first, 0u);
+  EXPECT_EQ(plan.parts[0].last, 3u);  // 4000 bytes; the fourth region would pass 4096
+  EXPECT_FALSE(plan.parts[0].chunk);
+  EXPECT_EQ(plan.parts[1].first, 3u);
+  EXPECT_EQ(plan.parts[1].last, 4u);  // 100 + 4096 would pass a chunk
+  EXPECT_EQ(plan.parts[2].first, 4u);
+  EXPECT_EQ(plan.parts[2].last, 5u);  // exactly one chunk is still small
+  for (uint32_t chunk = 0; chunk < 3; ++chunk) {
+    const CopyPlan::Part& part = plan.parts[3 + chunk];
+    EXPECT_EQ(part.first, 5u);
+    EXPECT_EQ(part.last, 6u);
+    ASSERT_TRUE(part.chunk);
+    EXPECT_EQ(*part.chunk, chunk);
+  }
+  EXPECT_EQ(plan.parts[6].first, 6u);
+  EXPECT_EQ(plan.parts[6].last, 8u);
+  EXPECT_FALSE(plan.parts[6].chunk);
+}
+
+TEST(CopyPlanTest, EveryRegionIsInExactlyOnePartOrInOnePartPerChunk) {
+  std::vector<uint64_t> sizes;
+  for (uint64_t i = 0; i < 5000; ++i) sizes.push_back(1 + (i * 7919) % (3 * kChunk));
+  const CopyPlan plan = PlanOf(sizes);
+  std::vector<uint32_t> copied(sizes.size());
+  for (const CopyPlan::Part& part : plan.parts) {
+    ASSERT_LT(part.first, part.last);
+    uint64_t bytes = 0;
+    for (uint32_t position = part.first; position < part.last; ++position) {
+      ++copied[position];
+      bytes += sizes[position];
+    }
+    if (part.chunk) {
+      EXPECT_EQ(part.last, part.first + 1);
+      EXPECT_GT(sizes[part.first], kChunk);
+    } else if (part.last - part.first > 1) {
+      EXPECT_LE(bytes, kChunk);
+    }
+  }
+  for (uint32_t position = 0; position < sizes.size(); ++position) {
+    const uint32_t chunks = static_cast<uint32_t>((sizes[position] + kChunk - 1) / kChunk);
+    EXPECT_EQ(copied[position], chunks > 1 ? chunks : 1u) << "region " << position;
+  }
+}
+
+TEST(CopyPlanTest, RegionsTakeConsecutiveAlignedSpaceInTheReservation) {
+  const std::vector<uint64_t> sizes{1, 64, 65, 10000, 3};
+  const CopyPlan plan = PlanOf(sizes);
+  EXPECT_EQ(plan.offsets, (std::vector<uint64_t>{0, 64, 128, 256, 10304}));
+  EXPECT_EQ(plan.space, 10368u);
+  EXPECT_EQ(plan.bytes, 1u + 64 + 65 + 10000 + 3);
+  EXPECT_EQ(plan.large, (std::vector<uint32_t>{3}));
+}
+
+TEST(CopyPlanTest, SizesFromATrainerNear2To64SaturateInsteadOfWrapping) {
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  const CopyPlan plan = PlanOf({max - 3, 128});
+  EXPECT_EQ(plan.space, max);  // no pool reserves it
+  EXPECT_EQ(plan.bytes, max);
+}
+
+}  // namespace
+}  // namespace moesnap::daemon
