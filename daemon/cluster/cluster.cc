@@ -147,7 +147,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   units->feed = std::make_unique<cluster::DecisionFeed>(
       units->session.get(), units->keys, units->decisions.get(), units->participant.get());
   units->coordinator = std::make_unique<cluster::Coordinator>(
-      context, units->leadership.get(), units->decisions.get(), units->participant.get());
+      context, units->leadership.get(), units->decisions.get(), store);
   units->remote_restore = std::make_unique<cluster::RemoteRestore>(
       context, store, units->transfer.get(), units->rebuilder.get());
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
