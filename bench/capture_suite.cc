@@ -54,6 +54,39 @@ double Percentile(std::vector<double> values, double fraction) {
 }
 
 
+// Each measured step's time inside Snapshot() and to WaitCaptured's return, in ms, after two
+// warm-up steps that fault in both halves of the pool.
+struct StepTimes {
+  std::vector<double> blocking_ms;
+  std::vector<double> capture_ms;
+};
+absl::StatusOr<StepTimes> MeasureSteps(Client& client, int measured_steps) {
+  StepTimes times;
+  for (int step = 1; step <= measured_steps + 2; ++step) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<uint64_t> bytes = client.Snapshot(step);
+    const Clock::time_point returned = Clock::now();
+    if (!bytes.ok()) return bytes.status();
+    if (absl::Status wait = client.WaitCaptured(step); !wait.ok()) return wait;
+    if (step <= 2) continue;
+    times.blocking_ms.push_back(Seconds(returned - start) * 1e3);
+    times.capture_ms.push_back(Seconds(Clock::now() - start) * 1e3);
+  }
+  return times;
+}
+
+// The best of five whole-rank restores, in seconds.
+absl::StatusOr<double> BestRestoreSeconds(Client& client) {
+  double best = 1e9;
+  for (int round = 0; round < 5; ++round) {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<RestoreResult> restored = client.Restore();
+    if (!restored.ok()) return restored.status();
+    best = std::min(best, Seconds(Clock::now() - start));
+  }
+  return best;
+}
+
 // Rank 1 of the suite's daemon registers 16,000 regions of 4 KiB and snapshots them step after
 // step: Snapshot()'s blocking time and the step's capture time, and a local restore beside memcpy
 // of the same bytes.
@@ -78,24 +111,10 @@ absl::Status RunManyTensorsCase(const std::string& agent_socket, Report& report)
   }
   const double registration_s = Seconds(Clock::now() - registration);
 
-  std::vector<double> blocking_ms, capture_ms;
-  for (int step = 1; step <= kManyMeasuredSteps + 2; ++step) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<uint64_t> bytes = (*client)->Snapshot(step);
-    const Clock::time_point returned = Clock::now();
-    if (!bytes.ok()) return bytes.status();
-    if (absl::Status wait = (*client)->WaitCaptured(step); !wait.ok()) return wait;
-    if (step <= 2) continue;
-    blocking_ms.push_back(Seconds(returned - start) * 1e3);
-    capture_ms.push_back(Seconds(Clock::now() - start) * 1e3);
-  }
-  double best_restore = 1e9;
-  for (int round = 0; round < 5; ++round) {
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<RestoreResult> restored = (*client)->Restore();
-    if (!restored.ok()) return restored.status();
-    best_restore = std::min(best_restore, Seconds(Clock::now() - start));
-  }
+  absl::StatusOr<StepTimes> times = MeasureSteps(**client, kManyMeasuredSteps);
+  if (!times.ok()) return times.status();
+  absl::StatusOr<double> best_restore = BestRestoreSeconds(**client);
+  if (!best_restore.ok()) return best_restore.status();
   AlignedBuffer copy(kManyStateBytes, 1);
   double best_copy = 1e9;
   for (int round = 0; round < 5; ++round) {
@@ -104,14 +123,14 @@ absl::Status RunManyTensorsCase(const std::string& agent_socket, Report& report)
     best_copy = std::min(best_copy, Seconds(Clock::now() - start));
   }
 
-  const double median_blocking = Percentile(blocking_ms, 0.5);
-  const double median_capture = Percentile(capture_ms, 0.5);
+  const double median_blocking = Percentile(times->blocking_ms, 0.5);
+  const double median_capture = Percentile(times->capture_ms, 0.5);
   report.Add({"capture", "16,000 tensors: Snapshot() blocking, median", median_blocking, "ms",
               "goal", 1.0, 1.0 / median_blocking});
   report.Add({"capture", "16,000 tensors: capture of a step, median", median_capture, "ms",
               "memcpy of the bytes, 2 threads", best_copy * 1e3, best_copy * 1e3 / median_capture});
-  report.Add({"capture", "16,000 tensors: local restore (+CRC check)", best_restore * 1e3, "ms",
-              "memcpy of the bytes, 2 threads", best_copy * 1e3, best_copy / best_restore});
+  report.Add({"capture", "16,000 tensors: local restore (+CRC check)", *best_restore * 1e3, "ms",
+              "memcpy of the bytes, 2 threads", best_copy * 1e3, best_copy / *best_restore});
   report.AddNote("capture", absl::StrCat(
       "16,000 tensors: a second rank registers ", kManyRegions, " regions of 4 KiB (", 
       kManyStateBytes >> 20, " MiB; the Adam state of 4,000 small layers) in ", registration_s,
@@ -149,19 +168,10 @@ absl::Status RunCaptureSuite(Report& report) {
     }
     if (!status.ok()) return status;
 
-    std::vector<double> blocking_ms;
-    double best_capture = 1e9;
-    for (int step = 1; step <= kMeasuredSteps + 2; ++step) {
-      const Clock::time_point start = Clock::now();
-      absl::StatusOr<uint64_t> bytes = (*client)->Snapshot(step);
-      const Clock::time_point returned = Clock::now();
-      if (!bytes.ok()) return bytes.status();
-      if (absl::Status wait = (*client)->WaitCaptured(step); !wait.ok()) return wait;
-      const Clock::time_point captured = Clock::now();
-      if (step <= 2) continue;  // the first two steps fault in both halves of the pool
-      blocking_ms.push_back(Seconds(returned - start) * 1e3);
-      best_capture = std::min(best_capture, Seconds(captured - start));
-    }
+    absl::StatusOr<StepTimes> times = MeasureSteps(**client, kMeasuredSteps);
+    if (!times.ok()) return times.status();
+    const std::vector<double>& blocking_ms = times->blocking_ms;
+    const double best_capture = *std::min_element(times->capture_ms.begin(), times->capture_ms.end()) / 1e3;
 
     AlignedBuffer destination(kStateBytes, 1);
     double best_copy = 1e9;
@@ -190,13 +200,9 @@ absl::Status RunCaptureSuite(Report& report) {
       best_copy_and_crc = std::min(best_copy_and_crc, Seconds(Clock::now() - start));
     }
 
-    double best_restore = 1e9;
-    for (int round = 0; round < 5; ++round) {
-      const Clock::time_point start = Clock::now();
-      absl::StatusOr<RestoreResult> restored = (*client)->Restore();
-      if (!restored.ok()) return restored.status();
-      best_restore = std::min(best_restore, Seconds(Clock::now() - start));
-    }
+    absl::StatusOr<double> restore_seconds = BestRestoreSeconds(**client);
+    if (!restore_seconds.ok()) return restore_seconds.status();
+    const double best_restore = *restore_seconds;
     double best_copy_back = 1e9;
     for (int round = 0; round < 5; ++round) {
       const Clock::time_point start = Clock::now();

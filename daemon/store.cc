@@ -155,6 +155,7 @@ struct Store::StepRecord {
   uint64_t pending_parts = 0;
   bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
   bool skipped = false;   // never captured: the daemon skipped it (Snapshot says why)
+  bool discarded = false;  // of a timeline a restore ended: the rank takes the step again
   uint64_t bytes = 0;
   uint32_t regions = 0;
   absl::Status failure;
@@ -869,10 +870,12 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         if (later > latest && !IsFinished(record.state)) {
           AbortStep(rank_state, record, absl::AbortedError(absl::StrCat(
                                             "discarded: the rank restored step ", latest)));
+          record.discarded = true;
         }
       }
       rank_state.latest_snapshot = latest;
       rank_state.replay_through.reset();
+      ++timeline_;
     }
   }
 
@@ -1299,7 +1302,8 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
     // Left out (idle, or dropped by an operator): the step commits without it.
     if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
     auto it = rank_state.steps.find(step);
-    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED) {
+    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED &&
+        !it->second.discarded) {
       return absl::Status(it->second.failure.code(),
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
     }
@@ -1342,6 +1346,32 @@ absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> afte
           "no step after ", after ? absl::StrCat(*after) : "none", " is captured on this node"));
     }
   }
+}
+
+uint64_t Store::Timeline() const {
+  absl::MutexLock lock(&mutex_);
+  return timeline_;
+}
+
+NodeCapture Store::CaptureOf(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  // A rank's failure of it is known now: its Prepare says why.
+  if (absl::StatusOr<bool> captured = NodeCaptured(step); !captured.ok() || *captured) {
+    return NodeCapture::kCaptured;
+  }
+  bool any_trainer = false;
+  for (const auto& [rank, rank_state] : ranks_) {
+    if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) {
+      continue;
+    }
+    if (rank_state.restarting) return NodeCapture::kNotYet;  // its trainer comes back
+    if (rank_state.regions->regions.empty()) continue;
+    if (!rank_state.latest_snapshot || *rank_state.latest_snapshot <= step) {
+      return NodeCapture::kNotYet;
+    }
+    any_trainer = true;
+  }
+  return any_trainer ? NodeCapture::kPassed : NodeCapture::kNotYet;
 }
 
 bool Store::WaitStepChanged(absl::Time deadline) {

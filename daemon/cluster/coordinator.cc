@@ -24,8 +24,8 @@ constexpr size_t kMaxProposals = 4096;
 }  // namespace
 
 Coordinator::Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-                         const Participant* participant, const CoordinatorOptions& options)
-    : context_(context), leadership_(leadership), log_(log), participant_(participant),
+                         const ClusterStore* store, const CoordinatorOptions& options)
+    : context_(context), leadership_(leadership), log_(log), store_(store),
       options_(options) {}
 
 Coordinator::~Coordinator() {
@@ -94,7 +94,7 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
 
 std::optional<int64_t> Coordinator::NextRoundLocked() {
   for (auto it = proposed_.begin(); it != proposed_.end(); ++it) {
-    if (participant_->CaptureOf(*it) != Participant::Capture::kNotYet) {
+    if (store_->CaptureOf(*it) != NodeCapture::kNotYet) {
       const int64_t step = *it;
       proposed_.erase(it);
       return step;
@@ -219,7 +219,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       base = base_;
     }
   }
-  if (participant_->CaptureOf(step) == Participant::Capture::kPassed) {
+  if (store_->CaptureOf(step) == NodeCapture::kPassed) {
     return Decide(step, token, false,
                   absl::StrCat("node ", context_.node_id(), " (the coordinator's) captured a later "
                                "step and never this one"));

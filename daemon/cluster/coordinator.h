@@ -24,7 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/control.h"
-#include "daemon/cluster/participant.h"
+#include "daemon/cluster_store.h"
 
 namespace moesnap::daemon::cluster {
 
@@ -38,9 +38,9 @@ struct CoordinatorOptions {
 // Thread-safe.
 class Coordinator {
  public:
-  // `participant` is this node's: a proposed step's round waits until this node could prepare it.
+  // `store` is this node's: a proposed step's round waits until this node could prepare it.
   Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-              const Participant* participant, const CoordinatorOptions& options = {});
+              const ClusterStore* store, const CoordinatorOptions& options = {});
   ~Coordinator();  // stops after the round in progress, and steps down
 
   // Campaigns, and coordinates whenever this node leads.
@@ -76,7 +76,7 @@ class Coordinator {
   const ClusterContext context_;
   Leadership* const leadership_;
   DecisionLog* const log_;
-  const Participant* const participant_;
+  const ClusterStore* const store_;
   const CoordinatorOptions options_;
   std::atomic<int64_t> crash_in_commit_{-1};
   std::atomic<uint64_t> decisions_{0};

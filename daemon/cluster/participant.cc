@@ -65,27 +65,23 @@ bool Participant::DecidedLocked(int64_t step, const std::optional<int64_t>& comm
   return (committed && step <= *committed) || decided_.contains(step);
 }
 
-Participant::Capture Participant::CaptureOf(int64_t step) const {
-  absl::MutexLock lock(&mutex_);
-  if (undecided_.contains(step)) return Capture::kCaptured;
-  return last_captured_ && *last_captured_ > step ? Capture::kPassed : Capture::kNotYet;
-}
-
 void Participant::ProposeLoop() {
   std::optional<int64_t> last_captured;
+  uint64_t timeline = store_->Timeline();
+  std::set<int64_t> undecided;             // captured here, no decision seen
   std::map<int64_t, int64_t> proposed_to;  // step -> the leader token it was proposed under
   while (!stopping()) {
+    // A rank restored: it takes step numbers again, and a step taken again after its decision
+    // was seen must be found too (it is dropped below).
+    if (const uint64_t now = store_->Timeline(); now != timeline) {
+      timeline = now;
+      last_captured.reset();
+    }
     absl::StatusOr<int64_t> captured =
         store_->WaitNodeCapturedAfter(last_captured, absl::Now() + kProposerWake);
-    std::set<int64_t> undecided;
-    {
-      absl::MutexLock lock(&mutex_);
-      if (captured.ok()) {
-        last_captured = *captured;
-        last_captured_ = *captured;
-        undecided_.insert(*captured);
-      }
-      undecided = undecided_;
+    if (captured.ok()) {
+      last_captured = *captured;
+      undecided.insert(*captured);
     }
     const std::optional<LeaderView> leader = context_.nodes->Leader();
     const std::optional<int64_t> committed = CommittedStep();
@@ -118,8 +114,6 @@ void Participant::ProposeLoop() {
         }
         proposed_to.erase(step);
         it = undecided.erase(it);
-        absl::MutexLock lock(&mutex_);
-        undecided_.erase(step);
         continue;
       }
       // Proposed once per leader, so that a new coordinator learns of it; its decision comes from

@@ -50,15 +50,6 @@ class Participant {
   // A decision the log holds, in any order and any number of times.
   void Apply(const v1::StepDecision& decision);
 
-  // What this node's trainers did of `step`, as the coordinator on this node asks before it runs
-  // a round: a step proposed by another node runs only once this node could prepare it.
-  enum class Capture {
-    kCaptured,  // every rank captured it (and it is not decided yet)
-    kNotYet,    // no step at or after it is captured here yet
-    kPassed,    // a later step is captured here and this one never was: it never will be
-  };
-  Capture CaptureOf(int64_t step) const;
-
   std::optional<int64_t> CommittedStep() const;
   // The newest step prepared here and not decided yet.
   std::optional<int64_t> OpenStep() const;
@@ -111,9 +102,6 @@ class Participant {
   std::map<int64_t, PreparedStep> open_ ABSL_GUARDED_BY(mutex_);
   // Decisions seen of steps after the committed one: step -> committed.
   std::map<int64_t, bool> decided_ ABSL_GUARDED_BY(mutex_);
-  // Steps every rank here captured and no decision was seen of, and the newest step captured.
-  std::set<int64_t> undecided_ ABSL_GUARDED_BY(mutex_);
-  std::optional<int64_t> last_captured_ ABSL_GUARDED_BY(mutex_);
   int64_t highest_token_ ABSL_GUARDED_BY(mutex_) = 0;
   uint32_t highest_coordinator_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);

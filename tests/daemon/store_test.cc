@@ -276,6 +276,9 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   ASSERT_OK(WaitCaptured(0, 2));
   Take(0, 3);  // captured later, never committed (the job died)
   ASSERT_OK(WaitCaptured(0, 3));
+  EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kCaptured);
+  EXPECT_EQ(store_->CaptureOf(4), NodeCapture::kNotYet);
+  const uint64_t timeline = store_->Timeline();
   ASSERT_NO_FATAL_FAILURE(Connect(0));  // the job restarts
   // A restore of some regions only (a sparse replay) keeps the timeline: step 2 stands as captured
   // by the process before, and snapshotting it again copies nothing ...
@@ -288,12 +291,20 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   ASSERT_OK(restored);
   EXPECT_EQ(restored->step(), 1);
+  // The cluster follows captures by step number: it learns that the numbers are taken again, and
+  // steps 2 and 3 are still to come, not passed.
+  EXPECT_EQ(store_->Timeline(), timeline + 1);
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kNotYet);
+  EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kNotYet);
   const v1::SnapshotResponse again = Take(0, 2);
   EXPECT_TRUE(again.skipped().empty());
   EXPECT_EQ(again.bytes(), 2 * kRegionBytes);
   ASSERT_OK(WaitCaptured(0, 2));
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kCaptured);
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
   EXPECT_EQ(store_->LatestCommitted(0), 2);
+  Take(0, 4);  // the trainer did not snapshot step 3: it will never be captured
+  EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kPassed);
 }
 
 // A step this node already offered the cluster may still commit: a rank restarting meanwhile

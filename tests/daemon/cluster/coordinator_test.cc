@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -116,6 +117,58 @@ TEST(CoordinatorTest, AStepTheCoordinatorsNodePassedWithoutCapturingIsAbortedAtO
   EXPECT_TRUE(absl::StrContains(skipped->reason(), "captured a later step and never this one"))
       << skipped->reason();
   ASSERT_TRUE(cluster.WaitCommitted(2));
+}
+
+TEST(CoordinatorTest, AStepTakenAgainAfterItsAbortIsDroppedAtOnce) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  // Node 5 captures step 2 and proposes it; the cluster aborts it (as a coordinator that met a
+  // failure would).
+  std::atomic<bool> proposed{false};
+  cluster.network().SetFilter([&](uint32_t from, uint32_t, const std::string& name) {
+    if (from == 5 && name == "Propose") proposed = true;
+    return absl::OkStatus();
+  });
+  testing::FakeClusterStore& store = cluster.node(5).store;
+  store.Capture(2, kBytes);
+  for (int attempt = 0; !proposed; ++attempt) {
+    ASSERT_LT(attempt, 500) << "node 5 never proposed step 2";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::optional<std::pair<uint32_t, int64_t>> leader = cluster.election().leader();
+  ASSERT_TRUE(leader.has_value());
+  v1::StepDecision abort;
+  abort.set_step(2);
+  abort.set_committed(false);
+  abort.set_token(leader->second);
+  abort.set_coordinator(leader->first);
+  abort.set_reason("a node failed");
+  ASSERT_OK(cluster.log().Decide(abort));
+  auto times_aborted = [&] {
+    const std::vector<int64_t> steps = store.aborted();
+    return std::count(steps.begin(), steps.end(), 2);
+  };
+  for (int attempt = 0; times_aborted() < 1; ++attempt) {
+    ASSERT_LT(attempt, 500) << "node 5 never applied the abort of step 2";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // It goes on to step 3, which it proposes once it has dealt with the decision of step 2.
+  proposed = false;
+  store.Capture(3, kBytes);
+  for (int attempt = 0; !proposed; ++attempt) {
+    ASSERT_LT(attempt, 500) << "node 5 never proposed step 3";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // Node 5's trainer restores step 1 and takes step 2 again: the decision is final, so the new
+  // capture is dropped instead of waiting for a decision that will never come.
+  store.Rewind(1);
+  store.Capture(2, kBytes);
+  for (int attempt = 0; times_aborted() < 2; ++attempt) {
+    ASSERT_LT(attempt, 500) << "step 2, taken again, was never dropped";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
 }
 
 TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {

@@ -55,7 +55,30 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes) {
   image->Write(0, state.data(), bytes);
   absl::MutexLock lock(&mutex_);
   captured_[step] = *std::move(image);
+  latest_ = step;
   changed_.SignalAll();
+}
+
+void FakeClusterStore::Rewind(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  for (auto it = captured_.upper_bound(step); it != captured_.end();) {
+    aborted_.push_back(it->first);
+    it = captured_.erase(it);
+  }
+  latest_ = step;
+  ++timeline_;
+  changed_.SignalAll();
+}
+
+uint64_t FakeClusterStore::Timeline() const {
+  absl::MutexLock lock(&mutex_);
+  return timeline_;
+}
+
+NodeCapture FakeClusterStore::CaptureOf(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  if (captured_.contains(step)) return NodeCapture::kCaptured;
+  return latest_ && *latest_ > step ? NodeCapture::kPassed : NodeCapture::kNotYet;
 }
 
 std::vector<int64_t> FakeClusterStore::aborted() const {
@@ -505,7 +528,7 @@ NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* node
                  .max_retry_interval = absl::Milliseconds(200)}),
       participant(context, &store, &parity, &transfer, &rebuilder, log->ViewOf(node_id)),
       candidate(election, node_id),
-      coordinator(context, &candidate, log->ViewOf(node_id), &participant,
+      coordinator(context, &candidate, log->ViewOf(node_id), &store,
                   {.forget_every = 4, .campaign_wait = absl::Milliseconds(50)}),
       report(context, &store, &parity, pool.get(), &rebuilder, &participant) {}
 
@@ -538,7 +561,11 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
 }
 
 InProcessCluster::~InProcessCluster() {
-  for (auto& [id, units] : nodes_) network_.Detach(id);
+  // A round still running while the nodes go decides into the log: no node hears it any more.
+  for (auto& [id, units] : nodes_) {
+    network_.Detach(id);
+    log_.Deafen(id);
+  }
   nodes_.clear();
 }
 

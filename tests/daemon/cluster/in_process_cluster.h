@@ -41,6 +41,9 @@ class FakeClusterStore final : public ClusterStore {
 
   // The node's trainer captured `step`: one region of `bytes` bytes, StateOf(node, step).
   void Capture(int64_t step, uint64_t bytes);
+  // The node's trainer restored `step`: its captures after it are dropped, and it takes the
+  // steps after it again.
+  void Rewind(int64_t step);
   std::vector<int64_t> aborted() const;
   std::vector<int64_t> commits() const;
   // The committed region's bytes.
@@ -48,6 +51,8 @@ class FakeClusterStore final : public ClusterStore {
 
   absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
                                                 absl::Time deadline) override;
+  uint64_t Timeline() const override;
+  NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   NodeImage CommittedImage() const override;
   absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
@@ -68,6 +73,8 @@ class FakeClusterStore final : public ClusterStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, NodeImage> captured_ ABSL_GUARDED_BY(mutex_);
+  std::optional<int64_t> latest_ ABSL_GUARDED_BY(mutex_);  // the step the trainer took last
+  uint64_t timeline_ ABSL_GUARDED_BY(mutex_) = 0;
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
   v1::JournalCluster record_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
