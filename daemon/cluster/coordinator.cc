@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "daemon/cluster/durable_records.h"
 #include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
@@ -24,8 +25,9 @@ constexpr size_t kMaxProposals = 4096;
 }  // namespace
 
 Coordinator::Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-                         const ClusterStore* store, const CoordinatorOptions& options)
-    : context_(context), leadership_(leadership), log_(log), store_(store),
+                         const ClusterStore* store, DurableRecords* records,
+                         const CoordinatorOptions& options)
+    : context_(context), leadership_(leadership), log_(log), store_(store), records_(records),
       options_(options) {}
 
 Coordinator::~Coordinator() {
@@ -179,6 +181,18 @@ bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std:
             forget = previous;
           }
           decided_.erase(decided_.begin(), decided_.lower_bound(step));
+        }
+      }
+      if (forget && records_ != nullptr) {
+        // The decisions of the steps nodes record as durable are what a restore from disk reads;
+        // if the records cannot be read now, nothing is dropped until the next time.
+        absl::StatusOr<std::optional<int64_t>> oldest = records_->OldestRecorded();
+        if (oldest.ok()) {
+          forget = ForgetBound(*forget, *oldest);
+        } else {
+          Log(LogLevel::kWarning, "old decisions kept: the durable records cannot be read: ",
+              oldest.status().message());
+          forget.reset();
         }
       }
       if (forget) {

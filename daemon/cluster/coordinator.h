@@ -39,8 +39,10 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   // `store` is this node's: a proposed step's round waits until this node could prepare it.
+  // `records` (null: none) are the nodes' durable records, whose steps' decisions are kept.
   Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-              const ClusterStore* store, const CoordinatorOptions& options = {});
+              const ClusterStore* store, DurableRecords* records,
+              const CoordinatorOptions& options = {});
   ~Coordinator();  // stops after the round in progress, and steps down
 
   // Campaigns, and coordinates whenever this node leads.
@@ -77,6 +79,7 @@ class Coordinator {
   Leadership* const leadership_;
   DecisionLog* const log_;
   const ClusterStore* const store_;
+  DurableRecords* const records_;
   const CoordinatorOptions options_;
   std::atomic<int64_t> crash_in_commit_{-1};
   std::atomic<uint64_t> decisions_{0};
