@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Data-parallel training over gloo whose replicas snapshot one shard each (REFT).
 
-Every rank of the job (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the launcher, as torchrun
-sets them) holds the same MLP and Adam state: each trains on its own batch and the gradients are
+Every rank of the job (RANK and WORLD_SIZE from the launcher, as torchrun sets them; the rendezvous
+at MASTER_ADDR and MASTER_PORT, or in the file --rendezvous names) holds the same MLP and Adam state: each trains on its own batch and the gradients are
 averaged with all_reduce, so parameters and optimizer state stay bit-identical on every rank. The
 model and the optimizer are declared one replica group of the whole job, so each rank's daemon
 copies only 1/WORLD_SIZE of them per step, and a restore assembles them from every rank's shard
@@ -16,6 +16,7 @@ step S (what the snapshot holds).
 import argparse
 import datetime
 import hashlib
+import os
 import sys
 
 import torch
@@ -54,11 +55,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--collective-timeout", type=float, default=60,
                         help="seconds a collective waits for a rank that is gone")
+    parser.add_argument("--rendezvous", help="a file for the ranks' rendezvous, new for each job "
+                                             "(default: MASTER_ADDR and MASTER_PORT)")
     arguments = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", timeout=datetime.timedelta(seconds=arguments.collective_timeout))
+        "gloo", init_method=f"file://{arguments.rendezvous}" if arguments.rendezvous else "env://",
+        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=arguments.collective_timeout))
     rank = dist.get_rank()
     model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, FEATURES))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

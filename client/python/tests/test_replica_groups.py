@@ -10,24 +10,26 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from conftest import BIN_DIR, ChildProcess, Daemon, unused_port
+from conftest import BIN_DIR, ChildProcess, Daemon
 
 TRAINER = Path(__file__).resolve().parents[1] / "examples" / "dp_train.py"
 ALIGNMENT = 4096  # shard boundaries fall on 4 KiB of the concatenated regions
 
 
 def launch(daemon: Daemon, world: int, steps: int) -> List[ChildProcess]:
-    """The job: `world` ranks on one gloo rendezvous, each a trainer of the daemon."""
-    port = unused_port()
+    """The job: `world` ranks on one gloo rendezvous (a new file: no port to collide on), each a
+    trainer of the daemon."""
+    rendezvous = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=daemon.directory)) / "store"
     ranks = []
     for rank in range(world):
         environment = dict(os.environ, MOESNAP_SOCKET=daemon.agent_socket, RANK=str(rank),
-                           WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        ranks.append(ChildProcess([sys.executable, str(TRAINER), "--steps", str(steps)],
-                                  env=environment))
+                           WORLD_SIZE=str(world))
+        ranks.append(ChildProcess([sys.executable, str(TRAINER), "--steps", str(steps),
+                                   "--rendezvous", str(rendezvous)], env=environment))
     return ranks
 
 
