@@ -1586,6 +1586,14 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
 
 absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
   std::vector<uint32_t> waiting;
+  // The members of the replica groups that the trainers here declare: a member whose trainer is
+  // gone (killed mid-step) is waited for all the same, so that no step commits without its shard.
+  std::set<uint32_t> members;
+  for (const auto& [rank, rank_state] : ranks_) {
+    for (const auto& [name, group] : rank_state.regions->groups) {
+      members.insert(group.ranks().begin(), group.ranks().end());
+    }
+  }
   for (const auto& [rank, rank_state] : ranks_) {
     // Left out (idle, or dropped by an operator): the step commits without it.
     if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
@@ -1594,8 +1602,11 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
       return absl::Status(it->second.failure.code(),
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
     }
-    // No trainer of this rank now (and none starting again): nothing to wait for.
-    if (rank_state.regions->regions.empty() && !rank_state.restarting) continue;
+    // No trainer of this rank now (and none starting again): nothing to wait for, unless a
+    // trainer here holds a replica group with it.
+    if (rank_state.regions->regions.empty() && !rank_state.restarting && !members.contains(rank)) {
+      continue;
+    }
     if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) {
       waiting.push_back(rank);
     }

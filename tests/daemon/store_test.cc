@@ -607,5 +607,28 @@ TEST_F(ReplicaGroupStoreTest, DeclarationsThatCannotBeCutAreRefused) {
   EXPECT_STATUS(store_->Snapshot(0, 1, {"region0"}, slot), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(ReplicaGroupStoreTest, InACommitRoundAMemberWhoseTrainerDiedIsWaitedFor) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 8 << 20));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1})));
+    TakeReplicated(rank, 1);
+  }
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  // Rank 1's trainer dies; rank 0 takes step 2 alone. Without rank 1's shard the step would
+  // leave the group's pieces at two steps: the node does not report it captured.
+  store_->EndSession(1, trainers_.at(1).session);
+  TakeReplicated(0, 2);
+  const absl::StatusOr<NodeImage> without =
+      store_->WaitNodeCaptured(2, absl::Now() + absl::Milliseconds(300));
+  ASSERT_STATUS(without, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(without.status().message(), "[1]")) << without.status();
+  // The job restarts with rank 0 alone: rank 1 is no member any more, and the steps commit.
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, kReplicatedSizes, GroupOf({0})));
+  ExpectRestores(0, 1);
+  TakeReplicated(0, 3);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(3));
+  ExpectRestores(0, 3);
+}
+
 }  // namespace
 }  // namespace moesnap::daemon
