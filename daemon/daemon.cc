@@ -108,14 +108,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         return store->LogRecoveryPoint(ranks);
       });
 
-  if (options.durable.enabled()) {
-    daemon->durable_directory_ =
-        std::make_unique<durable::DurableDirectory>(options.durable.directory, options.node_id);
-  }
   if (options.cluster) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get(),
-                       daemon->upstream_log_.get(), daemon->durable_directory_.get());
+                       daemon->upstream_log_.get());
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
     if (const std::optional<int64_t> step = options.faults.crash_in_commit) {

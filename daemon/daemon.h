@@ -15,7 +15,6 @@
 #include "daemon/http_server.h"
 #include "daemon/durable/clock.h"
 #include "daemon/durable/drainer.h"
-#include "daemon/durable/durable_directory.h"
 #include "daemon/durable/job_view.h"
 #include "daemon/durable/restore_tiers.h"
 #include "daemon/journal.h"
@@ -50,7 +49,6 @@ class Daemon {
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<UpstreamLog> upstream_log_;
-  std::unique_ptr<durable::DurableDirectory> durable_directory_;  // null: no durable tier
   std::unique_ptr<Cluster> cluster_;
   durable::SystemClock clock_;
   durable::SingleNodeView single_node_view_;

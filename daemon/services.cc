@@ -304,9 +304,9 @@ grpc::Status AdminService::DropRank(grpc::ServerContext*, const v1::DropRankRequ
 
 namespace moesnap::daemon {
 
-grpc::Status AdminService::ListDurable(grpc::ServerContext* context, const v1::ListDurableRequest*,
+grpc::Status AdminService::ListDurable(grpc::ServerContext*, const v1::ListDurableRequest*,
                                        v1::ListDurableResponse* response) {
-  *response = tiers_->ListDurable(DeadlineOf(context));
+  *response = tiers_->ListDurable();
   return grpc::Status::OK;
 }
 

@@ -64,6 +64,7 @@ struct Cluster::Units {
   cluster::ClusterContext context;
   std::unique_ptr<cluster::EtcdSession> session;
   std::unique_ptr<cluster::DecisionLog> decisions;
+  std::unique_ptr<cluster::DurableRecords> durable_records;
   std::unique_ptr<cluster::Leadership> leadership;
   std::unique_ptr<ParityStore> parity;
   std::unique_ptr<cluster::Transfer> transfer;
@@ -86,8 +87,7 @@ struct Cluster::Units {
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log,
-                                                        const durable::DurableDirectory* durable) {
+                                                        ClusterStore* store, UpstreamLog* log) {
   if (options.allow_degraded) {
     return absl::UnimplementedError(
         "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
@@ -145,8 +145,10 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
   units->report = std::make_unique<cluster::LocalReport>(
       context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
+  units->durable_records = cluster::NewEtcdDurableRecords(
+      units->session.get(), units->keys, options, node_id, units->membership.get());
   units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
-                                                         durable);
+                                                         units->durable_records.get());
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{
       units->coordinator.get(), units->participant.get(), units->transfer.get(),
       units->rebuilder.get(), units->remote_restore.get(), units->log_forwarding.get(),

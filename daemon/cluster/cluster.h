@@ -3,13 +3,15 @@
 //   peer_client    every call to a peer: channels, deadlines, retries, status conversion
 //   etcd_session   the client, this node's lease, whether etcd is reachable
 //   membership     this node's key in etcd, the config check at join, the node table kept current
-//   etcd_control   the decision log (fenced write-once keys) and the leadership (election)
+//   etcd_control   the decision log (fenced write-once keys), the nodes' durable records (fenced
+//                  by their member keys) and the leadership (election)
 //   transfer       bytes over the data plane: data units to parity holders, units to rebuilders
 //   rebuild        decoding a node's units from its group: rebuild, repair
 //   participant    this node's side of every step's commit, acting on decisions etcd holds
 //   decision_feed  every decision etcd holds, handed to the participant in order
 //   coordinator    elected on etcd, runs each step's commit and writes its decision
 //   remote_restore, log_forwarding  elastic restore and upstream logs across nodes
+//   durable_view   what the durable tier asks of the job: the nodes' memory, durable steps in etcd
 //   peer_service   the Peer gRPC service, translation only
 // Units depend on the shared context (context.h) and on each other in that order, never back.
 // Node ids 0 .. node_count - 1 form groups of k + m; each node keeps its own data whole and holds
@@ -26,7 +28,6 @@
 #include "absl/time/time.h"
 #include "daemon/cluster_config.h"
 #include "daemon/cluster_store.h"
-#include "daemon/durable/durable_directory.h"
 #include "daemon/durable/job_view.h"
 #include "daemon/pool.h"
 #include "daemon/upstream_log.h"
@@ -38,12 +39,10 @@ class Cluster {
  public:
   // Starts the Peer service and the data plane on this node's ports, checks the job's config
   // against every member's in etcd (a difference is an error naming it), registers this node, and
-  // rebuilds it if its committed step is behind the latest one etcd holds. `durable` (null: no
-  // durable tier) is where this node's durable steps are, for the peers that ask.
+  // rebuilds it if its committed step is behind the latest one etcd holds.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log,
-                                                        const durable::DurableDirectory* durable);
+                                                        ClusterStore* store, UpstreamLog* log);
   ~Cluster();
 
   v1::ClusterStatusResponse Status() const;
@@ -66,7 +65,8 @@ class Cluster {
   // Adds the parity check to a store verification and, with `repair`, rebuilds every corrupt data
   // chunk and parity unit from the group and checks them again.
   absl::StatusOr<v1::VerifyResponse> Verify(std::optional<int64_t> step, bool repair);
-  // What the durable tier asks of the job: this node's memory and every peer's durable steps.
+  // What the durable tier asks of the job: the nodes' memory, and the steps durable on every node
+  // as etcd records them.
   durable::JobView* job_view();
 
  private:

@@ -1,5 +1,6 @@
-// The job's control state as the units that decide use it: the log of step decisions, and the
-// coordinator's leadership. etcd holds both (etcd_control.h); unit tests put fakes here.
+// The job's control state as the units that decide use it: the log of step decisions, the nodes'
+// records of their durable steps, and the coordinator's leadership. etcd holds them all
+// (etcd_control.h); unit tests put fakes here.
 #ifndef MOESNAP_DAEMON_CLUSTER_CONTROL_H_
 #define MOESNAP_DAEMON_CLUSTER_CONTROL_H_
 
@@ -9,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/durable/job_view.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon::cluster {
@@ -29,6 +31,22 @@ class DecisionLog {
   // Drops the decisions of steps before `step` (no node needs them once every node applied a
   // later commit), while the leadership of `token` holds.
   virtual absl::Status ForgetBefore(int64_t step, int64_t token) = 0;
+};
+
+// Each node's record of the steps complete on its disk, kept where the decisions are, and the
+// newest step durable on every node that the records and decisions give (durable_records.h).
+// Thread-safe.
+class DurableRecords {
+ public:
+  virtual ~DurableRecords() = default;
+
+  // Records `steps` (oldest first) as this node's durable steps, replacing its earlier record,
+  // only while this daemon is the node's registered member. FAILED_PRECONDITION: another daemon
+  // holds the node now. UNAVAILABLE: not registered yet, or etcd cannot be reached.
+  virtual absl::Status Record(const std::vector<int64_t>& steps) = 0;
+  // UNAVAILABLE when the records cannot be read; FAILED_PRECONDITION when etcd holds more keys
+  // under the records' prefix than a job's nodes write.
+  virtual absl::StatusOr<durable::DurableEverywhere> NewestEverywhere() = 0;
 };
 
 // This node's candidacy for coordinator. Thread-safe.

@@ -1,4 +1,4 @@
-// DurableView: this node's state for its peers, and theirs asked in parallel.
+// DurableView: this node's memory for its peers, theirs asked in parallel, durable steps in etcd.
 #include "daemon/cluster/durable_view.h"
 
 #include <numeric>
@@ -14,14 +14,18 @@ absl::Status DurableView::WaitMemory(absl::Time deadline) {
 
 void DurableView::StateLoaded() { rebuilder_->StateReplaced(); }
 
+absl::StatusOr<durable::DurableEverywhere> DurableView::NewestDurableEverywhere(
+    const std::vector<int64_t>&) {
+  return records_->NewestEverywhere();
+}
+
+absl::Status DurableView::RecordDurable(const std::vector<int64_t>& here) {
+  return records_->Record(here);
+}
+
 absl::StatusOr<v1::DurableStateResponse> DurableView::Local() const {
   v1::DurableStateResponse response;
   response.set_node_id(context_.node_id());
-  if (durable_ != nullptr) {
-    absl::StatusOr<std::vector<int64_t>> steps = durable_->Steps();
-    if (!steps.ok()) return steps.status();
-    for (int64_t step : *steps) response.add_durable_steps(step);
-  }
   // Settled once the rebuild at start has ended; its memory serves when that found nothing to
   // rebuild or rebuilt it, and a step is committed.
   response.set_settled(!rebuilder_->rebuilding());
@@ -32,7 +36,7 @@ absl::StatusOr<v1::DurableStateResponse> DurableView::Local() const {
   return response;
 }
 
-durable::PeerSurvey DurableView::SurveyPeers(absl::Time deadline) {
+durable::MemorySurvey DurableView::SurveyMemory(absl::Time deadline) {
   std::vector<uint32_t> peers;
   for (uint32_t id : context_.nodes->Ids()) {
     if (id != context_.node_id()) peers.push_back(id);
@@ -45,15 +49,14 @@ durable::PeerSurvey DurableView::SurveyPeers(absl::Time deadline) {
     if (answer.ok()) answers[i] = *std::move(answer);
     return answer.status();
   });
-  durable::PeerSurvey survey;
+  durable::MemorySurvey survey;
   for (size_t i = 0; i < peers.size(); ++i) {
     if (!statuses[i].ok()) {
       survey.silent[peers[i]] = std::string(statuses[i].message());
       continue;
     }
-    durable::NodeDurability& node = survey.answered.emplace_back();
+    durable::NodeMemory& node = survey.answered.emplace_back();
     node.node_id = peers[i];
-    node.durable_steps.assign(answers[i].durable_steps().begin(), answers[i].durable_steps().end());
     if (answers[i].has_memory_step()) node.memory_step = answers[i].memory_step();
     node.settled = answers[i].settled();
   }

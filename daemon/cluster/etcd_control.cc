@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "daemon/cluster/durable_records.h"
 #include "daemon/etcd/election.h"
 
 namespace moesnap::daemon::cluster {
@@ -77,6 +78,78 @@ class EtcdDecisionLog final : public DecisionLog {
   const std::string fence_key_;
 };
 
+class EtcdDurableRecords final : public DurableRecords {
+ public:
+  EtcdDurableRecords(EtcdSession* session, const EtcdKeys& keys, const ClusterOptions& options,
+                     uint32_t node_id, const Membership* membership)
+      : session_(session), keys_(keys),
+        layout_{.node_count = options.node_count, .cluster_digest = options.Digest()},
+        node_id_(node_id), membership_(membership) {}
+
+  absl::Status Record(const std::vector<int64_t>& steps) override {
+    if (!membership_->WaitRegistered(absl::Now() + kRegistrationWait)) {
+      return absl::UnavailableError(absl::StrCat(
+          "node ", node_id_, " is not registered in etcd now, so it cannot record its durable steps"));
+    }
+    const std::optional<int64_t> incarnation = membership_->incarnation();
+    if (!incarnation) {
+      return absl::UnavailableError(absl::StrCat("node ", node_id_, " lost its registration"));
+    }
+    session_->CountWrite();
+    absl::StatusOr<etcd::TxnResult> result = session_->client().Txn(etcd::TxnRequest{
+        .compares = {etcd::Compare::CreateRevision(keys_.Member(node_id_),
+                                                   etcd::Compare::Relation::kEqual, *incarnation)},
+        .on_success = {etcd::Operation::Put(keys_.Durable(node_id_),
+                                            DurableRecordValue(node_id_, layout_.cluster_digest,
+                                                               steps))},
+        .safe_to_retry = true});
+    session_->Note(result.status());
+    if (!result.ok()) return result.status();
+    if (!result->succeeded) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", node_id_, "'s member key is no longer this daemon's (incarnation ",
+          *incarnation, "): its durable steps are not recorded"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<durable::DurableEverywhere> NewestEverywhere() override {
+    // One key per node, and some room for keys that are not a node's (they are ignored).
+    const int64_t record_limit = int64_t{layout_.node_count} + kExtraRecordKeys;
+    absl::StatusOr<etcd::RangeResult> records =
+        session_->client().GetPrefix(keys_.Durables(), {.limit = record_limit});
+    session_->Note(records.status());
+    if (!records.ok()) return records.status();
+    if (records->more) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd holds more than ", record_limit, " keys under ", keys_.Durables(),
+          " for a job of ", layout_.node_count, " nodes"));
+    }
+    absl::StatusOr<etcd::RangeResult> decisions = session_->client().GetPrefix(
+        keys_.Steps(), {.limit = kMaxDecisionKeys, .revision = records->revision});
+    session_->Note(decisions.status());
+    if (!decisions.ok()) return decisions.status();
+    if (decisions->more) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd holds more than ", kMaxDecisionKeys, " step decisions under ", keys_.Steps()));
+    }
+    return NewestDurableEverywhere(keys_, layout_, records->kvs, decisions->kvs);
+  }
+
+ private:
+  // How long a record waits for this daemon to be registered (at start, after a lost lease).
+  static constexpr absl::Duration kRegistrationWait = absl::Seconds(2);
+  static constexpr int64_t kExtraRecordKeys = 64;
+  // Decisions are dropped every forget_every commits; this is far beyond what a job keeps.
+  static constexpr int64_t kMaxDecisionKeys = 1 << 16;
+
+  EtcdSession* const session_;
+  const EtcdKeys keys_;
+  const JobLayout layout_;
+  const uint32_t node_id_;
+  const Membership* const membership_;
+};
+
 class EtcdLeadership final : public Leadership {
  public:
   EtcdLeadership(EtcdSession* session, const EtcdKeys& keys, uint32_t node_id)
@@ -128,6 +201,13 @@ class EtcdLeadership final : public Leadership {
 std::unique_ptr<DecisionLog> NewEtcdDecisionLog(EtcdSession* session, const EtcdKeys& keys,
                                                 uint32_t node_id) {
   return std::make_unique<EtcdDecisionLog>(session, keys, node_id);
+}
+
+std::unique_ptr<DurableRecords> NewEtcdDurableRecords(EtcdSession* session, const EtcdKeys& keys,
+                                                      const ClusterOptions& options,
+                                                      uint32_t node_id,
+                                                      const Membership* membership) {
+  return std::make_unique<EtcdDurableRecords>(session, keys, options, node_id, membership);
 }
 
 std::unique_ptr<Leadership> NewEtcdLeadership(EtcdSession* session, const EtcdKeys& keys,

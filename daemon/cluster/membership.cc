@@ -109,6 +109,11 @@ int Membership::registrations() const {
   return registrations_;
 }
 
+std::optional<int64_t> Membership::incarnation() const {
+  absl::MutexLock lock(&mutex_);
+  return incarnation_;
+}
+
 void Membership::RegisterLoop(v1::MemberRecord self) {
   const std::string key = keys_.Member(context_.node_id());
   // The config check, if etcd could not be asked at start.
@@ -138,6 +143,7 @@ void Membership::RegisterLoop(v1::MemberRecord self) {
       {
         absl::MutexLock lock(&mutex_);
         registered_ = true;
+        incarnation_ = stored->create_revision;
         ++registrations_;
         changed_.SignalAll();
       }
@@ -150,6 +156,7 @@ void Membership::RegisterLoop(v1::MemberRecord self) {
       }
       absl::MutexLock lock(&mutex_);
       registered_ = false;
+      incarnation_.reset();
       changed_.SignalAll();
       continue;
     }

@@ -7,6 +7,7 @@
 #define MOESNAP_DAEMON_CLUSTER_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -40,6 +41,9 @@ class Membership {
   bool WaitRegistered(absl::Time deadline) const;
   // Times this daemon registered (1 at start; more after lost leases).
   int registrations() const;
+  // The create revision of this node's member key while this daemon holds it: a write fenced by it
+  // applies only while this daemon is the node's (not a replacement, not after a lost lease).
+  std::optional<int64_t> incarnation() const;
 
  private:
   void RegisterLoop(v1::MemberRecord self);
@@ -59,6 +63,7 @@ class Membership {
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool registered_ ABSL_GUARDED_BY(mutex_) = false;
   int registrations_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::optional<int64_t> incarnation_ ABSL_GUARDED_BY(mutex_);
   std::vector<std::thread> threads_;
 };
 

@@ -17,8 +17,6 @@ namespace {
 
 // The drain thread's nice value (Linux nices threads one by one).
 constexpr int kDrainNice = 19;
-// How long retention waits for the other nodes to say which steps they hold.
-constexpr absl::Duration kSurveyTimeout = absl::Seconds(2);
 
 }  // namespace
 
@@ -154,6 +152,21 @@ void Drainer::Drain(int64_t step, const NodeImage& image) {
   Log(LogLevel::kInfo, "durable tier: step ", step, " is durable (", FormatByteSize(written->bytes),
       " in ", absl::FormatDuration(written->took), ")");
   Retain();
+  Record();
+}
+
+void Drainer::Record() {
+  absl::MutexLock record_lock(&record_mutex_);
+  absl::StatusOr<std::vector<int64_t>> steps = directory_.Steps();
+  absl::Status recorded = steps.ok() ? view_->RecordDurable(*steps) : steps.status();
+  if (recorded.ok()) return;
+  absl::MutexLock lock(&mutex_);
+  status_.set_last_error(absl::StrCat(
+      "the steps on this node's disk could not be recorded for the job: ", recorded.message(),
+      "; a step counts as durable on every node only once each node's record lists it (the next "
+      "drain records again)"));
+  status_.set_last_error_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  Log(LogLevel::kWarning, "durable tier: ", status_.last_error());
 }
 
 void Drainer::Retain() {
@@ -164,15 +177,11 @@ void Drainer::Retain() {
     return;
   }
   if (steps->size() <= options_.keep) return;
-  const PeerSurvey peers = view_->SurveyPeers(clock_->Now() + kSurveyTimeout);
+  const absl::StatusOr<DurableEverywhere> everywhere = view_->NewestDurableEverywhere(*steps);
   std::optional<int64_t> spared;
   {
     absl::MutexLock lock(&mutex_);
-    if (peers.silent.empty()) {
-      std::vector<const std::vector<int64_t>*> lists = {&*steps};
-      for (const NodeDurability& node : peers.answered) lists.push_back(&node.durable_steps);
-      if (std::optional<int64_t> common = NewestCommonStep(lists)) durable_everywhere_ = common;
-    }
+    if (everywhere.ok() && everywhere->step) durable_everywhere_ = everywhere->step;
     spared = durable_everywhere_;
   }
   const size_t deletable = steps->size() - options_.keep;
@@ -197,18 +206,23 @@ v1::DurableStatus Drainer::Status() const {
 absl::Status Drainer::DiscardAfter(int64_t step) {
   absl::StatusOr<std::vector<int64_t>> steps = directory_.Steps();
   if (!steps.ok()) return steps.status();
+  bool removed = false;
+  absl::Status status;
   for (int64_t later : *steps) {
     if (later <= step) continue;
-    if (absl::Status status = directory_.Remove(later); !status.ok()) return status;
+    status = directory_.Remove(later);
+    if (!status.ok()) break;
+    removed = true;
     Log(LogLevel::kInfo, "durable tier: deleted step ", later, ", written by the run that a restore "
         "from step ", step, " abandons");
   }
+  if (removed) Record();
   absl::StatusOr<std::vector<int64_t>> kept = directory_.Steps();
   absl::MutexLock lock(&mutex_);
   status_.clear_latest_step();
   if (kept.ok() && !kept->empty()) status_.set_latest_step(kept->back());
   if (durable_everywhere_ && *durable_everywhere_ > step) durable_everywhere_.reset();
-  return kept.status();
+  return status.ok() ? kept.status() : status;
 }
 
 bool Drainer::WaitIdle(absl::Time deadline) const {

@@ -7,7 +7,9 @@
 // a drain runs. A failed drain (disk full, a folder it cannot write, a slow disk stopped by
 // shutdown) is logged and shown in Status; training goes on and every complete step stays.
 // After each complete step, steps beyond the newest `keep` are deleted, except the newest step
-// durable on every node of the job.
+// durable on every node of the job; then the steps left on disk are recorded for the job (the
+// view's RecordDurable: one record per completed drain, and one per deletion of an abandoned
+// run's steps), and only recorded steps count as durable on every node.
 #ifndef MOESNAP_DAEMON_DURABLE_DRAINER_H_
 #define MOESNAP_DAEMON_DURABLE_DRAINER_H_
 
@@ -60,6 +62,8 @@ class Drainer final : public DurableStore::CommitObserver {
   void Drain(int64_t step, const NodeImage& image);
   // Deletes complete steps beyond `keep`, sparing the newest durable on every node.
   void Retain();
+  // Records the complete steps on disk with the view; a failure is logged and shown in Status.
+  void Record() ABSL_LOCKS_EXCLUDED(record_mutex_, mutex_);
 
   const DurableOptions options_;
   const StepIdentity identity_;
@@ -72,6 +76,9 @@ class Drainer final : public DurableStore::CommitObserver {
   std::atomic<uint64_t> written_{0};
   std::atomic<bool> stop_{false};
 
+  // One record at a time, each listing the disk as it is when written: a later record never
+  // carries an older listing.
+  absl::Mutex record_mutex_ ABSL_ACQUIRED_BEFORE(mutex_);
   mutable absl::Mutex mutex_;
   mutable absl::CondVar wake_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;

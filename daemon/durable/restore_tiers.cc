@@ -8,7 +8,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "daemon/durable/disk_restore.h"
 #include "daemon/durable/step_reader.h"
@@ -74,11 +73,12 @@ absl::StatusOr<TierChoice> RestoreTiers::ChooseOnce(uint32_t rank, absl::Time de
         steps.status().message());
   }
   // Without a durable step here the answer is memory's whatever the others hold; with one, the
-  // others say whether memory still serves the job and which steps they hold too.
-  if (!inputs.durable_here.empty()) {
-    inputs.peers = view_->SurveyPeers(std::min(deadline, absl::Now() + kSurveyTimeout));
+  // others say whether memory still serves the job, and the cluster's records which step is
+  // durable on every node when it does not.
+  if (!inputs.durable_here.empty() && inputs.memory_here) {
+    inputs.peers = view_->SurveyMemory(std::min(deadline, absl::Now() + kSurveyTimeout));
   }
-  return ChooseTier(inputs);
+  return ChooseTier(inputs, [&] { return view_->NewestDurableEverywhere(inputs.durable_here); });
 }
 
 absl::StatusOr<TierChoice> RestoreTiers::Choose(uint32_t rank, absl::Time deadline) {
@@ -208,7 +208,7 @@ v1::DurableStatus RestoreTiers::DurableStatus() const {
   return drainer_ == nullptr ? v1::DurableStatus() : drainer_->Status();
 }
 
-v1::ListDurableResponse RestoreTiers::ListDurable(absl::Time deadline) {
+v1::ListDurableResponse RestoreTiers::ListDurable() {
   v1::ListDurableResponse response;
   if (drainer_ == nullptr) return response;
   *response.mutable_status() = drainer_->Status();
@@ -217,18 +217,13 @@ v1::ListDurableResponse RestoreTiers::ListDurable(absl::Time deadline) {
     response.set_everywhere_unknown(std::string(steps.status().message()));
     return response;
   }
-  const PeerSurvey peers = view_->SurveyPeers(std::min(deadline, absl::Now() + kSurveyTimeout));
+  absl::StatusOr<DurableEverywhere> newest = view_->NewestDurableEverywhere(*steps);
   std::optional<int64_t> everywhere;
-  if (peers.silent.empty()) {
-    std::vector<const std::vector<int64_t>*> lists = {&*steps};
-    for (const NodeDurability& node : peers.answered) lists.push_back(&node.durable_steps);
-    everywhere = NewestCommonStep(lists);
+  if (newest.ok()) {
+    everywhere = newest->step;
     if (everywhere) response.set_newest_everywhere(*everywhere);
   } else {
-    std::vector<std::string> silent;
-    for (const auto& [id, why] : peers.silent) silent.push_back(absl::StrCat("node ", id, ": ", why));
-    response.set_everywhere_unknown(absl::StrCat("not every node answered (",
-                                                 absl::StrJoin(silent, "; "), ")"));
+    response.set_everywhere_unknown(std::string(newest.status().message()));
   }
   for (int64_t step : *steps) {
     v1::DurableStepInfo* info = response.add_steps();

@@ -35,7 +35,8 @@ class RestoreTiers {
                                               absl::Time deadline);
   absl::StatusOr<v1::RestoreTierResponse> Tier(uint32_t rank, absl::Time deadline);
   v1::DurableStatus DurableStatus() const;
-  v1::ListDurableResponse ListDurable(absl::Time deadline);
+  // The steps on this node's disk, and the newest durable on every node as the cluster records it.
+  v1::ListDurableResponse ListDurable();
   // Streams a step (ExportRequest) to `send`, which returns false when the receiver went away.
   absl::Status Export(const v1::ExportRequest& request,
                       const std::function<bool(const v1::ExportChunk&)>& send);

@@ -2,29 +2,15 @@
 #include "daemon/durable/tier_choice.h"
 
 #include <algorithm>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace moesnap::daemon::durable {
 
-std::optional<int64_t> NewestCommonStep(const std::vector<const std::vector<int64_t>*>& lists) {
-  if (lists.empty()) return std::nullopt;
-  std::set<int64_t> common(lists[0]->begin(), lists[0]->end());
-  for (size_t i = 1; i < lists.size(); ++i) {
-    std::set<int64_t> next;
-    for (int64_t step : *lists[i]) {
-      if (common.contains(step)) next.insert(step);
-    }
-    common = std::move(next);
-  }
-  if (common.empty()) return std::nullopt;
-  return *common.rbegin();
-}
-
-absl::StatusOr<TierChoice> ChooseTier(const TierInputs& inputs) {
-  for (const NodeDurability& node : inputs.peers.answered) {
+absl::StatusOr<TierChoice> ChooseTier(
+    const TierInputs& inputs, absl::FunctionRef<absl::StatusOr<DurableEverywhere>()> everywhere) {
+  for (const NodeMemory& node : inputs.peers.answered) {
     if (!node.settled) {
       return absl::UnavailableError(absl::StrCat(
           "node ", node.node_id, " is still rebuilding from its group; which tier serves the "
@@ -32,9 +18,11 @@ absl::StatusOr<TierChoice> ChooseTier(const TierInputs& inputs) {
     }
   }
   std::vector<uint32_t> without_memory;
-  for (const NodeDurability& node : inputs.peers.answered) {
+  for (const NodeMemory& node : inputs.peers.answered) {
     if (!node.memory_step) without_memory.push_back(node.node_id);
   }
+  // A node that does not answer is taken to hold its memory: a node lost within the code's reach
+  // is rebuilt, and one that is not says so once it answers.
   if (inputs.memory_here && without_memory.empty()) {
     return TierChoice{v1::TIER_MEMORY, std::nullopt,
                       inputs.peers.answered.empty() && inputs.peers.silent.empty()
@@ -58,28 +46,24 @@ absl::StatusOr<TierChoice> ChooseTier(const TierInputs& inputs) {
     return TierChoice{v1::TIER_UNSPECIFIED, std::nullopt,
                       absl::StrCat(lost, " and this node has no durable step")};
   }
-  if (!inputs.peers.silent.empty()) {
-    std::vector<std::string> silent;
-    for (const auto& [id, why] : inputs.peers.silent) silent.push_back(absl::StrCat(id, " (", why, ")"));
-    if (inputs.memory_here) {
-      return TierChoice{v1::TIER_MEMORY, std::nullopt,
-                        absl::StrCat(lost, "; nodes ", absl::StrJoin(silent, ", "),
-                                     " do not answer, so no step is known durable on every node")};
-    }
+  absl::StatusOr<DurableEverywhere> newest = everywhere();
+  if (!newest.ok()) {
     return absl::UnavailableError(absl::StrCat(
-        lost, "; nodes ", absl::StrJoin(silent, ", "),
-        " do not answer, so the newest step durable on every node is not known yet"));
+        lost, "; the newest step durable on every node is not known: ", newest.status().message()));
   }
-  std::vector<const std::vector<int64_t>*> lists = {&inputs.durable_here};
-  for (const NodeDurability& node : inputs.peers.answered) lists.push_back(&node.durable_steps);
-  const std::optional<int64_t> common = NewestCommonStep(lists);
-  if (!common) {
+  if (!newest->step) {
     return TierChoice{inputs.memory_here ? v1::TIER_MEMORY : v1::TIER_UNSPECIFIED, std::nullopt,
-                      absl::StrCat(lost, ", and no step is durable on every node")};
+                      absl::StrCat(lost, ", and no step is durable on every node (", newest->reason,
+                                   ")")};
   }
-  return TierChoice{v1::TIER_DURABLE, common,
-                    absl::StrCat(lost, "; step ", *common, " is the newest durable on ",
-                                 inputs.peers.answered.empty() ? "this node" : "every node")};
+  if (std::find(inputs.durable_here.begin(), inputs.durable_here.end(), *newest->step) ==
+      inputs.durable_here.end()) {
+    return absl::DataLossError(absl::StrCat(
+        lost, "; step ", *newest->step, " is recorded durable on every node (", newest->reason,
+        "), but this node's disk holds only steps ", absl::StrJoin(inputs.durable_here, ", ")));
+  }
+  return TierChoice{v1::TIER_DURABLE, newest->step,
+                    absl::StrCat(lost, "; step ", *newest->step, " is ", newest->reason)};
 }
 
 }  // namespace moesnap::daemon::durable

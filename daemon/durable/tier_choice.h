@@ -1,7 +1,7 @@
 // The decision of which tier serves a rank's restore: memory while every node of the job still
 // holds the committed state, the newest step durable on every node once one of them does not
 // (more than m nodes of a group lost, a power loss, a new set of machines). A pure function of
-// what the nodes report, so every case is tested in-process.
+// what the nodes report and what the cluster records, so every case is tested in-process.
 #ifndef MOESNAP_DAEMON_DURABLE_TIER_CHOICE_H_
 #define MOESNAP_DAEMON_DURABLE_TIER_CHOICE_H_
 
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "daemon/durable/job_view.h"
 #include "proto/moesnap.pb.h"
@@ -22,7 +23,7 @@ struct TierInputs {
   bool memory_here = false;
   absl::Status memory_problem;
   std::vector<int64_t> durable_here;  // complete steps on this node's disk
-  PeerSurvey peers;                   // empty on a single node
+  MemorySurvey peers;                 // the other nodes' memory; empty on a single node
 };
 
 struct TierChoice {
@@ -31,9 +32,12 @@ struct TierChoice {
   std::string reason;
 };
 
-// UNAVAILABLE when it cannot be decided yet: a node still rebuilds, or this node's memory is gone
-// and a node that does not answer may lack the durable step.
-absl::StatusOr<TierChoice> ChooseTier(const TierInputs& inputs);
+// `everywhere` reads the newest step durable on every node; it is called only when memory does not
+// serve and this node has a durable step. UNAVAILABLE when it cannot be decided yet: a node still
+// rebuilds, or the records of durable steps cannot be read. DATA_LOSS when the step recorded as
+// durable on every node is not on this node's disk.
+absl::StatusOr<TierChoice> ChooseTier(
+    const TierInputs& inputs, absl::FunctionRef<absl::StatusOr<DurableEverywhere>()> everywhere);
 
 }  // namespace moesnap::daemon::durable
 

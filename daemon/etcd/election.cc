@@ -53,7 +53,14 @@ absl::StatusOr<Leadership> Election::Campaign(const std::string& name, const std
 absl::StatusOr<KeyValue> Election::Enter(const std::string& key, const std::string& value,
                                          int64_t lease, absl::Time deadline) {
   while (true) {
-    absl::StatusOr<KeyValue> stored = client_.WriteOnce(key, value, std::nullopt, lease);
+    // Read first and write only when the key is absent: a candidate re-entering while its key
+    // stands (every Campaign after one that timed out) must cost etcd no raft entry, and a write
+    // Txn costs one even when its compare fails.
+    absl::StatusOr<std::optional<KeyValue>> found = client_.Get(key);
+    if (!found.ok()) return found.status();
+    absl::StatusOr<KeyValue> stored = found->has_value()
+                                          ? absl::StatusOr<KeyValue>(**found)
+                                          : client_.WriteOnce(key, value, std::nullopt, lease);
     if (!stored.ok()) return stored.status();
     if (stored->lease == lease) return stored;  // created now, or by an earlier Campaign
     // Held by another lease: an earlier life of this candidate, which may still be running.

@@ -60,7 +60,8 @@ class Election {
   const std::string& prefix() const { return prefix_; }
 
  private:
-  // Creates this candidate's key or finds it; waits while a key of another lease holds the name.
+  // Finds this candidate's key, or creates it when absent (a re-entry writes nothing); waits
+  // while a key of another lease holds the name.
   absl::StatusOr<KeyValue> Enter(const std::string& key, const std::string& value, int64_t lease,
                                  absl::Time deadline);
   // Waits until `key` is deleted (watching from `from_revision`), or `deadline`.

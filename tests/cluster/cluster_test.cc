@@ -21,6 +21,7 @@
 #include "moesnap/client.h"
 #include "moesnap/placement_planner.h"
 #include "proto/moesnap.grpc.pb.h"
+#include "daemon/etcd/etcd_client.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_process.h"
@@ -289,6 +290,48 @@ TEST_F(DurableClusterTest, EveryDaemonAndPoolLostRestoresTheNewestStepDurableOnE
     std::string tier;
     EXPECT_EQ(VerifiedStep(node, &tier), 9) << "node " << node;
     EXPECT_EQ(tier, "memory") << "node " << node;
+  }
+}
+
+// The records in etcd decide which step is durable on every node, not the disks: node 3's disk
+// holds step 6, but its record lists only step 4, so after a power loss the job goes back to 4.
+TEST_F(DurableClusterTest, AStepOnDiskThatANodesRecordInEtcdDoesNotListIsNotUsed) {
+  for (int64_t step : {1, 2, 4, 6}) ASSERT_NO_FATAL_FAILURE(TrainAndDrain(step));
+  TrainAll(7);
+  ASSERT_EQ(ListDurable(3).newest_everywhere(), 6);
+  absl::StatusOr<std::unique_ptr<etcd::Client>> client = etcd::Client::Create(etcd_->ClientOptions());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string key = "/moesnap/cluster-test/durable/3";
+  absl::StatusOr<std::optional<etcd::KeyValue>> stored = (*client)->Get(key);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(stored->has_value()) << "node 3 recorded no durable steps in etcd";
+  EXPECT_EQ((*stored)->lease, 0) << "the record must outlive every lease";
+  v1::DurableRecord record;
+  ASSERT_TRUE(record.ParseFromString((*stored)->value));
+  ASSERT_EQ(std::vector<int64_t>(record.steps().begin(), record.steps().end()),
+            std::vector<int64_t>({4, 6}));
+  record.clear_steps();
+  record.add_steps(4);
+  ASSERT_TRUE((*client)->Put(key, record.SerializeAsString()).ok());
+  ASSERT_TRUE(std::filesystem::exists(root_ + "/node-3/step-6"));
+  EXPECT_EQ(ListDurable(0).newest_everywhere(), 4);
+  for (int node = 0; node < nodes_; ++node) Replace(node);
+  for (int node = 0; node < nodes_; ++node) ASSERT_TRUE(daemons_[node]->Start());
+  ASSERT_NO_FATAL_FAILURE(WaitForLive(nodes_));
+  for (int node = 0; node < nodes_; ++node) {
+    std::string tier;
+    EXPECT_EQ(VerifiedStep(node, &tier), 4) << "node " << node;
+    EXPECT_EQ(tier, "durable") << "node " << node;
+  }
+  // The restore abandoned step 6: it is gone from every disk and every record.
+  for (int node = 0; node < nodes_; ++node) {
+    EXPECT_FALSE(std::filesystem::exists(absl::StrCat(root_, "/node-", node, "/step-6")));
+    absl::StatusOr<std::optional<etcd::KeyValue>> now =
+        (*client)->Get(absl::StrCat("/moesnap/cluster-test/durable/", node));
+    ASSERT_TRUE(now.ok() && now->has_value()) << "node " << node;
+    ASSERT_TRUE(record.ParseFromString((*now)->value));
+    EXPECT_EQ(std::vector<int64_t>(record.steps().begin(), record.steps().end()),
+              std::vector<int64_t>({4})) << "node " << node;
   }
 }
 

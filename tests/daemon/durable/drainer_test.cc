@@ -60,13 +60,34 @@ TEST_F(DrainerTest, DueStepsBecomeDurableAndOnlyTheNewestKeepAreKept) {
 }
 
 TEST_F(DrainerTest, RetentionSparesTheNewestStepDurableOnEveryNode) {
-  view_.peers.answered = {{2, {2}, std::nullopt, true}};  // the other node has only step 2
+  view_.everywhere = DurableEverywhere{2, "recorded by every node"};  // the others hold only 2
   Start();
   for (int64_t step = 1; step <= 7; ++step) Commit(step);
   EXPECT_EQ(Steps(), std::vector<int64_t>({2, 4, 6}));
-  view_.peers.silent = {{2, "down"}};  // unknown now: the last known stays spared
+  view_.everywhere = absl::UnavailableError("etcd down");  // unknown now: the last known stays spared
   Commit(8);
   EXPECT_EQ(Steps(), std::vector<int64_t>({2, 6, 8}));
+}
+
+TEST_F(DrainerTest, EveryCompletedDrainRecordsTheStepsOnDiskOnceAndAFailedRecordIsShown) {
+  Start();
+  for (int64_t step = 1; step <= 4; ++step) Commit(step);
+  EXPECT_EQ(view_.Recorded(), std::vector<std::vector<int64_t>>({{2}, {2, 4}}));  // one per drain
+  view_.record_failure = absl::UnavailableError("etcd cannot be reached");
+  Commit(5);
+  Commit(6);
+  EXPECT_EQ(Steps(), std::vector<int64_t>({4, 6}));  // on disk, but not recorded
+  EXPECT_EQ(view_.Recorded().size(), 2u);
+  const v1::DurableStatus status = drainer_->Status();
+  EXPECT_NE(status.last_error().find("could not be recorded"), std::string::npos)
+      << status.last_error();
+  EXPECT_NE(status.last_error().find("etcd cannot be reached"), std::string::npos)
+      << status.last_error();
+  view_.record_failure = absl::OkStatus();
+  Commit(7);
+  Commit(8);
+  EXPECT_EQ(view_.Recorded().back(), std::vector<int64_t>({6, 8}));
+  EXPECT_TRUE(drainer_->Status().last_error().empty());
 }
 
 TEST_F(DrainerTest, ACommitNeverWaitsForADrainAndADueStepMeanwhileIsSkipped) {
@@ -134,6 +155,7 @@ TEST_F(DrainerTest, DiscardAfterRemovesTheAbandonedRunsSteps) {
   EXPECT_EQ(Steps(), std::vector<int64_t>({2, 4, 6}));
   ASSERT_OK(drainer_->DiscardAfter(2));
   EXPECT_EQ(Steps(), std::vector<int64_t>({2}));
+  EXPECT_EQ(view_.Recorded().back(), std::vector<int64_t>({2}));  // the deletion is recorded
   EXPECT_EQ(drainer_->Status().latest_step(), 2);
 }
 

@@ -1,5 +1,5 @@
 // Fakes at the durable tier's seams: a clock the test moves, a store whose committed image the
-// test sets, a job view whose peers the test scripts, and a pool for real extents.
+// test sets, a job view whose peers and records the test scripts, and a pool for real extents.
 #ifndef MOESNAP_TESTS_DAEMON_DURABLE_FAKES_H_
 #define MOESNAP_TESTS_DAEMON_DURABLE_FAKES_H_
 
@@ -193,14 +193,35 @@ class FakeDurableStore final : public DurableStore {
   std::map<uint32_t, v1::JournalRank> records_;
 };
 
-// Peers as the test scripts them.
+// Peers and the job's records as the test scripts them; what this node recorded is kept.
 class FakeJobView final : public JobView {
  public:
   absl::Status WaitMemory(absl::Time) override { return memory; }
-  PeerSurvey SurveyPeers(absl::Time) override { return peers; }
+  MemorySurvey SurveyMemory(absl::Time) override { return peers; }
+  absl::StatusOr<DurableEverywhere> NewestDurableEverywhere(const std::vector<int64_t>&) override {
+    absl::MutexLock lock(&mutex_);
+    return everywhere;
+  }
+  absl::Status RecordDurable(const std::vector<int64_t>& here) override {
+    absl::MutexLock lock(&mutex_);
+    if (record_failure.ok()) recorded_.push_back(here);
+    return record_failure;
+  }
   void StateLoaded() override {}
+  // Every record this node wrote, in order.
+  std::vector<std::vector<int64_t>> Recorded() {
+    absl::MutexLock lock(&mutex_);
+    return recorded_;
+  }
+
   absl::Status memory;
-  PeerSurvey peers;
+  MemorySurvey peers;
+  absl::StatusOr<DurableEverywhere> everywhere = DurableEverywhere{};
+  absl::Status record_failure;
+
+ private:
+  absl::Mutex mutex_;
+  std::vector<std::vector<int64_t>> recorded_;
 };
 
 }  // namespace moesnap::daemon::durable

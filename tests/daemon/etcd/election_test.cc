@@ -6,10 +6,13 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/http_client.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::etcd {
@@ -40,6 +43,29 @@ class ElectionTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<LeaseKeeper>> keeper = client_->KeepAlive(*lease);
     EXPECT_OK(keeper);
     return {*lease, keeper.ok() ? *std::move(keeper) : nullptr};
+  }
+
+  // The raft entries etcd committed so far (etcd_server_proposals_committed_total, from its
+  // /metrics): every write RPC is one, a Txn whose compare fails included; reads and lease
+  // renewals are none.
+  double RaftEntries() {
+    const std::string endpoint = etcd_->endpoints()[0];
+    uint32_t port = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(endpoint.substr(endpoint.rfind(':') + 1), &port)) << endpoint;
+    absl::StatusOr<::moesnap::testing::HttpReply> reply =
+        ::moesnap::testing::HttpGet(static_cast<uint16_t>(port), "/metrics");
+    EXPECT_OK(reply);
+    if (!reply.ok()) return -1;
+    for (absl::string_view line : absl::StrSplit(reply->body, '\n')) {
+      const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ');
+      double value = 0;
+      if (fields.size() == 2 && fields[0] == "etcd_server_proposals_committed_total" &&
+          absl::SimpleAtod(fields[1], &value)) {
+        return value;
+      }
+    }
+    ADD_FAILURE() << "etcd's /metrics has no etcd_server_proposals_committed_total";
+    return -1;
   }
 
   std::unique_ptr<EtcdCluster> etcd_;
@@ -110,6 +136,28 @@ TEST_F(ElectionTest, ResignHandsOverAndCampaignTimesOutWhileAnotherLeads) {
   EXPECT_LT(b->token, a->token + 10);  // created by the first Campaign, right after a's key
   EXPECT_STATUS(client_->WriteOnce("/job/step/1", "x", a->fence()),
                 absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ElectionTest, ACandidateCampaigningAgainWhileAnotherLeadsWritesNothing) {
+  auto [lease_a, keeper_a] = KeptLease(absl::Seconds(10));
+  auto [lease_b, keeper_b] = KeptLease(absl::Seconds(10));
+  ASSERT_OK(election_->Campaign("a", "", lease_a.id, absl::Seconds(10)));
+  // b's first campaign creates its key (one write), then waits behind a.
+  ASSERT_STATUS(election_->Campaign("b", "", lease_b.id, absl::Milliseconds(100)),
+                absl::StatusCode::kDeadlineExceeded);
+  const double before = RaftEntries();
+  ASSERT_GT(before, 0);
+  // A coordinator's candidate campaigns again every few hundred milliseconds while it waits: with
+  // its key in place, that is reads and a watch, never a raft entry.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    ASSERT_STATUS(election_->Campaign("b", "", lease_b.id, absl::Milliseconds(100)),
+                  absl::StatusCode::kDeadlineExceeded);
+  }
+  EXPECT_EQ(RaftEntries(), before);
+  // And it still takes over once a is gone.
+  keeper_a.reset();
+  ASSERT_OK(client_->RevokeLease(lease_a.id));
+  EXPECT_OK(election_->Campaign("b", "", lease_b.id, absl::Seconds(10)));
 }
 
 TEST_F(ElectionTest, CandidateWaitsForTheKeyOfItsEarlierLife) {
