@@ -138,15 +138,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
       units->decisions.get());
   units->feed = std::make_unique<cluster::DecisionFeed>(
       units->session.get(), units->keys, units->decisions.get(), units->participant.get());
+  units->durable_records = cluster::NewEtcdDurableRecords(
+      units->session.get(), units->keys, options, node_id, units->membership.get());
   units->coordinator = std::make_unique<cluster::Coordinator>(
-      context, units->leadership.get(), units->decisions.get());
+      context, units->leadership.get(), units->decisions.get(), units->durable_records.get());
   units->remote_restore = std::make_unique<cluster::RemoteRestore>(
       context, store, units->transfer.get(), units->rebuilder.get());
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
   units->report = std::make_unique<cluster::LocalReport>(
       context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
-  units->durable_records = cluster::NewEtcdDurableRecords(
-      units->session.get(), units->keys, options, node_id, units->membership.get());
   units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
                                                          units->durable_records.get());
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "daemon/cluster/durable_records.h"
 #include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
@@ -22,8 +23,8 @@ constexpr absl::Duration kMaxDecideBackoff = absl::Seconds(1);
 }  // namespace
 
 Coordinator::Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-                         const CoordinatorOptions& options)
-    : context_(context), leadership_(leadership), log_(log), options_(options) {}
+                         DurableRecords* records, const CoordinatorOptions& options)
+    : context_(context), leadership_(leadership), log_(log), records_(records), options_(options) {}
 
 Coordinator::~Coordinator() {
   {
@@ -157,6 +158,18 @@ bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std:
             forget = previous;
           }
           decided_.erase(decided_.begin(), decided_.lower_bound(step));
+        }
+      }
+      if (forget && records_ != nullptr) {
+        // The decisions of the steps nodes record as durable are what a restore from disk reads;
+        // if the records cannot be read now, nothing is dropped until the next time.
+        absl::StatusOr<std::optional<int64_t>> oldest = records_->OldestRecorded();
+        if (oldest.ok()) {
+          forget = ForgetBound(*forget, *oldest);
+        } else {
+          Log(LogLevel::kWarning, "old decisions kept: the durable records cannot be read: ",
+              oldest.status().message());
+          forget.reset();
         }
       }
       if (forget) {

@@ -37,8 +37,9 @@ struct CoordinatorOptions {
 // Thread-safe.
 class Coordinator {
  public:
+  // `records` (null: none) are the nodes' durable records, whose steps' decisions are kept.
   Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
-              const CoordinatorOptions& options = {});
+              DurableRecords* records, const CoordinatorOptions& options = {});
   ~Coordinator();  // stops after the round in progress, and steps down
 
   // Campaigns, and coordinates whenever this node leads.
@@ -69,6 +70,7 @@ class Coordinator {
   const ClusterContext context_;
   Leadership* const leadership_;
   DecisionLog* const log_;
+  DurableRecords* const records_;
   const CoordinatorOptions options_;
   std::atomic<int64_t> crash_in_commit_{-1};
   std::atomic<uint64_t> decisions_{0};

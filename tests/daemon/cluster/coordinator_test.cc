@@ -45,6 +45,31 @@ TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAre
   cluster.ExpectEveryNodeRebuildable(5, kBytes);
 }
 
+TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.records().set_oldest(2);  // some node records step 2 as durable
+  cluster.election().Elect(0);
+  for (int64_t step = 1; step <= 9; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  // Drops at the 4th and 8th commits, each kept from step 2 on.
+  EXPECT_EQ(cluster.log().writes(), 9 + 2);
+  std::map<int64_t, v1::StepDecision> decisions = cluster.log().decisions();
+  EXPECT_FALSE(decisions.contains(1));
+  EXPECT_TRUE(decisions.contains(2));
+  // Once no record lists a step before 9, the next drop goes as far as before.
+  cluster.records().set_oldest(9);
+  for (int64_t step = 10; step <= 12; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  decisions = cluster.log().decisions();
+  EXPECT_FALSE(decisions.contains(2));
+  EXPECT_TRUE(decisions.contains(9));
+  EXPECT_FALSE(decisions.contains(8));
+}
+
 // The first failure: a coordinator that looked lost (paused past its lease) still runs.
 // Its decision is refused by the fence, the new coordinator runs the step again under its own
 // token, and every node commits it; none aborts it.

@@ -90,6 +90,9 @@ TEST_F(EtcdDurableRecordsTest, ARecordOutlivesTheLeaseAndDecidesWithTheDecisions
   EXPECT_EQ(Recorded(), std::vector<int64_t>({2, 4}));
   ASSERT_OK(client_->Put(keys_.Durable(1), DurableRecordValue(1, options_.Digest(), {2, 4})));
   ASSERT_OK(client_->Put(keys_.Durable(2), DurableRecordValue(2, options_.Digest(), {2, 4})));
+  absl::StatusOr<std::optional<int64_t>> oldest = records_->OldestRecorded();
+  ASSERT_OK(oldest);
+  EXPECT_EQ(*oldest, 2);
   absl::StatusOr<durable::DurableEverywhere> everywhere = records_->NewestEverywhere();
   ASSERT_OK(everywhere);
   EXPECT_EQ(everywhere->step, std::nullopt) << everywhere->reason;  // nothing decided yet

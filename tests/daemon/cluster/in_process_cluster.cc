@@ -489,7 +489,8 @@ std::string PoolName(uint32_t id) {
 }  // namespace
 
 NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* nodes,
-                     FakeNetwork* network, FakeDecisionLog* log, FakeElection* election)
+                     FakeNetwork* network, FakeDecisionLog* log, FakeElection* election,
+                     FakeDurableRecords* records)
     : id(node_id),
       pool_name(PoolName(node_id)),
       pool(TestPool(pool_name)),
@@ -504,7 +505,7 @@ NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* node
                  .max_retry_interval = absl::Milliseconds(200)}),
       participant(context, &store, &parity, &transfer, &rebuilder, log->ViewOf(node_id)),
       candidate(election, node_id),
-      coordinator(context, &candidate, log->ViewOf(node_id),
+      coordinator(context, &candidate, log->ViewOf(node_id), records,
                   {.forget_every = 4, .campaign_wait = absl::Milliseconds(50)}),
       report(context, &store, &parity, pool.get(), &rebuilder, &participant) {}
 
@@ -549,7 +550,7 @@ void InProcessCluster::Replace(uint32_t id) {
   ASSERT_TRUE(topology.ok()) << topology.status();
   topologies_.push_back(*std::move(topology));
   auto units = std::make_unique<NodeUnits>(id, topologies_.back().get(), &table_, &network_, &log_,
-                                           &election_);
+                                           &election_, &records_);
   absl::StatusOr<uint16_t> port = units->transfer.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   NodeUnits* raw = units.get();

@@ -128,6 +128,30 @@ class FakeDecisionLog final : public DecisionLog {
 };
 
 // Who leads. Elect gives the node a new, higher token; the decision log and the node table follow.
+// The nodes' durable records as the coordinator asks them: only the oldest recorded step, which
+// the test sets.
+class FakeDurableRecords final : public DurableRecords {
+ public:
+  absl::Status Record(const std::vector<int64_t>&) override {
+    return absl::UnimplementedError("not in these tests");
+  }
+  absl::StatusOr<durable::DurableEverywhere> NewestEverywhere() override {
+    return absl::UnimplementedError("not in these tests");
+  }
+  absl::StatusOr<std::optional<int64_t>> OldestRecorded() override {
+    absl::MutexLock lock(&mutex_);
+    return oldest_;
+  }
+  void set_oldest(std::optional<int64_t> step) {
+    absl::MutexLock lock(&mutex_);
+    oldest_ = step;
+  }
+
+ private:
+  absl::Mutex mutex_;
+  std::optional<int64_t> oldest_ ABSL_GUARDED_BY(mutex_);
+};
+
 class FakeElection {
  public:
   FakeElection(FakeDecisionLog* log, NodeTable* nodes) : log_(log), nodes_(nodes) {}
@@ -214,7 +238,7 @@ class FakePeerClient final : public PeerClient {
 // One node's units, as the daemon assembles them, over the fakes.
 struct NodeUnits {
   NodeUnits(uint32_t id, const Topology* topology, NodeTable* nodes, FakeNetwork* network,
-            FakeDecisionLog* log, FakeElection* election);
+            FakeDecisionLog* log, FakeElection* election, FakeDurableRecords* records);
   ~NodeUnits();
   // Starts proposing, coordinating when elected, and checking whether the node is behind.
   void Start();
@@ -245,6 +269,7 @@ class InProcessCluster {
   FakeDecisionLog& log() { return log_; }
   FakeNetwork& network() { return network_; }
   FakeElection& election() { return election_; }
+  FakeDurableRecords& records() { return records_; }
   NodeTable& table() { return table_; }
 
   // Every node's trainer captures `step` (`bytes` bytes of state each).
@@ -268,6 +293,7 @@ class InProcessCluster {
   FakeNetwork network_;
   FakeDecisionLog log_;
   FakeElection election_;
+  FakeDurableRecords records_;
   std::map<uint32_t, std::unique_ptr<NodeUnits>> nodes_;
 };
 
