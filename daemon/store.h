@@ -183,6 +183,29 @@ class Store final : public ClusterStore, public DurableStore {
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
+  // The rank's committed versions once `committing` (may be null) commits, by region.
+  static std::map<std::string, const Version*> VersionsAfter(const RankState& rank_state,
+                                                             const StepRecord* committing);
+  // The replica-group layouts once `record` commits, into `groups`; with `committed`, also drops
+  // the pieces a whole step left behind (its shard no longer covers them).
+  static void CommitReplicaGroups(const StepRecord& record,
+                                  std::map<std::string, std::shared_ptr<Version>>* committed,
+                                  std::map<std::string, v1::ReplicaGroupStep>* groups);
+  // The committed layout of the replica group `spec`'s region belongs to in the rank's state (its
+  // `stored` piece, null when its shard holds none of the region); null when there is none.
+  const v1::ReplicaGroupStep* LayoutOf(const RankState& rank_state, const v1::RegionSpec& spec,
+                                       const Version* stored) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Every member's piece of `region` under the committed `layout`, in order; an error unless they
+  // are of one step and cover the region exactly once.
+  absl::StatusOr<std::vector<std::shared_ptr<Version>>> GroupPieces(
+      const v1::ReplicaGroupStep& layout, const std::string& region) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // On a single node: whether every member of the replica groups of `rank`'s step (and of theirs)
+  // has captured `step`; `committing` (holding `rank`'s record) receives their records.
+  bool GroupCaptured(uint32_t rank, int64_t step,
+                     std::map<uint32_t, const StepRecord*>* committing) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static v1::RankWindows WindowsOf(uint32_t rank, const RankState& rank_state);
   // Records a sparse step as the next slot of the rank's open window (opening one at slot 0).
   static void AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
