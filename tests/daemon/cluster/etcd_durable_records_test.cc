@@ -37,7 +37,7 @@ class EtcdDurableRecordsTest : public ::testing::Test {
     options_.lease_ttl_ms = 2000;
     options_.etcd_endpoints = etcd_->endpoints();
     options_.advertise_host = "127.0.0.1";
-    absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options_);
+    absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options_, uint64_t{64} << 20);
     ASSERT_OK(topology);
     topology_ = *std::move(topology);
     nodes_ = std::make_unique<NodeTable>(options_.node_count);
