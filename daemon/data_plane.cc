@@ -3,20 +3,18 @@
 // wait is a poll with a deadline; TLS (Boost.Asio SSL) runs over the same deadline-bound socket.
 #include "daemon/data_plane.h"
 
-#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
-#include <optional>
-
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/match.h"

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
