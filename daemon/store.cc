@@ -1661,19 +1661,21 @@ NodeCapture Store::CaptureOf(int64_t step) const {
   if (absl::StatusOr<bool> captured = NodeCaptured(step); !captured.ok() || *captured) {
     return NodeCapture::kCaptured;
   }
+  return PassedLocked(step) ? NodeCapture::kPassed : NodeCapture::kNotYet;
+}
+
+bool Store::PassedLocked(int64_t step) const {
   bool any_trainer = false;
   for (const auto& [rank, rank_state] : ranks_) {
     if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) {
       continue;
     }
-    if (rank_state.restarting) return NodeCapture::kNotYet;  // its trainer comes back
+    if (rank_state.restarting) return false;  // its trainer comes back
     if (rank_state.regions->regions.empty()) continue;
-    if (!rank_state.latest_snapshot || *rank_state.latest_snapshot <= step) {
-      return NodeCapture::kNotYet;
-    }
+    if (!rank_state.latest_snapshot || *rank_state.latest_snapshot <= step) return false;
     any_trainer = true;
   }
-  return any_trainer ? NodeCapture::kPassed : NodeCapture::kNotYet;
+  return any_trainer;
 }
 
 bool Store::WaitStepChanged(absl::Time deadline) {
@@ -1708,6 +1710,12 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     absl::StatusOr<bool> captured = NodeCaptured(step);
     if (!captured.ok()) return captured.status();
     if (*captured) break;
+    // A rank that skipped it and went on (its record since trimmed) never captures it: waiting out
+    // the deadline would hold the round, and the pool, for nothing.
+    if (PassedLocked(step)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " is not captured on this node and never will be: its ranks went past it"));
+    }
     if (WaitStepChanged(deadline)) {
       const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
       return absl::DeadlineExceededError(absl::StrCat(

@@ -223,6 +223,9 @@ class Store final : public ClusterStore, public DurableStore {
   // True when every rank with registered regions has captured `step` (and one has), false while
   // one is still capturing or has not started it; the failure when a rank's copy of it aborted.
   absl::StatusOr<bool> NodeCaptured(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // True when every rank with registered regions has snapshotted a later step in its present
+  // timeline (and one has): a step none of them holds now is never captured here.
+  bool PassedLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The ranks with registered regions that have not captured `step` yet; the failure when a
   // rank's copy of it aborted.
   absl::StatusOr<std::vector<uint32_t>> RanksStillCapturing(int64_t step) const

@@ -318,6 +318,11 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   EXPECT_EQ(store_->LatestCommitted(0), 2);
   Take(0, 4);  // the trainer did not snapshot step 3: it will never be captured
   EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kPassed);
+  // A Prepare of it says so at once instead of waiting out its deadline.
+  const absl::Time asked = absl::Now();
+  EXPECT_STATUS(store_->WaitNodeCaptured(3, asked + absl::Seconds(30)),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(30));
 }
 
 // A step this node already offered the cluster may still commit: a rank restarting meanwhile
