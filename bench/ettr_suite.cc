@@ -16,11 +16,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/aligned_buffer.h"
 #include "bench/modelled_job.h"
 #include "bench/raw_tcp.h"
@@ -36,11 +37,14 @@ using modelled_job::kIterationSeconds;
 constexpr size_t kLimitBytes = size_t{256} << 20;
 constexpr size_t kTcpChunkBytes = size_t{4} << 20;
 
-std::optional<double> Find(const Report& report, const std::string& suite, const std::string& prefix) {
+// The figure a suite measured earlier in this run, else `assumed`, named in `not_measured`.
+double Input(const Report& report, const std::string& suite, const std::string& prefix,
+             double assumed, const std::string& what, std::vector<std::string>& not_measured) {
   for (const Record& record : report.records()) {
     if (record.suite == suite && record.name.rfind(prefix, 0) == 0) return record.value;
   }
-  return std::nullopt;
+  not_measured.push_back(what);
+  return assumed;
 }
 
 }  // namespace
@@ -55,10 +59,15 @@ absl::Status RunEttrSuite(Report& report) {
       [&] { std::memcpy(destination.data(), source.data(), kLimitBytes); },
       [&] { raw.Send(source.data(), static_cast<int>(kLimitBytes / kTcpChunkBytes)); }, kLimitBytes,
       {.min_seconds_per_repetition = 0.1, .repetitions = 2});
-  const double capture_gbps = Find(report, "capture", "host capture").value_or(limits.value);
-  const double restore_gbps = Find(report, "capture", "local restore").value_or(limits.value);
-  const double blocking_ms = Find(report, "capture", "Snapshot() blocking, median").value_or(1.0);
-  const double rebuild_gbps = Find(report, "cluster", "rebuild of a node").value_or(0.25);
+  std::vector<std::string> not_measured;
+  const double capture_gbps = Input(report, "capture", "host capture", limits.value,
+                                    "capture (memcpy here instead)", not_measured);
+  const double restore_gbps = Input(report, "capture", "local restore", limits.value,
+                                    "restore (memcpy here instead)", not_measured);
+  const double blocking_ms = Input(report, "capture", "Snapshot() blocking, median", 1.0,
+                                   "Snapshot() blocking (1 ms assumed)", not_measured);
+  const double rebuild_gbps = Input(report, "cluster", "rebuild of a node", 0.25,
+                                    "rebuild (0.25 GB/s assumed)", not_measured);
   const double line_gbps = modelled_job::kLineRateBitsPerSecond / 8 / 1e9;
   const double rebuild_at_line_gbps = rebuild_gbps / limits.baseline * line_gbps;
 
@@ -125,13 +134,17 @@ absl::Status RunEttrSuite(Report& report) {
           "dense copy %.1f s (stall %.2f s); the job's sparse schedule at this capture rate has "
           "W=%.0f, its costliest slot %.1f GB (stall %.3f s), and replays 1.5 W steps after a "
           "failure; restore %.1f s; the rebuild takes %.0f s as "
-          "measured, %.1f s at the line rate. Published figures are MoEtion's own, on 96 A100s.",
+          "measured, %.1f s at the line rate. Published figures are MoEtion's own, on 96 A100s.%s",
           modelled_job::kPublishedParameters / 1e9, modelled_job::kFullStateBytesPerParameter,
           modelled_job::kNodes, node_bytes / 1e9, kIterationSeconds, capture_gbps, restore_gbps,
           blocking_ms, rebuild_gbps, limits.baseline, modelled_job::kLineRateBitsPerSecond / 1e9,
           rebuild_at_line_gbps, copy_seconds, dense_stall, window, costliest_slot / 1e9, sparse_stall,
           restore_seconds,
-          node_bytes / (rebuild_gbps * 1e9), node_bytes / (rebuild_at_line_gbps * 1e9)));
+          node_bytes / (rebuild_gbps * 1e9), node_bytes / (rebuild_at_line_gbps * 1e9),
+          not_measured.empty()
+              ? ""
+              : absl::StrCat(" Not measured in this run (their suites did not run before it): ",
+                             absl::StrJoin(not_measured, ", "), ".")));
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, std::function<absl::Status(Report&)>>> suites = {
       {"erasure", moesnap::bench::RunErasureSuite},
       {"capture", moesnap::bench::RunCaptureSuite},
+      {"replicas", moesnap::bench::RunReplicaSuite},
       {"dataplane", moesnap::bench::RunDataPlaneSuite},
       {"cluster", moesnap::bench::RunClusterSuite},
       {"etcd", moesnap::bench::RunEtcdSuite},

@@ -9,6 +9,8 @@ namespace moesnap::bench {
 
 absl::Status RunErasureSuite(Report& report);
 absl::Status RunCaptureSuite(Report& report);
+// Data-parallel replicas on one daemon, unsharded and one shard each, for N = 1, 2, 4.
+absl::Status RunReplicaSuite(Report& report);
 absl::Status RunDataPlaneSuite(Report& report);
 absl::Status RunClusterSuite(Report& report);
 // A real etcd started by the suite: a fenced decision and a lease keep-alive round trip.

@@ -6,6 +6,17 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   list(APPEND MOESNAP_WARNINGS -Wthread-safety)
 endif()
 
+if(MOESNAP_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "MOESNAP_FUZZ=ON needs clang (libFuzzer): configure with "
+                        "CC=clang CXX=clang++, as deploy/fuzz.sh does")
+  endif()
+  # Coverage for libFuzzer everywhere; the fuzz targets link the fuzzer's main themselves.
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
 if(MOESNAP_SANITIZE)
   add_compile_options(-fsanitize=${MOESNAP_SANITIZE} -fno-omit-frame-pointer)
   add_link_options(-fsanitize=${MOESNAP_SANITIZE})

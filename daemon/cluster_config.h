@@ -47,6 +47,7 @@ struct ClusterOptions {
   std::string listen_host;     // empty: advertise_host if it is an IP address, else every address
   uint16_t control_port = 7440;  // the Peer service; 0: any free port (advertised as bound)
   uint16_t data_port = 7441;     // the data plane; 0: any free port
+  uint32_t max_data_connections = 256;  // data-plane connections served at once
 
   // The job's shape alone: k, m, unit, node count, timeouts, job name, endpoints.
   absl::Status ValidateShape() const;

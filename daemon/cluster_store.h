@@ -20,6 +20,13 @@
 
 namespace moesnap::daemon {
 
+// Where this node's trainers are with a step.
+enum class NodeCapture {
+  kCaptured,  // every rank captured it, or a rank failed it (its Prepare says why)
+  kNotYet,    // a rank has not reached it yet
+  kPassed,    // every rank went past it in its present timeline without capturing it
+};
+
 // Every method is thread-safe.
 class ClusterStore {
  public:
@@ -29,6 +36,10 @@ class ClusterStore {
   // registered regions has captured; DEADLINE_EXCEEDED when none is by `deadline`.
   virtual absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
                                                         absl::Time deadline) = 0;
+  // Counts the whole-rank restores on this node. Each starts a new timeline in which the rank
+  // takes step numbers again, so a caller following captures by step number starts over.
+  virtual uint64_t Timeline() const = 0;
+  virtual NodeCapture CaptureOf(int64_t step) const = 0;
   // Waits until every rank with registered regions has captured `step`, then returns the node's
   // image of it: the step's new versions and, for regions it did not capture, the committed ones.
   virtual absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) = 0;

@@ -163,6 +163,7 @@ std::optional<ClusterOptions> ParseCluster(Reader& reader) {
   reader.String("cluster", "listen_host", cluster.listen_host);
   reader.Integer("cluster", "control_port", 0, 65535, cluster.control_port);
   reader.Integer("cluster", "data_port", 0, 65535, cluster.data_port);
+  reader.Integer("cluster", "max_data_connections", 1, 65536, cluster.max_data_connections);
   if (reader.Find("cluster", "nodes") != nullptr) {
     reader.Error("cluster.nodes", "nodes are no longer listed: each daemon finds its peers in etcd; "
                                   "set cluster.node_count and this node's cluster.advertise_host");

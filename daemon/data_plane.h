@@ -4,7 +4,9 @@
 //
 // The receiver reads a header, validates it, reads the region name and payload into a buffer, checks
 // the payload CRC and only then hands the frame to the sink. Anything malformed closes the connection
-// with a logged reason; no byte of a rejected frame reaches the sink. Senders keep several
+// with a logged reason; no byte of a rejected frame reaches the sink. Connections are bounded in
+// number, every read and write in time; the accept loop outlives any error (out of descriptors,
+// threads or memory) and backs off instead of spinning. Senders keep several
 // connections per peer and write header, name and payload with one gather write.
 //
 // Peer authentication is a later switch: the connection setup is the single place where a TLS or
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "daemon/frame.h"
 
@@ -30,6 +33,13 @@ struct DataPlaneOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;  // 0: any free port
   uint32_t max_payload_bytes = 4 << 20;
+  // Connections served at once (each a thread and a buffer of up to max_payload_bytes); one more
+  // is closed at once and counted in connections_rejected.
+  uint32_t max_connections = 256;
+  // Once a frame's header has begun, the whole frame must arrive within this time.
+  absl::Duration frame_timeout = absl::Seconds(30);
+  // A connection with no frame for this long is closed (its sender reconnects on its next frame).
+  absl::Duration idle_timeout = absl::Minutes(10);
 };
 
 // Receives accepted frames. Called from the connection's thread; must be thread-safe. A non-OK
@@ -49,6 +59,8 @@ class DataPlaneServer {
   uint16_t port() const { return port_; }
   uint64_t frames_accepted() const { return frames_accepted_; }
   uint64_t connections_rejected() const { return connections_rejected_; }
+  // Connections being served now.
+  uint64_t connections_open() const;
 
  private:
   struct Impl;
@@ -60,12 +72,14 @@ class DataPlaneServer {
 };
 
 // Frames to one peer over `connections` TCP connections. Send is thread-safe; concurrent senders use
-// different connections. A failed connection is reconnected on its next use.
+// different connections. A failed connection is reconnected on its next use. A frame the peer does
+// not take within `send_timeout` (it stopped reading: paused, or hostile) fails the send.
 class DataPlaneClient {
  public:
   // `host`: an IP address or a host name.
-  static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(const std::string& host,
-                                                                  uint16_t port, int connections);
+  static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(
+      const std::string& host, uint16_t port, int connections,
+      absl::Duration send_timeout = absl::Seconds(30));
   ~DataPlaneClient();
 
   // Fills header.length and header.payload_crc from `payload` and sends the frame.

@@ -15,6 +15,7 @@
 #include "daemon/copy_plan.h"
 #include "daemon/progress.h"
 #include "daemon/region_limits.h"
+#include "daemon/shard_layout.h"
 #include "erasure/crc32c.h"
 #include "proto/step_state_name.h"
 
@@ -66,6 +67,24 @@ v1::SparseWindow CommittedSlotsOf(const v1::SparseWindow& window) {
   return saved;
 }
 
+// Every region of a replica group must name the same members: the layout cuts them together.
+absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
+  std::map<std::string, const v1::RegionSpec*> first;  // per group, the first region naming it
+  for (const v1::RegionSpec* spec : specs) {
+    if (!spec->has_replica_group()) continue;
+    const v1::ReplicaGroup& group = spec->replica_group();
+    auto [it, added] = first.emplace(group.name(), spec);
+    if (!added && !SameMembers(it->second->replica_group(), group)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica group '", group.name(), "' has ranks [", absl::StrJoin(group.ranks(), ", "),
+          "] for region '", spec->name(), "' but [",
+          absl::StrJoin(it->second->replica_group().ranks(), ", "), "] for region '",
+          it->second->name(), "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct Store::Version {
@@ -78,7 +97,21 @@ struct Store::Version {
   uint64_t chunk_bytes = 0;
   std::vector<uint32_t> chunk_crcs;
   std::shared_ptr<PoolBytes> stored;  // its bytes in the pool
+  // A member's shard of a replica group: `bytes` bytes of the region from `piece_offset` on.
+  std::string replica_group;  // empty: the whole region
+  uint64_t piece_offset = 0;
+  uint64_t region_bytes = 0;
 
+  bool is_piece() const { return !replica_group.empty(); }
+  uint64_t RegionBytes() const { return is_piece() ? region_bytes : bytes; }
+  template <typename Saved>
+  void SavePiece(Saved* saved) const {
+    if (!is_piece()) return;
+    v1::RegionPiece* piece = saved->mutable_piece();
+    piece->set_replica_group(replica_group);
+    piece->set_offset(piece_offset);
+    piece->set_region_bytes(region_bytes);
+  }
   uint32_t chunks() const { return static_cast<uint32_t>(chunk_crcs.size()); }
   uint64_t ChunkLength(uint32_t chunk) const {
     return std::min(chunk_bytes, bytes - uint64_t{chunk} * chunk_bytes);
@@ -95,7 +128,8 @@ struct Store::RegionTable {
   };
 
   RegionTable() = default;
-  RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes);
+  // `rank` registered the regions: its member index places its shard in each replica group.
+  RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes, uint32_t rank);
   static const std::shared_ptr<const RegionTable>& None();  // a rank with no regions registered
 
   const std::string& name(uint32_t index) const { return regions[index].spec.name(); }
@@ -109,7 +143,11 @@ struct Store::RegionTable {
   }
 
   std::vector<Region> regions;  // by name
-  std::vector<uint32_t> all;    // every index: what a whole-rank step captures
+  // Per index, what the rank captures of it: the whole region, or its shard of the region's
+  // replica group (possibly nothing).
+  std::vector<ShardPiece> pieces;
+  std::map<std::string, v1::ReplicaGroup> groups;  // the regions' replica groups, by name
+  std::vector<uint32_t> all;    // every index with a piece: what a whole-rank step captures
   std::shared_ptr<const CopyPlan> plan_of_all;
 };
 
@@ -119,14 +157,32 @@ const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
   return *none;
 }
 
-Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes) {
+Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes,
+                                uint32_t rank) {
   regions.reserve(by_name.size());
+  std::map<std::string, std::vector<uint32_t>> group_members;  // group -> its regions' indices
   for (auto& [name, region] : by_name) {
-    all.push_back(static_cast<uint32_t>(regions.size()));
+    const auto index = static_cast<uint32_t>(regions.size());
+    pieces.push_back({0, region.spec.bytes()});
+    if (region.spec.has_replica_group()) {
+      groups.emplace(region.spec.replica_group().name(), region.spec.replica_group());
+      group_members[region.spec.replica_group().name()].push_back(index);
+    }
     regions.push_back(std::move(region));
   }
+  for (const auto& [name, indices] : group_members) {
+    const v1::ReplicaGroup& group = groups.at(name);
+    std::vector<uint64_t> sizes;
+    for (uint32_t index : indices) sizes.push_back(regions[index].spec.bytes());
+    const std::vector<ShardPiece> shard = ShardPieces(
+        sizes, static_cast<uint32_t>(group.ranks_size()), MemberIndex(rank, group));
+    for (size_t i = 0; i < indices.size(); ++i) pieces[indices[i]] = shard[i];
+  }
+  for (uint32_t index = 0; index < regions.size(); ++index) {
+    if (pieces[index].bytes > 0) all.push_back(index);
+  }
   plan_of_all = std::make_shared<const CopyPlan>(PlanCopy(
-      regions.size(), [this](uint32_t i) { return regions[i].spec.bytes(); },
+      all.size(), [this](uint32_t position) { return pieces[all[position]].bytes; },
       [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes));
 }
 
@@ -151,10 +207,12 @@ struct Store::StepRecord {
   std::shared_ptr<const RegionTable> table;
   std::shared_ptr<const std::vector<uint32_t>> selection;
   std::optional<v1::SparseSlot> sparse;             // its place in a window, for a sparse step
+  bool whole = false;  // captures every piece the rank registered (`table->all`)
   const CaptureJob* capture = nullptr;  // the copy in progress, while capturing
   uint64_t pending_parts = 0;
   bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
   bool skipped = false;   // never captured: the daemon skipped it (Snapshot says why)
+  bool discarded = false;  // of a timeline a restore ended: the rank takes the step again
   uint64_t bytes = 0;
   uint32_t regions = 0;
   absl::Status failure;
@@ -183,6 +241,9 @@ struct Store::RankState {
   bool restarting = false;
   // The latest snapshot when the rank's current process connected: it may replay steps up to here.
   std::optional<int64_t> replay_through;
+  // The replica groups of the committed state, by name: who held which shard at which step.
+  std::map<std::string, v1::ReplicaGroupStep> replica_groups;
+  std::optional<v1::RankCapture> last_capture;  // what its last captured step copied
 
   const StepRecord* Capturing() const {
     for (const auto& [step, record] : steps) {
@@ -207,6 +268,11 @@ std::shared_ptr<Store::Version> Store::VersionFrom(const Saved& saved,
   version->chunk_bytes = saved.chunk_bytes();
   version->chunk_crcs.assign(saved.chunk_crcs().begin(), saved.chunk_crcs().end());
   version->stored = std::move(stored);
+  if (saved.has_piece()) {
+    version->replica_group = saved.piece().replica_group();
+    version->piece_offset = saved.piece().offset();
+    version->region_bytes = saved.piece().region_bytes();
+  }
   return version;
 }
 
@@ -220,6 +286,7 @@ void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
   for (int64_t dimension : version.shape) region->add_shape(dimension);
   region->set_chunk_bytes(version.chunk_bytes);
   for (uint32_t crc : version.chunk_crcs) region->add_chunk_crcs(crc);
+  version.SavePiece(region);
 }
 
 Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
@@ -313,6 +380,12 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
   std::map<std::string, RegionTable::Region> opened;
   for (const v1::RegionSpec& spec : regions) {
     if (absl::Status valid = CheckRegionSpec(spec); !valid.ok()) return valid;
+    if (spec.has_replica_group()) {
+      if (absl::Status valid = CheckReplicaGroup(rank, spec.name(), spec.replica_group());
+          !valid.ok()) {
+        return valid;
+      }
+    }
     CopyBackend* backend = BackendFor(spec.device());
     if (backend == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -333,7 +406,10 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     }
     std::map<std::string, RegionTable::Region> merged = opened;
     for (const RegionTable::Region& region : current->regions) merged.emplace(region.spec.name(), region);
-    auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes);
+    std::vector<const v1::RegionSpec*> specs;
+    for (const auto& [name, region] : merged) specs.push_back(&region.spec);
+    if (absl::Status same = CheckGroupsAgree(specs); !same.ok()) return same;
+    auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes, rank);
     absl::MutexLock lock(&mutex_);
     RankState& rank_state = ranks_[rank];
     if (rank_state.regions != current) continue;
@@ -407,15 +483,22 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     }
     std::sort(chosen.begin(), chosen.end());
     chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+    // A member of a replica group copies only the regions its shard has a piece of.
+    std::erase_if(chosen, [&](uint32_t index) { return table->pieces[index].bytes == 0; });
     if (chosen.size() < table->all.size()) {
       auto named = std::make_shared<const std::vector<uint32_t>>(std::move(chosen));
       plan = std::make_shared<const CopyPlan>(PlanCopy(
-          named->size(), [&](uint32_t position) { return table->regions[(*named)[position]].spec.bytes(); },
+          named->size(), [&](uint32_t position) { return table->pieces[(*named)[position]].bytes; },
           [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes));
       selection = std::move(named);
     }
   }
 
+  if (sparse && !table->groups.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " holds regions of replica group '", table->groups.begin()->first,
+        "': sparse snapshots of replica groups are not supported; snapshot them densely"));
+  }
   if (sparse) {
     const std::optional<v1::SparseWindow>& open = rank_state.open_window;
     if (sparse->slot() > 0 && open && open->first_step() == sparse->window_first_step() &&
@@ -442,7 +525,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   }
 
   // The pool space of the whole step in one reservation; the copy threads cut it into versions.
-  absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation = pool_->Reserve(plan->space);
+  // A member whose shard is empty (more members than alignment units) copies nothing.
+  absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation =
+      plan->parts.empty() ? std::shared_ptr<const PoolReservation>() : pool_->Reserve(plan->space);
   if (!reservation.ok()) {
     return Skip(rank_state, rank, step, sparse, table, selection,
                 absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
@@ -469,6 +554,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   record.table = table;
   record.selection = selection;
   record.sparse = sparse;
+  record.whole = selection.get() == &table->all;
   record.capture = job.get();
   record.pending_parts = plan->parts.size();
   if (sparse) AddWindowSlot(rank_state, step, *sparse, v1::STEP_STATE_CAPTURING);
@@ -478,7 +564,11 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
       " regions, ", record.bytes, " bytes in ", plan->parts.size(), " parts");
   v1::SnapshotResponse response;
   response.set_bytes(record.bytes);
-  rank_state.steps[step] = std::move(record);
+  StepRecord& started = rank_state.steps[step] = std::move(record);
+  if (plan->parts.empty()) {
+    FinishStep(rank_state, rank, started);
+    return response;
+  }
   std::vector<std::function<void()>> parts;
   parts.reserve(plan->parts.size());
   for (size_t part = 0; part < plan->parts.size(); ++part) {
@@ -489,17 +579,24 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
 }
 
 std::shared_ptr<Store::Version> Store::NewVersion(const CaptureJob& job, uint32_t position) const {
-  const v1::RegionSpec& spec = job.table->regions[(*job.selection)[position]].spec;
+  const uint32_t index = (*job.selection)[position];
+  const v1::RegionSpec& spec = job.table->regions[index].spec;
+  const ShardPiece& piece = job.table->pieces[index];
   auto version = std::make_shared<Version>();
   version->rank = job.rank;
   version->region = spec.name();
   version->step = job.step;
-  version->bytes = spec.bytes();
+  version->bytes = piece.bytes;
   version->dtype = spec.dtype();
   version->shape.assign(spec.shape().begin(), spec.shape().end());
   version->chunk_bytes = options_.chunk_bytes;
   version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
-  version->stored = job.reservation->Take(job.plan->offsets[position], spec.bytes());
+  version->stored = job.reservation->Take(job.plan->offsets[position], piece.bytes);
+  if (spec.has_replica_group()) {
+    version->replica_group = spec.replica_group().name();
+    version->piece_offset = piece.offset;
+    version->region_bytes = spec.bytes();
+  }
   return version;
 }
 
@@ -572,8 +669,9 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
     version.stored->ForEach(offset, version.ChunkLength(chunk),
                             [&](uint8_t* data, uint64_t bytes, uint64_t at) {
                               if (crc.ok()) {
-                                crc = region.backend->CopyOut(*region.source, offset + at, data,
-                                                              bytes, *crc);
+                                crc = region.backend->CopyOut(*region.source,
+                                                              version.piece_offset + offset + at,
+                                                              data, bytes, *crc);
                               }
                             });
     if (!crc.ok()) {
@@ -630,16 +728,12 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
     for (int64_t dimension : version.shape) saved->add_shape(dimension);
     saved->set_chunk_bytes(version.chunk_bytes);
     for (uint32_t crc : version.chunk_crcs) saved->add_chunk_crcs(crc);
+    version.SavePiece(saved);
   };
   for (const auto& [rank_id, rank_state] : ranks_) {
-    std::map<std::string, const Version*> versions;
-    for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
     const StepRecord* record = nullptr;
-    if (auto it = committing.find(rank_id); it != committing.end()) {
-      record = it->second;
-      for (const auto& version : record->versions) versions[version->region] = version.get();
-    }
-    for (const auto& [region, version] : versions) add(*version);
+    if (auto it = committing.find(rank_id); it != committing.end()) record = it->second;
+    for (const auto& [region, version] : VersionsAfter(rank_state, record)) add(*version);
     if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank_id, rank_state, record)) {
       *state.add_ranks() = *std::move(saved);
     }
@@ -653,18 +747,74 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   record.captured_time = absl::Now();
   StepMetrics::Get().capture_seconds.Observe(absl::ToDoubleSeconds(record.captured_time - record.started));
   MarkSlot(record, record.state, &rank_state.open_window);
-  if (mode_ == CommitMode::kCluster) {
+  v1::RankCapture& capture = rank_state.last_capture.emplace();
+  capture.set_rank(rank);
+  capture.set_step(record.step);
+  capture.set_bytes(record.bytes);
+  for (const RegionTable::Region& region : record.table->regions) {
+    capture.set_state_bytes(SaturatingAdd(capture.state_bytes(), region.spec.bytes()));
+  }
+  if (mode_ == CommitMode::kCluster || !record.table->groups.empty()) {
     record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
-    return;  // the cluster finds it through WaitNodeCapturedAfter
   }
+  // In a cluster, the cluster finds it through WaitNodeCapturedAfter.
+  if (mode_ == CommitMode::kCluster) return;
   // On a single node a captured step is ready to commit: the journal write is the commit point.
-  if (absl::Status status = journal_->Write(JournalStateWith({{rank, &record}}, cluster_));
-      !status.ok()) {
-    AbortStep(rank_state, record, status);
+  // A member of a replica group holds one shard: its step commits with every member's, once the
+  // last of them has captured it.
+  std::map<uint32_t, const StepRecord*> committing{{rank, &record}};
+  if (!record.table->groups.empty() && !GroupCaptured(rank, record.step, &committing)) return;
+  if (absl::Status status = journal_->Write(JournalStateWith(committing, cluster_)); !status.ok()) {
+    for (const auto& [member, member_record] : committing) {
+      RankState& member_state = ranks_[member];
+      AbortStep(member_state, member_state.steps[member_record->step], status);
+    }
     return;
   }
-  CommitRecord(rank_state, rank, record);
+  for (const auto& [member, member_record] : committing) {
+    RankState& member_state = ranks_[member];
+    // Earlier captured steps of the members wait for a member that never captured them: this
+    // step supersedes them.
+    for (auto& [older, older_record] : member_state.steps) {
+      if (older < record.step && !IsFinished(older_record.state)) {
+        ++steps_superseded_;
+        AbortStep(member_state, older_record,
+                  absl::AbortedError(absl::StrCat("superseded by step ", record.step)),
+                  StepOutcome::kSuperseded);
+      }
+    }
+    CommitRecord(member_state, member, member_state.steps[member_record->step]);
+  }
+}
+
+bool Store::GroupCaptured(uint32_t rank, int64_t step,
+                          std::map<uint32_t, const StepRecord*>* committing) const {
+  // Every member of every group of the ranks gathered so far, until no new member turns up.
+  std::vector<uint32_t> pending{rank};
+  while (!pending.empty()) {
+    const uint32_t next = pending.back();
+    pending.pop_back();
+    const StepRecord& record = *committing->at(next);
+    for (const auto& [name, group] : record.table->groups) {
+      for (uint32_t member : group.ranks()) {
+        if (committing->contains(member)) continue;
+        auto member_it = ranks_.find(member);
+        if (member_it == ranks_.end()) return false;
+        auto it = member_it->second.steps.find(step);
+        if (it == member_it->second.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) {
+          return false;
+        }
+        auto same = it->second.table->groups.find(name);
+        if (same == it->second.table->groups.end() || !SameMembers(same->second, group)) {
+          return false;  // the member declared another group: its step cannot complete this one
+        }
+        committing->emplace(member, &it->second);
+        pending.push_back(member);
+      }
+    }
+  }
+  return true;
 }
 
 void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& record) {
@@ -672,6 +822,7 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
     rank_state.committed[version->region] = std::move(version);  // frees the older version
   }
   record.versions.clear();
+  CommitReplicaGroups(record, &rank_state.committed, &rank_state.replica_groups);
   record.state = v1::STEP_STATE_COMMITTED;
   if (record.captured_time != absl::Time()) {  // captured by this process, not recovered
     StepMetrics::Get().commit_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - record.captured_time));
@@ -809,15 +960,12 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank, " has no registered regions to restore into: register them first"));
     }
-    auto add = [&](const RegionTable::Region& registered,
-                   const std::shared_ptr<Version>& stored) -> absl::Status {
-      const v1::RegionSpec& spec = registered.spec;
+    auto check = [&](const v1::RegionSpec& spec, const Version& version) -> absl::Status {
       const std::string& name = spec.name();
-      const Version& version = *stored;
-      if (spec.bytes() != version.bytes) {
+      if (spec.bytes() != version.RegionBytes()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "region '", name, "' is ", spec.bytes(), " bytes in this trainer, but step ",
-            version.step, " stored ", version.bytes));
+            version.step, " stored ", version.RegionBytes()));
       }
       if (!spec.dtype().empty() && !version.dtype.empty() && spec.dtype() != version.dtype) {
         return absl::InvalidArgumentError(absl::StrCat("region '", name, "' is ", spec.dtype(),
@@ -832,12 +980,38 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
             "] in this trainer, but step ", version.step, " stored [",
             absl::StrJoin(version.shape, ", "), "]"));
       }
-      work->push_back({stored, &registered});
       return absl::OkStatus();
     };
     auto not_committed = [rank](const std::string& name) {
       return absl::NotFoundError(absl::StrCat("region '", name, "' of rank ", rank,
                                               " has no committed version to restore"));
+    };
+    // The region's committed version (null when the rank has none): the whole region, or the
+    // rank's piece of a replica group, which is then assembled from every member's piece.
+    auto add = [&](const RegionTable::Region& registered,
+                   const std::shared_ptr<Version>* stored) -> absl::Status {
+      const v1::RegionSpec& spec = registered.spec;
+      v1::RestoreResponse::Restored* restored = response.add_regions();
+      restored->set_region(spec.name());
+      restored->set_bytes(spec.bytes());
+      if (stored != nullptr && !(*stored)->is_piece()) {
+        if (absl::Status status = check(spec, **stored); !status.ok()) return status;
+        work->push_back({*stored, &registered});
+        restored->set_step((*stored)->step);
+        return absl::OkStatus();
+      }
+      const v1::ReplicaGroupStep* layout =
+          LayoutOf(rank_state, spec, stored != nullptr ? stored->get() : nullptr);
+      if (layout == nullptr) return not_committed(spec.name());
+      absl::StatusOr<std::vector<std::shared_ptr<Version>>> pieces =
+          GroupPieces(*layout, spec.name());
+      if (!pieces.ok()) return pieces.status();
+      for (const std::shared_ptr<Version>& piece : *pieces) {
+        if (absl::Status status = check(spec, *piece); !status.ok()) return status;
+        work->push_back({piece, &registered});
+      }
+      restored->set_step(pieces->front()->step);
+      return absl::OkStatus();
     };
     if (regions.empty()) {
       // Both are in name order: one pass over each.
@@ -845,8 +1019,10 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       for (const RegionTable::Region& registered : table->regions) {
         const std::string& name = registered.spec.name();
         while (stored != rank_state.committed.end() && stored->first < name) ++stored;
-        if (stored == rank_state.committed.end() || stored->first != name) return not_committed(name);
-        if (absl::Status status = add(registered, stored->second); !status.ok()) return status;
+        const bool found = stored != rank_state.committed.end() && stored->first == name;
+        if (absl::Status status = add(registered, found ? &stored->second : nullptr); !status.ok()) {
+          return status;
+        }
       }
     } else {
       for (const std::string& name : regions) {
@@ -856,8 +1032,9 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
               absl::StrCat("rank ", rank, " has not registered region '", name, "'"));
         }
         auto stored = rank_state.committed.find(name);
-        if (stored == rank_state.committed.end()) return not_committed(name);
-        if (absl::Status status = add(table->regions[*index], stored->second); !status.ok()) {
+        const bool found = stored != rank_state.committed.end();
+        if (absl::Status status = add(table->regions[*index], found ? &stored->second : nullptr);
+            !status.ok()) {
           return status;
         }
       }
@@ -869,10 +1046,12 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         if (later > latest && !IsFinished(record.state)) {
           AbortStep(rank_state, record, absl::AbortedError(absl::StrCat(
                                             "discarded: the rank restored step ", latest)));
+          record.discarded = true;
         }
       }
       rank_state.latest_snapshot = latest;
       rank_state.replay_through.reset();
+      ++timeline_;
     }
   }
 
@@ -904,9 +1083,10 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         version.stored->ForEach(offset, version.ChunkLength(chunk),
                                 [&](const uint8_t* data, uint64_t bytes, uint64_t position) {
                                   if (crc.ok()) {
-                                    crc = item.region->backend->CopyIn(*item.region->source,
-                                                                       offset + position, data,
-                                                                       bytes, *crc);
+                                    crc = item.region->backend->CopyIn(
+                                        *item.region->source,
+                                        version.piece_offset + offset + position, data, bytes,
+                                        *crc);
                                   }
                                 });
         if (!crc.ok()) return crc.status();
@@ -940,13 +1120,79 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         progress.get()));
     if (!progress->status.ok()) return progress->status;
   }
-  for (const Work& item : *work) {
-    v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(item.version->region);
-    restored->set_step(item.version->step);
-    restored->set_bytes(item.version->bytes);
-  }
   return response;
+}
+
+const v1::ReplicaGroupStep* Store::LayoutOf(const RankState& rank_state,
+                                            const v1::RegionSpec& spec,
+                                            const Version* stored) const {
+  const auto& layouts = rank_state.replica_groups;
+  auto named = [&](const std::string& group) -> const v1::ReplicaGroupStep* {
+    auto it = layouts.find(group);
+    return it == layouts.end() ? nullptr : &it->second;
+  };
+  if (stored != nullptr) return named(stored->replica_group);
+  // The rank's own shard holds nothing of the region: the group of the members' pieces here.
+  for (const auto& [group, layout] : layouts) {
+    for (uint32_t member : layout.group().ranks()) {
+      auto it = ranks_.find(member);
+      if (it == ranks_.end()) continue;
+      auto version = it->second.committed.find(spec.name());
+      if (version != it->second.committed.end() && version->second->replica_group == group) {
+        return &layout;
+      }
+    }
+  }
+  if (spec.has_replica_group()) {
+    if (const v1::ReplicaGroupStep* layout = named(spec.replica_group().name())) return layout;
+  }
+  return layouts.size() == 1 ? &layouts.begin()->second : nullptr;
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Store::Version>>> Store::GroupPieces(
+    const v1::ReplicaGroupStep& layout, const std::string& region) const {
+  const v1::ReplicaGroup& group = layout.group();
+  const auto where = [&] {
+    return absl::StrCat("region '", region, "' of replica group '", group.name(), "' (ranks [",
+                        absl::StrJoin(group.ranks(), ", "), "] at step ", layout.step(), ")");
+  };
+  std::vector<std::shared_ptr<Version>> pieces;
+  for (uint32_t member : group.ranks()) {
+    auto it = ranks_.find(member);
+    if (it == ranks_.end() || !it->second.latest_committed) {
+      return absl::UnavailableError(absl::StrCat(where(), ": the shard of rank ", member,
+                                                 " is not held by this node"));
+    }
+    auto version = it->second.committed.find(region);
+    if (version != it->second.committed.end() && version->second->replica_group == group.name()) {
+      pieces.push_back(version->second);
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) {
+    return a->piece_offset < b->piece_offset;
+  });
+  uint64_t covered = 0;
+  for (const std::shared_ptr<Version>& piece : pieces) {
+    const Version& first = *pieces.front();
+    if (piece->step != first.step || piece->region_bytes != first.region_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where(), ": rank ", first.rank, " holds a piece of ", first.region_bytes,
+          " bytes at step ", first.step, ", rank ", piece->rank, " one of ", piece->region_bytes,
+          " bytes at step ", piece->step));
+    }
+    if (piece->piece_offset != covered || piece->bytes > piece->region_bytes - covered) {
+      return absl::DataLossError(absl::StrCat(
+          where(), ": the pieces cover bytes [0, ", covered, "), then rank ", piece->rank,
+          " holds [", piece->piece_offset, ", ", piece->piece_offset + piece->bytes, ")"));
+    }
+    covered += piece->bytes;
+  }
+  if (pieces.empty() || covered != pieces.front()->region_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        where(), ": the members' pieces cover ", covered, " bytes of ",
+        pieces.empty() ? std::string("the region") : absl::StrCat(pieces.front()->region_bytes)));
+  }
+  return pieces;
 }
 
 absl::Status Store::AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline) {
@@ -1106,9 +1352,11 @@ std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankS
   std::optional<int64_t> latest = rank_state.latest_committed;
   std::optional<v1::SparseWindow> open = rank_state.open_window;
   std::optional<v1::SparseWindow> committed = rank_state.committed_window;
+  std::map<std::string, v1::ReplicaGroupStep> groups = rank_state.replica_groups;
   if (committing != nullptr) {
     latest = committing->step;
     AdvanceWindows(*committing, &open, &committed);
+    CommitReplicaGroups(*committing, nullptr, &groups);
   }
   if (!latest) return std::nullopt;
   v1::JournalRank saved;
@@ -1116,7 +1364,39 @@ std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankS
   saved.set_latest_committed_step(*latest);
   if (committed) *saved.mutable_committed_window() = *committed;
   if (open) *saved.mutable_open_window() = CommittedSlotsOf(*open);
+  for (const auto& [name, group] : groups) *saved.add_replica_groups() = group;
   return saved;
+}
+
+std::map<std::string, const Store::Version*> Store::VersionsAfter(const RankState& rank_state,
+                                                                 const StepRecord* committing) {
+  std::map<std::string, const Version*> versions;
+  for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
+  if (committing == nullptr) return versions;
+  for (const auto& version : committing->versions) versions[version->region] = version.get();
+  if (committing->whole) {  // as CommitReplicaGroups leaves them
+    std::erase_if(versions, [&](const auto& entry) {
+      return entry.second->is_piece() && entry.second->step < committing->step;
+    });
+  }
+  return versions;
+}
+
+void Store::CommitReplicaGroups(const StepRecord& record,
+                                std::map<std::string, std::shared_ptr<Version>>* committed,
+                                std::map<std::string, v1::ReplicaGroupStep>* groups) {
+  if (record.whole) groups->clear();  // the step is the rank's whole state: its groups now
+  for (const auto& [name, group] : record.table->groups) {
+    v1::ReplicaGroupStep& layout = (*groups)[name];
+    *layout.mutable_group() = group;
+    layout.set_step(record.step);
+  }
+  // After a whole step, a piece of an earlier step is one the rank's shard no longer covers (the
+  // group changed size): kept, it would overlap the member that covers it now.
+  if (committed == nullptr || !record.whole) return;
+  std::erase_if(*committed, [&](const auto& entry) {
+    return entry.second->is_piece() && entry.second->step < record.step;
+  });
 }
 
 void Store::LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state) {
@@ -1124,6 +1404,10 @@ void Store::LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state) 
   rank_state->latest_snapshot = saved.latest_committed_step();
   if (saved.has_committed_window()) rank_state->committed_window = saved.committed_window();
   if (saved.has_open_window()) rank_state->open_window = saved.open_window();
+  rank_state->replica_groups.clear();
+  for (const v1::ReplicaGroupStep& layout : saved.replica_groups()) {
+    rank_state->replica_groups[layout.group().name()] = layout;
+  }
 }
 
 v1::StatusResponse Store::Status() const {
@@ -1143,6 +1427,9 @@ v1::StatusResponse Store::Status() const {
     v1::DroppedRank* dropped = status.add_dropped_ranks();
     dropped->set_rank(rank);
     dropped->set_reason(reason);
+  }
+  for (const auto& [rank, rank_state] : ranks_) {
+    if (rank_state.last_capture) *status.add_rank_captures() = *rank_state.last_capture;
   }
   return status;
 }
@@ -1195,6 +1482,13 @@ v1::InspectStepResponse Store::InspectStep(int64_t step, std::optional<uint32_t>
       info->set_dtype(version->dtype);
       for (int64_t dimension : version->shape) info->add_shape(dimension);
       info->set_chunks(version->chunks());
+      version->SavePiece(info);
+    }
+    for (const auto& [name, layout] : rank_state.replica_groups) {
+      if (layout.step() != step) continue;
+      v1::RankReplicaGroup* group = response.add_replica_groups();
+      group->set_rank(rank_id);
+      *group->mutable_layout() = layout;
     }
   }
   return response;
@@ -1295,16 +1589,28 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
 
 absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) const {
   std::vector<uint32_t> waiting;
+  // The members of the replica groups that the trainers here declare: a member whose trainer is
+  // gone (killed mid-step) is waited for all the same, so that no step commits without its shard.
+  std::set<uint32_t> members;
+  for (const auto& [rank, rank_state] : ranks_) {
+    for (const auto& [name, group] : rank_state.regions->groups) {
+      members.insert(group.ranks().begin(), group.ranks().end());
+    }
+  }
   for (const auto& [rank, rank_state] : ranks_) {
     // Left out (idle, or dropped by an operator): the step commits without it.
     if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
     auto it = rank_state.steps.find(step);
-    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED) {
+    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED &&
+        !it->second.discarded) {
       return absl::Status(it->second.failure.code(),
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
     }
-    // No trainer of this rank now (and none starting again): nothing to wait for.
-    if (rank_state.regions->regions.empty() && !rank_state.restarting) continue;
+    // No trainer of this rank now (and none starting again): nothing to wait for, unless a
+    // trainer here holds a replica group with it.
+    if (rank_state.regions->regions.empty() && !rank_state.restarting && !members.contains(rank)) {
+      continue;
+    }
     if (it == rank_state.steps.end() || it->second.state != v1::STEP_STATE_CAPTURED) {
       waiting.push_back(rank);
     }
@@ -1344,6 +1650,34 @@ absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> afte
   }
 }
 
+uint64_t Store::Timeline() const {
+  absl::MutexLock lock(&mutex_);
+  return timeline_;
+}
+
+NodeCapture Store::CaptureOf(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  // A rank's failure of it is known now: its Prepare says why.
+  if (absl::StatusOr<bool> captured = NodeCaptured(step); !captured.ok() || *captured) {
+    return NodeCapture::kCaptured;
+  }
+  return PassedLocked(step) ? NodeCapture::kPassed : NodeCapture::kNotYet;
+}
+
+bool Store::PassedLocked(int64_t step) const {
+  bool any_trainer = false;
+  for (const auto& [rank, rank_state] : ranks_) {
+    if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) {
+      continue;
+    }
+    if (rank_state.restarting) return false;  // its trainer comes back
+    if (rank_state.regions->regions.empty()) continue;
+    if (!rank_state.latest_snapshot || *rank_state.latest_snapshot <= step) return false;
+    any_trainer = true;
+  }
+  return any_trainer;
+}
+
 bool Store::WaitStepChanged(absl::Time deadline) {
   const absl::Time idle_at = activity_.NextIdleAt().value_or(absl::InfiniteFuture());
   step_changed_.WaitWithDeadline(&mutex_, std::min(deadline, idle_at));
@@ -1376,6 +1710,12 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     absl::StatusOr<bool> captured = NodeCaptured(step);
     if (!captured.ok()) return captured.status();
     if (*captured) break;
+    // A rank that skipped it and went on (its record since trimmed) never captures it: waiting out
+    // the deadline would hold the round, and the pool, for nothing.
+    if (PassedLocked(step)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " is not captured on this node and never will be: its ranks went past it"));
+    }
     if (WaitStepChanged(deadline)) {
       const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
       return absl::DeadlineExceededError(absl::StrCat(
@@ -1414,14 +1754,9 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   manifest.set_step(step);
   std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const auto& [rank, rank_state] : ranks_) {
-    std::map<std::string, const Version*> versions;
-    for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
     const StepRecord* record = nullptr;
-    if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) {
-      record = &it->second;
-      for (const auto& version : record->versions) versions[version->region] = version.get();
-    }
-    for (const auto& [name, version] : versions) {
+    if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) record = &it->second;
+    for (const auto& [name, version] : VersionsAfter(rank_state, record)) {
       AddToImage(*version, &manifest);
       stored.push_back(version->stored);
     }
@@ -1660,10 +1995,14 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
           stored.bytes(), " bytes in ", stored.chunk_crcs_size(), " chunks of ",
           stored.chunk_bytes(), " bytes with ", bytes.bytes(), " bytes at hand"));
     }
-    if (spec.bytes() != stored.bytes()) {
+    const uint64_t region_bytes = stored.has_piece() ? stored.piece().region_bytes() : stored.bytes();
+    if (spec.bytes() != region_bytes ||
+        (stored.has_piece() && (stored.piece().offset() > region_bytes ||
+                                stored.bytes() > region_bytes - stored.piece().offset()))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "region '", stored.region(), "' is ", spec.bytes(), " bytes in rank ", rank,
-          ", but rank ", stored.rank(), " stored ", stored.bytes(), " at step ", stored.step()));
+          ", but rank ", stored.rank(), " stored ", stored.bytes(), " bytes at offset ",
+          stored.piece().offset(), " of ", region_bytes, " at step ", stored.step()));
     }
     if (!spec.dtype().empty() && !stored.dtype().empty() && spec.dtype() != stored.dtype()) {
       return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' is ",
@@ -1673,12 +2012,15 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
     source = registered.source;
     backend = registered.backend;
   }
+  const uint64_t piece_offset = stored.piece().offset();  // 0 for a whole region
   for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {
     const uint64_t offset = uint64_t(chunk) * stored.chunk_bytes();
     const uint64_t length = std::min(stored.chunk_bytes(), stored.bytes() - offset);
     absl::StatusOr<uint32_t> crc = uint32_t{0};
     bytes.ForEach(offset, length, [&](const uint8_t* data, uint64_t piece, uint64_t position) {
-      if (crc.ok()) crc = backend->CopyIn(*source, offset + position, data, piece, *crc);
+      if (crc.ok()) {
+        crc = backend->CopyIn(*source, piece_offset + offset + position, data, piece, *crc);
+      }
     });
     if (!crc.ok()) return crc.status();
     if (*crc != stored.chunk_crcs(chunk)) {

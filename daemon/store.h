@@ -118,6 +118,8 @@ class Store final : public ClusterStore, public DurableStore {
   // --- Cluster mode: ClusterStore ----------------------------------------------------------
   absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
                                                 absl::Time deadline) override;
+  uint64_t Timeline() const override;
+  NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   // The committed image (what parity of the committed step covers), with each rank's record.
   NodeImage CommittedImage() const override;
@@ -181,6 +183,29 @@ class Store final : public ClusterStore, public DurableStore {
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
+  // The rank's committed versions once `committing` (may be null) commits, by region.
+  static std::map<std::string, const Version*> VersionsAfter(const RankState& rank_state,
+                                                             const StepRecord* committing);
+  // The replica-group layouts once `record` commits, into `groups`; with `committed`, also drops
+  // the pieces a whole step left behind (its shard no longer covers them).
+  static void CommitReplicaGroups(const StepRecord& record,
+                                  std::map<std::string, std::shared_ptr<Version>>* committed,
+                                  std::map<std::string, v1::ReplicaGroupStep>* groups);
+  // The committed layout of the replica group `spec`'s region belongs to in the rank's state (its
+  // `stored` piece, null when its shard holds none of the region); null when there is none.
+  const v1::ReplicaGroupStep* LayoutOf(const RankState& rank_state, const v1::RegionSpec& spec,
+                                       const Version* stored) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Every member's piece of `region` under the committed `layout`, in order; an error unless they
+  // are of one step and cover the region exactly once.
+  absl::StatusOr<std::vector<std::shared_ptr<Version>>> GroupPieces(
+      const v1::ReplicaGroupStep& layout, const std::string& region) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // On a single node: whether every member of the replica groups of `rank`'s step (and of theirs)
+  // has captured `step`; `committing` (holding `rank`'s record) receives their records.
+  bool GroupCaptured(uint32_t rank, int64_t step,
+                     std::map<uint32_t, const StepRecord*>* committing) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static v1::RankWindows WindowsOf(uint32_t rank, const RankState& rank_state);
   // Records a sparse step as the next slot of the rank's open window (opening one at slot 0).
   static void AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
@@ -198,6 +223,9 @@ class Store final : public ClusterStore, public DurableStore {
   // True when every rank with registered regions has captured `step` (and one has), false while
   // one is still capturing or has not started it; the failure when a rank's copy of it aborted.
   absl::StatusOr<bool> NodeCaptured(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // True when every rank with registered regions has snapshotted a later step in its present
+  // timeline (and one has): a step none of them holds now is never captured here.
+  bool PassedLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The ranks with registered regions that have not captured `step` yet; the failure when a
   // rank's copy of it aborted.
   absl::StatusOr<std::vector<uint32_t>> RanksStillCapturing(int64_t step) const
@@ -249,6 +277,7 @@ class Store final : public ClusterStore, public DurableStore {
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts
+  uint64_t timeline_ ABSL_GUARDED_BY(mutex_) = 0;  // whole-rank restores so far
   // Steps whose image this node handed to the cluster (it voted to commit them) and that are not
   // decided here yet: a rank's restore waits for them.
   std::set<int64_t> prepared_steps_ ABSL_GUARDED_BY(mutex_);

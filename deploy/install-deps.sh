@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config          # toolchain
+  clang libclang-rt-14-dev                              # libFuzzer, ASan, UBSan (deploy/fuzz.sh)
   protobuf-compiler libprotobuf-dev                     # .proto -> C++, protobuf runtime
   libgrpc++-dev protobuf-compiler-grpc                  # gRPC control plane, grpc_cpp_plugin
   libisal-dev                                           # Reed-Solomon and CRC32C (Intel ISA-L)

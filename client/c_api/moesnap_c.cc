@@ -342,6 +342,23 @@ moesnap_status moesnap_client_register_device_region(moesnap_client* client, con
   });
 }
 
+moesnap_status moesnap_client_set_replica_group(moesnap_client* client, const char* name,
+                                                const uint32_t* ranks, size_t rank_count,
+                                                const char* const* regions, size_t count) {
+  return Guarded([&] {
+    if (client == nullptr) return Missing("client");
+    if (name == nullptr) return Missing("name");
+    if (absl::Status status = CheckArray(ranks, rank_count, "ranks"); !status.ok()) {
+      return Fail(status);
+    }
+    absl::StatusOr<std::vector<std::string>> names = Strings(regions, count, "regions");
+    if (!names.ok()) return Fail(names.status());
+    moesnap::ReplicaGroup group{name, {}};
+    if (rank_count > 0) group.ranks.assign(ranks, ranks + rank_count);
+    return Return(client->client->SetReplicaGroup(group, *names));
+  });
+}
+
 moesnap_status moesnap_client_snapshot(moesnap_client* client, int64_t step,
                                        const char* const* regions, size_t count, uint64_t* bytes) {
   return Guarded([&] {

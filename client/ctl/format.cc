@@ -88,6 +88,11 @@ std::string FormatStatus(const v1::StatusResponse& status) {
   for (const v1::OperationProgress& operation : status.operations()) {
     rows.push_back({"running", RenderProgress(operation, 20)});
   }
+  for (const v1::RankCapture& capture : status.rank_captures()) {
+    rows.push_back({"captured", absl::StrCat("rank ", capture.rank(), " step ", capture.step(), ": ",
+                                             FormatByteSize(capture.bytes()), " of ",
+                                             FormatByteSize(capture.state_bytes()), " registered")});
+  }
   return Table(rows);
 }
 
@@ -106,13 +111,31 @@ std::string FormatInspect(const v1::InspectStepResponse& inspect) {
   *steps.mutable_steps() = inspect.steps();
   const std::string out = FormatSteps(steps);
   std::vector<std::vector<std::string>> rows = {
-      {"RANK", "REGION", "DTYPE", "SHAPE", "BYTES", "CHUNKS"}};
+      {"RANK", "REGION", "DTYPE", "SHAPE", "BYTES", "CHUNKS", "PIECE"}};
   for (const v1::VersionInfo& version : inspect.versions()) {
+    const std::string piece =
+        version.has_piece()
+            ? absl::StrCat(version.piece().replica_group(), " [", version.piece().offset(), ", ",
+                           version.piece().offset() + version.bytes(), ") of ",
+                           version.piece().region_bytes())
+            : std::string("whole");
     rows.push_back({absl::StrCat(version.rank()), version.region(), version.dtype(),
                     absl::StrCat("[", absl::StrJoin(version.shape(), ","), "]"),
-                    FormatByteSize(version.bytes()), absl::StrCat(version.chunks())});
+                    FormatByteSize(version.bytes()), absl::StrCat(version.chunks()), piece});
   }
-  return absl::StrCat(out, "\n", Table(rows));
+  std::string groups;
+  if (inspect.replica_groups_size() > 0) {
+    std::vector<std::vector<std::string>> group_rows = {{"RANK", "REPLICA GROUP", "SHARD", "MEMBERS"}};
+    for (const v1::RankReplicaGroup& group : inspect.replica_groups()) {
+      const auto& members = group.layout().group().ranks();
+      const auto index = std::find(members.begin(), members.end(), group.rank()) - members.begin();
+      group_rows.push_back({absl::StrCat(group.rank()), group.layout().group().name(),
+                            absl::StrCat(index, " of ", members.size()),
+                            absl::StrCat("ranks [", absl::StrJoin(members, ", "), "]")});
+    }
+    groups = absl::StrCat("\n", Table(group_rows));
+  }
+  return absl::StrCat(out, "\n", Table(rows), groups);
 }
 
 std::string FormatWindows(const v1::ListWindowsResponse& windows) {

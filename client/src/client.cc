@@ -313,6 +313,43 @@ absl::Status Client::RegisterHostRegion(const RegionInfo& info, std::shared_ptr<
   return absl::OkStatus();
 }
 
+absl::Status Client::SetReplicaGroup(const ReplicaGroup& group,
+                                     const std::vector<std::string>& regions) {
+  std::vector<v1::RegionSpec> specs;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    auto set = [&](v1::RegionSpec spec) {
+      if (group.ranks.empty()) {
+        spec.clear_replica_group();
+      } else {
+        v1::ReplicaGroup* declared = spec.mutable_replica_group();
+        declared->set_name(group.name);
+        for (uint32_t rank : group.ranks) declared->add_ranks(rank);
+      }
+      specs.push_back(std::move(spec));
+    };
+    if (regions.empty()) {
+      for (const auto& [name, spec] : state_->regions) set(spec);
+    }
+    for (const std::string& name : regions) {
+      auto it = state_->regions.find(name);
+      if (it == state_->regions.end()) {
+        return absl::NotFoundError(absl::StrCat("region '", name, "' of replica group '",
+                                                group.name, "' is not registered"));
+      }
+      set(it->second);
+    }
+  }
+  absl::Status status = state_->WithReconnect([&] {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->RegisterLocked(specs);
+  });
+  if (!status.ok()) return status;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (v1::RegionSpec& spec : specs) state_->regions[spec.name()] = std::move(spec);
+  return absl::OkStatus();
+}
+
 absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);

@@ -3,7 +3,10 @@
 #include "daemon/cluster/cluster.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +37,11 @@ namespace moesnap::daemon {
 namespace {
 
 constexpr int kMaxPeerMessageBytes = 64 << 20;
+
+// Enough for every node to propose at once, a coordinator's calls and a group's rebuild traffic.
+int PeerServerThreads(uint32_t node_count) {
+  return 64 + 2 * static_cast<int>(std::min<uint32_t>(node_count, 4096));
+}
 
 // The Peer service's credentials: where mutual TLS will be switched on (the client side is in
 // peer_client.cc).
@@ -96,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   if (absl::Status status = options.Validate(node_id); !status.ok()) return status;
   auto units = std::make_unique<Units>(options);
   absl::StatusOr<std::unique_ptr<const cluster::Topology>> topology =
-      cluster::Topology::Create(node_id, options);
+      cluster::Topology::Create(node_id, options, pool->capacity());
   if (!topology.ok()) return topology.status();
   units->topology = *std::move(topology);
   units->nodes = std::make_unique<cluster::NodeTable>(options.node_count);
@@ -138,21 +146,22 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
       units->decisions.get());
   units->feed = std::make_unique<cluster::DecisionFeed>(
       units->session.get(), units->keys, units->decisions.get(), units->participant.get());
+  units->durable_records = cluster::NewEtcdDurableRecords(
+      units->session.get(), units->keys, options, node_id, units->membership.get());
   units->coordinator = std::make_unique<cluster::Coordinator>(
-      context, units->leadership.get(), units->decisions.get());
+      context, units->leadership.get(), units->decisions.get(), store,
+      units->durable_records.get());
   units->remote_restore = std::make_unique<cluster::RemoteRestore>(
       context, store, units->transfer.get(), units->rebuilder.get());
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
   units->report = std::make_unique<cluster::LocalReport>(
       context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
-  units->durable_records = cluster::NewEtcdDurableRecords(
-      units->session.get(), units->keys, options, node_id, units->membership.get());
   units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
                                                          units->durable_records.get());
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{
       units->coordinator.get(), units->participant.get(), units->transfer.get(),
       units->rebuilder.get(), units->remote_restore.get(), units->log_forwarding.get(),
-      units->report.get(), units->durable.get()});
+      units->report.get(), units->durable.get(), &units->topology->limits});
 
   grpc::ServerBuilder builder;
   int control_port = 0;
@@ -160,6 +169,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                            &control_port);
   builder.RegisterService(units->service.get());
   builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
+  // Calls park a thread while they wait (Prepare, Encode: up to the commit timeout), so threads are
+  // capped: a call beyond the cap is refused with RESOURCE_EXHAUSTED, never queued without bound.
+  grpc::ResourceQuota quota("moesnap-peer");
+  quota.SetMaxThreads(PeerServerThreads(options.node_count));
+  builder.SetResourceQuota(quota);
   units->server = builder.BuildAndStart();
   if (units->server == nullptr || control_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve the Peer service on ",

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/cluster/node_table.h"
+#include "daemon/cluster/peer_checks.h"
 #include "daemon/cluster/peer_client.h"
 #include "daemon/cluster_config.h"
 #include "erasure/reed_solomon.h"
@@ -20,9 +21,11 @@ namespace moesnap::daemon::cluster {
 
 // Immutable once built; safe to share between threads.
 struct Topology {
-  // Checks the shape and that `node_id` is a member.
+  // Checks the shape and that `node_id` is a member. `pool_bytes` (this node's pool) bounds what
+  // a peer may ask this node to hold.
   static absl::StatusOr<std::unique_ptr<const Topology>> Create(uint32_t node_id,
-                                                                const ClusterOptions& options);
+                                                                const ClusterOptions& options,
+                                                                uint64_t pool_bytes);
 
   // The node at `position` of `group` (of this node's group).
   uint32_t NodeAt(int in_group, int at) const { return groups[in_group][at]; }
@@ -35,6 +38,7 @@ struct Topology {
   const std::vector<std::vector<uint32_t>> groups;
   const int group;     // this node's
   const int position;  // this node's, in its group
+  const PeerLimits limits;  // what peers' requests are checked against
 };
 
 struct ClusterContext {

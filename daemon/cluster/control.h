@@ -47,6 +47,9 @@ class DurableRecords {
   // UNAVAILABLE when the records cannot be read; FAILED_PRECONDITION when etcd holds more keys
   // under the records' prefix than a job's nodes write.
   virtual absl::StatusOr<durable::DurableEverywhere> NewestEverywhere() = 0;
+  // The oldest step any node's valid record lists (none when no node records one): the decisions
+  // from there on are what NewestEverywhere reads. Errors as NewestEverywhere's.
+  virtual absl::StatusOr<std::optional<int64_t>> OldestRecorded() = 0;
 };
 
 // This node's candidacy for coordinator. Thread-safe.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "daemon/cluster/durable_records.h"
 #include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
@@ -18,12 +19,16 @@ namespace {
 // How long a leader waits for proposals before it looks whether it still leads.
 constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
 constexpr absl::Duration kMaxDecideBackoff = absl::Seconds(1);
+// Proposals waiting for a round; legitimate ones are a few steps of each node.
+constexpr size_t kMaxProposals = 4096;
 
 }  // namespace
 
 Coordinator::Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
+                         const ClusterStore* store, DurableRecords* records,
                          const CoordinatorOptions& options)
-    : context_(context), leadership_(leadership), log_(log), options_(options) {}
+    : context_(context), leadership_(leadership), log_(log), store_(store), records_(records),
+      options_(options) {}
 
 Coordinator::~Coordinator() {
   {
@@ -76,9 +81,28 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     response.set_decided(true);
     return response;
   }
+  if (proposed_.size() >= kMaxProposals && !proposed_.contains(request.step())) {
+    // The furthest ahead give way: the job's next steps are the lowest.
+    if (request.step() > *proposed_.rbegin()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          kMaxProposals, " proposals wait already, all before step ", request.step()));
+    }
+    proposed_.erase(std::prev(proposed_.end()));
+  }
   proposed_.insert(request.step());
   changed_.SignalAll();
   return response;
+}
+
+std::optional<int64_t> Coordinator::NextRoundLocked() {
+  for (auto it = proposed_.begin(); it != proposed_.end(); ++it) {
+    if (store_->CaptureOf(*it) != NodeCapture::kNotYet) {
+      const int64_t step = *it;
+      proposed_.erase(it);
+      return step;
+    }
+  }
+  return std::nullopt;
 }
 
 void Coordinator::Lead(int64_t token) {
@@ -111,10 +135,10 @@ void Coordinator::Lead(int64_t token) {
     std::optional<int64_t> step;
     {
       absl::MutexLock lock(&mutex_);
-      if (proposed_.empty()) changed_.WaitWithTimeout(&mutex_, kIdleWake);
-      if (!proposed_.empty()) {
-        step = *proposed_.begin();
-        proposed_.erase(proposed_.begin());
+      step = NextRoundLocked();
+      if (!step) {
+        changed_.WaitWithTimeout(&mutex_, kIdleWake);
+        step = NextRoundLocked();
       }
     }
     if (step && !RunRound(*step, token)) break;
@@ -159,6 +183,18 @@ bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std:
           decided_.erase(decided_.begin(), decided_.lower_bound(step));
         }
       }
+      if (forget && records_ != nullptr) {
+        // The decisions of the steps nodes record as durable are what a restore from disk reads;
+        // if the records cannot be read now, nothing is dropped until the next time.
+        absl::StatusOr<std::optional<int64_t>> oldest = records_->OldestRecorded();
+        if (oldest.ok()) {
+          forget = ForgetBound(*forget, *oldest);
+        } else {
+          Log(LogLevel::kWarning, "old decisions kept: the durable records cannot be read: ",
+              oldest.status().message());
+          forget.reset();
+        }
+      }
       if (forget) {
         const absl::Status forgotten = log_->ForgetBefore(*forget, token);
         if (!forgotten.ok()) {
@@ -196,6 +232,11 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       last_round_ = step;
       base = base_;
     }
+  }
+  if (store_->CaptureOf(step) == NodeCapture::kPassed) {
+    return Decide(step, token, false,
+                  absl::StrCat("node ", context_.node_id(), " (the coordinator's) captured a later "
+                               "step and never this one"));
   }
   if (passed_over_by) {
     // Proposed after a later step's round began: that step passed it over.

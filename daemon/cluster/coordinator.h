@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/control.h"
+#include "daemon/cluster_store.h"
 
 namespace moesnap::daemon::cluster {
 
@@ -37,15 +38,21 @@ struct CoordinatorOptions {
 // Thread-safe.
 class Coordinator {
  public:
+  // `store` is this node's: a proposed step's round waits until this node could prepare it.
+  // `records` (null: none) are the nodes' durable records, whose steps' decisions are kept.
   Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
+              const ClusterStore* store, DurableRecords* records,
               const CoordinatorOptions& options = {});
   ~Coordinator();  // stops after the round in progress, and steps down
 
   // Campaigns, and coordinates whenever this node leads.
   void Start();
 
-  // A node captured `step`: its round runs unless the step is decided. FAILED_PRECONDITION when
-  // this node does not coordinate.
+  // A node captured `step`: its round runs unless the step is decided. A proposal is a hint, never
+  // trusted: a step this node has not captured yet waits until it has (a commit needs every node's
+  // capture), so a step far ahead of the job holds nothing up, and a step this node passed without
+  // capturing is aborted at once. Proposals waiting are bounded; the furthest ahead give way.
+  // FAILED_PRECONDITION when this node does not coordinate.
   absl::StatusOr<v1::ProposeResponse> Propose(const v1::ProposeRequest& request);
 
   // The token this node coordinates under (0: it does not).
@@ -65,10 +72,14 @@ class Coordinator {
   // Writes `step`'s outcome (retrying while etcd cannot be reached); false when deposed.
   bool Decide(int64_t step, int64_t token, bool committed, const std::string& reason);
   bool stopping() const;
+  // The lowest proposed step this node could prepare now (removed from proposed_), if any.
+  std::optional<int64_t> NextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterContext context_;
   Leadership* const leadership_;
   DecisionLog* const log_;
+  const ClusterStore* const store_;
+  DurableRecords* const records_;
   const CoordinatorOptions options_;
   std::atomic<int64_t> crash_in_commit_{-1};
   std::atomic<uint64_t> decisions_{0};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -72,6 +73,27 @@ absl::StatusOr<std::vector<int64_t>> ParseDurableRecord(const etcd::KeyValue& kv
     }
   }
   return std::vector<int64_t>(record.steps().begin(), record.steps().end());
+}
+
+std::optional<int64_t> OldestRecordedStep(const EtcdKeys& keys, const JobLayout& layout,
+                                          const std::vector<etcd::KeyValue>& records) {
+  std::optional<int64_t> oldest;
+  for (const etcd::KeyValue& kv : records) {
+    const std::optional<uint32_t> id = keys.DurableOf(kv.key);
+    if (!id || *id >= layout.node_count) continue;
+    absl::StatusOr<std::vector<int64_t>> steps = ParseDurableRecord(kv, *id, layout.cluster_digest);
+    if (steps.ok() && !steps->empty()) oldest = std::min(oldest.value_or(steps->front()), steps->front());
+  }
+  return oldest;
+}
+
+int64_t ForgetBound(int64_t previous, std::optional<int64_t> oldest_recorded) {
+  if (!oldest_recorded || *oldest_recorded >= previous) return previous;
+  // previous - kMaxSparedDecisions cannot overflow for any step a job reaches; clamp anyway.
+  const int64_t floor = previous < std::numeric_limits<int64_t>::min() + kMaxSparedDecisions
+                            ? std::numeric_limits<int64_t>::min()
+                            : previous - kMaxSparedDecisions;
+  return std::max(*oldest_recorded, floor);
 }
 
 durable::DurableEverywhere NewestDurableEverywhere(const EtcdKeys& keys, const JobLayout& layout,

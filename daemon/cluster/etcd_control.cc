@@ -114,17 +114,8 @@ class EtcdDurableRecords final : public DurableRecords {
   }
 
   absl::StatusOr<durable::DurableEverywhere> NewestEverywhere() override {
-    // One key per node, and some room for keys that are not a node's (they are ignored).
-    const int64_t record_limit = int64_t{layout_.node_count} + kExtraRecordKeys;
-    absl::StatusOr<etcd::RangeResult> records =
-        session_->client().GetPrefix(keys_.Durables(), {.limit = record_limit});
-    session_->Note(records.status());
+    absl::StatusOr<etcd::RangeResult> records = ReadRecords();
     if (!records.ok()) return records.status();
-    if (records->more) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "etcd holds more than ", record_limit, " keys under ", keys_.Durables(),
-          " for a job of ", layout_.node_count, " nodes"));
-    }
     absl::StatusOr<etcd::RangeResult> decisions = session_->client().GetPrefix(
         keys_.Steps(), {.limit = kMaxDecisionKeys, .revision = records->revision});
     session_->Note(decisions.status());
@@ -136,7 +127,28 @@ class EtcdDurableRecords final : public DurableRecords {
     return NewestDurableEverywhere(keys_, layout_, records->kvs, decisions->kvs);
   }
 
+  absl::StatusOr<std::optional<int64_t>> OldestRecorded() override {
+    absl::StatusOr<etcd::RangeResult> records = ReadRecords();
+    if (!records.ok()) return records.status();
+    return OldestRecordedStep(keys_, layout_, records->kvs);
+  }
+
  private:
+  absl::StatusOr<etcd::RangeResult> ReadRecords() {
+    // One key per node, and some room for keys that are not a node's (they are ignored).
+    const int64_t record_limit = int64_t{layout_.node_count} + kExtraRecordKeys;
+    absl::StatusOr<etcd::RangeResult> records =
+        session_->client().GetPrefix(keys_.Durables(), {.limit = record_limit});
+    session_->Note(records.status());
+    if (!records.ok()) return records.status();
+    if (records->more) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd holds more than ", record_limit, " keys under ", keys_.Durables(),
+          " for a job of ", layout_.node_count, " nodes"));
+    }
+    return records;
+  }
+
   // How long a record waits for this daemon to be registered (at start, after a lost lease).
   static constexpr absl::Duration kRegistrationWait = absl::Seconds(2);
   static constexpr int64_t kExtraRecordKeys = 64;

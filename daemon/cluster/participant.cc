@@ -2,6 +2,8 @@
 // the decisions etcd holds.
 #include "daemon/cluster/participant.h"
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -14,6 +16,15 @@ constexpr absl::Duration kProposerWake = absl::Milliseconds(100);
 // How long Encode waits for this node to apply the decision of its base step, after a read of the
 // log did not bring it (the watch may deliver it a moment later).
 constexpr absl::Duration kBaseWait = absl::Seconds(2);
+
+}  // namespace
+
+// A coordinator asks for no longer than the job's commit timeout; a longer wait is cut to it.
+absl::Duration Participant::CappedWait(uint32_t timeout_ms) const {
+  return absl::Milliseconds(std::min(timeout_ms, context_.options().commit_timeout_ms));
+}
+
+namespace {
 
 std::string StepText(const std::optional<int64_t>& step) {
   return step ? absl::StrCat("step ", *step) : "no step";
@@ -56,9 +67,16 @@ bool Participant::DecidedLocked(int64_t step, const std::optional<int64_t>& comm
 
 void Participant::ProposeLoop() {
   std::optional<int64_t> last_captured;
+  uint64_t timeline = store_->Timeline();
   std::set<int64_t> undecided;             // captured here, no decision seen
   std::map<int64_t, int64_t> proposed_to;  // step -> the leader token it was proposed under
   while (!stopping()) {
+    // A rank restored: it takes step numbers again, and a step taken again after its decision
+    // was seen must be found too (it is dropped below).
+    if (const uint64_t now = store_->Timeline(); now != timeline) {
+      timeline = now;
+      last_captured.reset();
+    }
     absl::StatusOr<int64_t> captured =
         store_->WaitNodeCapturedAfter(last_captured, absl::Now() + kProposerWake);
     if (captured.ok()) {
@@ -114,7 +132,25 @@ void Participant::ProposeLoop() {
 }
 
 absl::Status Participant::Fence(int64_t token, uint32_t coordinator) {
-  const std::optional<LeaderView> leader = context_.nodes->Leader();
+  // A coordinator's token is its leader key's create revision in etcd. One newer than the leader
+  // this node knows is waited for (its watch may lag the election by a moment), then refused.
+  const absl::Time until = absl::Now() + kBaseWait;
+  std::optional<LeaderView> leader = context_.nodes->Leader();
+  while ((!leader || leader->token < token) && absl::Now() < until) {
+    const uint64_t seen = context_.nodes->version();
+    leader = context_.nodes->Leader();
+    if (leader && leader->token >= token) break;
+    context_.nodes->WaitChange(seen, until);
+    leader = context_.nodes->Leader();
+  }
+  if (!leader || leader->token < token ||
+      (leader->token == token && leader->node_id != coordinator)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", context_.node_id(), " refuses node ", coordinator, "'s call under token ", token,
+        ": etcd names ",
+        leader ? absl::StrCat("node ", leader->node_id, " as coordinator with token ", leader->token)
+               : "no coordinator"));
+  }
   absl::MutexLock lock(&mutex_);
   if (leader && leader->token > highest_token_) {
     highest_token_ = leader->token;
@@ -136,7 +172,7 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
     return status;
   }
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(request.timeout_ms());
+  const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
   // A node that just started checks first whether it is behind; that takes a read of the log.
   if (rebuilder_->BehindAfterCheck(std::min(deadline, absl::Now() + kBaseWait))) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -220,10 +256,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
     return status;
   }
-  if (request.group_images_size() != layout.group_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ",
-                                                   request.group_images_size(),
-                                                   " images for a group of ", layout.group_size()));
+  if (absl::Status status = CheckGroupImages(request.group_images(),
+                                             topology.groups[topology.group], topology.limits);
+      !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
   }
   NodeImage image;
   {
@@ -237,20 +273,18 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
     image = it->second.image;
   }
   std::vector<uint64_t> image_bytes;
-  for (int position = 0; position < layout.group_size(); ++position) {
-    const v1::NodeImage& member = request.group_images(position);
-    if (member.node_id() != topology.NodeAt(position)) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": image ", position,
-                                                     " is node ", member.node_id(),
-                                                     "'s, not node ", topology.NodeAt(position),
-                                                     "'s"));
-    }
-    image_bytes.push_back(member.bytes());
+  for (const v1::NodeImage& member : request.group_images()) image_bytes.push_back(member.bytes());
+  // This node's own image must be the one it reported in Prepare, field for field: its regions
+  // decide which units are sent and, once committed, how a rebuild lays them out.
+  v1::NodeImage prepared = image.manifest();
+  prepared.set_node_id(context_.node_id());
+  if (!google::protobuf::util::MessageDifferencer::Equals(
+          prepared, request.group_images(topology.position))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": the image of node ", context_.node_id(),
+        " in the request differs from the one it prepared"));
   }
-  if (image_bytes[topology.position] != image.bytes()) {
-    return absl::InvalidArgumentError("this node's image size differs");
-  }
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(request.timeout_ms());
+  const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
   // Parity follows the decided sequence: this node's committed step must be the base every node
   // of the group takes its deltas against.
   const std::optional<int64_t> base =

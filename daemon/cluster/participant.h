@@ -69,7 +69,9 @@ class Participant {
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
   };
-  // OK when `token` is not lower than any this node has seen; raises the highest seen.
+  // OK when `token` is the one etcd names for `coordinator`'s leadership (waiting briefly for this
+  // node to learn of a new leader) and not lower than any this node has seen; raises the highest
+  // seen. A token no leader holds is refused: a peer cannot fence the real coordinator out.
   absl::Status Fence(int64_t token, uint32_t coordinator);
   // Makes this node's committed step `base` (absent: none), applying decisions it missed from the
   // log; FAILED_PRECONDITION when it cannot by `deadline`.
@@ -78,6 +80,7 @@ class Participant {
   // the log as this node has seen it).
   bool DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
+  absl::Duration CappedWait(uint32_t timeout_ms) const;
   void ProposeLoop();
   bool stopping() const;
 

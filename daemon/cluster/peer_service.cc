@@ -24,16 +24,25 @@ grpc::Status PeerService::Describe(grpc::ServerContext*, const v1::DescribeReque
 
 grpc::Status PeerService::Propose(grpc::ServerContext*, const v1::ProposeRequest* request,
                                   v1::ProposeResponse* response) {
+  if (absl::Status checked = CheckPropose(*request, *units_.limits); !checked.ok()) {
+    return ToGrpcStatus(checked);
+  }
   return Answer(units_.coordinator->Propose(*request), response);
 }
 
 grpc::Status PeerService::Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
                                   v1::PrepareResponse* response) {
+  if (absl::Status checked = CheckPrepare(*request, *units_.limits); !checked.ok()) {
+    return ToGrpcStatus(checked);
+  }
   return Answer(units_.participant->Prepare(*request), response);
 }
 
 grpc::Status PeerService::Encode(grpc::ServerContext*, const v1::EncodeRequest* request,
                                  v1::EncodeResponse* response) {
+  if (absl::Status checked = CheckEncode(*request, *units_.limits); !checked.ok()) {
+    return ToGrpcStatus(checked);
+  }
   return Answer(units_.participant->Encode(*request), response);
 }
 
@@ -45,6 +54,9 @@ grpc::Status PeerService::GroupState(grpc::ServerContext*, const v1::GroupStateR
 
 grpc::Status PeerService::SendUnits(grpc::ServerContext*, const v1::SendUnitsRequest* request,
                                     v1::SendUnitsResponse* response) {
+  if (absl::Status checked = CheckSendUnits(*request, *units_.limits); !checked.ok()) {
+    return ToGrpcStatus(checked);
+  }
   return Answer(units_.transfer->ServeUnits(*request), response);
 }
 
@@ -61,6 +73,9 @@ grpc::Status PeerService::LocateRank(grpc::ServerContext*, const v1::LocateRankR
 
 grpc::Status PeerService::SendRegion(grpc::ServerContext*, const v1::SendRegionRequest* request,
                                      v1::SendRegionResponse* response) {
+  if (absl::Status checked = CheckSendRegion(*request, *units_.limits); !checked.ok()) {
+    return ToGrpcStatus(checked);
+  }
   return Answer(units_.remote_restore->SendRegion(*request), response);
 }
 

@@ -1,5 +1,5 @@
-// The Peer gRPC service: each handler converts its request, calls the unit that owns the call, and
-// converts the result at the edge. No logic lives here.
+// The Peer gRPC service: each handler checks its request (peer_checks.h), calls the unit that owns
+// the call, and converts the result at the edge. No other logic lives here.
 #ifndef MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 #define MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 
@@ -8,6 +8,7 @@
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
 #include "daemon/cluster/participant.h"
+#include "daemon/cluster/peer_checks.h"
 #include "daemon/cluster/rebuild.h"
 #include "daemon/cluster/remote_restore.h"
 #include "daemon/cluster/transfer.h"
@@ -24,6 +25,7 @@ struct PeerServiceUnits {
   LogForwarding* log_forwarding = nullptr;
   const LocalReport* report = nullptr;
   const DurableView* durable = nullptr;
+  const PeerLimits* limits = nullptr;
 };
 
 class PeerService final : public v1::Peer::Service {

@@ -255,6 +255,12 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
     absl::StatusOr<v1::GroupStateResponse> response = context_.peers->GroupState(id);
     if (!response.ok()) continue;
     const v1::JournalCluster& held = response->cluster();
+    if (absl::Status checked =
+            CheckGroupRecord(held, topology.groups[topology.group], topology.limits);
+        !checked.ok()) {
+      Log(LogLevel::kWarning, "node ", id, "'s group record is not used: ", checked.message());
+      continue;
+    }
     if (target && (!held.has_committed_step() ||
                    (response->rebuilding() && held.committed_step() < *target))) {
       lost.push_back(id);

@@ -98,6 +98,12 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     return absl::DataLossError(absl::StrCat("node ", found->node_id(), "'s group record of rank ",
                                             source_rank, " does not fit the cluster's groups"));
   }
+  if (absl::Status checked = CheckGroupRecord(record, context_.topology->groups[place->first],
+                                              context_.topology->limits);
+      !checked.ok()) {
+    return absl::DataLossError(absl::StrCat("node ", found->node_id(), "'s group record of rank ",
+                                            source_rank, ": ", checked.message()));
+  }
   const auto [group, position] = *place;
   const v1::NodeImage& holder_image = record.group_images(position);
   const bool holder_live = rebuilder_->HoldersOf(group, step, -1)[position];

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -33,7 +34,11 @@ Transfer::~Transfer() { server_.reset(); }
 
 absl::StatusOr<uint16_t> Transfer::Start(const std::string& host, uint16_t port) {
   absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
-      DataPlaneServer::Start({host, port, kMaxFramePayload}, this);
+      DataPlaneServer::Start({.host = host,
+                              .port = port,
+                              .max_payload_bytes = kMaxFramePayload,
+                              .max_connections = context_.options().max_data_connections},
+                             this);
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
   return server_->port();
@@ -145,6 +150,21 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
   if (!record.has_committed_step() || record.committed_step() != request.step()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", self, " does not hold step ", request.step()));
+  }
+  // Each unit once, of a stripe the committed step has: a request costs at most one copy of what
+  // this node holds.
+  std::vector<uint64_t> sizes;
+  for (const v1::NodeImage& member : record.group_images()) sizes.push_back(member.bytes());
+  const uint64_t stripes = layout.StripeCount(sizes);
+  std::set<std::pair<uint64_t, uint32_t>> asked;
+  for (const v1::UnitRef& ref : request.units()) {
+    if (ref.stripe() >= stripes || !asked.insert({ref.stripe(), ref.unit()}).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unit ", ref.unit(), " of stripe ", ref.stripe(),
+          ref.stripe() >= stripes ? absl::StrCat(": step ", request.step(), " has ", stripes,
+                                                 " stripes")
+                                  : " is asked for twice"));
+    }
   }
   const NodeImage image = store_->CommittedImage();
   std::vector<uint8_t> buffer;

@@ -473,6 +473,8 @@ TEST_F(CoordinatorCrashTest, NodesCommitTheStepADeadCoordinatorDecided) {
         TrainerArguments(*daemons_[node], node, "train", 1000000)));
   }
   if (!daemons_[0]->WaitExit(60s).has_value()) {
+    // Stopped first: a trainer that goes on printing would never let its output end.
+    for (auto& trainer : trainers) trainer->Kill(SIGKILL);
     for (int node = 0; node < nodes_; ++node) {
       std::string output;
       while (std::optional<std::string> line = trainers[node]->ReadLine(100ms)) output += *line + "\n";

@@ -7,10 +7,13 @@
 
 #include <boost/asio.hpp>
 
+#include <sys/resource.h>
+
 #include <map>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "erasure/crc32c.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/status_matchers.h"
@@ -198,6 +201,123 @@ TEST_F(DataPlaneTest, ASinkErrorClosesTheConnectionAndTheClientReconnects) {
     delivered = Eventually([&] { return sink_.size() > 0; });
   }
   EXPECT_TRUE(delivered);
+}
+
+// A server of its own, with the limits a test sets.
+std::unique_ptr<DataPlaneServer> StartServer(DataPlaneOptions options, FrameSink* sink) {
+  options.host = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> server = DataPlaneServer::Start(options, sink);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+tcp::socket RawTo(asio::io_context& io, uint16_t port) {
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  return socket;
+}
+
+bool ClosedByPeer(tcp::socket& socket) {
+  uint8_t byte;
+  boost::system::error_code error;
+  socket.read_some(asio::buffer(&byte, 1), error);
+  return error == asio::error::eof || error == asio::error::connection_reset;
+}
+
+TEST(DataPlaneLimitsTest, ConnectionsBeyondTheLimitAreClosedAndFinishedOnesFreed) {
+  CollectingSink sink;
+  std::unique_ptr<DataPlaneServer> server = StartServer({.max_connections = 2}, &sink);
+  ASSERT_NE(server, nullptr);
+  asio::io_context io;
+  std::vector<tcp::socket> held;
+  held.push_back(RawTo(io, server->port()));
+  held.push_back(RawTo(io, server->port()));
+  ASSERT_TRUE(Eventually([&] { return server->connections_open() == 2; }));
+  tcp::socket third = RawTo(io, server->port());
+  EXPECT_TRUE(ClosedByPeer(third));
+  EXPECT_EQ(server->connections_rejected(), 1u);
+  // Connections that end are freed without waiting for the next one to arrive.
+  held.clear();
+  ASSERT_TRUE(Eventually([&] { return server->connections_open() == 0; }));
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =
+      DataPlaneClient::Connect("127.0.0.1", server->port(), 2);
+  ASSERT_OK(client);
+  ASSERT_OK((*client)->Send(HeaderFor(1, 1), PayloadFor(1, 1)));
+  ASSERT_TRUE(Eventually([&] { return sink.size() == 1; }));
+}
+
+TEST(DataPlaneLimitsTest, AFrameThatStallsIsCutOffAndAnIdleConnectionClosed) {
+  CollectingSink sink;
+  std::unique_ptr<DataPlaneServer> server = StartServer(
+      {.frame_timeout = absl::Milliseconds(200), .idle_timeout = absl::Milliseconds(300)}, &sink);
+  ASSERT_NE(server, nullptr);
+  asio::io_context io;
+  FrameHeader header = HeaderFor(1, 1);
+  const std::vector<uint8_t> payload = PayloadFor(1, 1);
+  header.length = static_cast<uint32_t>(payload.size());
+  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+  tcp::socket stalled = RawTo(io, server->port());
+  asio::write(stalled, asio::buffer(bytes, FrameHeader::kBytes / 2));  // and nothing more
+  tcp::socket idle = RawTo(io, server->port());
+  EXPECT_TRUE(ClosedByPeer(stalled));
+  EXPECT_TRUE(ClosedByPeer(idle));
+  EXPECT_EQ(server->connections_rejected(), 1u) << "the stalled frame is a rejection, idling not";
+  ASSERT_TRUE(Eventually([&] { return server->connections_open() == 0; }));
+  EXPECT_EQ(sink.size(), 0u);
+}
+
+TEST(DataPlaneLimitsTest, ASendToAPeerThatStopsReadingFailsInTime) {
+  // A listener that accepts and never reads: the kernel's buffers fill, then the sender waits.
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client = DataPlaneClient::Connect(
+      "127.0.0.1", acceptor.local_endpoint().port(), 1, absl::Milliseconds(300));
+  ASSERT_OK(client);
+  tcp::socket accepted = acceptor.accept();
+  const std::vector<uint8_t> payload(4 << 20, 0x5a);
+  absl::Status sent;
+  for (int frame = 0; frame < 64 && sent.ok(); ++frame) sent = (*client)->Send(HeaderFor(1, 1), payload);
+  ASSERT_FALSE(sent.ok()) << "64 frames of 4 MiB went into a connection no one reads";
+  EXPECT_TRUE(absl::StrContains(sent.message(), "in time")) << sent;
+}
+
+TEST(DataPlaneLimitsTest, AcceptGoesOnAfterRunningOutOfDescriptors) {
+  CollectingSink sink;
+  std::unique_ptr<DataPlaneServer> server = StartServer({}, &sink);
+  ASSERT_NE(server, nullptr);
+  asio::io_context io;
+  rlimit limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  // Connected sockets wait in the listener's backlog while the server has no descriptor left.
+  std::vector<tcp::socket> waiting;
+  for (int i = 0; i < 3; ++i) {
+    tcp::socket socket(io);
+    socket.open(tcp::v4());
+    waiting.push_back(std::move(socket));
+  }
+  rlimit tight = limit;
+  tight.rlim_cur = 1;  // descriptor 0 is taken: accept() finds none free
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  for (tcp::socket& socket : waiting) {
+    socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), server->port()));
+  }
+  const bool refused = Eventually([&] { return server->connections_rejected() > 0; });
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
+  ASSERT_TRUE(refused) << "accept never failed for want of descriptors";
+  // Descriptors are back: the waiting connections are served.
+  FrameHeader header = HeaderFor(2, 3);
+  const std::vector<uint8_t> payload = PayloadFor(2, 3);
+  header.length = static_cast<uint32_t>(payload.size());
+  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+  asio::write(waiting[0], std::array<asio::const_buffer, 3>{asio::buffer(bytes),
+                                                            asio::buffer(header.region),
+                                                            asio::buffer(payload)});
+  ASSERT_TRUE(Eventually([&] { return sink.size() == 1; }));
+  EXPECT_EQ(sink.Get(2, 3).second, payload);
 }
 
 TEST(DataPlaneClientTest, UnreachablePeerAndBadArgumentsAreNamed) {

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
+#include "daemon/shard_layout.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::daemon {
@@ -49,11 +50,19 @@ class StoreTest : public ::testing::Test {
 
   // A trainer process of `rank` holding `regions` regions of kRegionBytes in one memfd, registered.
   void Connect(uint32_t rank, int regions = 2, uint64_t region_bytes = kRegionBytes) {
+    ConnectSized(rank, std::vector<uint64_t>(regions, region_bytes));
+  }
+
+  // The same with regions of the given sizes (region0, region1, ...), all of them in replica group
+  // `group` when it names one.
+  void ConnectSized(uint32_t rank, const std::vector<uint64_t>& sizes,
+                    const v1::ReplicaGroup& group = {}) {
     absl::StatusOr<TrainerSessions::Session> started =
         sessions_.Start(rank, {.uid = geteuid(), .pid = getpid()});
     ASSERT_OK(started);
     const TrainerSessions::Session session = *started;
-    const uint64_t bytes = regions * region_bytes;
+    uint64_t bytes = 0;
+    for (uint64_t size : sizes) bytes += size;
     const int fd = memfd_create("store-test", MFD_CLOEXEC);
     ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
     auto* data = static_cast<uint8_t*>(
@@ -65,20 +74,23 @@ class StoreTest : public ::testing::Test {
     ASSERT_OK(id);
     store_->StartSession(rank, session.number);
     std::vector<v1::RegionSpec> specs;
-    for (int i = 0; i < regions; ++i) {
+    uint64_t offset = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
       v1::RegionSpec spec;
       spec.set_name(absl::StrCat("region", i));
       spec.set_device(v1::DEVICE_HOST);
-      spec.set_bytes(region_bytes);
+      spec.set_bytes(sizes[i]);
       spec.mutable_handle()->set_memory(*id);
-      spec.mutable_handle()->set_shm_offset(i * region_bytes);
+      spec.mutable_handle()->set_shm_offset(offset);
+      if (!group.name().empty()) *spec.mutable_replica_group() = group;
       specs.push_back(spec);
+      offset += sizes[i];
     }
     ASSERT_OK(store_->RegisterRegions(rank, specs));
     if (auto old = trainers_.find(rank); old != trainers_.end()) {
       munmap(old->second.data, old->second.bytes);
     }
-    trainers_[rank] = {data, bytes, session.number};
+    trainers_[rank] = {data, bytes, session.number, *id};
   }
 
   // The trainer's bytes for `step`, then its snapshot.
@@ -116,6 +128,7 @@ class StoreTest : public ::testing::Test {
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
     uint64_t session = 0;
+    uint64_t memory = 0;  // the handle of its memfd
   };
 
   std::string name_ = absl::StrCat("moesnap-store-test-", getpid(), "-",
@@ -276,6 +289,9 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   ASSERT_OK(WaitCaptured(0, 2));
   Take(0, 3);  // captured later, never committed (the job died)
   ASSERT_OK(WaitCaptured(0, 3));
+  EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kCaptured);
+  EXPECT_EQ(store_->CaptureOf(4), NodeCapture::kNotYet);
+  const uint64_t timeline = store_->Timeline();
   ASSERT_NO_FATAL_FAILURE(Connect(0));  // the job restarts
   // A restore of some regions only (a sparse replay) keeps the timeline: step 2 stands as captured
   // by the process before, and snapshotting it again copies nothing ...
@@ -288,12 +304,25 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   ASSERT_OK(restored);
   EXPECT_EQ(restored->step(), 1);
+  // The cluster follows captures by step number: it learns that the numbers are taken again, and
+  // steps 2 and 3 are still to come, not passed.
+  EXPECT_EQ(store_->Timeline(), timeline + 1);
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kNotYet);
+  EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kNotYet);
   const v1::SnapshotResponse again = Take(0, 2);
   EXPECT_TRUE(again.skipped().empty());
   EXPECT_EQ(again.bytes(), 2 * kRegionBytes);
   ASSERT_OK(WaitCaptured(0, 2));
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kCaptured);
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
   EXPECT_EQ(store_->LatestCommitted(0), 2);
+  Take(0, 4);  // the trainer did not snapshot step 3: it will never be captured
+  EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kPassed);
+  // A Prepare of it says so at once instead of waiting out its deadline.
+  const absl::Time asked = absl::Now();
+  EXPECT_STATUS(store_->WaitNodeCaptured(3, asked + absl::Seconds(30)),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(30));
 }
 
 // A step this node already offered the cluster may still commit: a rank restarting meanwhile
@@ -390,6 +419,231 @@ TEST_F(StoreTest, AnOperatorLeavesAStuckRankOut) {
   ASSERT_OK(store_->DropRank(1));
   ASSERT_OK(store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30)));
   EXPECT_EQ(Dropped(), (std::map<uint32_t, std::string>{{1, "dropped by an operator"}}));
+}
+
+
+// --- Replica groups: data-parallel ranks holding identical state, each capturing one shard ----
+
+// Sizes not divisible by anything in particular: a region spans shards, small ones lie in one.
+const std::vector<uint64_t> kReplicatedSizes{300001, 5000, 123457, 40960, 17};
+
+v1::ReplicaGroup GroupOf(std::vector<uint32_t> ranks) {
+  v1::ReplicaGroup group;
+  group.set_name("data-parallel");
+  for (uint32_t rank : ranks) group.add_ranks(rank);
+  return group;
+}
+
+class ReplicaGroupStoreTest : public StoreTest {
+ protected:
+  // Every replica holds the same bytes for a step (as data-parallel ranks do), not its rank's.
+  void FillReplicated(uint32_t rank, int64_t step) {
+    Trainer& trainer = trainers_.at(rank);
+    for (uint64_t i = 0; i < trainer.bytes; ++i) {
+      trainer.data[i] = static_cast<uint8_t>((i * 2654435761u + static_cast<uint64_t>(step) * 97) >> 7);
+    }
+  }
+  bool HoldsReplicated(uint32_t rank, int64_t step) const {
+    const Trainer& trainer = trainers_.at(rank);
+    for (uint64_t i = 0; i < trainer.bytes; ++i) {
+      if (trainer.data[i] !=
+          static_cast<uint8_t>((i * 2654435761u + static_cast<uint64_t>(step) * 97) >> 7)) {
+        ADD_FAILURE() << "rank " << rank << " byte " << i << " differs from step " << step;
+        return false;
+      }
+    }
+    return true;
+  }
+  uint64_t TakeReplicated(uint32_t rank, int64_t step) {
+    FillReplicated(rank, step);
+    absl::StatusOr<v1::SnapshotResponse> taken = store_->Snapshot(rank, step, {});
+    EXPECT_OK(taken);
+    EXPECT_OK(WaitCaptured(rank, step));
+    return taken.ok() ? taken->bytes() : 0;
+  }
+  // Zeroes the trainer's memory and restores the rank, which must give back `step` exactly.
+  void ExpectRestores(uint32_t rank, int64_t step) {
+    Trainer& trainer = trainers_.at(rank);
+    std::memset(trainer.data, 0, trainer.bytes);
+    absl::StatusOr<v1::RestoreResponse> restored =
+        store_->Restore(rank, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+    ASSERT_OK(restored);
+    EXPECT_EQ(restored->step(), step);
+    ASSERT_EQ(restored->regions_size(), static_cast<int>(kReplicatedSizes.size()));
+    for (const auto& region : restored->regions()) EXPECT_EQ(region.step(), step);
+    EXPECT_TRUE(HoldsReplicated(rank, step));
+  }
+  std::map<uint32_t, v1::RankCapture> Captures() const {
+    std::map<uint32_t, v1::RankCapture> captures;
+    const v1::StatusResponse status = store_->Status();
+    for (const v1::RankCapture& capture : status.rank_captures()) {
+      captures[capture.rank()] = capture;
+    }
+    return captures;
+  }
+};
+
+uint64_t Total(const std::vector<uint64_t>& sizes) {
+  uint64_t total = 0;
+  for (uint64_t size : sizes) total += size;
+  return total;
+}
+
+TEST_F(ReplicaGroupStoreTest, FourReplicasEachCopyAQuarterAndAnyOfThemRestoresEveryByte) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 8 << 20));
+  const v1::ReplicaGroup group = GroupOf({0, 1, 2, 3});
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, group));
+  }
+  const uint64_t total = Total(kReplicatedSizes);
+  uint64_t copied = 0;
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    const uint64_t bytes = TakeReplicated(rank, 1);
+    EXPECT_NEAR(static_cast<double>(bytes), total / 4.0, 2 * kShardAlignment) << "rank " << rank;
+    copied += bytes;
+    // The step commits only with every shard: not before the last member captured it.
+    EXPECT_EQ(store_->LatestCommitted(0), rank < 3 ? std::nullopt : std::optional<int64_t>(1));
+  }
+  EXPECT_EQ(copied, total);  // one copy of the state between the four of them
+  const std::map<uint32_t, v1::RankCapture> captures = Captures();
+  ASSERT_EQ(captures.size(), 4u);
+  for (const auto& [rank, capture] : captures) {
+    EXPECT_EQ(capture.step(), 1);
+    EXPECT_EQ(capture.state_bytes(), total);
+    EXPECT_LT(capture.bytes(), total / 4 + 2 * kShardAlignment);
+  }
+  for (uint32_t rank = 0; rank < 4; ++rank) ExpectRestores(rank, 1);
+
+  // The step's layout is recorded with it: inspect shows each rank's group and piece.
+  const v1::InspectStepResponse inspected = store_->InspectStep(1, 2);
+  ASSERT_EQ(inspected.replica_groups_size(), 1);
+  EXPECT_EQ(inspected.replica_groups(0).layout().group().ranks_size(), 4);
+  ASSERT_GT(inspected.versions_size(), 0);
+  EXPECT_TRUE(inspected.versions(0).has_piece());
+}
+
+TEST_F(ReplicaGroupStoreTest, AGroupOfThreeAfterARestartRestoresFromTheFourOldShards) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 8 << 20));
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1, 2, 3})));
+  }
+  for (uint32_t rank = 0; rank < 4; ++rank) TakeReplicated(rank, 1);
+  ASSERT_EQ(store_->LatestCommitted(3), 1);
+  // Rank 3 is gone; the job restarts with three replicas. Its state and the daemon's journal
+  // (a restarted daemon too) hold the old layout.
+  store_.reset();
+  journal_.reset();
+  pool_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 8 << 20));
+  const v1::ReplicaGroup three = GroupOf({0, 1, 2});
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, three));
+    ExpectRestores(rank, 1);
+  }
+  // Training goes on with the new layout: thirds now, and restores still exact.
+  uint64_t copied = 0;
+  for (uint32_t rank = 0; rank < 3; ++rank) copied += TakeReplicated(rank, 2);
+  EXPECT_EQ(copied, Total(kReplicatedSizes));
+  ASSERT_EQ(store_->LatestCommitted(0), 2);
+  for (uint32_t rank = 0; rank < 3; ++rank) ExpectRestores(rank, 2);
+}
+
+TEST_F(ReplicaGroupStoreTest, AGroupOfOneCopiesAndRestoresTheWholeStateAsWithoutAGroup) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 8 << 20));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, kReplicatedSizes, GroupOf({0})));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(1, kReplicatedSizes));
+  EXPECT_EQ(TakeReplicated(0, 1), Total(kReplicatedSizes));
+  EXPECT_EQ(TakeReplicated(1, 1), Total(kReplicatedSizes));
+  EXPECT_EQ(store_->LatestCommitted(0), 1);
+  ExpectRestores(0, 1);
+  ExpectRestores(1, 1);
+}
+
+TEST_F(ReplicaGroupStoreTest, MoreMembersThanAlignmentUnitsLeavesSomeWithNothingToCopy) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 8 << 20));
+  const std::vector<uint64_t> tiny{100, 3000};
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, tiny, GroupOf({0, 1, 2, 3})));
+  }
+  uint64_t copied = 0;
+  for (uint32_t rank = 0; rank < 4; ++rank) copied += TakeReplicated(rank, 1);
+  EXPECT_EQ(copied, 3100u);
+  ASSERT_EQ(store_->LatestCommitted(0), 1);
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    Trainer& trainer = trainers_.at(rank);
+    std::memset(trainer.data, 0, trainer.bytes);
+    ASSERT_OK(store_->Restore(rank, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+    EXPECT_TRUE(HoldsReplicated(rank, 1));
+  }
+}
+
+TEST_F(ReplicaGroupStoreTest, InACommitRoundTheImageCarriesPiecesAndAMissingShardIsNamed) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 8 << 20));
+  // Ranks 0 and 1 here; rank 5, the third member, snapshots on another node.
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1, 5})));
+  }
+  for (uint32_t rank = 0; rank < 2; ++rank) TakeReplicated(rank, 1);
+  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(image);
+  uint64_t image_bytes = 0;
+  for (const v1::ImageRegion& region : image->manifest().regions()) {
+    EXPECT_TRUE(region.has_piece());
+    EXPECT_EQ(region.piece().replica_group(), "data-parallel");
+    image_bytes += region.bytes();
+  }
+  EXPECT_EQ(image_bytes, ShardStart(Total(kReplicatedSizes), 3, 2));  // shards 0 and 1
+  v1::JournalCluster record;
+  record.set_committed_step(1);
+  ASSERT_OK(store_->CommitNodeStep(1, record));
+  const absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  ASSERT_STATUS(restored, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(restored.status().message(), "rank 5")) << restored.status();
+}
+
+TEST_F(ReplicaGroupStoreTest, DeclarationsThatCannotBeCutAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 8 << 20));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, kReplicatedSizes, GroupOf({0, 1})));
+  // Another region naming other members of the same group.
+  v1::RegionSpec odd;
+  odd.set_name("odd");
+  odd.set_device(v1::DEVICE_HOST);
+  odd.set_bytes(4096);
+  odd.mutable_handle()->set_memory(trainers_.at(0).memory);
+  *odd.mutable_replica_group() = GroupOf({0, 2});
+  EXPECT_STATUS(store_->RegisterRegions(0, {odd}), absl::StatusCode::kInvalidArgument);
+  // A group without the registering rank.
+  *odd.mutable_replica_group() = GroupOf({1, 2});
+  EXPECT_STATUS(store_->RegisterRegions(0, {odd}), absl::StatusCode::kInvalidArgument);
+  // Sparse steps of a replica group.
+  v1::SparseSlot slot;
+  slot.set_window_first_step(1);
+  slot.set_window_size(2);
+  EXPECT_STATUS(store_->Snapshot(0, 1, {"region0"}, slot), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ReplicaGroupStoreTest, InACommitRoundAMemberWhoseTrainerDiedIsWaitedFor) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 8 << 20));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1})));
+    TakeReplicated(rank, 1);
+  }
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  // Rank 1's trainer dies; rank 0 takes step 2 alone. Without rank 1's shard the step would
+  // leave the group's pieces at two steps: the node does not report it captured.
+  store_->EndSession(1, trainers_.at(1).session);
+  TakeReplicated(0, 2);
+  const absl::StatusOr<NodeImage> without =
+      store_->WaitNodeCaptured(2, absl::Now() + absl::Milliseconds(300));
+  ASSERT_STATUS(without, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(without.status().message(), "[1]")) << without.status();
+  // The job restarts with rank 0 alone: rank 1 is no member any more, and the steps commit.
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, kReplicatedSizes, GroupOf({0})));
+  ExpectRestores(0, 1);
+  TakeReplicated(0, 3);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(3));
+  ExpectRestores(0, 3);
 }
 
 }  // namespace

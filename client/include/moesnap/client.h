@@ -53,6 +53,12 @@ struct RegionInfo {
   std::vector<int64_t> shape;  // empty: unchecked
 };
 
+// Data-parallel replicas: ranks that hold identical copies of some regions (Client::SetReplicaGroup).
+struct ReplicaGroup {
+  std::string name;             // the same on every member
+  std::vector<uint32_t> ranks;  // every member, in the same order on each: member i holds shard i
+};
+
 // GPU memory inside one cudaMalloc allocation: `allocation_base` is the pointer cudaMalloc returned,
 // the region starts `offset` bytes into it. `stream` is the trainer's cudaStream_t (null: the legacy
 // default stream), on which Snapshot records the capture event.
@@ -169,6 +175,17 @@ class Client {
   // (libcuda.so.1; nothing of CUDA is linked in): FAILED_PRECONDITION when it cannot be loaded, or
   // when the daemon has no GPU backend.
   absl::Status RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory);
+  // Declares that registered `regions` (every registered region when empty) are identical on the
+  // ranks of `group`, this rank among them (data-parallel replicas). From then on each member's
+  // snapshots copy only its shard: the group's regions in name order, laid end to end and cut
+  // into N equal byte ranges (4 KiB aligned; a region may span shards). A step commits only with
+  // every member's shard, and Restore assembles each region from all of them, as one call; the
+  // layout is recorded with each step, so a job restarted with another group size restores from
+  // the old shards. Every member declares the same name and ranks for regions of the same names
+  // and sizes. An empty `group.ranks` makes the regions whole again. INVALID_ARGUMENT for a
+  // group without this rank, NOT_FOUND for a region not registered.
+  absl::Status SetReplicaGroup(const ReplicaGroup& group,
+                               const std::vector<std::string>& regions = {});
 
   // Starts the capture of `regions` (every registered region when empty) at `step` and returns the
   // bytes the daemon will copy. Returns as soon as the copies are queued. A step the daemon skips

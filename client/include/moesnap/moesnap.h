@@ -106,6 +106,16 @@ MOESNAP_C_API moesnap_status moesnap_client_register_device_region(
     uint64_t offset, uint64_t bytes, uintptr_t stream, const char* dtype, const int64_t* shape,
     size_t shape_length);
 
+/* Client::SetReplicaGroup: `regions` (every registered region when count is 0) are identical on
+ * the `rank_count` ranks of group `name` (every member, in the same order on each; none: whole
+ * regions again); each member then snapshots only its shard of them. */
+MOESNAP_C_API moesnap_status moesnap_client_set_replica_group(moesnap_client* client,
+                                                              const char* name,
+                                                              const uint32_t* ranks,
+                                                              size_t rank_count,
+                                                              const char* const* regions,
+                                                              size_t count);
+
 /* Client::Snapshot of `regions` (every registered region when count is 0); `bytes` (may be NULL)
  * receives the bytes the daemon will copy, 0 for a step the daemon skipped. */
 MOESNAP_C_API moesnap_status moesnap_client_snapshot(moesnap_client* client, int64_t step,

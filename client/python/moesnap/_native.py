@@ -81,6 +81,8 @@ _PROTOTYPES = {
     "moesnap_client_register_device_region": (_STATUS, [
         c_void_p, c_char_p, c_int32, c_void_p, c_uint64, c_uint64, c_void_p, c_char_p,
         POINTER(c_int64), c_size_t]),
+    "moesnap_client_set_replica_group": (_STATUS, [c_void_p, c_char_p, POINTER(c_uint32), c_size_t,
+                                                   _strings, c_size_t]),
     "moesnap_client_snapshot": (_STATUS, [c_void_p, c_int64, _strings, c_size_t, _out(c_uint64)]),
     "moesnap_client_snapshot_sparse": (_STATUS, [c_void_p, c_int64, _strings, c_size_t,
                                                  POINTER(SparseSlot), _out(c_uint64)]),

@@ -20,7 +20,8 @@ import json
 import mmap
 import os
 import weakref
-from ctypes import byref, c_double, c_int, c_int32, c_int64, c_size_t, c_uint64, c_void_p
+from ctypes import (byref, c_double, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64,
+                    c_void_p)
 from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -162,6 +163,15 @@ class Client:
         check(lib.moesnap_client_register_device_region(
             self._handle, name.encode(), device, allocation_base, offset, bytes, stream,
             dtype.encode(), dimensions, length))
+
+    def set_replica_group(self, name: str, ranks: Sequence[int], regions: Sequence[str] = ()) -> None:
+        """Declares ``regions`` (every registered region when empty) identical on ``ranks``, this
+        rank among them (every member, in the same order on each): each member's snapshots then
+        copy only its shard, and ``restore`` assembles the regions from all of them. No ranks:
+        the regions are whole again."""
+        check(lib.moesnap_client_set_replica_group(
+            self._handle, name.encode(), _native.array(c_uint32, ranks), len(ranks),
+            _native.strings(regions), len(regions)))
 
     def snapshot(self, step: int, regions: Sequence[str] = ()) -> int:
         """Starts capturing ``regions`` (all when empty) at ``step``; returns the bytes the daemon

@@ -35,6 +35,7 @@ import pickle
 import random
 import resource
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Protocol, Tuple
 
@@ -174,6 +175,21 @@ class _OptimizerRegistration:
         return f"{self.name}.state_dict"
 
 
+def _process_group_ranks(process_group: Any) -> List[int]:
+    """The global ranks of a torch.distributed group, in group-rank order (the default group's
+    when None)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise Error("FAILED_PRECONDITION", "a replica group from a process group needs "
+                                           "torch.distributed initialized (or give the ranks)")
+    if process_group is None or process_group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    if hasattr(dist, "get_process_group_ranks"):  # torch >= 2.0
+        return list(dist.get_process_group_ranks(process_group))
+    group_ranks = dist.distributed_c10d._pg_group_ranks[process_group]  # torch 1.13
+    return [rank for rank, _ in sorted(group_ranks.items(), key=lambda item: item[1])]
+
+
 class Client:
     """One trainer rank's connection to its node's moesnapd.
 
@@ -202,6 +218,10 @@ class Client:
         self._captured_through: Optional[int] = None
         self._staged_step: Optional[int] = None  # the step whose end the staging memory holds
         self._restore_tier: Optional[str] = None
+        # Replica groups: (group name, member ranks, the registrations or regions named), and
+        # the regions declared to the daemon so far (optimizer state registers later).
+        self._replica_groups: List[Tuple[str, List[int], List[str]]] = []
+        self._replicated: set = set()
         self.skipped_steps: List[Tuple[int, str]] = []
 
     # Registration -------------------------------------------------------------------------------
@@ -306,6 +326,35 @@ class Client:
         self._regions[name] = _Region(name, torch.frombuffer(buffer, dtype=torch.uint8),
                                       buffer.address, memory=(handle, 0), pickled=True)
         self._registrations[name] = [name]
+
+    def set_replica_group(self, names: Iterable[str], ranks: Optional[Iterable[int]] = None, *,
+                          process_group: Any = None, group_name: Optional[str] = None) -> None:
+        """Declares the registrations (or regions) ``names``, e.g. ``["model", "optim"]``,
+        identical on a group of data-parallel ranks: each member's snapshots then copy only its
+        1/N shard of them, a step commits only with every member's shard, and ``restore``
+        assembles them from all of them. The members are ``ranks`` (global ranks, the same list
+        on every member), or those of ``process_group`` (a ``torch.distributed`` group; the
+        default group when neither is given). Every member makes the same call. Declare only
+        state that is byte-identical on every member: parameters and optimizer state under
+        data-parallel training, not samplers or RNG (nor buffers that each rank updates)."""
+        if ranks is None:
+            ranks = _process_group_ranks(process_group)
+        members = [int(rank) for rank in ranks]
+        if group_name is None:
+            group_name = f"ranks-{zlib.crc32(struct.pack(f'<{len(members)}I', *members)):08x}"
+        self._replica_groups.append((group_name, members, list(names)))
+        self._declare_replica_groups()
+
+    def _declare_replica_groups(self) -> None:
+        """Tells the daemon about every region of the declared groups not declared yet (optimizer
+        state registers at the first snapshot after the optimizer created it)."""
+        for group_name, members, names in self._replica_groups:
+            regions = [region for region in self.registered_regions() if region not in
+                       self._replicated and any(region == name or region.startswith(name + ".")
+                                                for name in names)]
+            if regions:
+                self._native.set_replica_group(group_name, members, regions)
+                self._replicated.update(regions)
 
     def registered_regions(self) -> List[str]:
         """Every registered region that is not an alias of another."""
@@ -557,6 +606,7 @@ class Client:
         self._wait_for_capture()
         for registration in self._optimizers:
             self._adopt_optimizer_state(registration)
+        self._declare_replica_groups()
         for region in self._regions.values():
             if region.live is not None:
                 live = region.live()

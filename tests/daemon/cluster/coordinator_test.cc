@@ -2,7 +2,8 @@
 // store, peer-client, decision-log and election seams: every step gets one fenced decision, a
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
 // node aborts steps and is named, one node's failure aborts a step at once, and an unreachable log
-// pauses commits without losing a step.
+// pauses commits without losing a step. A proposal is only a hint: one far ahead holds nothing up,
+// one this node passed is aborted at once.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -43,6 +45,31 @@ TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAre
   EXPECT_FALSE(decisions.contains(1));
   EXPECT_TRUE(decisions.contains(5));
   cluster.ExpectEveryNodeRebuildable(5, kBytes);
+}
+
+TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.records().set_oldest(2);  // some node records step 2 as durable
+  cluster.election().Elect(0);
+  for (int64_t step = 1; step <= 9; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  // Drops at the 4th and 8th commits, each kept from step 2 on.
+  EXPECT_EQ(cluster.log().writes(), 9 + 2);
+  std::map<int64_t, v1::StepDecision> decisions = cluster.log().decisions();
+  EXPECT_FALSE(decisions.contains(1));
+  EXPECT_TRUE(decisions.contains(2));
+  // Once no record lists a step before 9, the next drop goes as far as before.
+  cluster.records().set_oldest(9);
+  for (int64_t step = 10; step <= 12; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  decisions = cluster.log().decisions();
+  EXPECT_FALSE(decisions.contains(2));
+  EXPECT_TRUE(decisions.contains(9));
+  EXPECT_FALSE(decisions.contains(8));
 }
 
 // The first failure: a coordinator that looked lost (paused past its lease) still runs.
@@ -82,6 +109,91 @@ TEST(CoordinatorTest, ADeposedCoordinatorsDecisionIsRefusedAndTheNextOneFinishes
   ASSERT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "was deposed")) << refused.status();
   cluster.ExpectEveryNodeRebuildable(2, kBytes);
+}
+
+TEST(CoordinatorTest, AProposalAheadOfThisNodeWaitsForItAndHoldsNoStepUp) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (cluster.node(0).coordinator.token() != token && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(cluster.node(0).coordinator.token(), token) << "node 0 never led";
+  v1::ProposeRequest far;
+  far.set_from_node(3);
+  far.set_step(int64_t{1} << 62);
+  ASSERT_OK(cluster.node(0).coordinator.Propose(far));
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  EXPECT_FALSE(cluster.log().decisions().contains(far.step()))
+      << "a round ran for a step no node captured";
+}
+
+TEST(CoordinatorTest, AStepTheCoordinatorsNodePassedWithoutCapturingIsAbortedAtOnce) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(1, kBytes);
+  cluster.CaptureEverywhere(2, kBytes);
+  const std::optional<v1::StepDecision> skipped = cluster.WaitDecided(1);
+  ASSERT_TRUE(skipped.has_value());
+  EXPECT_FALSE(skipped->committed());
+  EXPECT_TRUE(absl::StrContains(skipped->reason(), "captured a later step and never this one"))
+      << skipped->reason();
+  ASSERT_TRUE(cluster.WaitCommitted(2));
+}
+
+TEST(CoordinatorTest, AStepTakenAgainAfterItsAbortIsDroppedAtOnce) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  // Node 5 captures step 2 and proposes it; the cluster aborts it (as a coordinator that met a
+  // failure would).
+  std::atomic<bool> proposed{false};
+  cluster.network().SetFilter([&](uint32_t from, uint32_t, const std::string& name) {
+    if (from == 5 && name == "Propose") proposed = true;
+    return absl::OkStatus();
+  });
+  testing::FakeClusterStore& store = cluster.node(5).store;
+  store.Capture(2, kBytes);
+  for (int attempt = 0; !proposed; ++attempt) {
+    ASSERT_LT(attempt, 500) << "node 5 never proposed step 2";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::optional<std::pair<uint32_t, int64_t>> leader = cluster.election().leader();
+  ASSERT_TRUE(leader.has_value());
+  v1::StepDecision abort;
+  abort.set_step(2);
+  abort.set_committed(false);
+  abort.set_token(leader->second);
+  abort.set_coordinator(leader->first);
+  abort.set_reason("a node failed");
+  ASSERT_OK(cluster.log().Decide(abort));
+  auto times_aborted = [&] {
+    const std::vector<int64_t> steps = store.aborted();
+    return std::count(steps.begin(), steps.end(), 2);
+  };
+  for (int attempt = 0; times_aborted() < 1; ++attempt) {
+    ASSERT_LT(attempt, 500) << "node 5 never applied the abort of step 2";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // It goes on to step 3, which it proposes once it has dealt with the decision of step 2.
+  proposed = false;
+  store.Capture(3, kBytes);
+  for (int attempt = 0; !proposed; ++attempt) {
+    ASSERT_LT(attempt, 500) << "node 5 never proposed step 3";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // Node 5's trainer restores step 1 and takes step 2 again: the decision is final, so the new
+  // capture is dropped instead of waiting for a decision that will never come.
+  store.Rewind(1);
+  store.Capture(2, kBytes);
+  for (int attempt = 0; times_aborted() < 2; ++attempt) {
+    ASSERT_LT(attempt, 500) << "step 2, taken again, was never dropped";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
 }
 
 TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "proto/moesnap.pb.h"
 #include "tests/testing/status_matchers.h"
 
@@ -156,6 +158,26 @@ TEST(DurableRecordsTest, ARecordKeepsTheNewestStepsAndParsesBack) {
   ASSERT_EQ(parsed->size(), static_cast<size_t>(kMaxDurableRecordSteps));
   EXPECT_EQ(parsed->front(), 11);
   EXPECT_EQ(parsed->back(), kMaxDurableRecordSteps + 10);
+}
+
+TEST(DurableRecordsTest, TheOldestRecordedStepComesFromValidRecordsOfTheLayoutOnly) {
+  EXPECT_EQ(OldestRecordedStep(kKeys, kLayout, {}), std::nullopt);
+  EXPECT_EQ(OldestRecordedStep(kKeys, kLayout,
+                               {RecordKey(0, {6, 8}), RecordKey(1, {4, 8}), RecordKey(2, {}),
+                                RecordKey(3, {1}),  // not a node of the layout
+                                RecordKey(2, {2}, kDigest + 1),  // another config
+                                {.key = kKeys.Durable(2), .value = "garbage"}}),
+            4);
+}
+
+TEST(DurableRecordsTest, DecisionsOfRecordedStepsAreKeptWithinABound) {
+  EXPECT_EQ(ForgetBound(100, std::nullopt), 100);  // nothing recorded: as before
+  EXPECT_EQ(ForgetBound(100, 120), 100);           // recorded steps are newer
+  EXPECT_EQ(ForgetBound(100, 40), 40);             // kept from the oldest recorded step
+  // A node that stopped recording long ago keeps no more than kMaxSparedDecisions.
+  EXPECT_EQ(ForgetBound(10'000, 2), 10'000 - kMaxSparedDecisions);
+  EXPECT_EQ(ForgetBound(std::numeric_limits<int64_t>::min() + 5, std::numeric_limits<int64_t>::min()),
+            std::numeric_limits<int64_t>::min());
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ class EtcdDurableRecordsTest : public ::testing::Test {
     options_.lease_ttl_ms = 2000;
     options_.etcd_endpoints = etcd_->endpoints();
     options_.advertise_host = "127.0.0.1";
-    absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options_);
+    absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options_, uint64_t{64} << 20);
     ASSERT_OK(topology);
     topology_ = *std::move(topology);
     nodes_ = std::make_unique<NodeTable>(options_.node_count);
@@ -90,6 +90,9 @@ TEST_F(EtcdDurableRecordsTest, ARecordOutlivesTheLeaseAndDecidesWithTheDecisions
   EXPECT_EQ(Recorded(), std::vector<int64_t>({2, 4}));
   ASSERT_OK(client_->Put(keys_.Durable(1), DurableRecordValue(1, options_.Digest(), {2, 4})));
   ASSERT_OK(client_->Put(keys_.Durable(2), DurableRecordValue(2, options_.Digest(), {2, 4})));
+  absl::StatusOr<std::optional<int64_t>> oldest = records_->OldestRecorded();
+  ASSERT_OK(oldest);
+  EXPECT_EQ(*oldest, 2);
   absl::StatusOr<durable::DurableEverywhere> everywhere = records_->NewestEverywhere();
   ASSERT_OK(everywhere);
   EXPECT_EQ(everywhere->step, std::nullopt) << everywhere->reason;  // nothing decided yet

@@ -19,6 +19,7 @@ namespace {
 
 constexpr uint64_t kChunkBytes = 16 << 10;
 constexpr uint64_t kStripeUnitBytes = 64 << 10;
+constexpr uint64_t kTestPoolBytes = 64 << 20;
 constexpr absl::Duration kWait = absl::Seconds(20);
 
 }  // namespace
@@ -54,7 +55,30 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes) {
   image->Write(0, state.data(), bytes);
   absl::MutexLock lock(&mutex_);
   captured_[step] = *std::move(image);
+  latest_ = step;
   changed_.SignalAll();
+}
+
+void FakeClusterStore::Rewind(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  for (auto it = captured_.upper_bound(step); it != captured_.end();) {
+    aborted_.push_back(it->first);
+    it = captured_.erase(it);
+  }
+  latest_ = step;
+  ++timeline_;
+  changed_.SignalAll();
+}
+
+uint64_t FakeClusterStore::Timeline() const {
+  absl::MutexLock lock(&mutex_);
+  return timeline_;
+}
+
+NodeCapture FakeClusterStore::CaptureOf(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  if (captured_.contains(step)) return NodeCapture::kCaptured;
+  return latest_ && *latest_ > step ? NodeCapture::kPassed : NodeCapture::kNotYet;
 }
 
 std::vector<int64_t> FakeClusterStore::aborted() const {
@@ -476,7 +500,7 @@ namespace {
 std::unique_ptr<Pool> TestPool(const std::string& name) {
   std::filesystem::remove("/dev/shm/" + name + ".data");
   absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
-      {.name = name, .bytes = 64 << 20, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20});
+      {.name = name, .bytes = kTestPoolBytes, .lock = PoolLockMode::kOff, .journal_bytes = 1 << 20});
   EXPECT_TRUE(pool.ok()) << pool.status();
   return pool.ok() ? *std::move(pool) : nullptr;
 }
@@ -489,7 +513,8 @@ std::string PoolName(uint32_t id) {
 }  // namespace
 
 NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* nodes,
-                     FakeNetwork* network, FakeDecisionLog* log, FakeElection* election)
+                     FakeNetwork* network, FakeDecisionLog* log, FakeElection* election,
+                     FakeDurableRecords* records)
     : id(node_id),
       pool_name(PoolName(node_id)),
       pool(TestPool(pool_name)),
@@ -504,7 +529,7 @@ NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* node
                  .max_retry_interval = absl::Milliseconds(200)}),
       participant(context, &store, &parity, &transfer, &rebuilder, log->ViewOf(node_id)),
       candidate(election, node_id),
-      coordinator(context, &candidate, log->ViewOf(node_id),
+      coordinator(context, &candidate, log->ViewOf(node_id), &store, records,
                   {.forget_every = 4, .campaign_wait = absl::Milliseconds(50)}),
       report(context, &store, &parity, pool.get(), &rebuilder, &participant) {}
 
@@ -528,14 +553,19 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
   options.stripe_unit_bytes = kStripeUnitBytes;
   options.commit_timeout_ms = 5000;
   options.advertise_host = "127.0.0.1";
-  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options);
+  absl::StatusOr<std::unique_ptr<const Topology>> topology =
+      Topology::Create(0, options, kTestPoolBytes);
   EXPECT_TRUE(topology.ok()) << topology.status();
   topology_ = *std::move(topology);
   for (int id = 0; id < nodes; ++id) Replace(id);
 }
 
 InProcessCluster::~InProcessCluster() {
-  for (auto& [id, units] : nodes_) network_.Detach(id);
+  // A round still running while the nodes go decides into the log: no node hears it any more.
+  for (auto& [id, units] : nodes_) {
+    network_.Detach(id);
+    log_.Deafen(id);
+  }
   nodes_.clear();
 }
 
@@ -545,11 +575,12 @@ void InProcessCluster::Replace(uint32_t id) {
   nodes_.erase(id);
   // Each node's topology differs only in who it is.
   ClusterOptions options = topology_->options;
-  absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(id, options);
+  absl::StatusOr<std::unique_ptr<const Topology>> topology =
+      Topology::Create(id, options, kTestPoolBytes);
   ASSERT_TRUE(topology.ok()) << topology.status();
   topologies_.push_back(*std::move(topology));
   auto units = std::make_unique<NodeUnits>(id, topologies_.back().get(), &table_, &network_, &log_,
-                                           &election_);
+                                           &election_, &records_);
   absl::StatusOr<uint16_t> port = units->transfer.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   NodeUnits* raw = units.get();

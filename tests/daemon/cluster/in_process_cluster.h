@@ -41,6 +41,9 @@ class FakeClusterStore final : public ClusterStore {
 
   // The node's trainer captured `step`: one region of `bytes` bytes, StateOf(node, step).
   void Capture(int64_t step, uint64_t bytes);
+  // The node's trainer restored `step`: its captures after it are dropped, and it takes the
+  // steps after it again.
+  void Rewind(int64_t step);
   std::vector<int64_t> aborted() const;
   std::vector<int64_t> commits() const;
   // The committed region's bytes.
@@ -48,6 +51,8 @@ class FakeClusterStore final : public ClusterStore {
 
   absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
                                                 absl::Time deadline) override;
+  uint64_t Timeline() const override;
+  NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   NodeImage CommittedImage() const override;
   absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
@@ -68,6 +73,8 @@ class FakeClusterStore final : public ClusterStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, NodeImage> captured_ ABSL_GUARDED_BY(mutex_);
+  std::optional<int64_t> latest_ ABSL_GUARDED_BY(mutex_);  // the step the trainer took last
+  uint64_t timeline_ ABSL_GUARDED_BY(mutex_) = 0;
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
   v1::JournalCluster record_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
@@ -128,6 +135,30 @@ class FakeDecisionLog final : public DecisionLog {
 };
 
 // Who leads. Elect gives the node a new, higher token; the decision log and the node table follow.
+// The nodes' durable records as the coordinator asks them: only the oldest recorded step, which
+// the test sets.
+class FakeDurableRecords final : public DurableRecords {
+ public:
+  absl::Status Record(const std::vector<int64_t>&) override {
+    return absl::UnimplementedError("not in these tests");
+  }
+  absl::StatusOr<durable::DurableEverywhere> NewestEverywhere() override {
+    return absl::UnimplementedError("not in these tests");
+  }
+  absl::StatusOr<std::optional<int64_t>> OldestRecorded() override {
+    absl::MutexLock lock(&mutex_);
+    return oldest_;
+  }
+  void set_oldest(std::optional<int64_t> step) {
+    absl::MutexLock lock(&mutex_);
+    oldest_ = step;
+  }
+
+ private:
+  absl::Mutex mutex_;
+  std::optional<int64_t> oldest_ ABSL_GUARDED_BY(mutex_);
+};
+
 class FakeElection {
  public:
   FakeElection(FakeDecisionLog* log, NodeTable* nodes) : log_(log), nodes_(nodes) {}
@@ -214,7 +245,7 @@ class FakePeerClient final : public PeerClient {
 // One node's units, as the daemon assembles them, over the fakes.
 struct NodeUnits {
   NodeUnits(uint32_t id, const Topology* topology, NodeTable* nodes, FakeNetwork* network,
-            FakeDecisionLog* log, FakeElection* election);
+            FakeDecisionLog* log, FakeElection* election, FakeDurableRecords* records);
   ~NodeUnits();
   // Starts proposing, coordinating when elected, and checking whether the node is behind.
   void Start();
@@ -245,6 +276,7 @@ class InProcessCluster {
   FakeDecisionLog& log() { return log_; }
   FakeNetwork& network() { return network_; }
   FakeElection& election() { return election_; }
+  FakeDurableRecords& records() { return records_; }
   NodeTable& table() { return table_; }
 
   // Every node's trainer captures `step` (`bytes` bytes of state each).
@@ -268,6 +300,7 @@ class InProcessCluster {
   FakeNetwork network_;
   FakeDecisionLog log_;
   FakeElection election_;
+  FakeDurableRecords records_;
   std::map<uint32_t, std::unique_ptr<NodeUnits>> nodes_;
 };
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -84,6 +85,25 @@ TEST(ParticipantTest, ATokenLowerThanOneSeenIsRefusedNamingTheNewerCoordinator) 
   encode.set_step(1);
   encode.set_token(first);
   EXPECT_STATUS(cluster.node(2).participant.Encode(encode), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParticipantTest, ATokenNoLeaderHoldsIsRefusedAndTheRealCoordinatorGoesOn) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  v1::PrepareRequest forged;
+  forged.set_coordinator(3);
+  forged.set_step(1);
+  forged.set_token(token + 1000);
+  forged.set_timeout_ms(100);
+  absl::StatusOr<v1::PrepareResponse> refused = cluster.node(2).participant.Prepare(forged);
+  ASSERT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                absl::StrCat("etcd names node 0 as coordinator with token ", token)))
+      << refused.status();
+  forged.set_token(token);  // the leader's token, claimed by another node
+  ASSERT_STATUS(cluster.node(2).participant.Prepare(forged), absl::StatusCode::kFailedPrecondition);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
 }
 
 // A commit this node cannot take (decided under a token it did not encode under) is never

@@ -1,0 +1,103 @@
+"""Data-parallel replicas snapshot one shard each (REFT): the example data-parallel trainer on gloo,
+its model and Adam state declared one replica group of the job, on a real moesnapd. Each rank's
+daemon copies 1/N of the replicated state per step (from the daemon's counters); a rank SIGKILLed
+and the job restarted restores every rank bit-identically from the group's shards; the job
+restarted with one rank fewer restores from the old shards, and then snapshots thirds."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+from conftest import BIN_DIR, ChildProcess, Daemon
+
+TRAINER = Path(__file__).resolve().parents[1] / "examples" / "dp_train.py"
+ALIGNMENT = 4096  # shard boundaries fall on 4 KiB of the concatenated regions
+
+
+def launch(daemon: Daemon, world: int, steps: int) -> List[ChildProcess]:
+    """The job: `world` ranks on one gloo rendezvous (a new file: no port to collide on), each a
+    trainer of the daemon."""
+    rendezvous = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=daemon.directory)) / "store"
+    ranks = []
+    for rank in range(world):
+        environment = dict(os.environ, MOESNAP_SOCKET=daemon.agent_socket, RANK=str(rank),
+                           WORLD_SIZE=str(world))
+        ranks.append(ChildProcess([sys.executable, str(TRAINER), "--steps", str(steps),
+                                   "--rendezvous", str(rendezvous)], env=environment))
+    return ranks
+
+
+def finished(ranks: List[ChildProcess]) -> List[List[str]]:
+    for child in ranks:
+        assert child.process.wait(timeout=180) == 0, "\n".join(child.lines)
+        child._reader.join()
+    return [child.lines for child in ranks]
+
+
+def digests(outputs: List[List[str]], what: str = "step") -> Dict[int, str]:
+    """Step -> the digest every rank printed for it (they must agree: the state is replicated)."""
+    found: Dict[int, str] = {}
+    for lines in outputs:
+        for line in lines:
+            match = re.fullmatch(rf"{what} (\d+) digest ([0-9a-f]+)", line)
+            if match:
+                step, digest = int(match.group(1)), match.group(2)
+                assert found.setdefault(step, digest) == digest, (step, outputs)
+    return found
+
+
+def captures(daemon: Daemon) -> Dict[int, dict]:
+    answer = subprocess.run([str(BIN_DIR / "moesnapctl"), "--socket", daemon.admin_socket,
+                             "status", "--json"], capture_output=True, text=True, check=True)
+    return {capture.get("rank", 0): capture
+            for capture in json.loads(answer.stdout).get("rank_captures", [])}
+
+
+def assert_shares(daemon: Daemon, world: int, step: int) -> None:
+    """Each rank's last captured step copied 1/world of the state it registered, within the
+    alignment at both ends of its shard."""
+    found = {rank: capture for rank, capture in captures(daemon).items() if rank < world}
+    assert sorted(found) == list(range(world)), found
+    total = 0
+    for capture in found.values():
+        assert capture["step"] == step, found
+        share = capture["state_bytes"] / world
+        assert abs(capture["bytes"] - share) <= 2 * ALIGNMENT, (capture, share)
+        total += capture["bytes"]
+    assert total == found[0]["state_bytes"], found  # one copy between them
+
+
+def test_replicas_copy_one_shard_each_and_restore_bit_identically(daemon: Daemon) -> None:
+    # A job of four ranks; rank 2 is SIGKILLed once past step 4, and the others fail on their
+    # next collective, as a job does when one of its processes dies.
+    first = launch(daemon, 4, steps=30)
+    first[2].wait_for(r"step [4-9] digest .*|step \d\d+ digest .*")
+    first[2].process.send_signal(signal.SIGKILL)
+    for child in first:
+        child.process.wait(timeout=180)
+        child._reader.join()
+    before = digests([child.lines for child in first])
+    assert_shares(daemon, 4, max(capture["step"] for capture in captures(daemon).values()))
+
+    # The job restarted: every rank restores the last committed step, whose shards the four
+    # ranks captured, bit-identically; then trains on.
+    second = finished(launch(daemon, 4, steps=12))
+    restored = digests(second, "restored")
+    assert len(restored) == 1, second
+    [(step, digest)] = restored.items()
+    assert 4 <= step < 30 and digest == before[step], (step, before)
+    for lines in second:
+        assert f"restored {step} digest {digest}" in lines, lines
+    after = digests(second)
+    assert_shares(daemon, 4, 12)
+
+    # Restarted with three ranks: restored from the four old shards, then thirds.
+    third = finished(launch(daemon, 3, steps=14))
+    assert digests(third, "restored") == {12: after[12]}, third
+    assert_shares(daemon, 3, 14)

@@ -1,0 +1,218 @@
+// Peer request checks: bounds and consistency of every field, overflow-safe.
+#include "daemon/cluster/peer_checks.h"
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/region_limits.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+constexpr int kMaxUnitsPerRequest = 1 << 20;
+
+absl::Status CheckNode(const char* field, uint32_t id, const PeerLimits& limits) {
+  if (id >= limits.node_count) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is node ", id, ", but the job has ",
+                                                   limits.node_count, " nodes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWait(uint32_t timeout_ms, const PeerLimits& limits) {
+  if (timeout_ms > limits.commit_timeout_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms is ", timeout_ms,
+                                                   ", above the job's commit timeout of ",
+                                                   limits.commit_timeout_ms, " ms"));
+  }
+  return absl::OkStatus();
+}
+
+// What every coordinator call carries: who sends it, under which token, on which base.
+absl::Status CheckCoordinatorCall(uint32_t coordinator, int64_t token, int64_t step,
+                                  const std::optional<int64_t>& base, const PeerLimits& limits) {
+  if (absl::Status status = CheckNode("coordinator", coordinator, limits); !status.ok()) {
+    return status;
+  }
+  if (token <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("fencing token ", token, " is not positive"));
+  }
+  if (base && *base >= step) {
+    return absl::InvalidArgumentError(absl::StrCat("base step ", *base, " is not before step ",
+                                                   step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRegion(const v1::ImageRegion& region, const PeerLimits& limits) {
+  auto invalid = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("region of rank ", region.rank(), ": ", what));
+  };
+  if (region.region().empty() || region.region().size() > kMaxRegionNameBytes) {
+    return invalid(absl::StrCat("its name is ", region.region().size(), " bytes, not 1 to ",
+                                kMaxRegionNameBytes));
+  }
+  if (region.dtype().size() > kMaxDtypeBytes) {
+    return invalid(absl::StrCat("its dtype is ", region.dtype().size(), " bytes, above ",
+                                kMaxDtypeBytes));
+  }
+  if (region.shape_size() > kMaxShapeDimensions) {
+    return invalid(absl::StrCat("its shape has ", region.shape_size(), " dimensions, above ",
+                                kMaxShapeDimensions));
+  }
+  if (region.bytes() > limits.max_image_bytes) {
+    return invalid(absl::StrCat("it is ", region.bytes(), " bytes, above the ",
+                                limits.max_image_bytes, " any image may hold"));
+  }
+  if (region.bytes() == 0) {
+    if (region.chunk_crcs_size() != 0) return invalid("it is empty but lists chunk CRCs");
+    return absl::OkStatus();
+  }
+  if (region.chunk_bytes() == 0) return invalid("its chunk size is 0");
+  const uint64_t chunks =
+      region.bytes() / region.chunk_bytes() + (region.bytes() % region.chunk_bytes() != 0);
+  if (static_cast<uint64_t>(region.chunk_crcs_size()) != chunks) {
+    return invalid(absl::StrCat("it is ", region.bytes(), " bytes in chunks of ",
+                                region.chunk_bytes(), " (", chunks, " chunks), but lists ",
+                                region.chunk_crcs_size(), " chunk CRCs"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
+  auto invalid = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("image of node ", image.node_id(), ": ", what));
+  };
+  if (absl::Status status = CheckNode("the image's node", image.node_id(), limits); !status.ok()) {
+    return status;
+  }
+  if (image.bytes() > limits.max_image_bytes) {
+    return invalid(absl::StrCat(image.bytes(), " bytes, above the ", limits.max_image_bytes,
+                                " this node's pool could hold parity for"));
+  }
+  if (image.ranks_size() > PeerLimits::kMaxRanksPerImage) {
+    return invalid(absl::StrCat(image.ranks_size(), " ranks, above ",
+                                PeerLimits::kMaxRanksPerImage));
+  }
+  uint64_t total = 0;
+  for (const v1::ImageRegion& region : image.regions()) {
+    if (absl::Status status = CheckRegion(region, limits); !status.ok()) {
+      return invalid(std::string(status.message()));
+    }
+    // Each region is at most max_image_bytes (checked above), so this sum cannot wrap before the
+    // comparison stops it.
+    total += region.bytes();
+    if (total > image.bytes()) break;
+  }
+  if (total != image.bytes()) {
+    return invalid(absl::StrCat("its regions add up to ", total > image.bytes() ? "more than " : "",
+                                total, " bytes, not the ", image.bytes(), " it says"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGroupImages(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images,
+                              const std::vector<uint32_t>& group_ids, const PeerLimits& limits) {
+  if (static_cast<size_t>(images.size()) != group_ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(images.size(), " images for a group of ",
+                                                   group_ids.size()));
+  }
+  for (size_t position = 0; position < group_ids.size(); ++position) {
+    const v1::NodeImage& image = images[static_cast<int>(position)];
+    if (image.node_id() != group_ids[position]) {
+      return absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ",
+                                                     image.node_id(), "'s, not node ",
+                                                     group_ids[position], "'s"));
+    }
+    if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGroupRecord(const v1::JournalCluster& record,
+                              const std::vector<uint32_t>& group_ids, const PeerLimits& limits) {
+  if (record.group_images_size() > 0) {
+    if (absl::Status status = CheckGroupImages(record.group_images(), group_ids, limits);
+        !status.ok()) {
+      return status;
+    }
+  }
+  for (const v1::JournalParity& parity : record.parity()) {
+    if (parity.bytes() > limits.unit_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("parity of stripe ", parity.stripe(), " is ",
+                                                     parity.bytes(), " bytes, above the unit of ",
+                                                     limits.unit_bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& limits) {
+  return CheckNode("from_node", request.from_node(), limits);
+}
+
+absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits) {
+  const std::optional<int64_t> base =
+      request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
+  if (absl::Status status = CheckCoordinatorCall(request.coordinator(), request.token(),
+                                                 request.step(), base, limits);
+      !status.ok()) {
+    return status;
+  }
+  return CheckWait(request.timeout_ms(), limits);
+}
+
+absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& limits) {
+  const std::optional<int64_t> base =
+      request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
+  if (absl::Status status = CheckCoordinatorCall(request.coordinator(), request.token(),
+                                                 request.step(), base, limits);
+      !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckWait(request.timeout_ms(), limits); !status.ok()) return status;
+  if (request.group_images_size() != limits.group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(request.group_images_size(),
+                                                   " images for a group of ", limits.group_size));
+  }
+  for (const v1::NodeImage& image : request.group_images()) {
+    if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimits& limits) {
+  if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
+    return status;
+  }
+  if (request.units_size() > kMaxUnitsPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat(request.units_size(),
+                                                   " units asked for at once, above ",
+                                                   kMaxUnitsPerRequest));
+  }
+  for (const v1::UnitRef& unit : request.units()) {
+    if (unit.unit() >= static_cast<uint32_t>(limits.group_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("unit ", unit.unit(), " of stripe ",
+                                                     unit.stripe(), ": a stripe has ",
+                                                     limits.group_size, " units"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSendRegion(const v1::SendRegionRequest& request, const PeerLimits& limits) {
+  if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
+    return status;
+  }
+  if (request.region().empty() || request.region().size() > kMaxRegionNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("region name of ", request.region().size(),
+                                                   " bytes, not 1 to ",
+                                                   kMaxRegionNameBytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesnap::daemon::cluster

@@ -1,0 +1,51 @@
+// Checks of everything a peer sends, before any unit acts on it: every field of every Peer request,
+// and the node images and group records peers hand over (in Encode, and in the answers a rebuild or
+// an elastic restore works from). Each check bounds what is allocated, looped over or waited for,
+// and is overflow-safe; an error names the field and what was expected. What only a unit's own
+// state can judge (a fencing token against the leader etcd names, a proposed step against what this
+// node captured, a unit against the committed record) is checked by that unit.
+#ifndef MOESNAP_DAEMON_CLUSTER_PEER_CHECKS_H_
+#define MOESNAP_DAEMON_CLUSTER_PEER_CHECKS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon::cluster {
+
+// What a request is checked against: the job's shape and this node's part in it.
+struct PeerLimits {
+  uint32_t node_count = 0;
+  int group_size = 0;     // k + m
+  uint64_t unit_bytes = 0;
+  uint32_t commit_timeout_ms = 0;  // the longest a coordinator may ask a node to wait
+  // The largest image any member may hold: more data than this would need more parity than this
+  // node's pool can hold (pool bytes x group size), so it is refused before anything is sized by it.
+  uint64_t max_image_bytes = 0;
+
+  // Names, dtypes and shapes are bounded as a trainer's registration is (region_limits.h).
+  static constexpr int kMaxRanksPerImage = 1 << 16;
+};
+
+// One node's image: regions back to back whose sizes add up to `bytes` without overflow, each
+// region's chunk CRCs matching its size and chunk size, names, dtypes and shapes bounded.
+absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits);
+// A group's images by position: one per position of `group_ids`, each of that node, each valid.
+absl::Status CheckGroupImages(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images,
+                              const std::vector<uint32_t>& group_ids, const PeerLimits& limits);
+// A group record another node holds (GroupState, LocateRank): no images, or a full group of
+// `group_ids`; without its parity units (peers never send pool offsets).
+absl::Status CheckGroupRecord(const v1::JournalCluster& record,
+                              const std::vector<uint32_t>& group_ids, const PeerLimits& limits);
+
+absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& limits);
+absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits);
+absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& limits);
+absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimits& limits);
+absl::Status CheckSendRegion(const v1::SendRegionRequest& request, const PeerLimits& limits);
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_PEER_CHECKS_H_

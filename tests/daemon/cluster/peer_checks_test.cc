@@ -1,0 +1,201 @@
+// Peer request checks: each hostile field is refused with a message naming it; what a real
+// coordinator, rebuilder or restorer sends passes.
+#include "daemon/cluster/peer_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "daemon/region_limits.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+PeerLimits Limits() {
+  return {.node_count = 6, .group_size = 3, .unit_bytes = 64 << 10, .commit_timeout_ms = 5000,
+          .max_image_bytes = uint64_t{3} << 30};
+}
+
+// Node `id`'s image of two regions of `bytes` each, in chunks of 1 KiB.
+v1::NodeImage Image(uint32_t id, uint64_t bytes = 4096) {
+  v1::NodeImage image;
+  image.set_node_id(id);
+  image.set_step(7);
+  for (const char* name : {"weights", "adam.m"}) {
+    v1::ImageRegion* region = image.add_regions();
+    region->set_rank(id);
+    region->set_region(name);
+    region->set_step(7);
+    region->set_bytes(bytes);
+    region->set_dtype("float32");
+    region->add_shape(static_cast<int64_t>(bytes / 4));
+    region->set_chunk_bytes(1024);
+    for (uint64_t chunk = 0; chunk < (bytes + 1023) / 1024; ++chunk) region->add_chunk_crcs(1);
+  }
+  image.set_bytes(2 * bytes);
+  return image;
+}
+
+v1::EncodeRequest Encode() {
+  v1::EncodeRequest request;
+  request.set_coordinator(0);
+  request.set_step(7);
+  request.set_token(12);
+  request.set_timeout_ms(5000);
+  request.set_base_step(6);
+  for (uint32_t id : {3, 4, 5}) *request.add_group_images() = Image(id);
+  return request;
+}
+
+void ExpectRefused(const absl::Status& status, const std::string& mentions) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), mentions))
+      << "'" << status.message() << "' does not mention '" << mentions << "'";
+}
+
+TEST(PeerChecksTest, WhatARealPeerSendsPasses) {
+  EXPECT_OK(CheckEncode(Encode(), Limits()));
+  v1::PrepareRequest prepare;
+  prepare.set_coordinator(5);
+  prepare.set_step(1);
+  prepare.set_token(1);
+  prepare.set_timeout_ms(5000);
+  EXPECT_OK(CheckPrepare(prepare, Limits()));
+  v1::ProposeRequest propose;
+  propose.set_from_node(5);
+  propose.set_step(std::numeric_limits<int64_t>::max());  // judged by the coordinator's state
+  EXPECT_OK(CheckPropose(propose, Limits()));
+  v1::JournalCluster record;
+  EXPECT_OK(CheckGroupRecord(record, {3, 4, 5}, Limits()));  // a node that holds no step
+  *record.mutable_group_images() = Encode().group_images();
+  EXPECT_OK(CheckGroupRecord(record, {3, 4, 5}, Limits()));
+  v1::NodeImage empty = Image(2, 0);
+  EXPECT_OK(CheckNodeImage(empty, Limits()));
+}
+
+TEST(PeerChecksTest, NodesOutsideTheJobAreRefused) {
+  v1::ProposeRequest propose;
+  propose.set_from_node(6);
+  ExpectRefused(CheckPropose(propose, Limits()), "from_node is node 6");
+  v1::SendUnitsRequest units;
+  units.set_to_node(1u << 31);
+  ExpectRefused(CheckSendUnits(units, Limits()), "to_node");
+  v1::SendRegionRequest region;
+  region.set_to_node(99);
+  region.set_region("weights");
+  ExpectRefused(CheckSendRegion(region, Limits()), "to_node");
+  v1::EncodeRequest encode = Encode();
+  encode.set_coordinator(6);
+  ExpectRefused(CheckEncode(encode, Limits()), "coordinator");
+}
+
+TEST(PeerChecksTest, CoordinatorCallsAreBoundedInTimeTokenAndBase) {
+  v1::PrepareRequest prepare;
+  prepare.set_coordinator(0);
+  prepare.set_step(3);
+  prepare.set_token(1);
+  prepare.set_timeout_ms(std::numeric_limits<uint32_t>::max());
+  ExpectRefused(CheckPrepare(prepare, Limits()), "commit timeout");
+  prepare.set_timeout_ms(10);
+  prepare.set_token(0);
+  ExpectRefused(CheckPrepare(prepare, Limits()), "token 0");
+  prepare.set_token(-5);
+  ExpectRefused(CheckPrepare(prepare, Limits()), "token -5");
+  prepare.set_token(2);
+  prepare.set_base_step(3);
+  ExpectRefused(CheckPrepare(prepare, Limits()), "base step 3 is not before step 3");
+  v1::EncodeRequest encode = Encode();
+  encode.set_timeout_ms(5001);
+  ExpectRefused(CheckEncode(encode, Limits()), "commit timeout");
+}
+
+TEST(PeerChecksTest, GroupImagesAreCountedAndEachChecked) {
+  v1::EncodeRequest encode = Encode();
+  encode.mutable_group_images()->RemoveLast();
+  ExpectRefused(CheckEncode(encode, Limits()), "2 images for a group of 3");
+  encode = Encode();
+  *encode.add_group_images() = Image(5);
+  ExpectRefused(CheckEncode(encode, Limits()), "4 images");
+  v1::JournalCluster record;
+  *record.mutable_group_images() = Encode().group_images();
+  ExpectRefused(CheckGroupRecord(record, {0, 1, 2}, Limits()), "is node 3's, not node 0's");
+  record.mutable_group_images()->RemoveLast();
+  ExpectRefused(CheckGroupRecord(record, {3, 4, 5}, Limits()), "2 images for a group of 3");
+  *record.mutable_group_images() = Encode().group_images();
+  v1::JournalParity* parity = record.add_parity();
+  parity->set_bytes(kMax);
+  ExpectRefused(CheckGroupRecord(record, {3, 4, 5}, Limits()), "above the unit");
+}
+
+TEST(PeerChecksTest, ImageSizesMustAddUpWithoutWrapping) {
+  v1::NodeImage image = Image(1);
+  image.set_bytes(image.bytes() + 1);
+  ExpectRefused(CheckNodeImage(image, Limits()), "regions add up to 8192 bytes, not the 8193");
+  // Two regions whose sizes wrap to the image's size in 64 bits.
+  image = Image(1);
+  image.mutable_regions(0)->set_bytes(kMax - 4095);
+  image.mutable_regions(1)->set_bytes(8192);
+  image.set_bytes(4096);
+  EXPECT_STATUS(CheckNodeImage(image, Limits()), absl::StatusCode::kInvalidArgument);
+  // Sizes beyond what the pool could ever hold parity for, before anything is sized by them.
+  image = Image(1);
+  image.set_bytes(kMax);
+  ExpectRefused(CheckNodeImage(image, Limits()), "this node's pool could hold parity for");
+  image = Image(1, Limits().max_image_bytes + 1);
+  ExpectRefused(CheckNodeImage(image, Limits()), "above the");
+}
+
+TEST(PeerChecksTest, RegionFieldsAreBounded) {
+  auto with = [](auto change) {
+    v1::NodeImage image = Image(1);
+    change(*image.mutable_regions(1));
+    return CheckNodeImage(image, Limits());
+  };
+  ExpectRefused(with([](v1::ImageRegion& r) { r.set_region(""); }), "its name is 0 bytes");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.set_region(std::string(1025, 'x')); }),
+                "its name is 1025 bytes");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.set_dtype(std::string(65, 'f')); }), "dtype");
+  ExpectRefused(with([](v1::ImageRegion& r) {
+                  for (int i = 0; i <= kMaxShapeDimensions; ++i) r.add_shape(1);
+                }),
+                "dimensions");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.set_chunk_bytes(0); }), "chunk size is 0");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.add_chunk_crcs(9); }), "lists 5 chunk CRCs");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.mutable_chunk_crcs()->RemoveLast(); }),
+                "lists 3 chunk CRCs");
+  v1::NodeImage image = Image(1, 0);
+  image.mutable_regions(0)->add_chunk_crcs(1);
+  ExpectRefused(CheckNodeImage(image, Limits()), "empty but lists chunk CRCs");
+}
+
+TEST(PeerChecksTest, UnitListsAreBounded) {
+  v1::SendUnitsRequest request;
+  request.set_to_node(2);
+  request.set_step(3);
+  v1::UnitRef* unit = request.add_units();
+  unit->set_stripe(kMax);
+  unit->set_unit(2);
+  EXPECT_OK(CheckSendUnits(request, Limits()));  // the stripe is checked against the record held
+  unit->set_unit(3);
+  ExpectRefused(CheckSendUnits(request, Limits()), "a stripe has 3 units");
+  request.clear_units();
+  for (int i = 0; i <= (1 << 20); ++i) request.add_units();
+  ExpectRefused(CheckSendUnits(request, Limits()), "units asked for at once");
+}
+
+TEST(PeerChecksTest, RegionNamesAreBounded) {
+  v1::SendRegionRequest request;
+  request.set_to_node(1);
+  request.set_region(std::string(kMaxRegionNameBytes + 1, 'r'));
+  ExpectRefused(CheckSendRegion(request, Limits()), "region name of 1025 bytes");
+  request.set_region("");
+  ExpectRefused(CheckSendRegion(request, Limits()), "region name of 0 bytes");
+}
+
+}  // namespace
+}  // namespace moesnap::daemon::cluster
