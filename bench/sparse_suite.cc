@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/aligned_buffer.h"
+#include "bench/modelled_job.h"
 #include "bench/python_script.h"
 #include "bench/suites.h"
 #include "moesnap/sparse_schedule.h"
@@ -36,72 +37,17 @@
 namespace moesnap::bench {
 namespace {
 
-// DeepSeek-MoE-16B as published (the config of deepseek-moe-16b-base): 28 layers, hidden size 2048,
-// multi-head attention (q, k, v, o: 4 hidden x hidden matrices, no biases), SwiGLU feed-forward
-// blocks (3 matrices), RMSNorm. Layer 0 is dense (intermediate size 10944); layers 1-27 are MoE,
-// each with 64 routed experts and 2 shared experts of intermediate size 1408 and a 64-way gate.
-// The vocabulary is 102400; embedding and head are not tied. 16.4e9 parameters, 2.8e9 activated.
-constexpr double kHidden = 2048;
-constexpr double kVocabulary = 102400;
-constexpr int kLayers = 28;
-constexpr int kDenseLayers = 1;
-constexpr double kDenseIntermediate = 10944;
-constexpr int kRoutedExperts = 64;
-constexpr int kSharedExperts = 2;
-constexpr double kExpertIntermediate = 1408;
-constexpr double kPublishedParameters = 16.4e9;
-
-// The job (assumptions). 8 nodes: the routed experts are parallel over the nodes (8 of each layer's
-// 64 per node) and every other tensor's state is sharded over them (ZeRO), so a node holds 1/8 of
-// the state; the schedule is node 0's. An iteration (one optimizer step) takes 1.5 s: 64 A100s at
-// 40% of their 312 TFLOP/s, 0.7M tokens per step at 6 x 2.8e9 FLOP per token. Bytes per parameter,
-// as sparse_schedule.h's Operator states them: full state 12 (fp32 master weights and two fp32 Adam
-// moments), weights 2 (bf16). RNG, loss scale and data position: 1 MiB at every step.
-constexpr int kNodes = 8;
-constexpr double kIterationSeconds = 1.5;
-constexpr double kFullStateBytesPerParameter = 12;
-constexpr double kWeightBytesPerParameter = 2;
-constexpr uint64_t kEveryStepBytes = 1 << 20;
+using modelled_job::kEveryStepBytes;
+using modelled_job::kFullStateBytesPerParameter;
+using modelled_job::kIterationSeconds;
+using modelled_job::kNodes;
+using modelled_job::kPublishedParameters;
+using modelled_job::kRoutedExperts;
+using modelled_job::kWeightBytesPerParameter;
+using modelled_job::NodeShare;
 
 // The buffer of the memcpy limit: far beyond the last-level cache.
 constexpr size_t kCopyBytes = size_t{512} << 20;
-
-struct OperatorTable {
-  std::vector<Operator> operators;  // node 0's share
-  double node_parameters = 0;
-};
-
-OperatorTable NodeShareOfDeepSeekMoe16b() {
-  OperatorTable table;
-  auto add = [&](std::string name, bool is_expert, double parameters) {
-    table.operators.push_back({.name = std::move(name),
-                               .is_expert = is_expert,
-                               .full_state_bytes = static_cast<uint64_t>(
-                                   parameters * kFullStateBytesPerParameter),
-                               .weight_bytes = static_cast<uint64_t>(
-                                   parameters * kWeightBytesPerParameter),
-                               .token_count = 0});
-    table.node_parameters += parameters;
-  };
-  const double attention = 4 * kHidden * kHidden + 2 * kHidden;  // and the layer's two norms
-  const double expert = 3 * kHidden * kExpertIntermediate;
-  for (int layer = 0; layer < kLayers; ++layer) {
-    if (layer < kDenseLayers) {
-      add(absl::StrCat("layer", layer, ".dense"), false,
-          (attention + 3 * kHidden * kDenseIntermediate) / kNodes);
-      continue;
-    }
-    for (int index = 0; index < kRoutedExperts / kNodes; ++index) {
-      add(absl::StrCat("layer", layer, ".expert", index), true, expert);
-    }
-    // Attention, shared experts and gate: the layer's non-expert operator.
-    add(absl::StrCat("layer", layer, ".dense"), false,
-        (attention + kSharedExperts * expert + kRoutedExperts * kHidden) / kNodes);
-  }
-  add("embedding", false, kVocabulary * kHidden / kNodes);
-  add("head", false, (kVocabulary * kHidden + kHidden) / kNodes);  // and the final norm
-  return table;
-}
 
 // One thread's memcpy of a large buffer, best of 5 after a warm-up: the host-copy limit.
 double MemcpyBytesPerSecond() {
@@ -121,7 +67,7 @@ double MemcpyBytesPerSecond() {
 }
 
 absl::Status AddScheduleRows(Report& report) {
-  const OperatorTable table = NodeShareOfDeepSeekMoe16b();
+  const NodeShare table = modelled_job::NodeShareOfTheJob();
   const double copy_bytes_per_second = MemcpyBytesPerSecond();
   absl::StatusOr<SparseSchedule> schedule = SparseSchedule::Build(
       table.operators, {.iteration_seconds = kIterationSeconds,
