@@ -175,6 +175,21 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
     if (absl::Status status = LoadRankFromDisk(store_, **reader, rank); !status.ok()) return status;
     view_->StateLoaded();
   }
+  // A replica group's regions are assembled from every member's shard: the members this node
+  // held, lost from memory too, come from the same durable step.
+  for (const v1::ReplicaGroupStep& layout : record->replica_groups()) {
+    for (uint32_t member : layout.group().ranks()) {
+      const std::optional<v1::JournalRank> theirs = RankRecord((*reader)->manifest(), member);
+      if (member == rank || !theirs ||
+          store_->LatestCommitted(member) == theirs->latest_committed_step()) {
+        continue;
+      }
+      if (absl::Status status = LoadRankFromDisk(store_, **reader, member); !status.ok()) {
+        return status;
+      }
+      view_->StateLoaded();
+    }
+  }
   absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline, remote);
   if (restored.ok()) restored->set_tier(v1::TIER_DURABLE);
   return restored;

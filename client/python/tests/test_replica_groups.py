@@ -2,7 +2,8 @@
 its model and Adam state declared one replica group of the job, on a real moesnapd. Each rank's
 daemon copies 1/N of the replicated state per step (from the daemon's counters); a rank SIGKILLed
 and the job restarted restores every rank bit-identically from the group's shards; the job
-restarted with one rank fewer restores from the old shards, and then snapshots thirds."""
+restarted with one rank fewer restores from the old shards, and then snapshots thirds; a daemon
+that lost its pool restores the group from the durable tier."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -101,3 +103,32 @@ def test_replicas_copy_one_shard_each_and_restore_bit_identically(daemon: Daemon
     third = finished(launch(daemon, 3, steps=14))
     assert digests(third, "restored") == {12: after[12]}, third
     assert_shares(daemon, 3, 14)
+
+
+def test_replicas_resume_from_the_durable_tier_after_the_pool_is_lost(tmp_path: Path) -> None:
+    # Every rank's restore needs every member's shard: each rank loaded alone from disk would
+    # find the others' shards missing until they too had loaded theirs.
+    run_directory = tmp_path / "daemon"
+    run_directory.mkdir()
+    daemon = Daemon(run_directory,
+                    extra_config=f'[durable]\ndirectory = "{tmp_path / "durable"}"\nevery_steps = 3\n')
+    daemon.start()
+    try:
+        printed = digests(finished(launch(daemon, 4, steps=7)))
+        deadline = time.monotonic() + 60
+        while True:  # steps 1, 3 and 6 were due; wait until each was handled and no drain runs
+            answer = subprocess.run([str(BIN_DIR / "moesnapctl"), "--socket", daemon.admin_socket,
+                                     "status", "--json"], capture_output=True, text=True, check=True)
+            status = json.loads(answer.stdout)["durable"]
+            if (status.get("drains_completed", 0) + status.get("drains_skipped", 0) >= 3
+                    and "draining_step" not in status):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        durable_step = status["latest_step"]
+        daemon.remove()  # SIGKILL and the pool deleted: a power loss
+        daemon.start()
+        restarted = finished(launch(daemon, 4, steps=9))
+        assert digests(restarted, "restored") == {durable_step: printed[durable_step]}, restarted
+    finally:
+        daemon.remove()
