@@ -98,6 +98,7 @@ class LoopbackCluster {
     shape.commit_timeout_ms = 60000;
     shape.etcd_endpoints = etcd.endpoints();
     shape.advertise_host = "127.0.0.1";
+    shape.tls.insecure = true;  // daemons of one process on loopback; `dataplane` measures TLS
     shape.control_port = 0;
     shape.data_port = 0;
     for (int id = 0; id < nodes; ++id) {

@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "erasure/stripe_layout.h"
 
 namespace moesnap::daemon {
@@ -11,6 +13,13 @@ namespace {
 
 // etcd cannot keep a lease shorter than about 2 s with its default election timeout.
 constexpr uint32_t kMinLeaseTtlMs = 2000;
+
+bool IsLoopback(const std::string& host) {
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
 
 bool IsAddressLiteral(const std::string& host) {
   in6_addr scratch{};
@@ -82,7 +91,53 @@ absl::Status ClusterOptions::Validate(uint32_t self) const {
         "cluster.advertise_host is not set: the address peers reach this node on (or "
         "--advertise-host, or MOESNAP_ADVERTISE_HOST)");
   }
+  return ValidateTls();
+}
+
+absl::Status ClusterOptions::ValidateTls() const {
+  const bool any_file = !tls.ca_file.empty() || !tls.cert_file.empty() || !tls.key_file.empty();
+  if (tls.insecure) {
+    if (any_file) {
+      return absl::InvalidArgumentError(
+          "tls.insecure = true and tls.ca_file/cert_file/key_file are both set: mutual TLS or "
+          "plaintext, choose one");
+    }
+    if (!IsLoopback(ListenHost())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tls.insecure = true is for loopback only, and this node listens on ", ListenHost(),
+          ": peers on a network authenticate with mutual TLS (set tls.ca_file, tls.cert_file and "
+          "tls.key_file; deploy/make-certs.sh makes them)"));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::string> missing;
+  if (tls.ca_file.empty()) missing.push_back("tls.ca_file");
+  if (tls.cert_file.empty()) missing.push_back("tls.cert_file");
+  if (tls.key_file.empty()) missing.push_back("tls.key_file");
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a cluster's peers authenticate with mutual TLS: ", absl::StrJoin(missing, ", "),
+        missing.size() > 1 ? " are" : " is",
+        " not set (deploy/make-certs.sh makes a job CA and node certificates), or set "
+        "tls.insecure = true for plaintext on loopback"));
+  }
   return absl::OkStatus();
+}
+
+TlsOptions ClusterOptions::NodeTls(uint32_t self) const {
+  TlsOptions files = tls;
+  for (std::string* path : {&files.ca_file, &files.cert_file, &files.key_file}) {
+    *path = absl::StrReplaceAll(*path, {{"{node}", absl::StrCat(self)}});
+  }
+  return files;
+}
+
+etcd::TlsOptions ClusterOptions::EtcdTls(uint32_t self) const {
+  if (!etcd_ca_file.empty() || tls.insecure) {
+    return {etcd_ca_file, etcd_cert_file, etcd_key_file};
+  }
+  const TlsOptions files = NodeTls(self);
+  return {files.ca_file, files.cert_file, files.key_file};
 }
 
 std::vector<std::vector<uint32_t>> ClusterOptions::Groups() const {

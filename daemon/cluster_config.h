@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/etcd/etcd_client.h"
+#include "daemon/peer_tls.h"
 
 namespace moesnap::daemon {
 
@@ -48,11 +50,22 @@ struct ClusterOptions {
   uint16_t control_port = 7440;  // the Peer service; 0: any free port (advertised as bound)
   uint16_t data_port = 7441;     // the data plane; 0: any free port
   uint32_t max_data_connections = 256;  // data-plane connections served at once
+  // [tls]: mutual TLS with the job's peers (and etcd, unless the etcd_* files say otherwise).
+  // Per node (file paths), so not part of the job's digest.
+  TlsOptions tls;
 
   // The job's shape alone: k, m, unit, node count, timeouts, job name, endpoints.
   absl::Status ValidateShape() const;
-  // The shape, and this node's part: an id below node_count and an address to advertise.
+  // The shape, and this node's part: an id below node_count, an address to advertise, and its
+  // TLS (ValidateTls).
   absl::Status Validate(uint32_t self) const;
+  // Mutual TLS needs the CA, certificate and key; plaintext (tls.insecure) only on loopback.
+  absl::Status ValidateTls() const;
+  // [tls] for node `self`: "{node}" in its paths replaced by the id.
+  TlsOptions NodeTls(uint32_t self) const;
+  // How node `self` reaches etcd: the etcd_* files when etcd_ca_file is set (or in plaintext with
+  // tls.insecure), else the node's own [tls] files.
+  etcd::TlsOptions EtcdTls(uint32_t self) const;
   int group_size() const { return data_units + parity_units; }
   // Groups of node ids, in order; node i of group g is at position i.
   std::vector<std::vector<uint32_t>> Groups() const;

@@ -182,6 +182,13 @@ std::optional<ClusterOptions> ParseCluster(Reader& reader) {
   return cluster;
 }
 
+void ParseTls(Reader& reader, TlsOptions& tls) {
+  reader.String("tls", "ca_file", tls.ca_file);
+  reader.String("tls", "cert_file", tls.cert_file);
+  reader.String("tls", "key_file", tls.key_file);
+  reader.Bool("tls", "insecure", tls.insecure);
+}
+
 void ParseDurable(Reader& reader, durable::DurableOptions& durable) {
   reader.String("durable", "directory", durable.directory);
   reader.Integer("durable", "every_steps", 0, UINT32_MAX, durable.every_steps);
@@ -303,7 +310,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("log.format", std::string(parsed.status().message()));
   }
 
-  if (root.contains("cluster")) options.cluster = ParseCluster(reader);
+  if (root.contains("cluster")) {
+    options.cluster = ParseCluster(reader);
+    if (options.cluster) ParseTls(reader, options.cluster->tls);
+  } else if (root.contains("tls")) {
+    reader.Error("tls", "[tls] authenticates a cluster's peers, and this config has no [cluster]");
+  }
 
   reader.UnknownKeys();
   if (absl::Status errors = reader.Result(); !errors.ok()) return errors;

@@ -1,16 +1,23 @@
-// DataPlaneServer and DataPlaneClient over Boost.Asio with blocking sockets: one thread per
-// connection keeps the receive path a straight loop (the connection count is peers x a few).
+// DataPlaneServer and DataPlaneClient over Boost.Asio: one thread per connection keeps the receive
+// path a straight loop (the connection count is peers x a few). Sockets are non-blocking and every
+// wait is a poll with a deadline; TLS (Boost.Asio SSL) runs over the same deadline-bound socket.
 #include "daemon/data_plane.h"
 
-#include <boost/asio.hpp>
+#include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -19,6 +26,7 @@
 namespace moesnap::daemon {
 
 namespace asio = boost::asio;
+namespace ssl = asio::ssl;
 using asio::ip::tcp;
 
 namespace {
@@ -28,6 +36,8 @@ namespace {
 constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 // How often the accept loop wakes without a connection, to reap finished ones.
 constexpr int kAcceptWakeMs = 1000;
+// A sender's connection (TCP, and TLS with the server's acceptance) must be made within this time.
+constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
 
 int PollMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
@@ -50,25 +60,159 @@ absl::Status Await(tcp::socket& socket, short events, absl::Time deadline) {
   }
 }
 
-// Reads exactly `buffer`'s bytes from a non-blocking socket by `deadline`.
-absl::Status ReadExactly(tcp::socket& socket, asio::mutable_buffer buffer, absl::Time deadline) {
-  while (buffer.size() > 0) {
-    boost::system::error_code error;
-    const size_t read = socket.read_some(buffer, error);
-    buffer += read;
-    if (error == asio::error::would_block || error == asio::error::try_again) {
-      if (absl::Status status = Await(socket, POLLIN, deadline); !status.ok()) return status;
-    } else if (error) {
-      return absl::UnavailableError(error.message());
+// A non-blocking TCP socket whose reads and writes wait (poll) until a deadline, then fail with
+// timed_out: the next layer of a TLS stream, so that a handshake and every record are bounded in
+// time as plaintext reads and writes are.
+class DeadlineSocket {
+ public:
+  using executor_type = tcp::socket::executor_type;
+  using lowest_layer_type = tcp::socket::lowest_layer_type;
+
+  explicit DeadlineSocket(tcp::socket& socket) : socket_(socket) {}
+  executor_type get_executor() { return socket_.get_executor(); }
+  lowest_layer_type& lowest_layer() { return socket_.lowest_layer(); }
+  const lowest_layer_type& lowest_layer() const { return socket_.lowest_layer(); }
+  tcp::socket& socket() { return socket_; }
+  void set_deadline(absl::Time deadline) { deadline_ = deadline; }
+
+  template <typename Buffers>
+  size_t read_some(const Buffers& buffers, boost::system::error_code& error) {
+    return Transfer(POLLIN, error, [&] { return socket_.read_some(buffers, error); });
+  }
+  template <typename Buffers>
+  size_t write_some(const Buffers& buffers, boost::system::error_code& error) {
+    return Transfer(POLLOUT, error, [&] { return socket_.write_some(buffers, error); });
+  }
+
+ private:
+  template <typename Operation>
+  size_t Transfer(short events, boost::system::error_code& error, Operation operation) {
+    while (true) {
+      const size_t done = operation();
+      if (error != asio::error::would_block && error != asio::error::try_again) return done;
+      if (!Await(socket_, events, deadline_).ok()) {
+        error = asio::error::timed_out;
+        return 0;
+      }
     }
   }
-  return absl::OkStatus();
+
+  tcp::socket& socket_;
+  absl::Time deadline_ = absl::InfinitePast();
+};
+
+absl::Status FromAsio(const boost::system::error_code& error, absl::string_view what) {
+  if (error == asio::error::timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(what, ": the peer did not answer in time"));
+  }
+  if (error == asio::error::eof || error == ssl::error::stream_truncated) {
+    return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
+  }
+  return absl::UnavailableError(absl::StrCat(what, ": ", error.message()));
+}
+
+// One data-plane connection, plaintext or TLS; every read, write and handshake ends by a deadline.
+class Link {
+ public:
+  // `tls` null: plaintext. `socket` (non-blocking) must outlive the link.
+  Link(tcp::socket& socket, ssl::context* tls) : transport_(socket) {
+    if (tls != nullptr) stream_.emplace(transport_, *tls);
+  }
+
+  tcp::socket& socket() { return transport_.socket(); }
+  bool encrypted() const { return stream_.has_value(); }
+  SSL* ssl() { return stream_ ? stream_->native_handle() : nullptr; }
+
+  absl::Status Handshake(ssl::stream_base::handshake_type side, absl::Time deadline) {
+    transport_.set_deadline(deadline);
+    boost::system::error_code error;
+    stream_->handshake(side, error);
+    return error ? FromAsio(error, "TLS handshake") : absl::OkStatus();
+  }
+  absl::Status Read(asio::mutable_buffer buffer, absl::Time deadline) {
+    transport_.set_deadline(deadline);
+    boost::system::error_code error;
+    if (stream_) {
+      asio::read(*stream_, buffer, error);
+    } else {
+      asio::read(transport_, buffer, error);
+    }
+    return error ? FromAsio(error, "read") : absl::OkStatus();
+  }
+  absl::Status Write(const std::vector<asio::const_buffer>& buffers, absl::Time deadline) {
+    transport_.set_deadline(deadline);
+    boost::system::error_code error;
+    if (stream_) {
+      asio::write(*stream_, buffers, error);
+    } else {
+      asio::write(transport_, buffers, error);
+    }
+    if (error == asio::error::timed_out) {
+      return absl::DeadlineExceededError("the peer took nothing more in time (not reading)");
+    }
+    return error ? FromAsio(error, "write") : absl::OkStatus();
+  }
+  void Shutdown() {
+    boost::system::error_code error;
+    socket().shutdown(tcp::socket::shutdown_both, error);
+  }
+
+ private:
+  DeadlineSocket transport_;
+  std::optional<ssl::stream<DeadlineSocket&>> stream_;
+};
+
+// What the server answers on a TLS connection once it accepted the peer's certificate.
+constexpr uint8_t kPeerAccepted = 0x01;
+
+// A TLS context with this node's certificate and key, trusting the job's CA only; the server
+// requires a client certificate. The server sends no session tickets: after the handshake a
+// receiver writes nothing but its acceptance byte, so anything readable on a sender's connection is
+// its end (PeerClosed).
+absl::StatusOr<std::unique_ptr<ssl::context>> TlsContext(const PeerTls& tls, bool server) {
+  auto context = std::make_unique<ssl::context>(server ? ssl::context::tls_server
+                                                       : ssl::context::tls_client);
+  boost::system::error_code error;
+  context->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                           ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
+                           ssl::context::no_tlsv1_1,
+                       error);
+  if (!error) context->add_certificate_authority(asio::buffer(tls.ca_pem()), error);
+  if (!error) context->use_certificate_chain(asio::buffer(tls.cert_pem()), error);
+  if (!error) context->use_private_key(asio::buffer(tls.key_pem()), ssl::context::pem, error);
+  if (!error) {
+    context->set_verify_mode(
+        server ? ssl::verify_peer | ssl::verify_fail_if_no_peer_cert : ssl::verify_peer, error);
+  }
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot set up the data plane's TLS: ", error.message()));
+  }
+  if (server) SSL_CTX_set_num_tickets(context->native_handle(), 0);
+  return context;
+}
+
+// Why a server-side handshake failed, for the refusal count.
+PeerRefusal HandshakeRefusal(Link& link, const absl::Status& status, std::string* reason) {
+  const long verified = SSL_get_verify_result(link.ssl());
+  if (verified != X509_V_OK) {
+    *reason = absl::StrCat("its certificate does not check against the job's CA: ",
+                           X509_verify_cert_error_string(verified));
+    return PeerRefusal::kUntrustedCertificate;
+  }
+  *reason = std::string(status.message());
+  if (absl::StrContains(*reason, "did not return a certificate") ||
+      absl::StrContains(*reason, "certificate required")) {
+    return PeerRefusal::kNoCertificate;
+  }
+  return PeerRefusal::kHandshake;
 }
 
 }  // namespace
 
 struct DataPlaneServer::Impl {
   DataPlaneOptions options;
+  std::unique_ptr<ssl::context> tls_context;  // null: plaintext
   FrameSink* sink = nullptr;
   DataPlaneServer* owner = nullptr;
   asio::io_context io;
@@ -162,35 +306,70 @@ struct DataPlaneServer::Impl {
     return absl::StrCat(remote.address().to_string(), ":", remote.port());
   }
 
+  // Refuses a peer: counted in connections_rejected and as a peer refusal.
+  void Refuse(PeerRefusal refusal, const std::string& message) {
+    ++owner->connections_rejected_;
+    RecordPeerRefusal(PeerPlane::kData, refusal, message);
+  }
+
+  // With TLS: the handshake, the peer's certificate naming this job and one of its nodes, then the
+  // acceptance byte. False when the peer was refused (and counted).
+  bool Admit(Link& link, const std::string& peer) {
+    const absl::Time deadline = absl::Now() + options.handshake_timeout;
+    if (absl::Status shaken = link.Handshake(ssl::stream_base::server, deadline); !shaken.ok()) {
+      std::string reason;
+      const PeerRefusal refusal = HandshakeRefusal(link, shaken, &reason);
+      Refuse(refusal, absl::StrCat(peer, ": ", reason));
+      return false;
+    }
+    PeerRefusal refusal = PeerRefusal::kHandshake;
+    absl::StatusOr<PeerIdentity> identity =
+        options.tls->CheckName(SSL_get0_peer_certificate(link.ssl()), &refusal);
+    if (!identity.ok()) {
+      Refuse(refusal, absl::StrCat(peer, ": ", identity.status().message()));
+      return false;
+    }
+    const uint8_t accepted = kPeerAccepted;
+    if (!link.Write({asio::buffer(&accepted, 1)}, deadline).ok()) return false;
+    Log(LogLevel::kDebug, "data plane: ", peer, " is ", PeerUri(*identity));
+    return true;
+  }
+
   // Reads frames until the peer closes, sends something malformed or stalls.
   void Serve(tcp::socket& socket) {
     std::vector<uint8_t> payload;
     uint8_t header_bytes[FrameHeader::kBytes];
     const std::string peer = PeerName(socket);
+    Link link(socket, tls_context.get());
+    if (link.encrypted() && !Admit(link, peer)) {
+      link.Shutdown();
+      return;
+    }
     while (!stopping) {
-      // Between frames a connection may idle; once a frame begins, all of it must arrive in time.
-      absl::Status status = Await(socket, POLLIN, absl::Now() + options.idle_timeout);
+      // Between frames a connection may idle; once a frame begins (its first byte), all of it must
+      // arrive in time. The first byte is read, not polled for: TLS may hold it decrypted already.
+      absl::Status status = link.Read(asio::buffer(header_bytes, 1),
+                                      absl::Now() + options.idle_timeout);
       if (absl::IsDeadlineExceeded(status)) {
         Log(LogLevel::kDebug, "data plane: closing the idle connection from ", peer);
         break;
       }
+      if (!status.ok()) break;  // closed between frames
       const absl::Time frame_deadline = absl::Now() + options.frame_timeout;
-      if (status.ok()) status = ReadExactly(socket, asio::buffer(header_bytes), frame_deadline);
-      if (!status.ok() && !absl::IsDeadlineExceeded(status)) break;  // closed between frames
+      status = link.Read(asio::buffer(header_bytes + 1, FrameHeader::kBytes - 1), frame_deadline);
       absl::StatusOr<FrameHeader> header =
           status.ok() ? DecodeFrameHeader(header_bytes, options.max_payload_bytes)
                       : absl::StatusOr<FrameHeader>(status);
       status = header.status();
       if (status.ok()) {
         payload.resize(header->length);
-        status = ReadExactly(socket, asio::buffer(header->region), frame_deadline);
-        if (status.ok()) status = ReadExactly(socket, asio::buffer(payload), frame_deadline);
-        if (!status.ok()) {
-          status = absl::DataLossError(absl::StrCat("a frame of ", header->length,
-                                                    " bytes did not arrive whole within ",
-                                                    absl::FormatDuration(options.frame_timeout),
-                                                    ": ", status.message()));
-        }
+        status = link.Read(asio::buffer(header->region), frame_deadline);
+        if (status.ok()) status = link.Read(asio::buffer(payload), frame_deadline);
+      }
+      if (!status.ok() && (absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status))) {
+        status = absl::DataLossError(absl::StrCat("a frame did not arrive whole within ",
+                                                  absl::FormatDuration(options.frame_timeout),
+                                                  ": ", status.message()));
       }
       if (status.ok()) status = CheckFramePayload(*header, payload);
       if (status.ok()) status = sink->Accept(*header, payload);
@@ -202,8 +381,7 @@ struct DataPlaneServer::Impl {
       }
       ++owner->frames_accepted_;
     }
-    boost::system::error_code error;
-    socket.shutdown(tcp::socket::shutdown_both, error);
+    link.Shutdown();
   }
 };
 
@@ -214,6 +392,11 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->sink = sink;
+  if (options.tls != nullptr) {
+    absl::StatusOr<std::unique_ptr<ssl::context>> context = TlsContext(*options.tls, true);
+    if (!context.ok()) return context.status();
+    impl->tls_context = *std::move(context);
+  }
   boost::system::error_code error;
   const asio::ip::address address = asio::ip::make_address(options.host, error);
   if (error) {
@@ -257,20 +440,70 @@ DataPlaneServer::~DataPlaneServer() {
   for (Impl::Connection& connection : impl_->connections) connection.thread.join();
 }
 
+namespace {
+
+// Receivers write nothing on a data-plane connection after accepting it, so anything readable on
+// it is its end: the peer closed it (restarted, was killed, or refused a frame). Checked before
+// each frame, so a frame is never written into a connection whose other end is gone (the first
+// such write would "succeed").
+bool PeerClosed(tcp::socket& socket) {
+  pollfd poll_fd{socket.native_handle(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&poll_fd, 1, 0) != 0;
+}
+
+// Connects a non-blocking `socket` to `endpoint` by `deadline` (the kernel's own SYN timeout is
+// minutes).
+boost::system::error_code ConnectBy(tcp::socket& socket, const tcp::endpoint& endpoint,
+                                    absl::Time deadline) {
+  boost::system::error_code error;
+  if (socket.is_open()) socket.close(error);
+  socket.open(endpoint.protocol(), error);
+  if (!error) socket.non_blocking(true, error);
+  if (!error) socket.connect(endpoint, error);
+  if (error == asio::error::in_progress || error == asio::error::would_block) {
+    if (!Await(socket, POLLOUT, deadline).ok()) {
+      socket.close(error);
+      return asio::error::timed_out;
+    }
+    int failure = 0;
+    socklen_t length = sizeof(failure);
+    if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &failure, &length) != 0) {
+      failure = errno;
+    }
+    error = boost::system::error_code(failure, boost::system::system_category());
+  }
+  if (error) {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+  }
+  return error;
+}
+
+}  // namespace
+
 struct DataPlaneClient::Impl {
   std::string host;
   uint16_t port = 0;
   absl::Duration send_timeout;
+  DataPlaneClientTls tls;
+  std::unique_ptr<ssl::context> tls_context;  // null: plaintext
   asio::io_context io;
   struct Connection {
     std::mutex mutex;
     std::unique_ptr<tcp::socket> socket;  // null until connected, or after a failure
+    std::unique_ptr<Link> link;           // over socket
+    void Reset() {
+      link.reset();
+      socket.reset();
+    }
   };
   std::vector<std::unique_ptr<Connection>> connections;
   std::atomic<uint64_t> next{0};
 
+  std::string Where() const { return absl::StrCat(host, ":", port); }
+
   // `host` is an IP address or a host name (a replacement node may advertise either); each of its
-  // addresses is tried in turn.
+  // addresses is tried in turn, all within the connect timeout.
   absl::Status Open(Connection& connection) {
     boost::system::error_code error;
     tcp::resolver resolver(io);
@@ -281,62 +514,67 @@ struct DataPlaneClient::Impl {
                                                  error.message()));
     }
     auto socket = std::make_unique<tcp::socket>(io);
-    asio::connect(*socket, addresses, error);
+    const absl::Time deadline = absl::Now() + kConnectTimeout;
+    error = asio::error::host_not_found;
+    for (const auto& address : addresses) {
+      error = ConnectBy(*socket, address.endpoint(), deadline);
+      if (!error) break;
+    }
     if (error) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to the data plane of ", host, ":",
-                                                 port, ": ", error.message()));
+      const std::string within =
+          error == asio::error::timed_out
+              ? absl::StrCat(" within ", absl::FormatDuration(kConnectTimeout))
+              : "";
+      return absl::UnavailableError(absl::StrCat("cannot connect to the data plane of ", Where(),
+                                                 within, ": ", error.message()));
     }
     socket->set_option(tcp::no_delay(true), error);
-    socket->non_blocking(true, error);
+    auto link = std::make_unique<Link>(*socket, tls_context.get());
+    if (link->encrypted()) {
+      if (absl::Status admitted = Authenticate(*link, deadline); !admitted.ok()) return admitted;
+    }
     connection.socket = std::move(socket);
+    connection.link = std::move(link);
+    return absl::OkStatus();
+  }
+
+  // The handshake, the server's certificate naming the node meant, and the server's acceptance.
+  absl::Status Authenticate(Link& link, absl::Time deadline) {
+    const PeerIdentity expected{tls.tls->self().job, tls.peer_node};
+    const std::string server = absl::StrCat("data plane of ", Where(), " (", PeerUri(expected), ")");
+    if (absl::Status shaken = link.Handshake(ssl::stream_base::client, deadline); !shaken.ok()) {
+      return absl::UnavailableError(absl::StrCat(server, ": ", shaken.message()));
+    }
+    PeerRefusal refusal = PeerRefusal::kHandshake;
+    absl::StatusOr<PeerIdentity> identity =
+        tls.tls->CheckName(SSL_get0_peer_certificate(link.ssl()), &refusal);
+    if (identity.ok() && *identity != expected) {
+      refusal = PeerRefusal::kOtherNode;
+      identity = absl::UnauthenticatedError(absl::StrCat(
+          "the server's certificate names ", PeerUri(*identity), ", not the node meant"));
+    }
+    if (!identity.ok()) {
+      const std::string message = absl::StrCat(server, ": ", identity.status().message());
+      RecordPeerRefusal(PeerPlane::kData, refusal, message);
+      return absl::UnauthenticatedError(message);
+    }
+    uint8_t accepted = 0;
+    if (absl::Status read = link.Read(asio::buffer(&accepted, 1), deadline);
+        !read.ok() || accepted != kPeerAccepted) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          server, " refused this node's certificate (", PeerUri(tls.tls->self()),
+          "; its log says why): ", read.ok() ? "unexpected answer" : read.message()));
+    }
     return absl::OkStatus();
   }
 };
 
-namespace {
-
-// Receivers never write on a data-plane connection, so anything readable on it is the end of the
-// connection: the peer closed it (restarted, or was killed). Checked before each frame, so a frame is
-// never written into a connection whose other end is gone (the first such write would "succeed").
-bool PeerClosed(tcp::socket& socket) {
-  pollfd poll_fd{socket.native_handle(), POLLIN | POLLRDHUP, 0};
-  return ::poll(&poll_fd, 1, 0) != 0;
-}
-
-// Writes every byte of `buffers` to a non-blocking socket by `deadline`.
-absl::Status WriteAll(tcp::socket& socket, std::vector<asio::const_buffer> buffers,
-                      absl::Time deadline) {
-  size_t first = 0;  // the first buffer with bytes left
-  while (true) {
-    while (first < buffers.size() && buffers[first].size() == 0) ++first;
-    if (first == buffers.size()) return absl::OkStatus();
-    boost::system::error_code error;
-    size_t written = socket.write_some(
-        std::vector<asio::const_buffer>(buffers.begin() + first, buffers.end()), error);
-    for (size_t i = first; written > 0; ++i) {
-      const size_t taken = std::min(written, buffers[i].size());
-      buffers[i] += taken;
-      written -= taken;
-    }
-    if (error == asio::error::would_block || error == asio::error::try_again) {
-      if (absl::Status status = Await(socket, POLLOUT, deadline); !status.ok()) {
-        return absl::DeadlineExceededError("the peer took nothing more in time (not reading)");
-      }
-    } else if (error) {
-      return absl::UnavailableError(error.message());
-    }
-  }
-}
-
-}  // namespace
-
 DataPlaneClient::DataPlaneClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DataPlaneClient::~DataPlaneClient() = default;
 
-absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(const std::string& host,
-                                                                          uint16_t port,
-                                                                          int connections,
-                                                                          absl::Duration send_timeout) {
+absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(
+    const std::string& host, uint16_t port, int connections, absl::Duration send_timeout,
+    DataPlaneClientTls tls) {
   if (connections < 1 || connections > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("connections per peer must be in [1, 64], got ", connections));
@@ -345,6 +583,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(const 
   impl->host = host;
   impl->port = port;
   impl->send_timeout = send_timeout;
+  impl->tls = std::move(tls);
+  if (impl->tls.tls != nullptr) {
+    absl::StatusOr<std::unique_ptr<ssl::context>> context = TlsContext(*impl->tls.tls, false);
+    if (!context.ok()) return context.status();
+    impl->tls_context = *std::move(context);
+  }
   for (int i = 0; i < connections; ++i) {
     impl->connections.push_back(std::make_unique<Impl::Connection>());
     if (absl::Status status = impl->Open(*impl->connections.back()); !status.ok()) return status;
@@ -366,19 +610,18 @@ absl::Status DataPlaneClient::Send(FrameHeader header, absl::Span<const uint8_t>
       *impl_->connections[impl_->next++ % impl_->connections.size()];
   std::lock_guard<std::mutex> lock(connection.mutex);
   if (connection.socket != nullptr && PeerClosed(*connection.socket)) {
-    connection.socket.reset();  // the receiver restarted or went away since this was opened
+    connection.Reset();  // the receiver restarted or went away since this was opened
   }
   if (connection.socket == nullptr) {
     if (absl::Status status = impl_->Open(connection); !status.ok()) return status;
   }
-  const absl::Status written = WriteAll(
-      *connection.socket,
+  const absl::Status written = connection.link->Write(
       {asio::buffer(header_bytes), asio::buffer(header.region),
        asio::buffer(payload.data(), payload.size())},
       absl::Now() + impl_->send_timeout);
   if (!written.ok()) {
     // A frame cut short leaves the stream unusable: the next send starts a new connection.
-    connection.socket.reset();
+    connection.Reset();
     return absl::UnavailableError(absl::StrCat("data plane write to ", impl_->host, ":",
                                                impl_->port, " failed: ", written.message()));
   }

@@ -9,8 +9,11 @@
 // threads or memory) and backs off instead of spinning. Senders keep several
 // connections per peer and write header, name and payload with one gather write.
 //
-// Peer authentication is a later switch: the connection setup is the single place where a TLS or
-// authenticated handshake will go (DataPlaneOptions), nothing above it changes.
+// With a PeerTls (mutual TLS), every connection starts with a TLS handshake in which both ends
+// present a certificate of the job's CA; the server takes frames only from a certificate naming
+// this job and one of its nodes, and answers one byte once it accepted the peer, so a client learns
+// of a refusal at connect rather than at its first frame; the client checks that the server's
+// certificate names the node it meant to reach. Refusals are counted (RecordPeerRefusal).
 #ifndef MOESNAP_DAEMON_DATA_PLANE_H_
 #define MOESNAP_DAEMON_DATA_PLANE_H_
 
@@ -26,6 +29,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "daemon/frame.h"
+#include "daemon/peer_tls.h"
 
 namespace moesnap::daemon {
 
@@ -40,6 +44,17 @@ struct DataPlaneOptions {
   absl::Duration frame_timeout = absl::Seconds(30);
   // A connection with no frame for this long is closed (its sender reconnects on its next frame).
   absl::Duration idle_timeout = absl::Minutes(10);
+  // Mutual TLS with the job's peers; null: plaintext.
+  std::shared_ptr<const PeerTls> tls;
+  // A connection's TLS handshake must end within this time.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+};
+
+// Mutual TLS on a client's connections: this node's PeerTls (null: plaintext) and the node the
+// client expects to reach (the server's certificate must name it).
+struct DataPlaneClientTls {
+  std::shared_ptr<const PeerTls> tls;
+  uint32_t peer_node = 0;
 };
 
 // Receives accepted frames. Called from the connection's thread; must be thread-safe. A non-OK
@@ -79,7 +94,7 @@ class DataPlaneClient {
   // `host`: an IP address or a host name.
   static absl::StatusOr<std::unique_ptr<DataPlaneClient>> Connect(
       const std::string& host, uint16_t port, int connections,
-      absl::Duration send_timeout = absl::Seconds(30));
+      absl::Duration send_timeout = absl::Seconds(30), DataPlaneClientTls tls = {});
   ~DataPlaneClient();
 
   // Fills header.length and header.payload_crc from `payload` and sends the frame.

@@ -127,11 +127,17 @@ cluster_cleanup() {
   cleanup
 }
 trap cluster_cleanup EXIT
+# The job's daemons authenticate each other (and etcd) with certificates of the job's CA, made
+# here as an operator would make them (deploy/make-certs.sh).
+tls="$work/tls"
+"$(dirname "$0")/make-certs.sh" --etcd-ip 127.0.0.1 "$tls" "demo-$$" 6 >/dev/null
 # The job's control state (who is where, who coordinates, what each step's outcome is) lives in
-# etcd: an existing one, or one started here for the demo.
+# etcd: an existing one (reached in plaintext, so the demo's peers run in plaintext on loopback
+# too: tls.insecure), or one started here with mutual TLS.
 if [ -n "${MOESNAP_DEMO_ETCD:-}" ]; then
   etcd_endpoints=$MOESNAP_DEMO_ETCD
-  echo "etcd: $etcd_endpoints (from MOESNAP_DEMO_ETCD)"
+  tls_section=$'[tls]\ninsecure = true'
+  echo "etcd: $etcd_endpoints (from MOESNAP_DEMO_ETCD, plaintext; peers in plaintext on loopback)"
 else
   read -r etcd_client etcd_peer <<< "$(/usr/bin/python3 -c '
 import socket
@@ -139,17 +145,26 @@ sockets = [socket.socket() for _ in range(2)]
 for s in sockets: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in sockets))')"
   etcd_endpoints="127.0.0.1:$etcd_client"
-  etcd --name demo --data-dir "$work/etcd" --listen-client-urls "http://$etcd_endpoints" \
-    --advertise-client-urls "http://$etcd_endpoints" --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
+  etcd --name demo --data-dir "$work/etcd" --listen-client-urls "https://$etcd_endpoints" \
+    --advertise-client-urls "https://$etcd_endpoints" --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
     --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
-    --initial-cluster "demo=http://127.0.0.1:$etcd_peer" --log-level warn 2>"$work/etcd.log" &
+    --initial-cluster "demo=http://127.0.0.1:$etcd_peer" --cert-file "$tls/etcd.pem" \
+    --key-file "$tls/etcd.key" --client-cert-auth --trusted-ca-file "$tls/ca.pem" \
+    --log-level warn 2>"$work/etcd.log" &
   etcd_pid=$!
   for _ in $(seq 200); do
-    /usr/bin/python3 -c "import urllib.request, sys; sys.exit(b'\"true\"' not in
-urllib.request.urlopen('http://$etcd_endpoints/health', timeout=1).read())" 2>/dev/null && break
+    /usr/bin/python3 -c "import ssl, urllib.request, sys
+context = ssl.create_default_context(cafile='$tls/ca.pem')
+context.load_cert_chain('$tls/node-0.pem', '$tls/node-0.key')
+sys.exit(b'\"true\"' not in urllib.request.urlopen('https://$etcd_endpoints/health', timeout=1,
+                                                   context=context).read())" 2>/dev/null && break
     sleep 0.05
   done
-  echo "etcd: started on $etcd_endpoints for the demo (point MOESNAP_DEMO_ETCD at an existing one)"
+  tls_section="[tls]
+ca_file = \"$tls/ca.pem\"
+cert_file = \"$tls/node-{node}.pem\"
+key_file = \"$tls/node-{node}.key\""
+  echo "etcd: started on $etcd_endpoints for the demo, mutual TLS (point MOESNAP_DEMO_ETCD at an existing one)"
 fi
 etcd_list="\"${etcd_endpoints//,/\", \"}\""
 # One [cluster] section for every node; each daemon gets its id and address on the command line,
@@ -176,6 +191,7 @@ lease_ttl_ms = 2000
 etcd_endpoints = [$etcd_list]
 control_port = 0
 data_port = 0
+$tls_section
 CONFIG
 done
 start_node() {

@@ -24,7 +24,7 @@ packages=(
   prometheus                                            # the metrics test scrapes with the real server; promtool
   python3-yaml                                          # the Kubernetes example's test parses it
   etcd-server etcd-client                               # cluster control store; etcdctl for debugging
-  openssl                                               # certificates for the etcd TLS tests
+  openssl libssl-dev                                    # mutual TLS between daemons; deploy/make-certs.sh
   golang-etcd-server-dev                                # etcd's v3 API .proto files (C++ stubs)
   golang-github-gogo-protobuf-dev                       # gogoproto/gogo.proto, imported by them
   golang-github-grpc-ecosystem-grpc-gateway-dev         # google/api/annotations.proto, imported too

@@ -230,6 +230,12 @@ std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster) {
   } else {
     absl::StrAppend(&out, "reachable\n");
   }
+  absl::StrAppend(&out, "peers: ",
+                  cluster.peer_tls() ? "mutual TLS" : "plaintext on loopback (tls.insecure)", ", ",
+                  cluster.peer_refusals(), " refused\n");
+  if (!cluster.last_peer_refusal().empty()) {
+    absl::StrAppend(&out, "last peer refused: ", cluster.last_peer_refusal(), "\n");
+  }
   if (!cluster.last_abort().empty()) absl::StrAppend(&out, "last abort: ", cluster.last_abort(), "\n");
   if (!cluster.rebuild_error().empty()) {
     absl::StrAppend(&out, "last rebuild failed (tried again): ", cluster.rebuild_error(), "\n");

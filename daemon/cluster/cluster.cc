@@ -26,6 +26,7 @@
 #include "daemon/cluster/node_table.h"
 #include "daemon/cluster/parallel.h"
 #include "daemon/cluster/participant.h"
+#include "daemon/cluster/peer_authenticator.h"
 #include "daemon/cluster/peer_client.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/cluster/rebuild.h"
@@ -41,12 +42,6 @@ constexpr int kMaxPeerMessageBytes = 64 << 20;
 // Enough for every node to propose at once, a coordinator's calls and a group's rebuild traffic.
 int PeerServerThreads(uint32_t node_count) {
   return 64 + 2 * static_cast<int>(std::min<uint32_t>(node_count, 4096));
-}
-
-// The Peer service's credentials: where mutual TLS will be switched on (the client side is in
-// peer_client.cc).
-std::shared_ptr<grpc::ServerCredentials> PeerServerCredentials() {
-  return grpc::InsecureServerCredentials();
 }
 
 std::string Hostname() {
@@ -85,6 +80,7 @@ struct Cluster::Units {
   std::unique_ptr<cluster::LogForwarding> log_forwarding;
   std::unique_ptr<cluster::LocalReport> report;
   std::unique_ptr<cluster::DurableView> durable;
+  std::unique_ptr<cluster::PeerAuthenticator> authenticator;
   std::unique_ptr<cluster::PeerService> service;
   std::unique_ptr<grpc::Server> server;
 
@@ -107,13 +103,23 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
       cluster::Topology::Create(node_id, options, pool->capacity());
   if (!topology.ok()) return topology.status();
   units->topology = *std::move(topology);
+  std::shared_ptr<const PeerTls> tls;
+  if (options.tls.enabled()) {
+    absl::StatusOr<std::shared_ptr<const PeerTls>> loaded =
+        PeerTls::Load(options.NodeTls(node_id), options.job, node_id, options.node_count);
+    if (!loaded.ok()) return loaded.status();
+    tls = *std::move(loaded);
+  } else {
+    Log(LogLevel::kWarning, "tls.insecure = true: peers are neither authenticated nor encrypted "
+                            "(the Peer service and the data plane listen on loopback only)");
+  }
   units->nodes = std::make_unique<cluster::NodeTable>(options.node_count);
-  units->peers = cluster::NewGrpcPeerClient(units->nodes.get(), {});
-  units->context = {units->topology.get(), units->nodes.get(), units->peers.get()};
+  units->peers = cluster::NewGrpcPeerClient(units->nodes.get(), {.tls = tls});
+  units->context = {units->topology.get(), units->nodes.get(), units->peers.get(), tls};
   const cluster::ClusterContext& context = units->context;
 
   absl::StatusOr<std::unique_ptr<cluster::EtcdSession>> session =
-      cluster::EtcdSession::Start(options);
+      cluster::EtcdSession::Start(options, node_id);
   if (!session.ok()) return session.status();
   units->session = *std::move(session);
   units->decisions = cluster::NewEtcdDecisionLog(units->session.get(), units->keys, node_id);
@@ -158,15 +164,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
       context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
   units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
                                                          units->durable_records.get());
+  units->authenticator = std::make_unique<cluster::PeerAuthenticator>(tls);
   units->service = std::make_unique<cluster::PeerService>(cluster::PeerServiceUnits{
       units->coordinator.get(), units->participant.get(), units->transfer.get(),
       units->rebuilder.get(), units->remote_restore.get(), units->log_forwarding.get(),
-      units->report.get(), units->durable.get(), &units->topology->limits});
+      units->report.get(), units->durable.get(), &units->topology->limits,
+      units->authenticator.get()});
 
   grpc::ServerBuilder builder;
   int control_port = 0;
-  builder.AddListeningPort(HostPort(listen, options.control_port), PeerServerCredentials(),
-                           &control_port);
+  builder.AddListeningPort(HostPort(listen, options.control_port),
+                           units->authenticator->ServerCredentials(), &control_port);
   builder.RegisterService(units->service.get());
   builder.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
   // Calls park a thread while they wait (Prepare, Encode: up to the commit timeout), so threads are
@@ -199,7 +207,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
       " of group ", shape.group, " [", absl::StrJoin(shape.groups[shape.group], ", "),
       "], k=", options.data_units, " m=", options.parity_units, "; advertised as ",
       HostPort(options.advertise_host, static_cast<uint16_t>(control_port)), " (data plane port ",
-      *data_port, "), etcd at ", absl::StrJoin(options.etcd_endpoints, ", "));
+      *data_port, "), etcd at ", absl::StrJoin(options.etcd_endpoints, ", "),
+      tls ? "; peers authenticated with mutual TLS as " + PeerUri(tls->self()) : "");
   return std::unique_ptr<Cluster>(new Cluster(std::move(units)));
 }
 
@@ -227,6 +236,10 @@ v1::ClusterStatusResponse Cluster::Status() const {
   response.set_peer_calls(units_->peers->calls());
   response.set_etcd_writes(units_->session->writes());
   response.set_etcd_keep_alives(units_->session->keep_alives());
+  response.set_peer_tls(units_->context.tls != nullptr);
+  const PeerRefusalSummary refusals = PeerRefusals();
+  response.set_peer_refusals(refusals.total);
+  response.set_last_peer_refusal(refusals.last);
   const std::optional<cluster::LeaderView> leader = units_->nodes->Leader();
   if (leader) response.set_coordinator_token(leader->token);
   const v1::NodeReport mine = units_->report->Describe();

@@ -45,6 +45,8 @@ struct ClusterContext {
   const Topology* topology = nullptr;
   NodeTable* nodes = nullptr;
   PeerClient* peers = nullptr;
+  // Mutual TLS with the job's peers (the data plane's connections); null: plaintext.
+  std::shared_ptr<const PeerTls> tls;
 
   uint32_t node_id() const { return topology->node_id; }
   const ClusterOptions& options() const { return topology->options; }

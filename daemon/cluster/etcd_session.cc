@@ -18,10 +18,11 @@ bool SaysUnreachable(const absl::Status& status) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EtcdSession>> EtcdSession::Start(const ClusterOptions& options) {
+absl::StatusOr<std::unique_ptr<EtcdSession>> EtcdSession::Start(const ClusterOptions& options,
+                                                                uint32_t node_id) {
   etcd::Options etcd_options;
   etcd_options.endpoints = options.etcd_endpoints;
-  etcd_options.tls = {options.etcd_ca_file, options.etcd_cert_file, options.etcd_key_file};
+  etcd_options.tls = options.EtcdTls(node_id);
   // A call must end well within a lease, so that a node never waits on etcd past its own loss.
   const absl::Duration ttl = absl::Milliseconds(options.lease_ttl_ms);
   etcd_options.call_timeout = std::min(etcd_options.call_timeout, ttl / 2);

@@ -24,7 +24,9 @@ namespace moesnap::daemon::cluster {
 class EtcdSession {
  public:
   // Checks the options and starts keeping a lease; etcd may be down meanwhile.
-  static absl::StatusOr<std::unique_ptr<EtcdSession>> Start(const ClusterOptions& options);
+  // Reaches etcd as node `node_id` does (ClusterOptions::EtcdTls).
+  static absl::StatusOr<std::unique_ptr<EtcdSession>> Start(const ClusterOptions& options,
+                                                            uint32_t node_id);
   ~EtcdSession();  // revokes the lease, so this node's keys go at once
 
   etcd::Client& client() { return *client_; }

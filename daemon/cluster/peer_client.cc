@@ -30,9 +30,13 @@ constexpr absl::Duration kSendRegionDeadline = absl::Minutes(5);
 constexpr absl::Duration kRebuildDeadline = absl::Hours(1);
 constexpr int kMaxMessageBytes = 64 << 20;
 
-// The Peer service's credentials: where mutual TLS will be switched on.
-std::shared_ptr<grpc::ChannelCredentials> PeerChannelCredentials() {
-  return grpc::InsecureChannelCredentials();
+std::shared_ptr<grpc::ChannelCredentials> PeerChannelCredentials(const PeerTls* tls) {
+  if (tls == nullptr) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = tls->ca_pem();
+  ssl.pem_cert_chain = tls->cert_pem();
+  ssl.pem_private_key = tls->key_pem();
+  return grpc::SslCredentials(ssl);
 }
 
 // Whether a call that failed this way may simply be made again.
@@ -43,7 +47,7 @@ bool Retriable(const grpc::Status& status) {
 class GrpcPeerClient final : public PeerClient {
  public:
   GrpcPeerClient(const NodeTable* nodes, const PeerClientOptions& options)
-      : nodes_(nodes), options_(options) {}
+      : nodes_(nodes), options_(options), credentials_(PeerChannelCredentials(options.tls.get())) {}
 
   absl::StatusOr<v1::NodeReport> Describe(uint32_t node) override {
     return Call<v1::NodeReport>(node, "Describe", &v1::Peer::Stub::Describe, v1::DescribeRequest(),
@@ -151,11 +155,17 @@ class GrpcPeerClient final : public PeerClient {
       arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);
       arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
       arguments.SetMaxReceiveMessageSize(kMaxMessageBytes);
+      // The server's certificate must name the node called, wherever it runs: peers are checked
+      // by name, not by address (a replacement may come up on any host).
+      if (options_.tls != nullptr) {
+        arguments.SetSslTargetNameOverride(
+            PeerServerName({options_.tls->self().job, node}));
+      }
       // A call in flight may still use the old stub: it is kept, not destroyed.
       if (channel.stub != nullptr) retired_.push_back(std::move(channel.stub));
       channel.target = target;
       channel.stub = v1::Peer::NewStub(
-          grpc::CreateCustomChannel(target, PeerChannelCredentials(), arguments));
+          grpc::CreateCustomChannel(target, credentials_, arguments));
     }
     return channel.stub.get();
   }
@@ -167,6 +177,7 @@ class GrpcPeerClient final : public PeerClient {
 
   const NodeTable* const nodes_;
   const PeerClientOptions options_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   std::atomic<uint64_t> calls_{0};
   absl::Mutex mutex_;
   std::map<uint32_t, Channel> channels_ ABSL_GUARDED_BY(mutex_);

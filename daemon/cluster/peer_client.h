@@ -1,5 +1,5 @@
-// The one place where this node calls its peers' Peer service: channels (and, when peer TLS comes,
-// their credentials), the deadline of every call, retries of calls that read and change nothing,
+// The one place where this node calls its peers' Peer service: channels and their credentials
+// (mutual TLS), the deadline of every call, retries of calls that read and change nothing,
 // and conversion of gRPC status into absl::Status. Units call a PeerClient, never a stub; unit
 // tests put a fake in its place.
 #ifndef MOESNAP_DAEMON_CLUSTER_PEER_CLIENT_H_
@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/peer_tls.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon::cluster {
@@ -52,6 +53,9 @@ class PeerClient {
 struct PeerClientOptions {
   // How soon a channel to a peer that went away tries to connect again.
   absl::Duration reconnect_backoff = absl::Milliseconds(500);
+  // Mutual TLS: this node's certificate, the job's CA, and each peer's certificate must name the
+  // node called (PeerServerName). Null: plaintext.
+  std::shared_ptr<const PeerTls> tls;
 };
 
 // Over gRPC, to the addresses in `nodes` (a channel is made again when a node's address changes);

@@ -16,76 +16,121 @@ grpc::Status Answer(absl::StatusOr<Response> answer, Response* response) {
 
 }  // namespace
 
-grpc::Status PeerService::Describe(grpc::ServerContext*, const v1::DescribeRequest*,
+absl::StatusOr<std::optional<uint32_t>> PeerService::Admit(
+    const grpc::ServerContext& context) const {
+  return units_.authenticator->Caller(*context.auth_context());
+}
+
+absl::Status PeerService::Admit(const grpc::ServerContext& context, uint32_t acts_as,
+                                absl::string_view field) const {
+  absl::StatusOr<std::optional<uint32_t>> caller = Admit(context);
+  if (!caller.ok()) return caller.status();
+  return units_.authenticator->ActsAs(*caller, acts_as, field);
+}
+
+grpc::Status PeerService::Describe(grpc::ServerContext* context, const v1::DescribeRequest*,
                                    v1::NodeReport* response) {
+  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   *response = units_.report->Describe();
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::Propose(grpc::ServerContext*, const v1::ProposeRequest* request,
+grpc::Status PeerService::Propose(grpc::ServerContext* context, const v1::ProposeRequest* request,
                                   v1::ProposeResponse* response) {
+  if (absl::Status admitted = Admit(*context, request->from_node(), "from_node"); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   if (absl::Status checked = CheckPropose(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
   return Answer(units_.coordinator->Propose(*request), response);
 }
 
-grpc::Status PeerService::Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
+grpc::Status PeerService::Prepare(grpc::ServerContext* context, const v1::PrepareRequest* request,
                                   v1::PrepareResponse* response) {
+  if (absl::Status admitted = Admit(*context, request->coordinator(), "coordinator"); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   if (absl::Status checked = CheckPrepare(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
   return Answer(units_.participant->Prepare(*request), response);
 }
 
-grpc::Status PeerService::Encode(grpc::ServerContext*, const v1::EncodeRequest* request,
+grpc::Status PeerService::Encode(grpc::ServerContext* context, const v1::EncodeRequest* request,
                                  v1::EncodeResponse* response) {
+  if (absl::Status admitted = Admit(*context, request->coordinator(), "coordinator"); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   if (absl::Status checked = CheckEncode(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
   return Answer(units_.participant->Encode(*request), response);
 }
 
-grpc::Status PeerService::GroupState(grpc::ServerContext*, const v1::GroupStateRequest*,
+grpc::Status PeerService::GroupState(grpc::ServerContext* context, const v1::GroupStateRequest*,
                                      v1::GroupStateResponse* response) {
+  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   *response = units_.rebuilder->GroupState();
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::SendUnits(grpc::ServerContext*, const v1::SendUnitsRequest* request,
+grpc::Status PeerService::SendUnits(grpc::ServerContext* context, const v1::SendUnitsRequest* request,
                                     v1::SendUnitsResponse* response) {
+  if (absl::Status admitted = Admit(*context, request->to_node(), "to_node"); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   if (absl::Status checked = CheckSendUnits(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
   return Answer(units_.transfer->ServeUnits(*request), response);
 }
 
-grpc::Status PeerService::Rebuild(grpc::ServerContext*, const v1::PeerRebuildRequest*,
+grpc::Status PeerService::Rebuild(grpc::ServerContext* context, const v1::PeerRebuildRequest*,
                                   v1::RebuildResponse* response) {
+  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   return Answer(units_.rebuilder->RebuildHere(), response);
 }
 
-grpc::Status PeerService::LocateRank(grpc::ServerContext*, const v1::LocateRankRequest* request,
+grpc::Status PeerService::LocateRank(grpc::ServerContext* context, const v1::LocateRankRequest* request,
                                      v1::LocateRankResponse* response) {
+  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   *response = units_.remote_restore->Locate(*request);
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::SendRegion(grpc::ServerContext*, const v1::SendRegionRequest* request,
+grpc::Status PeerService::SendRegion(grpc::ServerContext* context, const v1::SendRegionRequest* request,
                                      v1::SendRegionResponse* response) {
+  if (absl::Status admitted = Admit(*context, request->to_node(), "to_node"); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   if (absl::Status checked = CheckSendRegion(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
   return Answer(units_.remote_restore->SendRegion(*request), response);
 }
 
-grpc::Status PeerService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
+grpc::Status PeerService::FetchLog(grpc::ServerContext* context, const v1::FetchLogRequest* request,
                                    v1::FetchLogResponse* response) {
+  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   return Answer(units_.log_forwarding->FetchLocal(*request), response);
 }
 
-grpc::Status PeerService::DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,
+grpc::Status PeerService::DurableState(grpc::ServerContext* context, const v1::DurableStateRequest*,
                                        v1::DurableStateResponse* response) {
+  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
   return Answer(units_.durable->Local(), response);
 }
 

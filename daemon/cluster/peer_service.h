@@ -1,5 +1,6 @@
-// The Peer gRPC service: each handler checks its request (peer_checks.h), calls the unit that owns
-// the call, and converts the result at the edge. No other logic lives here.
+// The Peer gRPC service: each handler authenticates its caller (peer_authenticator.h), checks its
+// request (peer_checks.h), calls the unit that owns the call, and converts the result at the edge.
+// No other logic lives here.
 #ifndef MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 #define MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 
@@ -7,6 +8,7 @@
 #include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
 #include "daemon/cluster/log_forwarding.h"
+#include "daemon/cluster/peer_authenticator.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/cluster/peer_checks.h"
 #include "daemon/cluster/rebuild.h"
@@ -26,6 +28,7 @@ struct PeerServiceUnits {
   const LocalReport* report = nullptr;
   const DurableView* durable = nullptr;
   const PeerLimits* limits = nullptr;
+  const PeerAuthenticator* authenticator = nullptr;
 };
 
 class PeerService final : public v1::Peer::Service {
@@ -56,6 +59,12 @@ class PeerService final : public v1::Peer::Service {
                             v1::DurableStateResponse*) override;
 
  private:
+  // The caller, authenticated; when the request acts as a node (`field` names it), it must be the
+  // caller. Refusals are the status to answer.
+  absl::StatusOr<std::optional<uint32_t>> Admit(const grpc::ServerContext& context) const;
+  absl::Status Admit(const grpc::ServerContext& context, uint32_t acts_as,
+                     absl::string_view field) const;
+
   const PeerServiceUnits units_;
 };
 

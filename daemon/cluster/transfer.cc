@@ -16,6 +16,8 @@ namespace moesnap::daemon::cluster {
 namespace {
 
 constexpr int kDataConnectionsPerPeer = 2;
+// A peer that takes nothing of a frame for this long has stopped reading.
+constexpr absl::Duration kDataSendTimeout = absl::Seconds(30);
 constexpr uint32_t kMaxFramePayload = 4 << 20;
 // How long fetched units or regions may take to arrive once their senders have answered.
 constexpr absl::Duration kFetchWait = absl::Seconds(30);
@@ -37,7 +39,8 @@ absl::StatusOr<uint16_t> Transfer::Start(const std::string& host, uint16_t port)
       DataPlaneServer::Start({.host = host,
                               .port = port,
                               .max_payload_bytes = kMaxFramePayload,
-                              .max_connections = context_.options().max_data_connections},
+                              .max_connections = context_.options().max_data_connections,
+                              .tls = context_.tls},
                              this);
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
@@ -59,7 +62,8 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> Transfer::Client(uint32_t id) {
     return absl::UnavailableError(absl::StrCat("node ", id, " is lost (no daemon holds it)"));
   }
   absl::StatusOr<std::unique_ptr<DataPlaneClient>> connected =
-      DataPlaneClient::Connect(node->host, node->data_port, kDataConnectionsPerPeer);
+      DataPlaneClient::Connect(node->host, node->data_port, kDataConnectionsPerPeer,
+                               kDataSendTimeout, {context_.tls, id});
   if (!connected.ok()) {
     return absl::UnavailableError(absl::StrCat("data plane of node ", id, ": ",
                                                connected.status().message()));

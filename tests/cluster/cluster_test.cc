@@ -25,6 +25,7 @@
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/job_certificates.h"
 #include "tests/testing/test_daemon.h"
 
 namespace moesnap {
@@ -81,8 +82,17 @@ class ClusterTest : public ::testing::Test {
   // Extra environment of node `node`'s daemon (fault injection).
   virtual std::vector<std::string> EnvironmentOf(int /*node*/) { return {}; }
 
+  // Mutual TLS everywhere, as in production: the daemons' peers and etcd, with certificates made
+  // by deploy/make-certs.sh.
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd = testing::EtcdCluster::Start();
+    absl::StatusOr<std::unique_ptr<testing::JobCertificates>> certificates =
+        testing::JobCertificates::Make("cluster-test", nodes_);
+    ASSERT_TRUE(certificates.ok()) << certificates.status();
+    certificates_ = *std::move(certificates);
+    testing::EtcdCluster::Options etcd_options;
+    certificates_->ServeEtcd(&etcd_options);
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+        testing::EtcdCluster::Start(etcd_options);
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
     // A lost node is noticed after its lease: the shortest etcd keeps, so that tests run quickly.
@@ -93,7 +103,8 @@ class ClusterTest : public ::testing::Test {
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
         "control_port = 0\ndata_port = 0\n");
     for (int id = 0; id < nodes_; ++id) {
-      daemons_.push_back(std::make_unique<TestDaemon>("64MiB", cluster + extra_config_, id));
+      daemons_.push_back(std::make_unique<TestDaemon>(
+          "64MiB", cluster + certificates_->TlsSection() + extra_config_, id));
     }
     // Node 0 first, so that it is the first candidate and coordinates.
     ASSERT_TRUE(daemons_[0]->Start(EnvironmentOf(0)));
@@ -217,6 +228,7 @@ class ClusterTest : public ::testing::Test {
 
   const int nodes_;
   std::string extra_config_;  // a derived fixture may set it in its constructor
+  std::unique_ptr<testing::JobCertificates> certificates_;
   std::unique_ptr<testing::EtcdCluster> etcd_;
   std::vector<std::unique_ptr<TestDaemon>> daemons_;
 };

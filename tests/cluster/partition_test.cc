@@ -26,6 +26,7 @@
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/job_certificates.h"
 #include "tests/testing/net_lab.h"
 #include "tests/testing/test_daemon.h"
 
@@ -63,7 +64,18 @@ class PartitionTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<NetLab>> lab = NetLab::Create(etcd_members_ + kNodes + 1);
     ASSERT_TRUE(lab.ok()) << lab.status();
     lab_ = *std::move(lab);
+    // Mutual TLS everywhere, as in production: peers and etcd (its certificate names the
+    // members' lab addresses).
+    std::vector<std::string> etcd_addresses;
+    for (int member = 0; member < etcd_members_; ++member) {
+      etcd_addresses.insert(etcd_addresses.end(), {"--etcd-ip", lab_->address(member)});
+    }
+    absl::StatusOr<std::unique_ptr<testing::JobCertificates>> certificates =
+        testing::JobCertificates::Make(kJob, kNodes, etcd_addresses);
+    ASSERT_TRUE(certificates.ok()) << certificates.status();
+    certificates_ = *std::move(certificates);
     testing::EtcdCluster::Options etcd_options{.members = etcd_members_};
+    certificates_->ServeEtcd(&etcd_options);
     for (int member = 0; member < etcd_members_; ++member) {
       etcd_options.placements.push_back(
           {.address = lab_->address(member), .launcher = lab_->Launch(member, {})});
@@ -97,6 +109,7 @@ class PartitionTest : public ::testing::Test {
     etcd_client_.reset();
     etcd_.reset();
     lab_.reset();  // after every process in it
+    certificates_.reset();
   }
 
   // A daemon of node `node` on lab host `host_of_[node]`, advertising `address` (an IP address or
@@ -106,7 +119,8 @@ class PartitionTest : public ::testing::Test {
         "[cluster]\njob = \"", kJob, "\"\nnode_count = ", kNodes,
         "\ndata_units = 4\nparity_units = 2\nstripe_unit_bytes = \"256KiB\"\n",
         "lease_ttl_ms = 2000\ncommit_timeout_ms = 3000\netcd_endpoints = [\"",
-        absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"", address, "\"\n");
+        absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"", address, "\"\n",
+        certificates_->TlsSection());
     auto daemon = std::make_unique<TestDaemon>("64MiB", config, node);
     daemon->set_launcher(lab_->Launch(host_of_[node], {}));
     return daemon;
@@ -312,6 +326,7 @@ class PartitionTest : public ::testing::Test {
   const int etcd_members_;
   std::unique_ptr<NetLab> lab_;
   std::unique_ptr<testing::EtcdCluster> etcd_;
+  std::unique_ptr<testing::JobCertificates> certificates_;
   std::unique_ptr<etcd::Client> etcd_client_;
   std::vector<int> host_of_;  // node -> lab host
   std::vector<std::unique_ptr<TestDaemon>> daemons_;

@@ -22,7 +22,9 @@ std::string SixNodes(const std::string& extra = "") {
   return "[node]\nid = 4\n[cluster]\njob = \"train-42\"\nnode_count = 6\ndata_units = 4\n"
          "parity_units = 2\netcd_endpoints = [\"10.0.0.1:2379\", \"10.0.0.2:2379\"]\n"
          "advertise_host = \"10.0.1.4\"\n" +
-         extra;
+         extra +
+         "[tls]\nca_file = \"ca.pem\"\ncert_file = \"node-{node}.pem\"\n"
+         "key_file = \"node-{node}.key\"\n";
 }
 
 TEST(ClusterConfigTest, ParsesTheJobAndFormsGroupsById) {
@@ -49,8 +51,8 @@ TEST(ClusterConfigTest, ParsesTheJobAndFormsGroupsById) {
 TEST(ClusterConfigTest, DigestAgreesExactlyWhenJobsAgree) {
   absl::StatusOr<DaemonOptions> a = ParseDaemonOptions(SixNodes(), "a.toml");
   absl::StatusOr<DaemonOptions> elsewhere = ParseDaemonOptions(
-      absl::StrCat("[node]\nid = 1\n", SixNodes().substr(SixNodes().find("[cluster]")),
-                   "control_port = 9000\n"),
+      absl::StrCat("[node]\nid = 1\n",
+                   SixNodes("control_port = 9000\n").substr(SixNodes().find("[cluster]"))),
       "b.toml");
   absl::StatusOr<DaemonOptions> other_unit =
       ParseDaemonOptions(SixNodes("stripe_unit_bytes = \"1MiB\"\n"), "c.toml");
@@ -106,7 +108,9 @@ TEST(ClusterConfigTest, MalformedClustersAreRefusedByKey) {
 // environment, and are checked against the job once known.
 TEST(ClusterConfigTest, NodeIdentityComesFromFlagsOrTheEnvironment) {
   const std::string shared =
-      "[cluster]\nnode_count = 6\ndata_units = 4\nparity_units = 2\n";
+      "[cluster]\nnode_count = 6\ndata_units = 4\nparity_units = 2\n[tls]\n"
+      "ca_file = \"tls/ca.pem\"\ncert_file = \"tls/node-{node}.pem\"\n"
+      "key_file = \"tls/node-{node}.key\"\n";
   absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(shared, "job.toml");
   ASSERT_OK(options);
   // Without an address to advertise, a cluster node cannot start.
@@ -120,6 +124,10 @@ TEST(ClusterConfigTest, NodeIdentityComesFromFlagsOrTheEnvironment) {
   ASSERT_OK(ApplyNodeIdentity(*identity, &*options));
   EXPECT_EQ(options->node_id, 5u);
   EXPECT_EQ(options->cluster->advertise_host, "worker-5.example");
+  // The same [tls] names each node's own files.
+  EXPECT_EQ(options->cluster->NodeTls(5).cert_file, "tls/node-5.pem");
+  EXPECT_EQ(options->cluster->NodeTls(5).key_file, "tls/node-5.key");
+  EXPECT_EQ(options->cluster->NodeTls(5).ca_file, "tls/ca.pem");
 
   // A flag wins over the environment; an id outside the job is refused.
   identity->node_id = 6;
@@ -163,7 +171,53 @@ TEST(ClusterConfigTest, TheDocumentedClusterSectionLoadsWithTheDefaults) {
   EXPECT_EQ(documented.listen_host, defaults.listen_host);
   EXPECT_EQ(documented.control_port, defaults.control_port);
   EXPECT_EQ(documented.data_port, defaults.data_port);
+  EXPECT_EQ(documented.tls.insecure, defaults.tls.insecure);
+  EXPECT_FALSE(documented.tls.insecure);
   EXPECT_OK(documented.Validate(0));
+}
+
+// A cluster's peers authenticate with mutual TLS unless the operator says plaintext, and plaintext
+// only on loopback; etcd is reached with the node's own files unless the etcd_* keys name others.
+TEST(ClusterConfigTest, PeersNeedMutualTlsUnlessPlaintextOnLoopback) {
+  const std::string job =
+      "[cluster]\nnode_count = 2\ndata_units = 1\nparity_units = 1\nadvertise_host = ";
+  auto node0 = [&](const std::string& rest) -> absl::Status {
+    absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(job + rest, "job.toml");
+    if (!options.ok()) return options.status();
+    return ApplyNodeIdentity({}, &*options);
+  };
+  const absl::Status no_tls = node0("\"127.0.0.1\"\n");
+  EXPECT_STATUS(no_tls, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(no_tls.message(),
+                                "tls.ca_file, tls.cert_file, tls.key_file are not set"))
+      << no_tls;
+  const absl::Status no_key =
+      node0("\"127.0.0.1\"\n[tls]\nca_file = \"ca.pem\"\ncert_file = \"n.pem\"\n");
+  EXPECT_TRUE(absl::StrContains(no_key.message(), "tls.key_file is not set")) << no_key;
+  EXPECT_OK(node0("\"127.0.0.1\"\n[tls]\ninsecure = true\n"));
+  EXPECT_OK(node0("\"::1\"\n[tls]\ninsecure = true\n"));
+  const absl::Status network = node0("\"10.0.0.3\"\n[tls]\ninsecure = true\n");
+  EXPECT_TRUE(absl::StrContains(network.message(), "loopback only, and this node listens on "
+                                                   "10.0.0.3"))
+      << network;
+  const absl::Status both =
+      node0("\"127.0.0.1\"\n[tls]\ninsecure = true\nca_file = \"ca.pem\"\n");
+  EXPECT_TRUE(absl::StrContains(both.message(), "choose one")) << both;
+  // [tls] belongs to a cluster.
+  EXPECT_TRUE(absl::StrContains(
+      ParseDaemonOptions("[tls]\ninsecure = true\n", "one.toml").status().message(),
+      "this config has no [cluster]"));
+
+  absl::StatusOr<DaemonOptions> options = ParseDaemonOptions(
+      job + "\"10.0.0.3\"\n[tls]\nca_file = \"ca.pem\"\ncert_file = \"node-{node}.pem\"\n"
+            "key_file = \"node-{node}.key\"\n",
+      "job.toml");
+  ASSERT_OK(options);
+  EXPECT_EQ(options->cluster->EtcdTls(1).ca_file, "ca.pem");
+  EXPECT_EQ(options->cluster->EtcdTls(1).cert_file, "node-1.pem");
+  options->cluster->etcd_ca_file = "etcd-ca.pem";
+  EXPECT_EQ(options->cluster->EtcdTls(1).ca_file, "etcd-ca.pem");
+  EXPECT_EQ(options->cluster->EtcdTls(1).cert_file, "");
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ TEST_F(StartupTest, CheckConfigValidatesWithoutStartingAndNodeIdReplacesTheFiles
   // No etcd behind the endpoint: --check-config reaches nothing.
   const std::string cluster =
       "[cluster]\ndata_units = 1\nparity_units = 1\nnode_count = 2\n"
-      "etcd_endpoints = [\"127.0.0.1:1\"]\nadvertise_host = \"127.0.0.1\"\n";
+      "etcd_endpoints = [\"127.0.0.1:1\"]\nadvertise_host = \"127.0.0.1\"\n[tls]\ninsecure = true\n";
   const DaemonRun valid =
       RunDaemon(directory_, Sockets(directory_) + cluster, {"--check-config", "--node-id", "1"});
   EXPECT_EQ(valid.exit_code, 0) << valid.output;

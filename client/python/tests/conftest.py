@@ -146,7 +146,10 @@ class Cluster:
                    f'parity_units = {parity_units}\nstripe_unit_bytes = "64KiB"\n'
                    f'lease_ttl_ms = {lease_ttl_ms}\ncommit_timeout_ms = {commit_timeout_ms}\n'
                    f'etcd_endpoints = ["{self.etcd.endpoint}"]\nadvertise_host = "127.0.0.1"\n'
-                   'control_port = 0\ndata_port = 0\n')
+                   'control_port = 0\ndata_port = 0\n'
+                   # Plaintext peers on loopback, said explicitly (the C++ cluster tests run
+                   # mutual TLS everywhere).
+                   '[tls]\ninsecure = true\n')
         self.daemons: List[Daemon] = []
         for i in range(nodes):
             node_directory = directory / f"node{i}"

@@ -37,11 +37,12 @@ class EtcdDurableRecordsTest : public ::testing::Test {
     options_.lease_ttl_ms = 2000;
     options_.etcd_endpoints = etcd_->endpoints();
     options_.advertise_host = "127.0.0.1";
+    options_.tls.insecure = true;  // units of one node in this process, etcd in plaintext
     absl::StatusOr<std::unique_ptr<const Topology>> topology = Topology::Create(0, options_, uint64_t{64} << 20);
     ASSERT_OK(topology);
     topology_ = *std::move(topology);
     nodes_ = std::make_unique<NodeTable>(options_.node_count);
-    absl::StatusOr<std::unique_ptr<EtcdSession>> session = EtcdSession::Start(options_);
+    absl::StatusOr<std::unique_ptr<EtcdSession>> session = EtcdSession::Start(options_, 0);
     ASSERT_OK(session);
     session_ = *std::move(session);
     membership_ = std::make_unique<Membership>(

@@ -553,6 +553,7 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
   options.stripe_unit_bytes = kStripeUnitBytes;
   options.commit_timeout_ms = 5000;
   options.advertise_host = "127.0.0.1";
+  options.tls.insecure = true;  // units in one process, over loopback
   absl::StatusOr<std::unique_ptr<const Topology>> topology =
       Topology::Create(0, options, kTestPoolBytes);
   EXPECT_TRUE(topology.ok()) << topology.status();
