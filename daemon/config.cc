@@ -276,6 +276,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   int64_t idle_rank_timeout_ms = absl::ToInt64Milliseconds(options.capture.idle_rank_timeout);
   reader.Integer("capture", "idle_rank_timeout_ms", 0, 7 * 24 * 3600 * 1000, idle_rank_timeout_ms);
   options.capture.idle_rank_timeout = absl::Milliseconds(idle_rank_timeout_ms);
+  reader.Bool("capture", "parity_only", options.capture.parity_only);
   reader.Bytes("capture", "chunk_bytes", options.capture.chunk_bytes);
   if (options.capture.chunk_bytes < 4096 || options.capture.chunk_bytes > (uint64_t{1} << 30)) {
     reader.Error("capture.chunk_bytes", absl::StrCat("must be in [4 KiB, 1 GiB], got ",

@@ -9,6 +9,8 @@
 #include "common/grpc_status.h"
 #include "common/memory_handoff_wire.h"
 #include "common/metrics.h"
+#include "daemon/cluster/group_shards.h"
+#include "daemon/group_pieces.h"
 #include "daemon/progress.h"
 
 namespace moesnap::daemon {
@@ -159,7 +161,20 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
   } else {
     // From memory once this node holds its share of the committed state, or from the durable tier
     // when memory lost it.
-    restored = tiers_->Restore(request->rank(), step, Names(request->regions()), DeadlineOf(context));
+    // A replica group's pieces held by other nodes come from them (or from a lost one's parity).
+    std::vector<GroupRegion> remote;
+    restored = tiers_->Restore(request->rank(), step, Names(request->regions()),
+                               DeadlineOf(context), cluster_ != nullptr ? &remote : nullptr);
+    if (restored.ok() && !remote.empty()) {
+      const uint32_t rank = request->rank();
+      absl::Status fetched = FetchRemotePieces(
+          remote,
+          [&](uint32_t member, const std::vector<std::string>& regions) {
+            return cluster_->RestoreFrom(rank, member, regions);
+          },
+          &*restored);
+      if (!fetched.ok()) restored = fetched;
+    }
   }
   if (!restored.ok()) return ToGrpcStatus(restored.status());
   *response = *std::move(restored);
@@ -231,6 +246,16 @@ grpc::Status AdminService::InspectStep(grpc::ServerContext*, const v1::InspectSt
   if (response->steps_size() == 0) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         "step " + std::to_string(request->step()) + " is not stored");
+  }
+  if (cluster_ != nullptr && response->replica_groups_size() > 0) {
+    const std::map<uint32_t, uint32_t> holders = cluster::RankHolders(store_->ClusterRecord());
+    for (v1::RankReplicaGroup& group : *response->mutable_replica_groups()) {
+      for (uint32_t member : group.layout().group().ranks()) {
+        if (auto holder = holders.find(member); holder != holders.end()) {
+          (*group.mutable_member_nodes())[member] = holder->second;
+        }
+      }
+    }
   }
   return grpc::Status::OK;
 }

@@ -925,7 +925,8 @@ namespace moesnap::daemon {
 
 absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<int64_t> step,
                                                    const std::vector<std::string>& regions,
-                                                   absl::Time deadline) {
+                                                   absl::Time deadline,
+                                                   std::vector<GroupRegion>* remote) {
   struct Work {
     std::shared_ptr<Version> version;
     const RegionTable::Region* region;  // in `table`
@@ -1004,14 +1005,17 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       const v1::ReplicaGroupStep* layout =
           LayoutOf(rank_state, spec, stored != nullptr ? stored->get() : nullptr);
       if (layout == nullptr) return not_committed(spec.name());
-      absl::StatusOr<std::vector<std::shared_ptr<Version>>> pieces =
-          GroupPieces(*layout, spec.name());
-      if (!pieces.ok()) return pieces.status();
-      for (const std::shared_ptr<Version>& piece : *pieces) {
+      absl::StatusOr<HeldPieces> held = GroupPieces(*layout, spec.name(), remote != nullptr);
+      if (!held.ok()) return held.status();
+      for (const std::shared_ptr<Version>& piece : held->versions) {
         if (absl::Status status = check(spec, *piece); !status.ok()) return status;
         work->push_back({piece, &registered});
       }
-      restored->set_step(pieces->front()->step);
+      if (!held->versions.empty()) restored->set_step(held->versions.front()->step);
+      if (!held->remote_members.empty()) {
+        remote->push_back({spec.name(), *layout, std::move(held->pieces),
+                           std::move(held->remote_members)});
+      }
       return absl::OkStatus();
     };
     if (regions.empty()) {
@@ -1149,50 +1153,36 @@ const v1::ReplicaGroupStep* Store::LayoutOf(const RankState& rank_state,
   return layouts.size() == 1 ? &layouts.begin()->second : nullptr;
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<Store::Version>>> Store::GroupPieces(
-    const v1::ReplicaGroupStep& layout, const std::string& region) const {
-  const v1::ReplicaGroup& group = layout.group();
-  const auto where = [&] {
-    return absl::StrCat("region '", region, "' of replica group '", group.name(), "' (ranks [",
-                        absl::StrJoin(group.ranks(), ", "), "] at step ", layout.step(), ")");
-  };
-  std::vector<std::shared_ptr<Version>> pieces;
-  for (uint32_t member : group.ranks()) {
+absl::StatusOr<Store::HeldPieces> Store::GroupPieces(const v1::ReplicaGroupStep& layout,
+                                                    const std::string& region,
+                                                    bool allow_remote) const {
+  HeldPieces held;
+  for (uint32_t member : layout.group().ranks()) {
     auto it = ranks_.find(member);
     if (it == ranks_.end() || !it->second.latest_committed) {
-      return absl::UnavailableError(absl::StrCat(where(), ": the shard of rank ", member,
-                                                 " is not held by this node"));
+      if (!allow_remote) {
+        return absl::UnavailableError(absl::StrCat(
+            "region '", region, "' of replica group '", layout.group().name(), "' (ranks [",
+            absl::StrJoin(layout.group().ranks(), ", "), "] at step ", layout.step(),
+            "): the shard of rank ", member, " is not held by this node"));
+      }
+      held.remote_members.push_back(member);
+      continue;
     }
     auto version = it->second.committed.find(region);
-    if (version != it->second.committed.end() && version->second->replica_group == group.name()) {
-      pieces.push_back(version->second);
+    if (version != it->second.committed.end() &&
+        version->second->replica_group == layout.group().name()) {
+      held.versions.push_back(version->second);
+      held.pieces.push_back({member, version->second->step, version->second->piece_offset,
+                             version->second->bytes, version->second->region_bytes});
     }
   }
-  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) {
-    return a->piece_offset < b->piece_offset;
-  });
-  uint64_t covered = 0;
-  for (const std::shared_ptr<Version>& piece : pieces) {
-    const Version& first = *pieces.front();
-    if (piece->step != first.step || piece->region_bytes != first.region_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where(), ": rank ", first.rank, " holds a piece of ", first.region_bytes,
-          " bytes at step ", first.step, ", rank ", piece->rank, " one of ", piece->region_bytes,
-          " bytes at step ", piece->step));
+  if (held.remote_members.empty()) {
+    if (absl::StatusOr<int64_t> step = CheckGroupCover(region, layout, held.pieces); !step.ok()) {
+      return step.status();
     }
-    if (piece->piece_offset != covered || piece->bytes > piece->region_bytes - covered) {
-      return absl::DataLossError(absl::StrCat(
-          where(), ": the pieces cover bytes [0, ", covered, "), then rank ", piece->rank,
-          " holds [", piece->piece_offset, ", ", piece->piece_offset + piece->bytes, ")"));
-    }
-    covered += piece->bytes;
   }
-  if (pieces.empty() || covered != pieces.front()->region_bytes) {
-    return absl::DataLossError(absl::StrCat(
-        where(), ": the members' pieces cover ", covered, " bytes of ",
-        pieces.empty() ? std::string("the region") : absl::StrCat(pieces.front()->region_bytes)));
-  }
-  return pieces;
+  return held;
 }
 
 absl::Status Store::AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline) {
@@ -1623,7 +1613,7 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   if (!waiting.ok()) return waiting.status();
   const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
                                        [](const auto& rank) { return !rank.second.regions->regions.empty(); });
-  return waiting->empty() && any_trainer;
+  return waiting->empty() && (any_trainer || options_.parity_only);
 }
 
 absl::StatusOr<int64_t> Store::WaitNewNodeCapture(absl::Time deadline) {
@@ -2065,6 +2055,7 @@ absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32
     restored->set_region(version->region);
     restored->set_step(version->step);
     restored->set_bytes(version->bytes);
+    version->SavePiece(restored);
   }
   return response;
 }

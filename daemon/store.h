@@ -22,6 +22,7 @@
 #include "daemon/cluster_store.h"
 #include "daemon/copy_backend.h"
 #include "daemon/durable_store.h"
+#include "daemon/group_pieces.h"
 #include "daemon/journal.h"
 #include "daemon/node_image.h"
 #include "daemon/pool.h"
@@ -41,6 +42,10 @@ struct CaptureOptions {
   // In a cluster, a rank whose trainer has not snapshotted for this long is left out of the node's
   // steps until it does (RankActivity); zero: never.
   absl::Duration idle_rank_timeout = absl::Minutes(10);
+  // In a cluster, a node that runs no trainers (it holds its group's parity, say beside nodes of
+  // data-parallel ranks) takes part in each step with no trainer registered. Otherwise a step waits
+  // for a trainer on every node, so that one not registered yet is never left out of a step.
+  bool parity_only = false;
 };
 
 // The copy backends the store may use; `device` is null when no GPU backend is available.
@@ -97,9 +102,14 @@ class Store final : public ClusterStore, public DurableStore {
   // A step of the rank still capturing (a crashed trainer's last snapshot) is waited for first, up
   // to `deadline`, so that it can become the state restored. In a cluster the caller first waits
   // until the node holds its share of the committed state (Cluster::WaitRestorable).
+  // A region of a replica group is assembled from every member's piece. Pieces of members whose
+  // state this node does not hold (they ran on other nodes) are UNAVAILABLE when `remote` is null;
+  // otherwise the restore writes the pieces held here and lists the region in `remote`, for the
+  // caller to fetch the rest (FetchRemotePieces) and check the whole cover.
   absl::StatusOr<v1::RestoreResponse> Restore(uint32_t rank, std::optional<int64_t> step,
                                               const std::vector<std::string>& regions,
-                                              absl::Time deadline);
+                                              absl::Time deadline,
+                                              std::vector<GroupRegion>* remote = nullptr);
 
   std::optional<int64_t> LatestCommitted(uint32_t rank) const;
   // Waits until no step of `rank` is capturing or being decided by the cluster, so that the latest
@@ -194,10 +204,17 @@ class Store final : public ClusterStore, public DurableStore {
   const v1::ReplicaGroupStep* LayoutOf(const RankState& rank_state, const v1::RegionSpec& spec,
                                        const Version* stored) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Every member's piece of `region` under the committed `layout`, in order; an error unless they
-  // are of one step and cover the region exactly once.
-  absl::StatusOr<std::vector<std::shared_ptr<Version>>> GroupPieces(
-      const v1::ReplicaGroupStep& layout, const std::string& region) const
+  // The members' pieces of a region this node holds, and the members it holds nothing of.
+  struct HeldPieces {
+    std::vector<std::shared_ptr<Version>> versions;
+    std::vector<GroupPiece> pieces;  // the same, as the cover check sees them
+    std::vector<uint32_t> remote_members;
+  };
+  // Every member's piece of `region` under the committed `layout`. With every member held here,
+  // an error unless they are of one step and cover the region exactly once; a member held
+  // elsewhere is UNAVAILABLE unless `allow_remote` (then listed, and the cover is the caller's).
+  absl::StatusOr<HeldPieces> GroupPieces(const v1::ReplicaGroupStep& layout,
+                                         const std::string& region, bool allow_remote) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // On a single node: whether every member of the replica groups of `rank`'s step (and of theirs)
   // has captured `step`; `committing` (holding `rank`'s record) receives their records.

@@ -125,13 +125,25 @@ std::string FormatInspect(const v1::InspectStepResponse& inspect) {
   }
   std::string groups;
   if (inspect.replica_groups_size() > 0) {
-    std::vector<std::vector<std::string>> group_rows = {{"RANK", "REPLICA GROUP", "SHARD", "MEMBERS"}};
+    std::vector<std::vector<std::string>> group_rows = {
+        {"RANK", "REPLICA GROUP", "SHARD", "MEMBERS", "SHARDS HELD ON"}};
     for (const v1::RankReplicaGroup& group : inspect.replica_groups()) {
       const auto& members = group.layout().group().ranks();
       const auto index = std::find(members.begin(), members.end(), group.rank()) - members.begin();
+      // In a cluster, the node holding each member's shard ("?": a node of another group).
+      std::vector<std::string> held;
+      for (uint32_t member : members) {
+        auto node = group.member_nodes().find(member);
+        held.push_back(absl::StrCat(member, ": ",
+                                    node == group.member_nodes().end()
+                                        ? std::string("?")
+                                        : absl::StrCat("node ", node->second)));
+      }
       group_rows.push_back({absl::StrCat(group.rank()), group.layout().group().name(),
                             absl::StrCat(index, " of ", members.size()),
-                            absl::StrCat("ranks [", absl::StrJoin(members, ", "), "]")});
+                            absl::StrCat("ranks [", absl::StrJoin(members, ", "), "]"),
+                            group.member_nodes().empty() ? std::string("this node")
+                                                         : absl::StrJoin(held, ", ")});
     }
     groups = absl::StrCat("\n", Table(group_rows));
   }

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "daemon/cluster/durable_records.h"
+#include "daemon/cluster/group_shards.h"
 #include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
@@ -294,6 +295,12 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     return absl::OkStatus();
   });
   if (failed) return !deposed;
+  // Every node prepared: the step holds each rank's state, but a replica group's only when every
+  // member captured its shard at this step.
+  if (absl::Status shards = CheckGroupShards(step, images); !shards.ok()) {
+    abort_once(std::string(shards.message()));
+    return !deposed;
+  }
 
   Log(LogLevel::kDebug, "step ", step, ": encode against ", base ? absl::StrCat(*base) : "none");
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;

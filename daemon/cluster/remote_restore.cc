@@ -64,6 +64,18 @@ absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
                                           request.region(), "' of rank ", request.rank()));
 }
 
+void RemoteRestore::TakeFetch(const FetchKey& key) {
+  absl::MutexLock lock(&fetching_mutex_);
+  while (fetching_.contains(key)) fetch_released_.Wait(&fetching_mutex_);
+  fetching_.insert(key);
+}
+
+void RemoteRestore::ReleaseFetch(const FetchKey& key) {
+  absl::MutexLock lock(&fetching_mutex_);
+  fetching_.erase(key);
+  fetch_released_.SignalAll();
+}
+
 absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names) {
   const erasure::StripeLayout& layout = context_.layout();
@@ -131,17 +143,17 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
   if (holder_live) {
     for (Wanted& region : wanted) {
       const FetchKey key{step, 0, 0, source_rank, region.region->region()};
+      TakeFetch(key);
       transfer_->Expect({{key, {region.bytes.data(), region.bytes.size(), region.bytes.size()}}});
       v1::SendRegionRequest request;
       request.set_to_node(context_.node_id());
       request.set_step(step);
       request.set_rank(source_rank);
       request.set_region(region.region->region());
-      if (absl::Status status = transfer_->Collect(
-              {key}, context_.peers->SendRegion(found->node_id(), request).status());
-          !status.ok()) {
-        return status;
-      }
+      const absl::Status status = transfer_->Collect(
+          {key}, context_.peers->SendRegion(found->node_id(), request).status());
+      ReleaseFetch(key);
+      if (!status.ok()) return status;
     }
   } else {
     // Decode the holder's units that cover the regions from its group's survivors, each once.
@@ -187,6 +199,7 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     restored->set_region(region.region->region());
     restored->set_step(region.region->step());
     restored->set_bytes(region.region->bytes());
+    if (region.region->has_piece()) *restored->mutable_piece() = region.region->piece();
   }
   Log(LogLevel::kInfo, "restored ", response.regions_size(), " regions of rank ", source_rank,
       " (node ", found->node_id(), holder_live ? ", fetched" : ", lost: decoded from its group",

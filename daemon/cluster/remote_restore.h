@@ -6,10 +6,12 @@
 #define MOESNAP_DAEMON_CLUSTER_REMOTE_RESTORE_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/rebuild.h"
 #include "daemon/cluster/transfer.h"
@@ -34,10 +36,19 @@ class RemoteRestore {
   absl::StatusOr<v1::SendRegionResponse> SendRegion(const v1::SendRegionRequest& request);
 
  private:
+  // Takes `key` for a fetch into this node, waiting while another restore fetches it: the transfer
+  // knows a fetch by its key, and ranks restoring together (members of a replica group) may each
+  // fetch the same region of a source rank.
+  void TakeFetch(const FetchKey& key);
+  void ReleaseFetch(const FetchKey& key);
+
   const ClusterContext context_;
   ClusterStore* const store_;
   Transfer* const transfer_;
   Rebuilder* const rebuilder_;
+  absl::Mutex fetching_mutex_;
+  absl::CondVar fetch_released_;
+  std::set<FetchKey> fetching_ ABSL_GUARDED_BY(fetching_mutex_);
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -133,9 +133,10 @@ absl::StatusOr<v1::LatestCommittedResponse> RestoreTiers::LatestCommitted(uint32
 
 absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::optional<int64_t> step,
                                                           const std::vector<std::string>& regions,
-                                                          absl::Time deadline) {
+                                                          absl::Time deadline,
+                                                          std::vector<GroupRegion>* remote) {
   auto from_memory = [&]() -> absl::StatusOr<v1::RestoreResponse> {
-    absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline);
+    absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline, remote);
     if (restored.ok()) restored->set_tier(v1::TIER_MEMORY);
     return restored;
   };
@@ -174,7 +175,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
     if (absl::Status status = LoadRankFromDisk(store_, **reader, rank); !status.ok()) return status;
     view_->StateLoaded();
   }
-  absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline);
+  absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline, remote);
   if (restored.ok()) restored->set_tier(v1::TIER_DURABLE);
   return restored;
 }

@@ -30,9 +30,11 @@ class RestoreTiers {
       : node_id_(node_id), store_(store), drainer_(drainer), view_(view) {}
 
   absl::StatusOr<v1::LatestCommittedResponse> LatestCommitted(uint32_t rank, absl::Time deadline);
+  // `remote`: as Store::Restore's, the replica-group regions whose other pieces are elsewhere.
   absl::StatusOr<v1::RestoreResponse> Restore(uint32_t rank, std::optional<int64_t> step,
                                               const std::vector<std::string>& regions,
-                                              absl::Time deadline);
+                                              absl::Time deadline,
+                                              std::vector<GroupRegion>* remote = nullptr);
   absl::StatusOr<v1::RestoreTierResponse> Tier(uint32_t rank, absl::Time deadline);
   v1::DurableStatus DurableStatus() const;
   // The steps on this node's disk, and the newest durable on every node as the cluster records it.

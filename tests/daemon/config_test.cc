@@ -44,6 +44,7 @@ threads = 4
 chunk_bytes = "1 MiB"
 max_in_flight_steps = 3
 idle_rank_timeout_ms = 5000
+parity_only = true
 [upstream_log]
 max_bytes = "256MiB"
 [http]
@@ -72,6 +73,7 @@ format = "json"
   EXPECT_EQ(options->capture.chunk_bytes, 1u << 20);
   EXPECT_EQ(options->capture.max_in_flight_steps, 3);
   EXPECT_EQ(options->capture.idle_rank_timeout, absl::Seconds(5));
+  EXPECT_TRUE(options->capture.parity_only);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{256} << 20);
   EXPECT_EQ(options->durable.directory, "/var/lib/moesnap/durable");
   EXPECT_EQ(options->durable.every_steps, 100u);

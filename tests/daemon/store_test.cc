@@ -618,6 +618,71 @@ TEST_F(ReplicaGroupStoreTest, InACommitRoundTheImageCarriesPiecesAndAMissingShar
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   ASSERT_STATUS(restored, absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(restored.status().message(), "rank 5")) << restored.status();
+
+  // With a caller to fetch them, the restore writes the pieces held here and lists every region
+  // (this node cannot tell which ones rank 5's shard reaches); its pieces, fetched as another node
+  // gives them (the same bytes: rank 1's replica; none for a region its shard misses), complete
+  // every region.
+  Trainer& trainer = trainers_.at(0);
+  std::memset(trainer.data, 0, trainer.bytes);
+  std::vector<GroupRegion> remote;
+  absl::StatusOr<v1::RestoreResponse> partial =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30), &remote);
+  ASSERT_OK(partial);
+  const uint64_t held_here = ShardStart(Total(kReplicatedSizes), 3, 2);
+  EXPECT_EQ(trainer.data[held_here - 1], trainers_.at(1).data[held_here - 1]);
+  EXPECT_EQ(trainer.data[held_here], 0);
+  std::vector<uint64_t> starts{0};
+  for (uint64_t size : kReplicatedSizes) starts.push_back(starts.back() + size);
+  const std::vector<ShardPiece> fifth = ShardPieces(kReplicatedSizes, 3, 2);
+  ASSERT_EQ(remote.size(), kReplicatedSizes.size());
+  for (const GroupRegion& region : remote) {
+    EXPECT_EQ(region.remote_members, std::vector<uint32_t>{5});
+  }
+  const absl::Status fetched = FetchRemotePieces(
+      remote,
+      [&](uint32_t member, const std::vector<std::string>& names) {
+        EXPECT_EQ(member, 5u);
+        v1::RestoreResponse response;
+        for (const std::string& name : names) {
+          const size_t i = name.back() - '0';
+          if (fifth[i].bytes == 0) continue;
+          const uint64_t at = starts[i] + fifth[i].offset;
+          std::memcpy(trainer.data + at, trainers_.at(1).data + at, fifth[i].bytes);
+          v1::RestoreResponse::Restored* restored = response.add_regions();
+          restored->set_region(name);
+          restored->set_step(1);
+          restored->set_bytes(fifth[i].bytes);
+          restored->mutable_piece()->set_replica_group("data-parallel");
+          restored->mutable_piece()->set_offset(fifth[i].offset);
+          restored->mutable_piece()->set_region_bytes(kReplicatedSizes[i]);
+        }
+        return absl::StatusOr<v1::RestoreResponse>(response);
+      },
+      &*partial);
+  ASSERT_OK(fetched);
+  EXPECT_TRUE(HoldsReplicated(0, 1));
+  for (const auto& region : partial->regions()) EXPECT_EQ(region.step(), 1) << region.region();
+}
+
+// A third node beside two nodes of data-parallel ranks holds only parity: with no trainer
+// registered it takes part in a step when configured so, and waits for one otherwise.
+TEST_F(StoreTest, ANodeWithoutTrainersTakesPartInStepsOnlyWhenParityOnly) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_STATUS(store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(100)),
+                absl::StatusCode::kDeadlineExceeded);
+  store_.reset();
+  journal_.reset();
+  pool_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, {.parity_only = true}));
+  EXPECT_EQ(store_->CaptureOf(1), NodeCapture::kCaptured);
+  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(image);
+  EXPECT_EQ(image->manifest().regions_size(), 0);
+  v1::JournalCluster record;
+  record.set_committed_step(1);
+  ASSERT_OK(store_->CommitNodeStep(1, record));
+  EXPECT_EQ(store_->ClusterRecord().committed_step(), 1);
 }
 
 TEST_F(ReplicaGroupStoreTest, DeclarationsThatCannotBeCutAreRefused) {

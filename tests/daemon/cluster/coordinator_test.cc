@@ -221,6 +221,41 @@ TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {
   }
 }
 
+// Data-parallel ranks 0 and 1 (on nodes 0 and 1) form a replica group, each capturing a shard. A
+// step commits only when both shards are of it: with rank 1's trainer gone, its node's record still
+// holds its shard of the step before, and the step is aborted naming it instead of committing the
+// group's pieces at two steps. Once rank 1 captures again, steps commit.
+TEST(CoordinatorTest, AStepWhereAReplicaGroupMemberHoldsAnotherStepsShardIsAborted) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  auto layout = [](int64_t step) {
+    v1::ReplicaGroupStep taken;
+    taken.mutable_group()->set_name("data-parallel");
+    taken.mutable_group()->add_ranks(0);
+    taken.mutable_group()->add_ranks(1);
+    taken.set_step(step);
+    return taken;
+  };
+  auto capture = [&](int64_t step, int64_t rank_1_step) {
+    for (uint32_t node = 0; node < 6; ++node) {
+      std::vector<v1::ReplicaGroupStep> layouts;
+      if (node == 0) layouts.push_back(layout(step));
+      if (node == 1) layouts.push_back(layout(rank_1_step));
+      cluster.node(node).store.Capture(step, kBytes, layouts);
+    }
+  };
+  capture(1, 1);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  capture(2, 1);
+  std::optional<v1::StepDecision> decision = cluster.WaitDecided(2);
+  ASSERT_TRUE(decision.has_value());
+  EXPECT_FALSE(decision->committed());
+  EXPECT_TRUE(absl::StrContains(decision->reason(), "member rank 1 on node 1 holds its shard of step 1"))
+      << decision->reason();
+  capture(3, 3);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+}
+
 // A node whose Encode fails at once (its pool has no room for parity) never sends its data units,
 // so the other parity holders would wait for them until the commit timeout (5 s here): the first
 // failure aborts the step at once, the others end as they apply that decision, and the next step

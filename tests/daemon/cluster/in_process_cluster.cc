@@ -33,7 +33,8 @@ std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes) {
 
 FakeClusterStore::FakeClusterStore(Pool* pool, uint32_t node) : pool_(pool), node_(node) {}
 
-void FakeClusterStore::Capture(int64_t step, uint64_t bytes) {
+void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
+                               const std::vector<v1::ReplicaGroupStep>& layouts) {
   const std::vector<uint8_t> state = StateOf(node_, step, bytes);
   v1::NodeImage manifest;
   manifest.set_node_id(node_);
@@ -49,6 +50,12 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes) {
   region->set_chunk_bytes(kChunkBytes);
   for (uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
     region->add_chunk_crcs(erasure::Crc32c(state.data() + offset, std::min(kChunkBytes, bytes - offset)));
+  }
+  if (!layouts.empty()) {
+    v1::JournalRank* record = manifest.add_ranks();
+    record->set_rank(node_);
+    record->set_latest_committed_step(step);
+    for (const v1::ReplicaGroupStep& layout : layouts) *record->add_replica_groups() = layout;
   }
   absl::StatusOr<NodeImage> image = NodeImage::Allocate(pool_, manifest);
   ASSERT_TRUE(image.ok()) << image.status();

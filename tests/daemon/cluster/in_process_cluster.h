@@ -39,8 +39,9 @@ class FakeClusterStore final : public ClusterStore {
  public:
   FakeClusterStore(Pool* pool, uint32_t node);
 
-  // The node's trainer captured `step`: one region of `bytes` bytes, StateOf(node, step).
-  void Capture(int64_t step, uint64_t bytes);
+  // The node's trainer captured `step`: one region of `bytes` bytes, StateOf(node, step). With
+  // `layouts`, the image's record of the rank (rank = node) carries them as its replica groups.
+  void Capture(int64_t step, uint64_t bytes, const std::vector<v1::ReplicaGroupStep>& layouts = {});
   // The node's trainer restored `step`: its captures after it are dropped, and it takes the
   // steps after it again.
   void Rewind(int64_t step);

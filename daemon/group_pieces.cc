@@ -1,0 +1,114 @@
+// Replica-group pieces: the cover check, and the fetch of the pieces held by other nodes.
+#include "daemon/group_pieces.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace moesnap::daemon {
+namespace {
+
+std::string Where(const std::string& region, const v1::ReplicaGroupStep& layout) {
+  return absl::StrCat("region '", region, "' of replica group '", layout.group().name(),
+                      "' (ranks [", absl::StrJoin(layout.group().ranks(), ", "), "] at step ",
+                      layout.step(), ")");
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> CheckGroupCover(const std::string& region,
+                                        const v1::ReplicaGroupStep& layout,
+                                        std::vector<GroupPiece> pieces) {
+  std::sort(pieces.begin(), pieces.end(),
+            [](const GroupPiece& a, const GroupPiece& b) { return a.offset < b.offset; });
+  if (pieces.empty()) {
+    return absl::DataLossError(
+        absl::StrCat(Where(region, layout), ": no member holds a piece of it"));
+  }
+  const GroupPiece& first = pieces.front();
+  uint64_t covered = 0;
+  for (const GroupPiece& piece : pieces) {
+    if (piece.step != first.step || piece.region_bytes != first.region_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Where(region, layout), ": rank ", first.member, " holds a piece of ", first.region_bytes,
+          " bytes at step ", first.step, ", rank ", piece.member, " one of ", piece.region_bytes,
+          " bytes at step ", piece.step));
+    }
+    // covered <= region_bytes holds here, so the subtraction cannot wrap.
+    if (piece.offset != covered || piece.bytes > piece.region_bytes - covered) {
+      return absl::DataLossError(absl::StrCat(
+          Where(region, layout), ": the pieces cover bytes [0, ", covered, "), then rank ",
+          piece.member, " holds ", piece.bytes, " bytes from ", piece.offset));
+    }
+    covered += piece.bytes;
+  }
+  if (covered != first.region_bytes) {
+    return absl::DataLossError(absl::StrCat(Where(region, layout), ": the members' pieces cover ",
+                                            covered, " bytes of ", first.region_bytes));
+  }
+  return first.step;
+}
+
+absl::Status FetchRemotePieces(const std::vector<GroupRegion>& regions, const FetchPieces& fetch,
+                               v1::RestoreResponse* response) {
+  std::map<std::string, const GroupRegion*> by_name;
+  std::map<std::string, std::vector<GroupPiece>> pieces;
+  std::map<uint32_t, std::vector<std::string>> asked;  // member -> its regions to fetch
+  for (const GroupRegion& region : regions) {
+    by_name[region.region] = &region;
+    pieces[region.region] = region.pieces;
+    for (uint32_t member : region.remote_members) asked[member].push_back(region.region);
+  }
+  std::vector<std::string> empty_handed;  // members that held none of the regions asked for
+  for (const auto& [member, names] : asked) {
+    absl::StatusOr<v1::RestoreResponse> fetched = fetch(member, names);
+    if (absl::IsNotFound(fetched.status())) {
+      empty_handed.push_back(absl::StrCat("rank ", member, " (", fetched.status().message(), ")"));
+      continue;
+    }
+    if (!fetched.ok()) {
+      return absl::Status(fetched.status().code(),
+                          absl::StrCat("the shard of replica-group member rank ", member,
+                                       ", on another node: ", fetched.status().message()));
+    }
+    for (const v1::RestoreResponse::Restored& restored : fetched->regions()) {
+      auto region = by_name.find(restored.region());
+      if (region == by_name.end() ||
+          std::find(names.begin(), names.end(), restored.region()) == names.end()) {
+        return absl::DataLossError(absl::StrCat("the restore of rank ", member,
+                                                "'s shard gave region '", restored.region(),
+                                                "', which was not asked of it"));
+      }
+      const v1::ReplicaGroup& group = region->second->layout.group();
+      if (!restored.has_piece() || restored.piece().replica_group() != group.name()) {
+        return absl::DataLossError(absl::StrCat(
+            "rank ", member, "'s committed region '", restored.region(),
+            "' is not a piece of replica group '", group.name(), "'"));
+      }
+      pieces[restored.region()].push_back({member, restored.step(), restored.piece().offset(),
+                                           restored.bytes(), restored.piece().region_bytes()});
+    }
+  }
+  std::map<std::string, int64_t> steps;
+  for (const GroupRegion& region : regions) {
+    absl::StatusOr<int64_t> step =
+        CheckGroupCover(region.region, region.layout, pieces[region.region]);
+    if (!step.ok()) {
+      if (empty_handed.empty()) return step.status();
+      return absl::Status(step.status().code(),
+                          absl::StrCat(step.status().message(), "; held nothing asked for: ",
+                                       absl::StrJoin(empty_handed, ", ")));
+    }
+    steps[region.region] = *step;
+  }
+  for (v1::RestoreResponse::Restored& restored : *response->mutable_regions()) {
+    if (auto step = steps.find(restored.region()); step != steps.end()) {
+      restored.set_step(step->second);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moesnap::daemon
