@@ -32,13 +32,11 @@ class ClusterStore {
  public:
   virtual ~ClusterStore() = default;
 
-  // The lowest step after `after` (any step when absent) that every rank of this node with
-  // registered regions has captured; DEADLINE_EXCEEDED when none is by `deadline`.
-  virtual absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
-                                                        absl::Time deadline) = 0;
-  // Counts the whole-rank restores on this node. Each starts a new timeline in which the rank
-  // takes step numbers again, so a caller following captures by step number starts over.
-  virtual uint64_t Timeline() const = 0;
+  // The lowest step that every rank of this node with registered regions has captured and that
+  // this call has not returned since: each capture of a step is offered once, and a step a rank
+  // captures again (a replacement trainer replaying it, a whole-rank restore taking step numbers
+  // again) is offered again. DEADLINE_EXCEEDED when none is by `deadline`.
+  virtual absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) = 0;
   virtual NodeCapture CaptureOf(int64_t step) const = 0;
   // Waits until every rank with registered regions has captured `step`, then returns the node's
   // image of it: the step's new versions and, for regions it did not capture, the committed ones.

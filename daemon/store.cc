@@ -213,6 +213,7 @@ struct Store::StepRecord {
   bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
   bool skipped = false;   // never captured: the daemon skipped it (Snapshot says why)
   bool discarded = false;  // of a timeline a restore ended: the rank takes the step again
+  bool offered = false;    // returned by WaitNewNodeCapture since it was captured
   uint64_t bytes = 0;
   uint32_t regions = 0;
   absl::Status failure;
@@ -758,7 +759,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
     record.captured = true;  // on a single node the journal write below is part of the capture
     step_changed_.SignalAll();
   }
-  // In a cluster, the cluster finds it through WaitNodeCapturedAfter.
+  // In a cluster, the cluster finds it through WaitNewNodeCapture.
   if (mode_ == CommitMode::kCluster) return;
   // On a single node a captured step is ready to commit: the journal write is the commit point.
   // A member of a replica group holds one shard: its step commits with every member's, once the
@@ -1055,7 +1056,6 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       }
       rank_state.latest_snapshot = latest;
       rank_state.replay_through.reset();
-      ++timeline_;
     }
   }
 
@@ -1616,33 +1616,28 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   return waiting->empty() && (any_trainer || options_.parity_only);
 }
 
-absl::StatusOr<int64_t> Store::WaitNodeCapturedAfter(std::optional<int64_t> after,
-                                                     absl::Time deadline) {
+absl::StatusOr<int64_t> Store::WaitNewNodeCapture(absl::Time deadline) {
   absl::MutexLock lock(&mutex_);
   while (true) {
     std::set<int64_t> candidates;
     for (const auto& [rank, rank_state] : ranks_) {
       for (const auto& [step, record] : rank_state.steps) {
-        if ((!after || step > *after) && record.state == v1::STEP_STATE_CAPTURED) {
-          candidates.insert(step);
-        }
+        if (record.state == v1::STEP_STATE_CAPTURED && !record.offered) candidates.insert(step);
       }
     }
     for (int64_t step : candidates) {
-      if (absl::StatusOr<bool> captured = NodeCaptured(step); captured.ok() && *captured) {
-        return step;
+      if (absl::StatusOr<bool> captured = NodeCaptured(step); !captured.ok() || !*captured) continue;
+      for (auto& [rank, rank_state] : ranks_) {
+        if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) {
+          it->second.offered = true;
+        }
       }
+      return step;
     }
     if (WaitStepChanged(deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no step after ", after ? absl::StrCat(*after) : "none", " is captured on this node"));
+      return absl::DeadlineExceededError("no new capture of a step on this node");
     }
   }
-}
-
-uint64_t Store::Timeline() const {
-  absl::MutexLock lock(&mutex_);
-  return timeline_;
 }
 
 NodeCapture Store::CaptureOf(int64_t step) const {

@@ -126,9 +126,7 @@ class Store final : public ClusterStore, public DurableStore {
   std::optional<int64_t> LogRecoveryPoint(const std::set<uint32_t>& ranks) const;
 
   // --- Cluster mode: ClusterStore ----------------------------------------------------------
-  absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
-                                                absl::Time deadline) override;
-  uint64_t Timeline() const override;
+  absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) override;
   NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   // The committed image (what parity of the committed step covers), with each rank's record.
@@ -294,7 +292,6 @@ class Store final : public ClusterStore, public DurableStore {
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts
-  uint64_t timeline_ ABSL_GUARDED_BY(mutex_) = 0;  // whole-rank restores so far
   // Steps whose image this node handed to the cluster (it voted to commit them) and that are not
   // decided here yet: a rank's restore waits for them.
   std::set<int64_t> prepared_steps_ ABSL_GUARDED_BY(mutex_);

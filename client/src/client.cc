@@ -178,6 +178,18 @@ struct Client::State {
     return reconnected ? call() : result;
   }
 
+  // Registers `specs` and keeps them, to be registered again by a reconnect.
+  absl::Status RegisterAndKeep(std::vector<v1::RegionSpec> specs) {
+    absl::Status status = WithReconnect([&] {
+      std::lock_guard<std::mutex> lock(mutex);
+      return RegisterLocked(specs);
+    });
+    if (!status.ok()) return status;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (v1::RegionSpec& spec : specs) regions[spec.name()] = std::move(spec);
+    return absl::OkStatus();
+  }
+
   absl::Status ReconnectIfGone(bool* reconnected = nullptr) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!memory.PeerClosed()) return absl::OkStatus();
@@ -273,14 +285,7 @@ absl::Status Client::RegisterHostRegions(const std::vector<HostRegion>& regions)
       specs.push_back(std::move(spec));
     }
   }
-  absl::Status status = state_->WithReconnect([&] {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->RegisterLocked(specs);
-  });
-  if (!status.ok()) return status;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  for (v1::RegionSpec& spec : specs) state_->regions[spec.name()] = std::move(spec);
-  return absl::OkStatus();
+  return state_->RegisterAndKeep(std::move(specs));
 }
 
 absl::Status Client::RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
@@ -340,14 +345,7 @@ absl::Status Client::SetReplicaGroup(const ReplicaGroup& group,
       set(it->second);
     }
   }
-  absl::Status status = state_->WithReconnect([&] {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->RegisterLocked(specs);
-  });
-  if (!status.ok()) return status;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  for (v1::RegionSpec& spec : specs) state_->regions[spec.name()] = std::move(spec);
-  return absl::OkStatus();
+  return state_->RegisterAndKeep(std::move(specs));
 }
 
 absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {
@@ -368,14 +366,7 @@ absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMe
   spec.set_dtype(info.dtype);
   for (int64_t dimension : info.shape) spec.add_shape(dimension);
   *spec.mutable_handle() = *std::move(handle);
-  absl::Status status = state_->WithReconnect([&] {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->RegisterLocked({spec});
-  });
-  if (!status.ok()) return status;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->regions[info.name] = spec;
-  return absl::OkStatus();
+  return state_->RegisterAndKeep({std::move(spec)});
 }
 
 absl::StatusOr<uint64_t> Client::Snapshot(int64_t step, const std::vector<std::string>& regions) {

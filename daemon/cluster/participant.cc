@@ -66,23 +66,12 @@ bool Participant::DecidedLocked(int64_t step, const std::optional<int64_t>& comm
 }
 
 void Participant::ProposeLoop() {
-  std::optional<int64_t> last_captured;
-  uint64_t timeline = store_->Timeline();
   std::set<int64_t> undecided;             // captured here, no decision seen
   std::map<int64_t, int64_t> proposed_to;  // step -> the leader token it was proposed under
   while (!stopping()) {
-    // A rank restored: it takes step numbers again, and a step taken again after its decision
-    // was seen must be found too (it is dropped below).
-    if (const uint64_t now = store_->Timeline(); now != timeline) {
-      timeline = now;
-      last_captured.reset();
-    }
-    absl::StatusOr<int64_t> captured =
-        store_->WaitNodeCapturedAfter(last_captured, absl::Now() + kProposerWake);
-    if (captured.ok()) {
-      last_captured = *captured;
-      undecided.insert(*captured);
-    }
+    // Every capture, a step captured again after its decision included (it is dropped below).
+    absl::StatusOr<int64_t> captured = store_->WaitNewNodeCapture(absl::Now() + kProposerWake);
+    if (captured.ok()) undecided.insert(*captured);
     const std::optional<LeaderView> leader = context_.nodes->Leader();
     const std::optional<int64_t> committed = CommittedStep();
     for (auto it = undecided.begin(); it != undecided.end();) {

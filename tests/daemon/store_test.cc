@@ -291,7 +291,8 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   ASSERT_OK(WaitCaptured(0, 3));
   EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kCaptured);
   EXPECT_EQ(store_->CaptureOf(4), NodeCapture::kNotYet);
-  const uint64_t timeline = store_->Timeline();
+  EXPECT_EQ(store_->WaitNewNodeCapture(absl::Now() + absl::Seconds(30)).value_or(-1), 2);
+  EXPECT_EQ(store_->WaitNewNodeCapture(absl::Now() + absl::Seconds(30)).value_or(-1), 3);
   ASSERT_NO_FATAL_FAILURE(Connect(0));  // the job restarts
   // A restore of some regions only (a sparse replay) keeps the timeline: step 2 stands as captured
   // by the process before, and snapshotting it again copies nothing ...
@@ -304,9 +305,7 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   ASSERT_OK(restored);
   EXPECT_EQ(restored->step(), 1);
-  // The cluster follows captures by step number: it learns that the numbers are taken again, and
-  // steps 2 and 3 are still to come, not passed.
-  EXPECT_EQ(store_->Timeline(), timeline + 1);
+  // Steps 2 and 3 are still to come, not passed, and the cluster is offered them again.
   EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kNotYet);
   EXPECT_EQ(store_->CaptureOf(3), NodeCapture::kNotYet);
   const v1::SnapshotResponse again = Take(0, 2);
@@ -314,6 +313,7 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   EXPECT_EQ(again.bytes(), 2 * kRegionBytes);
   ASSERT_OK(WaitCaptured(0, 2));
   EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kCaptured);
+  EXPECT_EQ(store_->WaitNewNodeCapture(absl::Now() + absl::Seconds(30)).value_or(-1), 2);
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
   EXPECT_EQ(store_->LatestCommitted(0), 2);
   Take(0, 4);  // the trainer did not snapshot step 3: it will never be captured
@@ -323,6 +323,24 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   EXPECT_STATUS(store_->WaitNodeCaptured(3, asked + absl::Seconds(30)),
                 absl::StatusCode::kFailedPrecondition);
   EXPECT_LT(absl::Now() - asked, absl::Seconds(30));
+}
+
+// The cluster aborted a step this node offered; its rank then takes the step number again (a
+// replacement trainer replaying it). The new capture is offered too: the cluster must decide it,
+// or a sparse window holding it would wait for a decision forever.
+TEST_F(StoreTest, AStepTakenAgainAfterTheClusterAbortedItIsOfferedAgain) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_OK(WaitCaptured(0, 1));
+  EXPECT_EQ(store_->WaitNewNodeCapture(absl::Now() + absl::Seconds(30)).value_or(-1), 1);
+  EXPECT_STATUS(store_->WaitNewNodeCapture(absl::Now()), absl::StatusCode::kDeadlineExceeded);
+  store_->AbortNodeStep(1, absl::AbortedError("a node did not prepare"));
+  const v1::SnapshotResponse again = Take(0, 1);
+  EXPECT_EQ(again.bytes(), 2 * kRegionBytes);
+  ASSERT_OK(WaitCaptured(0, 1));
+  EXPECT_EQ(store_->WaitNewNodeCapture(absl::Now() + absl::Seconds(30)).value_or(-1), 1);
+  EXPECT_STATUS(store_->WaitNewNodeCapture(absl::Now()), absl::StatusCode::kDeadlineExceeded);
 }
 
 // A step this node already offered the cluster may still commit: a rank restarting meanwhile

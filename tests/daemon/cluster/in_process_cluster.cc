@@ -62,6 +62,7 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
   image->Write(0, state.data(), bytes);
   absl::MutexLock lock(&mutex_);
   captured_[step] = *std::move(image);
+  offered_.erase(step);
   latest_ = step;
   changed_.SignalAll();
 }
@@ -73,13 +74,7 @@ void FakeClusterStore::Rewind(int64_t step) {
     it = captured_.erase(it);
   }
   latest_ = step;
-  ++timeline_;
   changed_.SignalAll();
-}
-
-uint64_t FakeClusterStore::Timeline() const {
-  absl::MutexLock lock(&mutex_);
-  return timeline_;
 }
 
 NodeCapture FakeClusterStore::CaptureOf(int64_t step) const {
@@ -105,14 +100,14 @@ std::vector<uint8_t> FakeClusterStore::CommittedBytesOf() const {
   return bytes;
 }
 
-absl::StatusOr<int64_t> FakeClusterStore::WaitNodeCapturedAfter(std::optional<int64_t> after,
-                                                                absl::Time deadline) {
+absl::StatusOr<int64_t> FakeClusterStore::WaitNewNodeCapture(absl::Time deadline) {
   absl::MutexLock lock(&mutex_);
   while (true) {
-    auto it = after ? captured_.upper_bound(*after) : captured_.begin();
-    if (it != captured_.end()) return it->first;
+    for (const auto& [step, image] : captured_) {
+      if (offered_.insert(step).second) return step;
+    }
     if (changed_.WaitWithDeadline(&mutex_, deadline)) {
-      return absl::DeadlineExceededError("nothing captured");
+      return absl::DeadlineExceededError("nothing newly captured");
     }
   }
 }

@@ -50,9 +50,7 @@ class FakeClusterStore final : public ClusterStore {
   // The committed region's bytes.
   std::vector<uint8_t> CommittedBytesOf() const;
 
-  absl::StatusOr<int64_t> WaitNodeCapturedAfter(std::optional<int64_t> after,
-                                                absl::Time deadline) override;
-  uint64_t Timeline() const override;
+  absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) override;
   NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   NodeImage CommittedImage() const override;
@@ -75,7 +73,7 @@ class FakeClusterStore final : public ClusterStore {
   absl::CondVar changed_;
   std::map<int64_t, NodeImage> captured_ ABSL_GUARDED_BY(mutex_);
   std::optional<int64_t> latest_ ABSL_GUARDED_BY(mutex_);  // the step the trainer took last
-  uint64_t timeline_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::set<int64_t> offered_ ABSL_GUARDED_BY(mutex_);  // captures WaitNewNodeCapture returned
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
   v1::JournalCluster record_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
