@@ -20,6 +20,10 @@ endif()
 if(MOESNAP_SANITIZE)
   add_compile_options(-fsanitize=${MOESNAP_SANITIZE} -fno-omit-frame-pointer)
   add_link_options(-fsanitize=${MOESNAP_SANITIZE})
+  if(MOESNAP_SANITIZE MATCHES "undefined")
+    # Undefined behaviour stops the program (and fails its test) instead of printing and going on.
+    add_compile_options(-fno-sanitize-recover=undefined)
+  endif()
 endif()
 
 # Applies the project's compile settings to a target we own (not to generated code).
@@ -46,19 +50,55 @@ function(moesnap_program name)
 endfunction()
 
 # moesnap_test(NAME SOURCES x_test.cc DEPS lib LABELS unit): a GoogleTest binary whose cases
-# CTest discovers one by one, so `ctest -R` can run a single case.
+# CTest discovers one by one, so `ctest -R` can run a single case. A test may carry several labels
+# (LABELS unit unit-threads); the target tests-<label> builds every test binary of a label.
 function(moesnap_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   moesnap_target_defaults(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} moesnap_testing GTest::gmock GTest::gtest_main)
+  if(MOESNAP_SANITIZE MATCHES "thread")
+    # Debian's abseil is built without TSan: the test program tells TSan about its locks, binding
+    # its own definitions of the Mutex and CondVar calls ahead of the library's (see the file).
+    target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/testing/tsan_absl_mutex.cc)
+    target_link_options(${name} PRIVATE "LINKER:--export-dynamic-symbol=_ZN4absl*")
+  endif()
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
+  foreach(label ${ARG_LABELS})
+    set_property(GLOBAL APPEND PROPERTY MOESNAP_TESTS_OF_LABEL_${label} ${name})
+  endforeach()
+  list(GET ARG_LABELS 0 first_label)
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS "${ARG_LABELS}"
+    PROPERTIES LABELS ${first_label}
     DISCOVERY_TIMEOUT 60)
+  list(LENGTH ARG_LABELS label_count)
+  if(label_count GREATER 1)
+    # GoogleTest's discovery script splits a list-valued property into words, so the cases get
+    # all their labels from a file of ours that CTest reads after the discovered ones, from the
+    # list of cases discovery leaves in <name>_TESTS.
+    set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+    file(WRITE ${labels_file}
+      "if(DEFINED ${name}_TESTS)\n"
+      "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\n"
+      "endif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
+  endif()
+endfunction()
+
+# moesnap_label_targets(unit integration ...): a target tests-<label> for each label, building
+# the test binaries of that label (and what they run, as their dependencies say), so that a tree
+# of its own (deploy/sanitize.sh) builds only what the labels it runs need.
+function(moesnap_label_targets)
+  foreach(label ${ARGN})
+    get_property(tests GLOBAL PROPERTY MOESNAP_TESTS_OF_LABEL_${label})
+    add_custom_target(tests-${label})
+    if(tests)
+      add_dependencies(tests-${label} ${tests})
+    endif()
+  endforeach()
 endfunction()
 
 # moesnap_proto_library(NAME PROTOS a.proto b.proto): C++ messages (protoc) and services
@@ -160,7 +200,11 @@ function(moesnap_shared_library name)
            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
-  target_link_options(${name} PRIVATE LINKER:--exclude-libs,ALL LINKER:--no-undefined)
+  target_link_options(${name} PRIVATE LINKER:--exclude-libs,ALL)
+  if(NOT MOESNAP_SANITIZE)
+    # Sanitized, clang leaves the sanitizer runtime to the program that loads the library.
+    target_link_options(${name} PRIVATE LINKER:--no-undefined)
+  endif()
   set_target_properties(${name} PROPERTIES
     OUTPUT_NAME ${ARG_OUTPUT_NAME} EXPORT_NAME ${ARG_EXPORT_NAME}
     VERSION ${ARG_VERSION} SOVERSION ${ARG_SOVERSION}

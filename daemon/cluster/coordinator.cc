@@ -115,6 +115,7 @@ void Coordinator::Lead(int64_t token) {
     changed_.WaitWithTimeout(&mutex_, kIdleWake);
     known = log_->DecisionsAfter(std::nullopt);
   }
+  std::optional<int64_t> latest;
   {
     absl::MutexLock lock(&mutex_);
     decided_.clear();
@@ -129,9 +130,10 @@ void Coordinator::Lead(int64_t token) {
       it = decided_.contains(*it) ? proposed_.erase(it) : std::next(it);
     }
     token_ = token;
+    latest = base_;
   }
   Log(LogLevel::kInfo, "node ", context_.node_id(), " coordinates with fencing token ", token,
-      "; the latest committed step is ", base_ ? absl::StrCat(*base_) : "none");
+      "; the latest committed step is ", latest ? absl::StrCat(*latest) : "none");
   while (!stopping() && leadership_->Holds(token)) {
     std::optional<int64_t> step;
     {

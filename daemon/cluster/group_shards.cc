@@ -28,10 +28,11 @@ absl::Status CheckGroupShards(int64_t step, const std::map<uint32_t, v1::NodeIma
         continue;
       }
       checked[group.name()] = &group;
-      const auto where = [&] {
+      // Captured by name: clang before 16 cannot capture structured bindings.
+      const auto where = [&group, of_rank = rank, on_node = held.first] {
         return absl::StrCat("replica group '", group.name(), "' (ranks [",
-                            absl::StrJoin(group.ranks(), ", "), "]) of rank ", rank, " on node ",
-                            held.first, ": ");
+                            absl::StrJoin(group.ranks(), ", "), "]) of rank ", of_rank, " on node ",
+                            on_node, ": ");
       };
       for (uint32_t member : group.ranks()) {
         auto found = records.find(member);

@@ -126,7 +126,10 @@ class Group {
       std::vector<uint8_t> unit(length, 0);
       const uint64_t index = layout_.DataUnitOf(position, stripe);
       const uint64_t unit_length = layout_.UnitLength(lengths_[position], index);
-      std::copy_n(data_[position].begin() + index * layout_.unit_bytes(), unit_length, unit.begin());
+      // A unit past the end of a short node's data holds nothing: no iterator is made past its end.
+      if (unit_length > 0) {
+        std::copy_n(data_[position].begin() + index * layout_.unit_bytes(), unit_length, unit.begin());
+      }
       units.push_back(std::move(unit));
     }
     return units;
