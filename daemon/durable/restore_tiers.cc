@@ -146,7 +146,14 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
   }
   absl::StatusOr<TierChoice> choice = Choose(rank, deadline);
   if (!choice.ok()) return choice.status();
-  if (choice->tier == v1::TIER_MEMORY) return from_memory();
+  // Loads from disk take turns, and a restore from memory waits for the load in progress: a
+  // replica group is loaded member by member, so memory may hold this rank's step before the
+  // shards of the other members are in.
+  absl::ReleasableMutexLock loading(&load_mutex_);
+  if (choice->tier == v1::TIER_MEMORY) {
+    loading.Release();
+    return from_memory();
+  }
   if (choice->tier != v1::TIER_DURABLE) {
     return absl::NotFoundError(absl::StrCat("rank ", rank, " has nothing to restore: ",
                                             choice->reason));
@@ -190,6 +197,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
       view_->StateLoaded();
     }
   }
+  loading.Release();
   absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline, remote);
   if (restored.ok()) restored->set_tier(v1::TIER_DURABLE);
   return restored;

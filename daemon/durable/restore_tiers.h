@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/durable/drainer.h"
 #include "daemon/durable/job_view.h"
@@ -52,6 +53,7 @@ class RestoreTiers {
   Store* const store_;
   Drainer* const drainer_;
   JobView* const view_;
+  absl::Mutex load_mutex_;  // held while state is loaded from disk into memory
 };
 
 }  // namespace moesnap::daemon::durable
