@@ -126,7 +126,7 @@ class Group {
       std::vector<uint8_t> unit(length, 0);
       const uint64_t index = layout_.DataUnitOf(position, stripe);
       const uint64_t unit_length = layout_.UnitLength(lengths_[position], index);
-      // A unit past the end of a short node's data holds nothing: no iterator is made past its end.
+      // A unit past the end of a short node's data holds nothing (no iterator past its end).
       if (unit_length > 0) {
         std::copy_n(data_[position].begin() + index * layout_.unit_bytes(), unit_length, unit.begin());
       }
@@ -193,6 +193,7 @@ TEST(StripeLayoutTest, AnyMLostNodesAreRebuiltFromTheSurvivors) {
           const int position = members.data_positions[unit];
           const uint64_t index = layout->DataUnitOf(position, stripe);
           const uint64_t unit_length = layout->UnitLength(data[position].size(), index);
+          if (unit_length == 0) continue;  // past the end of a short node's data: nothing to put back
           std::copy_n(units[unit].begin(), unit_length,
                       rebuilt[position].begin() + index * kUnit);
         }
