@@ -144,9 +144,13 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
     if (absl::Status status = view_->WaitMemory(deadline); !status.ok()) return status;
     return from_memory();
   }
+  absl::ReleasableMutexLock loading(&loading_);
   absl::StatusOr<TierChoice> choice = Choose(rank, deadline);
   if (!choice.ok()) return choice.status();
-  if (choice->tier == v1::TIER_MEMORY) return from_memory();
+  if (choice->tier == v1::TIER_MEMORY) {
+    loading.Release();
+    return from_memory();
+  }
   if (choice->tier != v1::TIER_DURABLE) {
     return absl::NotFoundError(absl::StrCat("rank ", rank, " has nothing to restore: ",
                                             choice->reason));
@@ -190,6 +194,7 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
       view_->StateLoaded();
     }
   }
+  loading.Release();
   absl::StatusOr<v1::RestoreResponse> restored = store_->Restore(rank, step, regions, deadline, remote);
   if (restored.ok()) restored->set_tier(v1::TIER_DURABLE);
   return restored;

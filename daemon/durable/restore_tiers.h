@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/durable/drainer.h"
 #include "daemon/durable/job_view.h"
@@ -52,6 +53,10 @@ class RestoreTiers {
   Store* const store_;
   Drainer* const drainer_;
   JobView* const view_;
+  // Held by a restore from its choice of tier through loading its rank and its replica groups'
+  // members from disk: a rank loaded as another's member must not be restored from memory while
+  // the rest of its group is still being read.
+  absl::Mutex loading_;
 };
 
 }  // namespace moesnap::daemon::durable
