@@ -32,7 +32,8 @@ void WaitFor(const std::atomic<uint64_t>& received, uint64_t target) {
 
 class CountingSink : public daemon::FrameSink {
  public:
-  absl::Status Accept(const daemon::FrameHeader&, absl::Span<const uint8_t> payload) override {
+  absl::Status Accept(const daemon::FrameHeader&, absl::Span<const uint8_t> payload,
+                      std::optional<uint32_t> /*sender*/) override {
     received += payload.size();
     return absl::OkStatus();
   }

@@ -313,26 +313,27 @@ struct DataPlaneServer::Impl {
   }
 
   // With TLS: the handshake, the peer's certificate naming this job and one of its nodes, then the
-  // acceptance byte. False when the peer was refused (and counted).
-  bool Admit(Link& link, const std::string& peer) {
+  // acceptance byte. The node the certificate names; nullopt when the peer was refused (and
+  // counted).
+  std::optional<uint32_t> Admit(Link& link, const std::string& peer) {
     const absl::Time deadline = absl::Now() + options.handshake_timeout;
     if (absl::Status shaken = link.Handshake(ssl::stream_base::server, deadline); !shaken.ok()) {
       std::string reason;
       const PeerRefusal refusal = HandshakeRefusal(link, shaken, &reason);
       Refuse(refusal, absl::StrCat(peer, ": ", reason));
-      return false;
+      return std::nullopt;
     }
     PeerRefusal refusal = PeerRefusal::kHandshake;
     absl::StatusOr<PeerIdentity> identity =
         options.tls->CheckName(SSL_get0_peer_certificate(link.ssl()), &refusal);
     if (!identity.ok()) {
       Refuse(refusal, absl::StrCat(peer, ": ", identity.status().message()));
-      return false;
+      return std::nullopt;
     }
     const uint8_t accepted = kPeerAccepted;
-    if (!link.Write({asio::buffer(&accepted, 1)}, deadline).ok()) return false;
+    if (!link.Write({asio::buffer(&accepted, 1)}, deadline).ok()) return std::nullopt;
     Log(LogLevel::kDebug, "data plane: ", peer, " is ", PeerUri(*identity));
-    return true;
+    return identity->node_id;
   }
 
   // Reads frames until the peer closes, sends something malformed or stalls.
@@ -341,9 +342,13 @@ struct DataPlaneServer::Impl {
     uint8_t header_bytes[FrameHeader::kBytes];
     const std::string peer = PeerName(socket);
     Link link(socket, tls_context.get());
-    if (link.encrypted() && !Admit(link, peer)) {
-      link.Shutdown();
-      return;
+    std::optional<uint32_t> sender;  // known only when the connection is authenticated
+    if (link.encrypted()) {
+      sender = Admit(link, peer);
+      if (!sender) {
+        link.Shutdown();
+        return;
+      }
     }
     while (!stopping) {
       // Between frames a connection may idle; once a frame begins (its first byte), all of it must
@@ -372,7 +377,7 @@ struct DataPlaneServer::Impl {
                                                   ": ", status.message()));
       }
       if (status.ok()) status = CheckFramePayload(*header, payload);
-      if (status.ok()) status = sink->Accept(*header, payload);
+      if (status.ok()) status = sink->Accept(*header, payload, sender);
       if (!status.ok()) {
         Log(LogLevel::kWarning, "data plane: closing the connection from ", peer, ": ",
             status.ToString());

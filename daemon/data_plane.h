@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,11 +59,14 @@ struct DataPlaneClientTls {
 };
 
 // Receives accepted frames. Called from the connection's thread; must be thread-safe. A non-OK
-// return closes the connection (the sender sees its next write fail).
+// return closes the connection (the sender sees its next write fail). `sender` is the node the
+// connection's certificate names (mutual TLS); nullopt on a plaintext connection, whose peer may
+// claim to be any node.
 class FrameSink {
  public:
   virtual ~FrameSink() = default;
-  virtual absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) = 0;
+  virtual absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                              std::optional<uint32_t> sender) = 0;
 };
 
 class DataPlaneServer {

@@ -1,6 +1,7 @@
 // PeerService: request in, the owning unit's answer out.
 #include "daemon/cluster/peer_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
 namespace moesnap::daemon::cluster {
@@ -16,32 +17,42 @@ grpc::Status Answer(absl::StatusOr<Response> answer, Response* response) {
 
 }  // namespace
 
-absl::StatusOr<std::optional<uint32_t>> PeerService::Admit(
-    const grpc::ServerContext& context) const {
-  return units_.authenticator->Caller(*context.auth_context());
+absl::StatusOr<PeerService::Admission> PeerService::Admit(
+    const grpc::ServerContext& context) {
+  absl::StatusOr<std::optional<uint32_t>> caller =
+      units_.authenticator->Caller(*context.auth_context());
+  if (!caller.ok()) return caller.status();
+  // Without TLS a caller is known by its connection only.
+  absl::StatusOr<CallerGate::Pass> pass =
+      gate_.Enter(*caller ? absl::StrCat("node ", **caller) : absl::StrCat("peer ", context.peer()));
+  if (!pass.ok()) return pass.status();
+  return Admission{*caller, *std::move(pass)};
 }
 
-absl::Status PeerService::Admit(const grpc::ServerContext& context, uint32_t acts_as,
-                                absl::string_view field) const {
-  absl::StatusOr<std::optional<uint32_t>> caller = Admit(context);
-  if (!caller.ok()) return caller.status();
-  return units_.authenticator->ActsAs(*caller, acts_as, field);
+absl::StatusOr<PeerService::Admission> PeerService::Admit(const grpc::ServerContext& context,
+                                                          uint32_t acts_as,
+                                                          absl::string_view field) {
+  absl::StatusOr<Admission> admitted = Admit(context);
+  if (!admitted.ok()) return admitted.status();
+  if (absl::Status acts = units_.authenticator->ActsAs(admitted->caller, acts_as, field);
+      !acts.ok()) {
+    return acts;
+  }
+  return admitted;
 }
 
 grpc::Status PeerService::Describe(grpc::ServerContext* context, const v1::DescribeRequest*,
                                    v1::NodeReport* response) {
-  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context);
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   *response = units_.report->Describe();
   return grpc::Status::OK;
 }
 
 grpc::Status PeerService::Propose(grpc::ServerContext* context, const v1::ProposeRequest* request,
                                   v1::ProposeResponse* response) {
-  if (absl::Status admitted = Admit(*context, request->from_node(), "from_node"); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context, request->from_node(), "from_node");
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status checked = CheckPropose(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
@@ -50,9 +61,8 @@ grpc::Status PeerService::Propose(grpc::ServerContext* context, const v1::Propos
 
 grpc::Status PeerService::Prepare(grpc::ServerContext* context, const v1::PrepareRequest* request,
                                   v1::PrepareResponse* response) {
-  if (absl::Status admitted = Admit(*context, request->coordinator(), "coordinator"); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context, request->coordinator(), "coordinator");
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status checked = CheckPrepare(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
@@ -61,9 +71,8 @@ grpc::Status PeerService::Prepare(grpc::ServerContext* context, const v1::Prepar
 
 grpc::Status PeerService::Encode(grpc::ServerContext* context, const v1::EncodeRequest* request,
                                  v1::EncodeResponse* response) {
-  if (absl::Status admitted = Admit(*context, request->coordinator(), "coordinator"); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context, request->coordinator(), "coordinator");
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status checked = CheckEncode(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
@@ -72,18 +81,16 @@ grpc::Status PeerService::Encode(grpc::ServerContext* context, const v1::EncodeR
 
 grpc::Status PeerService::GroupState(grpc::ServerContext* context, const v1::GroupStateRequest*,
                                      v1::GroupStateResponse* response) {
-  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context);
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   *response = units_.rebuilder->GroupState();
   return grpc::Status::OK;
 }
 
 grpc::Status PeerService::SendUnits(grpc::ServerContext* context, const v1::SendUnitsRequest* request,
                                     v1::SendUnitsResponse* response) {
-  if (absl::Status admitted = Admit(*context, request->to_node(), "to_node"); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context, request->to_node(), "to_node");
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status checked = CheckSendUnits(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
@@ -92,26 +99,23 @@ grpc::Status PeerService::SendUnits(grpc::ServerContext* context, const v1::Send
 
 grpc::Status PeerService::Rebuild(grpc::ServerContext* context, const v1::PeerRebuildRequest*,
                                   v1::RebuildResponse* response) {
-  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context);
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   return Answer(units_.rebuilder->RebuildHere(), response);
 }
 
 grpc::Status PeerService::LocateRank(grpc::ServerContext* context, const v1::LocateRankRequest* request,
                                      v1::LocateRankResponse* response) {
-  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context);
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   *response = units_.remote_restore->Locate(*request);
   return grpc::Status::OK;
 }
 
 grpc::Status PeerService::SendRegion(grpc::ServerContext* context, const v1::SendRegionRequest* request,
                                      v1::SendRegionResponse* response) {
-  if (absl::Status admitted = Admit(*context, request->to_node(), "to_node"); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context, request->to_node(), "to_node");
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status checked = CheckSendRegion(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
@@ -120,17 +124,15 @@ grpc::Status PeerService::SendRegion(grpc::ServerContext* context, const v1::Sen
 
 grpc::Status PeerService::FetchLog(grpc::ServerContext* context, const v1::FetchLogRequest* request,
                                    v1::FetchLogResponse* response) {
-  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context);
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   return Answer(units_.log_forwarding->FetchLocal(*request), response);
 }
 
 grpc::Status PeerService::DurableState(grpc::ServerContext* context, const v1::DurableStateRequest*,
                                        v1::DurableStateResponse* response) {
-  if (absl::Status admitted = Admit(*context).status(); !admitted.ok()) {
-    return ToGrpcStatus(admitted);
-  }
+  const absl::StatusOr<Admission> admitted = Admit(*context);
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   return Answer(units_.durable->Local(), response);
 }
 

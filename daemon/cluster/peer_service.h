@@ -4,6 +4,7 @@
 #ifndef MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 #define MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 
+#include "daemon/cluster/caller_gate.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
@@ -59,13 +60,24 @@ class PeerService final : public v1::Peer::Service {
                             v1::DurableStateResponse*) override;
 
  private:
-  // The caller, authenticated; when the request acts as a node (`field` names it), it must be the
-  // caller. Refusals are the status to answer.
-  absl::StatusOr<std::optional<uint32_t>> Admit(const grpc::ServerContext& context) const;
-  absl::Status Admit(const grpc::ServerContext& context, uint32_t acts_as,
-                     absl::string_view field) const;
+  // An admitted call: its caller (nullopt without TLS) and the caller's slot it holds until it
+  // ends.
+  struct Admission {
+    std::optional<uint32_t> caller;
+    CallerGate::Pass pass;
+  };
+  // Calls one caller may have in flight at once (caller_gate.h): well above what a live peer
+  // needs (a coordinator's Prepare and Encode of a few steps, a survey, a rebuild's fetches).
+  static constexpr int kCallsPerCaller = 16;
+
+  // The caller, authenticated and within its bound of calls in flight; when the request acts as a
+  // node (`field` names it), it must be the caller. Refusals are the status to answer.
+  absl::StatusOr<Admission> Admit(const grpc::ServerContext& context);
+  absl::StatusOr<Admission> Admit(const grpc::ServerContext& context, uint32_t acts_as,
+                                  absl::string_view field);
 
   const PeerServiceUnits units_;
+  CallerGate gate_{kCallsPerCaller};
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -177,9 +177,10 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
         // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
         std::memset(work.units[i] + bytes, 0, work.length - bytes);
         if (bytes == 0) continue;
+        const uint32_t source = topology.NodeAt(target.group, position);
         slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), 0, ""},
-                         {work.units[i], bytes, bytes}});
-        v1::SendUnitsRequest& request = requests[topology.NodeAt(target.group, position)];
+                         {work.units[i], bytes, bytes, source}});
+        v1::SendUnitsRequest& request = requests[source];
         request.set_to_node(context_.node_id());
         request.set_step(step);
         v1::UnitRef* ref = request.add_units();

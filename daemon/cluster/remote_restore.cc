@@ -144,7 +144,8 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     for (Wanted& region : wanted) {
       const FetchKey key{step, 0, 0, source_rank, region.region->region()};
       TakeFetch(key);
-      transfer_->Expect({{key, {region.bytes.data(), region.bytes.size(), region.bytes.size()}}});
+      transfer_->Expect({{key, {region.bytes.data(), region.bytes.size(), region.bytes.size(),
+                                found->node_id()}}});
       v1::SendRegionRequest request;
       request.set_to_node(context_.node_id());
       request.set_step(step);

@@ -235,8 +235,26 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
   return sent;
 }
 
-absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
-  if (header.kind == FrameKind::kParityDelta) return parity_->Accept(header, payload);
+absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                              std::optional<uint32_t> sender) {
+  if (header.kind == FrameKind::kParityDelta) {
+    if (sender) {
+      const erasure::StripeLayout& layout = context_.layout();
+      if (header.stripe_unit >= static_cast<uint32_t>(layout.data_units())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "node ", *sender, " sent a parity delta of data unit ", header.stripe_unit,
+            "; a stripe has ", layout.data_units()));
+      }
+      const uint32_t owner = context_.topology->NodeAt(
+          layout.Members(header.stripe).data_positions[header.stripe_unit]);
+      if (owner != *sender) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "node ", *sender, " sent a parity delta of node ", owner, "'s data unit ",
+            header.stripe_unit, " of stripe ", header.stripe, " (step ", header.step, ")"));
+      }
+    }
+    return parity_->Accept(header, payload);
+  }
   const FetchKey key = header.kind == FrameKind::kFetchedRegion
                            ? FetchKey{header.step, 0, 0, header.rank, header.region}
                            : FetchKey{header.step, header.stripe, header.stripe_unit, 0, ""};
@@ -246,6 +264,10 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
     return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " was not asked for"));
   }
   FetchSlot& slot = it->second;
+  if (sender && *sender != slot.source) {
+    return absl::PermissionDeniedError(absl::StrCat(key.Describe(), " came from node ", *sender,
+                                                    ", not from node ", slot.source, ", asked for it"));
+  }
   // Bounds from the wire, checked without overflow: the offset may be anything.
   if (header.offset > slot.bytes || payload.size() > slot.bytes - header.offset ||
       payload.size() > slot.missing) {

@@ -40,11 +40,13 @@ struct FetchKey {
   std::string Describe() const;
 };
 
-// Where a fetched frame's bytes land.
+// Where a fetched frame's bytes land, and the node asked to send them (on authenticated
+// connections, frames for the slot from any other node are refused).
 struct FetchSlot {
   uint8_t* buffer = nullptr;
   uint64_t bytes = 0;
   uint64_t missing = 0;
+  uint32_t source = 0;
 };
 
 // Thread-safe.
@@ -74,8 +76,10 @@ class Transfer final : public FrameSink {
   // succeeded) and forgets the keys either way.
   absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
 
-  // FrameSink
-  absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) override;
+  // FrameSink. On an authenticated connection a parity delta is accepted only from the node whose
+  // data unit it names, a fetched frame only from the node asked for it.
+  absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                      std::optional<uint32_t> sender) override;
 
  private:
   struct Connection {

@@ -144,9 +144,12 @@ absl::StatusOr<v1::RestoreResponse> RestoreTiers::Restore(uint32_t rank, std::op
     if (absl::Status status = view_->WaitMemory(deadline); !status.ok()) return status;
     return from_memory();
   }
-  absl::ReleasableMutexLock loading(&loading_);
   absl::StatusOr<TierChoice> choice = Choose(rank, deadline);
   if (!choice.ok()) return choice.status();
+  // Loads from disk take turns, and a restore from memory waits for the load in progress: a
+  // replica group is loaded member by member, so memory may hold this rank's step before the
+  // shards of the other members are in.
+  absl::ReleasableMutexLock loading(&load_mutex_);
   if (choice->tier == v1::TIER_MEMORY) {
     loading.Release();
     return from_memory();

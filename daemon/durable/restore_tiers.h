@@ -53,10 +53,7 @@ class RestoreTiers {
   Store* const store_;
   Drainer* const drainer_;
   JobView* const view_;
-  // Held by a restore from its choice of tier through loading its rank and its replica groups'
-  // members from disk: a rank loaded as another's member must not be restored from memory while
-  // the rest of its group is still being read.
-  absl::Mutex loading_;
+  absl::Mutex load_mutex_;  // held while state is loaded from disk into memory
 };
 
 }  // namespace moesnap::daemon::durable

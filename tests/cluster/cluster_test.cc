@@ -110,7 +110,7 @@ class ClusterTest : public ::testing::Test {
     ASSERT_TRUE(daemons_[0]->Start(EnvironmentOf(0)));
     WaitForCoordinator(0);
     for (int id = 1; id < nodes_; ++id) ASSERT_TRUE(daemons_[id]->Start(EnvironmentOf(id)));
-    WaitForCluster(nodes_);
+    ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
   }
 
   v1::ClusterStatusResponse Status(int node) {
@@ -124,44 +124,42 @@ class ClusterTest : public ::testing::Test {
     return response;
   }
 
-  // Waits until every running node sees `live` nodes live, answering and not rebuilding.
-  void WaitForCluster(int live) {
-    for (int attempt = 0; attempt < 300; ++attempt) {
-      bool settled = true;
-      for (int node = 0; node < nodes_ && settled; ++node) {
+  // Waits until every running node sees `live` nodes live and answering and, when `settled`, not
+  // rebuilding (a replaced node's old daemon stays live until its lease ends, but does not
+  // answer). The bound is in time, not attempts: a status call is slow on a loaded machine. Fails
+  // naming what each node saw.
+  void WaitForNodes(int live, bool settled) {
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    std::string views;
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool reached = true;
+      views.clear();
+      for (int node = 0; node < nodes_; ++node) {
         if (!daemons_[node]->running()) continue;
         int seen = 0;
+        std::vector<std::string> missing;
         const v1::ClusterStatusResponse status = Status(node);
         for (const v1::ClusterNodeStatus& peer : status.nodes()) {
-          if (peer.live() && peer.answered() && !peer.rebuilding()) ++seen;
+          if (peer.live() && peer.answered() && (!settled || !peer.rebuilding())) {
+            ++seen;
+          } else {
+            missing.push_back(absl::StrCat(peer.node_id(), peer.live() ? "" : " not live",
+                                           peer.answered() ? "" : " not answering",
+                                           peer.rebuilding() ? " rebuilding" : ""));
+          }
         }
-        settled = seen == live;
+        reached = reached && seen == live;
+        absl::StrAppend(&views, "\n  node ", node, " counts ", seen, "; not counted: ",
+                        missing.empty() ? "none" : absl::StrJoin(missing, ", "));
       }
-      if (settled) return;
+      if (reached) return;
       std::this_thread::sleep_for(100ms);
     }
-    FAIL() << "the cluster did not settle with " << live << " live nodes";
+    FAIL() << "the cluster did not reach " << live << (settled ? " settled" : " live")
+           << " nodes:" << views;
   }
-
-  // Waits until every running node sees `live` nodes live and answering, rebuilding or not (a
-  // replaced node's old daemon stays live until its lease ends, but does not answer).
-  void WaitForLive(int live) {
-    for (int attempt = 0; attempt < 300; ++attempt) {
-      bool settled = true;
-      for (int node = 0; node < nodes_ && settled; ++node) {
-        if (!daemons_[node]->running()) continue;
-        int seen = 0;
-        const v1::ClusterStatusResponse status = Status(node);
-        for (const v1::ClusterNodeStatus& peer : status.nodes()) {
-          if (peer.live() && peer.answered()) ++seen;
-        }
-        settled = seen == live;
-      }
-      if (settled) return;
-      std::this_thread::sleep_for(100ms);
-    }
-    FAIL() << "the cluster did not reach " << live << " live nodes";
-  }
+  void WaitForCluster(int live) { WaitForNodes(live, /*settled=*/true); }
+  void WaitForLive(int live) { WaitForNodes(live, /*settled=*/false); }
 
   // Waits until every running node reports the same latest committed step (a node applies a
   // decision from etcd a moment after the others may have) and returns it; fails naming what each
@@ -424,7 +422,7 @@ TEST_F(ClusterTest, TwoNodesLostAreRebuiltFromParityByteForByte) {
   Replace(4);
   ASSERT_TRUE(daemons_[1]->Start());
   ASSERT_TRUE(daemons_[4]->Start());
-  WaitForCluster(nodes_);
+  ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
   for (int node : {1, 4}) {
     EXPECT_EQ(Status(node).latest_committed_step(), 6) << "replacement node " << node;
   }
@@ -435,7 +433,7 @@ TEST_F(ClusterTest, TwoNodesLostAreRebuiltFromParityByteForByte) {
   TrainAll(9);
   Replace(0);
   ASSERT_TRUE(daemons_[0]->Start());
-  WaitForCluster(nodes_);
+  ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
   for (int node = 0; node < nodes_; ++node) {
     EXPECT_EQ(VerifiedStep(node), 9) << "node " << node;
   }
@@ -531,7 +529,7 @@ TEST_F(CoordinatorCrashTest, NodesCommitTheStepADeadCoordinatorDecided) {
   trainers.clear();
   Replace(0);
   ASSERT_TRUE(daemons_[0]->Start());
-  WaitForCluster(nodes_);
+  ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
   for (int node = 0; node < nodes_; ++node) {
     EXPECT_EQ(Status(node).latest_committed_step(), step) << "node " << node;
     EXPECT_EQ(VerifiedStep(node), step) << "node " << node;
@@ -663,7 +661,7 @@ TEST_F(TwelveNodeClusterTest, MNodesLostInEveryGroupAreRebuilt) {
   TrainAll(5);
   for (int node : {1, 4, 6, 11}) Replace(node);
   for (int node : {1, 4, 6, 11}) ASSERT_TRUE(daemons_[node]->Start());
-  WaitForCluster(nodes_);
+  ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
   for (int node = 0; node < nodes_; ++node) {
     EXPECT_EQ(Status(node).latest_committed_step(), 5) << "node " << node;
     EXPECT_EQ(VerifiedStep(node), 5) << "node " << node;

@@ -11,6 +11,8 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -27,12 +29,19 @@ using asio::ip::tcp;
 
 class CollectingSink : public FrameSink {
  public:
-  absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) override {
+  absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                      std::optional<uint32_t> sender) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (refuse_) return absl::FailedPreconditionError("refusing on purpose");
     frames_[{header.rank, header.stripe}] = {header.region,
                                              std::vector<uint8_t>(payload.begin(), payload.end())};
+    senders_.insert(sender);
     return absl::OkStatus();
+  }
+  // The senders the frames were accepted from (nullopt: a plaintext connection).
+  std::set<std::optional<uint32_t>> senders() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return senders_;
   }
   size_t size() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -51,6 +60,7 @@ class CollectingSink : public FrameSink {
   std::mutex mutex_;
   bool refuse_ = false;
   std::map<std::pair<uint32_t, uint64_t>, std::pair<std::string, std::vector<uint8_t>>> frames_;
+  std::set<std::optional<uint32_t>> senders_;
 };
 
 std::vector<uint8_t> PayloadFor(uint32_t rank, uint64_t stripe) {
@@ -130,6 +140,8 @@ TEST_F(DataPlaneTest, ConcurrentSendersDeliverEveryFrameIntact) {
       ASSERT_EQ(payload, PayloadFor(rank, stripe)) << rank << "/" << stripe;
     }
   }
+  // A plaintext connection names no sender.
+  EXPECT_EQ(sink_.senders(), std::set<std::optional<uint32_t>>{std::nullopt});
   EXPECT_EQ(server_->connections_rejected(), 0u);
 }
 
@@ -375,6 +387,8 @@ TEST_F(DataPlaneTlsTest, FramesArriveByteForByte) {
     EXPECT_EQ(sink_.Get(1, stripe).second, PayloadFor(1, stripe)) << stripe;
     EXPECT_EQ(sink_.Get(1, stripe).first, HeaderFor(1, stripe).region);
   }
+  // The sink is told the node the client's certificate names.
+  EXPECT_EQ(sink_.senders(), std::set<std::optional<uint32_t>>{1u});
   EXPECT_EQ(server_->connections_rejected(), 0u);
 }
 

@@ -36,9 +36,14 @@ def launch(daemon: Daemon, world: int, steps: int) -> List[ChildProcess]:
 
 
 def finished(ranks: List[ChildProcess]) -> List[List[str]]:
+    """Every rank's lines once all have exited; fails with the output of each rank that failed
+    (the first to fail is often not the cause: its peers' lines say why)."""
+    codes = [child.process.wait(timeout=180) for child in ranks]
     for child in ranks:
-        assert child.process.wait(timeout=180) == 0, "\n".join(child.lines)
-        child._reader.join()
+        child._reader.join(10)
+    failed = [f"rank {rank} exited with {code}:\n" + "\n".join(child.lines)
+              for rank, (child, code) in enumerate(zip(ranks, codes)) if code != 0]
+    assert not failed, "\n\n".join(failed)
     return [child.lines for child in ranks]
 
 

@@ -1,12 +1,16 @@
 // Offsets and lengths from the data plane are checked without overflow before any byte lands:
 // a frame whose offset wraps past 2^64 once passed `offset + length > bytes` and was written before
-// the buffer (a fetched unit) or before the parity unit in the pool.
+// the buffer (a fetched unit) or before the parity unit in the pool. On an authenticated connection
+// a node sends only its own units: a parity delta of another node's data unit, or a fetched unit
+// the receiver asked of another node, is refused.
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -33,14 +37,14 @@ TEST(WireBoundsTest, AFetchedUnitNeverLandsOutsideItsBuffer) {
   header.length = static_cast<uint32_t>(payload.size());
   for (uint64_t offset : {kWrapping, uint64_t{4096 - 32}, uint64_t{4097}}) {
     header.offset = offset;
-    const absl::Status status = transfer.Accept(header, payload);
+    const absl::Status status = transfer.Accept(header, payload, std::nullopt);
     EXPECT_STATUS(status, absl::StatusCode::kInvalidArgument) << "offset " << offset;
     EXPECT_TRUE(absl::StrContains(status.message(), "more bytes than asked for")) << status;
   }
   for (size_t i = 0; i < memory.size(); ++i) ASSERT_EQ(memory[i], kCanary) << "byte " << i;
   const std::vector<uint8_t> whole(4096, 0x42);
   header.offset = 0;
-  ASSERT_OK(transfer.Accept(header, whole));
+  ASSERT_OK(transfer.Accept(header, whole, std::nullopt));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
   EXPECT_EQ(memory[63], kCanary);
   EXPECT_EQ(memory[64 + 4096], kCanary);
@@ -70,6 +74,54 @@ TEST(WireBoundsTest, AParityDeltaNeverLandsOutsideItsUnit) {
   header.stripe_unit = static_cast<uint32_t>(topology.layout.data_units());
   EXPECT_STATUS(parity.Accept(header, payload), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(parity.in_flight_bytes(), unit);
+}
+
+TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> memory(4096, kCanary);
+  const FetchKey key{1, 0, 0, 0, ""};
+  transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}});
+  const std::vector<uint8_t> whole(4096, 0x42);
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedUnit;
+  header.step = 1;
+  header.length = static_cast<uint32_t>(whole.size());
+  const absl::Status forged = transfer.Accept(header, whole, 1u);
+  EXPECT_STATUS(forged, absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(forged.message(), "came from node 1, not from node 2")) << forged;
+  EXPECT_EQ(memory, std::vector<uint8_t>(4096, kCanary));
+  ASSERT_OK(transfer.Accept(header, whole, 2u));
+  EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
+  EXPECT_EQ(memory, whole);
+}
+
+TEST(WireBoundsTest, AnAuthenticatedNodeSendsParityDeltasOfItsOwnUnitsOnly) {
+  InProcessCluster cluster(3, 2, 1);
+  const Topology& topology = *cluster.node(0).context.topology;
+  const erasure::StripeMembers members = topology.layout.Members(0);
+  const uint32_t holder = topology.NodeAt(members.parity_positions[0]);
+  const uint32_t owner = topology.NodeAt(members.data_positions[0]);
+  const uint32_t other = topology.NodeAt(members.data_positions[1]);
+  const uint64_t unit = topology.layout.unit_bytes();
+  ASSERT_OK(cluster.node(holder).parity.Begin(5, 1, {unit, unit, unit}, nullptr));
+  const std::vector<uint8_t> payload(64, 0xee);
+  FrameHeader header;
+  header.kind = FrameKind::kParityDelta;
+  header.step = 5;
+  header.attempt = 1;
+  header.length = static_cast<uint32_t>(payload.size());
+  Transfer& transfer = cluster.node(holder).transfer;
+  const absl::Status forged = transfer.Accept(header, payload, other);
+  EXPECT_STATUS(forged, absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(forged.message(), absl::StrCat("node ", other, " sent a parity "
+                                                               "delta of node ", owner)))
+      << forged;
+  header.stripe_unit = static_cast<uint32_t>(topology.layout.data_units());
+  EXPECT_STATUS(transfer.Accept(header, payload, owner), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cluster.node(holder).parity.in_flight_bytes(), unit);
+  header.stripe_unit = 0;
+  EXPECT_OK(transfer.Accept(header, payload, owner));
 }
 
 }  // namespace
