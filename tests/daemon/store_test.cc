@@ -194,6 +194,31 @@ TEST_F(StoreTest, AFullPoolSkipsTheStepAndKeepsWhatIsCommitted) {
   EXPECT_EQ(trainers_[0].data[trainers_[0].bytes - 1], 2);
 }
 
+// In a cluster, steps captured faster than they commit must not take the pool space the parity of
+// the step being encoded needs: once they did, every step aborted for want of parity space and
+// nothing committed again. Captures leave 2 x parity_share x the largest image free.
+TEST_F(StoreTest, CapturesLeaveRoomForTheParityOfStepsBeingEncoded) {
+  CaptureOptions options;
+  options.parity_share = 0.5;  // k = 4, m = 2: the parity of a step is kept at one step's bytes
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 16 * kRegionBytes, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  const uint64_t step_bytes = 2 * kRegionBytes;
+  int64_t step = 1;
+  std::string skipped;
+  for (; skipped.empty() && step < 100; ++step) {
+    skipped = Take(0, step).skipped();
+    ASSERT_OK(WaitCaptured(0, step));
+  }
+  EXPECT_TRUE(absl::StrContains(skipped, "for the parity of steps being encoded")) << skipped;
+  // Steps 1-7 fit in the 16 regions' space beside the two kept for parity; step 8 is skipped.
+  EXPECT_EQ(step - 1, 8);
+  EXPECT_GE(pool_->free_bytes(), step_bytes);
+  ASSERT_OK(pool_->Allocate(step_bytes));  // the parity's units find their room
+  // The steps captured commit; the next capture finds room again.
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(step - 2));
+  EXPECT_TRUE(Take(0, step).skipped().empty());
+}
+
 TEST_F(StoreTest, FragmentedFreeSpaceStillTakesASnapshotThatFitsAndRestoresItExactly) {
   // Six ranks fill the pool; dropping ranks 1 and 3 leaves two holes, apart, of one region each.
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 6 * kRegionBytes));
