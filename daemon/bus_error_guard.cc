@@ -6,8 +6,9 @@
 #include <atomic>
 #include <csetjmp>
 #include <csignal>
-#include <cstring>
 #include <mutex>
+
+#include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -40,14 +41,16 @@ void InstallBusErrorGuard() {
   });
 }
 
-__attribute__((noinline)) bool GuardedCopy(void* destination, const void* source, size_t bytes) {
+__attribute__((noinline)) bool GuardedCopyWithCrc32c(void* destination, const void* source,
+                                                     size_t bytes, uint32_t* crc) {
   sigjmp_buf resume;
   if (sigsetjmp(resume, 0) != 0) return false;  // the handler cleared guarded_copy_resume
   guarded_copy_resume = &resume;
   std::atomic_signal_fence(std::memory_order_seq_cst);  // armed before the first byte is touched
-  std::memcpy(destination, source, bytes);
+  const uint32_t extended = erasure::CopyWithCrc32c(destination, source, bytes, *crc);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   guarded_copy_resume = nullptr;
+  *crc = extended;
   return true;
 }
 

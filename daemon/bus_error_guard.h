@@ -6,6 +6,7 @@
 #define MOESNAP_DAEMON_BUS_ERROR_GUARD_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace moesnap::daemon {
 
@@ -13,9 +14,11 @@ namespace moesnap::daemon {
 // keeps its default action: the process dies with a core dump, as without the handler.
 void InstallBusErrorGuard();
 
-// memcpy that returns false instead of dying when touching either side raises SIGBUS (then the
-// destination holds an unknown prefix of the bytes). Needs InstallBusErrorGuard first.
-bool GuardedCopy(void* destination, const void* source, size_t bytes);
+// erasure::CopyWithCrc32c (copy and CRC-32C in one pass, `*crc` extended by the bytes stored)
+// that returns false instead of dying when touching either side raises SIGBUS (then the
+// destination holds an unknown part of the bytes and `*crc` is unchanged). Needs
+// InstallBusErrorGuard first.
+bool GuardedCopyWithCrc32c(void* destination, const void* source, size_t bytes, uint32_t* crc);
 
 }  // namespace moesnap::daemon
 

@@ -36,9 +36,10 @@ class CopyBackend {
   virtual absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t rank,
                                                              const v1::RegionSpec& spec) = 0;
 
-  // Copies region bytes [offset, offset + bytes) to `destination` and returns their CRC-32C
-  // extended from `crc` (the CRC of the chunk's bytes before them, 0 at its start), computed while
-  // the bytes are in cache. Waits first for the trainer's capture event, if any.
+  // Copies region bytes [offset, offset + bytes) to `destination` and returns the CRC-32C of the
+  // bytes as written there, extended from `crc` (the CRC of the chunk's bytes before them, 0 at
+  // its start): a trainer writing the region under the copy never yields a CRC of other bytes.
+  // Waits first for the trainer's capture event, if any.
   virtual absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset,
                                            uint8_t* destination, uint64_t bytes, uint32_t crc) = 0;
 

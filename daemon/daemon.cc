@@ -95,9 +95,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     Log(LogLevel::kWarning, "fault injection: SIGKILL during journal write ", *sequence);
   }
 
+  CaptureOptions capture = options.capture;
+  if (options.cluster) {
+    capture.parity_share =
+        static_cast<double>(options.cluster->parity_units) / options.cluster->data_units;
+  }
   absl::StatusOr<std::unique_ptr<Store>> store =
       Store::Open(daemon->pool_.get(), daemon->journal_.get(),
-                  {daemon->host_backend_.get(), daemon->device_backend_.get()}, options.capture,
+                  {daemon->host_backend_.get(), daemon->device_backend_.get()}, capture,
                   options.cluster ? CommitMode::kCluster : CommitMode::kLocal);
   if (!store.ok()) return store.status();
   daemon->store_ = *std::move(store);

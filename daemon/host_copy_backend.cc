@@ -1,28 +1,24 @@
 // The host copy backend: regions lie in memory the trainer handed over (TrainerSessions), mapped
-// read-write once per file (restores write back into it); copies run with memcpy, a cache-sized
-// piece at a time so the CRC reads bytes the copy just brought into cache.
+// read-write once per file (restores write back into it); each copy computes its CRC-32C in the
+// same pass over memory (erasure::CopyWithCrc32c), guarded against the trainer's file shrinking.
 #include <sys/mman.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/bus_error_guard.h"
 #include "daemon/copy_backend.h"
-#include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
 namespace {
 
-constexpr uint64_t kPieceBytes = 256 * 1024;
-
 // A trainer shrank its file under the copy (a page past its end raised SIGBUS).
-absl::Status TruncatedError(uint32_t rank, uint64_t memory, uint64_t offset) {
+absl::Status TruncatedError(uint32_t rank, uint64_t memory, uint64_t offset, uint64_t bytes) {
   return absl::FailedPreconditionError(absl::StrCat(
-      "memory ", memory, " of rank ", rank, " was truncated under the copy (bus error near byte ",
-      offset, " of the file): a trainer keeps shared files at their size while regions in them are "
-      "registered"));
+      "memory ", memory, " of rank ", rank, " was truncated under the copy (bus error in bytes [",
+      offset, ", ", offset + bytes, ") of the file): a trainer keeps shared files at their size "
+      "while regions in them are registered"));
 }
 
 class HostRegionSource : public RegionSource {
@@ -32,9 +28,10 @@ class HostRegionSource : public RegionSource {
       : memory_(std::move(memory)), rank_(rank), id_(id), offset_(offset), bytes_(bytes) {}
   uint64_t bytes() const override { return bytes_; }
   uint8_t* data() const { return memory_->data() + offset_; }
-  // The error of a copy that found the file shrunk, `position` bytes into the region.
-  absl::Status Truncated(uint64_t position) const {
-    return TruncatedError(rank_, id_, offset_ + position);
+  // The error of a copy of `bytes` from `position` bytes into the region that found the file
+  // shrunk.
+  absl::Status Truncated(uint64_t position, uint64_t bytes) const {
+    return TruncatedError(rank_, id_, offset_ + position, bytes);
   }
 
  private:
@@ -89,13 +86,8 @@ class HostCopyBackend : public CopyBackend {
   absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
                                    uint64_t bytes, uint32_t crc) override {
     const auto& region = static_cast<HostRegionSource&>(source);
-    const uint8_t* origin = region.data() + offset;
-    for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
-      const uint64_t piece = std::min(kPieceBytes, bytes - done);
-      if (!GuardedCopy(destination + done, origin + done, piece)) {
-        return region.Truncated(offset + done);
-      }
-      crc = erasure::Crc32cExtend(crc, destination + done, piece);
+    if (!GuardedCopyWithCrc32c(destination, region.data() + offset, bytes, &crc)) {
+      return region.Truncated(offset, bytes);
     }
     return crc;
   }
@@ -103,13 +95,8 @@ class HostCopyBackend : public CopyBackend {
   absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
                                   uint64_t bytes, uint32_t crc) override {
     const auto& region = static_cast<HostRegionSource&>(source);
-    uint8_t* destination = region.data() + offset;
-    for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
-      const uint64_t piece = std::min(kPieceBytes, bytes - done);
-      crc = erasure::Crc32cExtend(crc, origin + done, piece);
-      if (!GuardedCopy(destination + done, origin + done, piece)) {
-        return region.Truncated(offset + done);
-      }
+    if (!GuardedCopyWithCrc32c(region.data() + offset, origin, bytes, &crc)) {
+      return region.Truncated(offset, bytes);
     }
     return crc;
   }

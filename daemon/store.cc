@@ -525,6 +525,14 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     }
   }
 
+  if (const uint64_t kept = ParityReserveLocked();
+      kept > 0 && !plan->parts.empty() && pool_->free_bytes() < SaturatingAdd(plan->space, kept)) {
+    return Skip(rank_state, rank, step, sparse, table, selection,
+                absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
+                             ") and the pool keeps ", FormatByteSize(kept), " for the parity of "
+                             "steps being encoded; ", FormatByteSize(pool_->free_bytes()),
+                             " are free: commits lag behind training"));
+  }
   // The pool space of the whole step in one reservation; the copy threads cut it into versions.
   // A member whose shard is empty (more members than alignment units) copies nothing.
   absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation =
@@ -614,6 +622,33 @@ void Store::AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseS
   slot->set_step(step);
   slot->set_state(state);
   *slot->mutable_operators() = sparse.operators();
+}
+
+uint64_t Store::ParityReserveLocked() {
+  if (options_.parity_share <= 0) return 0;
+  const std::optional<int64_t> committed = cluster_.has_committed_step()
+                                               ? std::optional<int64_t>(cluster_.committed_step())
+                                               : std::nullopt;
+  if (largest_image_step_ != committed) {
+    largest_image_bytes_ = 0;
+    for (const v1::NodeImage& image : cluster_.group_images()) {
+      uint64_t bytes = 0;
+      for (const v1::ImageRegion& region : image.regions()) {
+        bytes = SaturatingAdd(bytes, region.bytes());
+      }
+      largest_image_bytes_ = std::max(largest_image_bytes_, bytes);
+    }
+    largest_image_step_ = committed;
+  }
+  uint64_t here = 0;  // what a whole step of every rank of this node captures
+  for (const auto& [rank, rank_state] : ranks_) {
+    if (rank_state.regions->plan_of_all) {
+      here = SaturatingAdd(here, rank_state.regions->plan_of_all->bytes);
+    }
+  }
+  const double largest = static_cast<double>(std::max(largest_image_bytes_, here));
+  return static_cast<uint64_t>(std::min(2 * options_.parity_share * largest,
+                                         static_cast<double>(pool_->capacity())));
 }
 
 v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t step,

@@ -46,6 +46,11 @@ struct CaptureOptions {
   // data-parallel ranks) takes part in each step with no trainer registered. Otherwise a step waits
   // for a trainer on every node, so that one not registered yet is never left out of a step.
   bool parity_only = false;
+  // In a cluster, parity_units / data_units (zero on a single node): the parity a node holds for
+  // one step is about that share of the group's largest image. Captures leave room for it, so that
+  // steps captured faster than the cluster commits them never fill the pool and starve the parity
+  // of the step being encoded (then every step aborts, and nothing commits again).
+  double parity_share = 0;
 };
 
 // The copy backends the store may use; `device` is null when no GPU backend is available.
@@ -253,6 +258,10 @@ class Store final : public ClusterStore, public DurableStore {
   void TrimFinishedSteps(RankState& rank_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
   // and the answer saying so.
+  // The pool bytes a capture must leave free in a cluster: the parity of two steps being encoded
+  // (one whose Encode overlaps the next one's, and units rounded up to whole stripe units), at
+  // parity_share of the largest image of the group, committed or to be captured here.
+  uint64_t ParityReserveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   v1::SnapshotResponse Skip(RankState& rank_state, uint32_t rank, int64_t step,
                             const std::optional<v1::SparseSlot>& sparse,
                             std::shared_ptr<const RegionTable> table,
@@ -286,6 +295,9 @@ class Store final : public ClusterStore, public DurableStore {
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t steps_superseded_ ABSL_GUARDED_BY(mutex_) = 0;
+  // The largest image of the group's committed step (cluster_), and the step it was taken from.
+  std::optional<int64_t> largest_image_step_ ABSL_GUARDED_BY(mutex_);
+  uint64_t largest_image_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t snapshots_skipped_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_skip_ ABSL_GUARDED_BY(mutex_);
   v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);

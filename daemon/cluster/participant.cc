@@ -305,9 +305,9 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // the parity before it was opened: nothing would end the wait for units below.
   bool decided = false;
   {
-    const std::optional<int64_t> committed = CommittedStep();
+    const std::optional<int64_t> committed_step = CommittedStep();
     absl::MutexLock lock(&mutex_);
-    decided = DecidedLocked(step, committed);
+    decided = DecidedLocked(step, committed_step);
   }
   if (decided) {
     parity_->Abort(step);

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
 #include "daemon/shard_layout.h"
+#include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::daemon {
@@ -192,6 +194,31 @@ TEST_F(StoreTest, AFullPoolSkipsTheStepAndKeepsWhatIsCommitted) {
   EXPECT_EQ(trainers_[0].data[trainers_[0].bytes - 1], 2);
 }
 
+// In a cluster, steps captured faster than they commit must not take the pool space the parity of
+// the step being encoded needs: once they did, every step aborted for want of parity space and
+// nothing committed again. Captures leave 2 x parity_share x the largest image free.
+TEST_F(StoreTest, CapturesLeaveRoomForTheParityOfStepsBeingEncoded) {
+  CaptureOptions options;
+  options.parity_share = 0.5;  // k = 4, m = 2: the parity of a step is kept at one step's bytes
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 16 * kRegionBytes, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  const uint64_t step_bytes = 2 * kRegionBytes;
+  int64_t step = 1;
+  std::string skipped;
+  for (; skipped.empty() && step < 100; ++step) {
+    skipped = Take(0, step).skipped();
+    ASSERT_OK(WaitCaptured(0, step));
+  }
+  EXPECT_TRUE(absl::StrContains(skipped, "for the parity of steps being encoded")) << skipped;
+  // Steps 1-7 fit in the 16 regions' space beside the two kept for parity; step 8 is skipped.
+  EXPECT_EQ(step - 1, 8);
+  EXPECT_GE(pool_->free_bytes(), step_bytes);
+  ASSERT_OK(pool_->Allocate(step_bytes));  // the parity's units find their room
+  // The steps captured commit; the next capture finds room again.
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(step - 2));
+  EXPECT_TRUE(Take(0, step).skipped().empty());
+}
+
 TEST_F(StoreTest, FragmentedFreeSpaceStillTakesASnapshotThatFitsAndRestoresItExactly) {
   // Six ranks fill the pool; dropping ranks 1 and 3 leaves two holes, apart, of one region each.
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 6 * kRegionBytes));
@@ -278,6 +305,44 @@ TEST_F(StoreTest, ARegionLargerThanAChunkAmongSmallOnesIsCopiedChunkByChunk) {
   ASSERT_OK(restored);
   EXPECT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes),
             std::vector<uint8_t>(trainer.bytes, 1));
+}
+
+TEST_F(StoreTest, ARestoreChecksEveryChunkAndFailsOnOneCorruptByteInThePool) {
+  // Region1 spans five chunks and a bit at misaligned sizes; one byte of its third chunk is damaged
+  // in the pool after the commit: the restore of the rank fails with DATA_LOSS naming the chunk,
+  // and a restore of region0 alone still succeeds.
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 16 << 20));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, {3 * 64 * 1024 + 5, 5 * 64 * 1024 + 17}));
+  Trainer& trainer = trainers_.at(0);
+  moesnap::testing::DeterministicBytes random(18);
+  random.Fill(trainer.data, trainer.bytes);
+  const std::vector<uint8_t> expected(trainer.data, trainer.data + trainer.bytes);
+  ASSERT_OK(store_->Snapshot(0, 1, {}));
+  ASSERT_OK(store_->WaitCommitted(0, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+
+  // Where region1's chunk 2 landed in the pool: found by 64 of its (random) bytes.
+  const uint64_t region1 = 3 * 64 * 1024 + 5;
+  const uint8_t* needle = expected.data() + region1 + 2 * 64 * 1024 + 1000;
+  uint8_t* const pool_end = pool_->base() + pool_->capacity();
+  uint8_t* const found = std::search(pool_->base(), pool_end, needle, needle + 64);
+  ASSERT_NE(found, pool_end);
+  *found ^= 0x10;
+
+  std::memset(trainer.data, 0, trainer.bytes);
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  EXPECT_STATUS(restored, absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(restored.status().message(),
+                                 "region 'region1' of rank 0, step 1, chunk 2"))
+      << restored.status();
+  const v1::VerifyResponse verify = store_->Verify(std::nullopt);
+  ASSERT_EQ(verify.corruptions_size(), 1);
+  EXPECT_EQ(verify.corruptions(0).region(), "region1");
+  EXPECT_EQ(verify.corruptions(0).chunk(), 2u);
+
+  std::memset(trainer.data, 0, trainer.bytes);
+  ASSERT_OK(store_->Restore(0, std::nullopt, {"region0"}, absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(std::memcmp(trainer.data, expected.data(), region1), 0);
 }
 
 TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {

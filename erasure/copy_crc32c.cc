@@ -1,0 +1,162 @@
+// Copy and CRC-32C in one pass. Two passes (memcpy, then a CRC over the copy) move every byte
+// through the core twice, and in cache-sized pieces they keep memcpy from writing around the
+// cache. Large copies here load each 8 bytes once into a register that is stored (non-temporal)
+// and fed to the crc32 instruction, in three lanes of 64 KiB at a time (the instruction's latency
+// is three times its throughput); the lanes' CRCs are joined by shifting them over the lanes after
+// them. Lanes are long because the hardware prefetchers follow long streams: measured here, lanes
+// of 4 KiB copied at 0.6 of memcpy, lanes of 64 KiB at 1.0-1.2. Copies too small for one block of
+// lanes run as memcpy of a cache-sized block followed by ISA-L's CRC over it while it is in cache.
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "erasure/crc32c.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace moesnap::erasure {
+namespace {
+
+constexpr size_t kBlockedPieceBytes = 64 << 10;
+
+uint32_t CopyBlocked(void* destination, const void* source, size_t length, uint32_t crc) {
+  auto* to = static_cast<uint8_t*>(destination);
+  const auto* from = static_cast<const uint8_t*>(source);
+  for (size_t done = 0; done < length; done += kBlockedPieceBytes) {
+    const size_t piece = length - done < kBlockedPieceBytes ? length - done : kBlockedPieceBytes;
+    std::memcpy(to + done, from + done, piece);
+    crc = Crc32cExtend(crc, to + done, piece);  // the destination: the bytes as stored
+  }
+  return crc;
+}
+
+#if defined(__x86_64__)
+
+// CopyWithCrc32c takes the one-pass kernel wherever one block of three lanes fits: measured here,
+// copies of 192-512 KiB ran one-pass at 1.0-1.3 of memcpy, blocked at 0.86-0.94.
+constexpr size_t kLane = 64 << 10;
+constexpr size_t kOnePassBytes = 3 * kLane;
+constexpr size_t kCacheLineBytes = 64;
+constexpr uint32_t kReflectedPolynomial = 0x82F63B78u;
+
+// A GF(2)-linear map of 32-bit CRC registers, as the images of the 32 unit vectors.
+using LinearMap = std::array<uint32_t, 32>;
+
+constexpr uint32_t Apply(const LinearMap& map, uint32_t value) {
+  uint32_t image = 0;
+  for (int bit = 0; bit < 32; ++bit) {
+    if ((value >> bit) & 1) image ^= map[bit];
+  }
+  return image;
+}
+
+// The register after `bytes` zero bytes (a power of two) as a function of the register before
+// them: one zero bit, squared until it spans the bytes. A lane's CRC joins the CRC of the bytes
+// before it as crc(s, A B) = ZeroShift_|B|(crc(s, A)) xor crc(0, B); four table lookups apply it.
+class ZeroShift {
+ public:
+  constexpr explicit ZeroShift(size_t bytes) {
+    LinearMap map{};
+    map[0] = kReflectedPolynomial;  // the register shifts right; a 1 leaving it folds in P
+    for (int bit = 1; bit < 32; ++bit) map[bit] = 1u << (bit - 1);
+    for (size_t bits = 1; bits < 8 * bytes; bits *= 2) {
+      LinearMap squared{};
+      for (int bit = 0; bit < 32; ++bit) squared[bit] = Apply(map, map[bit]);
+      map = squared;
+    }
+    for (int byte = 0; byte < 4; ++byte) {
+      for (uint32_t value = 0; value < 256; ++value) {
+        table_[byte][value] = Apply(map, value << (8 * byte));
+      }
+    }
+  }
+
+  constexpr uint32_t operator()(uint32_t state) const {
+    return table_[0][state & 0xff] ^ table_[1][(state >> 8) & 0xff] ^
+           table_[2][(state >> 16) & 0xff] ^ table_[3][state >> 24];
+  }
+
+ private:
+  std::array<std::array<uint32_t, 256>, 4> table_{};
+};
+
+// Built by the compiler: nothing is initialized at run time, so a copy interrupted by SIGBUS
+// (daemon/bus_error_guard.h) never leaves a half-built table behind.
+constexpr ZeroShift kLaneShift(kLane);
+
+// Copies `blocks` blocks of three lanes; `state` is the raw register (the CRC before its final
+// inversion), `to` is aligned to a cache line. Every word is loaded once: the value stored is the
+// value checksummed, whatever the source does meanwhile.
+__attribute__((target("sse4.2"))) uint32_t CopyLanes(uint8_t* to, const uint8_t* from,
+                                                     size_t blocks, uint32_t state) {
+  for (; blocks > 0; --blocks, from += 3 * kLane, to += 3 * kLane) {
+    uint64_t first = state, second = 0, third = 0;
+    for (size_t at = 0; at < kLane; at += 8) {
+      uint64_t a, b, c;
+      std::memcpy(&a, from + at, sizeof(a));
+      std::memcpy(&b, from + kLane + at, sizeof(b));
+      std::memcpy(&c, from + 2 * kLane + at, sizeof(c));
+      first = _mm_crc32_u64(first, a);
+      second = _mm_crc32_u64(second, b);
+      third = _mm_crc32_u64(third, c);
+      _mm_stream_si64(reinterpret_cast<long long*>(to + at), static_cast<long long>(a));
+      _mm_stream_si64(reinterpret_cast<long long*>(to + kLane + at), static_cast<long long>(b));
+      _mm_stream_si64(reinterpret_cast<long long*>(to + 2 * kLane + at),
+                      static_cast<long long>(c));
+    }
+    state = kLaneShift(kLaneShift(static_cast<uint32_t>(first)) ^ static_cast<uint32_t>(second)) ^
+            static_cast<uint32_t>(third);
+  }
+  _mm_sfence();  // the streamed bytes are ordered before whatever publishes the copy
+  return state;
+}
+
+// A head up to the destination's next cache line and a tail of less than one block go blocked;
+// streaming stores combine into whole lines, so the lanes start on a line boundary.
+uint32_t CopyInterleaved(void* destination, const void* source, size_t length, uint32_t crc) {
+  auto* to = static_cast<uint8_t*>(destination);
+  const auto* from = static_cast<const uint8_t*>(source);
+  const size_t misalignment = reinterpret_cast<uintptr_t>(to) % kCacheLineBytes;
+  const size_t head = misalignment == 0 || length < kCacheLineBytes - misalignment
+                          ? 0
+                          : kCacheLineBytes - misalignment;
+  crc = CopyBlocked(to, from, head, crc);
+  const size_t blocks = (length - head) / (3 * kLane);
+  crc = ~CopyLanes(to + head, from + head, blocks, ~crc);
+  const size_t done = head + blocks * 3 * kLane;
+  return CopyBlocked(to + done, from + done, length - done, crc);
+}
+
+#endif
+
+}  // namespace
+
+bool CopyCrcKernelAvailable(CopyCrcKernel kernel) {
+#if defined(__x86_64__)
+  if (kernel == CopyCrcKernel::kInterleaved) return __builtin_cpu_supports("sse4.2");
+#endif
+  return kernel == CopyCrcKernel::kBlocked;
+}
+
+uint32_t CopyWithCrc32cUsing(CopyCrcKernel kernel, void* destination, const void* source,
+                             size_t length, uint32_t crc) {
+#if defined(__x86_64__)
+  if (kernel == CopyCrcKernel::kInterleaved && __builtin_cpu_supports("sse4.2")) {
+    return CopyInterleaved(destination, source, length, crc);
+  }
+#endif
+  return CopyBlocked(destination, source, length, crc);
+}
+
+uint32_t CopyWithCrc32c(void* destination, const void* source, size_t length, uint32_t crc) {
+#if defined(__x86_64__)
+  if (length >= kOnePassBytes && __builtin_cpu_supports("sse4.2")) {
+    return CopyInterleaved(destination, source, length, crc);
+  }
+#endif
+  return CopyBlocked(destination, source, length, crc);
+}
+
+}  // namespace moesnap::erasure
