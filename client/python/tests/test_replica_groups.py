@@ -47,6 +47,17 @@ def finished(ranks: List[ChildProcess]) -> List[List[str]]:
     return [child.lines for child in ranks]
 
 
+def killed(ranks: List[ChildProcess], victim: int, once: str) -> List[List[str]]:
+    """SIGKILLs rank `victim` once it printed a line matching `once`; the others fail on their next
+    collective, as a job does when one of its processes dies. Every rank's lines."""
+    ranks[victim].wait_for(once)
+    ranks[victim].process.send_signal(signal.SIGKILL)
+    for child in ranks:
+        child.process.wait(timeout=180)
+        child._reader.join()
+    return [child.lines for child in ranks]
+
+
 def digests(outputs: List[List[str]], what: str = "step") -> Dict[int, str]:
     """Step -> the digest every rank printed for it (they must agree: the state is replicated)."""
     found: Dict[int, str] = {}
@@ -81,15 +92,9 @@ def assert_shares(daemon: Daemon, world: int, step: int) -> None:
 
 
 def test_replicas_copy_one_shard_each_and_restore_bit_identically(daemon: Daemon) -> None:
-    # A job of four ranks; rank 2 is SIGKILLed once past step 4, and the others fail on their
-    # next collective, as a job does when one of its processes dies.
-    first = launch(daemon, 4, steps=30)
-    first[2].wait_for(r"step [4-9] digest .*|step \d\d+ digest .*")
-    first[2].process.send_signal(signal.SIGKILL)
-    for child in first:
-        child.process.wait(timeout=180)
-        child._reader.join()
-    before = digests([child.lines for child in first])
+    # A job of four ranks; rank 2 is SIGKILLed once past step 4.
+    before = digests(killed(launch(daemon, 4, steps=30), 2,
+                            r"step [4-9] digest .*|step \d\d+ digest .*"))
     assert_shares(daemon, 4, max(capture["step"] for capture in captures(daemon).values()))
 
     # The job restarted: every rank restores the last committed step, whose shards the four

@@ -10,14 +10,13 @@ shard."""
 
 import json
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, List
 
 from conftest import ChildProcess, Cluster
-from test_replica_groups import ALIGNMENT, TRAINER, digests, finished
+from test_replica_groups import ALIGNMENT, TRAINER, digests, finished, killed
 
 # Node 2 runs no trainers: it takes part in every step with its parity alone.
 PARITY_ONLY = {2: "[capture]\nparity_only = true\n"}
@@ -73,13 +72,8 @@ def test_replicas_on_two_nodes_restore_across_nodes_and_from_parity(tmp_path: Pa
     cluster = Cluster(tmp_path, 3, data_units=2, parity_units=1, node_config=PARITY_ONLY)
     try:
         # Rank 2 is SIGKILLed past step 6; the others fail on their next collective.
-        first = launch(cluster, [0, 0, 1, 1], 40, tmp_path)
-        first[2].wait_for(r"step ([6-9]|\d\d+) digest .*")
-        first[2].process.send_signal(signal.SIGKILL)
-        for child in first:
-            child.process.wait(timeout=180)
-            child._reader.join()
-        before = digests([child.lines for child in first])
+        before = digests(killed(launch(cluster, [0, 0, 1, 1], 40, tmp_path), 2,
+                                r"step ([6-9]|\d\d+) digest .*"))
 
         # Restarted: every rank restores the committed step from both nodes' shards.
         second = finished(launch(cluster, [0, 0, 1, 1], 20, tmp_path))
