@@ -73,6 +73,10 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, u
   header.length = Get<uint32_t>(in, 40);
   header.payload_crc = Get<uint32_t>(in, 44);
   const uint16_t region_bytes = Get<uint16_t>(in, 48);
+  if (const uint16_t reserved = Get<uint16_t>(in, 50); reserved != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("frame reserved field is ", reserved,
+                                                   ", not zero"));
+  }
   header.attempt = Get<int64_t>(in, 52);
   if (header.length > max_payload) {
     return absl::InvalidArgumentError(absl::StrCat("frame payload of ", header.length,

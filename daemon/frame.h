@@ -14,9 +14,9 @@
 // `attempt` is the fencing token of the coordinator whose Encode sent a parity delta: a step encoded
 // again under a newer coordinator drops the frames an older one's encode still had on the wire.
 //
-// All integers little-endian. A frame is accepted only if magic, version, kind, every length bound and
-// both CRCs hold; anything else is rejected with the reason and the connection is closed, so a
-// malformed or truncated frame can never reach stored data.
+// All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
+// (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
+// connection is closed, so a malformed or truncated frame can never reach stored data.
 #ifndef MOESNAP_DAEMON_FRAME_H_
 #define MOESNAP_DAEMON_FRAME_H_
 

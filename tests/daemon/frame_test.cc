@@ -83,6 +83,19 @@ TEST(FrameTest, EveryCorruptionIsRejectedByName) {
                 absl::StatusCode::kDataLoss);
 }
 
+// Found by the frame fuzzer: a header with a non-zero reserved field (and a matching header CRC)
+// was accepted, so it did not encode back to the bytes it came from.
+TEST(FrameTest, ANonZeroReservedFieldIsRejected) {
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(Sample({}), bytes);
+  bytes[51] = 0x80;
+  const uint32_t crc = erasure::Crc32c(bytes, 60);
+  for (size_t i = 0; i < 4; ++i) bytes[60 + i] = static_cast<uint8_t>(crc >> (8 * i));
+  const absl::Status status = DecodeFrameHeader(bytes, 1 << 20).status();
+  EXPECT_STATUS(status, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "reserved field is 32768")) << status;
+}
+
 TEST(FrameTest, KindAndRegionLengthAreBounded) {
   FrameHeader header = Sample({});
   header.region = std::string(FrameHeader::kMaxRegionBytes + 1, 'r');
