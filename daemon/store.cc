@@ -626,19 +626,9 @@ void Store::AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseS
 
 uint64_t Store::ParityReserveLocked() {
   if (options_.parity_share <= 0) return 0;
-  const std::optional<int64_t> committed = cluster_.has_committed_step()
-                                               ? std::optional<int64_t>(cluster_.committed_step())
-                                               : std::nullopt;
-  if (largest_image_step_ != committed) {
-    largest_image_bytes_ = 0;
-    for (const v1::NodeImage& image : cluster_.group_images()) {
-      uint64_t bytes = 0;
-      for (const v1::ImageRegion& region : image.regions()) {
-        bytes = SaturatingAdd(bytes, region.bytes());
-      }
-      largest_image_bytes_ = std::max(largest_image_bytes_, bytes);
-    }
-    largest_image_step_ = committed;
+  uint64_t committed = 0;  // the largest image of the group's committed step
+  for (const v1::NodeImage& image : cluster_.group_images()) {
+    committed = std::max(committed, image.bytes());
   }
   uint64_t here = 0;  // what a whole step of every rank of this node captures
   for (const auto& [rank, rank_state] : ranks_) {
@@ -646,7 +636,7 @@ uint64_t Store::ParityReserveLocked() {
       here = SaturatingAdd(here, rank_state.regions->plan_of_all->bytes);
     }
   }
-  const double largest = static_cast<double>(std::max(largest_image_bytes_, here));
+  const double largest = static_cast<double>(std::max(committed, here));
   return static_cast<uint64_t>(std::min(2 * options_.parity_share * largest,
                                          static_cast<double>(pool_->capacity())));
 }

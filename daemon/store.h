@@ -295,9 +295,6 @@ class Store final : public ClusterStore, public DurableStore {
   std::map<uint32_t, RankState> ranks_ ABSL_GUARDED_BY(mutex_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t steps_superseded_ ABSL_GUARDED_BY(mutex_) = 0;
-  // The largest image of the group's committed step (cluster_), and the step it was taken from.
-  std::optional<int64_t> largest_image_step_ ABSL_GUARDED_BY(mutex_);
-  uint64_t largest_image_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t snapshots_skipped_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_skip_ ABSL_GUARDED_BY(mutex_);
   v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);
