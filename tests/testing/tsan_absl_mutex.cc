@@ -71,6 +71,15 @@ void Unlocked(absl::Mutex* mu, unsigned flags, Call unlocking) {
   unlocking();
   __tsan_mutex_post_unlock(mu, flags);
 }
+// A try-lock as TSan sees it: taken, or tried and failed.
+template <typename Call>
+bool TriedLock(absl::Mutex* mu, unsigned flags, Call trying) {
+  flags |= __tsan_mutex_try_lock;
+  __tsan_mutex_pre_lock(mu, flags);
+  const bool locked = trying();
+  __tsan_mutex_post_lock(mu, flags | (locked ? 0 : __tsan_mutex_try_lock_failed), 0);
+  return locked;
+}
 // A wait that releases `mu` inside the library and holds it again when it returns.
 template <typename Call>
 auto Released(absl::Mutex* mu, unsigned flags, Call waiting) {
@@ -99,19 +108,12 @@ void Mutex::ReaderLock() {
 
 bool Mutex::TryLock() {
   static const TryLockFn next = Next<TryLockFn>("5Mutex7TryLockEv");
-  __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
-  const bool locked = next(this);
-  __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (locked ? 0 : __tsan_mutex_try_lock_failed), 0);
-  return locked;
+  return TriedLock(this, 0, [&] { return next(this); });
 }
 
 bool Mutex::ReaderTryLock() {
   static const TryLockFn next = Next<TryLockFn>("5Mutex13ReaderTryLockEv");
-  const unsigned flags = kRead | __tsan_mutex_try_lock;
-  __tsan_mutex_pre_lock(this, flags);
-  const bool locked = next(this);
-  __tsan_mutex_post_lock(this, flags | (locked ? 0 : __tsan_mutex_try_lock_failed), 0);
-  return locked;
+  return TriedLock(this, kRead, [&] { return next(this); });
 }
 
 void Mutex::Unlock() {
