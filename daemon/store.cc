@@ -1613,13 +1613,17 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
     }
   }
   for (const auto& [rank, rank_state] : ranks_) {
-    // Left out (idle, or dropped by an operator): the step commits without it.
-    if ((!rank_state.regions->regions.empty() || rank_state.restarting) && activity_.LeftOut(rank)) continue;
     auto it = rank_state.steps.find(step);
-    if (it != rank_state.steps.end() && it->second.state == v1::STEP_STATE_ABORTED &&
-        !it->second.discarded) {
+    const bool took_step = it != rank_state.steps.end() && !it->second.discarded;
+    if (took_step && it->second.state == v1::STEP_STATE_ABORTED) {
       return absl::Status(it->second.failure.code(),
                           absl::StrCat("rank ", rank, ": ", it->second.failure.message()));
+    }
+    // A rank that took the step is part of it, however long its copy runs. One that did not and is
+    // left out (idle, or dropped by an operator) is not: the step commits without it.
+    if (!took_step && (!rank_state.regions->regions.empty() || rank_state.restarting) &&
+        activity_.LeftOut(rank)) {
+      continue;
     }
     // No trainer of this rank now (and none starting again): nothing to wait for, unless a
     // trainer here holds a replica group with it.

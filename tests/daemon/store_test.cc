@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/shared_memory.h"
 #include "daemon/shard_layout.h"
 #include "tests/testing/deterministic_bytes.h"
@@ -22,6 +23,38 @@ namespace moesnap::daemon {
 namespace {
 
 constexpr uint64_t kRegionBytes = 256 * 1024;
+
+// Host copies that wait, before copying out, until the test lets them run: a copy as slow as the
+// test needs.
+class HeldCopyBackend : public CopyBackend {
+ public:
+  explicit HeldCopyBackend(std::unique_ptr<CopyBackend> inner) : inner_(std::move(inner)) {}
+
+  void Release() { released_.Notify(); }
+
+  std::string name() const override { return inner_->name(); }
+  bool supports_device_memory() const override { return inner_->supports_device_memory(); }
+  absl::Status PinHostMemory(void* data, uint64_t bytes) override {
+    return inner_->PinHostMemory(data, bytes);
+  }
+  absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t rank,
+                                                     const v1::RegionSpec& spec) override {
+    return inner_->Open(rank, spec);
+  }
+  absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
+                                   uint64_t bytes, uint32_t crc) override {
+    released_.WaitForNotification();
+    return inner_->CopyOut(source, offset, destination, bytes, crc);
+  }
+  absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
+                                  uint64_t bytes, uint32_t crc) override {
+    return inner_->CopyIn(source, offset, origin, bytes, crc);
+  }
+
+ private:
+  const std::unique_ptr<CopyBackend> inner_;
+  absl::Notification released_;
+};
 
 class StoreTest : public ::testing::Test {
  protected:
@@ -474,8 +507,8 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
   ASSERT_NO_FATAL_FAILURE(Connect(0));
   ASSERT_NO_FATAL_FAILURE(Connect(1));
   Take(0, 1);
-  // Rank 1 registered and never snapshots: once it is idle, step 1 is captured without it. (On a
-  // loaded machine rank 0 may turn idle too while its copy runs; it is left out the same way.)
+  // Rank 1 registered and never snapshots: once it is idle, step 1 is captured without it. Rank 0
+  // took step 1, so it is waited for even if it turns idle while its copy runs (a loaded machine).
   ASSERT_OK(store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30)));
   std::map<uint32_t, std::string> dropped = Dropped();
   ASSERT_TRUE(dropped.contains(1));
@@ -489,6 +522,26 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
   Take(0, 2);
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(2));
   EXPECT_EQ(*store_->LatestCommitted(1), 2);
+}
+
+TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
+  auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
+  HeldCopyBackend* copies = held.get();
+  backend_ = std::move(held);
+  CaptureOptions options;
+  options.idle_rank_timeout = absl::Milliseconds(1);
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  Take(1, 1);
+  // Both ranks turn idle while their copies wait: they took the step, so the node waits for them.
+  EXPECT_STATUS(store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(50)),
+                absl::StatusCode::kDeadlineExceeded);
+  copies->Release();
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  EXPECT_EQ(*store_->LatestCommitted(0), 1);
+  EXPECT_EQ(*store_->LatestCommitted(1), 1);
 }
 
 TEST_F(StoreTest, AnOperatorLeavesAStuckRankOut) {
@@ -714,13 +767,13 @@ TEST_F(ReplicaGroupStoreTest, InACommitRoundTheImageCarriesPiecesAndAMissingShar
           if (fifth[i].bytes == 0) continue;
           const uint64_t at = starts[i] + fifth[i].offset;
           std::memcpy(trainer.data + at, trainers_.at(1).data + at, fifth[i].bytes);
-          v1::RestoreResponse::Restored* restored = response.add_regions();
-          restored->set_region(name);
-          restored->set_step(1);
-          restored->set_bytes(fifth[i].bytes);
-          restored->mutable_piece()->set_replica_group("data-parallel");
-          restored->mutable_piece()->set_offset(fifth[i].offset);
-          restored->mutable_piece()->set_region_bytes(kReplicatedSizes[i]);
+          v1::RestoreResponse::Restored* piece_restored = response.add_regions();
+          piece_restored->set_region(name);
+          piece_restored->set_step(1);
+          piece_restored->set_bytes(fifth[i].bytes);
+          piece_restored->mutable_piece()->set_replica_group("data-parallel");
+          piece_restored->mutable_piece()->set_offset(fifth[i].offset);
+          piece_restored->mutable_piece()->set_region_bytes(kReplicatedSizes[i]);
         }
         return absl::StatusOr<v1::RestoreResponse>(response);
       },
