@@ -12,6 +12,7 @@
 #include "daemon/cluster/group_shards.h"
 #include "daemon/group_pieces.h"
 #include "daemon/progress.h"
+#include "daemon/request_checks.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -93,6 +94,7 @@ grpc::Status AgentService::RegisterRegions(grpc::ServerContext* context,
   if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
     return ToGrpcStatus(bound);
   }
+  if (absl::Status valid = CheckRegisterRegions(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::vector<v1::RegionSpec> regions(request->regions().begin(), request->regions().end());
   return ToGrpcStatus(store_->RegisterRegions(request->rank(), regions));
 }
@@ -102,6 +104,7 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext* context, const v1::Snap
   if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
     return ToGrpcStatus(bound);
   }
+  if (absl::Status valid = CheckSnapshot(*request); !valid.ok()) return ToGrpcStatus(valid);
   const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
@@ -119,6 +122,7 @@ grpc::Status AgentService::WaitCaptured(grpc::ServerContext* context, const v1::
   if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
     return ToGrpcStatus(bound);
   }
+  if (absl::Status valid = CheckWait(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::StepState> state = store_->WaitCaptured(
       request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
   if (!state.ok()) return ToGrpcStatus(state.status());
@@ -132,6 +136,7 @@ grpc::Status AgentService::WaitCommitted(grpc::ServerContext* context,
   if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
     return ToGrpcStatus(bound);
   }
+  if (absl::Status valid = CheckWait(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::StepState> state = store_->WaitCommitted(
       request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
   if (!state.ok()) return ToGrpcStatus(state.status());
@@ -144,15 +149,11 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
   if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
     return ToGrpcStatus(bound);
   }
+  if (absl::Status valid = CheckRestore(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::optional<int64_t> step;
   if (request->has_step()) step = request->step();
   absl::StatusOr<v1::RestoreResponse> restored;
   if (request->has_source_rank() && request->source_rank() != request->rank()) {
-    if (step) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "a restore from another rank takes its latest committed step: leave step "
-                          "out");
-    }
     restored = cluster_ != nullptr
                    ? cluster_->RestoreFrom(request->rank(), request->source_rank(),
                                            Names(request->regions()))
@@ -201,6 +202,7 @@ grpc::Status AgentService::AppendLog(grpc::ServerContext* context, const v1::App
   if (absl::Status bound = CheckRank(*context, request->record().rank()); !bound.ok()) {
     return ToGrpcStatus(bound);
   }
+  if (absl::Status valid = CheckAppendLog(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::AppendLogResponse> appended =
       log_->Append(request->record());
   if (!appended.ok()) return ToGrpcStatus(appended.status());
@@ -210,6 +212,7 @@ grpc::Status AgentService::AppendLog(grpc::ServerContext* context, const v1::App
 
 grpc::Status AgentService::FetchLog(grpc::ServerContext*, const v1::FetchLogRequest* request,
                                     v1::FetchLogResponse* response) {
+  if (absl::Status valid = CheckFetchLog(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::FetchLogResponse> fetched = log_->Fetch(*request);
   if (absl::IsNotFound(fetched.status()) && cluster_ != nullptr) {
     fetched = cluster_->FetchLog(*request);  // the rank ran on another node
@@ -240,6 +243,7 @@ grpc::Status AdminService::ListSteps(grpc::ServerContext*, const v1::ListStepsRe
 
 grpc::Status AdminService::InspectStep(grpc::ServerContext*, const v1::InspectStepRequest* request,
                                        v1::InspectStepResponse* response) {
+  if (absl::Status valid = CheckInspectStep(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::optional<uint32_t> rank;
   if (request->has_rank()) rank = request->rank();
   *response = store_->InspectStep(request->step(), rank);
@@ -271,6 +275,7 @@ grpc::Status AdminService::ListWindows(grpc::ServerContext*, const v1::ListWindo
 
 grpc::Status AdminService::Verify(grpc::ServerContext*, const v1::VerifyRequest* request,
                                   v1::VerifyResponse* response) {
+  if (absl::Status valid = CheckVerify(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::optional<int64_t> step;
   if (request->has_step()) step = request->step();
   if (cluster_ == nullptr) {
@@ -312,6 +317,7 @@ grpc::Status AdminService::Rebuild(grpc::ServerContext*, const v1::RebuildReques
 
 grpc::Status AdminService::DropStep(grpc::ServerContext*, const v1::DropStepRequest* request,
                                     v1::DropStepResponse* response) {
+  if (absl::Status valid = CheckDropStep(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::optional<uint32_t> rank;
   if (request->has_rank()) rank = request->rank();
   absl::StatusOr<v1::DropStepResponse> dropped = store_->DropStep(request->step(), rank);
@@ -346,6 +352,7 @@ grpc::Status AdminService::RestoreTier(grpc::ServerContext* context,
 
 grpc::Status AdminService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
                                   grpc::ServerWriter<v1::ExportChunk>* writer) {
+  if (absl::Status valid = CheckExport(*request); !valid.ok()) return ToGrpcStatus(valid);
   return ToGrpcStatus(tiers_->Export(*request, [context, writer](const v1::ExportChunk& chunk) {
     return !context->IsCancelled() && writer->Write(chunk);
   }));

@@ -14,7 +14,6 @@
 #include "common/shared_memory.h"
 #include "daemon/copy_plan.h"
 #include "daemon/progress.h"
-#include "daemon/region_limits.h"
 #include "daemon/shard_layout.h"
 #include "erasure/crc32c.h"
 #include "proto/step_state_name.h"
@@ -380,13 +379,6 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
   // Open everything first, outside the lock: a bad region fails the call without changing anything.
   std::map<std::string, RegionTable::Region> opened;
   for (const v1::RegionSpec& spec : regions) {
-    if (absl::Status valid = CheckRegionSpec(spec); !valid.ok()) return valid;
-    if (spec.has_replica_group()) {
-      if (absl::Status valid = CheckReplicaGroup(rank, spec.name(), spec.replica_group());
-          !valid.ok()) {
-        return valid;
-      }
-    }
     CopyBackend* backend = BackendFor(spec.device());
     if (backend == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1294,15 +1286,6 @@ absl::Status Store::CheckSparseSlot(const RankState& rank_state, uint32_t rank, 
     return absl::StrCat("step ", step, " of rank ", rank, " as slot ", sparse.slot(),
                         " of the window from step ", sparse.window_first_step());
   };
-  if (sparse.window_size() == 0 || sparse.slot() >= sparse.window_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(where(), ": a window of ", sparse.window_size(),
-                                                   " steps has no such slot"));
-  }
-  if (sparse.window_first_step() + sparse.slot() != step) {
-    return absl::InvalidArgumentError(absl::StrCat(where(), ": slot ", sparse.slot(),
-                                                   " of that window is step ",
-                                                   sparse.window_first_step() + sparse.slot()));
-  }
   const std::optional<v1::SparseWindow>& open = rank_state.open_window;
   if (sparse.slot() == 0) {
     const std::optional<v1::SparseWindow>& committed = rank_state.committed_window;

@@ -81,7 +81,8 @@ class Store final : public ClusterStore, public DurableStore {
   // process of the rank started since.
   void EndSession(uint32_t rank, uint64_t session);
 
-  // Adds or replaces named regions of a rank. Refused while a step of the rank is capturing.
+  // Adds or replaces named regions of a rank. Refused while a step of the rank is capturing. The
+  // regions passed CheckRegisterRegions (request_checks.h) for `rank`.
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
 
   // Queues the copies of `regions` (all registered regions when empty) for `step` and returns the
@@ -89,7 +90,8 @@ class Store final : public ClusterStore, public DurableStore {
   // that cannot be taken now (capture.max_in_flight_steps reached, or the pool cannot hold it) is
   // skipped: the response says why, the step counts as aborted, and the trainer goes on.
   // A sparse step names its slot of a window: slot 0 opens the window, later slots continue it in
-  // order (FAILED_PRECONDITION otherwise); the window commits when all its slots have.
+  // order (FAILED_PRECONDITION otherwise); the window commits when all its slots have. The step and
+  // slot passed CheckSnapshot (request_checks.h).
   absl::StatusOr<v1::SnapshotResponse> Snapshot(uint32_t rank, int64_t step,
                                     const std::vector<std::string>& regions,
                                     const std::optional<v1::SparseSlot>& sparse = std::nullopt);
@@ -178,6 +180,8 @@ class Store final : public ClusterStore, public DurableStore {
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
+  // The slot against the rank's windows: slot 0 opens one in the buffer not holding the committed
+  // window, later slots continue the open window in order.
   static absl::Status CheckSparseSlot(const RankState& rank_state, uint32_t rank, int64_t step,
                                       const v1::SparseSlot& sparse);
   // Sets the state of `record`'s slot in the open window; false when the record is not a slot of it.

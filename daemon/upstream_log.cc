@@ -59,15 +59,6 @@ void UpstreamLog::Prune() {
 }
 
 absl::StatusOr<v1::AppendLogResponse> UpstreamLog::Append(const v1::LogRecord& record) {
-  if (record.direction() != v1::LOG_DIRECTION_FORWARD &&
-      record.direction() != v1::LOG_DIRECTION_BACKWARD) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log record of step ", record.step(), " from rank ", record.rank(),
-                     " has no direction (LOG_DIRECTION_FORWARD or LOG_DIRECTION_BACKWARD)"));
-  }
-  if (record.rank() == record.peer_rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(RecordName(record), ": a rank does not send to itself"));
-  }
   const uint32_t crc = erasure::Crc32c(record.payload().data(), record.payload().size());
   const Key key{record.step(), record.rank(), record.direction(), record.peer_rank(),
                 record.micro_batch()};

@@ -46,6 +46,7 @@ class UpstreamLog {
   // which must stay under the 64 MiB message limit of clients and peers: a record that would take
   // them past kMaxFetchBytes is refused like one that does not fit the budget.
   static constexpr uint64_t kMaxFetchBytes = uint64_t{48} << 20;
+  // `record` passed CheckAppendLog (request_checks.h).
   absl::StatusOr<v1::AppendLogResponse> Append(const v1::LogRecord& record);
   // NOT_FOUND when this node has never held a record of the rank (it ran elsewhere); OUT_OF_RANGE
   // for a step already dropped; DATA_LOSS for a step whose records did not fit. Each record's

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "moesnap/client.h"
@@ -100,6 +101,27 @@ TEST_F(BadInputTest, StepNotAfterTheLatestIsRefused) {
   ExpectError(client_->Restore(0).status(), absl::StatusCode::kFailedPrecondition,
               "only the latest committed step, 1, is kept");
   ExpectStepOneIntact();
+}
+
+// Steps are 0 to 2^62. Before the bound, a step past it was captured (and, committed, overflowed
+// the upstream log's pruning at INT64_MAX), and a window starting at INT64_MAX overflowed the
+// daemon's check of the slot's step.
+TEST_F(BadInputTest, StepsAndWindowsPastTheBoundAreRefusedNamingIt) {
+  constexpr int64_t kPastTheBound = (int64_t{1} << 62) + 1;
+  ExpectError(client_->Snapshot(kPastTheBound).status(), absl::StatusCode::kInvalidArgument,
+              "step is 4611686018427387905; steps are 0 to 4611686018427387904");
+  ExpectError(client_->Snapshot(-5).status(), absl::StatusCode::kInvalidArgument,
+              "step is -5; steps are 0 to");
+  ExpectError(client_->WaitCommitted(std::numeric_limits<int64_t>::max()),
+              absl::StatusCode::kInvalidArgument, "steps are 0 to");
+  ExpectError(client_->SnapshotSparse(2, {"weights"},
+                                      {std::numeric_limits<int64_t>::max(), 4, 1, 0, {}})
+                  .status(),
+              absl::StatusCode::kInvalidArgument,
+              "the window's first step is 9223372036854775807; steps are 0 to");
+  // A trainer that named its steps right goes on.
+  ASSERT_OK(client_->Snapshot(2));
+  ASSERT_OK(client_->WaitCommitted(2));
 }
 
 TEST_F(BadInputTest, SnapshotLargerThanThePoolIsSkippedSayingHowMuchMoreIsNeeded) {
