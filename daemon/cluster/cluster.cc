@@ -232,6 +232,8 @@ v1::ClusterStatusResponse Cluster::Status() const {
   response.mutable_shape()->set_parity_units(options.parity_units);
   response.mutable_shape()->set_stripe_unit_bytes(options.stripe_unit_bytes);
   response.set_last_abort(units_->participant->last_abort());
+  response.set_degraded_commits(units_->participant->degraded_commits());
+  for (uint32_t id : units_->participant->latest_absent()) response.add_absent_nodes(id);
   response.set_rebuild_error(std::string(units_->rebuilder->last_failure().message()));
   response.set_peer_calls(units_->peers->calls());
   response.set_etcd_writes(units_->session->writes());
