@@ -92,11 +92,6 @@ struct Cluster::Units {
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
                                                         ClusterStore* store, UpstreamLog* log) {
-  if (options.allow_degraded) {
-    return absl::UnimplementedError(
-        "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
-        "deltas against the lost node's last image; set it to false (the default)");
-  }
   if (absl::Status status = options.Validate(node_id); !status.ok()) return status;
   auto units = std::make_unique<Units>(options);
   absl::StatusOr<std::unique_ptr<const cluster::Topology>> topology =
