@@ -642,38 +642,50 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   absl::StatusOr<Reconfiguration> plan = Reconfigure(
       std::vector<double>(experts.size(), 1.0), options, current, {1, 4});
   ASSERT_TRUE(plan.ok()) << plan.status();
-  auto restore_onto = [&](int node, const Expert& expert, uint32_t new_rank) {
-    const std::string name =
-        absl::StrCat("layer", expert.region / 8, ".expert", expert.region % 8, ".master");
+  // Restores `regions` of `rank` into a new rank on `node`, in one call, and compares every byte.
+  auto restore_onto = [&](int node, uint32_t rank, const std::vector<int>& regions,
+                          uint32_t new_rank) {
     absl::StatusOr<std::unique_ptr<Client>> client =
         Client::Connect({.socket_path = daemons_[node]->agent_socket(), .rank = new_rank});
     ASSERT_TRUE(client.ok()) << client.status();
-    absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(200000);
-    ASSERT_TRUE(buffer.ok()) << buffer.status();
-    ASSERT_TRUE((*client)->RegisterHostRegion({name, "uint8", {200000}}, *buffer, 0, 200000).ok());
-    absl::StatusOr<RestoreResult> restored = (*client)->RestoreFrom(expert.rank, {name});
-    ASSERT_TRUE(restored.ok()) << "rank " << expert.rank << " " << name << " onto node " << node
-                               << ": " << restored.status();
+    std::vector<std::string> names;
+    std::vector<std::shared_ptr<SharedBuffer>> buffers;
+    for (int region : regions) {
+      names.push_back(absl::StrCat("layer", region / 8, ".expert", region % 8, ".master"));
+      absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(200000);
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      ASSERT_TRUE(
+          (*client)->RegisterHostRegion({names.back(), "uint8", {200000}}, *buffer, 0, 200000).ok());
+      buffers.push_back(*buffer);
+    }
+    absl::StatusOr<RestoreResult> restored = (*client)->RestoreFrom(rank, names);
+    ASSERT_TRUE(restored.ok()) << "rank " << rank << " " << absl::StrJoin(names, ",")
+                               << " onto node " << node << ": " << restored.status();
     EXPECT_EQ(restored->step, 5);
     // Rank r ran on node r; the lost nodes' regions were decoded, a live node's fetched.
-    EXPECT_EQ(restored->source_node, expert.rank);
-    EXPECT_EQ(restored->decoded, expert.rank == 1 || expert.rank == 4) << "rank " << expert.rank;
-    std::vector<uint8_t> expected(200000);
-    testing::DeterministicBytes(uint64_t{expert.rank} << 48 ^ uint64_t(expert.region) << 32 ^ 5)
-        .Fill(expected.data(), expected.size());
-    EXPECT_EQ(std::memcmp((*buffer)->data(), expected.data(), expected.size()), 0)
-        << "rank " << expert.rank << " " << name << " restored onto node " << node;
+    EXPECT_EQ(restored->source_node, rank);
+    EXPECT_EQ(restored->decoded, rank == 1 || rank == 4) << "rank " << rank;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      std::vector<uint8_t> expected(200000);
+      testing::DeterministicBytes(uint64_t{rank} << 48 ^ uint64_t(regions[i]) << 32 ^ 5)
+          .Fill(expected.data(), expected.size());
+      EXPECT_EQ(std::memcmp(buffers[i]->data(), expected.data(), expected.size()), 0)
+          << "rank " << rank << " " << names[i] << " restored onto node " << node;
+    }
   };
   int moved = 0;
   for (const Transfer& transfer : plan->transfers) {
     const Expert& expert = experts[transfer.expert];
     if (transfer.from) continue;  // a surviving replica: nothing to restore from snapshots
     EXPECT_TRUE(expert.rank == 1 || expert.rank == 4) << "only lost experts come from snapshots";
-    restore_onto(transfer.to, expert, 100 + moved);
+    restore_onto(transfer.to, expert.rank, {expert.region}, 100 + moved);
     ++moved;
   }
   EXPECT_EQ(moved, 5 + 8);  // every expert of nodes 1 and 4
-  restore_onto(0, {2, 3}, 200);  // node 2 is live: fetched from it, not decoded
+  restore_onto(0, 2, {3}, 200);  // node 2 is live: fetched from it, not decoded
+  // Every region of a live rank at once, onto a node that located it before and one that did not.
+  restore_onto(0, 2, {0, 1, 2, 3, 4, 5}, 201);
+  restore_onto(3, 2, {0, 1, 2, 3, 4, 5}, 202);
 }
 
 // A daemon whose cluster config differs from its peers' does not join, and says what differs.
