@@ -77,6 +77,13 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
                  status.delta_encodes(), {{"kind", "delta"}});
   out.AddCounter("moesnap_parity_sent_bytes_total", "Bytes this node sent to parity holders",
                  status.parity_bytes_sent());
+  out.AddCounter("moesnap_cluster_degraded_commits_total",
+                 "Steps this node committed with nodes absent (cluster.allow_degraded)",
+                 status.degraded_commits());
+  out.AddGauge("moesnap_cluster_absent_nodes",
+               "Nodes absent from the latest step this node committed: their data is frozen at "
+               "their last committed image until a replacement rebuilds them",
+               status.absent_nodes_size());
 }
 
 // The durable tier's drain: progress, outcomes and the newest step on disk. Its lag behind memory

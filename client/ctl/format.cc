@@ -248,6 +248,12 @@ std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster) {
   if (!cluster.last_peer_refusal().empty()) {
     absl::StrAppend(&out, "last peer refused: ", cluster.last_peer_refusal(), "\n");
   }
+  if (cluster.absent_nodes_size() > 0) {
+    absl::StrAppend(&out, "degraded: nodes [", absl::StrJoin(cluster.absent_nodes(), ", "),
+                    "] absent from the latest committed step (their data is their last committed "
+                    "image; replace them to restore full protection); ",
+                    cluster.degraded_commits(), " degraded commits\n");
+  }
   if (!cluster.last_abort().empty()) absl::StrAppend(&out, "last abort: ", cluster.last_abort(), "\n");
   if (!cluster.rebuild_error().empty()) {
     absl::StrAppend(&out, "last rebuild failed (tried again): ", cluster.rebuild_error(), "\n");

@@ -2,8 +2,16 @@
 #include "daemon/cluster/caller_gate.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 
 namespace moesnap::daemon::cluster {
+namespace {
+
+metrics::Counter& calls_refused = metrics::Registry::Default().AddCounter(
+    "moesnap_peer_calls_refused_total",
+    "Peer calls refused because their caller had as many calls in flight as one caller may have");
+
+}  // namespace
 
 CallerGate::Pass::~Pass() {
   if (gate_ != nullptr) gate_->Leave(caller_);
@@ -13,6 +21,7 @@ absl::StatusOr<CallerGate::Pass> CallerGate::Enter(const std::string& caller) {
   absl::MutexLock lock(&mutex_);
   int& count = in_flight_[caller];
   if (count >= per_caller_) {
+    calls_refused.Add(1);
     return absl::ResourceExhaustedError(absl::StrCat(
         caller, " has ", count, " calls in flight, the most one caller may have at once"));
   }
@@ -25,6 +34,8 @@ int CallerGate::in_flight(const std::string& caller) const {
   auto it = in_flight_.find(caller);
   return it == in_flight_.end() ? 0 : it->second;
 }
+
+uint64_t CallerGate::refused_total() { return calls_refused.value(); }
 
 void CallerGate::Leave(const std::string& caller) {
   absl::MutexLock lock(&mutex_);

@@ -6,6 +6,7 @@
 #ifndef MOESNAP_DAEMON_CLUSTER_CALLER_GATE_H_
 #define MOESNAP_DAEMON_CLUSTER_CALLER_GATE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -41,6 +42,8 @@ class CallerGate {
   // caller and the bound when all of its slots are held.
   absl::StatusOr<Pass> Enter(const std::string& caller);
   int in_flight(const std::string& caller) const;
+  // Calls refused by every gate of this process (moesnap_peer_calls_refused_total).
+  static uint64_t refused_total();
 
  private:
   void Leave(const std::string& caller);

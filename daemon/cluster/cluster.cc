@@ -92,11 +92,6 @@ struct Cluster::Units {
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
                                                         const ClusterOptions& options, Pool* pool,
                                                         ClusterStore* store, UpstreamLog* log) {
-  if (options.allow_degraded) {
-    return absl::UnimplementedError(
-        "cluster.allow_degraded = true is not supported yet: a degraded commit needs parity "
-        "deltas against the lost node's last image; set it to false (the default)");
-  }
   if (absl::Status status = options.Validate(node_id); !status.ok()) return status;
   auto units = std::make_unique<Units>(options);
   absl::StatusOr<std::unique_ptr<const cluster::Topology>> topology =
@@ -232,6 +227,8 @@ v1::ClusterStatusResponse Cluster::Status() const {
   response.mutable_shape()->set_parity_units(options.parity_units);
   response.mutable_shape()->set_stripe_unit_bytes(options.stripe_unit_bytes);
   response.set_last_abort(units_->participant->last_abort());
+  response.set_degraded_commits(units_->participant->degraded_commits());
+  for (uint32_t id : units_->participant->latest_absent()) response.add_absent_nodes(id);
   response.set_rebuild_error(std::string(units_->rebuilder->last_failure().message()));
   response.set_peer_calls(units_->peers->calls());
   response.set_etcd_writes(units_->session->writes());

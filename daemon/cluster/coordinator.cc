@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -151,13 +152,15 @@ void Coordinator::Lead(int64_t token) {
   token_ = 0;
 }
 
-bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std::string& reason) {
+bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std::string& reason,
+                         const std::vector<uint32_t>& absent) {
   v1::StepDecision decision;
   decision.set_step(step);
   decision.set_committed(committed);
   decision.set_token(token);
   decision.set_coordinator(context_.node_id());
   decision.set_reason(reason);
+  for (uint32_t id : absent) decision.add_absent(id);
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     absl::StatusOr<v1::StepDecision> held = log_->Decide(decision);
@@ -222,6 +225,39 @@ bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std:
   }
 }
 
+absl::Status Coordinator::CheckDegraded(const std::vector<uint32_t>& lost,
+                                        const std::optional<int64_t>& base) const {
+  const ClusterOptions& options = context_.options();
+  auto listed = [](const std::vector<uint32_t>& ids) {
+    return absl::StrCat("node", ids.size() > 1 ? "s [" : " ", absl::StrJoin(ids, ", "),
+                        ids.size() > 1 ? "]" : "");
+  };
+  std::map<int, std::vector<uint32_t>> by_group;
+  for (uint32_t id : lost) by_group[options.GroupOf(id)->first].push_back(id);
+  const int first_group = by_group.begin()->first;
+  if (!options.allow_degraded) {
+    return absl::UnavailableError(absl::StrCat(
+        listed(lost), " of group ", first_group, lost.size() > 1 ? " are" : " is",
+        " lost; snapshots need every node of every group (rebuild it with a replacement daemon "
+        "started with its id, or set cluster.allow_degraded to commit without it)"));
+  }
+  for (const auto& [group, ids] : by_group) {
+    if (ids.size() > static_cast<size_t>(options.parity_units)) {
+      return absl::UnavailableError(absl::StrCat(
+          "group ", group, " has lost ", listed(ids), ", more than m = ", options.parity_units,
+          ": a step committed without them could not be recovered; steps abort until "
+          "replacements rebuild them"));
+    }
+  }
+  if (!base) {
+    return absl::UnavailableError(absl::StrCat(
+        listed(lost), " of group ", first_group, lost.size() > 1 ? " are" : " is",
+        " lost before any step committed: a degraded step keeps a lost node's last committed "
+        "image, and there is none"));
+  }
+  return absl::OkStatus();
+}
+
 bool Coordinator::RunRound(int64_t step, int64_t token) {
   const ClusterOptions& options = context_.options();
   std::optional<int64_t> base;
@@ -247,21 +283,25 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
                   absl::StrCat("captured on a node after the round of step ", *passed_over_by,
                                " began"));
   }
-  const std::vector<uint32_t> nodes = context_.nodes->Ids();
+  const std::vector<uint32_t> all_nodes = context_.nodes->Ids();
   const absl::Time started = absl::Now();
   std::vector<uint32_t> lost;
-  for (uint32_t id : nodes) {
+  for (uint32_t id : all_nodes) {
     if (!context_.nodes->Live(id)) lost.push_back(id);
   }
   if (!lost.empty()) {
-    const std::string reason = absl::StrCat(
-        "node", lost.size() > 1 ? "s [" : " ", absl::StrJoin(lost, ", "), lost.size() > 1 ? "]" : "",
-        " of group ", options.GroupOf(lost[0])->first,
-        lost.size() > 1 ? " are" : " is",
-        " lost; snapshots need every node of every group (rebuild it with a replacement daemon "
-        "started with its id)");
-    Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
-    return Decide(step, token, false, reason);
+    if (absl::Status degraded = CheckDegraded(lost, base); !degraded.ok()) {
+      const std::string reason(degraded.message());
+      Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
+      return Decide(step, token, false, reason);
+    }
+  }
+  // The nodes that take part: every node but the lost ones, whose data stays at their last
+  // committed image in this step (a degraded step).
+  const std::set<uint32_t> absent(lost.begin(), lost.end());
+  std::vector<uint32_t> nodes;
+  for (uint32_t id : all_nodes) {
+    if (!absent.contains(id)) nodes.push_back(id);
   }
 
   // The first node to fail a phase aborts the step at once: the other nodes' calls end as they
@@ -318,11 +358,28 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     // Deltas update the group's committed parity, which exists only when every member holds the
     // same committed step (a node that went back to a durable step holds none).
     const std::vector<uint32_t>& group = groups[options.GroupOf(id)->first];
+    std::optional<uint32_t> first_present;
     for (uint32_t member : group) {
+      if (absent.contains(member)) {
+        // Frozen at its last committed image, which the receiver's own record holds.
+        request.add_group_images()->set_node_id(member);
+        request.add_absent_nodes(member);
+        continue;
+      }
       *request.add_group_images() = images[member];
-      if (!held[member] || held[member] != held[group.front()]) {
+      if (!first_present) first_present = member;
+      if (!held[member] || held[member] != held[*first_present]) {
         request.set_whole(true);
       }
+    }
+    if (request.whole() && request.absent_nodes_size() > 0) {
+      // A whole encode needs every data unit of a stripe, the absent nodes' too.
+      abort_once(absl::StrCat(
+          "group ", options.GroupOf(id)->first, " has absent nodes [",
+          absl::StrJoin(request.absent_nodes(), ", "), "] and its live nodes do not all hold ",
+          "committed step ", base ? absl::StrCat(*base) : "(none)",
+          ", so the step cannot go as deltas; it commits once the absent nodes are rebuilt"));
+      return absl::FailedPreconditionError("degraded step cannot encode whole");
     }
     absl::StatusOr<v1::EncodeResponse> response = context_.peers->Encode(id, request);
     if (!response.ok()) {
@@ -336,12 +393,15 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   });
   if (failed) return !deposed;
 
-  if (!Decide(step, token, true, "")) return false;
+  if (!Decide(step, token, true, "", lost)) return false;
   uint64_t bytes = 0;
   for (const auto& [id, image] : images) bytes += image.bytes();
   Log(LogLevel::kInfo, "step ", step, " committed on ", nodes.size(), " nodes (", bytes,
       " bytes of data, ", sent.load(), delta ? " bytes of deltas" : " bytes of units",
-      " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started));
+      " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started),
+      lost.empty() ? ""
+                   : absl::StrCat("; degraded: nodes [", absl::StrJoin(lost, ", "),
+                                  "] absent, their data frozen at their last committed image"));
   return true;
 }
 

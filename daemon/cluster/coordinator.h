@@ -8,6 +8,9 @@
 // Every call carries the fencing token (the leader key's create revision); nodes refuse lower ones.
 // A coordinator that loses its lease (crash, pause, partition) is deposed; the next one learns
 // what is decided from etcd and runs again any step nodes propose that has no decision.
+// With cluster.allow_degraded, a step commits while nodes are lost (at most m per group, after a
+// first commit): the lost nodes are absent from it, their data frozen at their last committed
+// image; the live nodes send deltas only, and the decision names the absent nodes.
 #ifndef MOESNAP_DAEMON_CLUSTER_COORDINATOR_H_
 #define MOESNAP_DAEMON_CLUSTER_COORDINATOR_H_
 
@@ -18,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -69,8 +73,15 @@ class Coordinator {
   void Lead(int64_t token);
   // Runs `step`'s commit; false when this coordinator was deposed meanwhile.
   bool RunRound(int64_t step, int64_t token);
-  // Writes `step`'s outcome (retrying while etcd cannot be reached); false when deposed.
-  bool Decide(int64_t step, int64_t token, bool committed, const std::string& reason);
+  // Writes `step`'s outcome (retrying while etcd cannot be reached), with the nodes absent from a
+  // degraded commit; false when deposed.
+  bool Decide(int64_t step, int64_t token, bool committed, const std::string& reason,
+              const std::vector<uint32_t>& absent = {});
+  // OK when a step may commit without the `lost` nodes (a degraded step): cluster.allow_degraded
+  // is set, no group lost more than m, and a committed `base` holds their last images. Else why
+  // the step aborts.
+  absl::Status CheckDegraded(const std::vector<uint32_t>& lost,
+                             const std::optional<int64_t>& base) const;
   bool stopping() const;
   // The lowest proposed step this node could prepare now (removed from proposed_), if any.
   std::optional<int64_t> NextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

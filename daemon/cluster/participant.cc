@@ -4,7 +4,10 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 
@@ -238,6 +241,36 @@ absl::Status Participant::CatchUp(std::optional<int64_t> base, absl::Time deadli
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::set<int>> Participant::AbsentPositions(
+    const v1::EncodeRequest& request) const {
+  const Topology& topology = *context_.topology;
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  std::set<int> positions;
+  for (uint32_t id : request.absent_nodes()) {
+    const auto found = std::find(group.begin(), group.end(), id);
+    if (found == group.end() || id == context_.node_id()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": absent node ", id, " is ",
+          id == context_.node_id() ? "this node, which was asked to encode"
+                                   : absl::StrCat("not in group ", topology.group)));
+    }
+    const int position = static_cast<int>(found - group.begin());
+    const v1::NodeImage& placeholder = request.group_images(position);
+    if (!positions.insert(position).second || placeholder.bytes() != 0 ||
+        placeholder.regions_size() != 0 || placeholder.ranks_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": absent node ", id,
+          " is listed twice or comes with an image of its own"));
+    }
+  }
+  if (positions.size() > static_cast<size_t>(context_.options().parity_units)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", request.step(), ": ", positions.size(), " absent nodes in a group, more than m = ",
+        context_.options().parity_units));
+  }
+  return positions;
+}
+
 absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& request) {
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
@@ -250,6 +283,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
   }
+  absl::StatusOr<std::set<int>> absent = AbsentPositions(request);
+  if (!absent.ok()) return absent.status();
   NodeImage image;
   {
     absl::MutexLock lock(&mutex_);
@@ -261,8 +296,6 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
     }
     image = it->second.image;
   }
-  std::vector<uint64_t> image_bytes;
-  for (const v1::NodeImage& member : request.group_images()) image_bytes.push_back(member.bytes());
   // This node's own image must be the one it reported in Prepare, field for field: its regions
   // decide which units are sent and, once committed, how a rebuild lays them out.
   v1::NodeImage prepared = image.manifest();
@@ -284,16 +317,41 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // Every node of the group decides the same from the same two records, unless the coordinator
   // found that the group's nodes do not hold the same committed step.
   const v1::JournalCluster committed = store_->ClusterRecord();
+  std::vector<v1::NodeImage> group_images(request.group_images().begin(),
+                                          request.group_images().end());
+  std::set<uint32_t> absent_nodes;
+  if (!absent->empty()) {
+    // A degraded step: the absent nodes' data is their last committed image, which every live
+    // member's record of the base step holds alike.
+    if (!committed.has_committed_step() || committed.group_images_size() != layout.group_size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " is degraded, and node ", context_.node_id(),
+          " holds no committed record of its group to take the absent nodes' images from"));
+    }
+    for (int position : *absent) {
+      group_images[position] = committed.group_images(position);
+      absent_nodes.insert(topology.NodeAt(position));
+    }
+  }
+  std::vector<uint64_t> image_bytes;
+  for (const v1::NodeImage& member : group_images) image_bytes.push_back(member.bytes());
   bool delta = !request.whole() && committed.has_committed_step() &&
                committed.group_images_size() == layout.group_size();
   for (int position = 0; delta && position < layout.group_size(); ++position) {
-    delta = SameLayout(committed.group_images(position), request.group_images(position));
+    delta = SameLayout(committed.group_images(position), group_images[position]);
+  }
+  if (!absent->empty() && !delta) {
+    // A whole encode needs every data unit of a stripe, the absent nodes' too.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " is degraded (nodes [", absl::StrJoin(absent_nodes, ", "),
+        "] absent) and a live node's layout changed since step ", committed.committed_step(),
+        ": it cannot go as deltas"));
   }
   std::vector<std::vector<bool>> changed;
   if (delta) {
     for (int position = 0; position < layout.group_size(); ++position) {
-      changed.push_back(ChangedUnits(committed.group_images(position),
-                                     request.group_images(position), layout.unit_bytes()));
+      changed.push_back(ChangedUnits(committed.group_images(position), group_images[position],
+                                     layout.unit_bytes()));
     }
   }
   if (absl::Status status =
@@ -317,7 +375,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
       step, request.token(), image,
       delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
-      delta ? &changed[topology.position] : nullptr);
+      delta ? &changed[topology.position] : nullptr, absent_nodes);
   absl::Status status = sent.status();
   if (status.ok()) status = parity_->WaitComplete(step, deadline);
   if (!status.ok()) {
@@ -332,7 +390,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   (delta ? delta_encodes_ : full_encodes_)++;
   parity_bytes_sent_ += *sent;
-  it->second.group_images.assign(request.group_images().begin(), request.group_images().end());
+  it->second.group_images = std::move(group_images);
   it->second.encoded = true;
   v1::EncodeResponse response;
   response.set_bytes_sent(*sent);
@@ -374,7 +432,14 @@ void Participant::Apply(const v1::StepDecision& decision) {
     return;
   }
   absl::Status status;
-  if (!open || !open->encoded || open->token != decision.token()) {
+  const bool absent_here = std::find(decision.absent().begin(), decision.absent().end(),
+                                     context_.node_id()) != decision.absent().end();
+  if (absent_here) {
+    // Committed without this node (it was lost): its data stays the image it last committed, and
+    // the parity it holds was not updated; the rebuild brings both.
+    status = absl::DataLossError(absl::StrCat(
+        "step ", step, " was committed with this node absent (degraded)"));
+  } else if (!open || !open->encoded || open->token != decision.token()) {
     status = absl::DataLossError(absl::StrCat(
         "step ", step, " was committed under token ", decision.token(), " but this node ",
         !open ? "never prepared it" : !open->encoded ? "did not finish encoding it"
@@ -401,7 +466,11 @@ void Participant::Apply(const v1::StepDecision& decision) {
   open_.erase(open_.begin(), open_.upper_bound(step));
   // What is committed now answers for the steps up to it; a commit this node could not take stays
   // recorded as decided until its rebuild installs it.
-  if (status.ok()) decided_.erase(decided_.begin(), decided_.upper_bound(step));
+  if (status.ok()) {
+    decided_.erase(decided_.begin(), decided_.upper_bound(step));
+    if (decision.absent_size() > 0) ++degraded_commits_;
+    latest_absent_.assign(decision.absent().begin(), decision.absent().end());
+  }
   changed_.SignalAll();
 }
 
@@ -414,6 +483,11 @@ std::optional<int64_t> Participant::OpenStep() const {
 int64_t Participant::highest_token() const {
   absl::MutexLock lock(&mutex_);
   return highest_token_;
+}
+
+std::vector<uint32_t> Participant::latest_absent() const {
+  absl::MutexLock lock(&mutex_);
+  return latest_absent_;
 }
 
 std::string Participant::last_abort() const {

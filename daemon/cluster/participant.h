@@ -6,7 +6,9 @@
 //            from etcd if it missed one), opens its parity units of the step, sends each of its
 //            data units (or, for a step that keeps every node's layout, the deltas of the changed
 //            ones against the base) to the stripe's m parity holders, and answers once every unit
-//            it holds has received all its data.
+//            it holds has received all its data. In a degraded step the nodes named absent keep
+//            their images of the base (this node's record has them): they change no unit, get no
+//            delta, and the step must go as deltas.
 // It commits or aborts a step only on the decision etcd holds (Apply), never on a coordinator's
 // word; a commit decided under a token it did not encode under, or of a step it never encoded,
 // means this node is behind: it rebuilds from its group. A token lower than the highest this node
@@ -57,6 +59,10 @@ class Participant {
   int64_t highest_token() const;
   // Why the latest aborted step failed ("step S: reason"), if any.
   std::string last_abort() const;
+  // The nodes absent from the latest step this node committed (a degraded commit; empty: none).
+  std::vector<uint32_t> latest_absent() const;
+  // Degraded commits this node applied.
+  uint64_t degraded_commits() const { return degraded_commits_; }
   uint64_t full_encodes() const { return full_encodes_; }
   uint64_t delta_encodes() const { return delta_encodes_; }
   uint64_t parity_bytes_sent() const { return parity_bytes_sent_; }
@@ -81,6 +87,9 @@ class Participant {
   bool DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   absl::Duration CappedWait(uint32_t timeout_ms) const;
+  // The positions in this node's group of the nodes a degraded step's encode names absent, each
+  // with an empty image in the request; INVALID_ARGUMENT when they are not so.
+  absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request) const;
   void ProposeLoop();
   bool stopping() const;
 
@@ -94,6 +103,7 @@ class Participant {
   std::atomic<uint64_t> full_encodes_{0};
   std::atomic<uint64_t> delta_encodes_{0};
   std::atomic<uint64_t> parity_bytes_sent_{0};
+  std::atomic<uint64_t> degraded_commits_{0};
 
   absl::Mutex apply_mutex_;  // decisions are applied one at a time
   mutable absl::Mutex mutex_;
@@ -105,6 +115,7 @@ class Participant {
   int64_t highest_token_ ABSL_GUARDED_BY(mutex_) = 0;
   uint32_t highest_coordinator_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
+  std::vector<uint32_t> latest_absent_ ABSL_GUARDED_BY(mutex_);
   std::thread proposer_;
 };
 

@@ -155,6 +155,9 @@ class GrpcPeerClient final : public PeerClient {
       arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);
       arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
       arguments.SetMaxReceiveMessageSize(kMaxMessageBytes);
+      // This daemon's connections are its own: daemons in one process (the benchmarks' clusters)
+      // would otherwise share one connection per peer, which the peer bounds as one caller.
+      arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       // The server's certificate must name the node called, wherever it runs: peers are checked
       // by name, not by address (a replacement may come up on any host).
       if (options_.tls != nullptr) {

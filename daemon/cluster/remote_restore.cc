@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -12,6 +13,14 @@
 #include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
+namespace {
+
+// SendRegion calls this node has in flight to one holder, all restores together: half of what a
+// peer admits from one caller (CallerGate), so that restores of many ranks at once queue here
+// instead of being refused there, and leave room for the commit's calls.
+constexpr int kSendsInFlight = 8;
+
+}  // namespace
 
 RemoteRestore::RemoteRestore(const ClusterContext& context, ClusterStore* store,
                              Transfer* transfer, Rebuilder* rebuilder)
@@ -64,6 +73,18 @@ absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
                                           request.region(), "' of rank ", request.rank()));
 }
 
+void RemoteRestore::TakeSendSlot(uint32_t holder) {
+  absl::MutexLock lock(&sends_mutex_);
+  while (sends_in_flight_[holder] >= kSendsInFlight) send_slot_freed_.Wait(&sends_mutex_);
+  ++sends_in_flight_[holder];
+}
+
+void RemoteRestore::ReleaseSendSlot(uint32_t holder) {
+  absl::MutexLock lock(&sends_mutex_);
+  if (--sends_in_flight_[holder] == 0) sends_in_flight_.erase(holder);
+  send_slot_freed_.SignalAll();
+}
+
 void RemoteRestore::TakeFetch(const FetchKey& key) {
   absl::MutexLock lock(&fetching_mutex_);
   while (fetching_.contains(key)) fetch_released_.Wait(&fetching_mutex_);
@@ -76,14 +97,21 @@ void RemoteRestore::ReleaseFetch(const FetchKey& key) {
   fetch_released_.SignalAll();
 }
 
-absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
-    uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names) {
-  const erasure::StripeLayout& layout = context_.layout();
-  // This node's own committed state first; NOT_FOUND means the rank ran elsewhere.
-  absl::StatusOr<v1::RestoreResponse> local = store_->RestoreFromRank(rank, source_rank, names);
-  if (local.ok()) local->set_source_node(context_.node_id());
-  if (!absl::IsNotFound(local.status())) return local;
-  // Which node holds the rank: any live node of its group knows.
+absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_rank, bool* kept) {
+  *kept = false;
+  const int64_t committed = store_->ClusterRecord().committed_step();
+  {
+    absl::MutexLock lock(&located_mutex_);
+    std::erase_if(located_, [&](const auto& entry) {
+      return entry.second.record().committed_step() != committed;
+    });
+    if (auto it = located_.find(source_rank);
+        it != located_.end() && context_.nodes->Live(it->second.node_id())) {
+      *kept = true;
+      return it->second;
+    }
+  }
+  // Any live node of the rank's group knows; the newest committed record wins.
   const std::vector<uint32_t> nodes = context_.nodes->LiveIds();
   absl::Mutex found_mutex;
   std::optional<v1::LocateRankResponse> found;
@@ -103,30 +131,126 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     return absl::NotFoundError(
         absl::StrCat("no live node of the cluster knows rank ", source_rank));
   }
-  const v1::JournalCluster& record = found->record();
+  if (found->record().committed_step() == committed) {
+    absl::MutexLock lock(&located_mutex_);
+    located_[source_rank] = *found;
+  }
+  return *std::move(found);
+}
+
+void RemoteRestore::ForgetLocation(uint32_t source_rank) {
+  absl::MutexLock lock(&located_mutex_);
+  located_.erase(source_rank);
+}
+
+absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
+                                            std::vector<WantedRegion>& wanted) {
+  std::vector<FetchKey> keys;
+  for (const WantedRegion& region : wanted) {
+    keys.push_back({step, 0, 0, source_rank, region.region->region()});
+  }
+  // Taken in key order, so that restores wanting some of the same regions never wait in a cycle.
+  for (const FetchKey& key : std::set<FetchKey>(keys.begin(), keys.end())) TakeFetch(key);
+  std::vector<std::pair<FetchKey, FetchSlot>> slots;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    std::vector<uint8_t>& bytes = wanted[i].bytes;
+    slots.push_back({keys[i], {bytes.data(), bytes.size(), bytes.size(), holder}});
+  }
+  transfer_->Expect(slots);
+  // The holder pushes the regions on a few calls at once (a peer serves a caller's calls up to a
+  // bound), each call one region.
+  std::vector<size_t> senders(std::min<size_t>(wanted.size(), kSendsInFlight));
+  std::iota(senders.begin(), senders.end(), 0);
+  const std::vector<absl::Status> sent = InParallel(senders, [&](size_t sender) -> absl::Status {
+    for (size_t i = sender; i < wanted.size(); i += senders.size()) {
+      v1::SendRegionRequest request;
+      request.set_to_node(context_.node_id());
+      request.set_step(step);
+      request.set_rank(source_rank);
+      request.set_region(wanted[i].region->region());
+      TakeSendSlot(holder);
+      const absl::Status status = context_.peers->SendRegion(holder, request).status();
+      ReleaseSendSlot(holder);
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  });
+  absl::Status first_failure;
+  for (const absl::Status& status : sent) first_failure.Update(status);
+  const absl::Status collected = transfer_->Collect(keys, first_failure);
+  for (const FetchKey& key : keys) ReleaseFetch(key);
+  return collected;
+}
+
+absl::Status RemoteRestore::DecodeFromGroup(const v1::JournalCluster& record, int group,
+                                            int position, std::vector<WantedRegion>& wanted) {
+  const erasure::StripeLayout& layout = context_.layout();
+  // Decode the holder's units that cover the regions from its group's survivors, each once.
+  std::set<uint64_t> stripes;
+  for (const WantedRegion& region : wanted) {
+    if (region.bytes.empty()) continue;
+    for (uint64_t unit = region.start / layout.unit_bytes();
+         unit <= (region.start + region.bytes.size() - 1) / layout.unit_bytes(); ++unit) {
+      stripes.insert(layout.DataUnitLocation(position, unit).stripe);
+    }
+  }
+  DecodeTarget target{record, group, position,
+                      [&](uint64_t unit, const uint8_t* data, uint64_t length) {
+                        const uint64_t unit_start = unit * layout.unit_bytes();
+                        for (WantedRegion& region : wanted) {
+                          const uint64_t from = std::max(unit_start, region.start);
+                          const uint64_t to = std::min(unit_start + length,
+                                                       region.start + region.bytes.size());
+                          if (from < to) {
+                            std::memcpy(region.bytes.data() + (from - region.start),
+                                        data + (from - unit_start), to - from);
+                          }
+                        }
+                      },
+                      nullptr};
+  v1::RebuildResponse stats;
+  return rebuilder_->Decode(target, {stripes.begin(), stripes.end()}, &stats);
+}
+
+absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
+    uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names) {
+  // This node's own committed state first; NOT_FOUND means the rank ran elsewhere.
+  absl::StatusOr<v1::RestoreResponse> local = store_->RestoreFromRank(rank, source_rank, names);
+  if (local.ok()) local->set_source_node(context_.node_id());
+  if (!absl::IsNotFound(local.status())) return local;
+  // A kept location that fails (its node lost, or past that step) is asked for again.
+  while (true) {
+    bool kept = false;
+    absl::StatusOr<v1::LocateRankResponse> found = Located(source_rank, &kept);
+    if (!found.ok()) return found.status();
+    absl::StatusOr<v1::RestoreResponse> restored = RestoreLocated(rank, source_rank, names, *found);
+    if (restored.ok() || !kept) return restored;
+    ForgetLocation(source_rank);
+  }
+}
+
+absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
+    uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names,
+    const v1::LocateRankResponse& found) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const v1::JournalCluster& record = found.record();
   const int64_t step = record.committed_step();
-  const std::optional<std::pair<int, int>> place = context_.options().GroupOf(found->node_id());
+  const std::optional<std::pair<int, int>> place = context_.options().GroupOf(found.node_id());
   if (!place || record.group_images_size() != layout.group_size()) {
-    return absl::DataLossError(absl::StrCat("node ", found->node_id(), "'s group record of rank ",
+    return absl::DataLossError(absl::StrCat("node ", found.node_id(), "'s group record of rank ",
                                             source_rank, " does not fit the cluster's groups"));
   }
   if (absl::Status checked = CheckGroupRecord(record, context_.topology->groups[place->first],
                                               context_.topology->limits);
       !checked.ok()) {
-    return absl::DataLossError(absl::StrCat("node ", found->node_id(), "'s group record of rank ",
+    return absl::DataLossError(absl::StrCat("node ", found.node_id(), "'s group record of rank ",
                                             source_rank, ": ", checked.message()));
   }
   const auto [group, position] = *place;
   const v1::NodeImage& holder_image = record.group_images(position);
-  const bool holder_live = rebuilder_->HoldersOf(group, step, -1)[position];
 
   // The requested regions of the rank, with their offsets in the holder's image.
-  struct Wanted {
-    const v1::ImageRegion* region;
-    uint64_t start;
-    std::vector<uint8_t> bytes;
-  };
-  std::vector<Wanted> wanted;
+  std::vector<WantedRegion> wanted;
   uint64_t offset = 0;
   for (const v1::ImageRegion& region : holder_image.regions()) {
     offset += region.bytes();
@@ -140,57 +264,27 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     return absl::NotFoundError(
         absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
   }
-  if (holder_live) {
-    for (Wanted& region : wanted) {
-      const FetchKey key{step, 0, 0, source_rank, region.region->region()};
-      TakeFetch(key);
-      transfer_->Expect({{key, {region.bytes.data(), region.bytes.size(), region.bytes.size(),
-                                found->node_id()}}});
-      v1::SendRegionRequest request;
-      request.set_to_node(context_.node_id());
-      request.set_step(step);
-      request.set_rank(source_rank);
-      request.set_region(region.region->region());
-      const absl::Status status = transfer_->Collect(
-          {key}, context_.peers->SendRegion(found->node_id(), request).status());
-      ReleaseFetch(key);
-      if (!status.ok()) return status;
+  // From the holder while it is live; it refuses a step it does not hold (rebuilding, or past it).
+  // Otherwise, or when it fails, decoded from the group's survivors.
+  bool decoded = !context_.nodes->Live(found.node_id());
+  if (!decoded) {
+    const absl::Status fetched = FetchFromHolder(found.node_id(), step, source_rank, wanted);
+    if (!fetched.ok()) {
+      Log(LogLevel::kWarning, "rank ", source_rank, "'s regions could not be fetched from node ",
+          found.node_id(), " (", fetched.ToString(), "): decoding them from its group");
+      decoded = true;
     }
-  } else {
-    // Decode the holder's units that cover the regions from its group's survivors, each once.
-    std::set<uint64_t> stripes;
-    for (const Wanted& region : wanted) {
-      if (region.bytes.empty()) continue;
-      for (uint64_t unit = region.start / layout.unit_bytes();
-           unit <= (region.start + region.bytes.size() - 1) / layout.unit_bytes(); ++unit) {
-        stripes.insert(layout.DataUnitLocation(position, unit).stripe);
-      }
-    }
-    DecodeTarget target{record, group, position,
-                        [&](uint64_t unit, const uint8_t* data, uint64_t length) {
-                          const uint64_t unit_start = unit * layout.unit_bytes();
-                          for (Wanted& region : wanted) {
-                            const uint64_t from = std::max(unit_start, region.start);
-                            const uint64_t to = std::min(unit_start + length,
-                                                         region.start + region.bytes.size());
-                            if (from < to) {
-                              std::memcpy(region.bytes.data() + (from - region.start),
-                                          data + (from - unit_start), to - from);
-                            }
-                          }
-                        },
-                        nullptr};
-    v1::RebuildResponse stats;
-    if (absl::Status status = rebuilder_->Decode(target, {stripes.begin(), stripes.end()}, &stats);
-        !status.ok()) {
+  }
+  if (decoded) {
+    if (absl::Status status = DecodeFromGroup(record, group, position, wanted); !status.ok()) {
       return status;
     }
   }
   v1::RestoreResponse response;
   response.set_step(step);
-  response.set_source_node(found->node_id());
-  response.set_decoded(!holder_live);
-  for (Wanted& region : wanted) {
+  response.set_source_node(found.node_id());
+  response.set_decoded(decoded);
+  for (WantedRegion& region : wanted) {
     const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
     if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes);
         !status.ok()) {
@@ -203,7 +297,7 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
     if (region.region->has_piece()) *restored->mutable_piece() = region.region->piece();
   }
   Log(LogLevel::kInfo, "restored ", response.regions_size(), " regions of rank ", source_rank,
-      " (node ", found->node_id(), holder_live ? ", fetched" : ", lost: decoded from its group",
+      " (node ", found.node_id(), decoded ? ", decoded from its group" : ", fetched",
       ") into rank ", rank);
   return response;
 }

@@ -6,6 +6,7 @@
 #define MOESNAP_DAEMON_CLUSTER_REMOTE_RESTORE_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,19 +37,50 @@ class RemoteRestore {
   absl::StatusOr<v1::SendRegionResponse> SendRegion(const v1::SendRegionRequest& request);
 
  private:
+  // Which node holds `source_rank`'s committed image, with its group's record of that step: the
+  // answer kept from an earlier restore while this node's committed step is still that record's,
+  // else asked of every live node (and kept). `kept`: the answer is the kept one.
+  absl::StatusOr<v1::LocateRankResponse> Located(uint32_t source_rank, bool* kept);
+  void ForgetLocation(uint32_t source_rank);
+
+  // A region of the source rank asked for: its record in the holder's image, where it starts
+  // there, and its bytes once fetched or decoded.
+  struct WantedRegion {
+    const v1::ImageRegion* region;
+    uint64_t start;
+    std::vector<uint8_t> bytes;
+  };
+  absl::StatusOr<v1::RestoreResponse> RestoreLocated(uint32_t rank, uint32_t source_rank,
+                                                     const std::vector<std::string>& names,
+                                                     const v1::LocateRankResponse& found);
+  // The regions from the live node `holder` that holds them, pushed on the data plane.
+  absl::Status FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
+                               std::vector<WantedRegion>& wanted);
+  // The regions decoded from the group's survivors, the node at `position` being lost.
+  absl::Status DecodeFromGroup(const v1::JournalCluster& record, int group, int position,
+                               std::vector<WantedRegion>& wanted);
+
   // Takes `key` for a fetch into this node, waiting while another restore fetches it: the transfer
   // knows a fetch by its key, and ranks restoring together (members of a replica group) may each
   // fetch the same region of a source rank.
   void TakeFetch(const FetchKey& key);
   void ReleaseFetch(const FetchKey& key);
+  // Takes one of the calls this node may have in flight to `holder`, waiting for one to end.
+  void TakeSendSlot(uint32_t holder);
+  void ReleaseSendSlot(uint32_t holder);
 
   const ClusterContext context_;
   ClusterStore* const store_;
   Transfer* const transfer_;
   Rebuilder* const rebuilder_;
+  absl::Mutex located_mutex_;
+  std::map<uint32_t, v1::LocateRankResponse> located_ ABSL_GUARDED_BY(located_mutex_);
   absl::Mutex fetching_mutex_;
   absl::CondVar fetch_released_;
   std::set<FetchKey> fetching_ ABSL_GUARDED_BY(fetching_mutex_);
+  absl::Mutex sends_mutex_;
+  absl::CondVar send_slot_freed_;
+  std::map<uint32_t, int> sends_in_flight_ ABSL_GUARDED_BY(sends_mutex_);
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -97,7 +97,8 @@ absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header, const uint8_t
 absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
                                                  const NodeImage& image,
                                                  const std::optional<NodeImage>& previous,
-                                                 const std::vector<bool>* changed) {
+                                                 const std::vector<bool>* changed,
+                                                 const std::set<uint32_t>& absent) {
   const erasure::StripeLayout& layout = context_.layout();
   const int position = context_.topology->position;
   // Each parity holder gets its units from its own thread, so holders fill in parallel.
@@ -107,6 +108,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
     if (changed != nullptr && !(*changed)[unit]) continue;
     const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
     for (int holder : layout.Members(location.stripe).parity_positions) {
+      if (absent.contains(context_.topology->NodeAt(holder))) continue;
       units_by_holder[holder].push_back(unit);
     }
   }

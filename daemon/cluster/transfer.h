@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -62,10 +63,12 @@ class Transfer final : public FrameSink {
   absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
   // Sends this node's data units of `step` to their parity holders: all of them, or with
   // `previous` (the committed image) and `changed`, the deltas of the changed ones, as frames of
-  // `attempt` (the coordinator's token). Returns the bytes sent.
+  // `attempt` (the coordinator's token). Parity holders among `absent` (a degraded step's) get
+  // nothing. Returns the bytes sent.
   absl::StatusOr<uint64_t> SendDataUnits(int64_t step, int64_t attempt, const NodeImage& image,
                                          const std::optional<NodeImage>& previous,
-                                         const std::vector<bool>* changed);
+                                         const std::vector<bool>* changed,
+                                         const std::set<uint32_t>& absent);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
   absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);
 

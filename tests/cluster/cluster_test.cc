@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -75,9 +76,11 @@ void FlipPoolByte(const TestDaemon& daemon, uint64_t offset) {
 
 class ClusterTest : public ::testing::Test {
  protected:
-  // `extra_config` is appended to every node's config.
-  explicit ClusterTest(int nodes = kGroupSize, std::string extra_config = "")
-      : nodes_(nodes), extra_config_(std::move(extra_config)) {}
+  // `extra_config` is appended to every node's config, `cluster_keys` to its [cluster] section.
+  explicit ClusterTest(int nodes = kGroupSize, std::string extra_config = "",
+                       std::string cluster_keys = "")
+      : nodes_(nodes), extra_config_(std::move(extra_config)),
+        cluster_keys_(std::move(cluster_keys)) {}
 
   // Extra environment of node `node`'s daemon (fault injection).
   virtual std::vector<std::string> EnvironmentOf(int /*node*/) { return {}; }
@@ -101,7 +104,7 @@ class ClusterTest : public ::testing::Test {
         "\nparity_units = ", kParityUnits, "\nstripe_unit_bytes = \"256KiB\"\n",
         "lease_ttl_ms = 2000\ncommit_timeout_ms = 10000\netcd_endpoints = [\"",
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
-        "control_port = 0\ndata_port = 0\n");
+        "control_port = 0\ndata_port = 0\n", cluster_keys_);
     for (int id = 0; id < nodes_; ++id) {
       daemons_.push_back(std::make_unique<TestDaemon>(
           "64MiB", cluster + certificates_->TlsSection() + extra_config_, id));
@@ -251,9 +254,47 @@ class ClusterTest : public ::testing::Test {
 
   const int nodes_;
   std::string extra_config_;  // a derived fixture may set it in its constructor
+  const std::string cluster_keys_;
   std::unique_ptr<testing::JobCertificates> certificates_;
   std::unique_ptr<testing::EtcdCluster> etcd_;
   std::vector<std::unique_ptr<TestDaemon>> daemons_;
+};
+
+// Steps commit while nodes are lost (cluster.allow_degraded), the lost nodes named in each decision.
+class DegradedClusterTest : public ClusterTest {
+ protected:
+  DegradedClusterTest() : ClusterTest(kGroupSize, "", "allow_degraded = true\n") {}
+
+  // Waits until every running node sees node `lost` lost (its lease ended).
+  void WaitForLost(int lost) {
+    for (int attempt = 0; attempt < 600; ++attempt) {
+      bool seen = true;
+      for (int node = 0; node < nodes_ && seen; ++node) {
+        if (daemons_[node]->running()) seen = !Status(node).nodes(lost).live();
+      }
+      if (seen) return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "node " << lost << " is still live for some node";
+  }
+
+  // The committed steps' decisions etcd holds, by step.
+  std::map<int64_t, v1::StepDecision> CommittedDecisions() {
+    std::map<int64_t, v1::StepDecision> decisions;
+    absl::StatusOr<std::unique_ptr<etcd::Client>> client =
+        etcd::Client::Create(etcd_->ClientOptions());
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return decisions;
+    absl::StatusOr<etcd::RangeResult> read = (*client)->GetPrefix("/moesnap/cluster-test/steps/");
+    EXPECT_TRUE(read.ok()) << read.status();
+    if (!read.ok()) return decisions;
+    for (const etcd::KeyValue& kv : read->kvs) {
+      v1::StepDecision decision;
+      EXPECT_TRUE(decision.ParseFromString(kv.value)) << kv.key;
+      if (decision.committed()) decisions[decision.step()] = decision;
+    }
+    return decisions;
+  }
 };
 
 // Two groups: nodes 0-5 and 6-11.
@@ -601,38 +642,50 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   absl::StatusOr<Reconfiguration> plan = Reconfigure(
       std::vector<double>(experts.size(), 1.0), options, current, {1, 4});
   ASSERT_TRUE(plan.ok()) << plan.status();
-  auto restore_onto = [&](int node, const Expert& expert, uint32_t new_rank) {
-    const std::string name =
-        absl::StrCat("layer", expert.region / 8, ".expert", expert.region % 8, ".master");
+  // Restores `regions` of `rank` into a new rank on `node`, in one call, and compares every byte.
+  auto restore_onto = [&](int node, uint32_t rank, const std::vector<int>& regions,
+                          uint32_t new_rank) {
     absl::StatusOr<std::unique_ptr<Client>> client =
         Client::Connect({.socket_path = daemons_[node]->agent_socket(), .rank = new_rank});
     ASSERT_TRUE(client.ok()) << client.status();
-    absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(200000);
-    ASSERT_TRUE(buffer.ok()) << buffer.status();
-    ASSERT_TRUE((*client)->RegisterHostRegion({name, "uint8", {200000}}, *buffer, 0, 200000).ok());
-    absl::StatusOr<RestoreResult> restored = (*client)->RestoreFrom(expert.rank, {name});
-    ASSERT_TRUE(restored.ok()) << "rank " << expert.rank << " " << name << " onto node " << node
-                               << ": " << restored.status();
+    std::vector<std::string> names;
+    std::vector<std::shared_ptr<SharedBuffer>> buffers;
+    for (int region : regions) {
+      names.push_back(absl::StrCat("layer", region / 8, ".expert", region % 8, ".master"));
+      absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(200000);
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      ASSERT_TRUE(
+          (*client)->RegisterHostRegion({names.back(), "uint8", {200000}}, *buffer, 0, 200000).ok());
+      buffers.push_back(*buffer);
+    }
+    absl::StatusOr<RestoreResult> restored = (*client)->RestoreFrom(rank, names);
+    ASSERT_TRUE(restored.ok()) << "rank " << rank << " " << absl::StrJoin(names, ",")
+                               << " onto node " << node << ": " << restored.status();
     EXPECT_EQ(restored->step, 5);
     // Rank r ran on node r; the lost nodes' regions were decoded, a live node's fetched.
-    EXPECT_EQ(restored->source_node, expert.rank);
-    EXPECT_EQ(restored->decoded, expert.rank == 1 || expert.rank == 4) << "rank " << expert.rank;
-    std::vector<uint8_t> expected(200000);
-    testing::DeterministicBytes(uint64_t{expert.rank} << 48 ^ uint64_t(expert.region) << 32 ^ 5)
-        .Fill(expected.data(), expected.size());
-    EXPECT_EQ(std::memcmp((*buffer)->data(), expected.data(), expected.size()), 0)
-        << "rank " << expert.rank << " " << name << " restored onto node " << node;
+    EXPECT_EQ(restored->source_node, rank);
+    EXPECT_EQ(restored->decoded, rank == 1 || rank == 4) << "rank " << rank;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      std::vector<uint8_t> expected(200000);
+      testing::DeterministicBytes(uint64_t{rank} << 48 ^ uint64_t(regions[i]) << 32 ^ 5)
+          .Fill(expected.data(), expected.size());
+      EXPECT_EQ(std::memcmp(buffers[i]->data(), expected.data(), expected.size()), 0)
+          << "rank " << rank << " " << names[i] << " restored onto node " << node;
+    }
   };
   int moved = 0;
   for (const Transfer& transfer : plan->transfers) {
     const Expert& expert = experts[transfer.expert];
     if (transfer.from) continue;  // a surviving replica: nothing to restore from snapshots
     EXPECT_TRUE(expert.rank == 1 || expert.rank == 4) << "only lost experts come from snapshots";
-    restore_onto(transfer.to, expert, 100 + moved);
+    restore_onto(transfer.to, expert.rank, {expert.region}, 100 + moved);
     ++moved;
   }
   EXPECT_EQ(moved, 5 + 8);  // every expert of nodes 1 and 4
-  restore_onto(0, {2, 3}, 200);  // node 2 is live: fetched from it, not decoded
+  restore_onto(0, 2, {3}, 200);  // node 2 is live: fetched from it, not decoded
+  // Every region of a live rank at once, onto a node that located it before and one that did not.
+  restore_onto(0, 2, {0, 1, 2, 3, 4, 5}, 201);
+  restore_onto(3, 2, {0, 1, 2, 3, 4, 5}, 202);
 }
 
 // A daemon whose cluster config differs from its peers' does not join, and says what differs.
@@ -653,6 +706,76 @@ TEST_F(ClusterTest, ADaemonWithAnotherClusterConfigIsRefusedNamingTheDifference)
   EXPECT_NE(daemon.Wait(10s).value_or(0), 0) << output;
   EXPECT_TRUE(absl::StrContains(output, "node 5 cannot join job 'cluster-test'")) << output;
   EXPECT_TRUE(absl::StrContains(output, "stripe_unit_bytes: 524288 here, 262144 there")) << output;
+}
+
+// The issue's scenario: node 5 is lost with its memory after step 2; nodes 0-4 train on to step 22
+// and their steps commit without it; node 4 is lost too in the middle of them, and nodes 0-3 go on
+// committing without both. Each decision names the absent nodes, status says the cluster is
+// degraded, and the replacements of both rebuild from the four survivors: every rank restores its
+// latest committed step byte for byte (node 5's rank step 2, node 4's the last step it took part in,
+// the others step 22).
+TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsLatestStep) {
+  TrainAll(2);
+  Replace(5);  // lost, no replacement yet
+  ASSERT_NO_FATAL_FAILURE(WaitForLost(5));
+  // Paced (a step of compute each), so that node 4 is lost while steps go on.
+  std::vector<std::unique_ptr<ChildProcess>> trainers;
+  for (int node = 0; node < 5; ++node) {
+    std::vector<std::string> arguments = TrainerArguments(*daemons_[node], node, "train", 22);
+    arguments.insert(arguments.end(), {"--step-ms", "150"});
+    trainers.push_back(std::make_unique<ChildProcess>(arguments));
+  }
+  for (int attempt = 0; Status(0).latest_committed_step() < 8; ++attempt) {
+    ASSERT_LT(attempt, 1200) << "no step committed without node 5: " << Status(0).last_abort();
+    std::this_thread::sleep_for(50ms);
+  }
+  trainers[4]->Kill(SIGKILL);
+  Replace(4);
+  for (int node = 0; node < 4; ++node) {
+    std::string last, output;
+    while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) {
+      last = *line;
+      absl::StrAppend(&output, *line, "\n");
+    }
+    EXPECT_EQ(last, "done 22") << "trainer of node " << node << ":\n" << output;
+    EXPECT_EQ(trainers[node]->Wait(10s), 0) << "trainer of node " << node;
+  }
+  trainers.clear();
+
+  // Node 5 is absent from every step after 2; node 4 took part up to a step, and is absent after.
+  int64_t last_of_node_4 = -1;
+  bool both_absent = false;
+  for (const auto& [step, decision] : CommittedDecisions()) {
+    const std::set<uint32_t> absent(decision.absent().begin(), decision.absent().end());
+    if (step <= 2) {
+      EXPECT_TRUE(absent.empty()) << "step " << step;
+    } else if (absent == std::set<uint32_t>{5}) {
+      EXPECT_FALSE(both_absent) << "step " << step << " has node 4 back";
+      last_of_node_4 = step;
+    } else {
+      EXPECT_EQ(absent, (std::set<uint32_t>{4, 5})) << "step " << step;
+      both_absent = true;
+    }
+  }
+  ASSERT_GE(last_of_node_4, 8);
+  ASSERT_TRUE(both_absent) << "no step committed without nodes 4 and 5";
+  const v1::ClusterStatusResponse status = Status(1);
+  EXPECT_EQ(status.latest_committed_step(), 22);
+  EXPECT_EQ(std::vector<uint32_t>(status.absent_nodes().begin(), status.absent_nodes().end()),
+            (std::vector<uint32_t>{4, 5}));
+  EXPECT_GE(status.degraded_commits(), 2u);
+  CtlResult ctl = Ctl(*daemons_[1], {"cluster", "status"});
+  EXPECT_TRUE(absl::StrContains(ctl.output, "degraded: nodes [4, 5] absent")) << ctl.output;
+
+  ASSERT_TRUE(daemons_[4]->Start());
+  ASSERT_TRUE(daemons_[5]->Start());
+  ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
+  for (int node = 0; node < nodes_; ++node) {
+    EXPECT_EQ(Status(node).latest_committed_step(), 22) << "node " << node;
+  }
+  for (int node = 0; node < 4; ++node) EXPECT_EQ(VerifiedStep(node), 22) << "node " << node;
+  EXPECT_EQ(VerifiedStep(4), last_of_node_4);
+  EXPECT_EQ(VerifiedStep(5), 2);
 }
 
 // Each group codes only its own nodes: losing m nodes in each group at once (4 of 12) is survived,

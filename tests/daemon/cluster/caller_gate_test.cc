@@ -15,6 +15,7 @@ namespace moesnap::daemon::cluster {
 namespace {
 
 TEST(CallerGateTest, ACallerBeyondItsBoundIsRefusedAndOthersAreNot) {
+  const uint64_t refused_before = CallerGate::refused_total();
   CallerGate gate(3);
   std::vector<CallerGate::Pass> held;
   for (int i = 0; i < 3; ++i) {
@@ -27,6 +28,7 @@ TEST(CallerGateTest, ACallerBeyondItsBoundIsRefusedAndOthersAreNot) {
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "node 4 has 3 calls in flight"))
       << refused.status();
   EXPECT_EQ(gate.in_flight("node 4"), 3);
+  EXPECT_EQ(CallerGate::refused_total(), refused_before + 1);
   {
     const absl::StatusOr<CallerGate::Pass> other = gate.Enter("node 5");
     ASSERT_OK(other);

@@ -545,9 +545,11 @@ void NodeUnits::Start() {
   coordinator.Start();
 }
 
-InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units)
+InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units,
+                                   bool allow_degraded)
     : table_(nodes), log_(), election_(&log_, &table_) {
   ClusterOptions options;
+  options.allow_degraded = allow_degraded;
   options.job = "unit";
   options.node_count = nodes;
   options.data_units = data_units;
@@ -588,11 +590,20 @@ void InProcessCluster::Replace(uint32_t id) {
   ASSERT_TRUE(port.ok()) << port.status();
   NodeUnits* raw = units.get();
   log_.Listen(id, [raw](const v1::StepDecision& decision) { raw->participant.Apply(decision); });
+  // A fresh daemon: reachable, and its watch hears every decision (whatever happened to the lost one).
+  log_.Hear(id);
+  network_.Heal(id);
   network_.Attach(id, raw);
   table_.Set({.id = id, .address = {id, "127.0.0.1", 1, *port}, .hostname = "test",
               .incarnation = static_cast<int64_t>(topologies_.size())});
   nodes_[id] = std::move(units);
   raw->Start();
+}
+
+void InProcessCluster::Lose(uint32_t id) {
+  log_.Deafen(id);
+  network_.Cut(id);
+  table_.Remove(id);
 }
 
 void InProcessCluster::CaptureEverywhere(int64_t step, uint64_t bytes) {

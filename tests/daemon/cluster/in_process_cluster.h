@@ -266,8 +266,9 @@ struct NodeUnits {
 
 class InProcessCluster {
  public:
-  // `nodes` nodes in groups of k + m, 64 KiB stripe units.
-  InProcessCluster(int nodes, int data_units, int parity_units);
+  // `nodes` nodes in groups of k + m, 64 KiB stripe units; with `allow_degraded`, steps commit
+  // while nodes are lost (cluster.allow_degraded).
+  InProcessCluster(int nodes, int data_units, int parity_units, bool allow_degraded = false);
   ~InProcessCluster();
 
   NodeUnits& node(uint32_t id) { return *nodes_.at(id); }
@@ -286,6 +287,9 @@ class InProcessCluster {
   std::optional<v1::StepDecision> WaitDecided(int64_t step);
   // Replaces node `id` by a fresh one with empty memory (a lost node and its replacement).
   void Replace(uint32_t id);
+  // Node `id` is lost: its lease ends (it leaves the node table), no call reaches it or leaves it,
+  // and it hears no decision. Its units stay until Replace.
+  void Lose(uint32_t id);
   // Decodes every node's committed data from the others' units (a rebuild of each, by a fresh
   // node in its place, without touching the cluster) and compares it with the node's own bytes.
   // Any difference means parity diverged.
