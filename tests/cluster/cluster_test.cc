@@ -26,6 +26,7 @@
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/http_client.h"
 #include "tests/testing/job_certificates.h"
 #include "tests/testing/test_daemon.h"
 
@@ -708,12 +709,12 @@ TEST_F(ClusterTest, ADaemonWithAnotherClusterConfigIsRefusedNamingTheDifference)
   EXPECT_TRUE(absl::StrContains(output, "stripe_unit_bytes: 524288 here, 262144 there")) << output;
 }
 
-// The scenario: node 5 is lost with its memory after step 2; nodes 0-4 train on to step 22
-// and their steps commit without it; node 4 is lost too in the middle of them, and nodes 0-3 go on
-// committing without both. Each decision names the absent nodes, status says the cluster is
-// degraded, and the replacements of both rebuild from the four survivors: every rank restores its
-// latest committed step byte for byte (node 5's rank step 2, node 4's the last step it took part in,
-// the others step 22).
+// The scenario: node 5 is lost with its memory after step 2; nodes 0-4 train on and their
+// steps commit without it; node 4 is lost too in the middle of them, and nodes 0-3 go on committing
+// without both, 20 degraded commits in all. Each decision names the absent nodes, status and metrics say the
+// cluster is degraded, and the replacements of both rebuild from the four survivors: every rank
+// restores its latest committed step byte for byte (node 5's rank step 2, node 4's the last step it
+// took part in, the others the latest step).
 TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsLatestStep) {
   TrainAll(2);
   Replace(5);  // lost, no replacement yet
@@ -721,8 +722,8 @@ TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsL
   // Paced (a step of compute each), so that node 4 is lost while steps go on.
   std::vector<std::unique_ptr<ChildProcess>> trainers;
   for (int node = 0; node < 5; ++node) {
-    std::vector<std::string> arguments = TrainerArguments(*daemons_[node], node, "train", 22);
-    arguments.insert(arguments.end(), {"--step-ms", "150"});
+    std::vector<std::string> arguments = TrainerArguments(*daemons_[node], node, "train", 1000000);
+    arguments.insert(arguments.end(), {"--step-ms", "100"});
     trainers.push_back(std::make_unique<ChildProcess>(arguments));
   }
   for (int attempt = 0; Status(0).latest_committed_step() < 8; ++attempt) {
@@ -731,15 +732,17 @@ TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsL
   }
   trainers[4]->Kill(SIGKILL);
   Replace(4);
-  for (int node = 0; node < 4; ++node) {
-    std::string last, output;
-    while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) {
-      last = *line;
-      absl::StrAppend(&output, *line, "\n");
-    }
-    EXPECT_EQ(last, "done 22") << "trainer of node " << node << ":\n" << output;
-    EXPECT_EQ(trainers[node]->Wait(10s), 0) << "trainer of node " << node;
+  // Steps abort until node 4's lease ends, then commit without nodes 4 and 5: 20 steps committed
+  // degraded in all.
+  for (int attempt = 0;; ++attempt) {
+    const v1::ClusterStatusResponse status = Status(0);
+    if (status.degraded_commits() >= 20 && status.absent_nodes_size() == 2) break;
+    ASSERT_LT(attempt, 1200) << "no step committed without nodes 4 and 5: " << status.last_abort();
+    std::this_thread::sleep_for(50ms);
   }
+  // A killed trainer's last step may still commit (its copy outlives it); what every node holds is
+  // compared once the replacements have rebuilt.
+  for (auto& trainer : trainers) trainer->Kill(SIGKILL);
   trainers.clear();
 
   // Node 5 is absent from every step after 2; node 4 took part up to a step, and is absent after.
@@ -760,20 +763,25 @@ TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsL
   ASSERT_GE(last_of_node_4, 8);
   ASSERT_TRUE(both_absent) << "no step committed without nodes 4 and 5";
   const v1::ClusterStatusResponse status = Status(1);
-  EXPECT_EQ(status.latest_committed_step(), 22);
+  EXPECT_GE(status.latest_committed_step(), 22);
+  EXPECT_GE(status.degraded_commits(), 20u);
   EXPECT_EQ(std::vector<uint32_t>(status.absent_nodes().begin(), status.absent_nodes().end()),
             (std::vector<uint32_t>{4, 5}));
-  EXPECT_GE(status.degraded_commits(), 2u);
   CtlResult ctl = Ctl(*daemons_[1], {"cluster", "status"});
   EXPECT_TRUE(absl::StrContains(ctl.output, "degraded: nodes [4, 5] absent")) << ctl.output;
+  absl::StatusOr<testing::HttpReply> metrics = testing::HttpGet(daemons_[1]->http_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_cluster_absent_nodes 2\n")) << metrics->body;
+  EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_cluster_degraded_commits_total "))
+      << metrics->body;
 
   ASSERT_TRUE(daemons_[4]->Start());
   ASSERT_TRUE(daemons_[5]->Start());
   ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
-  for (int node = 0; node < nodes_; ++node) {
-    EXPECT_EQ(Status(node).latest_committed_step(), 22) << "node " << node;
-  }
-  for (int node = 0; node < 4; ++node) EXPECT_EQ(VerifiedStep(node), 22) << "node " << node;
+  const int64_t latest = AgreedCommittedStep();
+  ASSERT_GE(latest, 22);
+  EXPECT_EQ(CommittedDecisions().rbegin()->first, latest);
+  for (int node = 0; node < 4; ++node) EXPECT_EQ(VerifiedStep(node), latest) << "node " << node;
   EXPECT_EQ(VerifiedStep(4), last_of_node_4);
   EXPECT_EQ(VerifiedStep(5), 2);
 }

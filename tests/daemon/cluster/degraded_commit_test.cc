@@ -191,5 +191,24 @@ TEST(DegradedCommitTest, ANodeThatComesBackAfterDegradedStepsRebuildsAndRejoins)
   EXPECT_TRUE(committed) << "node 5 never rejoined";
 }
 
+// Groups code only their own nodes: a node lost in group 1 makes steps degraded there only; group
+// 0's encodes name no one absent and every group 0 node stays fully protected (any two of them
+// decode from the rest), while group 1's lost node decodes to its last image.
+TEST(DegradedCommitTest, ALostNodeMakesOnlyItsOwnGroupDegraded) {
+  InProcessCluster cluster(12, 4, 2, /*allow_degraded=*/true);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.Lose(9);
+  const std::vector<uint32_t> live = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11};
+  CaptureOn(cluster, live, 2);
+  ASSERT_TRUE(cluster.WaitCommitted(2, live));
+  EXPECT_EQ(AbsentOf(*cluster.WaitDecided(2)), (std::vector<uint32_t>{9}));
+  for (uint32_t id : live) ExpectDecodes(cluster, id, 2, testing::StateOf(id, 2, kBytes));
+  cluster.Replace(9);
+  ASSERT_OK(cluster.node(9).rebuilder.WaitRestorable(absl::Now() + absl::Seconds(20)));
+  EXPECT_TRUE(cluster.node(9).store.CommittedBytesOf() == testing::StateOf(9, 1, kBytes));
+}
+
 }  // namespace
 }  // namespace moesnap::daemon::cluster
