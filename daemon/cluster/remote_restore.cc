@@ -97,20 +97,30 @@ void RemoteRestore::ReleaseFetch(const FetchKey& key) {
   fetch_released_.SignalAll();
 }
 
-absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_rank, bool* kept) {
-  *kept = false;
+absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_rank, bool ask,
+                                                               bool* asked) {
+  *asked = false;
   const int64_t committed = store_->ClusterRecord().committed_step();
-  {
-    absl::MutexLock lock(&located_mutex_);
-    std::erase_if(located_, [&](const auto& entry) {
-      return entry.second.record().committed_step() != committed;
-    });
-    if (auto it = located_.find(source_rank);
-        it != located_.end() && context_.nodes->Live(it->second.node_id())) {
-      *kept = true;
-      return it->second;
+  if (!ask) {
+    {
+      absl::MutexLock lock(&located_mutex_);
+      std::erase_if(located_, [&](const auto& entry) {
+        return entry.second.record().committed_step() != committed;
+      });
+      if (auto it = located_.find(source_rank);
+          it != located_.end() && context_.nodes->Live(it->second.node_id())) {
+        return it->second;
+      }
+    }
+    // A rank of this node's group: this node's own record says which member holds it.
+    if (!rebuilder_->behind()) {
+      v1::LocateRankRequest request;
+      request.set_rank(source_rank);
+      v1::LocateRankResponse own = Locate(request);
+      if (own.found()) return own;
     }
   }
+  *asked = true;
   // Any live node of the rank's group knows; the newest committed record wins.
   const std::vector<uint32_t> nodes = context_.nodes->LiveIds();
   absl::Mutex found_mutex;
@@ -218,20 +228,22 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreFrom(
   absl::StatusOr<v1::RestoreResponse> local = store_->RestoreFromRank(rank, source_rank, names);
   if (local.ok()) local->set_source_node(context_.node_id());
   if (!absl::IsNotFound(local.status())) return local;
-  // A kept location that fails (its node lost, or past that step) is asked for again.
-  while (true) {
-    bool kept = false;
-    absl::StatusOr<v1::LocateRankResponse> found = Located(source_rank, &kept);
+  // A location known here (kept, or this node's group) whose holder fails is asked of every node.
+  for (bool ask : {false, true}) {
+    bool asked = false;
+    absl::StatusOr<v1::LocateRankResponse> found = Located(source_rank, ask, &asked);
     if (!found.ok()) return found.status();
-    absl::StatusOr<v1::RestoreResponse> restored = RestoreLocated(rank, source_rank, names, *found);
-    if (restored.ok() || !kept) return restored;
+    absl::StatusOr<v1::RestoreResponse> restored =
+        RestoreLocated(rank, source_rank, names, *found, asked);
+    if (restored.ok() || asked) return restored;
     ForgetLocation(source_rank);
   }
+  return absl::InternalError("unreachable: the second attempt asks every node");
 }
 
 absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
     uint32_t rank, uint32_t source_rank, const std::vector<std::string>& names,
-    const v1::LocateRankResponse& found) {
+    const v1::LocateRankResponse& found, bool decode_if_fetch_fails) {
   const erasure::StripeLayout& layout = context_.layout();
   const v1::JournalCluster& record = found.record();
   const int64_t step = record.committed_step();
@@ -265,11 +277,13 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
         absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
   }
   // From the holder while it is live; it refuses a step it does not hold (rebuilding, or past it).
-  // Otherwise, or when it fails, decoded from the group's survivors.
+  // Otherwise decoded from the group's survivors, and so when the fetch fails and the location was
+  // just asked of every node (a kept one is asked again first).
   bool decoded = !context_.nodes->Live(found.node_id());
   if (!decoded) {
     const absl::Status fetched = FetchFromHolder(found.node_id(), step, source_rank, wanted);
     if (!fetched.ok()) {
+      if (!decode_if_fetch_fails) return fetched;
       Log(LogLevel::kWarning, "rank ", source_rank, "'s regions could not be fetched from node ",
           found.node_id(), " (", fetched.ToString(), "): decoding them from its group");
       decoded = true;

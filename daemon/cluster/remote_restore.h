@@ -37,10 +37,11 @@ class RemoteRestore {
   absl::StatusOr<v1::SendRegionResponse> SendRegion(const v1::SendRegionRequest& request);
 
  private:
-  // Which node holds `source_rank`'s committed image, with its group's record of that step: the
-  // answer kept from an earlier restore while this node's committed step is still that record's,
-  // else asked of every live node (and kept). `kept`: the answer is the kept one.
-  absl::StatusOr<v1::LocateRankResponse> Located(uint32_t source_rank, bool* kept);
+  // Which node holds `source_rank`'s committed image, with its group's record of that step. Unless
+  // `ask`: the answer kept from an earlier restore while this node's committed step is still that
+  // record's, or this node's own record for a rank of its group. Else (`asked`) the answer of
+  // every live node, kept.
+  absl::StatusOr<v1::LocateRankResponse> Located(uint32_t source_rank, bool ask, bool* asked);
   void ForgetLocation(uint32_t source_rank);
 
   // A region of the source rank asked for: its record in the holder's image, where it starts
@@ -52,7 +53,8 @@ class RemoteRestore {
   };
   absl::StatusOr<v1::RestoreResponse> RestoreLocated(uint32_t rank, uint32_t source_rank,
                                                      const std::vector<std::string>& names,
-                                                     const v1::LocateRankResponse& found);
+                                                     const v1::LocateRankResponse& found,
+                                                     bool decode_if_fetch_fails);
   // The regions from the live node `holder` that holds them, pushed on the data plane.
   absl::Status FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
                                std::vector<WantedRegion>& wanted);
