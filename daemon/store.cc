@@ -1724,13 +1724,17 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   // out is committed as of its latest change: an earlier step that changed one and did not commit
   // (aborted, or still waiting) leaves the trainer's bytes ahead of anything stored.
   // A slot of a sparse window is exempt: the window, not the step, is the consistent state, and
-  // it commits only when every slot has.
+  // it commits only when every slot has. So is a step at or before the rank's latest committed
+  // one, as in Snapshot: that commit, consistent itself, holds the step's changes. Its regions may
+  // since have left the rank's shard of a replica group (more members cut it finer), its pieces
+  // of them dropped with the old layout: another member holds them now.
   for (const auto& [rank, rank_state] : ranks_) {
     auto it = rank_state.steps.find(step);
     if (it == rank_state.steps.end() || it->second.sparse) continue;
     const StepRecord& captured = it->second;
     for (const auto& [earlier, record] : rank_state.steps) {
       if (earlier >= step || record.state == v1::STEP_STATE_COMMITTED) continue;
+      if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
       if (record.table == captured.table && captured.selection->size() == captured.table->all.size()) {
         continue;  // the step captures every region the earlier one could have changed
       }

@@ -845,5 +845,38 @@ TEST_F(ReplicaGroupStoreTest, InACommitRoundAMemberWhoseTrainerDiedIsWaitedFor) 
   ExpectRestores(0, 3);
 }
 
+// A step the cluster aborted stays in a rank's records after a later step committed; the job then
+// restarts with one more member, so the rank's shard no longer reaches regions that step copied.
+// The committed step after it covered its changes: the rank's next steps, which leave those regions
+// out (another member holds them now), are consistent and commit.
+TEST_F(ReplicaGroupStoreTest, AnAbortedStepBeforeTheCommittedOneDoesNotHoldStepsOfANewLayout) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 8 << 20));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1})));
+    TakeReplicated(rank, 1);
+  }
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  for (uint32_t rank = 0; rank < 2; ++rank) TakeReplicated(rank, 2);
+  store_->AbortNodeStep(2, absl::AbortedError("a node did not prepare"));
+  for (uint32_t rank = 0; rank < 2; ++rank) TakeReplicated(rank, 3);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(3));
+  // Rank 1's half reaches the last regions; its third, in a group of three, does not.
+  const std::vector<ShardPiece> half = ShardPieces(kReplicatedSizes, 2, 1);
+  const std::vector<ShardPiece> third = ShardPieces(kReplicatedSizes, 3, 1);
+  ASSERT_GT(half.back().bytes, 0u);
+  ASSERT_EQ(third.back().bytes, 0u);
+  const v1::ReplicaGroup three = GroupOf({0, 1, 2});
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, three));
+    ExpectRestores(rank, 3);
+  }
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(2, kReplicatedSizes, three));
+  for (int64_t step = 4; step <= 5; ++step) {
+    for (uint32_t rank = 0; rank < 3; ++rank) TakeReplicated(rank, step);
+    ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
+  }
+  for (uint32_t rank = 0; rank < 3; ++rank) ExpectRestores(rank, 5);
+}
+
 }  // namespace
 }  // namespace moesnap::daemon
