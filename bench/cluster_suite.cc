@@ -476,12 +476,12 @@ absl::Status RunClusterSuite(Report& report) {
       // from the group after the holder is lost (k units of each stripe it spans are fetched).
       // The first restore of a rank asks every node where the rank is; later ones of the same
       // rank go to the holder at once, while the committed step stays the same.
-      std::vector<double> first, held, decoded;
+      std::vector<double> first_of_rank, held, decoded;
       for (uint32_t source_rank : {1, 2, 4, 5}) {
         absl::StatusOr<double> seconds =
             (*cluster)->RestoreElsewhere(0, source_rank, 0, 200 + source_rank);
         if (!seconds.ok()) return seconds.status();
-        first.push_back(*seconds);
+        first_of_rank.push_back(*seconds);
       }
       for (int region = 0; region < 4; ++region) {
         absl::StatusOr<double> seconds = (*cluster)->RestoreElsewhere(0, 3, region, 100 + region);
@@ -501,8 +501,8 @@ absl::Status RunClusterSuite(Report& report) {
                   expert / held_limit / 1e9, held_limit / Median(held)});
       report.Add({"cluster",
                   "expert restored onto another node, from its holder, first of its rank (4 MiB)",
-                  expert / Median(first) / 1e9, "GB/s", "raw TCP of the bytes",
-                  expert / held_limit / 1e9, held_limit / Median(first)});
+                  expert / Median(first_of_rank) / 1e9, "GB/s", "raw TCP of the bytes",
+                  expert / held_limit / 1e9, held_limit / Median(first_of_rank)});
       const double decode_limit = 4 * expert / (limits.tcp_gbps * 1e9) + 4 * expert / (decode.value * 1e9);
       report.Add({"cluster", "expert restored onto another node, holder lost: decoded (4 MiB)",
                   expert / Median(decoded) / 1e9, "GB/s", "raw TCP of k units + raw decode",

@@ -37,8 +37,11 @@ inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 
 // The plan of `count` regions, in order: size_of(position) bytes each, copied and checksummed in
 // chunks of chunk_of(position) bytes; runs of small regions make parts of up to `part_bytes`.
+// Regions past `space_limit` (the pool's size) get no parts: such a plan can never be reserved,
+// and its parts, as many as its chunks, would be bounded by nothing but what a trainer declares.
 template <typename SizeOf, typename ChunkOf>
-CopyPlan PlanCopy(size_t count, SizeOf size_of, ChunkOf chunk_of, uint64_t part_bytes) {
+CopyPlan PlanCopy(size_t count, SizeOf size_of, ChunkOf chunk_of, uint64_t part_bytes,
+                  uint64_t space_limit = std::numeric_limits<uint64_t>::max()) {
   CopyPlan plan;
   plan.offsets.reserve(count);
   uint64_t run_bytes = 0;
@@ -50,7 +53,9 @@ CopyPlan PlanCopy(size_t count, SizeOf size_of, ChunkOf chunk_of, uint64_t part_
     // refused by the pool like any other that does not fit.
     plan.bytes = SaturatingAdd(plan.bytes, bytes);
     plan.space = SaturatingAdd(plan.space, PoolReservation::SpaceFor(bytes));
-    if (plan.space == std::numeric_limits<uint64_t>::max()) continue;  // never copied: no parts
+    if (plan.space > space_limit || plan.space == std::numeric_limits<uint64_t>::max()) {
+      continue;  // never copied: no parts
+    }
     if (bytes > chunk_bytes) {
       plan.large.push_back(position);
       for (uint32_t chunk = 0; uint64_t{chunk} * chunk_bytes < bytes; ++chunk) {

@@ -128,7 +128,9 @@ struct Store::RegionTable {
 
   RegionTable() = default;
   // `rank` registered the regions: its member index places its shard in each replica group.
-  RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes, uint32_t rank);
+  // `pool_bytes` bounds the plan of a whole-rank step (PlanCopy's space limit).
+  RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes, uint32_t rank,
+              uint64_t pool_bytes);
   static const std::shared_ptr<const RegionTable>& None();  // a rank with no regions registered
 
   const std::string& name(uint32_t index) const { return regions[index].spec.name(); }
@@ -157,7 +159,7 @@ const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
 }
 
 Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes,
-                                uint32_t rank) {
+                                uint32_t rank, uint64_t pool_bytes) {
   regions.reserve(by_name.size());
   std::map<std::string, std::vector<uint32_t>> group_members;  // group -> its regions' indices
   for (auto& [name, region] : by_name) {
@@ -182,7 +184,7 @@ Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t 
   }
   plan_of_all = std::make_shared<const CopyPlan>(PlanCopy(
       all.size(), [this](uint32_t position) { return pieces[all[position]].bytes; },
-      [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes));
+      [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes, pool_bytes));
 }
 
 // One step's capture while its parts copy: what they share.
@@ -399,10 +401,16 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     }
     std::map<std::string, RegionTable::Region> merged = opened;
     for (const RegionTable::Region& region : current->regions) merged.emplace(region.spec.name(), region);
+    if (merged.size() > kMaxRegionsPerRank) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", rank, " would hold ", merged.size(), " regions; a rank holds at most ",
+          kMaxRegionsPerRank));
+    }
     std::vector<const v1::RegionSpec*> specs;
     for (const auto& [name, region] : merged) specs.push_back(&region.spec);
     if (absl::Status same = CheckGroupsAgree(specs); !same.ok()) return same;
-    auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes, rank);
+    auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes, rank,
+                                                    pool_->capacity());
     absl::MutexLock lock(&mutex_);
     RankState& rank_state = ranks_[rank];
     if (rank_state.regions != current) continue;
@@ -482,7 +490,8 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
       auto named = std::make_shared<const std::vector<uint32_t>>(std::move(chosen));
       plan = std::make_shared<const CopyPlan>(PlanCopy(
           named->size(), [&](uint32_t position) { return table->pieces[(*named)[position]].bytes; },
-          [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes));
+          [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes,
+          pool_->capacity()));
       selection = std::move(named);
     }
   }
@@ -517,6 +526,13 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     }
   }
 
+  if (plan->space > pool_->capacity()) {
+    return Skip(rank_state, rank, step, sparse, table, selection,
+                absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
+                             ") for ", selection->size(), " regions, more than the whole pool (",
+                             FormatByteSize(pool_->capacity()), "): no step of these regions fits "
+                             "until the daemon gets a larger pool (pool.bytes)"));
+  }
   if (const uint64_t kept = ParityReserveLocked();
       kept > 0 && !plan->parts.empty() && pool_->free_bytes() < SaturatingAdd(plan->space, kept)) {
     return Skip(rank_state, rank, step, sparse, table, selection,

@@ -59,6 +59,10 @@ struct CopyBackends {
   CopyBackend* device = nullptr;
 };
 
+// Regions one rank may hold, all its registrations together: the largest MoE ranks hold tens of
+// thousands of tensors; each region costs the daemon its name, record and plan entries.
+inline constexpr size_t kMaxRegionsPerRank = size_t{1} << 18;
+
 // Who commits a captured step: the store itself (one node: the journal write is the commit point),
 // or the cluster's two-phase commit (CommitNodeStep / AbortNodeStep).
 enum class CommitMode { kLocal, kCluster };
@@ -81,8 +85,9 @@ class Store final : public ClusterStore, public DurableStore {
   // process of the rank started since.
   void EndSession(uint32_t rank, uint64_t session);
 
-  // Adds or replaces named regions of a rank. Refused while a step of the rank is capturing. The
-  // regions passed CheckRegisterRegions (request_checks.h) for `rank`.
+  // Adds or replaces named regions of a rank, up to kMaxRegionsPerRank in all (registrations add
+  // up). Refused while a step of the rank is capturing. The regions passed CheckRegisterRegions
+  // (request_checks.h) for `rank`.
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
 
   // Queues the copies of `regions` (all registered regions when empty) for `step` and returns the

@@ -174,7 +174,9 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(std::vector<Endpoi
     absl::StatusOr<int> fd = BindSocket(endpoint.path, endpoint.policy.group(), mode,
                                         endpoint.handler ? SOCK_SEQPACKET : SOCK_STREAM);
     if (!fd.ok()) return fd.status();  // the destructor closes and removes what was bound
-    server->listeners_.push_back({.endpoint = std::move(endpoint), .fd = *fd});
+    Listener& listener = server->listeners_.emplace_back();
+    listener.endpoint = std::move(endpoint);
+    listener.fd = *fd;
   }
   if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe(): ", std::strerror(errno)));

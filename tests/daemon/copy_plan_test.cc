@@ -83,5 +83,26 @@ TEST(CopyPlanTest, SizesFromATrainerNear2To64SaturateInsteadOfWrapping) {
   EXPECT_EQ(plan.bytes, max);
 }
 
+// What a trainer may declare (65,536 regions of 1 TiB over one sparse file) plans no more parts
+// than the pool's chunks: a plan past the pool is never copied, so its parts are not made.
+TEST(CopyPlanTest, RegionsPastThePoolGetNoParts) {
+  constexpr uint64_t kPoolBytes = uint64_t{1} << 30;
+  constexpr uint64_t kRegionBytes = uint64_t{1} << 40;
+  const CopyPlan plan = PlanCopy(
+      65536, [](uint32_t) { return kRegionBytes; }, [](uint32_t) { return kChunk; }, kChunk,
+      kPoolBytes);
+  EXPECT_GT(plan.space, kPoolBytes);
+  EXPECT_EQ(plan.bytes, 65536 * kRegionBytes);
+  EXPECT_TRUE(plan.parts.empty());  // the first region alone passes the pool
+  EXPECT_EQ(plan.offsets.size(), 65536u);
+
+  // Regions within the pool are planned as always, those after the limit are not.
+  const CopyPlan partial = PlanCopy(
+      3, [](uint32_t) { return 3 * kChunk; }, [](uint32_t) { return kChunk; }, kChunk,
+      7 * kChunk);
+  EXPECT_EQ(partial.parts.size(), 6u);  // regions 0 and 1, three chunks each
+  EXPECT_EQ(partial.large, (std::vector<uint32_t>{0, 1}));
+}
+
 }  // namespace
 }  // namespace moesnap::daemon

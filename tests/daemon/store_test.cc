@@ -206,6 +206,39 @@ TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) 
   EXPECT_EQ(store_->LatestCommitted(0), 2);
 }
 
+TEST_F(StoreTest, RegionsLargerThanThePoolAreSkippedNamingThePool) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 4 << 20));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, {3 << 20, 3 << 20}));
+  // One of the regions fits.
+  absl::StatusOr<v1::SnapshotResponse> one = store_->Snapshot(0, 1, {"region0"});
+  ASSERT_OK(one);
+  EXPECT_TRUE(one->skipped().empty()) << one->skipped();
+  ASSERT_OK(WaitCaptured(0, 1));
+  // Both never fit, whatever is committed.
+  const v1::SnapshotResponse whole = Take(0, 2);
+  EXPECT_TRUE(absl::StrContains(whole.skipped(), "more than the whole pool (4.0 MiB)"))
+      << whole.skipped();
+  absl::StatusOr<v1::StepState> state = WaitCaptured(0, 2);
+  ASSERT_OK(state);  // the trainer goes on
+  EXPECT_EQ(*state, v1::STEP_STATE_ABORTED);
+  EXPECT_EQ(*store_->LatestCommitted(0), 1);
+}
+
+TEST_F(StoreTest, ARankHoldsAtMostTheBoundOfRegionsAcrossRegistrations) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, std::vector<uint64_t>(kMaxRegionsPerRank, 1)));
+  v1::RegionSpec spec;
+  spec.set_device(v1::DEVICE_HOST);
+  spec.set_bytes(1);
+  spec.mutable_handle()->set_memory(trainers_.at(0).memory);
+  spec.set_name("region0");  // registered again: the rank holds no more regions than before
+  EXPECT_OK(store_->RegisterRegions(0, {spec}));
+  spec.set_name("one-more");
+  const absl::Status refused = store_->RegisterRegions(0, {spec});
+  EXPECT_STATUS(refused, absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "rank 0 would hold 262145 regions")) << refused;
+}
+
 TEST_F(StoreTest, AFullPoolSkipsTheStepAndKeepsWhatIsCommitted) {
   CaptureOptions options;  // no bound on the steps in flight: the pool is the limit
   // Room for the committed step and one more of 2 regions, not two more.
