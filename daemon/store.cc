@@ -526,15 +526,12 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     }
   }
 
-  if (plan->space > pool_->capacity()) {
-    return Skip(rank_state, rank, step, sparse, table, selection,
-                absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
-                             ") for ", selection->size(), " regions, more than the whole pool (",
-                             FormatByteSize(pool_->capacity()), "): no step of these regions fits "
-                             "until the daemon gets a larger pool (pool.bytes)"));
-  }
+  // A member whose shard is empty (more members than alignment units) copies nothing. A plan past
+  // the whole pool has no parts either (PlanCopy), and the pool refuses it below.
+  const bool copies_nothing = plan->parts.empty() && plan->space <= pool_->capacity();
   if (const uint64_t kept = ParityReserveLocked();
-      kept > 0 && !plan->parts.empty() && pool_->free_bytes() < SaturatingAdd(plan->space, kept)) {
+      kept > 0 && !copies_nothing && plan->space <= pool_->capacity() &&
+      pool_->free_bytes() < SaturatingAdd(plan->space, kept)) {
     return Skip(rank_state, rank, step, sparse, table, selection,
                 absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
                              ") and the pool keeps ", FormatByteSize(kept), " for the parity of "
@@ -542,14 +539,17 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                              " are free: commits lag behind training"));
   }
   // The pool space of the whole step in one reservation; the copy threads cut it into versions.
-  // A member whose shard is empty (more members than alignment units) copies nothing.
   absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation =
-      plan->parts.empty() ? std::shared_ptr<const PoolReservation>() : pool_->Reserve(plan->space);
+      copies_nothing ? std::shared_ptr<const PoolReservation>() : pool_->Reserve(plan->space);
   if (!reservation.ok()) {
     return Skip(rank_state, rank, step, sparse, table, selection,
                 absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
                              ") for ", selection->size(), " regions: ",
-                             reservation.status().message()));
+                             reservation.status().message(),
+                             plan->space > pool_->capacity()
+                                 ? "; that is more than the whole pool: no step of these regions "
+                                   "fits until pool.bytes is larger"
+                                 : ""));
   }
   auto job = std::make_shared<CaptureJob>();
   job->rank = rank;
