@@ -1742,8 +1742,8 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   // A slot of a sparse window is exempt: the window, not the step, is the consistent state, and
   // it commits only when every slot has. So is a step at or before the rank's latest committed
   // one, as in Snapshot: that commit, consistent itself, holds the step's changes. Its regions may
-  // since have left the rank's shard of a replica group (more members cut it finer), its pieces
-  // of them dropped with the old layout: another member holds them now.
+  // since have left the rank's shard of a replica group (the group's cut moved when its members
+  // changed), its pieces of them dropped with the old layout: another member holds them now.
   for (const auto& [rank, rank_state] : ranks_) {
     auto it = rank_state.steps.find(step);
     if (it == rank_state.steps.end() || it->second.sparse) continue;
