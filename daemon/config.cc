@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -41,8 +42,9 @@ class Reader {
                int64_t& out) {
     const toml::node* node = Find(table, key);
     if (node == nullptr) return;
-    const auto value = node->value<int64_t>();
-    if (!node->is_integer() || !value) return Error(table + "." + key, "expected an integer");
+    // Exactly an integer: value<int64_t>() would convert a float, out of range undefined.
+    const std::optional<int64_t> value = node->value_exact<int64_t>();
+    if (!value) return Error(table + "." + key, "expected an integer");
     if (*value < minimum || *value > maximum) {
       return Error(table + "." + key,
                    absl::StrCat("must be in [", minimum, ", ", maximum, "], got ", *value));
@@ -92,8 +94,8 @@ class Reader {
   void Bytes(const std::string& table, const std::string& key, uint64_t& out) {
     const toml::node* node = Find(table, key);
     if (node == nullptr) return;
-    if (node->is_integer() && *node->value<int64_t>() >= 0) {
-      out = static_cast<uint64_t>(*node->value<int64_t>());
+    if (const std::optional<int64_t> count = node->value_exact<int64_t>(); count && *count >= 0) {
+      out = static_cast<uint64_t>(*count);
       return;
     }
     if (!node->is_string()) return Error(table + "." + key, "expected a byte size such as \"4MiB\"");

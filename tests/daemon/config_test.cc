@@ -91,6 +91,9 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[pool]\nlock = \"maybe\"\n", "site.toml: pool.lock"},
       {"[node]\nid = -1\n", "site.toml: node.id"},
       {"[node]\nid = \"zero\"\n", "site.toml: node.id: expected an integer"},
+      // A float past any integer: refused, never converted (undefined beyond int64's range).
+      {"[node]\nid = 74e41\n", "site.toml: node.id: expected an integer"},
+      {"[pool]\nbytes = 1.5e30\n", "site.toml: pool.bytes: expected a byte size"},
       {"[capture]\nthreads = 1000\n", "site.toml: capture.threads"},
       {"[upstream_log]\nmax_bytes = 0\n", "site.toml: upstream_log.max_bytes: must be positive"},
       {"[log]\nlevel = \"loud\"\n", "site.toml: log.level"},
