@@ -20,19 +20,13 @@ namespace {
 // instead of being refused there, and leave room for the commit's calls.
 constexpr int kSendsInFlight = 8;
 
-}  // namespace
-
-RemoteRestore::RemoteRestore(const ClusterContext& context, ClusterStore* store,
-                             Transfer* transfer, Rebuilder* rebuilder)
-    : context_(context), store_(store), transfer_(transfer), rebuilder_(rebuilder) {}
-
-v1::LocateRankResponse RemoteRestore::Locate(const v1::LocateRankRequest& request) const {
+// Which member of the group `record` describes holds `rank`, with the record (without parity).
+v1::LocateRankResponse FindRank(v1::JournalCluster record, uint32_t rank) {
   v1::LocateRankResponse response;
-  v1::JournalCluster record = store_->ClusterRecord();
   record.clear_parity();
   for (const v1::NodeImage& image : record.group_images()) {
     for (const v1::ImageRegion& region : image.regions()) {
-      if (region.rank() != request.rank()) continue;
+      if (region.rank() != rank) continue;
       response.set_found(true);
       response.set_node_id(image.node_id());
       *response.mutable_record() = std::move(record);
@@ -40,6 +34,16 @@ v1::LocateRankResponse RemoteRestore::Locate(const v1::LocateRankRequest& reques
     }
   }
   return response;
+}
+
+}  // namespace
+
+RemoteRestore::RemoteRestore(const ClusterContext& context, ClusterStore* store,
+                             Transfer* transfer, Rebuilder* rebuilder)
+    : context_(context), store_(store), transfer_(transfer), rebuilder_(rebuilder) {}
+
+v1::LocateRankResponse RemoteRestore::Locate(const v1::LocateRankRequest& request) const {
+  return FindRank(store_->ClusterRecord(), request.rank());
 }
 
 absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
@@ -100,7 +104,8 @@ void RemoteRestore::ReleaseFetch(const FetchKey& key) {
 absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_rank, bool ask,
                                                                bool* asked) {
   *asked = false;
-  const int64_t committed = store_->ClusterRecord().committed_step();
+  v1::JournalCluster own = store_->ClusterRecord();
+  const int64_t committed = own.committed_step();
   if (!ask) {
     {
       absl::MutexLock lock(&located_mutex_);
@@ -114,10 +119,8 @@ absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_ra
     }
     // A rank of this node's group: this node's own record says which member holds it.
     if (!rebuilder_->behind()) {
-      v1::LocateRankRequest request;
-      request.set_rank(source_rank);
-      v1::LocateRankResponse own = Locate(request);
-      if (own.found()) return own;
+      v1::LocateRankResponse here = FindRank(std::move(own), source_rank);
+      if (here.found()) return here;
     }
   }
   *asked = true;
