@@ -259,7 +259,9 @@ std::optional<std::pair<int64_t, std::vector<v1::NodeImage>>> ParityStore::NextA
   absl::MutexLock lock(&mutex_);
   if (!committed_step_) return std::nullopt;
   for (const auto& [step, kept] : accumulated_) {
-    if (kept.base == *committed_step_) return std::make_pair(step, kept.group_images);
+    if (kept.base == *committed_step_ && !kept.folded) {
+      return std::make_pair(step, kept.group_images);
+    }
   }
   return std::nullopt;
 }
@@ -269,7 +271,8 @@ absl::StatusOr<std::vector<v1::JournalParity>> ParityStore::FoldAccumulated(int6
   {
     absl::MutexLock lock(&mutex_);
     auto it = accumulated_.find(step);
-    if (it == accumulated_.end() || !committed_step_ || it->second.base != *committed_step_) {
+    if (it == accumulated_.end() || it->second.folded || !committed_step_ ||
+        it->second.base != *committed_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "no parity accumulated for step ", step, " against the committed step ",
           committed_step_ ? absl::StrCat(*committed_step_) : "(none)"));

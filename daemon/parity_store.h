@@ -86,7 +86,8 @@ class ParityStore {
   // folded. False when it was not accumulated under `attempt`.
   bool KeepAccumulated(int64_t step, int64_t attempt, int64_t base,
                        std::vector<v1::NodeImage> group_images);
-  // The kept step whose base is the committed step, with its group images, if any.
+  // The kept step whose base is the committed step, with its group images, if any (not one folded
+  // already: a fold is done once).
   std::optional<std::pair<int64_t, std::vector<v1::NodeImage>>> NextAccumulated() const;
   // Folds the committed units into the accumulation of `step` (the committed step must be its
   // base): the result is `step`'s parity, whose journal records are returned; Commit(step) makes

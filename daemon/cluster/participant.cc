@@ -599,7 +599,7 @@ void Participant::Apply(const v1::StepDecision& decision) {
     // Committed while this node rebuilt, its parity change received: the rebuilder folds it in.
     Log(LogLevel::kInfo, "node ", context_.node_id(), " received the parity of step ", step,
         ", committed while it rebuilds");
-    rebuilder_->NoteReceived(step);
+    rebuilder_->NoteBehind(step);
     absl::MutexLock lock(&mutex_);
     open_.erase(open_.begin(), open_.upper_bound(step));
     changed_.SignalAll();

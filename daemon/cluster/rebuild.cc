@@ -58,15 +58,6 @@ void Rebuilder::NoteBehind(int64_t step) {
   changed_.SignalAll();
 }
 
-void Rebuilder::NoteReceived(int64_t step) {
-  absl::MutexLock lock(&mutex_);
-  if (ReplacedLocked(step)) return;
-  behind_ = true;
-  wanted_ = true;
-  if (!target_ || *target_ < step) target_ = step;
-  changed_.SignalAll();
-}
-
 int Rebuilder::CatchUpLocked() {
   int steps = 0;
   while (std::optional<std::pair<int64_t, std::vector<v1::NodeImage>>> next =

@@ -69,11 +69,9 @@ class Rebuilder {
 
   // Starts checking whether this node is behind, and rebuilding while it is.
   void Start();
-  // The group committed `step` and this node could not take it: rebuild.
+  // The group committed `step` and this node could not take it: rebuild, or, when it received the
+  // step's parity change (kept in the parity store), catch up through it once it holds its base.
   void NoteBehind(int64_t step);
-  // The group committed `step` while this node rebuilt, and this node received its parity change
-  // (kept in the parity store): it catches up through it once it holds the step's base.
-  void NoteReceived(int64_t step);
   // Committed steps this node caught up with from the parity it received while it rebuilt.
   uint64_t caught_up_steps() const { return caught_up_steps_; }
 
