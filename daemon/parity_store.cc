@@ -303,7 +303,7 @@ absl::StatusOr<std::vector<v1::JournalParity>> ParityStore::FoldAccumulated(int6
     records.push_back(RecordOf(*unit));
   }
   absl::MutexLock lock(&mutex_);
-  accumulated_[step].folded = true;
+  if (auto it = accumulated_.find(step); it != accumulated_.end()) it->second.folded = true;
   return records;
 }
 
