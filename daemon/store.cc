@@ -454,8 +454,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   // What the step captures: every region (the table's own selection and plan, made once at
   // registration, so that a step of thousands of regions costs no work per region here), or the
   // regions named. A dense step that names some regions also takes every region an earlier step
-  // captured and did not commit (skipped, aborted, or still waiting): the trainer's memory holds
-  // their values as of this step, and without them the step would not be a consistent state.
+  // of the rank's timeline captured and did not commit (skipped, aborted, or still waiting): the
+  // trainer's memory holds their values as of this step, and without them the step would not be a
+  // consistent state. A step of a timeline a whole restore ended changed nothing that restore left.
   std::shared_ptr<const std::vector<uint32_t>> selection(table, &table->all);
   std::shared_ptr<const CopyPlan> plan = table->plan_of_all;
   if (!regions.empty()) {
@@ -470,7 +471,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
       chosen.push_back(*index);
     }
     for (const auto& [earlier, record] : rank_state.steps) {
-      if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED) continue;
+      if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED || record.discarded) {
+        continue;
+      }
       if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
       if (record.table == table) {
         chosen.insert(chosen.end(), record.selection->begin(), record.selection->end());
@@ -1741,7 +1744,8 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   // (aborted, or still waiting) leaves the trainer's bytes ahead of anything stored.
   // A slot of a sparse window is exempt: the window, not the step, is the consistent state, and
   // it commits only when every slot has. So is a step at or before the rank's latest committed
-  // one, as in Snapshot: that commit, consistent itself, holds the step's changes. Its regions may
+  // one, as in Snapshot: that commit, consistent itself, holds the step's changes; and a step of a
+  // timeline a whole restore ended, whose changes that restore undid. Its regions may
   // since have left the rank's shard of a replica group (the group's cut moved when its members
   // changed), its pieces of them dropped with the old layout: another member holds them now.
   for (const auto& [rank, rank_state] : ranks_) {
@@ -1749,7 +1753,9 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     if (it == rank_state.steps.end() || it->second.sparse) continue;
     const StepRecord& captured = it->second;
     for (const auto& [earlier, record] : rank_state.steps) {
-      if (earlier >= step || record.state == v1::STEP_STATE_COMMITTED) continue;
+      if (earlier >= step || record.state == v1::STEP_STATE_COMMITTED || record.discarded) {
+        continue;
+      }
       if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
       if (record.table == captured.table && captured.selection->size() == captured.table->all.size()) {
         continue;  // the step captures every region the earlier one could have changed

@@ -457,6 +457,25 @@ TEST_F(StoreTest, ARestoreOfTheWholeRankStartsANewTimeline) {
   EXPECT_LT(absl::Now() - asked, absl::Seconds(30));
 }
 
+// A step that names some regions takes along those an earlier uncommitted step changed, but not
+// those of a step the whole restore ended: the restore put them back to the committed step.
+TEST_F(StoreTest, ANamedStepAfterAWholeRestoreTakesNothingOfTheEndedTimeline) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);  // captured, never committed (the job died)
+  ASSERT_OK(WaitCaptured(0, 2));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  absl::StatusOr<v1::SnapshotResponse> named = store_->Snapshot(0, 3, {"region0"});
+  ASSERT_OK(named);
+  EXPECT_EQ(named->bytes(), kRegionBytes);
+  ASSERT_OK(WaitCaptured(0, 3));
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(3));
+  EXPECT_EQ(store_->LatestCommitted(0), 3);
+}
+
 // The cluster aborted a step this node offered; its rank then takes the step number again (a
 // replacement trainer replaying it). The new capture is offered too: the cluster must decide it,
 // or a sparse window holding it would wait for a decision forever.
@@ -910,6 +929,32 @@ TEST_F(ReplicaGroupStoreTest, AnAbortedStepBeforeTheCommittedOneDoesNotHoldSteps
     ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
   }
   for (uint32_t rank = 0; rank < 3; ++rank) ExpectRestores(rank, 5);
+}
+
+// A job that snapshots every few steps dies with step 20 captured and not committed; it restarts
+// as a group of three from step 10 and, snapshotting at other step numbers, never takes step 20
+// again. Step 20 belongs to the timeline the restore ended: its regions were restored to step 10,
+// so a later step of the smaller shard is not held to them.
+TEST_F(ReplicaGroupStoreTest, AStepOfATimelineARestoreEndedDoesNotHoldLaterSteps) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 8 << 20));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1})));
+    TakeReplicated(rank, 10);
+  }
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(10));
+  for (uint32_t rank = 0; rank < 2; ++rank) TakeReplicated(rank, 20);  // the job dies here
+  ASSERT_EQ(ShardPieces(kReplicatedSizes, 3, 1).back().bytes, 0u);
+  const v1::ReplicaGroup three = GroupOf({0, 1, 2});
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, three));
+    ExpectRestores(rank, 10);
+  }
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(2, kReplicatedSizes, three));
+  for (int64_t step : {15, 25}) {
+    for (uint32_t rank = 0; rank < 3; ++rank) TakeReplicated(rank, step);
+    ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
+  }
+  for (uint32_t rank = 0; rank < 3; ++rank) ExpectRestores(rank, 25);
 }
 
 }  // namespace
