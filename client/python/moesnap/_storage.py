@@ -34,7 +34,7 @@ _PROTOTYPES = {
     "moesnap_torch_storage_version": (c_char_p, []),
     "moesnap_torch_storage_cxx11_abi": (c_int, []),
     "moesnap_storage_mapping_open": (c_int, [c_int, c_uint64, POINTER(c_void_p)]),
-    "moesnap_storage_mapping_address": (ctypes.c_size_t, [c_void_p]),
+    "moesnap_storage_mapping_address": (c_size_t, [c_void_p]),
     "moesnap_storage_mapping_release": (None, [c_void_p]),
     "moesnap_storage_move": (c_int64, [POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint64),
                                        POINTER(c_uint64), c_size_t, c_void_p, c_int]),
@@ -73,8 +73,11 @@ def library() -> Optional[ctypes.CDLL]:
 def _load():
     if not LIBRARY_PATH.exists():
         return None, f"{LIBRARY_PATH.name} is not installed (the build found no c10 headers)"
-    # PyDLL: calls keep the GIL, so no Python thread uses a storage while it moves.
-    loaded = ctypes.PyDLL(str(LIBRARY_PATH))
+    try:
+        # PyDLL: calls keep the GIL, so no Python thread uses a storage while it moves.
+        loaded = ctypes.PyDLL(str(LIBRARY_PATH))
+    except OSError as error:
+        return None, f"{LIBRARY_PATH.name} does not load: {error}"
     for name, (result, arguments) in _PROTOTYPES.items():
         function = getattr(loaded, name)
         function.restype = result

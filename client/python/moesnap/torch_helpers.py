@@ -977,7 +977,8 @@ def _state_getter(optimizer: torch.optim.Optimizer, parameter: torch.Tensor,
 
 
 def _raise_open_file_limit() -> None:
-    """Each shared storage keeps a file descriptor open: allow as many as the hard limit."""
+    """Each storage in a shared-memory file of its own keeps a descriptor open: allow as many as
+    the hard limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
