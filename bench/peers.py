@@ -9,7 +9,9 @@ per figure, "name|value|unit|baseline|baseline_value", for moesnap-bench.
 
 Then what a restarted trainer feels end to end: a fresh process connecting, registering a state of
 1 GiB in 2,048 tensors and restoring it, against a fresh process's torch.load of the same state
-from /dev/shm (each timed from after its imports and model construction, best of 3).
+from /dev/shm (each timed from after its imports and model construction, best of 3; both end with
+every tensor in memory and usable, the model's for moesnap, the returned state dict's for
+torch.load, which is not loaded into a model).
 """
 
 import argparse
@@ -47,16 +49,22 @@ def restart_model(initialize: bool) -> torch.nn.Module:
 
 
 def restart_child(kind: str, socket_path: str, shm_path: str) -> None:
-    """A fresh trainer process getting the state back; prints the seconds it took."""
+    """A fresh trainer process getting the state back; prints the seconds it took, for moesnap
+    after those of its phases: connect, register, restore."""
     model = restart_model(initialize=False)
     start = time.perf_counter()
     if kind == "moesnap":
         client = moesnap.Client(socket_path, RESTART_RANK)
+        connected = time.perf_counter()
         client.register_module("model", model)
+        registered = time.perf_counter()
         client.restore()
+        end = time.perf_counter()
+        print(connected - start, registered - connected, end - registered, flush=True)
     else:
         torch.load(shm_path)
-    print(time.perf_counter() - start, flush=True)
+        end = time.perf_counter()
+    print(end - start, flush=True)
 
 
 def restart_rows(socket_path: str):
@@ -73,20 +81,24 @@ def restart_rows(socket_path: str):
         torch.save(model.state_dict(), shm_path)
         del client, model
 
-        def fresh(kind: str) -> float:
+        def fresh(kind: str):
+            """(seconds, the child's figures)."""
             child = subprocess.run([sys.executable, __file__, "--socket", socket_path,
                                     "--restart-child", kind, "--shm-path", shm_path],
                                    check=True, capture_output=True, text=True)
-            return float(child.stdout.split()[-1])
+            figures = [float(figure) for figure in child.stdout.split()]
+            return figures[-1], figures
 
-        moesnap_restart = min(fresh("moesnap") for _ in range(3))
-        torch_restart = min(fresh("torch") for _ in range(3))
+        moesnap_restart, phases = min(fresh("moesnap") for _ in range(3))
+        torch_restart, _ = min(fresh("torch") for _ in range(3))
     finally:
         os.unlink(shm_path)
     name = (f"fresh process: connect, register and restore ({state_bytes / (1 << 30):.2f} GiB, "
             f"{tensors} tensors)")
+    note = (f"note|Fresh process, moesnap's best of 3 by phase: connect {phases[0] * 1e3:.0f} ms, "
+            f"register {phases[1] * 1e3:.0f} ms, restore {phases[2] * 1e3:.0f} ms.")
     return [(name, moesnap_restart * 1e3, "ms", "fresh process: torch.load from /dev/shm",
-             torch_restart * 1e3)]
+             torch_restart * 1e3)], note
 
 
 def best(repetitions, body):
@@ -169,9 +181,10 @@ def main() -> None:
          "torch.load from disk (page cache)", disk_load * 1e3),
     ]
     del client, model, optimizer, checkpoint  # the restart rows need the memory
-    rows += restart_rows(arguments.socket)
-    for name, value, unit, baseline, baseline_value in rows:
+    restart, note = restart_rows(arguments.socket)
+    for name, value, unit, baseline, baseline_value in rows + restart:
         print(f"{name}|{value:.3f}|{unit}|{baseline}|{baseline_value:.3f}", flush=True)
+    print(note, flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ packages=(
   libbenchmark-dev                                      # benchmark harness
   python3-pip python3-venv patchelf                    # the Python wheel: built, bundled, installed
   python3-torch python3-numpy python3-pytest            # PyTorch integration and its tests
+  libtorch-dev                                          # c10 headers: the package's storage library
   systemd                                               # systemd-analyze verify of the unit file
   libsystemd-dev                                        # sd_notify: readiness and watchdog
   libspdlog-dev                                         # logging (text and JSON lines)

@@ -9,8 +9,10 @@ The platform tag is the oldest manylinux whose glibc and libstdc++ provide every
 the bundle uses.
 
 The native library comes from the CMake build: ``-C native-library=build/lib/libmoesnap_c.so.1``
-(``deploy/build.sh`` builds the wheel into build/wheel/ by itself). Needs ldd, objdump, strip and
-patchelf on PATH.
+(``deploy/build.sh`` builds the wheel into build/wheel/ by itself), and so does, where the build
+found torch's c10 headers, the storage library ``-C storage-library=.../libmoesnap_torch_storage.so``
+(client/python/native/torch_storage.h), which needs only the system's libraries and goes in as it
+is. Needs ldd, objdump, strip and patchelf on PATH.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ _MANYLINUX = [
     ("manylinux_2_36",
      {"GLIBC": (2, 36), "GLIBCXX": (3, 4, 30), "CXXABI": (1, 3, 13), "GCC": (12, 0, 0)}),
 ]
+_STORAGE_LIBRARY = "libmoesnap_torch_storage.so"  # the name moesnap/_storage.py loads
 _VERSIONED = re.compile(r"\((GLIBC|GLIBCXX|CXXABI|GCC)_([0-9.]+)\)")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so that the same inputs give the same wheel
 
@@ -124,6 +127,19 @@ def _bundle(native: Path, into: Path) -> List[Path]:
     return files
 
 
+def _storage_library(library: Path, into: Path) -> Path:
+    """The storage library in `into`, under the name the package loads it by."""
+    target = into / _STORAGE_LIBRARY
+    shutil.copyfile(library, target)
+    _run("strip", "--strip-debug", str(target))
+    _run("patchelf", "--set-rpath", "$ORIGIN", str(target))
+    for needed in _needed(target):
+        if needed not in _SYSTEM_LIBRARIES:
+            raise BuildError(f"{library} needs {needed}, which is not one of the system's "
+                             f"{sorted(_SYSTEM_LIBRARIES)}")
+    return target
+
+
 def _soname(library: Path) -> str:
     match = re.search(r"\(SONAME\)\s+Library soname: \[(.+)\]", _run("readelf", "-d", str(library)))
     if not match:
@@ -196,6 +212,7 @@ def _write_wheel(path: Path, files: List[Tuple[str, bytes, bool]], dist_info: st
 def build_wheel(wheel_directory: str, config_settings: Optional[dict] = None,
                 metadata_directory: Optional[str] = None) -> str:
     native = (config_settings or {}).get("native-library")
+    storage = (config_settings or {}).get("storage-library")
     if not native:
         raise BuildError("give the native library: -C native-library=build/lib/libmoesnap_c.so.1 "
                          "(deploy/build.sh builds it, and the wheel, into build/)")
@@ -204,6 +221,8 @@ def build_wheel(wheel_directory: str, config_settings: Optional[dict] = None,
     with tempfile.TemporaryDirectory(prefix="moesnap-wheel-") as scratch:
         bundled = _bundle(Path(native).resolve(), Path(scratch))
         _check_loads(Path(scratch) / _soname(Path(native).resolve()), version)
+        if storage:
+            bundled.append(_storage_library(Path(storage).resolve(), Path(scratch)))
         tag = _platform_tag(bundled)
         files = [(f"{_PACKAGE}/{source.name}", source.read_bytes(), False)
                  for source in sorted((_SOURCE / _PACKAGE).glob("*.py"))]

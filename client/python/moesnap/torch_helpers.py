@@ -3,13 +3,16 @@ dicts would keep it, snapshotted into the node's moesnapd and restored after a c
 
 How each kind of state reaches the daemon, and why:
 
-* Parameters (and other tensors registered whole) are shared in place: their storage moves into
-  shared memory (as ``Tensor.share_memory_()`` does) and the daemon reads it by file descriptor. A
-  storage is shared once, whatever number of tensors view it, so flat buffers and their views
-  (FSDP flat parameters, fused optimizers' buffers) and tied weights keep working. Registering N
-  tensors of B bytes costs O(B + N): each storage is copied into shared memory once and the
-  regions are registered in one call. Parameters change only in the optimizer step, so the
-  daemon may copy them while the next forward and backward run.
+* Parameters (and other tensors registered whole) are shared in place: their storages move into
+  shared memory that the daemon maps (``_storage``: one file per registration, else one per
+  storage). A storage is shared once, whatever number of tensors view it, and stays the same
+  storage object, so flat buffers and their views (FSDP flat parameters, fused optimizers'
+  buffers) and tied weights keep working. Registering N tensors of B bytes costs O(B + N): one
+  file of B bytes, one descriptor handed over and one call registering the regions. The storages
+  move at the first snapshot (copying their bytes) or the first restore (which writes them, so
+  a storage its regions cover whole is not copied at all), and only once that restore succeeded:
+  a failed one leaves the tensors as they were. Parameters change only in the optimizer step, so
+  the daemon may copy them while the next forward and backward run.
 * Module buffers change in ``forward`` (running statistics, token or load counters), so they are
   staged: ``snapshot(step)`` copies each buffer into shared memory the daemon copies from, and
   ``restore`` copies them back. Buffers are small; one staging copy per step costs little and
@@ -36,13 +39,13 @@ import random
 import resource
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Protocol, Tuple
 
 import numpy
 import torch
 
-from . import core
+from . import _storage, core
 from .core import Error
 
 _log = logging.getLogger("moesnap")
@@ -125,12 +128,6 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _untyped_storage(tensor: torch.Tensor):
-    if hasattr(tensor, "untyped_storage"):
-        return tensor.untyped_storage()
-    return tensor.storage()._storage  # torch 1.x: TypedStorage wraps the untyped storage
-
-
 def _compatible(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
 
@@ -143,6 +140,31 @@ class _TensorRef:
     dtype: torch.dtype
     shape: Tuple[int, ...]
     device: str
+
+
+@dataclass(eq=False)
+class _SharedStorage:
+    """A CPU storage shared with the daemon: bytes [offset, offset + size) of memory ``handle``,
+    at ``address`` in this process once moved. ``file`` is the registration's shared file it moves
+    into (None: the storage has a file of its own already, and has moved); ``ranges`` are the
+    byte ranges of it that registered regions name."""
+    storage: Any
+    name: str  # the first region in it, to name it in errors
+    handle: int
+    offset: int
+    size: int
+    address: int
+    file: Optional[_storage.SharedFile] = None
+    ranges: List[Tuple[int, int]] = field(default_factory=list)
+
+    def covered(self) -> bool:
+        """Whether the regions in it name every byte of it (a restore then writes all of it)."""
+        end = 0
+        for start, stop in sorted(self.ranges):
+            if start > end:
+                return False
+            end = max(end, stop)
+        return end >= self.size
 
 
 @dataclass
@@ -210,7 +232,8 @@ class Client:
         # id(tensor) -> (its region name, the tensor, kept alive so that its id stays its own):
         # tied weights register once, and optimizers name their state by it
         self._registered_tensors: Dict[int, Tuple[str, torch.Tensor]] = {}
-        self._memory: Dict[int, Tuple[Any, int]] = {}  # storage address -> (storage, handle)
+        self._storages: Dict[int, _SharedStorage] = {}  # by storage (its StorageImpl address)
+        self._unmoved: List[_SharedStorage] = []  # they move at the first snapshot or restore
         self._buffers: List[core.SharedBuffer] = []  # staging memory stays mapped
         self._states: Dict[str, Tuple[StateProvider, memoryview]] = {}
         self._optimizers: List[_OptimizerRegistration] = []
@@ -427,37 +450,80 @@ class Client:
                                              f"shares CPU tensors and CUDA tensors")
         if not host:
             return names
-        fresh_fds: List[int] = []
-        fresh_storages: List[Any] = []
-        for _, tensor in host:
-            storage = _untyped_storage(tensor)
-            if storage.data_ptr() in self._memory:
-                continue
-            try:
-                fd, _ = storage._share_fd_cpu_()  # moves the storage into shared memory in place
-            except RuntimeError as error:
-                raise Error("RESOURCE_EXHAUSTED",
-                            f"cannot move the storage of '{host[0][0]}' into shared memory: "
-                            f"{error} (raise the open-file limit, ulimit -n, for many "
-                            f"tensors)") from error
-            storage = _untyped_storage(tensor)  # its address changed
-            self._memory[storage.data_ptr()] = (storage, -1)
-            fresh_fds.append(fd)
-            fresh_storages.append(storage)
-        handles = self._native.share_memory(fresh_fds) if fresh_fds else []
-        for storage, handle in zip(fresh_storages, handles):
-            self._memory[storage.data_ptr()] = (storage, handle)
+        fresh: Dict[int, Tuple[str, Any]] = {}
+        for name, tensor in host:
+            storage = _storage.untyped_storage(tensor)
+            if storage._cdata not in self._storages:
+                fresh.setdefault(storage._cdata, (name, storage))
+        self._share_storages(list(fresh.values()))
         specs = []
         for name, tensor in host:
-            storage = _untyped_storage(tensor)
-            handle = self._memory[storage.data_ptr()][1]
-            offset = tensor.data_ptr() - storage.data_ptr()
-            specs.append((name, handle, offset, _nbytes(tensor), str(tensor.dtype),
-                          list(tensor.shape)))
-            self._regions[name] = _Region(name, tensor, tensor.data_ptr(), memory=(handle, offset))
+            shared = self._storages[_storage.untyped_storage(tensor)._cdata]
+            start = tensor.data_ptr() - shared.storage.data_ptr()
+            shared.ranges.append((start, start + _nbytes(tensor)))
+            memory = (shared.handle, shared.offset + start)
+            specs.append((name, *memory, _nbytes(tensor), str(tensor.dtype), list(tensor.shape)))
+            self._regions[name] = _Region(name, tensor, shared.address + start, memory=memory)
             names.append(name)
         self._native.register_host_regions(specs)
         return names
+
+    def _share_storages(self, storages: List[Tuple[str, Any]]) -> None:
+        """Hands CPU storages (each with the first region in it) to the daemon: those not in
+        shared memory yet in one file, which they move into at the first snapshot or restore;
+        those in a file of their own already (``share_memory_()``, which other processes may map
+        too) in theirs. Without the storage library for this torch, each moves into a file of its
+        own now."""
+        library = _storage.library()
+        own_file = [(name, storage) for name, storage in storages
+                    if library is None or storage.is_shared()]
+        if own_file:
+            fds = []
+            for name, storage in own_file:
+                try:
+                    fds.append(_storage.share_each(storage))
+                except RuntimeError as error:
+                    raise Error("RESOURCE_EXHAUSTED",
+                                f"cannot move the storage of '{name}' into shared memory: "
+                                f"{error} (raise the open-file limit, ulimit -n, for many "
+                                f"tensors)") from error
+            for (name, storage), handle in zip(own_file, self._native.share_memory(fds)):
+                self._storages[storage._cdata] = _SharedStorage(
+                    storage, name, handle, 0, storage.nbytes(), storage.data_ptr())
+        shared_file = [(name, storage) for name, storage in storages
+                       if library is not None and not storage.is_shared()]
+        if not shared_file:
+            return
+        offsets = _storage.layout([storage.nbytes() for _, storage in shared_file])
+        file = _storage.SharedFile(library, offsets[-1])
+        (handle,) = self._native.share_memory([file.fd])
+        for (name, storage), offset in zip(shared_file, offsets):
+            shared = _SharedStorage(storage, name, handle, offset, storage.nbytes(),
+                                    file.address + offset, file)
+            self._storages[storage._cdata] = shared
+            self._unmoved.append(shared)
+
+    def _move_storages(self, copy: bool = True, leave_covered: bool = False) -> None:
+        """Moves the storages registered since into their shared files, copying their bytes
+        there; ``leave_covered``: only those whose regions do not cover them whole (a whole
+        restore is to write the others). ``copy`` False: a whole restore wrote every storage left,
+        which moves as it is in the file."""
+        moving = [shared for shared in self._unmoved if not (leave_covered and shared.covered())]
+        if not moving:
+            return
+        by_file: Dict[int, Tuple[_storage.SharedFile, List[_SharedStorage]]] = {}
+        for shared in moving:
+            if shared.storage.nbytes() != shared.size:
+                raise Error("FAILED_PRECONDITION",
+                            f"the storage of tensor '{shared.name}' was resized after "
+                            f"registration (from {shared.size} to {shared.storage.nbytes()} "
+                            f"bytes): change registered tensors in place only")
+            by_file.setdefault(id(shared.file), (shared.file, []))[1].append(shared)
+        for file, group in by_file.values():
+            file.move([shared.storage for shared in group], [shared.offset for shared in group],
+                      copy)
+        moved = {id(shared) for shared in moving}
+        self._unmoved = [shared for shared in self._unmoved if id(shared) not in moved]
 
     def _stage(self, named: List[Tuple[str, torch.Tensor, Callable[[], torch.Tensor]]]) -> List[str]:
         """Registers tensors staged at each snapshot: host ones packed into one shared buffer,
@@ -497,7 +563,7 @@ class Client:
     def _register_cuda_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Shares a CUDA tensor by IPC: the daemon opens its allocation's handle and copies the
         region after waiting on an event recorded on the current stream at each snapshot."""
-        storage = _untyped_storage(tensor)
+        storage = _storage.untyped_storage(tensor)
         # _share_cuda_ reports the storage's offset inside the cudaMalloc block that holds it.
         storage_offset_in_block = storage._share_cuda_()[3]
         block_base = storage.data_ptr() - storage_offset_in_block
@@ -593,8 +659,10 @@ class Client:
         self._load_states(regions)
 
     def _prepare_snapshot(self) -> None:
-        """Makes every region hold what the next snapshot takes: checks that shared tensors did not
-        move, registers optimizer state created since, stages buffers and pickles state."""
+        """Makes every region hold what the next snapshot takes: moves storages registered since
+        into shared memory, checks that shared tensors did not move, registers optimizer state
+        created since, stages buffers and pickles state."""
+        self._move_storages()
         for name, region in self._regions.items():
             if region.live is None and region.base is None and \
                     region.tensor.data_ptr() != region.address:
@@ -606,6 +674,7 @@ class Client:
         self._wait_for_capture()
         for registration in self._optimizers:
             self._adopt_optimizer_state(registration)
+        self._move_storages()  # of state the optimizers created since
         self._declare_replica_groups()
         for region in self._regions.values():
             if region.live is not None:
@@ -688,6 +757,7 @@ class Client:
         returns its step. With ``names``, only those regions (each at its latest committed
         version) and the state providers among them (or aliased by them)."""
         if names is not None:
+            self._move_storages()
             restored = self._native.restore(step, list(names))
             restored_step, self._restore_tier = restored.step, restored.tier
             self._staged_step = None  # the staging memory now mixes steps
@@ -696,6 +766,7 @@ class Client:
             return restored_step
         for _ in range(3):
             manifests_step = self._restore_optimizer_manifests(step)
+            self._move_storages(leave_covered=True)
             restored = self._native.restore(step, [])
             restored_step, self._restore_tier = restored.step, restored.tier
             if manifests_step is None or manifests_step == restored_step:
@@ -705,6 +776,7 @@ class Client:
         else:
             raise Error("ABORTED", "the committed step kept changing during the restore: "
                                    "restore while no snapshot of this rank is in flight")
+        self._move_storages(copy=False)  # the restore wrote every byte of those left
         self._unstage(self._regions)
         self._load_states(self._states)
         for registration in self._optimizers:
@@ -776,6 +848,7 @@ class Client:
         optimizer state this way."""
         if not names:
             raise Error("INVALID_ARGUMENT", "restore_from needs the names of the regions to restore")
+        self._move_storages()
         restored = self._native.restore_from(source_rank, list(names))
         self._unstage(names)
         return RestoredFrom(restored.step, restored.node, restored.decoded)
@@ -904,7 +977,8 @@ def _state_getter(optimizer: torch.optim.Optimizer, parameter: torch.Tensor,
 
 
 def _raise_open_file_limit() -> None:
-    """Each shared storage keeps a file descriptor open: allow as many as the hard limit."""
+    """Each storage in a shared-memory file of its own keeps a descriptor open: allow as many as
+    the hard limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

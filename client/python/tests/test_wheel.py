@@ -89,6 +89,14 @@ def test_native_libraries_need_only_what_the_wheel_ships_and_the_c_runtime(wheel
         assert needed <= shipped | SYSTEM, (path.name, sorted(needed - shipped - SYSTEM))
         assert re.findall(r"\(RUNPATH\)\s+Library runpath: \[(.+)\]", dynamic) == ["$ORIGIN"], \
             path.name
+    # The storage library is compiled against c10's headers but calls nothing of torch: every
+    # symbol it takes from elsewhere is a versioned one of the C and C++ runtimes.
+    assert "libmoesnap_torch_storage.so" in shipped
+    symbols = subprocess.run(["objdump", "-T", str(libraries / "libmoesnap_torch_storage.so")],
+                             check=True, capture_output=True, text=True).stdout
+    undefined = [line for line in symbols.splitlines() if "*UND*" in line and " w " not in line]
+    assert undefined and all(re.search(r"\((GLIBC|GLIBCXX|CXXABI|GCC)_[0-9.]+\)", line)
+                             for line in undefined), undefined
     # The platform tag promises a glibc: no library uses a newer symbol version.
     floor = tuple(int(part) for part in re.search(r"manylinux_(\d+)_(\d+)", wheel.name).groups())
     for path in libraries.iterdir():

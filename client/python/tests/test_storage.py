@@ -1,0 +1,174 @@
+"""Storages registered whole move into one shared-memory file per registration (the storage
+library, client/python/native/torch_storage.h) and stay the storages every view uses; the file
+goes with the last tensor; under another torch release each storage gets a file of its own."""
+
+import gc
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import moesnap
+from moesnap import _storage
+from conftest import Daemon
+
+
+def shared_files():
+    """(descriptors, mappings) of this process's moesnap shared-memory files."""
+    descriptors = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if "moesnap-region" in os.readlink(f"/proc/self/fd/{name}"):
+                descriptors.append(name)
+        except FileNotFoundError:  # the descriptor listdir read the folder with
+            pass
+    mappings = [line for line in Path("/proc/self/maps").read_text().splitlines()
+                if "moesnap-region" in line]
+    return descriptors, mappings
+
+
+def flat_model():
+    """Two parameters viewing one flat buffer, as FSDP's flat parameters do, and a third tied to
+    the first (the same Parameter in two modules)."""
+    flat = torch.arange(20, dtype=torch.float32)
+    model = torch.nn.Module()
+    model.first = torch.nn.Module()
+    model.first.weight = torch.nn.Parameter(flat[0:12].view(3, 4))
+    model.second = torch.nn.Module()
+    model.second.weight = torch.nn.Parameter(flat[12:20].view(2, 4))
+    model.tied = torch.nn.Module()
+    model.tied.weight = model.first.weight
+    return model, flat
+
+
+def test_the_torch_of_this_build_gets_the_storage_library():
+    assert _storage.library() is not None, "the build carries no storage library for this torch"
+
+
+def test_views_of_a_flat_buffer_and_tied_weights_stay_views_of_one_moved_storage(daemon: Daemon):
+    model, flat = flat_model()
+    storage = _storage.untyped_storage(flat)
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register_module("model", model)
+    before = storage.data_ptr()
+    client.snapshot(1)
+    client.wait_committed(1)
+
+    assert storage.data_ptr() != before  # moved, as the same storage object
+    assert _storage.untyped_storage(model.first.weight)._cdata == storage._cdata
+    assert model.first.weight.data_ptr() == flat.data_ptr()
+    assert model.second.weight.data_ptr() == flat.data_ptr() + 12 * 4
+    assert model.tied.weight is model.first.weight
+    assert torch.equal(flat, torch.arange(20, dtype=torch.float32))  # its bytes came along
+    with torch.no_grad():
+        flat[13] = -1.0
+    assert model.second.weight[0, 1] == -1.0
+    # The daemon copied what the views hold: a restore brings back step 1 through all of them.
+    with torch.no_grad():
+        model.first.weight.fill_(7.0)
+    client.restore()
+    assert torch.equal(flat, torch.arange(20, dtype=torch.float32))
+    assert torch.equal(model.tied.weight, torch.arange(12, dtype=torch.float32).view(3, 4))
+
+
+def test_one_file_holds_a_registration_and_goes_with_its_last_tensor(daemon: Daemon):
+    gc.collect()
+    descriptors_before, mappings_before = (len(found) for found in shared_files())
+    model = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(50)))  # 100 tensors
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register_module("model", model)
+    client.snapshot(1)
+    client.wait_committed(1)
+    descriptors, mappings = shared_files()
+    assert (len(descriptors), len(mappings)) == (descriptors_before + 1, mappings_before + 1), \
+        (descriptors, mappings)
+    weight = model[3].weight
+    del client, model
+    gc.collect()
+    assert len(shared_files()[1]) == mappings_before + 1  # a tensor still uses it
+    del weight
+    gc.collect()
+    assert tuple(len(found) for found in shared_files()) == (descriptors_before, mappings_before)
+
+
+def test_a_first_restore_writes_the_file_and_copies_only_storages_it_does_not_cover(
+        daemon: Daemon, monkeypatch):
+    saved = torch.nn.Linear(8, 4)
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register_module("model", saved)
+    backing = torch.arange(40, dtype=torch.float32)
+    client.register_tensor("part", backing[8:24])  # bytes 0-31 and 96-159 are in no region
+    client.snapshot(1)
+    client.wait_committed(1)
+    expected = {key: value.detach().clone() for key, value in saved.state_dict().items()}
+
+    copies = []
+    move = _storage.SharedFile.move
+
+    def recording(file, storages, offsets, copy):
+        copies.extend((storage.nbytes(), copy) for storage in storages)
+        move(file, storages, offsets, copy)
+
+    monkeypatch.setattr(_storage.SharedFile, "move", recording)
+    fresh = torch.nn.Linear(8, 4)
+    backing = torch.full((40,), -1.0)
+    restarted = moesnap.Client(daemon.agent_socket, 0)
+    restarted.register_module("model", fresh)
+    restarted.register_tensor("part", backing[8:24])
+    assert copies == []  # nothing moves at registration
+    assert restarted.restore() == 1
+    assert sorted(copies) == [(16, False), (128, False), (160, True)]
+    assert all(torch.equal(value, expected[key]) for key, value in fresh.state_dict().items())
+    assert torch.equal(backing[8:24], torch.arange(8, 24, dtype=torch.float32))
+    assert torch.equal(backing[:8], torch.full((8,), -1.0))  # kept: no region names them
+    assert torch.equal(backing[24:], torch.full((16,), -1.0))
+
+
+def test_a_failed_restore_leaves_the_tensors_where_and_as_they_were(daemon: Daemon):
+    model = torch.nn.Linear(4, 3)
+    expected = model.weight.detach().clone()
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register_module("model", model)
+    address = model.weight.data_ptr()
+    with pytest.raises(moesnap.Error) as error:
+        client.restore()  # nothing committed yet
+    assert error.value.code == "NOT_FOUND"
+    assert model.weight.data_ptr() == address
+    assert torch.equal(model.weight, expected)
+    client.snapshot(1)  # and they move, with their bytes, at the first snapshot
+    client.wait_committed(1)
+    assert model.weight.data_ptr() != address
+    assert torch.equal(model.weight, expected)
+
+
+def test_a_storage_in_shared_memory_already_stays_in_its_own_file(daemon: Daemon):
+    model = torch.nn.Linear(4, 3)
+    model.share_memory()  # other processes may map it (Hogwild): it must not move
+    address = model.weight.data_ptr()
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register_module("model", model)
+    client.snapshot(1)
+    client.wait_committed(1)
+    assert model.weight.data_ptr() == address
+    assert _storage.untyped_storage(model.weight).is_shared()
+
+
+def test_under_another_torch_release_each_storage_gets_a_file_of_its_own(daemon: Daemon,
+                                                                         monkeypatch):
+    monkeypatch.setattr(_storage, "_library", _storage._UNDECIDED)
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    model, flat = flat_model()
+    client = moesnap.Client(daemon.agent_socket, 0)
+    with pytest.warns(RuntimeWarning, match=r"built for torch \d+\.\d+\.\d+'s storage layout, "
+                                            r"this is torch 9\.9\.9"):
+        client.register_module("model", model)
+    assert _storage.library() is None  # decided once: no second warning
+    assert _storage.untyped_storage(flat).is_shared()
+    assert model.second.weight.data_ptr() == flat.data_ptr() + 12 * 4
+    client.snapshot(1)
+    client.wait_committed(1)
+    with torch.no_grad():
+        flat.zero_()
+    client.restore()
+    assert torch.equal(flat, torch.arange(20, dtype=torch.float32))
