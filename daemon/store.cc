@@ -16,6 +16,7 @@
 #include "daemon/progress.h"
 #include "daemon/shard_layout.h"
 #include "erasure/crc32c.h"
+#include "google/protobuf/arena.h"
 #include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
@@ -747,11 +748,12 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
   }
 }
 
-v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
-                                         const v1::JournalCluster& cluster) const {
-  v1::JournalState state;
-  auto add = [&state](const Version& version) {
-    v1::JournalVersion* saved = state.add_versions();
+absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& committing,
+                                 const v1::JournalCluster& cluster) const {
+  google::protobuf::Arena arena;
+  auto* state = google::protobuf::Arena::CreateMessage<v1::JournalState>(&arena);
+  auto add = [state](const Version& version) {
+    v1::JournalVersion* saved = state->add_versions();
     saved->set_rank(version.rank);
     saved->set_region(version.region);
     saved->set_step(version.step);
@@ -762,21 +764,21 @@ v1::JournalState Store::JournalStateWith(const std::map<uint32_t, const StepReco
     }
     saved->set_bytes(version.bytes);
     saved->set_dtype(version.dtype);
-    for (int64_t dimension : version.shape) saved->add_shape(dimension);
+    saved->mutable_shape()->Add(version.shape.begin(), version.shape.end());
     saved->set_chunk_bytes(version.chunk_bytes);
-    for (uint32_t crc : version.chunk_crcs) saved->add_chunk_crcs(crc);
+    saved->mutable_chunk_crcs()->Add(version.chunk_crcs.begin(), version.chunk_crcs.end());
     version.SavePiece(saved);
   };
   for (const auto& [rank_id, rank_state] : ranks_) {
     const StepRecord* record = nullptr;
     if (auto it = committing.find(rank_id); it != committing.end()) record = it->second;
-    for (const auto& [region, version] : VersionsAfter(rank_state, record)) add(*version);
+    ForEachVersionAfter(rank_state, record, add);
     if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank_id, rank_state, record)) {
-      *state.add_ranks() = *std::move(saved);
+      *state->add_ranks() = *std::move(saved);
     }
   }
-  *state.mutable_cluster() = cluster;
-  return state;
+  *state->mutable_cluster() = cluster;
+  return journal_->Write(*state);
 }
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
@@ -802,7 +804,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   // last of them has captured it.
   std::map<uint32_t, const StepRecord*> committing{{rank, &record}};
   if (!record.table->groups.empty() && !GroupCaptured(rank, record.step, &committing)) return;
-  if (absl::Status status = journal_->Write(JournalStateWith(committing, cluster_)); !status.ok()) {
+  if (absl::Status status = WriteJournal(committing, cluster_); !status.ok()) {
     for (const auto& [member, member_record] : committing) {
       RankState& member_state = ranks_[member];
       AbortStep(member_state, member_state.steps[member_record->step], status);
@@ -855,9 +857,13 @@ bool Store::GroupCaptured(uint32_t rank, int64_t step,
 }
 
 void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& record) {
+  // The versions come in name order (but for sparse aliases): the place after the one before is
+  // the hint, so a step of thousands of regions does not search the map for each.
+  auto hint = rank_state.committed.begin();
   for (std::shared_ptr<Version>& version : record.versions) {
-    rank_state.committed[version->region] = std::move(version);  // frees the older version
-  }
+    const std::string& region = version->region;
+    hint = std::next(rank_state.committed.insert_or_assign(hint, region, std::move(version)));
+  }  // each frees the older version of its region
   record.versions.clear();
   CommitReplicaGroups(record, &rank_state.committed, &rank_state.replica_groups);
   record.state = v1::STEP_STATE_COMMITTED;
@@ -1385,18 +1391,39 @@ std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankS
   return saved;
 }
 
-std::map<std::string, const Store::Version*> Store::VersionsAfter(const RankState& rank_state,
-                                                                 const StepRecord* committing) {
-  std::map<std::string, const Version*> versions;
-  for (const auto& [region, version] : rank_state.committed) versions[region] = version.get();
-  if (committing == nullptr) return versions;
-  for (const auto& version : committing->versions) versions[version->region] = version.get();
-  if (committing->whole) {  // as CommitReplicaGroups leaves them
-    std::erase_if(versions, [&](const auto& entry) {
-      return entry.second->is_piece() && entry.second->step < committing->step;
-    });
+template <typename Visit>
+void Store::ForEachVersionAfter(const RankState& rank_state, const StepRecord* committing,
+                                Visit visit) {
+  // The committing step's versions, in name order (those of sparse aliases may not come in it).
+  std::vector<const Version*> newer;
+  if (committing != nullptr) {
+    newer.reserve(committing->versions.size());
+    for (const std::shared_ptr<Version>& version : committing->versions) {
+      newer.push_back(version.get());
+    }
+    auto by_name = [](const Version* a, const Version* b) { return a->region < b->region; };
+    if (!std::is_sorted(newer.begin(), newer.end(), by_name)) {
+      std::sort(newer.begin(), newer.end(), by_name);
+    }
   }
-  return versions;
+  // A whole step drops the pieces earlier steps left (as CommitReplicaGroups does).
+  auto left_behind = [committing](const Version& version) {
+    return committing != nullptr && committing->whole && version.is_piece() &&
+           version.step < committing->step;
+  };
+  auto older = rank_state.committed.begin();
+  const auto older_end = rank_state.committed.end();
+  size_t next = 0;
+  while (older != older_end || next < newer.size()) {
+    const Version* version;
+    if (next < newer.size() && (older == older_end || newer[next]->region <= older->first)) {
+      if (older != older_end && older->first == newer[next]->region) ++older;  // replaced by it
+      version = newer[next++];
+    } else {
+      version = (older++)->second.get();
+    }
+    if (!left_behind(*version)) visit(*version);
+  }
 }
 
 void Store::CommitReplicaGroups(const StepRecord& record,
@@ -1590,7 +1617,7 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
     }
     rank_state.latest_committed = latest;
   }
-  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster_)); !status.ok()) {
+  if (absl::Status status = WriteJournal({}, cluster_); !status.ok()) {
     for (auto& [rank_id, regions] : removed) {
       RankState& rank_state = ranks_[rank_id];
       for (auto& [region, version] : regions) rank_state.committed[region] = std::move(version);
@@ -1779,10 +1806,10 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
   for (const auto& [rank, rank_state] : ranks_) {
     const StepRecord* record = nullptr;
     if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) record = &it->second;
-    for (const auto& [name, version] : VersionsAfter(rank_state, record)) {
-      AddToImage(*version, &manifest);
-      stored.push_back(version->stored);
-    }
+    ForEachVersionAfter(rank_state, record, [&](const Version& version) {
+      AddToImage(version, &manifest);
+      stored.push_back(version.stored);
+    });
     if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
       *manifest.add_ranks() = *std::move(saved);
     }
@@ -1887,7 +1914,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   // In a cluster the group's parity covers the committed step this node had, not the loaded one:
   // the record goes, so that the next step is encoded whole.
   const v1::JournalCluster kept = mode_ == CommitMode::kCluster ? v1::JournalCluster() : cluster_;
-  if (absl::Status status = journal_->Write(JournalStateWith({}, kept)); !status.ok()) {
+  if (absl::Status status = WriteJournal({}, kept); !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
     rank_state.latest_snapshot = previous.latest_committed;
@@ -1911,7 +1938,7 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
       committing[rank] = &it->second;
     }
   }
-  if (absl::Status status = journal_->Write(JournalStateWith(committing, cluster)); !status.ok()) {
+  if (absl::Status status = WriteJournal(committing, cluster); !status.ok()) {
     return status;
   }
   cluster_ = cluster;
@@ -1966,7 +1993,7 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
     installed.replay_through = rank_state.replay_through;
   }
   std::swap(ranks_, rebuilt);
-  if (absl::Status status = journal_->Write(JournalStateWith({}, cluster)); !status.ok()) {
+  if (absl::Status status = WriteJournal({}, cluster); !status.ok()) {
     std::swap(ranks_, rebuilt);
     for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = rank_state.regions;
     return status;

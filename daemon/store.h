@@ -205,9 +205,12 @@ class Store final : public ClusterStore, public DurableStore {
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
-  // The rank's committed versions once `committing` (may be null) commits, by region.
-  static std::map<std::string, const Version*> VersionsAfter(const RankState& rank_state,
-                                                             const StepRecord* committing);
+  // Calls visit(version) for the rank's committed versions once `committing` (may be null)
+  // commits, in region name order. Allocates nothing per version: a commit of a rank of thousands
+  // of regions walks them once.
+  template <typename Visit>
+  static void ForEachVersionAfter(const RankState& rank_state, const StepRecord* committing,
+                                  Visit visit);
   // The replica-group layouts once `record` commits, into `groups`; with `committed`, also drops
   // the pieces a whole step left behind (its shard no longer covers them).
   static void CommitReplicaGroups(const StepRecord& record,
@@ -277,9 +280,10 @@ class Store final : public ClusterStore, public DurableStore {
                             std::shared_ptr<const std::vector<uint32_t>> selection,
                             const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The journal state once the records in `committing` (rank -> step) commit, with `cluster`.
-  v1::JournalState JournalStateWith(const std::map<uint32_t, const StepRecord*>& committing,
-                                    const v1::JournalCluster& cluster) const
+  // Writes the journal state once the records in `committing` (rank -> step) commit, with
+  // `cluster`. The state is built in an arena: a record per version, freed at once.
+  absl::Status WriteJournal(const std::map<uint32_t, const StepRecord*>& committing,
+                            const v1::JournalCluster& cluster) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The node's committed step: the cluster's, or on a single node the lowest latest committed
   // step of the ranks that committed one.
