@@ -203,5 +203,28 @@ TEST(FormatTest, TablesAlignAndBytesReadAsPeopleWrite) {
   EXPECT_EQ(ctl::ExitCodeFor(grpc::Status(grpc::StatusCode::DATA_LOSS, "")), ctl::kDaemonRefused);
 }
 
+// A node that rebuilds while steps commit without it says how many received steps it will catch
+// up through; one that received none yet is only "rebuilding".
+TEST(FormatTest, ClusterStatusSaysARebuildingNodeReceivesParity) {
+  v1::ClusterStatusResponse cluster;
+  cluster.add_absent_nodes(4);
+  cluster.add_absent_nodes(5);
+  cluster.set_degraded_commits(7);
+  for (uint32_t id : {3u, 4u, 5u}) {
+    v1::ClusterNodeStatus* node = cluster.add_nodes();
+    node->set_node_id(id);
+    node->set_live(true);
+    node->set_answered(true);
+    node->set_rebuilding(id != 3);
+    if (id == 5) node->set_received_steps(3);
+  }
+  const std::string text = ctl::FormatClusterStatus(cluster);
+  EXPECT_TRUE(absl::StrContains(text, "degraded: nodes [4, 5] absent")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "rebuilding, receiving parity (3 committed steps to catch up)"))
+      << text;
+  EXPECT_EQ(text.find("receiving parity"), text.rfind("receiving parity")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "rebuilding ")) << text;
+}
+
 }  // namespace
 }  // namespace moesnap
