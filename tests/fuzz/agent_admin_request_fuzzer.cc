@@ -14,17 +14,17 @@
 #include <string>
 #include <vector>
 
-#include <google/protobuf/stubs/logging.h>
-
 #include "daemon/region_limits.h"
 #include "daemon/request_checks.h"
 #include "daemon/shard_layout.h"
 #include "daemon/upstream_log.h"
 #include "proto/moesnap.pb.h"
+#include "tests/fuzz/proto_input.h"
 
 namespace {
 
 using namespace moesnap::daemon;
+using moesnap::fuzz::Parse;
 namespace v1 = moesnap::v1;
 
 void Require(bool condition) {
@@ -143,18 +143,7 @@ void UseLogRecord(const v1::LogRecord& record) {
   Require(log.Fetch(fetch).status().code() == absl::StatusCode::kOutOfRange);
 }
 
-template <typename Request>
-bool Parse(const uint8_t* data, size_t size, Request* request) {
-  return request->ParseFromArray(data, static_cast<int>(size));
-}
-
 }  // namespace
-
-// Malformed UTF-8 in string fields is refused by the parser, which logs each time: not a finding.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler(nullptr);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

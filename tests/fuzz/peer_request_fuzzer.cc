@@ -7,18 +7,18 @@
 #include <cstdlib>
 #include <vector>
 
-#include <google/protobuf/stubs/logging.h>
-
 #include "daemon/cluster/peer_checks.h"
 #include "daemon/node_image.h"
 #include "daemon/region_limits.h"
 #include "erasure/stripe_layout.h"
 #include "proto/moesnap.pb.h"
+#include "tests/fuzz/proto_input.h"
 
 namespace {
 
 using namespace moesnap::daemon;
 using namespace moesnap::daemon::cluster;
+using moesnap::fuzz::Parse;
 namespace v1 = moesnap::v1;
 
 constexpr int kDataUnits = 2;
@@ -54,18 +54,7 @@ void UseGroup(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images) {
   }
 }
 
-template <typename Request>
-bool Parse(const uint8_t* data, size_t size, Request* request) {
-  return request->ParseFromArray(data, static_cast<int>(size));
-}
-
 }  // namespace
-
-// Malformed UTF-8 in string fields is refused by the parser, which logs each time: not a finding.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler(nullptr);
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

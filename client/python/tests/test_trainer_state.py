@@ -91,18 +91,21 @@ def sgd_reference(tmp_path_factory):
     return reference_run(tmp_path_factory, "sgd")
 
 
-def run_until(trainer: subprocess.Popen, pattern: str) -> Tuple[List[str], bool]:
-    """Reads the trainer's lines until one matches `pattern` (then SIGKILLs it and returns True)
-    or it ends (returns False)."""
+def run_until(trainer: subprocess.Popen, pattern: str) -> Tuple[List[str], Optional[str]]:
+    """Reads the trainer's lines until one matches `pattern`, then SIGKILLs it. Returns every line
+    it printed, those after the match too (it trains on until the signal lands, and may snapshot
+    further), and the line matched: None when it ended first."""
     seen = []
     for line in trainer.stdout:
         seen.append(line.rstrip("\n"))
         if re.fullmatch(pattern, seen[-1]):
+            matched = seen[-1]
             trainer.send_signal(signal.SIGKILL)
             trainer.wait()
-            return seen, True
+            seen += trainer.stdout.read().splitlines()
+            return seen, matched
     trainer.wait()
-    return seen, False
+    return seen, None
 
 
 def killed_at_random_points(daemon: Daemon, reference, options: List[str], kills: int,
@@ -118,16 +121,18 @@ def killed_at_random_points(daemon: Daemon, reference, options: List[str], kills
         if progress < STEPS:  # steps after any a trainer printed are still ahead of it
             kinds += ["step", "snapshot"]
         kind = draw.choice(kinds)
-        step = draw.randint(progress + 1, min(progress + 3, STEPS))
+        step = draw.randint(progress + 1, min(progress + 3, STEPS)) if progress < STEPS else STEPS
         pattern = {"registering": "registering", "registered": "registered",
                    # before the first commit there is no restore: kill at the first step instead
                    "restoring": r"restoring|step \d+ .*",
                    "step": rf"step {step} .*", "snapshot": f"snapshot {step}"}[kind]
-        lines, killed = run_until(start(daemon.agent_socket, extra=options), pattern)
-        assert killed, f"the trainer ended before '{pattern}' (seed {seed}): {lines}"
+        lines, killed_at = run_until(start(daemon.agent_socket, extra=options), pattern)
+        assert killed_at, f"the trainer ended before '{pattern}' (seed {seed}): {lines}"
         assert_same_steps(lines, expected)
+        # A trainer prints a step before it snapshots it, so no step it could have committed is
+        # after the last one it printed.
         progress = max([progress] + list(steps_of(lines)))
-        landed.append(lines[-1])
+        landed.append(killed_at)
     lines = finish(start(daemon.agent_socket, out=out, extra=options))
     assert_same_steps(lines, expected)
     assert "done" in lines
