@@ -28,11 +28,14 @@ struct AccessOptions {
   std::vector<uid_t> allowed_uids;
 };
 
-// Crashes on purpose, for the crash tests. Only moesnapd-faults, the test build of the daemon, sets
-// them (from MOESNAP_CRASH_IN_JOURNAL_WRITE and MOESNAP_CRASH_IN_COMMIT); moesnapd never does.
+// Crashes and delays on purpose, for the crash and cluster tests. Only moesnapd-faults, the test
+// build of the daemon, sets them (from MOESNAP_CRASH_IN_JOURNAL_WRITE, MOESNAP_CRASH_IN_COMMIT and
+// MOESNAP_REBUILD_HOLD_STEPS); moesnapd never does.
 struct FaultInjection {
   std::optional<int64_t> crash_in_journal_write;  // SIGKILL half-way through this journal write
   std::optional<int64_t> crash_in_commit;  // as coordinator, SIGKILL right after deciding this step
+  // A rebuild that decoded step S installs it only once step S + this or a later one is committed.
+  std::optional<int64_t> rebuild_hold_steps;
 };
 
 struct DaemonOptions {

@@ -116,7 +116,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.cluster) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(options.node_id, *options.cluster, daemon->pool_.get(), daemon->store_.get(),
-                       daemon->upstream_log_.get());
+                       daemon->upstream_log_.get(), options.faults.rebuild_hold_steps);
     if (!cluster.ok()) return cluster.status();
     daemon->cluster_ = *std::move(cluster);
     if (const std::optional<int64_t> step = options.faults.crash_in_commit) {

@@ -47,6 +47,10 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
                    node.coordinator() ? 1 : 0);
       out.AddGauge("moesnap_rebuilding", "1 while this node rebuilds its data and parity",
                    node.rebuilding() ? 1 : 0);
+      out.AddGauge("moesnap_rebuild_received_steps",
+                   "Committed steps whose parity this node received while it rebuilds, not yet "
+                   "caught up with",
+                   node.received_steps());
       continue;
     }
     const metrics::Labels peer = {{"peer", absl::StrCat(node.node_id())}};

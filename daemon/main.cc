@@ -1,6 +1,7 @@
 // moesnapd: parse flags, load the config, start the daemon, serve until SIGTERM or SIGINT. Built a
 // second time as moesnapd-faults (MOESNAP_FAULT_INJECTION) for the crash tests, which alone reads
-// the MOESNAP_CRASH_* variables: a production daemon cannot be told to kill itself.
+// the MOESNAP_CRASH_* and MOESNAP_REBUILD_HOLD_STEPS variables: a production daemon cannot be told
+// to kill itself or to hold a rebuild.
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -26,6 +27,10 @@ moesnap::daemon::FaultInjection FaultsFromEnvironment() {
   if (const char* text = std::getenv("MOESNAP_CRASH_IN_COMMIT");
       text != nullptr && absl::SimpleAtoi(text, &value)) {
     faults.crash_in_commit = value;
+  }
+  if (const char* text = std::getenv("MOESNAP_REBUILD_HOLD_STEPS");
+      text != nullptr && absl::SimpleAtoi(text, &value)) {
+    faults.rebuild_hold_steps = value;
   }
   return faults;
 }

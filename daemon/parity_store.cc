@@ -31,16 +31,37 @@ absl::Status ParityStore::Recover(const v1::JournalCluster& record) {
   return absl::OkStatus();
 }
 
+uint64_t ParityStore::UnitBytes(const std::vector<uint64_t>& image_bytes) const {
+  uint64_t bytes = 0;
+  const uint64_t stripes = layout_->StripeCount(image_bytes);
+  for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
+    if (layout_->IsParityPosition(stripe, position_)) {
+      bytes += layout_->ParityLength(stripe, image_bytes);
+    }
+  }
+  return bytes;
+}
+
+bool ParityStore::Fits(const std::vector<uint64_t>& image_bytes) const {
+  return static_cast<int>(image_bytes.size()) == layout_->group_size() &&
+         UnitBytes(image_bytes) <= pool_->free_bytes();
+}
+
 absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
                                const std::vector<uint64_t>& image_bytes,
-                               const std::vector<std::vector<bool>>* changed) {
+                               const std::vector<std::vector<bool>>* changed, bool accumulate) {
   if (static_cast<int>(image_bytes.size()) != layout_->group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", image_bytes.size(),
                                                    " image sizes for a group of ",
                                                    layout_->group_size()));
   }
+  if (accumulate && changed == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": an accumulation takes deltas of changed units only"));
+  }
   Pending pending;
   pending.attempt = attempt;
+  pending.accumulate = accumulate;
   const uint64_t stripes = layout_->StripeCount(image_bytes);
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
     if (!layout_->IsParityPosition(stripe, position_)) continue;
@@ -51,7 +72,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       return absl::ResourceExhaustedError(absl::StrCat("parity of step ", step, ", stripe ", stripe,
                                                        ": ", extent.status().message()));
     }
-    if (changed == nullptr) {
+    if (changed == nullptr || accumulate) {
       std::memset((*extent)->data(), 0, bytes);
     } else {
       absl::MutexLock lock(&mutex_);
@@ -203,13 +224,92 @@ std::vector<v1::JournalParity> ParityStore::Records(int64_t step) const {
 void ParityStore::Commit(int64_t step) {
   absl::MutexLock lock(&mutex_);
   auto it = pending_.find(step);
-  if (it == pending_.end()) return;
-  committed_ = std::move(it->second.units);  // frees the previous step's units
+  if (it != pending_.end() && !it->second.accumulate) {
+    committed_ = std::move(it->second.units);  // frees the previous step's units
+  } else if (auto kept = accumulated_.find(step);
+             kept != accumulated_.end() && kept->second.folded) {
+    committed_ = std::move(kept->second.units);
+  } else {
+    return;
+  }
   committed_step_ = step;
   // Older open steps can never commit now.
-  pending_.erase(pending_.begin(), std::next(it));
+  pending_.erase(pending_.begin(), pending_.upper_bound(step));
+  accumulated_.erase(accumulated_.begin(), accumulated_.upper_bound(step));
   discarded_.erase(discarded_.begin(), discarded_.upper_bound(step));
   changed_.SignalAll();
+}
+
+bool ParityStore::KeepAccumulated(int64_t step, int64_t attempt, int64_t base,
+                                  std::vector<v1::NodeImage> group_images) {
+  absl::MutexLock lock(&mutex_);
+  auto it = pending_.find(step);
+  if (it == pending_.end() || !it->second.accumulate || !it->second.complete ||
+      it->second.attempt != attempt) {
+    return false;
+  }
+  accumulated_[step] = {base, std::move(group_images), std::move(it->second.units), false};
+  pending_.erase(it);
+  changed_.SignalAll();
+  return true;
+}
+
+std::optional<std::pair<int64_t, std::vector<v1::NodeImage>>> ParityStore::NextAccumulated()
+    const {
+  absl::MutexLock lock(&mutex_);
+  if (!committed_step_) return std::nullopt;
+  for (const auto& [step, kept] : accumulated_) {
+    if (kept.base == *committed_step_ && !kept.folded) {
+      return std::make_pair(step, kept.group_images);
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::vector<v1::JournalParity>> ParityStore::FoldAccumulated(int64_t step) {
+  std::vector<std::pair<ParityUnit*, std::shared_ptr<PoolExtent>>> pairs;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = accumulated_.find(step);
+    if (it == accumulated_.end() || it->second.folded || !committed_step_ ||
+        it->second.base != *committed_step_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no parity accumulated for step ", step, " against the committed step ",
+          committed_step_ ? absl::StrCat(*committed_step_) : "(none)"));
+    }
+    if (it->second.units.size() != committed_.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " accumulated ", it->second.units.size(), " parity units, the committed ",
+          "step holds ", committed_.size()));
+    }
+    for (auto& [stripe, unit] : it->second.units) {
+      auto committed = committed_.find(stripe);
+      if (committed == committed_.end() || committed->second.bytes != unit.bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, ": the committed parity of stripe ", stripe, " does not match the ",
+            "accumulated one"));
+      }
+      pairs.push_back({&unit, committed->second.extent});
+    }
+  }
+  // Only this call writes a kept accumulation, and committed units are never written: XOR and
+  // checksum outside the lock.
+  std::vector<v1::JournalParity> records;
+  for (auto& [unit, committed] : pairs) {
+    uint8_t* out = unit->extent->data();
+    const uint8_t* in = committed->data();
+    for (uint64_t i = 0; i < unit->bytes; ++i) out[i] ^= in[i];
+    unit->crc = erasure::Crc32c(out, unit->bytes);
+    records.push_back(RecordOf(*unit));
+  }
+  absl::MutexLock lock(&mutex_);
+  if (auto it = accumulated_.find(step); it != accumulated_.end()) it->second.folded = true;
+  return records;
+}
+
+size_t ParityStore::accumulated_steps() const {
+  absl::MutexLock lock(&mutex_);
+  return accumulated_.size();
 }
 
 void ParityStore::Abort(int64_t step) {
@@ -231,11 +331,20 @@ void ParityStore::Install(int64_t step, std::vector<ParityUnit> units) {
   for (ParityUnit& unit : units) committed_[unit.stripe] = std::move(unit);
   committed_step_ = step;
   pending_.erase(pending_.begin(), pending_.upper_bound(step));
+  accumulated_.erase(accumulated_.begin(), accumulated_.upper_bound(step));
   discarded_.erase(discarded_.begin(), discarded_.upper_bound(step));
 }
 
 std::optional<ParityUnit> ParityStore::Committed(uint64_t stripe) const {
   absl::MutexLock lock(&mutex_);
+  auto it = committed_.find(stripe);
+  if (it == committed_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<ParityUnit> ParityStore::CommittedOf(int64_t step, uint64_t stripe) const {
+  absl::MutexLock lock(&mutex_);
+  if (committed_step_ != step) return std::nullopt;
   auto it = committed_.find(stripe);
   if (it == committed_.end()) return std::nullopt;
   return it->second;
@@ -260,6 +369,9 @@ uint64_t ParityStore::in_flight_bytes() const {
   uint64_t bytes = 0;
   for (const auto& [step, pending] : pending_) {
     for (const auto& [stripe, unit] : pending.units) bytes += unit.bytes;
+  }
+  for (const auto& [step, kept] : accumulated_) {
+    for (const auto& [stripe, unit] : kept.units) bytes += unit.bytes;
   }
   return bytes;
 }

@@ -4,13 +4,19 @@
 // every expected byte has arrived. The committed step's units stay until the next step commits.
 // Each opening is one attempt (the coordinator's fencing token): a step opened again by a newer
 // coordinator starts afresh, and frames of an older attempt are dropped.
+// A node that rebuilds while steps commit without it (cluster.allow_degraded) accumulates instead:
+// each step's units start at zero and take only the live nodes' deltas, so they hold the change of
+// its parity in that step. Those of committed steps are kept until the rebuilt units are there to
+// fold them into (parity of step S = parity of its base XOR the accumulation of S).
 #ifndef MOESNAP_DAEMON_PARITY_STORE_H_
 #define MOESNAP_DAEMON_PARITY_STORE_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -48,9 +54,14 @@ class ParityStore {
   // every data unit is expected (a full encode). With it (a sparse step of an unchanged layout),
   // units start as copies of the committed ones and only the deltas of units marked changed
   // (changed[position][unit]) are expected.
-  // Opening a step again with a newer `attempt` replaces the older attempt's units.
+  // Opening a step again with a newer `attempt` replaces the older attempt's units. With
+  // `accumulate` (and `changed`), units start at zero: they take the step's change only.
   absl::Status Begin(int64_t step, int64_t attempt, const std::vector<uint64_t>& image_bytes,
-                     const std::vector<std::vector<bool>>* changed);
+                     const std::vector<std::vector<bool>>* changed, bool accumulate = false);
+  // The parity bytes this node holds for a group of `image_bytes`, and whether the pool has room
+  // for them now.
+  uint64_t UnitBytes(const std::vector<uint64_t>& image_bytes) const;
+  bool Fits(const std::vector<uint64_t>& image_bytes) const;
   // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin of its attempt (a fast
   // data node's units can arrive before the coordinator's Encode reaches this node); a frame of an
   // older attempt than the one open is dropped.
@@ -67,11 +78,27 @@ class ParityStore {
   // `step` was decided aborted: its parity goes, and its frames that arrive later are dropped
   // without closing their connection (later steps' frames follow on it).
   void Discard(int64_t step);
-  // Replaces the committed units (rebuild).
+  // Replaces the committed units (rebuild); accumulations of steps up to `step` go.
   void Install(int64_t step, std::vector<ParityUnit> units);
 
+  // `step`, accumulated (Begin with `accumulate`) and complete, was committed against `base`
+  // without this node: its accumulation is kept, with the group's images of the step, until
+  // folded. False when it was not accumulated under `attempt`.
+  bool KeepAccumulated(int64_t step, int64_t attempt, int64_t base,
+                       std::vector<v1::NodeImage> group_images);
+  // The kept step whose base is the committed step, with its group images, if any (not one folded
+  // already: a fold is done once).
+  std::optional<std::pair<int64_t, std::vector<v1::NodeImage>>> NextAccumulated() const;
+  // Folds the committed units into the accumulation of `step` (the committed step must be its
+  // base): the result is `step`'s parity, whose journal records are returned; Commit(step) makes
+  // it the committed parity.
+  absl::StatusOr<std::vector<v1::JournalParity>> FoldAccumulated(int64_t step);
+  // Kept accumulations (committed steps not folded yet).
+  size_t accumulated_steps() const;
   // The committed unit of `stripe` (nullopt when this node holds none for it).
   std::optional<ParityUnit> Committed(uint64_t stripe) const;
+  // The same, only while the committed step is `step`.
+  std::optional<ParityUnit> CommittedOf(int64_t step, uint64_t stripe) const;
   std::vector<ParityUnit> CommittedUnits() const;
   uint64_t committed_bytes() const;
   uint64_t in_flight_bytes() const;
@@ -83,6 +110,14 @@ class ParityStore {
     std::map<uint64_t, uint64_t> expected;  // stripe -> data bytes still to arrive
     uint64_t missing = 0;
     bool complete = false;
+    bool accumulate = false;  // started at zero: the step's change only
+  };
+
+  struct Accumulated {
+    int64_t base = 0;
+    std::vector<v1::NodeImage> group_images;
+    std::map<uint64_t, ParityUnit> units;
+    bool folded = false;  // holds the step's parity, ready to commit
   };
 
   Pool* const pool_;
@@ -97,6 +132,7 @@ class ParityStore {
   std::set<int64_t> discarded_ ABSL_GUARDED_BY(mutex_);  // decided aborted, after the committed step
   std::optional<int64_t> committed_step_ ABSL_GUARDED_BY(mutex_);
   std::map<uint64_t, ParityUnit> committed_ ABSL_GUARDED_BY(mutex_);
+  std::map<int64_t, Accumulated> accumulated_ ABSL_GUARDED_BY(mutex_);  // step ->
   // Serializes additions into one unit; one lock per stripe residue keeps contention low.
   static constexpr int kStripeLocks = 64;
   absl::Mutex stripe_locks_[kStripeLocks];

@@ -262,7 +262,12 @@ std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster) {
                                                  "COMMITTED", "DATA", "PARITY", "IN FLIGHT"}};
   for (const v1::ClusterNodeStatus& node : cluster.nodes()) {
     std::string state = node.live() ? "live" : "lost";
-    if (node.live() && node.rebuilding()) state = "rebuilding";
+    if (node.live() && node.rebuilding()) {
+      state = node.received_steps() > 0
+                  ? absl::StrCat("rebuilding, receiving parity (", node.received_steps(),
+                                 " committed steps to catch up)")
+                  : "rebuilding";
+    }
     if (node.live() && !node.answered()) state = "live, not answering";
     if (node.coordinator()) {
       absl::StrAppend(&state, ", coordinator (token ", cluster.coordinator_token(), ")");

@@ -89,9 +89,9 @@ struct Cluster::Units {
   }
 };
 
-absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
-                                                        const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log) {
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
+    uint32_t node_id, const ClusterOptions& options, Pool* pool, ClusterStore* store,
+    UpstreamLog* log, std::optional<int64_t> rebuild_hold_steps) {
   if (absl::Status status = options.Validate(node_id); !status.ok()) return status;
   auto units = std::make_unique<Units>(options);
   absl::StatusOr<std::unique_ptr<const cluster::Topology>> topology =
@@ -141,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(uint32_t node_id,
   if (!data_port.ok()) return data_port.status();
   units->rebuilder = std::make_unique<cluster::Rebuilder>(
       context, store, units->parity.get(), units->transfer.get(), pool, units->decisions.get(),
-      cluster::RebuildOptions{});
+      cluster::RebuildOptions{.hold_install_steps = rebuild_hold_steps});
   units->participant = std::make_unique<cluster::Participant>(
       context, store, units->parity.get(), units->transfer.get(), units->rebuilder.get(),
       units->decisions.get());
@@ -275,6 +275,7 @@ v1::ClusterStatusResponse Cluster::Status() const {
         node->set_latest_committed_step(report->latest_committed_step());
       }
       node->set_rebuilding(report->rebuilding());
+      node->set_received_steps(report->received_steps());
       *node->mutable_memory() = report->memory();
     }
   }

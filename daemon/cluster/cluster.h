@@ -39,10 +39,11 @@ class Cluster {
  public:
   // Starts the Peer service and the data plane on this node's ports, checks the job's config
   // against every member's in etcd (a difference is an error naming it), registers this node, and
-  // rebuilds it if its committed step is behind the latest one etcd holds.
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(uint32_t node_id,
-                                                        const ClusterOptions& options, Pool* pool,
-                                                        ClusterStore* store, UpstreamLog* log);
+  // rebuilds it if its committed step is behind the latest one etcd holds. Fault injection:
+  // `rebuild_hold_steps` (see RebuildOptions::hold_install_steps).
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(
+      uint32_t node_id, const ClusterOptions& options, Pool* pool, ClusterStore* store,
+      UpstreamLog* log, std::optional<int64_t> rebuild_hold_steps = std::nullopt);
   ~Cluster();
 
   v1::ClusterStatusResponse Status() const;

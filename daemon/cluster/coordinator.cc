@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
@@ -296,12 +297,11 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       return Decide(step, token, false, reason);
     }
   }
-  // The nodes that take part: every node but the lost ones, whose data stays at their last
+  // The nodes that prepare: every node but the lost ones, whose data stays at their last
   // committed image in this step (a degraded step).
-  const std::set<uint32_t> absent(lost.begin(), lost.end());
   std::vector<uint32_t> nodes;
   for (uint32_t id : all_nodes) {
-    if (!absent.contains(id)) nodes.push_back(id);
+    if (std::find(lost.begin(), lost.end(), id) == lost.end()) nodes.push_back(id);
   }
 
   // The first node to fail a phase aborts the step at once: the other nodes' calls end as they
@@ -317,6 +317,9 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   Log(LogLevel::kDebug, "step ", step, ": prepare (token ", token, ")");
   std::map<uint32_t, v1::NodeImage> images;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
+  // Live nodes that rebuild (absent from the step), and those of them that receive its parity.
+  std::set<uint32_t> rebuilding;
+  std::set<uint32_t> receivers;
   absl::Mutex images_mutex;
   InParallel(nodes, [&](uint32_t id) -> absl::Status {
     v1::PrepareRequest request;
@@ -331,12 +334,27 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       return response.status();
     }
     absl::MutexLock lock(&images_mutex);
+    if (response->rebuilding()) {
+      rebuilding.insert(id);
+      if (response->receiver()) receivers.insert(id);
+      return absl::OkStatus();
+    }
     images[id] = response->image();
     if (response->has_committed_step()) held[id] = response->committed_step();
     else held[id] = std::nullopt;
     return absl::OkStatus();
   });
   if (failed) return !deposed;
+  // Nodes that rebuild are absent too: the step commits without them if it could without them lost.
+  std::set<uint32_t> absent(lost.begin(), lost.end());
+  if (!rebuilding.empty()) {
+    absent.insert(rebuilding.begin(), rebuilding.end());
+    if (absl::Status degraded = CheckDegraded({absent.begin(), absent.end()}, base);
+        !degraded.ok()) {
+      abort_once(std::string(degraded.message()));
+      return !deposed;
+    }
+  }
   // Every node prepared: the step holds each rank's state, but a replica group's only when every
   // member captured its shard at this step.
   if (absl::Status shards = CheckGroupShards(step, images); !shards.ok()) {
@@ -348,13 +366,19 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;
   std::atomic<uint64_t> sent{0};
   std::atomic<bool> delta{true};
-  InParallel(nodes, [&](uint32_t id) -> absl::Status {
+  // The nodes that encode: those that prepared an image, and the parity receivers.
+  std::vector<uint32_t> encoding;
+  for (uint32_t id : nodes) {
+    if (!absent.contains(id) || receivers.contains(id)) encoding.push_back(id);
+  }
+  InParallel(encoding, [&](uint32_t id) -> absl::Status {
     v1::EncodeRequest request;
     request.set_coordinator(context_.node_id());
     request.set_step(step);
     request.set_timeout_ms(options.commit_timeout_ms);
     request.set_token(token);
     if (base) request.set_base_step(*base);
+    request.set_parity_only(receivers.contains(id));
     // Deltas update the group's committed parity, which exists only when every member holds the
     // same committed step (a node that went back to a durable step holds none).
     const std::vector<uint32_t>& group = groups[options.GroupOf(id)->first];
@@ -364,6 +388,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         // Frozen at its last committed image, which the receiver's own record holds.
         request.add_group_images()->set_node_id(member);
         request.add_absent_nodes(member);
+        if (receivers.contains(member)) request.add_parity_receivers(member);
         continue;
       }
       *request.add_group_images() = images[member];
@@ -393,15 +418,21 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   });
   if (failed) return !deposed;
 
-  if (!Decide(step, token, true, "", lost)) return false;
+  if (!Decide(step, token, true, "", {absent.begin(), absent.end()})) return false;
   uint64_t bytes = 0;
   for (const auto& [id, image] : images) bytes += image.bytes();
-  Log(LogLevel::kInfo, "step ", step, " committed on ", nodes.size(), " nodes (", bytes,
+  Log(LogLevel::kInfo, "step ", step, " committed on ", images.size(), " nodes (", bytes,
       " bytes of data, ", sent.load(), delta ? " bytes of deltas" : " bytes of units",
       " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started),
-      lost.empty() ? ""
-                   : absl::StrCat("; degraded: nodes [", absl::StrJoin(lost, ", "),
-                                  "] absent, their data frozen at their last committed image"));
+      absent.empty()
+          ? ""
+          : absl::StrCat("; degraded: nodes [", absl::StrJoin(absent, ", "),
+                         "] absent, their data frozen at their last committed image",
+                         rebuilding.empty()
+                             ? ""
+                             : absl::StrCat(" (rebuilding: [", absl::StrJoin(rebuilding, ", "),
+                                            "], receiving its parity: [",
+                                            absl::StrJoin(receivers, ", "), "])")));
   return true;
 }
 

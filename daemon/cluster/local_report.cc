@@ -25,6 +25,9 @@ v1::NodeReport LocalReport::Describe() const {
   if (record.has_committed_step()) report.set_latest_committed_step(record.committed_step());
   *report.mutable_memory() = Memory();
   report.set_rebuilding(rebuilder_->behind());
+  if (report.rebuilding()) {
+    report.set_received_steps(static_cast<uint32_t>(parity_->accumulated_steps()));
+  }
   if (std::optional<int64_t> open = participant_->OpenStep()) report.set_open_step(*open);
   return report;
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "daemon/cluster/peer_checks.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
@@ -167,6 +168,7 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
   // A node that just started checks first whether it is behind; that takes a read of the log.
   if (rebuilder_->BehindAfterCheck(std::min(deadline, absl::Now() + kBaseWait))) {
+    if (context_.options().allow_degraded) return PrepareAbsent(request, deadline);
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", context_.node_id(),
         " does not hold its data of the latest committed step (rebuilding or unrecoverable)"));
@@ -200,6 +202,75 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   // Parity an earlier coordinator's encode opened is dropped with its frames.
   if (reopened) parity_->Abort(step);
   return response;
+}
+
+v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request,
+                                               absl::Time deadline) {
+  const int64_t step = request.step();
+  v1::PrepareResponse response;
+  response.set_rebuilding(true);
+  response.mutable_image()->set_node_id(context_.node_id());
+  if (const v1::JournalCluster committed = store_->ClusterRecord(); committed.has_committed_step()) {
+    response.set_committed_step(committed.committed_step());
+  }
+  // Without a base there is nothing to take deltas against (and no degraded step either).
+  if (!request.has_base_step()) return response;
+  absl::StatusOr<v1::JournalCluster> base = BaseRecord(request.base_step(), deadline);
+  std::vector<uint64_t> sizes;
+  if (base.ok()) {
+    for (const v1::NodeImage& member : base->group_images()) sizes.push_back(member.bytes());
+  }
+  if (!base.ok() || !parity_->Fits(sizes)) {
+    // Absent without its deltas: one more rebuild once the step commits, never an abort of it.
+    Log(LogLevel::kInfo, "node ", context_.node_id(), " rebuilds and does not receive the parity ",
+        "of step ", step, ": ",
+        base.ok() ? absl::StrCat("its pool has no room for ", parity_->UnitBytes(sizes),
+                                 " bytes of parity")
+                  : std::string(base.status().message()));
+    return response;
+  }
+  response.set_receiver(true);
+  bool reopened = false;
+  {
+    absl::MutexLock lock(&mutex_);
+    PreparedStep& open = open_[step];
+    reopened = open.token != 0 && open.token != request.token();
+    open = PreparedStep{request.token(), request.coordinator(), NodeImage(), {}, false, true,
+                        *std::move(base)};
+  }
+  if (reopened) parity_->Abort(step);
+  return response;
+}
+
+absl::StatusOr<v1::JournalCluster> Participant::BaseRecord(int64_t base, absl::Time deadline) {
+  const Topology& topology = *context_.topology;
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  v1::JournalCluster record = store_->ClusterRecord();
+  if (record.has_committed_step() && record.committed_step() == base &&
+      record.group_images_size() == static_cast<int>(group.size())) {
+    record.clear_parity();
+    return record;
+  }
+  // The members apply the base's decision as they prepare this step: one may be a moment behind.
+  const absl::Time until = std::min(deadline, absl::Now() + kBaseWait);
+  while (true) {
+    for (uint32_t id : group) {
+      if (id == context_.node_id()) continue;
+      absl::StatusOr<v1::GroupStateResponse> state = context_.peers->GroupState(id);
+      if (!state.ok() || state->rebuilding() || !state->cluster().has_committed_step() ||
+          state->cluster().committed_step() != base ||
+          !CheckGroupRecord(state->cluster(), group, topology.limits).ok()) {
+        continue;
+      }
+      return state->cluster();
+    }
+    if (absl::Now() >= until || stopping()) {
+      return absl::UnavailableError(absl::StrCat("no member of group ", topology.group,
+                                                 " answers with its record of step ", base));
+    }
+    absl::MutexLock lock(&mutex_);
+    changed_.WaitWithDeadline(&mutex_, std::min(until, absl::Now() + kProposerWake));
+  }
 }
 
 absl::Status Participant::CatchUp(std::optional<int64_t> base, absl::Time deadline) {
@@ -248,7 +319,7 @@ absl::StatusOr<std::set<int>> Participant::AbsentPositions(
   std::set<int> positions;
   for (uint32_t id : request.absent_nodes()) {
     const auto found = std::find(group.begin(), group.end(), id);
-    if (found == group.end() || id == context_.node_id()) {
+    if (found == group.end() || (id == context_.node_id() && !request.parity_only())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", request.step(), ": absent node ", id, " is ",
           id == context_.node_id() ? "this node, which was asked to encode"
@@ -262,6 +333,18 @@ absl::StatusOr<std::set<int>> Participant::AbsentPositions(
           "step ", request.step(), ": absent node ", id,
           " is listed twice or comes with an image of its own"));
     }
+  }
+  for (uint32_t id : request.parity_receivers()) {
+    if (std::find(request.absent_nodes().begin(), request.absent_nodes().end(), id) ==
+        request.absent_nodes().end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": parity receiver ", id, " is not named absent"));
+    }
+  }
+  if (request.parity_only() && !positions.contains(topology.position)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", request.step(), ": node ", context_.node_id(),
+        " is asked for parity only and is not named absent"));
   }
   if (positions.size() > static_cast<size_t>(context_.options().parity_units)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -285,6 +368,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   absl::StatusOr<std::set<int>> absent = AbsentPositions(request);
   if (!absent.ok()) return absent.status();
+  if (request.parity_only()) return EncodeReceived(request, *absent);
   NodeImage image;
   {
     absl::MutexLock lock(&mutex_);
@@ -319,7 +403,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   const v1::JournalCluster committed = store_->ClusterRecord();
   std::vector<v1::NodeImage> group_images(request.group_images().begin(),
                                           request.group_images().end());
-  std::set<uint32_t> absent_nodes;
+  std::set<uint32_t> absent_nodes;  // those that get nothing from this node
   if (!absent->empty()) {
     // A degraded step: the absent nodes' data is their last committed image, which every live
     // member's record of the base step holds alike.
@@ -332,6 +416,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       group_images[position] = committed.group_images(position);
       absent_nodes.insert(topology.NodeAt(position));
     }
+    for (uint32_t id : request.parity_receivers()) absent_nodes.erase(id);
   }
   std::vector<uint64_t> image_bytes;
   for (const v1::NodeImage& member : group_images) image_bytes.push_back(member.bytes());
@@ -343,7 +428,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   if (!absent->empty() && !delta) {
     // A whole encode needs every data unit of a stripe, the absent nodes' too.
     return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step, " is degraded (nodes [", absl::StrJoin(absent_nodes, ", "),
+        "step ", step, " is degraded (nodes [", absl::StrJoin(request.absent_nodes(), ", "),
         "] absent) and a live node's layout changed since step ", committed.committed_step(),
         ": it cannot go as deltas"));
   }
@@ -399,6 +484,80 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   return response;
 }
 
+absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeRequest& request,
+                                                               const std::set<int>& absent) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const Topology& topology = *context_.topology;
+  const int64_t step = request.step();
+  v1::JournalCluster base;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = open_.find(step);
+    if (it == open_.end() || it->second.token != request.token() || !it->second.receiver) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " was not prepared here as a parity receiver by node ",
+          request.coordinator(), " under token ", request.token()));
+    }
+    base = it->second.base_record;
+  }
+  if (!request.has_base_step() || request.base_step() != base.committed_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, ": node ", context_.node_id(), " prepared as a parity receiver against step ",
+        base.committed_step(), ", and the coordinator encodes against ",
+        StepText(request.has_base_step() ? std::optional<int64_t>(request.base_step())
+                                         : std::nullopt)));
+  }
+  // The live members' new images, the absent ones' of the base step: the senders' own view.
+  std::vector<v1::NodeImage> group_images(request.group_images().begin(),
+                                          request.group_images().end());
+  for (int position : absent) group_images[position] = base.group_images(position);
+  std::vector<uint64_t> image_bytes;
+  std::vector<std::vector<bool>> changed;
+  for (int position = 0; position < layout.group_size(); ++position) {
+    if (!SameLayout(base.group_images(position), group_images[position])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, ": node ", topology.NodeAt(position), "'s layout changed since step ",
+          base.committed_step(), ", so the step cannot go as deltas"));
+    }
+    image_bytes.push_back(group_images[position].bytes());
+    changed.push_back(ChangedUnits(base.group_images(position), group_images[position],
+                                   layout.unit_bytes()));
+  }
+  if (absl::Status status = parity_->Begin(step, request.token(), image_bytes, &changed,
+                                           /*accumulate=*/true);
+      !status.ok()) {
+    return status;
+  }
+  bool decided = false;
+  {
+    const std::optional<int64_t> committed_step = CommittedStep();
+    absl::MutexLock lock(&mutex_);
+    decided = DecidedLocked(step, committed_step);
+  }
+  if (decided) {
+    parity_->Abort(step);
+    return absl::AbortedError(
+        absl::StrCat("step ", step, " was decided while this node opened its parity"));
+  }
+  const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
+  if (absl::Status status = parity_->WaitComplete(step, deadline); !status.ok()) {
+    parity_->Abort(step);
+    return status;
+  }
+  absl::MutexLock lock(&mutex_);
+  auto it = open_.find(step);
+  if (it == open_.end() || it->second.token != request.token()) {
+    return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
+                                           "this node received its parity"));
+  }
+  it->second.group_images = std::move(group_images);
+  it->second.encoded = true;
+  v1::EncodeResponse response;
+  response.set_delta(true);
+  response.set_parity_bytes(parity_->in_flight_bytes());
+  return response;
+}
+
 void Participant::Apply(const v1::StepDecision& decision) {
   absl::MutexLock apply_lock(&apply_mutex_);
   const int64_t step = decision.step();
@@ -434,9 +593,22 @@ void Participant::Apply(const v1::StepDecision& decision) {
   absl::Status status;
   const bool absent_here = std::find(decision.absent().begin(), decision.absent().end(),
                                      context_.node_id()) != decision.absent().end();
+  if (absent_here && open && open->receiver && open->encoded && open->token == decision.token() &&
+      parity_->KeepAccumulated(step, decision.token(), open->base_record.committed_step(),
+                               open->group_images)) {
+    // Committed while this node rebuilt, its parity change received: the rebuilder folds it in.
+    Log(LogLevel::kInfo, "node ", context_.node_id(), " received the parity of step ", step,
+        ", committed while it rebuilds");
+    rebuilder_->NoteBehind(step);
+    absl::MutexLock lock(&mutex_);
+    open_.erase(open_.begin(), open_.upper_bound(step));
+    changed_.SignalAll();
+    return;
+  }
   if (absent_here) {
-    // Committed without this node (it was lost): its data stays the image it last committed, and
-    // the parity it holds was not updated; the rebuild brings both.
+    // Committed without this node (it was lost, or it rebuilt and did not receive the step's
+    // parity): its data stays the image it last committed, and the parity it holds was not
+    // updated; the rebuild brings both.
     status = absl::DataLossError(absl::StrCat(
         "step ", step, " was committed with this node absent (degraded)"));
   } else if (!open || !open->encoded || open->token != decision.token()) {

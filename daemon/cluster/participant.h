@@ -9,6 +9,12 @@
 //            it holds has received all its data. In a degraded step the nodes named absent keep
 //            their images of the base (this node's record has them): they change no unit, get no
 //            delta, and the step must go as deltas.
+// With cluster.allow_degraded, a node that rebuilds (it does not hold the latest committed step)
+// answers Prepare as absent instead of refusing, so steps go on committing without it; if its pool
+// has room it is a parity receiver: its Encode (parity_only) sends nothing and accumulates the
+// live nodes' deltas for the parity units it holds, from zero, against the group record of the
+// base step (read from a member). On the commit of such a step the accumulation is kept, and the
+// rebuilder folds it into the rebuilt parity: the node catches up without rebuilding again.
 // It commits or aborts a step only on the decision etcd holds (Apply), never on a coordinator's
 // word; a commit decided under a token it did not encode under, or of a step it never encoded,
 // means this node is behind: it rebuilds from its group. A token lower than the highest this node
@@ -74,7 +80,19 @@ class Participant {
     NodeImage image;
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
+    // A parity receiver (this node rebuilds): no image; the group record of the base step.
+    bool receiver = false;
+    v1::JournalCluster base_record;
   };
+  // Prepare of a node that rebuilds: absent from the step, a parity receiver if it can read the
+  // base step's group record from a member and its pool has room for the accumulation.
+  v1::PrepareResponse PrepareAbsent(const v1::PrepareRequest& request, absl::Time deadline);
+  // The group record of committed step `base` (without parity), from this node or a member that
+  // holds it; waits briefly for a member to apply it.
+  absl::StatusOr<v1::JournalCluster> BaseRecord(int64_t base, absl::Time deadline);
+  // Encode of a parity receiver (parity_only).
+  absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
+                                                    const std::set<int>& absent);
   // OK when `token` is the one etcd names for `coordinator`'s leadership (waiting briefly for this
   // node to learn of a new leader) and not lower than any this node has seen; raises the highest
   // seen. A token no leader holds is refused: a peer cannot fence the real coordinator out.
@@ -88,7 +106,8 @@ class Participant {
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   absl::Duration CappedWait(uint32_t timeout_ms) const;
   // The positions in this node's group of the nodes a degraded step's encode names absent, each
-  // with an empty image in the request; INVALID_ARGUMENT when they are not so.
+  // with an empty image in the request, this node among them only in a parity_only encode, and
+  // the parity receivers among them; INVALID_ARGUMENT when they are not so.
   absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request) const;
   void ProposeLoop();
   bool stopping() const;

@@ -21,6 +21,10 @@ namespace {
 metrics::Counter& rebuilt_bytes = metrics::Registry::Default().AddCounter(
     "moesnap_rebuild_bytes_total", "Data and parity bytes this node rebuilt from its group");
 
+metrics::Counter& caught_up_steps_total = metrics::Registry::Default().AddCounter(
+    "moesnap_rebuild_caught_up_steps_total",
+    "Committed steps this node caught up with from the parity it received while it rebuilt");
+
 // Stripes decoded together are bounded by the bytes their units take in memory.
 constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
 
@@ -52,6 +56,56 @@ void Rebuilder::NoteBehind(int64_t step) {
   wanted_ = true;
   if (!target_ || *target_ < step) target_ = step;
   changed_.SignalAll();
+}
+
+int Rebuilder::CatchUpLocked() {
+  int steps = 0;
+  while (std::optional<std::pair<int64_t, std::vector<v1::NodeImage>>> next =
+             parity_->NextAccumulated()) {
+    const int64_t step = next->first;
+    absl::StatusOr<std::vector<v1::JournalParity>> parity = parity_->FoldAccumulated(step);
+    if (!parity.ok()) {
+      Log(LogLevel::kWarning, "node ", context_.node_id(), " cannot catch up with step ", step,
+          ": ", parity.status().message());
+      break;
+    }
+    v1::JournalCluster record;
+    record.set_committed_step(step);
+    for (v1::NodeImage& image : next->second) *record.add_group_images() = std::move(image);
+    for (v1::JournalParity& unit : *parity) *record.add_parity() = std::move(unit);
+    if (absl::Status status = store_->InstallImage(store_->CommittedImage(), record);
+        !status.ok()) {
+      Log(LogLevel::kWarning, "node ", context_.node_id(), " cannot catch up with step ", step,
+          ": ", status.message());
+      break;
+    }
+    parity_->Commit(step);
+    ++steps;
+    ++caught_up_steps_;
+    caught_up_steps_total.Add();
+  }
+  if (steps > 0) {
+    Log(LogLevel::kInfo, "node ", context_.node_id(), " caught up with ", steps,
+        " committed step", steps > 1 ? "s" : "", " from the parity it received, to step ",
+        store_->ClusterRecord().committed_step());
+  }
+  return steps;
+}
+
+void Rebuilder::HoldInstall(int64_t until) {
+  Log(LogLevel::kWarning, "fault injection: the rebuild installs once step ", until,
+      " or a later one is committed");
+  while (true) {
+    absl::StatusOr<std::vector<v1::StepDecision>> decisions = log_->DecisionsAfter(until - 1);
+    if (decisions.ok()) {
+      for (const v1::StepDecision& decision : *decisions) {
+        if (decision.committed()) return;
+      }
+    }
+    absl::MutexLock lock(&mutex_);
+    if (stopping_) return;
+    changed_.WaitWithTimeout(&mutex_, options_.retry_interval);
+  }
 }
 
 std::vector<bool> Rebuilder::HoldersOf(int group, int64_t step, int excluded) {
@@ -333,6 +387,7 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
         region.region(), "' of rank ", region.rank(), ", chunk ", corrupt[0].second,
         "): a survivor's units are corrupt"));
   }
+  if (options_.hold_install_steps) HoldInstall(step + *options_.hold_install_steps);
   v1::JournalCluster installed = *record;
   installed.clear_parity();
   std::vector<ParityUnit> units;
@@ -342,6 +397,8 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   }
   if (absl::Status status = store_->InstallImage(*image, installed); !status.ok()) return status;
   parity_->Install(step, std::move(units));
+  // Steps committed during the decode whose parity this node received follow at once.
+  if (CatchUpLocked() > 0) stats.set_step(store_->ClusterRecord().committed_step());
   stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
   Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()}, "rebuilt step ",
       step, ": ", stats.stripes(), " stripes, ",
@@ -360,6 +417,10 @@ void Rebuilder::Run() {
       if (stopping_) return;
       wanted_ = false;
       noted = target_;
+    }
+    {
+      absl::MutexLock decode_lock(&decode_mutex_);
+      CatchUpLocked();
     }
     // The latest committed step is what etcd holds, whatever the group has applied so far.
     const v1::JournalCluster mine = store_->ClusterRecord();
@@ -382,6 +443,9 @@ void Rebuilder::Run() {
           absl::MutexLock lock(&mutex_);
           behind_ = true;
           target_ = target;
+          // Known to be behind: Prepare answers at once (absent, or refusing) instead of waiting.
+          checked_ = true;
+          changed_.SignalAll();
         }
         Log(LogLevel::kInfo, "node ", context_.node_id(), " holds ",
             committed ? absl::StrCat("step ", *committed) : "no step", "; the group committed step ",
@@ -390,6 +454,9 @@ void Rebuilder::Run() {
       }
     }
     absl::MutexLock lock(&mutex_);
+    // A step committed meanwhile without this node (it was told so) is looked at first: a Prepare
+    // must not find this node current while it is not.
+    if (status.ok() && wanted_ && !stopping_) continue;
     // State loaded from the durable tier meanwhile answers for the target.
     if (status.ok() || (target && ReplacedLocked(*target))) {
       checked_ = true;

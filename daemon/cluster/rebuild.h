@@ -8,12 +8,18 @@
 //     the node keeps serving what it holds.
 //   - Repair rebuilds the chunks and parity units a scrub found corrupt.
 //   - Remote restore decodes the units of a lost node that cover the regions it wants.
+//   - While it rebuilds and steps commit without it (cluster.allow_degraded), the participant
+//     receives each step's parity change (ParityStore accumulations); once a rebuilt step is
+//     installed, the rebuilder folds them in step by step (its data, absent throughout, is
+//     unchanged), so it ends at the latest committed step instead of behind it. A committed step
+//     it did not receive means another rebuild, from the then latest step.
 // Restore waits for the first check, and is refused only while this node does not hold the latest
 // committed step; more than m nodes of a group lost makes it fail with the group, the lost nodes and
 // the step that can no longer be recovered.
 #ifndef MOESNAP_DAEMON_CLUSTER_REBUILD_H_
 #define MOESNAP_DAEMON_CLUSTER_REBUILD_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -48,6 +54,10 @@ struct RebuildOptions {
   // Between a failed attempt and the next; doubled after each failure, up to max_retry_interval.
   absl::Duration retry_interval = absl::Milliseconds(200);
   absl::Duration max_retry_interval = absl::Seconds(30);
+  // Fault injection (tests): a rebuild that has decoded step S waits, before installing it, until
+  // the decision log holds a committed step at or after S + this (a rebuild slower than the steps
+  // committing meanwhile).
+  std::optional<int64_t> hold_install_steps;
 };
 
 // Thread-safe.
@@ -59,8 +69,11 @@ class Rebuilder {
 
   // Starts checking whether this node is behind, and rebuilding while it is.
   void Start();
-  // The group committed `step` and this node could not take it: rebuild.
+  // The group committed `step` and this node could not take it: rebuild, or, when it received the
+  // step's parity change (kept in the parity store), catch up through it once it holds its base.
   void NoteBehind(int64_t step);
+  // Committed steps this node caught up with from the parity it received while it rebuilt.
+  uint64_t caught_up_steps() const { return caught_up_steps_; }
 
   // Rebuilds node `node_id` (this one, or asks that node to).
   absl::StatusOr<v1::RebuildResponse> RebuildNode(uint32_t node_id);
@@ -106,6 +119,11 @@ class Rebuilder {
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
   void Run();
+  // Makes each kept accumulation whose base is the committed step the committed parity, with the
+  // step's group record (this node's data is unchanged in it); returns how many.
+  int CatchUpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
+  // See RebuildOptions::hold_install_steps.
+  void HoldInstall(int64_t until);
   bool ReplacedLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterContext context_;
@@ -115,6 +133,7 @@ class Rebuilder {
   Pool* const pool_;
   DecisionLog* const log_;
   const RebuildOptions options_;
+  std::atomic<uint64_t> caught_up_steps_{0};
 
   absl::Mutex decode_mutex_;  // one rebuild, repair or remote decode at a time
 

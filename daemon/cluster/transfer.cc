@@ -172,45 +172,67 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
                                   : " is asked for twice"));
     }
   }
+  // Steps commit while a peer rebuilds (it is absent from them): what is sent must be all of one
+  // step. The image and parity units are held before the record is looked at again; committed
+  // units are never written, so they stay the step's while held.
   const NodeImage image = store_->CommittedImage();
-  std::vector<uint8_t> buffer;
-  v1::SendUnitsResponse response;
+  struct Piece {
+    FrameHeader header;
+    uint64_t data_unit = 0;          // this node's data unit, when `parity` is empty
+    std::optional<ParityUnit> parity;
+  };
+  std::vector<Piece> pieces;
   for (const v1::UnitRef& ref : request.units()) {
     const erasure::StripeMembers members = layout.Members(ref.stripe());
-    FrameHeader header;
-    header.kind = FrameKind::kFetchedUnit;
-    header.step = request.step();
-    header.rank = self;
-    header.stripe = ref.stripe();
-    header.stripe_unit = ref.unit();
-    const uint8_t* bytes = nullptr;
-    uint64_t length = 0;
+    Piece piece;
+    piece.header.kind = FrameKind::kFetchedUnit;
+    piece.header.step = request.step();
+    piece.header.rank = self;
+    piece.header.stripe = ref.stripe();
+    piece.header.stripe_unit = ref.unit();
     if (ref.unit() < static_cast<uint32_t>(layout.data_units()) &&
         members.data_positions[ref.unit()] == position) {
-      const uint64_t unit = layout.DataUnitOf(position, ref.stripe());
-      length = layout.UnitLength(image.bytes(), unit);
-      buffer.resize(length);
-      image.Read(unit * layout.unit_bytes(), length, buffer.data());
-      bytes = buffer.data();
+      piece.data_unit = layout.DataUnitOf(position, ref.stripe());
     } else if (ref.unit() >= static_cast<uint32_t>(layout.data_units()) &&
                ref.unit() < static_cast<uint32_t>(layout.group_size()) &&
                members.parity_positions[ref.unit() - layout.data_units()] == position) {
-      std::optional<ParityUnit> parity = parity_->Committed(ref.stripe());
-      if (!parity) {
-        return absl::NotFoundError(
-            absl::StrCat("node ", self, " holds no parity of stripe ", ref.stripe()));
+      piece.parity = parity_->CommittedOf(request.step(), ref.stripe());
+      if (!piece.parity) {
+        return absl::NotFoundError(absl::StrCat("node ", self, " holds no parity of stripe ",
+                                                ref.stripe(), " of step ", request.step()));
       }
-      if (erasure::Crc32c(parity->extent->data(), parity->bytes) != parity->crc) {
+      if (erasure::Crc32c(piece.parity->extent->data(), piece.parity->bytes) !=
+          piece.parity->crc) {
         return absl::DataLossError(absl::StrCat("node ", self, ": parity of stripe ", ref.stripe(),
                                                 " fails its CRC-32C (moesnapctl verify --repair)"));
       }
-      bytes = parity->extent->data();
-      length = parity->bytes;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("node ", self, " holds no unit ", ref.unit(),
                                                      " of stripe ", ref.stripe()));
     }
-    if (absl::Status status = SendFrames(request.to_node(), header, bytes, length); !status.ok()) {
+    pieces.push_back(std::move(piece));
+  }
+  if (const v1::JournalCluster now = store_->ClusterRecord();
+      !now.has_committed_step() || now.committed_step() != request.step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", self, " committed another step while asked for units of step ", request.step()));
+  }
+  std::vector<uint8_t> buffer;
+  v1::SendUnitsResponse response;
+  for (const Piece& piece : pieces) {
+    const uint8_t* bytes = nullptr;
+    uint64_t length = 0;
+    if (piece.parity) {
+      bytes = piece.parity->extent->data();
+      length = piece.parity->bytes;
+    } else {
+      length = layout.UnitLength(image.bytes(), piece.data_unit);
+      buffer.resize(length);
+      image.Read(piece.data_unit * layout.unit_bytes(), length, buffer.data());
+      bytes = buffer.data();
+    }
+    if (absl::Status status = SendFrames(request.to_node(), piece.header, bytes, length);
+        !status.ok()) {
       return status;
     }
     response.set_bytes(response.bytes() + length);
@@ -235,6 +257,13 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
   }
   for (const FetchKey& key : keys) fetches_.erase(key);
   return sent;
+}
+
+std::pair<size_t, uint64_t> Transfer::FetchesWaiting() {
+  absl::MutexLock lock(&fetch_mutex_);
+  uint64_t missing = 0;
+  for (const auto& [key, slot] : fetches_) missing += slot.missing;
+  return {fetches_.size(), missing};
 }
 
 absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,

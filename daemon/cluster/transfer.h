@@ -79,6 +79,10 @@ class Transfer final : public FrameSink {
   // succeeded) and forgets the keys either way.
   absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
 
+  // Fetch slots registered and not collected yet, and the bytes they still miss (what a rebuild
+  // waits for).
+  std::pair<size_t, uint64_t> FetchesWaiting();
+
   // FrameSink. On an authenticated connection a parity delta is accepted only from the node whose
   // data unit it names, a fetched frame only from the node asked for it.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,

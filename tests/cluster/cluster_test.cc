@@ -711,10 +711,13 @@ TEST_F(ClusterTest, ADaemonWithAnotherClusterConfigIsRefusedNamingTheDifference)
 
 // The scenario: node 5 is lost with its memory after step 2; nodes 0-4 train on and their
 // steps commit without it; node 4 is lost too in the middle of them, and nodes 0-3 go on committing
-// without both, 20 degraded commits in all. Each decision names the absent nodes, status and metrics say the
-// cluster is degraded, and the replacements of both rebuild from the four survivors: every rank
-// restores its latest committed step byte for byte (node 5's rank step 2, node 4's the last step it
-// took part in, the others the latest step).
+// without both, 20 degraded commits in all. Each decision names the absent nodes, status and metrics
+// say the cluster is degraded. Node 5's replacement starts while nodes 0-3 still train, its
+// rebuild slow (it installs what it decoded only once 3 more steps committed,
+// MOESNAP_REBUILD_HOLD_STEPS): steps go on committing during the rebuild with it absent, receiving
+// their parity, and it catches up from that. Node 4's replacement follows. Every rank restores its
+// latest committed step byte for byte (node 5's rank step 2, node 4's the last step it took part
+// in, the others the latest step, committed while node 5 rebuilt).
 TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsLatestStep) {
   TrainAll(2);
   Replace(5);  // lost, no replacement yet
@@ -740,28 +743,6 @@ TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsL
     ASSERT_LT(attempt, 1200) << "no step committed without nodes 4 and 5: " << status.last_abort();
     std::this_thread::sleep_for(50ms);
   }
-  // A killed trainer's last step may still commit (its copy outlives it); what every node holds is
-  // compared once the replacements have rebuilt.
-  for (auto& trainer : trainers) trainer->Kill(SIGKILL);
-  trainers.clear();
-
-  // Node 5 is absent from every step after 2; node 4 took part up to a step, and is absent after.
-  int64_t last_of_node_4 = -1;
-  bool both_absent = false;
-  for (const auto& [step, decision] : CommittedDecisions()) {
-    const std::set<uint32_t> absent(decision.absent().begin(), decision.absent().end());
-    if (step <= 2) {
-      EXPECT_TRUE(absent.empty()) << "step " << step;
-    } else if (absent == std::set<uint32_t>{5}) {
-      EXPECT_FALSE(both_absent) << "step " << step << " has node 4 back";
-      last_of_node_4 = step;
-    } else {
-      EXPECT_EQ(absent, (std::set<uint32_t>{4, 5})) << "step " << step;
-      both_absent = true;
-    }
-  }
-  ASSERT_GE(last_of_node_4, 8);
-  ASSERT_TRUE(both_absent) << "no step committed without nodes 4 and 5";
   const v1::ClusterStatusResponse status = Status(1);
   EXPECT_GE(status.latest_committed_step(), 22);
   EXPECT_GE(status.degraded_commits(), 20u);
@@ -775,11 +756,59 @@ TEST_F(DegradedClusterTest, StepsCommitWhileNodesAreLostAndEveryRankRestoresItsL
   EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_cluster_degraded_commits_total "))
       << metrics->body;
 
+  // Node 5's replacement starts while nodes 0-3 train on, its rebuild slow: steps commit without
+  // it meanwhile, and it catches up from the parity it receives. Once it takes part, steps abort
+  // (no trainer captures its rank's steps), so node 4's replacement starts after it, the trainers
+  // still running, and rebuilds the latest step.
+  const int64_t before_replacements = CommittedDecisions().rbegin()->first;
+  ASSERT_TRUE(daemons_[5]->Start({"MOESNAP_REBUILD_HOLD_STEPS=3"}));
+  for (int attempt = 0;; ++attempt) {
+    const v1::ClusterStatusResponse seen = Status(0);
+    if (seen.nodes(5).live() && seen.nodes(5).answered() && !seen.nodes(5).rebuilding()) break;
+    ASSERT_LT(attempt, 1200) << "node 5 did not rebuild while the others trained: "
+                             << Status(5).rebuild_error() << "; last abort: " << seen.last_abort();
+    std::this_thread::sleep_for(50ms);
+  }
+  absl::StatusOr<testing::HttpReply> rejoined = testing::HttpGet(daemons_[5]->http_port(), "/metrics");
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  const std::string counter = "\nmoesnap_rebuild_caught_up_steps_total ";
+  const size_t at = rejoined->body.find(counter);
+  ASSERT_NE(at, std::string::npos) << rejoined->body;
+  const size_t begin = at + counter.size();
+  int64_t caught_up = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      rejoined->body.substr(begin, rejoined->body.find('\n', begin) - begin), &caught_up))
+      << rejoined->body;
+  EXPECT_GE(caught_up, 1) << "node 5 caught up with no step from the parity it received";
   ASSERT_TRUE(daemons_[4]->Start());
-  ASSERT_TRUE(daemons_[5]->Start());
   ASSERT_NO_FATAL_FAILURE(WaitForCluster(nodes_));
+  for (auto& trainer : trainers) trainer->Kill(SIGKILL);
+  trainers.clear();
+
+  // Node 5 is absent from every step after 2; node 4 took part up to a step, and is absent after,
+  // the steps committed during node 5's rebuild included.
+  int64_t last_of_node_4 = -1;
+  bool both_absent = false;
+  int committed_during_rebuilds = 0;
+  for (const auto& [step, decision] : CommittedDecisions()) {
+    const std::set<uint32_t> absent(decision.absent().begin(), decision.absent().end());
+    if (step <= 2) {
+      EXPECT_TRUE(absent.empty()) << "step " << step;
+    } else if (absent == std::set<uint32_t>{5}) {
+      EXPECT_FALSE(both_absent) << "step " << step << " has node 4 back";
+      last_of_node_4 = step;
+    } else {
+      EXPECT_EQ(absent, (std::set<uint32_t>{4, 5})) << "step " << step;
+      both_absent = true;
+      if (step > before_replacements) ++committed_during_rebuilds;
+    }
+  }
+  ASSERT_GE(last_of_node_4, 8);
+  ASSERT_TRUE(both_absent) << "no step committed without nodes 4 and 5";
+  EXPECT_GE(committed_during_rebuilds, 1) << "no step committed while node 5 rebuilt";
+
   const int64_t latest = AgreedCommittedStep();
-  ASSERT_GE(latest, 22);
+  ASSERT_GT(latest, before_replacements);
   EXPECT_EQ(CommittedDecisions().rbegin()->first, latest);
   for (int node = 0; node < 4; ++node) EXPECT_EQ(VerifiedStep(node), latest) << "node " << node;
   EXPECT_EQ(VerifiedStep(4), last_of_node_4);

@@ -77,7 +77,8 @@ void TestDaemon::DiscardPool() {
 bool TestDaemon::Start(const std::vector<std::string>& environment) {
   const bool injects_faults =
       std::any_of(environment.begin(), environment.end(), [](const std::string& variable) {
-        return variable.rfind("MOESNAP_CRASH_", 0) == 0;
+        return variable.rfind("MOESNAP_CRASH_", 0) == 0 ||
+               variable.rfind("MOESNAP_REBUILD_HOLD_", 0) == 0;
       });
   return StartProgram(injects_faults ? "moesnapd-faults" : "moesnapd", environment);
 }

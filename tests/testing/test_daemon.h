@@ -23,8 +23,8 @@ class TestDaemon {
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).
   // False if it exited (three times, each with another HTTP port) or never served. An
-  // `environment` that sets a MOESNAP_CRASH_* variable runs moesnapd-faults, the test build that
-  // alone honours them.
+  // `environment` that sets a MOESNAP_CRASH_* or MOESNAP_REBUILD_HOLD_* variable runs
+  // moesnapd-faults, the test build that alone honours them.
   bool Start(const std::vector<std::string>& environment = {});
   // The same with `program` (moesnapd or moesnapd-faults) whatever the environment.
   bool StartProgram(const std::string& program, const std::vector<std::string>& environment);

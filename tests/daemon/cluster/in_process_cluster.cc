@@ -403,6 +403,20 @@ void FakeNetwork::SetFilter(
   filter_ = std::move(filter);
 }
 
+void FakeNetwork::SetUnitsServed(std::function<void(uint32_t, uint32_t)> hook) {
+  absl::MutexLock lock(&mutex_);
+  units_served_ = std::move(hook);
+}
+
+void FakeNetwork::UnitsServed(uint32_t from, uint32_t to) {
+  std::function<void(uint32_t, uint32_t)> hook;
+  {
+    absl::MutexLock lock(&mutex_);
+    hook = units_served_;
+  }
+  if (hook) hook(from, to);
+}
+
 absl::StatusOr<NodeUnits*> FakeNetwork::Route(uint32_t from, uint32_t to, const std::string& name) {
   std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter;
   {
@@ -467,7 +481,9 @@ absl::StatusOr<v1::SendUnitsResponse> FakePeerClient::SendUnits(
   ++calls_;
   absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "SendUnits");
   if (!to.ok()) return to.status();
-  return (*to)->transfer.ServeUnits(request);
+  absl::StatusOr<v1::SendUnitsResponse> served = (*to)->transfer.ServeUnits(request);
+  network_->UnitsServed(self_, node);
+  return served;
 }
 
 absl::StatusOr<v1::RebuildResponse> FakePeerClient::Rebuild(uint32_t node) {

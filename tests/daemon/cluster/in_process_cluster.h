@@ -202,6 +202,10 @@ class FakeNetwork {
   void SetFilter(std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter);
   // The units that answer a call from `from` to `to`, or why the call fails.
   absl::StatusOr<NodeUnits*> Route(uint32_t from, uint32_t to, const std::string& name);
+  // Runs once a SendUnits call from `from` to `to` was served (its frames sent), before its answer
+  // reaches the caller: a test holds it there (a slow transfer).
+  void SetUnitsServed(std::function<void(uint32_t from, uint32_t to)> hook);
+  void UnitsServed(uint32_t from, uint32_t to);
 
  private:
   absl::Mutex mutex_;
@@ -209,6 +213,7 @@ class FakeNetwork {
   std::set<uint32_t> cut_ ABSL_GUARDED_BY(mutex_);
   std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter_
       ABSL_GUARDED_BY(mutex_);
+  std::function<void(uint32_t, uint32_t)> units_served_ ABSL_GUARDED_BY(mutex_);
 };
 
 class FakePeerClient final : public PeerClient {
