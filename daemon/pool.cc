@@ -20,7 +20,7 @@ PoolExtent::~PoolExtent() { pool_->Free(offset_, bytes_); }
 
 uint8_t* PoolExtent::data() const { return pool_->base() + offset_; }
 
-PoolBytes::PoolBytes(std::vector<std::shared_ptr<PoolExtent>> extents, uint64_t bytes)
+PoolBytes::PoolBytes(Extents extents, uint64_t bytes)
     : extents_(std::move(extents)), bytes_(bytes) {
   uint64_t start = 0;
   for (const std::shared_ptr<PoolExtent>& extent : extents_) {
@@ -119,7 +119,7 @@ absl::StatusOr<std::shared_ptr<PoolBytes>> Pool::AllocateBytes(uint64_t bytes) {
     ranges = allocator_.AllocatePieces(bytes);
     if (ranges.empty()) return Exhausted(bytes, "");
   }
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  PoolBytes::Extents extents;
   for (const ExtentAllocator::Range& range : ranges) {
     extents.push_back(std::make_shared<PoolExtent>(this, range.offset, range.bytes));
   }
@@ -195,7 +195,7 @@ std::shared_ptr<PoolBytes> PoolReservation::Take(uint64_t offset, uint64_t bytes
       taken_.push_back({offset, space});
     }
   }
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  PoolBytes::Extents extents;
   ForEachRange(offset, space, [&](uint64_t at, uint64_t length) {
     extents.push_back(std::make_shared<PoolExtent>(pool_, at, length));
   });
@@ -215,7 +215,7 @@ absl::StatusOr<std::shared_ptr<PoolExtent>> Pool::Claim(uint64_t offset, uint64_
 
 absl::StatusOr<std::shared_ptr<PoolBytes>> Pool::ClaimBytes(
     const std::vector<ExtentAllocator::Range>& ranges, uint64_t bytes) {
-  std::vector<std::shared_ptr<PoolExtent>> extents;
+  PoolBytes::Extents extents;
   uint64_t held = 0;
   for (const ExtentAllocator::Range& range : ranges) {
     absl::StatusOr<std::shared_ptr<PoolExtent>> extent = Claim(range.offset, range.bytes);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -67,13 +68,17 @@ class PoolBytes {
     uint64_t bytes = 0;
   };
 
+  // Most byte strings are one extent (a version cut from its step's reservation): kept inline, a
+  // version costs no allocations for them.
+  using Extents = absl::InlinedVector<std::shared_ptr<PoolExtent>, 1>;
+
   // `extents` hold `bytes` bytes: each extent whole, but the last, which holds the rest.
-  PoolBytes(std::vector<std::shared_ptr<PoolExtent>> extents, uint64_t bytes);
+  PoolBytes(Extents extents, uint64_t bytes);
   static PoolBytes View(uint8_t* data, uint64_t bytes);
 
   uint64_t bytes() const { return bytes_; }
-  const std::vector<Piece>& pieces() const { return pieces_; }
-  const std::vector<std::shared_ptr<PoolExtent>>& extents() const { return extents_; }
+  const absl::InlinedVector<Piece, 1>& pieces() const { return pieces_; }
+  const Extents& extents() const { return extents_; }
 
   // Calls visit(data, length, position) for the pieces of [offset, offset + length) in order;
   // `position` is where the piece starts within that range. The range must lie within bytes().
@@ -87,9 +92,9 @@ class PoolBytes {
  private:
   PoolBytes() = default;
 
-  std::vector<std::shared_ptr<PoolExtent>> extents_;
-  std::vector<Piece> pieces_;
-  std::vector<uint64_t> starts_;  // offset of each piece within the byte string
+  Extents extents_;
+  absl::InlinedVector<Piece, 1> pieces_;
+  absl::InlinedVector<uint64_t, 1> starts_;  // offset of each piece within the byte string
   uint64_t bytes_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -93,9 +94,10 @@ struct Store::Version {
   int64_t step = 0;
   uint64_t bytes = 0;
   std::string dtype;
-  std::vector<int64_t> shape;
+  // Inline for the usual few dimensions and one chunk: a small region's version allocates neither.
+  absl::InlinedVector<int64_t, 4> shape;
   uint64_t chunk_bytes = 0;
-  std::vector<uint32_t> chunk_crcs;
+  absl::InlinedVector<uint32_t, 1> chunk_crcs;
   std::shared_ptr<PoolBytes> stored;  // its bytes in the pool
   // A member's shard of a replica group: `bytes` bytes of the region from `piece_offset` on.
   std::string replica_group;  // empty: the whole region
