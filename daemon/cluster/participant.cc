@@ -197,7 +197,10 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
     absl::MutexLock lock(&mutex_);
     PreparedStep& open = open_[step];
     reopened = open.token != 0 && open.token != request.token();
-    open = PreparedStep{request.token(), request.coordinator(), *std::move(image), {}, false};
+    open = PreparedStep();
+    open.token = request.token();
+    open.coordinator = request.coordinator();
+    open.image = *std::move(image);
   }
   // Parity an earlier coordinator's encode opened is dropped with its frames.
   if (reopened) parity_->Abort(step);
@@ -439,23 +442,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
                                      layout.unit_bytes()));
     }
   }
-  if (absl::Status status =
-          parity_->Begin(step, request.token(), image_bytes, delta ? &changed : nullptr);
+  if (absl::Status status = OpenParity(step, request.token(), image_bytes,
+                                       delta ? &changed : nullptr, /*accumulate=*/false);
       !status.ok()) {
     return status;
-  }
-  // A decision applied while this call got here (another node failed the step at once) dropped
-  // the parity before it was opened: nothing would end the wait for units below.
-  bool decided = false;
-  {
-    const std::optional<int64_t> committed_step = CommittedStep();
-    absl::MutexLock lock(&mutex_);
-    decided = DecidedLocked(step, committed_step);
-  }
-  if (decided) {
-    parity_->Abort(step);
-    return absl::AbortedError(
-        absl::StrCat("step ", step, " was decided while this node opened its parity"));
   }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
       step, request.token(), image,
@@ -482,6 +472,30 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   response.set_delta(delta);
   response.set_parity_bytes(parity_->in_flight_bytes());
   return response;
+}
+
+absl::Status Participant::OpenParity(int64_t step, int64_t token,
+                                     const std::vector<uint64_t>& image_bytes,
+                                     const std::vector<std::vector<bool>>* changed,
+                                     bool accumulate) {
+  if (absl::Status status = parity_->Begin(step, token, image_bytes, changed, accumulate);
+      !status.ok()) {
+    return status;
+  }
+  // A decision applied while this call got here (another node failed the step at once) dropped
+  // the parity before it was opened: nothing would end the wait for units after this.
+  bool decided = false;
+  {
+    const std::optional<int64_t> committed_step = CommittedStep();
+    absl::MutexLock lock(&mutex_);
+    decided = DecidedLocked(step, committed_step);
+  }
+  if (decided) {
+    parity_->Abort(step);
+    return absl::AbortedError(
+        absl::StrCat("step ", step, " was decided while this node opened its parity"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeRequest& request,
@@ -523,21 +537,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
     changed.push_back(ChangedUnits(base.group_images(position), group_images[position],
                                    layout.unit_bytes()));
   }
-  if (absl::Status status = parity_->Begin(step, request.token(), image_bytes, &changed,
-                                           /*accumulate=*/true);
+  if (absl::Status status =
+          OpenParity(step, request.token(), image_bytes, &changed, /*accumulate=*/true);
       !status.ok()) {
     return status;
-  }
-  bool decided = false;
-  {
-    const std::optional<int64_t> committed_step = CommittedStep();
-    absl::MutexLock lock(&mutex_);
-    decided = DecidedLocked(step, committed_step);
-  }
-  if (decided) {
-    parity_->Abort(step);
-    return absl::AbortedError(
-        absl::StrCat("step ", step, " was decided while this node opened its parity"));
   }
   const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
   if (absl::Status status = parity_->WaitComplete(step, deadline); !status.ok()) {

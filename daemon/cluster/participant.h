@@ -90,6 +90,10 @@ class Participant {
   // The group record of committed step `base` (without parity), from this node or a member that
   // holds it; waits briefly for a member to apply it.
   absl::StatusOr<v1::JournalCluster> BaseRecord(int64_t base, absl::Time deadline);
+  // Opens the step's parity units (ParityStore::Begin), then aborts them if the step was decided
+  // meanwhile: ABORTED, since no unit would come to end a wait for them.
+  absl::Status OpenParity(int64_t step, int64_t token, const std::vector<uint64_t>& image_bytes,
+                          const std::vector<std::vector<bool>>* changed, bool accumulate);
   // Encode of a parity receiver (parity_only).
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
                                                     const std::set<int>& absent);
