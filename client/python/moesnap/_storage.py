@@ -62,11 +62,17 @@ def library() -> Optional[ctypes.CDLL]:
     """The storage library when it fits the running torch, else None (saying why, once)."""
     global _library
     if _library is _UNDECIDED:
-        _library, reason = _load()
+        try:
+            _library, reason = _load()
+        except Exception as error:  # a stale or foreign library: the fallback, never a failure
+            _library, reason = None, f"{LIBRARY_PATH.name} could not be used ({error!r})"
         if reason is not None:
-            warnings.warn(f"moesnap moves each registered storage into a shared-memory file of "
-                          f"its own, not all of a registration into one: {reason}",
-                          RuntimeWarning, stacklevel=3)
+            # A warnings filter that turns warnings into errors must not fail a registration.
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.warn(f"moesnap moves each registered storage into a shared-memory file "
+                              f"of its own, not all of a registration into one: {reason}",
+                              RuntimeWarning, stacklevel=3)
     return _library
 
 
@@ -74,7 +80,9 @@ def _load():
     if not LIBRARY_PATH.exists():
         return None, f"{LIBRARY_PATH.name} is not installed (the build found no c10 headers)"
     try:
-        # PyDLL: calls keep the GIL, so no Python thread uses a storage while it moves.
+        # PyDLL: calls keep the GIL, so no Python code runs while storages move. Threads inside
+        # torch operations (which release the GIL) must not be using them: the package moves
+        # storages only within the trainer's own snapshot and restore calls.
         loaded = ctypes.PyDLL(str(LIBRARY_PATH))
     except OSError as error:
         return None, f"{LIBRARY_PATH.name} does not load: {error}"

@@ -252,7 +252,12 @@ class Client:
     def register(self, name: str, obj: Any, **options: Any) -> None:
         """Registers ``obj`` under ``name``: a module, an optimizer, a tensor, or anything with
         ``state_dict()`` and ``load_state_dict()`` (an LR scheduler, a sampler,
-        ``moesnap.RandomState()``)."""
+        ``moesnap.RandomState()``).
+
+        The CPU storages of registered tensors move into a shared-memory file at the next
+        snapshot or whole restore (see the README): views and parameters follow, but a raw
+        pointer taken before then (``tensor.numpy()``, DLPack, ctypes) keeps the old memory, and
+        no other thread may use the tensors during those calls."""
         if isinstance(obj, torch.nn.Module):
             self.register_module(name, obj)
         elif isinstance(obj, torch.optim.Optimizer):
@@ -522,8 +527,9 @@ class Client:
         for file, group in by_file.values():
             file.move([shared.storage for shared in group], [shared.offset for shared in group],
                       copy)
-        moved = {id(shared) for shared in moving}
-        self._unmoved = [shared for shared in self._unmoved if id(shared) not in moved]
+            # Each file's group is done once moved: a later file's failure leaves it moved.
+            moved = {id(shared) for shared in group}
+            self._unmoved = [shared for shared in self._unmoved if id(shared) not in moved]
 
     def _stage(self, named: List[Tuple[str, torch.Tensor, Callable[[], torch.Tensor]]]) -> List[str]:
         """Registers tensors staged at each snapshot: host ones packed into one shared buffer,

@@ -44,11 +44,12 @@ MOESNAP_TORCH_STORAGE_API uintptr_t moesnap_storage_mapping_address(
 MOESNAP_TORCH_STORAGE_API void moesnap_storage_mapping_release(moesnap_storage_mapping* mapping);
 
 /* Moves `count` CPU storages (c10::StorageImpl addresses) into `mapping`, storage i at
- * `offsets[i]`, copying its bytes there when `copy` is nonzero (else the range keeps what the
- * file holds). Nothing is changed unless, for every storage, `data[i]` and `bytes[i]` are its data
- * pointer and size, its device is the CPU and its range lies inside the mapping: returns the index
- * of the first storage failing that, or -1 when all moved. The storages' previous memory is freed
- * by their previous owners. */
+ * `offsets[i]`, copying its `bytes[i]` bytes there when `copy` is nonzero (else the range keeps
+ * what the file holds). `bytes[i]` is the storage's size as the caller read it just before (its
+ * nbytes() is not read here: in this torch it would need a c10 symbol). Nothing is changed unless,
+ * for every storage, `data[i]` is its data pointer, its device is the CPU and `bytes[i]` from
+ * `offsets[i]` lies inside the mapping: returns the index of the first storage failing that, or
+ * -1 when all moved. The storages' previous memory is freed by their previous owners. */
 MOESNAP_TORCH_STORAGE_API int64_t moesnap_storage_move(void* const* storages,
                                                        const uintptr_t* data,
                                                        const uint64_t* bytes,
