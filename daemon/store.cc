@@ -534,9 +534,10 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
 
   // A member whose shard is empty (more members than alignment units) copies nothing. A plan past
   // the whole pool has no parts either (PlanCopy), and the pool refuses it below.
-  const bool copies_nothing = plan->parts.empty() && plan->space <= pool_->capacity();
+  const bool fits_pool = plan->space <= pool_->capacity();
+  const bool copies_nothing = plan->parts.empty() && fits_pool;
   if (const uint64_t kept = ParityReserveLocked();
-      kept > 0 && !copies_nothing && plan->space <= pool_->capacity() &&
+      kept > 0 && !plan->parts.empty() && fits_pool &&
       pool_->free_bytes() < SaturatingAdd(plan->space, kept)) {
     return Skip(rank_state, rank, step, sparse, table, selection,
                 absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
@@ -552,10 +553,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                 absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
                              ") for ", selection->size(), " regions: ",
                              reservation.status().message(),
-                             plan->space > pool_->capacity()
-                                 ? "; that is more than the whole pool: no step of these regions "
-                                   "fits until pool.bytes is larger"
-                                 : ""));
+                             fits_pool ? ""
+                                       : "; that is more than the whole pool: no step of these "
+                                         "regions fits until pool.bytes is larger"));
   }
   auto job = std::make_shared<CaptureJob>();
   job->rank = rank;
