@@ -299,9 +299,10 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   }
   // The nodes that prepare: every node but the lost ones, whose data stays at their last
   // committed image in this step (a degraded step).
+  std::set<uint32_t> absent(lost.begin(), lost.end());
   std::vector<uint32_t> nodes;
   for (uint32_t id : all_nodes) {
-    if (std::find(lost.begin(), lost.end(), id) == lost.end()) nodes.push_back(id);
+    if (!absent.contains(id)) nodes.push_back(id);
   }
 
   // The first node to fail a phase aborts the step at once: the other nodes' calls end as they
@@ -346,7 +347,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   });
   if (failed) return !deposed;
   // Nodes that rebuild are absent too: the step commits without them if it could without them lost.
-  std::set<uint32_t> absent(lost.begin(), lost.end());
   if (!rebuilding.empty()) {
     absent.insert(rebuilding.begin(), rebuilding.end());
     if (absl::Status degraded = CheckDegraded({absent.begin(), absent.end()}, base);
