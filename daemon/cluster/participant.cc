@@ -192,19 +192,24 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
     response.set_committed_step(committed.committed_step());
   }
   response.mutable_image()->set_node_id(context_.node_id());
+  PreparedStep prepared;
+  prepared.image = *std::move(image);
+  OpenStep(request, std::move(prepared));
+  return response;
+}
+
+void Participant::OpenStep(const v1::PrepareRequest& request, PreparedStep prepared) {
+  prepared.token = request.token();
+  prepared.coordinator = request.coordinator();
   bool reopened = false;
   {
     absl::MutexLock lock(&mutex_);
-    PreparedStep& open = open_[step];
+    PreparedStep& open = open_[request.step()];
     reopened = open.token != 0 && open.token != request.token();
-    open = PreparedStep();
-    open.token = request.token();
-    open.coordinator = request.coordinator();
-    open.image = *std::move(image);
+    open = std::move(prepared);
   }
   // Parity an earlier coordinator's encode opened is dropped with its frames.
-  if (reopened) parity_->Abort(step);
-  return response;
+  if (reopened) parity_->Abort(request.step());
 }
 
 v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request,
@@ -233,15 +238,10 @@ v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request
     return response;
   }
   response.set_receiver(true);
-  bool reopened = false;
-  {
-    absl::MutexLock lock(&mutex_);
-    PreparedStep& open = open_[step];
-    reopened = open.token != 0 && open.token != request.token();
-    open = PreparedStep{request.token(), request.coordinator(), NodeImage(), {}, false, true,
-                        *std::move(base)};
-  }
-  if (reopened) parity_->Abort(step);
+  PreparedStep prepared;
+  prepared.receiver = true;
+  prepared.base_record = *std::move(base);
+  OpenStep(request, std::move(prepared));
   return response;
 }
 
@@ -451,22 +451,16 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       step, request.token(), image,
       delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
       delta ? &changed[topology.position] : nullptr, absent_nodes);
-  absl::Status status = sent.status();
-  if (status.ok()) status = parity_->WaitComplete(step, deadline);
-  if (!status.ok()) {
-    parity_->Abort(step);
+  if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
+                                           std::move(group_images), "encoded it");
+      !status.ok()) {
     return status;
   }
-  absl::MutexLock lock(&mutex_);
-  auto it = open_.find(step);
-  if (it == open_.end() || it->second.token != request.token()) {
-    return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
-                                           "this node encoded it"));
+  {
+    absl::MutexLock lock(&mutex_);
+    (delta ? delta_encodes_ : full_encodes_)++;
+    parity_bytes_sent_ += *sent;
   }
-  (delta ? delta_encodes_ : full_encodes_)++;
-  parity_bytes_sent_ += *sent;
-  it->second.group_images = std::move(group_images);
-  it->second.encoded = true;
   v1::EncodeResponse response;
   response.set_bytes_sent(*sent);
   response.set_delta(delta);
@@ -495,6 +489,28 @@ absl::Status Participant::OpenParity(int64_t step, int64_t token,
     return absl::AbortedError(
         absl::StrCat("step ", step, " was decided while this node opened its parity"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Participant::CompleteEncode(const v1::EncodeRequest& request, absl::Status sending,
+                                         absl::Time deadline,
+                                         std::vector<v1::NodeImage> group_images,
+                                         absl::string_view doing) {
+  const int64_t step = request.step();
+  absl::Status status = std::move(sending);
+  if (status.ok()) status = parity_->WaitComplete(step, deadline);
+  if (!status.ok()) {
+    parity_->Abort(step);
+    return status;
+  }
+  absl::MutexLock lock(&mutex_);
+  auto it = open_.find(step);
+  if (it == open_.end() || it->second.token != request.token()) {
+    return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
+                                           "this node ", doing));
+  }
+  it->second.group_images = std::move(group_images);
+  it->second.encoded = true;
   return absl::OkStatus();
 }
 
@@ -543,18 +559,11 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
     return status;
   }
   const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
-  if (absl::Status status = parity_->WaitComplete(step, deadline); !status.ok()) {
-    parity_->Abort(step);
+  if (absl::Status status = CompleteEncode(request, absl::OkStatus(), deadline,
+                                           std::move(group_images), "received its parity");
+      !status.ok()) {
     return status;
   }
-  absl::MutexLock lock(&mutex_);
-  auto it = open_.find(step);
-  if (it == open_.end() || it->second.token != request.token()) {
-    return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
-                                           "this node received its parity"));
-  }
-  it->second.group_images = std::move(group_images);
-  it->second.encoded = true;
   v1::EncodeResponse response;
   response.set_delta(true);
   response.set_parity_bytes(parity_->in_flight_bytes());

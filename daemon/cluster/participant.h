@@ -33,6 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/control.h"
@@ -84,6 +85,9 @@ class Participant {
     bool receiver = false;
     v1::JournalCluster base_record;
   };
+  // Makes `prepared` the step `request` prepares, under its token and coordinator; the parity an
+  // earlier coordinator's encode opened for the step goes.
+  void OpenStep(const v1::PrepareRequest& request, PreparedStep prepared);
   // Prepare of a node that rebuilds: absent from the step, a parity receiver if it can read the
   // base step's group record from a member and its pool has room for the accumulation.
   v1::PrepareResponse PrepareAbsent(const v1::PrepareRequest& request, absl::Time deadline);
@@ -94,6 +98,13 @@ class Participant {
   // meanwhile: ABORTED, since no unit would come to end a wait for them.
   absl::Status OpenParity(int64_t step, int64_t token, const std::vector<uint64_t>& image_bytes,
                           const std::vector<std::vector<bool>>* changed, bool accumulate);
+  // Once `sending` (this node's own sends) succeeded, waits for the step's parity to be complete,
+  // then records the encode (and the group's images) on the prepared step. The parity goes on
+  // failure; ABORTED when the step was decided or prepared again meanwhile (`doing` says what this
+  // node was doing then).
+  absl::Status CompleteEncode(const v1::EncodeRequest& request, absl::Status sending,
+                              absl::Time deadline, std::vector<v1::NodeImage> group_images,
+                              absl::string_view doing);
   // Encode of a parity receiver (parity_only).
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
                                                     const std::set<int>& absent);
