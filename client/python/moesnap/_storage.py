@@ -27,7 +27,8 @@ import torch
 from ._native import Error, check, lib
 
 LIBRARY_PATH = Path(__file__).resolve().parent / "_lib" / "libmoesnap_torch_storage.so"
-# Storages start on 64-byte boundaries in a file, as c10's CPU allocator aligns them.
+# Storages start on 64-byte boundaries in a file, as c10's CPU allocator aligns them; so do staged
+# tensors in their buffer, so that the daemon's SIMD copies and CRCs stay aligned.
 ALIGNMENT = 64
 
 _PROTOTYPES = {
@@ -145,8 +146,8 @@ class SharedFile:
 
 
 def layout(sizes: Sequence[int]) -> List[int]:
-    """Offsets of storages of ``sizes`` bytes laid end to end, each aligned; the last entry is
-    the file's size."""
+    """Offsets of storages (or staged tensors) of ``sizes`` bytes laid end to end in one file,
+    each aligned; the last entry is the file's size."""
     offsets, total = [], 0
     for size in sizes:
         offsets.append(total)

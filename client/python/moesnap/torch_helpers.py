@@ -50,7 +50,6 @@ from .core import Error
 
 _log = logging.getLogger("moesnap")
 
-_ALIGNMENT = 64  # bytes between staged tensors in a buffer: SIMD copies and CRCs stay aligned
 _LENGTH_PREFIX = struct.Struct("<Q")
 # Optimizer state tensors smaller than a page are staged rather than shared: a shared storage
 # costs a file, a descriptor and a mapping on both sides, which for Adam's scalar `step` per
@@ -546,10 +545,7 @@ class Client:
                 names.append(name)
         if not host:
             return names
-        offsets, total = [], 0
-        for _, tensor, _ in host:
-            offsets.append(total)
-            total += (_nbytes(tensor) + _ALIGNMENT - 1) // _ALIGNMENT * _ALIGNMENT
+        *offsets, total = _storage.layout([_nbytes(tensor) for _, tensor, _ in host])
         buffer = self._native.allocate_host(total)
         (handle,) = self._native.share_memory([buffer.fd])
         self._buffers.append(buffer)
