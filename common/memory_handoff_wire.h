@@ -3,8 +3,10 @@
 // descriptors (SCM_RIGHTS) of shared-memory files the trainer maps (memfd, or /dev/shm files such
 // as PyTorch's shared storages), and the session token Hello returned. The daemon maps each file
 // once and answers with the ids regions refer to (RegionHandle.memory). No file is ever opened by
-// name, so the daemon reads and writes only memory a trainer handed it, and memory of a trainer
-// that dies is released when its connection closes. Little-endian, fixed layout, both sides C++.
+// name, so the daemon reads and writes only memory a trainer handed it. When a trainer's connection
+// closes its session ends; the daemon may keep its larger files for a while for the rank's next
+// process, which asks for one by size (AdoptRequest) instead of allocating. Little-endian, fixed
+// layout, both sides C++.
 #ifndef MOESNAP_COMMON_MEMORY_HANDOFF_WIRE_H_
 #define MOESNAP_COMMON_MEMORY_HANDOFF_WIRE_H_
 
@@ -15,6 +17,7 @@ namespace moesnap::memory_handoff {
 inline constexpr char kSocketSuffix[] = ".memory";
 inline constexpr uint32_t kRequestMagic = 0x484d534d;   // "MSMH"
 inline constexpr uint32_t kResponseMagic = 0x524d534d;  // "MSMR"
+inline constexpr uint32_t kAdoptMagic = 0x414d534d;     // "MSMA"
 inline constexpr uint32_t kMaxFilesPerRequest = 64;
 inline constexpr uint32_t kSessionBytes = 16;
 inline constexpr uint32_t kMaxMessageBytes = 512;
@@ -38,7 +41,19 @@ struct Response {
   uint32_t reserved = 0;
 };
 
-static_assert(sizeof(Request) == 24 && sizeof(Response) == 24, "fixed wire layout");
+// Asks for a file of exactly `bytes` bytes that an exited process of the session's rank handed over,
+// on a connection already bound to the session. Answered by a Response: code 0 with the file's
+// descriptor attached (SCM_RIGHTS) and its id in first_id, or NOT_FOUND saying why none is to be
+// had (then the trainer allocates). The file holds the earlier process's bytes, not zeros.
+struct AdoptRequest {
+  uint32_t magic = kAdoptMagic;
+  uint32_t reserved = 0;
+  uint8_t session[kSessionBytes] = {};
+  uint64_t bytes = 0;
+};
+
+static_assert(sizeof(Request) == 24 && sizeof(Response) == 24 && sizeof(AdoptRequest) == 32,
+              "fixed wire layout");
 
 }  // namespace moesnap::memory_handoff
 

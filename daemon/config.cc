@@ -229,6 +229,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("admin.socket", "must differ from agent.socket");
   }
 
+  int64_t retention_seconds = absl::ToInt64Seconds(options.exited_trainer_memory_retention);
+  reader.Integer("agent", "exited_trainer_memory_seconds", 0, 24 * 3600, retention_seconds);
+  options.exited_trainer_memory_retention = absl::Seconds(retention_seconds);
+
   reader.String("access", "group", options.access.group);
   if (const toml::node* uids = reader.Find("access", "allowed_uids")) {
     const toml::array* list = uids->as_array();

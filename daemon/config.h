@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 #include "daemon/cluster_config.h"
 #include "daemon/http_server.h"
@@ -43,6 +44,9 @@ struct DaemonOptions {
   std::string agent_socket = "/run/moesnap/agent.sock";
   std::string admin_socket = "/run/moesnap/admin.sock";
   AccessOptions access;  // the agent socket (trainers)
+  // How long the larger shared-memory files of a trainer that exited are kept for its rank's next
+  // process, which takes them instead of allocating (TrainerSessions); zero: released at once.
+  absl::Duration exited_trainer_memory_retention = absl::Minutes(5);
   // The admin socket (operators): it drops steps and exports every rank's state, so trainers'
   // group is not let in; [admin] group names the operators' group, if any.
   AccessOptions admin_access;

@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       AccessPolicy::FromOptions(options.admin_access, "admin.group");
   if (!admin_policy.ok()) return admin_policy.status();
 
-  daemon->sessions_ = std::make_unique<TrainerSessions>();
+  daemon->sessions_ = std::make_unique<TrainerSessions>(options.exited_trainer_memory_retention);
   daemon->host_backend_ = CreateHostCopyBackend(daemon->sessions_.get());
   absl::StatusOr<std::unique_ptr<CopyBackend>> device = CreateCudaCopyBackend();
   if (device.ok()) {
@@ -187,7 +187,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       daemon->notifier_.get());
   daemon->collectors_ =
       CollectDaemonMetrics(metrics::Registry::Default(), daemon->store_.get(),
-                           daemon->upstream_log_.get(), daemon->cluster_.get(), daemon->tiers_.get());
+                           daemon->sessions_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(), daemon->tiers_.get());
   if (!options.http.address.empty()) {
     absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
         options.http.address, OperationsRoutes(daemon->health_.get()));

@@ -13,6 +13,18 @@
 namespace moesnap::daemon {
 namespace {
 
+void CollectRetention(const TrainerSessions::Retention& retention, metrics::Collection& out) {
+  out.AddGauge("moesnap_exited_trainer_memory_bytes",
+               "Shared memory of exited trainers kept for their ranks' next processes",
+               retention.kept_bytes);
+  out.AddGauge("moesnap_exited_trainer_memory_files",
+               "Shared-memory files of exited trainers kept for their ranks' next processes",
+               retention.kept_files);
+  out.AddCounter("moesnap_exited_trainer_memory_adopted_bytes_total",
+                 "Bytes of kept shared memory a restarted trainer took instead of allocating",
+                 retention.adopted_bytes_total);
+}
+
 void CollectStore(Store& store, metrics::Collection& out) {
   const v1::StatusResponse status = store.Status();
   out.AddGauge("moesnap_pool_capacity_bytes", "Capacity of the snapshot pool", status.pool_bytes());
@@ -138,10 +150,11 @@ void CollectOperations(metrics::Collection& out) {
 }  // namespace
 
 metrics::CollectorHandle CollectDaemonMetrics(metrics::Registry& registry, Store* store,
-                                              UpstreamLog* log, Cluster* cluster,
-                                              durable::RestoreTiers* tiers) {
-  return registry.AddCollector([store, log, cluster, tiers](metrics::Collection& out) {
+                                              TrainerSessions* sessions, UpstreamLog* log,
+                                              Cluster* cluster, durable::RestoreTiers* tiers) {
+  return registry.AddCollector([store, sessions, log, cluster, tiers](metrics::Collection& out) {
     CollectStore(*store, out);
+    CollectRetention(sessions->retention(), out);
     CollectLog(*log, out);
     if (cluster != nullptr) CollectCluster(*cluster, out);
     if (tiers != nullptr) CollectDurable(*tiers, out);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/memory_handoff_wire.h"
 
@@ -18,8 +19,9 @@ namespace {
 
 namespace wire = ::moesnap::memory_handoff;
 
-// Answers a request; false when the answer cannot be sent (the trainer is gone or not reading).
-bool Answer(int fd, const absl::Status& status, uint64_t first_id) {
+// Answers a request, with `attached` (a descriptor, unless -1) handed over; false when the answer
+// cannot be sent (the trainer is gone or not reading).
+bool Answer(int fd, const absl::Status& status, uint64_t first_id, int attached = -1) {
   wire::Response response;
   response.code = static_cast<uint32_t>(status.code());
   response.first_id = first_id;
@@ -27,8 +29,21 @@ bool Answer(int fd, const absl::Status& status, uint64_t first_id) {
   response.message_bytes = static_cast<uint32_t>(message.size());
   std::string packet(reinterpret_cast<const char*>(&response), sizeof(response));
   packet += message;
-  return send(fd, packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL) ==
-         static_cast<ssize_t>(packet.size());
+  iovec data{packet.data(), packet.size()};
+  msghdr answer{};
+  answer.msg_iov = &data;
+  answer.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (attached >= 0) {
+    answer.msg_control = control;
+    answer.msg_controllen = sizeof(control);
+    cmsghdr* header = CMSG_FIRSTHDR(&answer);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(header), &attached, sizeof(int));
+  }
+  return sendmsg(fd, &answer, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(packet.size());
 }
 
 }  // namespace
@@ -79,14 +94,24 @@ void MemoryHandoff::Serve() {
           close(fd);
           continue;
         }
-        connections_[fd].peer = peer;
+        Connection& connection = connections_[fd];
+        connection.peer = peer;
+        // Taken while the trainer is connected, so its pid cannot have been reused yet.
+        connection.process = ProcessExit::Watch(peer.pid);
       }
       adopted_.clear();
     }
     std::vector<pollfd> watched;
     watched.push_back({wake_pipe_[0], POLLIN, 0});
     for (const auto& [fd, connection] : connections_) watched.push_back({fd, POLLIN, 0});
-    if (poll(watched.data(), watched.size(), -1) < 0) {
+    const absl::Time now = absl::Now();
+    const absl::Time next_expiry = sessions_->ReleaseExpired(now);
+    const int timeout_ms =
+        next_expiry == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::min<int64_t>(
+                  absl::ToInt64Milliseconds(next_expiry - now) + 1, 60'000));
+    if (poll(watched.data(), watched.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       Log(LogLevel::kError, "memory handoff: poll failed: ", std::strerror(errno));
       return;
@@ -109,8 +134,8 @@ void MemoryHandoff::Serve() {
 }
 
 bool MemoryHandoff::Handle(int fd, Connection& connection) {
-  wire::Request request;
-  iovec data{&request, sizeof(request)};
+  alignas(8) char packet[std::max(sizeof(wire::Request), sizeof(wire::AdoptRequest))];
+  iovec data{packet, sizeof(packet)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)];
   msghdr message{};
   message.msg_iov = &data;
@@ -135,10 +160,21 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
   auto close_files = [&files] {
     for (int file : files) close(file);
   };
+  uint32_t magic = 0;
+  std::memcpy(&magic, packet, std::min<size_t>(sizeof(magic), static_cast<size_t>(received)));
+  const bool truncated = (message.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  if (magic == wire::kAdoptMagic && received == sizeof(wire::AdoptRequest) && !truncated) {
+    const bool carried_files = !files.empty();
+    close_files();
+    wire::AdoptRequest adopt;
+    std::memcpy(&adopt, packet, sizeof(adopt));
+    return HandleAdopt(fd, connection, adopt, carried_files);
+  }
+  wire::Request request;
+  std::memcpy(&request, packet, std::min<size_t>(sizeof(request), static_cast<size_t>(received)));
   const std::string token(reinterpret_cast<const char*>(request.session), wire::kSessionBytes);
   absl::Status refused;
-  if (received != sizeof(request) || request.magic != wire::kRequestMagic ||
-      (message.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+  if (received != sizeof(request) || request.magic != wire::kRequestMagic || truncated) {
     refused = absl::InvalidArgumentError(absl::StrCat(
         "malformed memory handoff request (", received, " bytes, at most ",
         wire::kMaxFilesPerRequest, " files per request)"));
@@ -174,6 +210,7 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
     absl::StatusOr<uint64_t> added = sessions_->Add(token, std::move(mapped));
     if (added.ok()) {
       first_id = *added;
+      if (connection.token.empty()) sessions_->Watch(token, std::move(connection.process));
       connection.token = token;
     } else {
       status = added.status();
@@ -182,13 +219,46 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
   return Answer(fd, status, first_id) && (status.ok() || !connection.token.empty());
 }
 
+bool MemoryHandoff::HandleAdopt(int fd, Connection& connection,
+                                const wire::AdoptRequest& request, bool carried_files) {
+  const std::string token(reinterpret_cast<const char*>(request.session), wire::kSessionBytes);
+  absl::Status refused;
+  if (carried_files) {
+    refused = absl::InvalidArgumentError("a request to adopt memory carries no files");
+  } else if (connection.token.empty() || connection.token != token) {
+    refused = absl::InvalidArgumentError(
+        "memory is adopted only on a connection bound to the session asking");
+  }
+  if (!refused.ok()) {
+    Log(LogLevel::kWarning, "memory handoff from pid ", connection.peer.pid, ": ",
+        refused.message());
+    Answer(fd, refused, 0);
+    return false;
+  }
+  absl::StatusOr<TrainerSessions::Adopted> adopted =
+      sessions_->Adopt(token, request.bytes, connection.peer.uid,
+                       [this](uint32_t rank) { return store_->CopyingTrainerMemory(rank); });
+  if (!adopted.ok()) {
+    Log(LogLevel::kInfo, "pid ", connection.peer.pid, " allocates its ", request.bytes,
+        " bytes afresh: ", adopted.status().message());
+    return Answer(fd, adopted.status(), 0);
+  }
+  Log(LogLevel::kInfo, "pid ", connection.peer.pid, " took a file of ", request.bytes,
+      " bytes that an exited process of its rank left");
+  return Answer(fd, absl::OkStatus(), adopted->id, adopted->memory->handed_on_fd());
+}
+
 void MemoryHandoff::Close(int fd, const Connection& connection) {
   close(fd);
   if (connection.token.empty()) return;
-  if (std::optional<std::pair<uint32_t, uint64_t>> ended = sessions_->End(connection.token)) {
-    Log(LogLevel::kInfo, "rank ", ended->first, " (pid ", connection.peer.pid,
-        ") disconnected: its registrations and memory are released");
-    store_->EndSession(ended->first, ended->second);
+  if (std::optional<TrainerSessions::Ended> ended = sessions_->End(connection.token)) {
+    Log(LogLevel::kInfo, "rank ", ended->rank, " (pid ", connection.peer.pid,
+        ") disconnected: its registrations are released",
+        ended->kept_bytes == 0
+            ? std::string(" and its memory")
+            : absl::StrCat("; ", ended->kept_bytes,
+                           " bytes of its memory are kept for the rank's next process"));
+    store_->EndSession(ended->rank, ended->number);
   }
 }
 

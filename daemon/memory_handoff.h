@@ -1,7 +1,8 @@
 // The daemon's side of the memory handoff (common/memory_handoff_wire.h): takes trainers'
-// connections on the memory socket, maps the files they send into their sessions, and when a
-// connection closes (the trainer exited or died) ends its session, so the memory and the rank's
-// registrations are released without guessing from process ids.
+// connections on the memory socket, maps the files they send into their sessions, hands a
+// restarted trainer a file its rank's exited process left, and when a connection closes (the
+// trainer exited or died) ends its session, so the rank's registrations are released without
+// guessing from process ids (and its larger files kept for a while for the rank's next process).
 #ifndef MOESNAP_DAEMON_MEMORY_HANDOFF_H_
 #define MOESNAP_DAEMON_MEMORY_HANDOFF_H_
 
@@ -15,6 +16,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/memory_handoff_wire.h"
+#include "daemon/process_exit.h"
 #include "daemon/store.h"
 #include "daemon/trainer_memory.h"
 #include "daemon/unix_server.h"
@@ -37,11 +40,14 @@ class MemoryHandoff : public ConnectionHandler {
   struct Connection {
     std::string token;  // bound by the first request
     ucred peer{};
+    ProcessExit process;  // the peer, watched by its session once bound (TrainerSessions::Watch)
   };
 
   void Serve();
   // Reads one request and answers it; false when the connection is to be closed.
   bool Handle(int fd, Connection& connection);
+  bool HandleAdopt(int fd, Connection& connection, const memory_handoff::AdoptRequest& request,
+                   bool carried_files);
   void Close(int fd, const Connection& connection);
 
   TrainerSessions* const sessions_;

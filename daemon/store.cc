@@ -2,6 +2,7 @@
 #include "daemon/store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <utility>
 
@@ -190,11 +191,27 @@ Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t 
       [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes, pool_bytes));
 }
 
+// A copy into or out of a rank's trainer memory, counted while it lives (queued or running): the
+// memory of a trainer that exited is handed on only when none is left (CopyingTrainerMemory).
+class Store::CopyInFlight {
+ public:
+  explicit CopyInFlight(std::shared_ptr<std::atomic<uint32_t>> count) : count_(std::move(count)) {
+    count_->fetch_add(1);
+  }
+  ~CopyInFlight() { count_->fetch_sub(1); }
+  CopyInFlight(const CopyInFlight&) = delete;
+  CopyInFlight& operator=(const CopyInFlight&) = delete;
+
+ private:
+  const std::shared_ptr<std::atomic<uint32_t>> count_;
+};
+
 // One step's capture while its parts copy: what they share.
 struct Store::CaptureJob {
   uint32_t rank = 0;
   int64_t step = 0;
   std::shared_ptr<const RegionTable> table;
+  std::unique_ptr<const CopyInFlight> in_flight;
   std::shared_ptr<const std::vector<uint32_t>> selection;
   std::shared_ptr<const CopyPlan> plan;
   std::shared_ptr<const PoolReservation> reservation;
@@ -249,6 +266,8 @@ struct Store::RankState {
   // The replica groups of the committed state, by name: who held which shard at which step.
   std::map<std::string, v1::ReplicaGroupStep> replica_groups;
   std::optional<v1::RankCapture> last_capture;  // what its last captured step copied
+  // Copies of its trainer memory queued or running (CopyInFlight), of any of its sessions.
+  std::shared_ptr<std::atomic<uint32_t>> copies = std::make_shared<std::atomic<uint32_t>>(0);
 
   const StepRecord* Capturing() const {
     for (const auto& [step, record] : steps) {
@@ -367,6 +386,12 @@ void Store::StartSession(uint32_t rank, uint64_t session) {
   rank_state.regions = RegionTable::None();  // copies in flight keep their own references to the old table
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay_through = rank_state.latest_snapshot;
+}
+
+bool Store::CopyingTrainerMemory(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.copies->load() > 0;
 }
 
 void Store::EndSession(uint32_t rank, uint64_t session) {
@@ -561,6 +586,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   job->rank = rank;
   job->step = step;
   job->table = table;
+  job->in_flight = std::make_unique<const CopyInFlight>(rank_state.copies);
   job->selection = selection;
   job->plan = plan;
   job->reservation = *std::move(reservation);
@@ -976,6 +1002,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     const RegionTable::Region* region;  // in `table`
   };
   std::shared_ptr<const RegionTable> table;
+  std::shared_ptr<const CopyInFlight> in_flight;
   auto work = std::make_shared<std::vector<Work>>();
   v1::RestoreResponse response;
   {
@@ -1006,6 +1033,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank, " has no registered regions to restore into: register them first"));
     }
+    in_flight = std::make_shared<const CopyInFlight>(rank_state.copies);
     auto check = [&](const v1::RegionSpec& spec, const Version& version) -> absl::Status {
       const std::string& name = spec.name();
       if (spec.bytes() != version.RegionBytes()) {
@@ -1122,7 +1150,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   }
   std::vector<std::function<void()>> parts;
   for (size_t part = 0; part < plan->parts.size(); ++part) {
-    parts.push_back([work, plan, part, rank, progress, table] {
+    parts.push_back([work, plan, part, rank, progress, table, in_flight] {
       // Copies one chunk of a version into the trainer's memory and checks its CRC-32C.
       auto copy = [&](const Work& item, uint32_t chunk) -> absl::Status {
         const Version& version = *item.version;
@@ -2028,6 +2056,7 @@ uint64_t Store::CommittedBytes() const {
 absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, const PoolBytes& bytes) {
   std::shared_ptr<RegionSource> source;
   CopyBackend* backend = nullptr;
+  std::optional<CopyInFlight> in_flight;
   {
     absl::MutexLock lock(&mutex_);
     auto rank_it = ranks_.find(rank);
@@ -2063,6 +2092,7 @@ absl::Status Store::WriteRegion(uint32_t rank, const v1::ImageRegion& stored, co
     }
     source = registered.source;
     backend = registered.backend;
+    in_flight.emplace(rank_it->second.copies);
   }
   const uint64_t piece_offset = stored.piece().offset();  // 0 for a whole region
   for (int chunk = 0; chunk < stored.chunk_crcs_size(); ++chunk) {

@@ -84,6 +84,9 @@ class Store final : public ClusterStore, public DurableStore {
   // That process is gone (its memory connection closed): forget its regions, unless a newer
   // process of the rank started since.
   void EndSession(uint32_t rank, uint64_t session);
+  // Whether a copy into or out of `rank`'s trainer memory (a capture, a restore), for any process
+  // of the rank, is queued or running: an exited process's memory is handed on only when none is.
+  bool CopyingTrainerMemory(uint32_t rank) const;
 
   // Adds or replaces named regions of a rank, up to kMaxRegionsPerRank in all (registrations add
   // up). Refused while a step of the rank is capturing. The regions passed CheckRegisterRegions
@@ -176,6 +179,7 @@ class Store final : public ClusterStore, public DurableStore {
   struct RankState;
   struct RegionTable;
   struct CaptureJob;
+  class CopyInFlight;
 
   Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
         CommitMode mode);

@@ -1,5 +1,6 @@
 // TrainerMemory: fstat, seal check and one MAP_POPULATE mapping per file; TrainerSessions: tokens
-// from the system's random source, memory ids unique across sessions.
+// from the system's random source, memory ids unique across sessions, exited trainers' files kept
+// by rank.
 #include "daemon/trainer_memory.h"
 
 #include <fcntl.h>
@@ -7,6 +8,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -58,11 +60,18 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerMemory::Map(
     return absl::InvalidArgumentError(absl::StrCat("cannot map the file's ", bytes, " bytes: ",
                                                    std::strerror(errno)));
   }
-  return std::shared_ptr<TrainerMemory>(new TrainerMemory(
-      static_cast<uint8_t*>(data), bytes, seals >= 0 && (seals & F_SEAL_SHRINK) != 0));
+  const bool shrink_sealed = seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
+  const bool fixed_size = shrink_sealed && (seals & F_SEAL_GROW) != 0;
+  // Without a descriptor (the daemon's limit reached) the file is simply not handed on.
+  const int kept_fd = fixed_size && bytes >= kMinHandedOnBytes ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  return std::shared_ptr<TrainerMemory>(new TrainerMemory(static_cast<uint8_t*>(data), bytes,
+                                                          shrink_sealed, info.st_uid, kept_fd));
 }
 
-TrainerMemory::~TrainerMemory() { munmap(data_, bytes_); }
+TrainerMemory::~TrainerMemory() {
+  munmap(data_, bytes_);
+  if (fd_ >= 0) close(fd_);
+}
 
 absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
                                                                 const Caller& caller) {
@@ -72,9 +81,10 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
     if (got > 0) filled += static_cast<size_t>(got);
   }
   const absl::Time now = absl::Now();
+  Kept replaced;  // unmapped after the lock is released
   absl::MutexLock lock(&mutex_);
   if (auto previous = current_.find(rank); previous != current_.end()) {
-    const State& holder = sessions_.at(previous->second);
+    State& holder = sessions_.at(previous->second);
     const bool live = holder.connected || now - holder.started < kMemoryConnectionGrace;
     if (live && holder.caller.uid != caller.uid && caller.uid != 0) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -82,10 +92,15 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
           holder.caller.pid, "); uid ", caller.uid, " (pid ", caller.pid,
           ") may take the rank once that trainer disconnects"));
     }
+    RetireLocked(holder, replaced);
     sessions_.erase(previous->second);
   }
   const uint64_t number = next_session_++;
-  sessions_[token] = State{.rank = rank, .number = number, .caller = caller, .started = now};
+  State& session = sessions_[token];
+  session.rank = rank;
+  session.number = number;
+  session.caller = caller;
+  session.started = now;
   current_[rank] = token;
   return Session{number, token};
 }
@@ -136,14 +151,121 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerSessions::Find(uint32_t ra
                                           " in its current session"));
 }
 
-std::optional<std::pair<uint32_t, uint64_t>> TrainerSessions::End(const std::string& token) {
+void TrainerSessions::Watch(const std::string& token, ProcessExit process) {
+  absl::MutexLock lock(&mutex_);
+  if (auto session = sessions_.find(token); session != sessions_.end()) {
+    session->second.process = std::move(process);
+  }
+}
+
+uint64_t TrainerSessions::RetireLocked(State& session, Kept& replaced) {
+  if (retention_ <= absl::ZeroDuration() || !session.process.watching()) return 0;
+  Kept kept;
+  kept.uid = session.caller.uid;
+  kept.until = absl::Now() + retention_;
+  kept.process = std::move(session.process);
+  uint64_t kept_bytes = 0;
+  for (auto& [id, memory] : session.memories) {
+    if (memory->handed_on_fd() < 0) continue;
+    kept_bytes += memory->bytes();
+    kept.memories.push_back(std::move(memory));
+  }
+  if (kept.memories.empty()) return 0;
+  auto [previous, fresh] = kept_.try_emplace(session.rank);
+  if (!fresh) replaced = std::move(previous->second);
+  previous->second = std::move(kept);
+  return kept_bytes;
+}
+
+std::optional<TrainerSessions::Ended> TrainerSessions::End(const std::string& token) {
+  Kept replaced;  // unmapped after the lock is released
   absl::MutexLock lock(&mutex_);
   auto session = sessions_.find(token);
   if (session == sessions_.end()) return std::nullopt;
-  const std::pair<uint32_t, uint64_t> ended{session->second.rank, session->second.number};
-  current_.erase(ended.first);
+  State& state = session->second;
+  const Ended ended{.rank = state.rank, .number = state.number,
+                    .kept_bytes = RetireLocked(state, replaced)};
+  current_.erase(ended.rank);
   sessions_.erase(session);
   return ended;
+}
+
+absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(
+    const std::string& token, uint64_t bytes, uid_t caller,
+    absl::FunctionRef<bool(uint32_t rank)> copying) {
+  absl::MutexLock lock(&mutex_);
+  auto session = sessions_.find(token);
+  if (session == sessions_.end()) {
+    return absl::NotFoundError("no current session has this token: connect again");
+  }
+  State& state = session->second;
+  auto kept = kept_.find(state.rank);
+  if (kept == kept_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", state.rank, " keeps no memory of an earlier process"));
+  }
+  if (!kept->second.process.Exited()) {
+    return absl::NotFoundError(absl::StrCat(
+        "the earlier process of rank ", state.rank, " (pid ", kept->second.process.pid(),
+        ") has not exited, so its memory is not handed on"));
+  }
+  // No copy of the earlier process can start any more (its session is over), so none in flight
+  // now means none ever will touch the file again.
+  if (copying(state.rank)) {
+    return absl::NotFoundError(absl::StrCat(
+        "a capture or restore of rank ", state.rank, "'s earlier process is still in flight"));
+  }
+  std::vector<std::shared_ptr<TrainerMemory>>& memories = kept->second.memories;
+  auto fits = std::find_if(memories.begin(), memories.end(), [&](const auto& memory) {
+    return memory->bytes() == bytes && memory->owner() == caller;
+  });
+  if (fits == memories.end()) {
+    return absl::NotFoundError(absl::StrCat("rank ", state.rank, " keeps ", memories.size(),
+                                            " file(s) of its earlier process, none of ", bytes,
+                                            " bytes owned by uid ", caller));
+  }
+  if (state.memories.size() >= kMaxMemoriesPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", state.rank, " handed over ", state.memories.size(),
+        " files already; a session holds at most ", kMaxMemoriesPerSession));
+  }
+  Adopted adopted{.id = next_memory_++, .memory = std::move(*fits)};
+  memories.erase(fits);
+  if (memories.empty()) kept_.erase(kept);
+  state.connected = true;
+  state.memories[adopted.id] = adopted.memory;
+  adopted_bytes_ += bytes;
+  ++adopted_files_;
+  return adopted;
+}
+
+absl::Time TrainerSessions::ReleaseExpired(absl::Time now) {
+  std::vector<Kept> expired;  // unmapped after the lock is released
+  absl::MutexLock lock(&mutex_);
+  absl::Time next = absl::InfiniteFuture();
+  for (auto kept = kept_.begin(); kept != kept_.end();) {
+    if (kept->second.until <= now) {
+      expired.push_back(std::move(kept->second));
+      kept = kept_.erase(kept);
+    } else {
+      next = std::min(next, kept->second.until);
+      ++kept;
+    }
+  }
+  return next;
+}
+
+TrainerSessions::Retention TrainerSessions::retention() const {
+  absl::MutexLock lock(&mutex_);
+  Retention retention{.adopted_bytes_total = adopted_bytes_,
+                      .adopted_files_total = adopted_files_};
+  for (const auto& [rank, kept] : kept_) {
+    for (const std::shared_ptr<TrainerMemory>& memory : kept.memories) {
+      retention.kept_bytes += memory->bytes();
+      ++retention.kept_files;
+    }
+  }
+  return retention;
 }
 
 }  // namespace moesnap::daemon

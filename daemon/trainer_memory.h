@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/process_exit.h"
 
 namespace moesnap::daemon {
 
@@ -32,15 +34,20 @@ struct FileIdentity {
 absl::StatusOr<std::vector<FileIdentity>> IdentifyFiles(const std::vector<std::string>& paths);
 
 // One mapping of a trainer's shared-memory file. Unmapped when the last holder (a registered
-// region, a copy in flight) lets go. Immutable.
+// region, a copy in flight, the retention of a dead trainer's memory) lets go. Immutable.
 class TrainerMemory {
  public:
   // Files larger than this are refused: no trainer shares more host memory in one file.
   static constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+  // Files of a fixed size (sealed against shrinking and growing) of at least this many bytes keep
+  // a descriptor, so that the rank's next process can be handed the file (see
+  // TrainerSessions::Adopt); smaller ones cost less to allocate again than a descriptor to hold.
+  static constexpr uint64_t kMinHandedOnBytes = uint64_t{1} << 20;
 
   // Maps the whole of `fd` (a regular file: memfd or /dev/shm) read-write and shared. Does not
-  // take ownership of `fd`. The file must belong to `owner` (the trainer that handed it over), and
-  // be none of `refused` (the daemon's own files): PERMISSION_DENIED otherwise.
+  // take ownership of `fd` (it duplicates it when the file can be handed on). The file must belong
+  // to `owner` (the trainer that handed it over), and be none of `refused` (the daemon's own
+  // files): PERMISSION_DENIED otherwise.
   static absl::StatusOr<std::shared_ptr<TrainerMemory>> Map(
       int fd, uid_t owner, const std::vector<FileIdentity>& refused);
   ~TrainerMemory();
@@ -51,20 +58,34 @@ class TrainerMemory {
   uint64_t bytes() const { return bytes_; }
   // The trainer can no longer shrink the file (memfd seal), so reading it can never fault.
   bool shrink_sealed() const { return shrink_sealed_; }
+  // The uid that owns the file.
+  uid_t owner() const { return owner_; }
+  // The daemon's descriptor of the file, for handing it to the rank's next process; -1 when the
+  // file is not one to hand on (its size is not sealed, or it is small).
+  int handed_on_fd() const { return fd_; }
 
  private:
-  TrainerMemory(uint8_t* data, uint64_t bytes, bool shrink_sealed)
-      : data_(data), bytes_(bytes), shrink_sealed_(shrink_sealed) {}
+  TrainerMemory(uint8_t* data, uint64_t bytes, bool shrink_sealed, uid_t owner, int fd)
+      : data_(data), bytes_(bytes), shrink_sealed_(shrink_sealed), owner_(owner), fd_(fd) {}
 
   uint8_t* const data_;
   const uint64_t bytes_;
   const bool shrink_sealed_;
+  const uid_t owner_;
+  const int fd_;
 };
 
 // The sessions of trainer ranks and the memory each handed over. A rank has one current session,
 // started by its Hello; a new Hello ends the previous one, unless that one is live and belongs to
 // another user. The session's token is its secret: the trainer presents it on every later call, so
 // a call acts for the rank its session was bound to, whatever rank it names. Thread-safe.
+//
+// Memory a trainer leaves when it exits is kept for the rank's next process for `retention` (zero:
+// released at once): a restarted trainer takes a file of the size it needs (Adopt) instead of
+// allocating, filling and mapping fresh shared memory, and the daemon's mapping of it is reused.
+// Only files that can be handed on (TrainerMemory::handed_on_fd), only to a process of the file's
+// owner, and only once the process that handed them over has exited: no two live processes ever
+// share a trainer's memory through the daemon.
 class TrainerSessions {
  public:
   // Most files one session may hand over.
@@ -83,6 +104,9 @@ class TrainerSessions {
     pid_t pid = 0;
   };
 
+  explicit TrainerSessions(absl::Duration retention = absl::ZeroDuration())
+      : retention_(retention) {}
+
   // Starts `rank`'s new session for `caller`; the rank's memory from earlier sessions is no longer
   // found. PERMISSION_DENIED, naming the holder, while the rank's current session is live (its
   // memory connection open, or within kMemoryConnectionGrace of its Hello) and belongs to another
@@ -98,9 +122,42 @@ class TrainerSessions {
                                std::vector<std::shared_ptr<TrainerMemory>> memories);
   // Memory `id` of `rank`'s current session: NOT_FOUND when the rank handed over no such memory.
   absl::StatusOr<std::shared_ptr<TrainerMemory>> Find(uint32_t rank, uint64_t id) const;
+  // Watches the trainer process behind the session `token` names (the peer of its memory
+  // connection): only a watched session's memory is kept, and handed on only once it has exited.
+  void Watch(const std::string& token, ProcessExit process);
   // Ends the session `token` names (its handoff connection closed): returns its rank and number
-  // when it was the rank's current session, so the rank's registrations can go too.
-  std::optional<std::pair<uint32_t, uint64_t>> End(const std::string& token);
+  // when it was the rank's current session, so the rank's registrations can go too. The files it
+  // can hand on are kept for the rank's next process (replacing what the rank kept before), as
+  // they are when a new Hello of the rank replaces the session.
+  struct Ended {
+    uint32_t rank = 0;
+    uint64_t number = 0;
+    uint64_t kept_bytes = 0;  // kept for the rank's next process
+  };
+  std::optional<Ended> End(const std::string& token);
+
+  struct Adopted {
+    uint64_t id = 0;  // in the session, as Add's ids
+    std::shared_ptr<TrainerMemory> memory;
+  };
+  // Adds to the session `token` names a file of exactly `bytes` bytes kept from an earlier process
+  // of its rank, with a new id. The file holds that process's bytes, not zeros. NOT_FOUND, saying
+  // why, when none is to be had: none kept of that size, the earlier process still runs, the
+  // file belongs to another uid than `caller`, or `copying(rank)` says a copy of the rank's memory
+  // (a capture or restore the earlier process started) is still queued or running.
+  absl::StatusOr<Adopted> Adopt(const std::string& token, uint64_t bytes, uid_t caller,
+                                absl::FunctionRef<bool(uint32_t rank)> copying);
+  // Releases kept memory whose time is over; returns when the next kept memory's time ends
+  // (absl::InfiniteFuture() when none is kept).
+  absl::Time ReleaseExpired(absl::Time now);
+
+  struct Retention {
+    uint64_t kept_bytes = 0;  // of exited trainers, waiting for their ranks' next processes
+    uint64_t kept_files = 0;
+    uint64_t adopted_bytes_total = 0;
+    uint64_t adopted_files_total = 0;
+  };
+  Retention retention() const;
 
  private:
   struct State {
@@ -109,10 +166,27 @@ class TrainerSessions {
     Caller caller;
     absl::Time started;
     bool connected = false;  // its memory connection handed over memory (and is open)
+    ProcessExit process;
     std::map<uint64_t, std::shared_ptr<TrainerMemory>> memories;
   };
 
+  // What a rank's exited process left, for its next one.
+  struct Kept {
+    uid_t uid = 0;
+    absl::Time until;
+    ProcessExit process;
+    std::vector<std::shared_ptr<TrainerMemory>> memories;
+  };
+
+  // Keeps what `session` can hand on for its rank's next process; returns the bytes kept. What
+  // the rank kept before goes to `replaced`, to be released after the lock.
+  uint64_t RetireLocked(State& session, Kept& replaced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const absl::Duration retention_;
   mutable absl::Mutex mutex_;
+  std::map<uint32_t, Kept> kept_ ABSL_GUARDED_BY(mutex_);  // by rank
+  uint64_t adopted_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t adopted_files_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t next_session_ ABSL_GUARDED_BY(mutex_) = 1;
   uint64_t next_memory_ ABSL_GUARDED_BY(mutex_) = 1;
   std::map<std::string, State> sessions_ ABSL_GUARDED_BY(mutex_);   // by token

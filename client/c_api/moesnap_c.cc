@@ -295,6 +295,25 @@ moesnap_status moesnap_client_share_memory(moesnap_client* client, const int* fd
   });
 }
 
+moesnap_status moesnap_client_adopt_memory(moesnap_client* client, size_t bytes, int* fd,
+                                           uint64_t* handle) {
+  return Guarded([&] {
+    if (client == nullptr) return Missing("client");
+    if (fd == nullptr) return Missing("fd");
+    if (handle == nullptr) return Missing("handle");
+    *fd = -1;
+    *handle = 0;
+    absl::StatusOr<std::optional<moesnap::AdoptedMemory>> adopted =
+        client->client->AdoptMemory(bytes);
+    if (!adopted.ok()) return Fail(adopted.status());
+    if (adopted->has_value()) {
+      *fd = (*adopted)->fd;
+      *handle = (*adopted)->memory;
+    }
+    return MOESNAP_OK;
+  });
+}
+
 moesnap_status moesnap_client_register_host_regions(moesnap_client* client,
                                                     const moesnap_host_region* regions,
                                                     size_t count) {

@@ -63,6 +63,7 @@ struct Client::State {
   std::vector<Shared> shared;  // MemoryHandle h is shared[h - 1]
   std::map<const SharedBuffer*, MemoryHandle> buffer_handles;
   std::map<std::string, std::shared_ptr<SharedBuffer>> buffers;  // keeps host regions mapped
+  std::vector<std::shared_ptr<SharedBuffer>> adopted_buffers;    // kept mapped while this lives
   // Every registration, host regions naming their MemoryHandle in handle.memory.
   std::map<std::string, v1::RegionSpec> regions;
   std::map<int64_t, uint64_t> snapshot_sessions;  // step -> the session that captured it
@@ -262,6 +263,31 @@ absl::StatusOr<std::vector<MemoryHandle>> Client::ShareMemory(const std::vector<
     }
     return handles;
   });
+}
+
+absl::StatusOr<std::optional<AdoptedMemory>> Client::AdoptMemory(size_t bytes) {
+  return state_->WithReconnect([&]() -> absl::StatusOr<std::optional<AdoptedMemory>> {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    absl::StatusOr<std::optional<MemoryChannel::Adopted>> adopted = state_->memory.Adopt(bytes);
+    if (!adopted.ok()) return adopted.status();
+    if (!adopted->has_value()) return std::nullopt;
+    state_->shared.push_back({(*adopted)->fd, (*adopted)->id});
+    return AdoptedMemory{(*adopted)->fd, state_->shared.size()};
+  });
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AdoptHost(size_t bytes) {
+  absl::StatusOr<std::optional<AdoptedMemory>> adopted = AdoptMemory(bytes);
+  if (!adopted.ok()) return adopted.status();
+  if (!adopted->has_value()) return nullptr;
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = SharedBuffer::Map((*adopted)->fd, bytes);
+  // On failure the descriptor stays open, handed over as the handle says (a reconnection hands
+  // every handle's descriptor over again).
+  if (!buffer.ok()) return buffer.status();
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->buffer_handles[buffer->get()] = (*adopted)->memory;
+  state_->adopted_buffers.push_back(*buffer);
+  return *buffer;
 }
 
 absl::Status Client::RegisterHostRegions(const std::vector<HostRegion>& regions) {

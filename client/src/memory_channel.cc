@@ -93,11 +93,31 @@ bool MemoryChannel::PeerClosed() const {
 }
 
 absl::StatusOr<uint64_t> MemoryChannel::ShareBatch(const int* fds, uint32_t count) {
-  if (fd_ < 0) return absl::FailedPreconditionError("the memory channel is not connected");
   wire::Request request;
   request.files = count;
   std::memcpy(request.session, session_.data(), wire::kSessionBytes);
-  iovec data{&request, sizeof(request)};
+  return Exchange(&request, sizeof(request), fds, count, nullptr);
+}
+
+absl::StatusOr<std::optional<MemoryChannel::Adopted>> MemoryChannel::Adopt(uint64_t bytes) {
+  wire::AdoptRequest request;
+  request.bytes = bytes;
+  std::memcpy(request.session, session_.data(), wire::kSessionBytes);
+  int fd = -1;
+  absl::StatusOr<uint64_t> id = Exchange(&request, sizeof(request), nullptr, 0, &fd);
+  if (absl::IsNotFound(id.status())) return std::nullopt;
+  if (!id.ok()) return id.status();
+  if (fd < 0) {
+    return absl::DataLossError(absl::StrCat("moesnapd at ", path_, " handed over memory ", *id,
+                                            " without its descriptor"));
+  }
+  return Adopted{fd, *id};
+}
+
+absl::StatusOr<uint64_t> MemoryChannel::Exchange(const void* request, size_t request_bytes,
+                                                 const int* fds, uint32_t count, int* received) {
+  if (fd_ < 0) return absl::FailedPreconditionError("the memory channel is not connected");
+  iovec data{const_cast<void*>(request), request_bytes};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)] = {};
   msghdr message{};
   message.msg_iov = &data;
@@ -111,7 +131,7 @@ absl::StatusOr<uint64_t> MemoryChannel::ShareBatch(const int* fds, uint32_t coun
     header->cmsg_len = CMSG_LEN(sizeof(int) * count);
     std::memcpy(CMSG_DATA(header), fds, sizeof(int) * count);
   }
-  if (sendmsg(fd_, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(request))) {
+  if (sendmsg(fd_, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(request_bytes)) {
     return absl::UnavailableError(absl::StrCat("handing memory to moesnapd at ", path_,
                                                " failed: ", std::strerror(errno)));
   }
@@ -122,25 +142,53 @@ absl::StatusOr<uint64_t> MemoryChannel::ShareBatch(const int* fds, uint32_t coun
         "moesnapd at ", path_, " did not answer a memory handoff within ", timeout_.count(), " ms"));
   }
   char packet[sizeof(wire::Response) + wire::kMaxMessageBytes];
-  const ssize_t received = recv(fd_, packet, sizeof(packet), 0);
+  iovec answer_data{packet, sizeof(packet)};
+  alignas(cmsghdr) char answer_control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)];
+  msghdr answer{};
+  answer.msg_iov = &answer_data;
+  answer.msg_iovlen = 1;
+  answer.msg_control = answer_control;
+  answer.msg_controllen = sizeof(answer_control);
+  const ssize_t got = recvmsg(fd_, &answer, MSG_CMSG_CLOEXEC);
+  // Every descriptor the daemon attached is taken: the one asked for, the rest closed.
+  int attached = -1;
+  for (cmsghdr* header = got >= 0 ? CMSG_FIRSTHDR(&answer) : nullptr; header != nullptr;
+       header = CMSG_NXTHDR(&answer, header)) {
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+    const size_t attached_count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < attached_count; ++i) {
+      int file;
+      std::memcpy(&file, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
+      if (attached < 0 && received != nullptr) {
+        attached = file;
+      } else {
+        close(file);
+      }
+    }
+  }
+  auto refuse = [&attached](absl::Status status) {
+    if (attached >= 0) close(attached);
+    return status;
+  };
   wire::Response response;
-  if (received < static_cast<ssize_t>(sizeof(response))) {
-    return absl::UnavailableError(absl::StrCat("moesnapd at ", path_,
-                                               " closed the memory handoff connection"));
+  if (got < static_cast<ssize_t>(sizeof(response))) {
+    return refuse(absl::UnavailableError(
+        absl::StrCat("moesnapd at ", path_, " closed the memory handoff connection")));
   }
   std::memcpy(&response, packet, sizeof(response));
   const size_t message_bytes = std::min<size_t>(
-      {response.message_bytes, wire::kMaxMessageBytes, static_cast<size_t>(received) - sizeof(response)});
+      {response.message_bytes, wire::kMaxMessageBytes, static_cast<size_t>(got) - sizeof(response)});
   if (response.magic != wire::kResponseMagic) {
-    return absl::DataLossError(absl::StrCat("moesnapd at ", path_, " answered a memory handoff "
-                                            "with a malformed response"));
+    return refuse(absl::DataLossError(absl::StrCat(
+        "moesnapd at ", path_, " answered a memory handoff with a malformed response")));
   }
   if (response.code != 0) {
     const auto code = response.code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
                           ? static_cast<absl::StatusCode>(response.code)
                           : absl::StatusCode::kUnknown;
-    return absl::Status(code, std::string(packet + sizeof(response), message_bytes));
+    return refuse(absl::Status(code, std::string(packet + sizeof(response), message_bytes)));
   }
+  if (received != nullptr) *received = attached;
   return response.first_id;
 }
 

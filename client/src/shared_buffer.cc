@@ -51,15 +51,22 @@ absl::StatusOr<int> SharedBuffer::CreateFile(size_t bytes) {
 absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes) {
   absl::StatusOr<int> fd = CreateFile(bytes);
   if (!fd.ok()) return fd.status();
-  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, *fd, 0);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = Map(*fd, bytes);
+  if (!buffer.ok()) close(*fd);
+  return buffer;
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Map(int fd, size_t bytes) {
+  void* data = bytes == 0 ? MAP_FAILED
+                          : mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                                 MAP_SHARED | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) {
-    const int error = errno;
-    close(*fd);
+    const int error = bytes == 0 ? EINVAL : errno;
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", bytes, " shared bytes: ", std::strerror(error)));
   }
   return std::shared_ptr<SharedBuffer>(
-      new SharedBuffer(std::make_unique<State>(State{*fd, static_cast<uint8_t*>(data), bytes})));
+      new SharedBuffer(std::make_unique<State>(State{fd, static_cast<uint8_t*>(data), bytes})));
 }
 
 uint8_t* SharedBuffer::data() const { return state_->data; }

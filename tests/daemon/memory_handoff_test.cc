@@ -1,6 +1,7 @@
 // The memory handoff against a real moesnapd: hostile requests are refused and the daemon serves
-// on; a trainer that exits releases its registrations; a client rides through a daemon restart;
-// a client without a daemon fails at once, naming the socket.
+// on; a trainer that exits releases its registrations, and its rank's next process takes the
+// memory it left; a client rides through a daemon restart; a client without a daemon fails at
+// once, naming the socket.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -13,11 +14,13 @@
 #include <map>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "common/memory_handoff_wire.h"
 #include "moesnap/client.h"
 #include "proto/moesnap.grpc.pb.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_daemon.h"
 
@@ -25,6 +28,8 @@ namespace moesnap {
 namespace {
 
 namespace wire = ::moesnap::memory_handoff;
+using testing::BinaryPath;
+using testing::ChildProcess;
 using testing::TestDaemon;
 using namespace std::chrono_literals;
 
@@ -38,9 +43,10 @@ int ConnectSeqpacket(const std::string& path) {
 }
 
 // Sends `request` with `fds` attached and returns the daemon's answer (code, message).
-std::pair<uint32_t, std::string> Exchange(int connection, const wire::Request& request,
+template <typename Message>
+std::pair<uint32_t, std::string> Exchange(int connection, const Message& request,
                                           const std::vector<int>& fds, size_t request_bytes) {
-  iovec data{const_cast<wire::Request*>(&request), request_bytes};
+  iovec data{const_cast<Message*>(&request), request_bytes};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
   msghdr message{};
   message.msg_iov = &data;
@@ -151,6 +157,28 @@ TEST_F(MemoryHandoffTest, HostileRequestsAreRefusedAndTheDaemonServesOn) {
     close(file);
     close(second);
   }
+  {  // asks for a kept file on a connection not bound to its session, or with files attached
+    wire::AdoptRequest adopt;
+    adopt.bytes = 1 << 20;
+    std::memcpy(adopt.session, hello.session().data(), wire::kSessionBytes);
+    const int unbound = ConnectSeqpacket(MemorySocket());
+    auto [code, message] = Exchange(unbound, adopt, {}, sizeof(adopt));
+    EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << message;
+    EXPECT_TRUE(absl::StrContains(message, "bound to the session")) << message;
+    close(unbound);
+    // (rank 3's session: closing a bound connection ends its session)
+    const v1::HelloResponse other = Hello(3);
+    std::memcpy(adopt.session, other.session().data(), wire::kSessionBytes);
+    wire::Request bind;
+    std::memcpy(bind.session, other.session().data(), wire::kSessionBytes);
+    const int bound = ConnectSeqpacket(MemorySocket());
+    ASSERT_EQ(Exchange(bound, bind, {}, sizeof(bind)).first, 0u);
+    const int file = Memfd(4096);
+    std::tie(code, message) = Exchange(bound, adopt, {file}, sizeof(adopt));
+    EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << message;
+    close(file);
+    close(bound);
+  }
   {  // a region past the end of the memory handed over
     const int connection = ConnectSeqpacket(MemorySocket());
     const int file = Memfd(4096);
@@ -222,6 +250,62 @@ TEST_F(MemoryHandoffTest, ATrainerThatExitsReleasesItsRegistrations) {
   }
   EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "not current")) << status.error_message();
+}
+
+// Runs moesnap-test-trainer as rank 2 (8 regions of 1 MiB) to its end; returns its output.
+std::string RunTrainer(const TestDaemon& daemon, const std::string& mode, int64_t steps) {
+  ChildProcess trainer({BinaryPath("moesnap-test-trainer"), "--socket", daemon.agent_socket(),
+                        "--rank", "2", "--regions", "8", "--region-bytes", "1048576", "--steps",
+                        std::to_string(steps), "--mode", mode});
+  std::string output;
+  while (std::optional<std::string> line = trainer.ReadLine(60s)) output += *line + "\n";
+  EXPECT_EQ(trainer.Wait(60s), 0) << output;
+  return output;
+}
+
+TEST_F(MemoryHandoffTest, ARanksNextProcessTakesTheMemoryItsExitedProcessLeft) {
+  constexpr size_t kBytes = 8 << 20;
+  const std::string first = RunTrainer(daemon_, "train", 3);
+  ASSERT_TRUE(absl::StrContains(first, "done 3")) << first;
+  // Its process has exited (reaped): the next one of rank 2 takes its memory, restores into it
+  // and checks every byte.
+  const std::string second = RunTrainer(daemon_, "train", 6);
+  EXPECT_TRUE(absl::StrContains(second, "verified step 3\n")) << second;
+  EXPECT_TRUE(absl::StrContains(second, "into adopted memory")) << second;
+  EXPECT_TRUE(absl::StrContains(second, "done 6")) << second;
+
+  // What is handed on is exactly what the exited process held (step 6, as a restore writes it),
+  // and only a file of the size asked for.
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 2});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> other_size = (*client)->AdoptHost(kBytes / 2);
+  ASSERT_OK(other_size);
+  EXPECT_EQ(*other_size, nullptr);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> left = (*client)->AdoptHost(kBytes);
+  ASSERT_OK(left);
+  ASSERT_NE(*left, nullptr);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> restored = (*client)->AllocateHost(kBytes);
+  ASSERT_OK(restored);
+  for (int region = 0; region < 8; ++region) {
+    const std::string name = absl::StrCat("layer0.expert", region, ".master");
+    ASSERT_OK((*client)->RegisterHostRegion({name, "uint8", {1 << 20}}, *restored,
+                                            region << 20, 1 << 20));
+  }
+  absl::StatusOr<RestoreResult> result = (*client)->Restore();
+  ASSERT_OK(result);
+  EXPECT_EQ(result->step, 6);
+  EXPECT_EQ(std::memcmp((*left)->data(), (*restored)->data(), kBytes), 0);
+
+  // A session that ends while its process still runs (this one) leaves nothing to take: no two
+  // live processes share memory through the daemon.
+  client->reset();
+  absl::StatusOr<std::unique_ptr<Client>> again =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 2});
+  ASSERT_OK(again);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> taken = (*again)->AdoptHost(kBytes);
+  ASSERT_OK(taken);
+  EXPECT_EQ(*taken, nullptr);
 }
 
 TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {

@@ -597,6 +597,39 @@ TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
   EXPECT_EQ(*store_->LatestCommitted(1), 1);
 }
 
+// Waits until no copy of `rank`'s trainer memory is in flight: the last part of a copy lets go of
+// it just after the call that waited for the copy returns.
+bool NoCopyInFlight(const Store& store, uint32_t rank) {
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(1))) {
+    if (!store.CopyingTrainerMemory(rank)) return true;
+  }
+  return false;
+}
+
+TEST_F(StoreTest, ACopyOfATrainersMemoryCountsUntilItEndsEvenAfterTheTrainerIsGone) {
+  auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
+  HeldCopyBackend* copies = held.get();
+  backend_ = std::move(held);
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  EXPECT_FALSE(store_->CopyingTrainerMemory(0));
+  EXPECT_FALSE(store_->CopyingTrainerMemory(5));  // a rank the store never saw
+  Take(0, 1);
+  EXPECT_TRUE(store_->CopyingTrainerMemory(0));
+  // The trainer dies with its capture queued: the capture still reads its memory.
+  store_->EndSession(0, trainers_.at(0).session);
+  EXPECT_TRUE(store_->CopyingTrainerMemory(0));
+  copies->Release();
+  ASSERT_OK(WaitCaptured(0, 1));
+  EXPECT_TRUE(NoCopyInFlight(*store_, 0));
+
+  // A restore writes into the memory while it runs, and no longer after.
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30), nullptr));
+  EXPECT_TRUE(NoCopyInFlight(*store_, 0));
+}
+
 TEST_F(StoreTest, AnOperatorLeavesAStuckRankOut) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));

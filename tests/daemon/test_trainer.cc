@@ -3,13 +3,14 @@
 // captures every region (full steps) or a subset (sparse steps), and changes exactly what it
 // captures. So after any crash, the expected content of every region at the restored step is known.
 //
-//   train:  restore the latest committed step if there is one (verifying it), then run steps up to
-//           --steps, each after --step-ms of "compute": change the step's regions, Snapshot,
+//   train:  take the memory an exited process of the rank left (else allocate), restore the
+//           latest committed step if there is one (verifying it), then run steps up to --steps,
+//           each after --step-ms of "compute": change the step's regions, Snapshot,
 //           print "snapshot S", WaitCaptured, print "captured S" (or "aborted S" when the cluster
 //           aborted the step first).
 //   verify: restore the latest committed step into fresh regions and compare every byte; print
 //           "verified step S", "tier memory|durable" (where the restore came from) and "restored
-//           B bytes in T ms" (exit 0) or the first mismatches (exit 1).
+//           B bytes in T ms into fresh|adopted memory" (exit 0) or the first mismatches (exit 1).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -79,8 +80,14 @@ int Run(const TrainerOptions& options) {
   absl::StatusOr<std::unique_ptr<moesnap::Client>> client =
       moesnap::Client::Connect({.socket_path = options.socket, .rank = options.rank});
   if (!client.ok()) return Fail("connect", client.status());
+  // A restarted trainer takes the memory its rank's exited process left, when the daemon kept it;
+  // verify restores into fresh memory, so that nothing but the restore can have written it.
+  const size_t state_bytes = options.regions * options.region_bytes;
   absl::StatusOr<std::shared_ptr<moesnap::SharedBuffer>> buffer =
-      (*client)->AllocateHost(options.regions * options.region_bytes);
+      options.mode == "train" ? (*client)->AdoptHost(state_bytes) : nullptr;
+  if (!buffer.ok()) return Fail("adopt", buffer.status());
+  const bool adopted = *buffer != nullptr;
+  if (!adopted) buffer = (*client)->AllocateHost(state_bytes);
   if (!buffer.ok()) return Fail("allocate", buffer.status());
   for (int region = 0; region < options.regions; ++region) {
     const moesnap::RegionInfo info{RegionName(region), "uint8",
@@ -105,8 +112,8 @@ int Run(const TrainerOptions& options) {
     if (int result = CheckRegions(options, **buffer, step); result != 0) return result;
     std::printf("verified step %lld\n", static_cast<long long>(step));
     std::printf("tier %s\n", restored->tier == moesnap::RestoreTier::kDurable ? "durable" : "memory");
-    std::printf("restored %zu bytes in %.1f ms\n", options.regions * options.region_bytes,
-                milliseconds);
+    std::printf("restored %zu bytes in %.1f ms into %s memory\n", state_bytes, milliseconds,
+                adopted ? "adopted" : "fresh");
     std::fflush(stdout);
   }
   if (options.mode == "verify") return 0;

@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 
 #include "tests/testing/status_matchers.h"
@@ -14,12 +16,15 @@
 namespace moesnap::daemon {
 namespace {
 
-// A memfd of `bytes` bytes, sealed against shrinking when asked.
-int SharedFile(size_t bytes, bool sealed) {
+// A memfd of `bytes` bytes, sealed against shrinking when asked, and against growing too when
+// `fixed` (as the client's files are).
+int SharedFile(size_t bytes, bool sealed, bool fixed = false) {
   const int fd = memfd_create("trainer-memory-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
   EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
-  if (sealed) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  if (sealed) {
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | (fixed ? F_SEAL_GROW : 0)), 0);
+  }
   return fd;
 }
 
@@ -138,9 +143,174 @@ TEST(TrainerSessionsTest, MemoryIsFoundOnlyByItsRanksCurrentSession) {
   EXPECT_GT(*again, *id + 1);  // ids are never reused
   const auto ended = sessions.End(second.token);
   ASSERT_TRUE(ended.has_value());
-  EXPECT_EQ(ended->first, 3u);
-  EXPECT_EQ(ended->second, second.number);
+  EXPECT_EQ(ended->rank, 3u);
+  EXPECT_EQ(ended->number, second.number);
+  EXPECT_EQ(ended->kept_bytes, 0u);  // nothing is kept without a retention
   EXPECT_STATUS(sessions.Find(3, *again), absl::StatusCode::kNotFound);
+}
+
+constexpr uint64_t kHandedOn = TrainerMemory::kMinHandedOnBytes;
+// The store's answer when no copy of a rank's memory is in flight.
+bool NoCopyInFlight(uint32_t) { return false; }
+
+// A file the client would allocate: fixed size, mapped by the daemon; `text` written at its start.
+std::shared_ptr<TrainerMemory> FixedMemory(uint64_t bytes, const char* text = "") {
+  const int fd = SharedFile(bytes, /*sealed=*/true, /*fixed=*/true);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
+  close(fd);
+  EXPECT_OK(memory);
+  std::memcpy((*memory)->data(), text, std::strlen(text));
+  return *memory;
+}
+
+// A child process that waits until killed: a trainer that is still running.
+pid_t RunningChild() {
+  const pid_t child = fork();
+  if (child == 0) {
+    while (true) pause();
+  }
+  EXPECT_GT(child, 0);
+  return child;
+}
+
+void KillAndReap(pid_t child) {
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+}
+
+TEST(TrainerMemoryTest, KeepsADescriptorOnlyForFixedSizeFilesOfAMebibyteOrMore) {
+  std::shared_ptr<TrainerMemory> fixed = FixedMemory(kHandedOn);
+  ASSERT_GE(fixed->handed_on_fd(), 0);
+  struct stat info {};
+  ASSERT_EQ(fstat(fixed->handed_on_fd(), &info), 0);
+  EXPECT_EQ(static_cast<uint64_t>(info.st_size), kHandedOn);
+  EXPECT_EQ(fixed->owner(), geteuid());
+  EXPECT_EQ(FixedMemory(kHandedOn - 4096)->handed_on_fd(), -1);  // cheap to allocate again
+  const int growable = SharedFile(kHandedOn, /*sealed=*/true);  // shrink-sealed only
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(growable, geteuid(), {});
+  close(growable);
+  ASSERT_OK(memory);
+  EXPECT_EQ((*memory)->handed_on_fd(), -1);
+}
+
+TEST(TrainerSessionsTest, AnExitedTrainersFileGoesToItsRanksNextProcessOfTheSameUser) {
+  TrainerSessions sessions(absl::Minutes(5));
+  const TrainerSessions::Caller trainer{.uid = geteuid(), .pid = 4242};
+  absl::StatusOr<TrainerSessions::Session> first = sessions.Start(3, trainer);
+  ASSERT_OK(first);
+  ASSERT_OK(sessions.Add(first->token, {FixedMemory(kHandedOn, "weights"), Memory()}));
+  const pid_t child = RunningChild();
+  sessions.Watch(first->token, ProcessExit::Watch(child));
+  std::optional<TrainerSessions::Ended> ended = sessions.End(first->token);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->kept_bytes, kHandedOn);  // the small file is released
+  EXPECT_EQ(sessions.retention().kept_files, 1u);
+  EXPECT_EQ(sessions.retention().kept_bytes, kHandedOn);
+
+  absl::StatusOr<TrainerSessions::Session> second = sessions.Start(3, trainer);
+  ASSERT_OK(second);
+  // While the process that handed it over runs, nobody gets its memory.
+  absl::StatusOr<TrainerSessions::Adopted> adopted =
+      sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight);
+  ASSERT_STATUS(adopted, absl::StatusCode::kNotFound);
+  EXPECT_NE(adopted.status().message().find("has not exited"), std::string::npos)
+      << adopted.status();
+  KillAndReap(child);
+  EXPECT_STATUS(sessions.Adopt(second->token, 2 * kHandedOn, geteuid(), NoCopyInFlight),
+                absl::StatusCode::kNotFound);  // not the size asked for
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid() + 1, NoCopyInFlight),
+                absl::StatusCode::kNotFound);  // another user's
+  absl::StatusOr<TrainerSessions::Session> other_rank = sessions.Start(4, trainer);
+  ASSERT_OK(other_rank);
+  EXPECT_STATUS(sessions.Adopt(other_rank->token, kHandedOn, geteuid(), NoCopyInFlight),
+                absl::StatusCode::kNotFound);  // another rank's
+
+  adopted = sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight);
+  ASSERT_OK(adopted);
+  EXPECT_EQ(std::memcmp(adopted->memory->data(), "weights", 7), 0);  // the daemon's own mapping
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> found = sessions.Find(3, adopted->id);
+  ASSERT_OK(found);
+  EXPECT_EQ(found->get(), adopted->memory.get());
+  void* trainer_view = mmap(nullptr, kHandedOn, PROT_READ, MAP_SHARED,
+                            adopted->memory->handed_on_fd(), 0);
+  ASSERT_NE(trainer_view, MAP_FAILED);
+  EXPECT_EQ(std::memcmp(trainer_view, "weights", 7), 0);
+  munmap(trainer_view, kHandedOn);
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight),
+                absl::StatusCode::kNotFound);  // taken once
+  EXPECT_EQ(sessions.retention().kept_files, 0u);
+  EXPECT_EQ(sessions.retention().adopted_bytes_total, kHandedOn);
+  EXPECT_EQ(sessions.retention().adopted_files_total, 1u);
+}
+
+TEST(TrainerSessionsTest, KeptMemoryWaitsForCopiesInFlightAndIsReleasedWhenItsTimeIsOver) {
+  TrainerSessions sessions(absl::Minutes(5));
+  const TrainerSessions::Caller trainer{.uid = geteuid(), .pid = 4242};
+  absl::StatusOr<TrainerSessions::Session> first = sessions.Start(3, trainer);
+  ASSERT_OK(first);
+  ASSERT_OK(sessions.Add(first->token, {FixedMemory(kHandedOn)}));
+  const pid_t child = RunningChild();
+  sessions.Watch(first->token, ProcessExit::Watch(child));
+  KillAndReap(child);
+  // A new Hello of the rank replaces the session before its connection is seen to close: the
+  // memory is kept all the same.
+  absl::StatusOr<TrainerSessions::Session> second = sessions.Start(3, trainer);
+  ASSERT_OK(second);
+  absl::StatusOr<TrainerSessions::Adopted> adopted =
+      sessions.Adopt(second->token, kHandedOn, geteuid(), [](uint32_t rank) { return rank == 3; });
+  ASSERT_STATUS(adopted, absl::StatusCode::kNotFound);  // the earlier process's capture runs on
+  EXPECT_NE(adopted.status().message().find("in flight"), std::string::npos) << adopted.status();
+
+  const absl::Time now = absl::Now();
+  EXPECT_LT(sessions.ReleaseExpired(now), now + absl::Minutes(6));
+  EXPECT_EQ(sessions.retention().kept_files, 1u);
+  EXPECT_EQ(sessions.ReleaseExpired(now + absl::Minutes(6)), absl::InfiniteFuture());
+  EXPECT_EQ(sessions.retention().kept_files, 0u);
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight),
+                absl::StatusCode::kNotFound);  // released
+}
+
+TEST(TrainerSessionsTest, NothingIsKeptWithoutARetentionOrAProcessToWatch) {
+  const TrainerSessions::Caller trainer{.uid = geteuid(), .pid = 4242};
+  TrainerSessions off;
+  absl::StatusOr<TrainerSessions::Session> session = off.Start(3, trainer);
+  ASSERT_OK(session);
+  ASSERT_OK(off.Add(session->token, {FixedMemory(kHandedOn)}));
+  const pid_t child = RunningChild();
+  KillAndReap(child);
+  off.Watch(session->token, ProcessExit::Watch(child));
+  EXPECT_EQ(off.End(session->token)->kept_bytes, 0u);
+
+  TrainerSessions on(absl::Minutes(5));
+  session = on.Start(3, trainer);
+  ASSERT_OK(session);
+  ASSERT_OK(on.Add(session->token, {FixedMemory(kHandedOn)}));
+  // A peer in another pid namespace (pid 0): its exit can never be known.
+  on.Watch(session->token, ProcessExit::Watch(0));
+  EXPECT_EQ(on.End(session->token)->kept_bytes, 0u);
+  session = on.Start(3, trainer);  // and a session never watched
+  ASSERT_OK(session);
+  ASSERT_OK(on.Add(session->token, {FixedMemory(kHandedOn)}));
+  EXPECT_EQ(on.End(session->token)->kept_bytes, 0u);
+  EXPECT_EQ(on.retention().kept_files, 0u);
+}
+
+TEST(ProcessExitTest, SaysExitedOnlyOnceTheProcessIsGone) {
+  const pid_t child = RunningChild();
+  const ProcessExit watch = ProcessExit::Watch(child);
+  EXPECT_TRUE(watch.watching());
+  EXPECT_FALSE(watch.Exited());
+  kill(child, SIGKILL);
+  // A killed child is a zombie until reaped: it runs no more code, and counts as exited.
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, child, &info, WEXITED | WNOWAIT), 0);  // dead, not reaped
+  EXPECT_TRUE(watch.Exited());
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(watch.Exited());
+  EXPECT_TRUE(ProcessExit::Watch(child).Exited());  // gone before the watch began
+  EXPECT_FALSE(ProcessExit::Watch(0).watching());
 }
 
 }  // namespace

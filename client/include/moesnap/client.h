@@ -74,6 +74,12 @@ struct DeviceMemory {
 // across reconnections to a restarted daemon.
 using MemoryHandle = uint64_t;
 
+// A shared-memory file that an exited process of this rank left with the daemon (AdoptMemory).
+struct AdoptedMemory {
+  int fd = -1;              // the caller's: kept open while regions in it are registered
+  MemoryHandle memory = 0;  // handed over already: regions in it are registered directly
+};
+
 // A host region inside shared memory handed over with ShareMemory.
 struct HostRegion {
   RegionInfo info;
@@ -166,6 +172,15 @@ class Client {
   // stay open, and the files unshrunk, while regions in them are registered: the client keeps the
   // numbers, not copies, to hand them over again after a daemon restart.
   absl::StatusOr<std::vector<MemoryHandle>> ShareMemory(const std::vector<int>& fds);
+  // Takes a shared-memory file of exactly `bytes` bytes that an exited process of this rank left
+  // with the daemon (kept for [agent] exited_trainer_memory_seconds), handed over and mapped by the
+  // daemon already: a restarted trainer skips allocating fresh memory, filling it and the daemon's
+  // mapping of it. Its bytes are the exited process's, not zeros: restore or write every byte
+  // before reading one. nullopt when the daemon keeps no such file for this rank (allocate then).
+  absl::StatusOr<std::optional<AdoptedMemory>> AdoptMemory(size_t bytes);
+  // The same, mapped here as a SharedBuffer that RegisterHostRegion takes without handing it over
+  // again, and that stays mapped while the client lives; nullptr when there is none.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> AdoptHost(size_t bytes);
   // Registers regions inside shared memory, all in one call (O(regions), whatever the files' size).
   absl::Status RegisterHostRegions(const std::vector<HostRegion>& regions);
   // Registers `bytes` bytes at `offset` of `buffer` as a region (handing the buffer over once).

@@ -83,9 +83,16 @@ MOESNAP_C_API uint32_t moesnap_client_node_id(const moesnap_client* client);
 MOESNAP_C_API moesnap_status moesnap_client_share_memory(moesnap_client* client, const int* fds,
                                                          size_t count, uint64_t* handles);
 
+/* Client::AdoptMemory: a shared-memory file of exactly `bytes` bytes that an exited process of this
+ * rank left with the daemon, handed over already (*handle) and holding that process's bytes, not
+ * zeros. *fd is the caller's (kept open while regions in it are registered); *fd is -1 and
+ * *handle 0 when the daemon keeps no such file for this rank (allocate then). */
+MOESNAP_C_API moesnap_status moesnap_client_adopt_memory(moesnap_client* client, size_t bytes,
+                                                         int* fd, uint64_t* handle);
+
 typedef struct moesnap_host_region {
   const char* name;      /* unique within the rank */
-  uint64_t memory;       /* a handle from moesnap_client_share_memory */
+  uint64_t memory;       /* a handle from moesnap_client_share_memory or _adopt_memory */
   uint64_t offset;       /* into that file */
   uint64_t bytes;
   const char* dtype;     /* e.g. "float32"; NULL or "": unchecked on restore */

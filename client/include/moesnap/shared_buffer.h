@@ -23,6 +23,9 @@ class SharedBuffer {
   // Maps `bytes` of zeroed shared memory, reserved now (a full system is an error here, not a
   // fault on first write).
   static absl::StatusOr<std::shared_ptr<SharedBuffer>> Allocate(size_t bytes);
+  // Maps the whole of an existing shared-memory file of `bytes` bytes (one Client::AdoptMemory
+  // handed back); owns `fd` once mapped (the caller keeps it on failure).
+  static absl::StatusOr<std::shared_ptr<SharedBuffer>> Map(int fd, size_t bytes);
   // The same file, unmapped, for a caller that maps it itself (the Python package maps it with
   // mmap); the caller owns the descriptor.
   static absl::StatusOr<int> CreateFile(size_t bytes);

@@ -77,6 +77,7 @@ _PROTOTYPES = {
     "moesnap_client_node_id": (c_uint32, [c_void_p]),
     "moesnap_client_share_memory": (_STATUS, [c_void_p, POINTER(c_int), c_size_t,
                                               _out(c_uint64)]),
+    "moesnap_client_adopt_memory": (_STATUS, [c_void_p, c_size_t, _out(c_int), _out(c_uint64)]),
     "moesnap_client_register_host_regions": (_STATUS, [c_void_p, POINTER(HostRegion), c_size_t]),
     "moesnap_client_register_device_region": (_STATUS, [
         c_void_p, c_char_p, c_int32, c_void_p, c_uint64, c_uint64, c_void_p, c_char_p,

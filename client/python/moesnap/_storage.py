@@ -109,21 +109,24 @@ def _load():
 
 
 class SharedFile:
-    """A sealed shared-memory file of ``size`` bytes, mapped once at ``address``. ``fd`` is for
-    handing it to the daemon; the file and its mapping stay while this object, or any storage
+    """A sealed shared-memory file of ``size`` bytes, mapped once at ``address``: a fresh one, or
+    ``fd``, one of that size the daemon handed back. ``fd`` is for handing it to the daemon (and
+    again to a restarted one); the file and its mapping stay while this object, or any storage
     moved into it, lives."""
 
-    def __init__(self, library: ctypes.CDLL, size: int) -> None:
-        fd = c_int(-1)
-        check(lib.moesnap_shared_memory_create(size, byref(fd)))
+    def __init__(self, library: ctypes.CDLL, size: int, fd: Optional[int] = None) -> None:
+        if fd is None:
+            created = c_int(-1)
+            check(lib.moesnap_shared_memory_create(size, byref(created)))
+            fd = created.value
         mapping = c_void_p()
-        error = library.moesnap_storage_mapping_open(fd.value, size, byref(mapping))
+        error = library.moesnap_storage_mapping_open(fd, size, byref(mapping))
         if error != 0:
             raise Error("RESOURCE_EXHAUSTED", f"cannot map {size} shared bytes: "
                                               f"{os.strerror(error)}")
         self._library = library
         self._mapping = mapping
-        self.fd = fd.value
+        self.fd = fd
         self.size = size
         self.address = library.moesnap_storage_mapping_address(mapping)
         weakref.finalize(self, library.moesnap_storage_mapping_release, mapping)

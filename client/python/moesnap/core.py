@@ -143,6 +143,14 @@ class Client:
                                               handles))
         return list(handles)
 
+    def adopt_memory(self, bytes: int) -> Optional[Tuple[int, int]]:
+        """A shared-memory file of exactly ``bytes`` bytes that an exited process of this rank left
+        with the daemon, as (descriptor, handle): handed over already, holding that process's
+        bytes (restore or write them before reading). None when the daemon keeps none."""
+        fd, handle = c_int(-1), c_uint64(0)
+        check(lib.moesnap_client_adopt_memory(self._handle, bytes, byref(fd), byref(handle)))
+        return None if handle.value == 0 else (fd.value, handle.value)
+
     def register_host_regions(self, regions: Sequence[Tuple[str, int, int, int, str,
                                                             Sequence[int]]]) -> None:
         """Registers (name, memory handle, offset, bytes, dtype, shape) tuples in one call."""

@@ -245,6 +245,9 @@ class Client:
         self._replica_groups: List[Tuple[str, List[int], List[str]]] = []
         self._replicated: set = set()
         self.skipped_steps: List[Tuple[int, str]] = []
+        # Bytes of shared memory this process took over from an exited process of its rank
+        # (kept by the daemon for [agent] exited_trainer_memory_seconds) instead of allocating.
+        self.adopted_bytes = 0
 
     # Registration -------------------------------------------------------------------------------
 
@@ -499,8 +502,18 @@ class Client:
         if not shared_file:
             return
         offsets = _storage.layout([storage.nbytes() for _, storage in shared_file])
-        file = _storage.SharedFile(library, offsets[-1])
-        (handle,) = self._native.share_memory([file.fd])
+        # A restarted trainer takes the file its rank's exited process left, when its layout has
+        # the same size: no fresh memory to allocate, fill and map (the daemon's mapping stays).
+        # The storages move into it as into a fresh one: copying their bytes, or after a whole
+        # restore wrote them, so nothing the exited process left is ever read.
+        adopted = self._native.adopt_memory(offsets[-1])
+        if adopted is None:
+            file = _storage.SharedFile(library, offsets[-1])
+            (handle,) = self._native.share_memory([file.fd])
+        else:
+            fd, handle = adopted
+            file = _storage.SharedFile(library, offsets[-1], fd)
+            self.adopted_bytes += offsets[-1]
         for (name, storage), offset in zip(shared_file, offsets):
             shared = _SharedStorage(storage, name, handle, offset, storage.nbytes(),
                                     file.address + offset, file)

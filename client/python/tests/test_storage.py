@@ -1,9 +1,12 @@
 """Storages registered whole move into one shared-memory file per registration (the storage
 library, client/python/native/torch_storage.h) and stay the storages every view uses; the file
-goes with the last tensor; under another torch release each storage gets a file of its own."""
+goes with the last tensor; a restarted trainer takes the file its killed process left; under another
+torch release each storage gets a file of its own."""
 
 import gc
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +175,55 @@ def test_under_another_torch_release_each_storage_gets_a_file_of_its_own(daemon:
         flat.zero_()
     client.restore()
     assert torch.equal(flat, torch.arange(20, dtype=torch.float32))
+
+
+# A trainer process for the tests below: registers a model of LAYERS linear layers of WIDTH
+# (initialized from SEED), then either snapshots step 1 and dies by SIGKILL ("crash"), or restores
+# ("restore"), or only registers ("register"); prints what it took over from the daemon and a
+# digest of every parameter's bytes.
+_TRAINER = """
+import hashlib, os, signal, sys
+import torch
+import moesnap
+socket_path, mode, layers, width, seed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+torch.manual_seed(seed)
+model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+client = moesnap.Client(socket_path, 0)
+client.register_module("model", model)
+print("adopted", client.adopted_bytes, flush=True)
+if mode == "crash":
+    client.snapshot(1)
+    client.wait_committed(1)
+elif mode == "restore":
+    print("restored", client.restore(), flush=True)
+digest = hashlib.sha256()
+for name, value in model.state_dict().items():
+    digest.update(name.encode() + value.detach().numpy().tobytes())
+print("digest", digest.hexdigest(), flush=True)
+if mode == "crash":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def run_trainer(daemon: Daemon, mode: str, layers: int, width: int, seed: int) -> dict:
+    """Runs _TRAINER to its end; returns its printed values by key."""
+    finished = subprocess.run([sys.executable, "-c", _TRAINER, daemon.agent_socket, mode,
+                               str(layers), str(width), str(seed)],
+                              capture_output=True, text=True, timeout=300)
+    assert finished.returncode == (-9 if mode == "crash" else 0), finished.stderr
+    return dict(line.split(" ", 1) for line in finished.stdout.splitlines())
+
+
+def test_a_restarted_trainer_takes_the_memory_its_killed_process_left(daemon: Daemon):
+    crashed = run_trainer(daemon, "crash", layers=16, width=128, seed=1)
+    assert crashed["adopted"] == "0"
+    # The same model (other initial weights): its registration takes the killed process's file,
+    # and the restore gives back exactly step 1.
+    restarted = run_trainer(daemon, "restore", layers=16, width=128, seed=2)
+    # One file holds the registration: 16 weights and 16 biases, laid out as the client does.
+    assert int(restarted["adopted"]) == _storage.layout([4 * 128 * 128, 4 * 128] * 16)[-1]
+    assert restarted["restored"] == "1"
+    assert restarted["digest"] == crashed["digest"]
+    # A model of another size finds no file of its size: it allocates, as a first process does.
+    other = run_trainer(daemon, "register", layers=32, width=128, seed=3)
+    assert other["adopted"] == "0"
