@@ -11,11 +11,14 @@ Then what a restarted trainer feels end to end: a fresh process connecting, regi
 1 GiB in 2,048 tensors and restoring it, against a fresh process's torch.load of the same state
 from /dev/shm (each timed from after its imports and model construction, best of 3; both end with
 every tensor in memory and usable, the model's for moesnap, the returned state dict's for
-torch.load, which is not loaded into a model).
+torch.load, which is not loaded into a model). Twice: as the rank's first process on the node
+(allocating its shared memory), and as the process after a killed one, which takes over the memory
+the daemon kept from it.
 """
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,7 +53,8 @@ def restart_model(initialize: bool) -> torch.nn.Module:
 
 def restart_child(kind: str, socket_path: str, shm_path: str) -> None:
     """A fresh trainer process getting the state back; prints the seconds it took, for moesnap
-    after those of its phases: connect, register, restore."""
+    after those of its phases (connect, register, restore) and the bytes it took over from the
+    daemon; a moesnap trainer then dies by SIGKILL, as a crashed one does."""
     model = restart_model(initialize=False)
     start = time.perf_counter()
     if kind == "moesnap":
@@ -60,11 +64,20 @@ def restart_child(kind: str, socket_path: str, shm_path: str) -> None:
         registered = time.perf_counter()
         client.restore()
         end = time.perf_counter()
-        print(connected - start, registered - connected, end - registered, flush=True)
-    else:
-        torch.load(shm_path)
-        end = time.perf_counter()
-    print(end - start, flush=True)
+        print(connected - start, registered - connected, end - registered, client.adopted_bytes,
+              end - start, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    torch.load(shm_path)
+    print(time.perf_counter() - start, flush=True)
+
+
+def forget_kept_memory(socket_path: str) -> None:
+    """Makes the rank's next process allocate its memory, as on a node where no process of the rank
+    ran before: what the daemon keeps for the rank is replaced by the memory of a process that
+    still runs (this one), which is never handed on."""
+    holder = moesnap.Client(socket_path, RESTART_RANK)
+    holder.register_tensor("holder", torch.zeros(1 << 18))  # 1 MiB: a file the daemon keeps
+    holder.close()
 
 
 def restart_rows(socket_path: str):
@@ -79,26 +92,47 @@ def restart_rows(socket_path: str):
     shm_path = f"/dev/shm/moesnap-peers-restart-{os.getpid()}.pt"
     try:
         torch.save(model.state_dict(), shm_path)
+        client.close()
         del client, model
 
         def fresh(kind: str):
             """(seconds, the child's figures)."""
             child = subprocess.run([sys.executable, __file__, "--socket", socket_path,
                                     "--restart-child", kind, "--shm-path", shm_path],
-                                   check=True, capture_output=True, text=True)
+                                   capture_output=True, text=True)
+            if child.returncode != (-signal.SIGKILL if kind == "moesnap" else 0):
+                raise RuntimeError(f"the restart child failed: {child.stderr}")
             figures = [float(figure) for figure in child.stdout.split()]
             return figures[-1], figures
 
-        moesnap_restart, phases = min(fresh("moesnap") for _ in range(3))
+        def allocating():
+            forget_kept_memory(socket_path)
+            return fresh("moesnap")
+
+        first_start, first_phases = min(allocating() for _ in range(3))
+        # Each child takes the memory the one before it left when it was killed.
+        fresh("moesnap")
+        restart, restart_phases = min(fresh("moesnap") for _ in range(3))
         torch_restart, _ = min(fresh("torch") for _ in range(3))
     finally:
         os.unlink(shm_path)
-    name = (f"fresh process: connect, register and restore ({state_bytes / (1 << 30):.2f} GiB, "
-            f"{tensors} tensors)")
-    note = (f"note|Fresh process, moesnap's best of 3 by phase: connect {phases[0] * 1e3:.0f} ms, "
-            f"register {phases[1] * 1e3:.0f} ms, restore {phases[2] * 1e3:.0f} ms.")
-    return [(name, moesnap_restart * 1e3, "ms", "fresh process: torch.load from /dev/shm",
-             torch_restart * 1e3)], note
+    if first_phases[3] != 0 or restart_phases[3] != state_bytes:
+        raise RuntimeError(f"a first start took over {first_phases[3]:.0f} bytes and a restart "
+                           f"{restart_phases[3]:.0f} of {state_bytes}")
+    shape = f"({state_bytes / (1 << 30):.2f} GiB, {tensors} tensors)"
+    baseline = "fresh process: torch.load from /dev/shm"
+    rows = [(f"fresh process: connect, register and restore {shape}", first_start * 1e3, "ms",
+             baseline, torch_restart * 1e3),
+            (f"restarted process, taking over its killed process's memory: connect, register and "
+             f"restore {shape}", restart * 1e3, "ms", baseline, torch_restart * 1e3)]
+
+    def by_phase(phases):
+        return (f"connect {phases[0] * 1e3:.0f} ms, register {phases[1] * 1e3:.0f} ms, restore "
+                f"{phases[2] * 1e3:.0f} ms")
+
+    note = (f"note|Fresh process (the rank's first), best of 3 by phase: {by_phase(first_phases)}. "
+            f"Restarted process, best of 3: {by_phase(restart_phases)}.")
+    return rows, note
 
 
 def best(repetitions, body):

@@ -249,6 +249,11 @@ class Client:
         # (kept by the daemon for [agent] exited_trainer_memory_seconds) instead of allocating.
         self.adopted_bytes = 0
 
+    def close(self) -> None:
+        """Ends the session with the daemon now (otherwise when this object is collected).
+        Registered tensors keep their memory and their values."""
+        self._native.close()
+
     # Registration -------------------------------------------------------------------------------
 
     def register(self, name: str, obj: Any, **options: Any) -> None:
