@@ -239,7 +239,7 @@ bool MemoryHandoff::HandleAdopt(int fd, Connection& connection,
       sessions_->Adopt(token, request.bytes, connection.peer.uid,
                        [this](uint32_t rank) { return store_->CopyingTrainerMemory(rank); });
   if (!adopted.ok()) {
-    Log(LogLevel::kInfo, "pid ", connection.peer.pid, " allocates its ", request.bytes,
+    Log(LogLevel::kDebug, "pid ", connection.peer.pid, " allocates its ", request.bytes,
         " bytes afresh: ", adopted.status().message());
     return Answer(fd, adopted.status(), 0);
   }
