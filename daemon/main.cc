@@ -2,9 +2,13 @@
 // second time as moesnapd-faults (MOESNAP_FAULT_INJECTION) for the crash tests, which alone reads
 // the MOESNAP_CRASH_* and MOESNAP_REBUILD_HOLD_STEPS variables: a production daemon cannot be told
 // to kill itself or to hold a rebuild.
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +39,18 @@ moesnap::daemon::FaultInjection FaultsFromEnvironment() {
   return faults;
 }
 #endif
+
+// The daemon holds descriptors per trainer (its connections, the files kept for its restart) and
+// per peer: the soft limit (1024 by default) is raised to the hard one the system allows.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    moesnap::Log(moesnap::LogLevel::kWarning, "cannot raise the open-file limit to ",
+                 limit.rlim_max, ": ", std::strerror(errno));
+  }
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"moesnapd: keeps the training state of this node's ranks in memory"};
@@ -86,6 +102,7 @@ int main(int argc, char** argv) {
   options->faults = FaultsFromEnvironment();
 #endif
   moesnap::ConfigureLog(options->log_level, options->log_format, options->node_id);
+  RaiseOpenFileLimit();
   absl::StatusOr<std::unique_ptr<moesnap::daemon::Daemon>> daemon =
       moesnap::daemon::Daemon::Start(*options);
   if (!daemon.ok()) {

@@ -96,8 +96,17 @@ void MemoryHandoff::Serve() {
         }
         Connection& connection = connections_[fd];
         connection.peer = peer;
-        // Taken while the trainer is connected, so its pid cannot have been reused yet.
-        connection.process = ProcessExit::Watch(peer.pid);
+        if (sessions_->keeps_exited_memory()) {
+          // Taken while the peer holds its end of the connection (a pid that died right after
+          // connecting and was reused gives a watch that never ends: nothing is handed on).
+          connection.process = ProcessExit::Watch(peer.pid);
+          if (peer.pid == 0 && !warned_pid_namespace_) {
+            warned_pid_namespace_ = true;
+            Log(LogLevel::kWarning, "a trainer connected from another pid namespace: the memory "
+                "of trainers whose pids this daemon cannot see is not kept for their restart "
+                "(run moesnapd in the trainers' pid namespace, e.g. hostPID in Kubernetes)");
+          }
+        }
       }
       adopted_.clear();
     }
@@ -106,11 +115,13 @@ void MemoryHandoff::Serve() {
     for (const auto& [fd, connection] : connections_) watched.push_back({fd, POLLIN, 0});
     const absl::Time now = absl::Now();
     const absl::Time next_expiry = sessions_->ReleaseExpired(now);
+    // Memory is kept from other threads too (a Hello replacing a session): look again at least
+    // once a minute while it may be.
     const int timeout_ms =
-        next_expiry == absl::InfiniteFuture()
+        !sessions_->keeps_exited_memory()
             ? -1
-            : static_cast<int>(std::min<int64_t>(
-                  absl::ToInt64Milliseconds(next_expiry - now) + 1, 60'000));
+            : static_cast<int>(std::clamp<int64_t>(
+                  absl::ToInt64Milliseconds(next_expiry - now) + 1, 1, 60'000));
     if (poll(watched.data(), watched.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       Log(LogLevel::kError, "memory handoff: poll failed: ", std::strerror(errno));
@@ -196,7 +207,8 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
   absl::Status status;
   for (size_t i = 0; i < files.size() && status.ok(); ++i) {
     absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
-        TrainerMemory::Map(files[i], connection.peer.uid, own_files_);
+        TrainerMemory::Map(files[i], connection.peer.uid, own_files_,
+                           sessions_->keeps_exited_memory());
     if (memory.ok()) {
       mapped.push_back(*std::move(memory));
     } else {
@@ -205,13 +217,15 @@ bool MemoryHandoff::Handle(int fd, Connection& connection) {
     }
   }
   close_files();  // the mappings stay
+  if (status.ok() && connection.token.empty()) {
+    status = sessions_->Bind(token, std::move(connection.process));
+    if (status.ok()) connection.token = token;
+  }
   uint64_t first_id = 0;
   if (status.ok()) {
     absl::StatusOr<uint64_t> added = sessions_->Add(token, std::move(mapped));
     if (added.ok()) {
       first_id = *added;
-      if (connection.token.empty()) sessions_->Watch(token, std::move(connection.process));
-      connection.token = token;
     } else {
       status = added.status();
     }
@@ -223,8 +237,9 @@ bool MemoryHandoff::HandleAdopt(int fd, Connection& connection,
                                 const wire::AdoptRequest& request, bool carried_files) {
   const std::string token(reinterpret_cast<const char*>(request.session), wire::kSessionBytes);
   absl::Status refused;
-  if (carried_files) {
-    refused = absl::InvalidArgumentError("a request to adopt memory carries no files");
+  if (carried_files || request.reserved != 0) {
+    refused = absl::InvalidArgumentError(
+        "a request to adopt memory carries no files, and its reserved field is 0");
   } else if (connection.token.empty() || connection.token != token) {
     refused = absl::InvalidArgumentError(
         "memory is adopted only on a connection bound to the session asking");
@@ -235,9 +250,12 @@ bool MemoryHandoff::HandleAdopt(int fd, Connection& connection,
     Answer(fd, refused, 0);
     return false;
   }
+  // Asked of the store before the sessions are locked: no copy of the earlier process's memory can
+  // start once its session is over, so the answer stays true for it.
+  absl::StatusOr<uint32_t> rank = sessions_->RankOf(token);
+  const bool copying = rank.ok() && store_->CopyingTrainerMemory(*rank);
   absl::StatusOr<TrainerSessions::Adopted> adopted =
-      sessions_->Adopt(token, request.bytes, connection.peer.uid,
-                       [this](uint32_t rank) { return store_->CopyingTrainerMemory(rank); });
+      sessions_->Adopt(token, request.bytes, connection.peer.uid, copying);
   if (!adopted.ok()) {
     Log(LogLevel::kDebug, "pid ", connection.peer.pid, " allocates its ", request.bytes,
         " bytes afresh: ", adopted.status().message());
@@ -245,19 +263,18 @@ bool MemoryHandoff::HandleAdopt(int fd, Connection& connection,
   }
   Log(LogLevel::kInfo, "pid ", connection.peer.pid, " took a file of ", request.bytes,
       " bytes that an exited process of its rank left");
-  return Answer(fd, absl::OkStatus(), adopted->id, adopted->memory->handed_on_fd());
+  return Answer(fd, absl::OkStatus(), adopted->id, adopted->memory->kept_fd());
 }
 
 void MemoryHandoff::Close(int fd, const Connection& connection) {
   close(fd);
   if (connection.token.empty()) return;
   if (std::optional<TrainerSessions::Ended> ended = sessions_->End(connection.token)) {
-    Log(LogLevel::kInfo, "rank ", ended->rank, " (pid ", connection.peer.pid,
-        ") disconnected: its registrations are released",
+    Log(LogLevel::kInfo, "rank ", ended->rank, " (pid ", connection.peer.pid, ") disconnected: ",
         ended->kept_bytes == 0
-            ? std::string(" and its memory")
-            : absl::StrCat("; ", ended->kept_bytes,
-                           " bytes of its memory are kept for the rank's next process"));
+            ? std::string("its registrations and memory are released")
+            : absl::StrCat("its registrations are released, ", ended->kept_bytes,
+                           " bytes of its memory kept for the rank's next process"));
     store_->EndSession(ended->rank, ended->number);
   }
 }

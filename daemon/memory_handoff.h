@@ -40,7 +40,7 @@ class MemoryHandoff : public ConnectionHandler {
   struct Connection {
     std::string token;  // bound by the first request
     ucred peer{};
-    ProcessExit process;  // the peer, watched by its session once bound (TrainerSessions::Watch)
+    ProcessExit process;  // the peer, watched by its session once bound (TrainerSessions::Bind)
   };
 
   void Serve();
@@ -58,6 +58,7 @@ class MemoryHandoff : public ConnectionHandler {
   std::vector<std::pair<int, ucred>> adopted_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::map<int, Connection> connections_;  // the serving thread's own
+  bool warned_pid_namespace_ = false;      // the serving thread's own
   std::thread thread_;
 };
 

@@ -77,6 +77,7 @@ grpc::Status AgentService::Hello(grpc::ServerContext* context, const v1::HelloRe
   store_->StartSession(request->rank(), session->number);
   response->set_session(session->token);
   response->set_memory_socket(facts_.memory_socket);
+  response->set_keeps_exited_memory(sessions_->keeps_exited_memory());
   response->set_node_id(facts_.node_id);
   response->set_pool_bytes(store_->Status().pool_bytes());
   response->set_supports_device_memory(facts_.supports_device_memory);
@@ -105,6 +106,8 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext* context, const v1::Snap
     return ToGrpcStatus(bound);
   }
   if (absl::Status valid = CheckSnapshot(*request); !valid.ok()) return ToGrpcStatus(valid);
+  // The rank's process registered what it takes over before snapshotting: the rest may go.
+  sessions_->ExpireKept(request->rank());
   const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();

@@ -211,7 +211,9 @@ struct Store::CaptureJob {
   uint32_t rank = 0;
   int64_t step = 0;
   std::shared_ptr<const RegionTable> table;
+  // Released by the last part to finish copying, before the step is marked captured.
   std::unique_ptr<const CopyInFlight> in_flight;
+  std::atomic<size_t> parts_copying = 0;
   std::shared_ptr<const std::vector<uint32_t>> selection;
   std::shared_ptr<const CopyPlan> plan;
   std::shared_ptr<const PoolReservation> reservation;
@@ -406,6 +408,13 @@ void Store::EndSession(uint32_t rank, uint64_t session) {
 }
 
 absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
+  // The regions are the memory of the rank's process now: should a newer process start before they
+  // are in, they are not its (its memory may even be what this process left, handed on).
+  uint64_t session = 0;
+  {
+    absl::MutexLock lock(&mutex_);
+    session = ranks_[rank].session;
+  }
   // Open everything first, outside the lock: a bad region fails the call without changing anything.
   std::map<std::string, RegionTable::Region> opened;
   for (const v1::RegionSpec& spec : regions) {
@@ -441,6 +450,10 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
                                                     pool_->capacity());
     absl::MutexLock lock(&mutex_);
     RankState& rank_state = ranks_[rank];
+    if (rank_state.session != session) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a newer process of rank ", rank, " started while these regions were registered"));
+    }
     if (rank_state.regions != current) continue;
     rank_state.regions = std::move(next);
     rank_state.restarting = false;
@@ -587,6 +600,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   job->step = step;
   job->table = table;
   job->in_flight = std::make_unique<const CopyInFlight>(rank_state.copies);
+  job->parts_copying = plan->parts.size();
   job->selection = selection;
   job->plan = plan;
   job->reservation = *std::move(reservation);
@@ -756,6 +770,7 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
       copy(position, 0);
     }
   }
+  if (job->parts_copying.fetch_sub(1) == 1) job->in_flight.reset();
 
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[job->rank];
@@ -1002,7 +1017,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     const RegionTable::Region* region;  // in `table`
   };
   std::shared_ptr<const RegionTable> table;
-  std::shared_ptr<const CopyInFlight> in_flight;
+  std::optional<CopyInFlight> in_flight;  // until every part has copied (the wait below)
   auto work = std::make_shared<std::vector<Work>>();
   v1::RestoreResponse response;
   {
@@ -1033,7 +1048,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank, " has no registered regions to restore into: register them first"));
     }
-    in_flight = std::make_shared<const CopyInFlight>(rank_state.copies);
+    in_flight.emplace(rank_state.copies);
     auto check = [&](const v1::RegionSpec& spec, const Version& version) -> absl::Status {
       const std::string& name = spec.name();
       if (spec.bytes() != version.RegionBytes()) {
@@ -1150,7 +1165,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   }
   std::vector<std::function<void()>> parts;
   for (size_t part = 0; part < plan->parts.size(); ++part) {
-    parts.push_back([work, plan, part, rank, progress, table, in_flight] {
+    parts.push_back([work, plan, part, rank, progress, table] {
       // Copies one chunk of a version into the trainer's memory and checks its CRC-32C.
       auto copy = [&](const Work& item, uint32_t chunk) -> absl::Status {
         const Version& version = *item.version;

@@ -89,7 +89,8 @@ class Store final : public ClusterStore, public DurableStore {
   bool CopyingTrainerMemory(uint32_t rank) const;
 
   // Adds or replaces named regions of a rank, up to kMaxRegionsPerRank in all (registrations add
-  // up). Refused while a step of the rank is capturing. The regions passed CheckRegisterRegions
+  // up). Refused while a step of the rank is capturing, and when a newer process of the rank
+  // started (StartSession) during the call. The regions passed CheckRegisterRegions
   // (request_checks.h) for `rank`.
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
 

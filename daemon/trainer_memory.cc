@@ -30,7 +30,7 @@ absl::StatusOr<std::vector<FileIdentity>> IdentifyFiles(const std::vector<std::s
 }
 
 absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerMemory::Map(
-    int fd, uid_t owner, const std::vector<FileIdentity>& refused) {
+    int fd, uid_t owner, const std::vector<FileIdentity>& refused, bool keep_descriptor) {
   struct stat info {};
   if (fstat(fd, &info) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot stat the file: ", std::strerror(errno)));
@@ -63,7 +63,9 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerMemory::Map(
   const bool shrink_sealed = seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
   const bool fixed_size = shrink_sealed && (seals & F_SEAL_GROW) != 0;
   // Without a descriptor (the daemon's limit reached) the file is simply not handed on.
-  const int kept_fd = fixed_size && bytes >= kMinHandedOnBytes ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  const int kept_fd = keep_descriptor && fixed_size && bytes >= kMinKeptBytes
+                          ? fcntl(fd, F_DUPFD_CLOEXEC, 0)
+                          : -1;
   return std::shared_ptr<TrainerMemory>(new TrainerMemory(static_cast<uint8_t*>(data), bytes,
                                                           shrink_sealed, info.st_uid, kept_fd));
 }
@@ -92,7 +94,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
           holder.caller.pid, "); uid ", caller.uid, " (pid ", caller.pid,
           ") may take the rank once that trainer disconnects"));
     }
-    RetireLocked(holder, replaced);
+    RetireLocked(previous->second, holder, replaced);
     sessions_.erase(previous->second);
   }
   const uint64_t number = next_session_++;
@@ -151,26 +153,38 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerSessions::Find(uint32_t ra
                                           " in its current session"));
 }
 
-void TrainerSessions::Watch(const std::string& token, ProcessExit process) {
+absl::Status TrainerSessions::Bind(const std::string& token, ProcessExit process) {
   absl::MutexLock lock(&mutex_);
-  if (auto session = sessions_.find(token); session != sessions_.end()) {
-    session->second.process = std::move(process);
+  auto session = sessions_.find(token);
+  if (session == sessions_.end()) {
+    return absl::NotFoundError("no current session has this token (a newer Hello of the rank "
+                               "replaced it, or the daemon restarted): connect again");
   }
+  if (session->second.bound) {
+    return absl::FailedPreconditionError(
+        "the session's memory connection is open already: a session has one");
+  }
+  session->second.bound = true;
+  session->second.process = std::move(process);
+  return absl::OkStatus();
 }
 
-uint64_t TrainerSessions::RetireLocked(State& session, Kept& replaced) {
-  if (retention_ <= absl::ZeroDuration() || !session.process.watching()) return 0;
+uint64_t TrainerSessions::RetireLocked(const std::string& token, State& session, Kept& replaced) {
+  if (!keeps_exited_memory() || !session.process.watching()) return 0;
   Kept kept;
-  kept.uid = session.caller.uid;
+  kept.token = token;
   kept.until = absl::Now() + retention_;
   kept.process = std::move(session.process);
-  uint64_t kept_bytes = 0;
+  kept.connection_open = session.bound;
   for (auto& [id, memory] : session.memories) {
-    if (memory->handed_on_fd() < 0) continue;
-    kept_bytes += memory->bytes();
-    kept.memories.push_back(std::move(memory));
+    if (memory->kept_fd() >= 0) kept.memories.push_back(std::move(memory));
   }
+  std::sort(kept.memories.begin(), kept.memories.end(),
+            [](const auto& a, const auto& b) { return a->bytes() > b->bytes(); });
+  if (kept.memories.size() > kMaxKeptFilesPerRank) kept.memories.resize(kMaxKeptFilesPerRank);
   if (kept.memories.empty()) return 0;
+  uint64_t kept_bytes = 0;
+  for (const auto& memory : kept.memories) kept_bytes += memory->bytes();
   auto [previous, fresh] = kept_.try_emplace(session.rank);
   if (!fresh) replaced = std::move(previous->second);
   previous->second = std::move(kept);
@@ -181,18 +195,25 @@ std::optional<TrainerSessions::Ended> TrainerSessions::End(const std::string& to
   Kept replaced;  // unmapped after the lock is released
   absl::MutexLock lock(&mutex_);
   auto session = sessions_.find(token);
-  if (session == sessions_.end()) return std::nullopt;
+  if (session == sessions_.end()) {
+    // A session a newer Hello replaced: its memory, kept, may be handed on now.
+    for (auto& [rank, kept] : kept_) {
+      if (kept.token == token) kept.connection_open = false;
+    }
+    return std::nullopt;
+  }
   State& state = session->second;
+  state.bound = false;
   const Ended ended{.rank = state.rank, .number = state.number,
-                    .kept_bytes = RetireLocked(state, replaced)};
+                    .kept_bytes = RetireLocked(token, state, replaced)};
   current_.erase(ended.rank);
   sessions_.erase(session);
   return ended;
 }
 
-absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(
-    const std::string& token, uint64_t bytes, uid_t caller,
-    absl::FunctionRef<bool(uint32_t rank)> copying) {
+absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(const std::string& token,
+                                                                uint64_t bytes, uid_t caller,
+                                                                bool copying) {
   absl::MutexLock lock(&mutex_);
   auto session = sessions_.find(token);
   if (session == sessions_.end()) {
@@ -209,11 +230,16 @@ absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(
         "the earlier process of rank ", state.rank, " (pid ", kept->second.process.pid(),
         ") has not exited, so its memory is not handed on"));
   }
+  if (kept->second.connection_open) {
+    return absl::NotFoundError(absl::StrCat(
+        "the memory connection of rank ", state.rank, "'s earlier process is still open (a "
+        "process that inherited it, such as a forked worker, still runs)"));
+  }
   // No copy of the earlier process can start any more (its session is over), so none in flight
   // now means none ever will touch the file again.
-  if (copying(state.rank)) {
-    return absl::NotFoundError(absl::StrCat(
-        "a capture or restore of rank ", state.rank, "'s earlier process is still in flight"));
+  if (copying) {
+    return absl::NotFoundError(absl::StrCat("a capture or restore of rank ", state.rank,
+                                            "'s memory is still in flight"));
   }
   std::vector<std::shared_ptr<TrainerMemory>>& memories = kept->second.memories;
   auto fits = std::find_if(memories.begin(), memories.end(), [&](const auto& memory) {
@@ -235,8 +261,12 @@ absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(
   state.connected = true;
   state.memories[adopted.id] = adopted.memory;
   adopted_bytes_ += bytes;
-  ++adopted_files_;
   return adopted;
+}
+
+void TrainerSessions::ExpireKept(uint32_t rank) {
+  absl::MutexLock lock(&mutex_);
+  if (auto kept = kept_.find(rank); kept != kept_.end()) kept->second.until = absl::Now();
 }
 
 absl::Time TrainerSessions::ReleaseExpired(absl::Time now) {
@@ -257,8 +287,7 @@ absl::Time TrainerSessions::ReleaseExpired(absl::Time now) {
 
 TrainerSessions::Retention TrainerSessions::retention() const {
   absl::MutexLock lock(&mutex_);
-  Retention retention{.adopted_bytes_total = adopted_bytes_,
-                      .adopted_files_total = adopted_files_};
+  Retention retention{.adopted_bytes_total = adopted_bytes_};
   for (const auto& [rank, kept] : kept_) {
     for (const std::shared_ptr<TrainerMemory>& memory : kept.memories) {
       retention.kept_bytes += memory->bytes();

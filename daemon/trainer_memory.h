@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -39,17 +38,18 @@ class TrainerMemory {
  public:
   // Files larger than this are refused: no trainer shares more host memory in one file.
   static constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
-  // Files of a fixed size (sealed against shrinking and growing) of at least this many bytes keep
-  // a descriptor, so that the rank's next process can be handed the file (see
-  // TrainerSessions::Adopt); smaller ones cost less to allocate again than a descriptor to hold.
-  static constexpr uint64_t kMinHandedOnBytes = uint64_t{1} << 20;
+  // With `keep_descriptor`, files of a fixed size (sealed against shrinking and growing) of at
+  // least this many bytes keep a descriptor, so that the rank's next process can be handed the
+  // file (see TrainerSessions::Adopt); smaller ones cost less to allocate again than a descriptor
+  // to hold.
+  static constexpr uint64_t kMinKeptBytes = uint64_t{1} << 20;
 
   // Maps the whole of `fd` (a regular file: memfd or /dev/shm) read-write and shared. Does not
-  // take ownership of `fd` (it duplicates it when the file can be handed on). The file must belong
-  // to `owner` (the trainer that handed it over), and be none of `refused` (the daemon's own
-  // files): PERMISSION_DENIED otherwise.
+  // take ownership of `fd` (it duplicates it when it keeps a descriptor). The file must belong to
+  // `owner` (the trainer that handed it over), and be none of `refused` (the daemon's own files):
+  // PERMISSION_DENIED otherwise.
   static absl::StatusOr<std::shared_ptr<TrainerMemory>> Map(
-      int fd, uid_t owner, const std::vector<FileIdentity>& refused);
+      int fd, uid_t owner, const std::vector<FileIdentity>& refused, bool keep_descriptor = false);
   ~TrainerMemory();
   TrainerMemory(const TrainerMemory&) = delete;
   TrainerMemory& operator=(const TrainerMemory&) = delete;
@@ -61,8 +61,8 @@ class TrainerMemory {
   // The uid that owns the file.
   uid_t owner() const { return owner_; }
   // The daemon's descriptor of the file, for handing it to the rank's next process; -1 when the
-  // file is not one to hand on (its size is not sealed, or it is small).
-  int handed_on_fd() const { return fd_; }
+  // file is not one to hand on (not kept, its size not sealed, or small).
+  int kept_fd() const { return fd_; }
 
  private:
   TrainerMemory(uint8_t* data, uint64_t bytes, bool shrink_sealed, uid_t owner, int fd)
@@ -83,9 +83,11 @@ class TrainerMemory {
 // Memory a trainer leaves when it exits is kept for the rank's next process for `retention` (zero:
 // released at once): a restarted trainer takes a file of the size it needs (Adopt) instead of
 // allocating, filling and mapping fresh shared memory, and the daemon's mapping of it is reused.
-// Only files that can be handed on (TrainerMemory::handed_on_fd), only to a process of the file's
-// owner, and only once the process that handed them over has exited: no two live processes ever
-// share a trainer's memory through the daemon.
+// Only files that can be handed on (TrainerMemory::kept_fd), at most kMaxKeptFilesPerRank of a
+// rank (its largest), only to a process of the file's owner, only once the process that handed them
+// over has exited and its memory connection has closed (no process that inherited it, such as a
+// forked worker, holds it any more), and only while no capture or restore of the rank runs. What
+// the daemon cannot see, it does not hand on: a trainer in another pid namespace keeps nothing.
 class TrainerSessions {
  public:
   // Most files one session may hand over.
@@ -93,6 +95,9 @@ class TrainerSessions {
   // A session whose trainer has not opened its memory connection this long after Hello is not
   // live: the trainer died between the two (a live client opens it right after Hello).
   static constexpr absl::Duration kMemoryConnectionGrace = absl::Seconds(10);
+  // Most files kept for a rank's next process: a registration's file each (the Python package
+  // makes one per registration), not every buffer of a trainer that allocates one per tensor.
+  static constexpr size_t kMaxKeptFilesPerRank = 16;
 
   struct Session {
     uint64_t number = 0;  // increasing; the store keys a rank's registrations by it
@@ -106,6 +111,8 @@ class TrainerSessions {
 
   explicit TrainerSessions(absl::Duration retention = absl::ZeroDuration())
       : retention_(retention) {}
+  // Whether memory of exited trainers is kept (the retention is not zero).
+  bool keeps_exited_memory() const { return retention_ > absl::ZeroDuration(); }
 
   // Starts `rank`'s new session for `caller`; the rank's memory from earlier sessions is no longer
   // found. PERMISSION_DENIED, naming the holder, while the rank's current session is live (its
@@ -122,13 +129,15 @@ class TrainerSessions {
                                std::vector<std::shared_ptr<TrainerMemory>> memories);
   // Memory `id` of `rank`'s current session: NOT_FOUND when the rank handed over no such memory.
   absl::StatusOr<std::shared_ptr<TrainerMemory>> Find(uint32_t rank, uint64_t id) const;
-  // Watches the trainer process behind the session `token` names (the peer of its memory
-  // connection): only a watched session's memory is kept, and handed on only once it has exited.
-  void Watch(const std::string& token, ProcessExit process);
-  // Ends the session `token` names (its handoff connection closed): returns its rank and number
-  // when it was the rank's current session, so the rank's registrations can go too. The files it
-  // can hand on are kept for the rank's next process (replacing what the rank kept before), as
-  // they are when a new Hello of the rank replaces the session.
+  // Binds the session `token` names to its memory connection, whose peer `process` is watched:
+  // only a watched session's memory is kept, and handed on once it has exited. Once per session:
+  // FAILED_PRECONDITION for a second connection; NOT_FOUND for a token that names no session.
+  absl::Status Bind(const std::string& token, ProcessExit process);
+  // The memory connection of the session `token` names closed. Ends the session: returns its rank
+  // and number when it was the rank's current session, so the rank's registrations can go too. The
+  // files it can hand on are kept for the rank's next process (replacing what the rank kept
+  // before), as they are when a new Hello of the rank replaces the session; those are handed on
+  // only once this is called for the replaced session too.
   struct Ended {
     uint32_t rank = 0;
     uint64_t number = 0;
@@ -142,11 +151,14 @@ class TrainerSessions {
   };
   // Adds to the session `token` names a file of exactly `bytes` bytes kept from an earlier process
   // of its rank, with a new id. The file holds that process's bytes, not zeros. NOT_FOUND, saying
-  // why, when none is to be had: none kept of that size, the earlier process still runs, the
-  // file belongs to another uid than `caller`, or `copying(rank)` says a copy of the rank's memory
-  // (a capture or restore the earlier process started) is still queued or running.
+  // why, when none is to be had: none kept of that size, the earlier process still runs or its
+  // memory connection is still open, the file belongs to another uid than `caller`, or `copying`
+  // (the store's word) says a capture or restore of the rank's memory is queued or running.
   absl::StatusOr<Adopted> Adopt(const std::string& token, uint64_t bytes, uid_t caller,
-                                absl::FunctionRef<bool(uint32_t rank)> copying);
+                                bool copying);
+  // What is kept for `rank` expires now (its new process took what it needed: it snapshots); the
+  // next ReleaseExpired releases it, so that a caller's thread never unmaps it.
+  void ExpireKept(uint32_t rank);
   // Releases kept memory whose time is over; returns when the next kept memory's time ends
   // (absl::InfiniteFuture() when none is kept).
   absl::Time ReleaseExpired(absl::Time now);
@@ -155,7 +167,6 @@ class TrainerSessions {
     uint64_t kept_bytes = 0;  // of exited trainers, waiting for their ranks' next processes
     uint64_t kept_files = 0;
     uint64_t adopted_bytes_total = 0;
-    uint64_t adopted_files_total = 0;
   };
   Retention retention() const;
 
@@ -166,27 +177,29 @@ class TrainerSessions {
     Caller caller;
     absl::Time started;
     bool connected = false;  // its memory connection handed over memory (and is open)
+    bool bound = false;      // its memory connection is open (Bind, until End)
     ProcessExit process;
     std::map<uint64_t, std::shared_ptr<TrainerMemory>> memories;
   };
 
   // What a rank's exited process left, for its next one.
   struct Kept {
-    uid_t uid = 0;
+    std::string token;  // of the session that handed the memory over
     absl::Time until;
     ProcessExit process;
-    std::vector<std::shared_ptr<TrainerMemory>> memories;
+    bool connection_open = false;  // that session's memory connection (End not called yet)
+    std::vector<std::shared_ptr<TrainerMemory>> memories;  // largest first
   };
 
-  // Keeps what `session` can hand on for its rank's next process; returns the bytes kept. What
-  // the rank kept before goes to `replaced`, to be released after the lock.
-  uint64_t RetireLocked(State& session, Kept& replaced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Keeps what `session` (of `token`) can hand on for its rank's next process; returns the bytes
+  // kept. What the rank kept before goes to `replaced`, to be released after the lock.
+  uint64_t RetireLocked(const std::string& token, State& session, Kept& replaced)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const absl::Duration retention_;
   mutable absl::Mutex mutex_;
   std::map<uint32_t, Kept> kept_ ABSL_GUARDED_BY(mutex_);  // by rank
   uint64_t adopted_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
-  uint64_t adopted_files_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t next_session_ ABSL_GUARDED_BY(mutex_) = 1;
   uint64_t next_memory_ ABSL_GUARDED_BY(mutex_) = 1;
   std::map<std::string, State> sessions_ ABSL_GUARDED_BY(mutex_);   // by token

@@ -268,6 +268,7 @@ absl::StatusOr<std::vector<MemoryHandle>> Client::ShareMemory(const std::vector<
 absl::StatusOr<std::optional<AdoptedMemory>> Client::AdoptMemory(size_t bytes) {
   return state_->WithReconnect([&]() -> absl::StatusOr<std::optional<AdoptedMemory>> {
     std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->hello.keeps_exited_memory()) return std::nullopt;
     absl::StatusOr<std::optional<MemoryChannel::Adopted>> adopted = state_->memory.Adopt(bytes);
     if (!adopted.ok()) return adopted.status();
     if (!adopted->has_value()) return std::nullopt;

@@ -138,6 +138,10 @@ absl::StatusOr<uint64_t> MemoryChannel::Exchange(const void* request, size_t req
   pollfd ready{fd_, POLLIN, 0};
   const int polled = poll(&ready, 1, static_cast<int>(timeout_.count()));
   if (polled <= 0) {
+    // A late answer would be read as the next request's: the channel is closed (the daemon ends
+    // the session, and the client connects again at its next call).
+    close(fd_);
+    fd_ = -1;
     return absl::DeadlineExceededError(absl::StrCat(
         "moesnapd at ", path_, " did not answer a memory handoff within ", timeout_.count(), " ms"));
   }
@@ -170,6 +174,11 @@ absl::StatusOr<uint64_t> MemoryChannel::Exchange(const void* request, size_t req
     if (attached >= 0) close(attached);
     return status;
   };
+  if (got >= 0 && (answer.msg_flags & MSG_CTRUNC) != 0) {
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        "the descriptor moesnapd at ", path_, " handed over was lost: this process has no free "
+        "descriptor (raise the open-file limit, ulimit -n)")));
+  }
   wire::Response response;
   if (got < static_cast<ssize_t>(sizeof(response))) {
     return refuse(absl::UnavailableError(

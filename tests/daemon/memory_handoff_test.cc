@@ -173,6 +173,12 @@ TEST_F(MemoryHandoffTest, HostileRequestsAreRefusedAndTheDaemonServesOn) {
     std::memcpy(bind.session, other.session().data(), wire::kSessionBytes);
     const int bound = ConnectSeqpacket(MemorySocket());
     ASSERT_EQ(Exchange(bound, bind, {}, sizeof(bind)).first, 0u);
+    // A second connection for the same session (a process that copied the token) is refused:
+    // a session has one memory connection, whose peer is the process watched.
+    const int second = ConnectSeqpacket(MemorySocket());
+    std::tie(code, message) = Exchange(second, bind, {}, sizeof(bind));
+    EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition)) << message;
+    close(second);
     const int file = Memfd(4096);
     std::tie(code, message) = Exchange(bound, adopt, {file}, sizeof(adopt));
     EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) << message;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -24,13 +25,21 @@ namespace {
 
 constexpr uint64_t kRegionBytes = 256 * 1024;
 
-// Host copies that wait, before copying out, until the test lets them run: a copy as slow as the
-// test needs.
+// Host copies that wait, before copying out (or in), until the test lets them run: a copy as slow
+// as the test needs.
 class HeldCopyBackend : public CopyBackend {
  public:
   explicit HeldCopyBackend(std::unique_ptr<CopyBackend> inner) : inner_(std::move(inner)) {}
 
   void Release() { released_.Notify(); }
+  void ReleaseCopiesIn() { copies_in_released_.Notify(); }
+  // From now on a registration's regions open only once ReleaseOpens is called (after it, once an
+  // open waits: AwaitOpen).
+  void HoldOpens() { hold_opens_ = true; }
+  void AwaitOpen() { open_waits_.WaitForNotification(); }
+  void ReleaseOpens() { opens_released_.Notify(); }
+  // Returns once a copy into trainer memory waits.
+  void AwaitCopyIn() { copy_in_waits_.WaitForNotification(); }
 
   std::string name() const override { return inner_->name(); }
   bool supports_device_memory() const override { return inner_->supports_device_memory(); }
@@ -39,7 +48,12 @@ class HeldCopyBackend : public CopyBackend {
   }
   absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t rank,
                                                      const v1::RegionSpec& spec) override {
-    return inner_->Open(rank, spec);
+    absl::StatusOr<std::shared_ptr<RegionSource>> opened = inner_->Open(rank, spec);
+    if (hold_opens_) {
+      if (!open_seen_.exchange(true)) open_waits_.Notify();
+      opens_released_.WaitForNotification();
+    }
+    return opened;
   }
   absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
                                    uint64_t bytes, uint32_t crc) override {
@@ -48,12 +62,21 @@ class HeldCopyBackend : public CopyBackend {
   }
   absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
                                   uint64_t bytes, uint32_t crc) override {
+    if (!copy_in_seen_.exchange(true)) copy_in_waits_.Notify();
+    copies_in_released_.WaitForNotification();
     return inner_->CopyIn(source, offset, origin, bytes, crc);
   }
 
  private:
   const std::unique_ptr<CopyBackend> inner_;
   absl::Notification released_;
+  absl::Notification copies_in_released_;
+  absl::Notification copy_in_waits_;
+  std::atomic<bool> copy_in_seen_ = false;
+  std::atomic<bool> hold_opens_ = false;
+  absl::Notification open_waits_;
+  absl::Notification opens_released_;
+  std::atomic<bool> open_seen_ = false;
 };
 
 class StoreTest : public ::testing::Test {
@@ -597,16 +620,6 @@ TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
   EXPECT_EQ(*store_->LatestCommitted(1), 1);
 }
 
-// Waits until no copy of `rank`'s trainer memory is in flight: the last part of a copy lets go of
-// it just after the call that waited for the copy returns.
-bool NoCopyInFlight(const Store& store, uint32_t rank) {
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(1))) {
-    if (!store.CopyingTrainerMemory(rank)) return true;
-  }
-  return false;
-}
-
 TEST_F(StoreTest, ACopyOfATrainersMemoryCountsUntilItEndsEvenAfterTheTrainerIsGone) {
   auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
   HeldCopyBackend* copies = held.get();
@@ -622,12 +635,42 @@ TEST_F(StoreTest, ACopyOfATrainersMemoryCountsUntilItEndsEvenAfterTheTrainerIsGo
   EXPECT_TRUE(store_->CopyingTrainerMemory(0));
   copies->Release();
   ASSERT_OK(WaitCaptured(0, 1));
-  EXPECT_TRUE(NoCopyInFlight(*store_, 0));
+  EXPECT_FALSE(store_->CopyingTrainerMemory(0));  // counted off before the step is captured
 
-  // A restore writes into the memory while it runs, and no longer after.
+  // A restore writes into the memory while it runs, and no longer once it returned.
   ASSERT_NO_FATAL_FAILURE(Connect(0));
-  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30), nullptr));
-  EXPECT_TRUE(NoCopyInFlight(*store_, 0));
+  std::thread restore([this] {
+    EXPECT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  });
+  copies->AwaitCopyIn();
+  EXPECT_TRUE(store_->CopyingTrainerMemory(0));
+  copies->ReleaseCopiesIn();
+  restore.join();
+  EXPECT_FALSE(store_->CopyingTrainerMemory(0));
+}
+
+TEST_F(StoreTest, ARegistrationThatANewerProcessOvertookIsRefused) {
+  auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
+  HeldCopyBackend* copies = held.get();
+  backend_ = std::move(held);
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  v1::RegionSpec late;
+  late.set_name("late");
+  late.set_device(v1::DEVICE_HOST);
+  late.set_bytes(4096);
+  late.mutable_handle()->set_memory(trainers_.at(0).memory);
+  copies->HoldOpens();
+  absl::Status registered;
+  std::thread registration([&] { registered = store_->RegisterRegions(0, {late}); });
+  copies->AwaitOpen();
+  // A newer process of the rank starts (its Hello) while the first one's regions open: they are
+  // not the newer process's, whose memory may be what the first one left.
+  store_->StartSession(0, trainers_.at(0).session + 1);
+  copies->ReleaseOpens();
+  registration.join();
+  EXPECT_STATUS(registered, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(registered.message(), "newer process")) << registered;
 }
 
 TEST_F(StoreTest, AnOperatorLeavesAStuckRankOut) {

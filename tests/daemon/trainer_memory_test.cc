@@ -149,14 +149,16 @@ TEST(TrainerSessionsTest, MemoryIsFoundOnlyByItsRanksCurrentSession) {
   EXPECT_STATUS(sessions.Find(3, *again), absl::StatusCode::kNotFound);
 }
 
-constexpr uint64_t kHandedOn = TrainerMemory::kMinHandedOnBytes;
+constexpr uint64_t kHandedOn = TrainerMemory::kMinKeptBytes;
 // The store's answer when no copy of a rank's memory is in flight.
-bool NoCopyInFlight(uint32_t) { return false; }
+constexpr bool kNoCopyInFlight = false;
 
-// A file the client would allocate: fixed size, mapped by the daemon; `text` written at its start.
+// A file the client would allocate: fixed size, mapped by a daemon that keeps exited trainers'
+// memory; `text` written at its start.
 std::shared_ptr<TrainerMemory> FixedMemory(uint64_t bytes, const char* text = "") {
   const int fd = SharedFile(bytes, /*sealed=*/true, /*fixed=*/true);
-  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
+      TrainerMemory::Map(fd, geteuid(), {}, /*keep_descriptor=*/true);
   close(fd);
   EXPECT_OK(memory);
   std::memcpy((*memory)->data(), text, std::strlen(text));
@@ -179,19 +181,25 @@ void KillAndReap(pid_t child) {
   waitpid(child, &status, 0);
 }
 
-TEST(TrainerMemoryTest, KeepsADescriptorOnlyForFixedSizeFilesOfAMebibyteOrMore) {
+TEST(TrainerMemoryTest, KeepsADescriptorOnlyWhenAskedForFixedSizeFilesOfAMebibyteOrMore) {
   std::shared_ptr<TrainerMemory> fixed = FixedMemory(kHandedOn);
-  ASSERT_GE(fixed->handed_on_fd(), 0);
+  ASSERT_GE(fixed->kept_fd(), 0);
   struct stat info {};
-  ASSERT_EQ(fstat(fixed->handed_on_fd(), &info), 0);
+  ASSERT_EQ(fstat(fixed->kept_fd(), &info), 0);
   EXPECT_EQ(static_cast<uint64_t>(info.st_size), kHandedOn);
   EXPECT_EQ(fixed->owner(), geteuid());
-  EXPECT_EQ(FixedMemory(kHandedOn - 4096)->handed_on_fd(), -1);  // cheap to allocate again
+  EXPECT_EQ(FixedMemory(kHandedOn - 4096)->kept_fd(), -1);  // cheap to allocate again
   const int growable = SharedFile(kHandedOn, /*sealed=*/true);  // shrink-sealed only
-  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(growable, geteuid(), {});
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
+      TrainerMemory::Map(growable, geteuid(), {}, /*keep_descriptor=*/true);
   close(growable);
   ASSERT_OK(memory);
-  EXPECT_EQ((*memory)->handed_on_fd(), -1);
+  EXPECT_EQ((*memory)->kept_fd(), -1);
+  const int fixed_file = SharedFile(kHandedOn, /*sealed=*/true, /*fixed=*/true);
+  memory = TrainerMemory::Map(fixed_file, geteuid(), {});  // a daemon that keeps nothing
+  close(fixed_file);
+  ASSERT_OK(memory);
+  EXPECT_EQ((*memory)->kept_fd(), -1);
 }
 
 TEST(TrainerSessionsTest, AnExitedTrainersFileGoesToItsRanksNextProcessOfTheSameUser) {
@@ -201,7 +209,9 @@ TEST(TrainerSessionsTest, AnExitedTrainersFileGoesToItsRanksNextProcessOfTheSame
   ASSERT_OK(first);
   ASSERT_OK(sessions.Add(first->token, {FixedMemory(kHandedOn, "weights"), Memory()}));
   const pid_t child = RunningChild();
-  sessions.Watch(first->token, ProcessExit::Watch(child));
+  ASSERT_OK(sessions.Bind(first->token, ProcessExit::Watch(child)));
+  EXPECT_STATUS(sessions.Bind(first->token, ProcessExit::Watch(child)),
+                absl::StatusCode::kFailedPrecondition);  // one memory connection per session
   std::optional<TrainerSessions::Ended> ended = sessions.End(first->token);
   ASSERT_TRUE(ended.has_value());
   EXPECT_EQ(ended->kept_bytes, kHandedOn);  // the small file is released
@@ -212,36 +222,35 @@ TEST(TrainerSessionsTest, AnExitedTrainersFileGoesToItsRanksNextProcessOfTheSame
   ASSERT_OK(second);
   // While the process that handed it over runs, nobody gets its memory.
   absl::StatusOr<TrainerSessions::Adopted> adopted =
-      sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight);
+      sessions.Adopt(second->token, kHandedOn, geteuid(), kNoCopyInFlight);
   ASSERT_STATUS(adopted, absl::StatusCode::kNotFound);
   EXPECT_NE(adopted.status().message().find("has not exited"), std::string::npos)
       << adopted.status();
   KillAndReap(child);
-  EXPECT_STATUS(sessions.Adopt(second->token, 2 * kHandedOn, geteuid(), NoCopyInFlight),
+  EXPECT_STATUS(sessions.Adopt(second->token, 2 * kHandedOn, geteuid(), kNoCopyInFlight),
                 absl::StatusCode::kNotFound);  // not the size asked for
-  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid() + 1, NoCopyInFlight),
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid() + 1, kNoCopyInFlight),
                 absl::StatusCode::kNotFound);  // another user's
   absl::StatusOr<TrainerSessions::Session> other_rank = sessions.Start(4, trainer);
   ASSERT_OK(other_rank);
-  EXPECT_STATUS(sessions.Adopt(other_rank->token, kHandedOn, geteuid(), NoCopyInFlight),
+  EXPECT_STATUS(sessions.Adopt(other_rank->token, kHandedOn, geteuid(), kNoCopyInFlight),
                 absl::StatusCode::kNotFound);  // another rank's
 
-  adopted = sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight);
+  adopted = sessions.Adopt(second->token, kHandedOn, geteuid(), kNoCopyInFlight);
   ASSERT_OK(adopted);
   EXPECT_EQ(std::memcmp(adopted->memory->data(), "weights", 7), 0);  // the daemon's own mapping
   absl::StatusOr<std::shared_ptr<TrainerMemory>> found = sessions.Find(3, adopted->id);
   ASSERT_OK(found);
   EXPECT_EQ(found->get(), adopted->memory.get());
   void* trainer_view = mmap(nullptr, kHandedOn, PROT_READ, MAP_SHARED,
-                            adopted->memory->handed_on_fd(), 0);
+                            adopted->memory->kept_fd(), 0);
   ASSERT_NE(trainer_view, MAP_FAILED);
   EXPECT_EQ(std::memcmp(trainer_view, "weights", 7), 0);
   munmap(trainer_view, kHandedOn);
-  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight),
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), kNoCopyInFlight),
                 absl::StatusCode::kNotFound);  // taken once
   EXPECT_EQ(sessions.retention().kept_files, 0u);
   EXPECT_EQ(sessions.retention().adopted_bytes_total, kHandedOn);
-  EXPECT_EQ(sessions.retention().adopted_files_total, 1u);
 }
 
 TEST(TrainerSessionsTest, KeptMemoryWaitsForCopiesInFlightAndIsReleasedWhenItsTimeIsOver) {
@@ -251,14 +260,19 @@ TEST(TrainerSessionsTest, KeptMemoryWaitsForCopiesInFlightAndIsReleasedWhenItsTi
   ASSERT_OK(first);
   ASSERT_OK(sessions.Add(first->token, {FixedMemory(kHandedOn)}));
   const pid_t child = RunningChild();
-  sessions.Watch(first->token, ProcessExit::Watch(child));
+  ASSERT_OK(sessions.Bind(first->token, ProcessExit::Watch(child)));
   KillAndReap(child);
   // A new Hello of the rank replaces the session before its connection is seen to close: the
-  // memory is kept all the same.
+  // memory is kept, but not handed on while that connection is open (a forked worker of the dead
+  // process may hold it, and the memory with it).
   absl::StatusOr<TrainerSessions::Session> second = sessions.Start(3, trainer);
   ASSERT_OK(second);
   absl::StatusOr<TrainerSessions::Adopted> adopted =
-      sessions.Adopt(second->token, kHandedOn, geteuid(), [](uint32_t rank) { return rank == 3; });
+      sessions.Adopt(second->token, kHandedOn, geteuid(), kNoCopyInFlight);
+  ASSERT_STATUS(adopted, absl::StatusCode::kNotFound);
+  EXPECT_NE(adopted.status().message().find("still open"), std::string::npos) << adopted.status();
+  EXPECT_EQ(sessions.End(first->token), std::nullopt);  // the connection closes: no session ends
+  adopted = sessions.Adopt(second->token, kHandedOn, geteuid(), /*copying=*/true);
   ASSERT_STATUS(adopted, absl::StatusCode::kNotFound);  // the earlier process's capture runs on
   EXPECT_NE(adopted.status().message().find("in flight"), std::string::npos) << adopted.status();
 
@@ -267,7 +281,7 @@ TEST(TrainerSessionsTest, KeptMemoryWaitsForCopiesInFlightAndIsReleasedWhenItsTi
   EXPECT_EQ(sessions.retention().kept_files, 1u);
   EXPECT_EQ(sessions.ReleaseExpired(now + absl::Minutes(6)), absl::InfiniteFuture());
   EXPECT_EQ(sessions.retention().kept_files, 0u);
-  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), NoCopyInFlight),
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), kNoCopyInFlight),
                 absl::StatusCode::kNotFound);  // released
 }
 
@@ -279,7 +293,7 @@ TEST(TrainerSessionsTest, NothingIsKeptWithoutARetentionOrAProcessToWatch) {
   ASSERT_OK(off.Add(session->token, {FixedMemory(kHandedOn)}));
   const pid_t child = RunningChild();
   KillAndReap(child);
-  off.Watch(session->token, ProcessExit::Watch(child));
+  ASSERT_OK(off.Bind(session->token, ProcessExit::Watch(child)));
   EXPECT_EQ(off.End(session->token)->kept_bytes, 0u);
 
   TrainerSessions on(absl::Minutes(5));
@@ -287,13 +301,39 @@ TEST(TrainerSessionsTest, NothingIsKeptWithoutARetentionOrAProcessToWatch) {
   ASSERT_OK(session);
   ASSERT_OK(on.Add(session->token, {FixedMemory(kHandedOn)}));
   // A peer in another pid namespace (pid 0): its exit can never be known.
-  on.Watch(session->token, ProcessExit::Watch(0));
+  ASSERT_OK(on.Bind(session->token, ProcessExit::Watch(0)));
   EXPECT_EQ(on.End(session->token)->kept_bytes, 0u);
   session = on.Start(3, trainer);  // and a session never watched
   ASSERT_OK(session);
   ASSERT_OK(on.Add(session->token, {FixedMemory(kHandedOn)}));
   EXPECT_EQ(on.End(session->token)->kept_bytes, 0u);
   EXPECT_EQ(on.retention().kept_files, 0u);
+}
+
+TEST(TrainerSessionsTest, ARankKeepsItsLargestFilesUntilItsNextProcessSnapshots) {
+  TrainerSessions sessions(absl::Minutes(5));
+  const TrainerSessions::Caller trainer{.uid = geteuid(), .pid = 4242};
+  absl::StatusOr<TrainerSessions::Session> first = sessions.Start(3, trainer);
+  ASSERT_OK(first);
+  std::vector<std::shared_ptr<TrainerMemory>> files;
+  for (size_t i = 0; i < TrainerSessions::kMaxKeptFilesPerRank + 2; ++i) {
+    files.push_back(FixedMemory(kHandedOn + 4096 * i));
+  }
+  ASSERT_OK(sessions.Add(first->token, std::move(files)));
+  const pid_t child = RunningChild();
+  ASSERT_OK(sessions.Bind(first->token, ProcessExit::Watch(child)));
+  KillAndReap(child);
+  ASSERT_TRUE(sessions.End(first->token).has_value());
+  EXPECT_EQ(sessions.retention().kept_files, TrainerSessions::kMaxKeptFilesPerRank);
+  absl::StatusOr<TrainerSessions::Session> second = sessions.Start(3, trainer);
+  ASSERT_OK(second);
+  EXPECT_STATUS(sessions.Adopt(second->token, kHandedOn, geteuid(), kNoCopyInFlight),
+                absl::StatusCode::kNotFound);  // among the smallest: not kept
+  EXPECT_OK(sessions.Adopt(second->token, kHandedOn + 4096 * 5, geteuid(), kNoCopyInFlight));
+  // The new process snapshots: it took what it needed, the rest expires now.
+  sessions.ExpireKept(3);
+  EXPECT_EQ(sessions.ReleaseExpired(absl::Now()), absl::InfiniteFuture());
+  EXPECT_EQ(sessions.retention().kept_files, 0u);
 }
 
 TEST(ProcessExitTest, SaysExitedOnlyOnceTheProcessIsGone) {
@@ -309,7 +349,6 @@ TEST(ProcessExitTest, SaysExitedOnlyOnceTheProcessIsGone) {
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(watch.Exited());
-  EXPECT_TRUE(ProcessExit::Watch(child).Exited());  // gone before the watch began
   EXPECT_FALSE(ProcessExit::Watch(0).watching());
 }
 

@@ -34,6 +34,7 @@ why, and training goes on.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import random
 import resource
@@ -510,14 +511,20 @@ class Client:
         # A restarted trainer takes the file its rank's exited process left, when its layout has
         # the same size: no fresh memory to allocate, fill and map (the daemon's mapping stays).
         # The storages move into it as into a fresh one: copying their bytes, or after a whole
-        # restore wrote them, so nothing the exited process left is ever read.
-        adopted = self._native.adopt_memory(offsets[-1])
+        # restore wrote them, so nothing the exited process left is ever read. Taking it over is
+        # only a shortcut: when it fails, the file is allocated as a first start does.
+        try:
+            adopted = self._native.adopt_memory(offsets[-1])
+        except Error:
+            adopted = None
         if adopted is None:
             file = _storage.SharedFile(library, offsets[-1])
             (handle,) = self._native.share_memory([file.fd])
         else:
             fd, handle = adopted
-            file = _storage.SharedFile(library, offsets[-1], fd)
+            # The mapping owns its descriptor; the client keeps the one it was handed, open, to
+            # hand the file over again to a restarted daemon.
+            file = _storage.SharedFile(library, offsets[-1], os.dup(fd))
             self.adopted_bytes += offsets[-1]
         for (name, storage), offset in zip(shared_file, offsets):
             shared = _SharedStorage(storage, name, handle, offset, storage.nbytes(),

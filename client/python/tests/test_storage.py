@@ -177,10 +177,13 @@ def test_under_another_torch_release_each_storage_gets_a_file_of_its_own(daemon:
     assert torch.equal(flat, torch.arange(20, dtype=torch.float32))
 
 
-# A trainer process for the tests below: registers a model of LAYERS linear layers of WIDTH
-# (initialized from SEED), then either snapshots step 1 and dies by SIGKILL ("crash"), or restores
-# ("restore"), or only registers ("register"); prints what it took over from the daemon and a
-# digest of every parameter's bytes.
+# A trainer process for the test below: registers a model of LAYERS linear layers of WIDTH
+# (initialized from SEED) and prints what it took over from the daemon, then:
+#   crash:    snapshots step 1, prints the digest of every parameter's bytes, scribbles over the
+#             parameters (what the next steps would do) and dies by SIGKILL;
+#   restore:  restores and prints the step and the digest;
+#   snapshot: prints the digest, snapshots step 2, prints the digest again (its own values, kept);
+#   register: registers only.
 _TRAINER = """
 import hashlib, os, signal, sys
 import torch
@@ -188,20 +191,30 @@ import moesnap
 socket_path, mode, layers, width, seed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 torch.manual_seed(seed)
 model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
+def digest():
+    hashed = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        hashed.update(name.encode() + value.detach().numpy().tobytes())
+    return hashed.hexdigest()
 client = moesnap.Client(socket_path, 0)
 client.register_module("model", model)
 print("adopted", client.adopted_bytes, flush=True)
 if mode == "crash":
     client.snapshot(1)
     client.wait_committed(1)
+    print("digest", digest(), flush=True)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(7.0)
+    os.kill(os.getpid(), signal.SIGKILL)
 elif mode == "restore":
     print("restored", client.restore(), flush=True)
-digest = hashlib.sha256()
-for name, value in model.state_dict().items():
-    digest.update(name.encode() + value.detach().numpy().tobytes())
-print("digest", digest.hexdigest(), flush=True)
-if mode == "crash":
-    os.kill(os.getpid(), signal.SIGKILL)
+    print("digest", digest(), flush=True)
+elif mode == "snapshot":
+    print("before", digest(), flush=True)
+    client.snapshot(2)
+    client.wait_committed(2)
+    print("digest", digest(), flush=True)
 """
 
 
@@ -215,15 +228,20 @@ def run_trainer(daemon: Daemon, mode: str, layers: int, width: int, seed: int) -
 
 
 def test_a_restarted_trainer_takes_the_memory_its_killed_process_left(daemon: Daemon):
+    # One file holds the registration: 16 weights and 16 biases, laid out as the client does.
+    file_bytes = _storage.layout([4 * 128 * 128, 4 * 128] * 16)[-1]
     crashed = run_trainer(daemon, "crash", layers=16, width=128, seed=1)
     assert crashed["adopted"] == "0"
     # The same model (other initial weights): its registration takes the killed process's file,
-    # and the restore gives back exactly step 1.
+    # which holds what the killed process scribbled, and the restore gives back exactly step 1.
     restarted = run_trainer(daemon, "restore", layers=16, width=128, seed=2)
-    # One file holds the registration: 16 weights and 16 biases, laid out as the client does.
-    assert int(restarted["adopted"]) == _storage.layout([4 * 128 * 128, 4 * 128] * 16)[-1]
+    assert int(restarted["adopted"]) == file_bytes
     assert restarted["restored"] == "1"
     assert restarted["digest"] == crashed["digest"]
+    # A process that takes the file over and trains on without restoring keeps its own values.
+    trained = run_trainer(daemon, "snapshot", layers=16, width=128, seed=3)
+    assert int(trained["adopted"]) == file_bytes
+    assert trained["digest"] == trained["before"] != crashed["digest"]
     # A model of another size finds no file of its size: it allocates, as a first process does.
-    other = run_trainer(daemon, "register", layers=32, width=128, seed=3)
+    other = run_trainer(daemon, "register", layers=32, width=128, seed=4)
     assert other["adopted"] == "0"
