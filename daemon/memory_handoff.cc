@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/descriptor_passing.h"
 #include "common/log.h"
 #include "common/memory_handoff_wire.h"
 
@@ -18,6 +19,7 @@ namespace moesnap::daemon {
 namespace {
 
 namespace wire = ::moesnap::memory_handoff;
+static_assert(wire::kMaxFilesPerRequest <= kMaxPassedDescriptors);
 
 // Answers a request, with `attached` (a descriptor, unless -1) handed over; false when the answer
 // cannot be sent (the trainer is gone or not reading).
@@ -29,21 +31,8 @@ bool Answer(int fd, const absl::Status& status, uint64_t first_id, int attached 
   response.message_bytes = static_cast<uint32_t>(message.size());
   std::string packet(reinterpret_cast<const char*>(&response), sizeof(response));
   packet += message;
-  iovec data{packet.data(), packet.size()};
-  msghdr answer{};
-  answer.msg_iov = &data;
-  answer.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (attached >= 0) {
-    answer.msg_control = control;
-    answer.msg_controllen = sizeof(control);
-    cmsghdr* header = CMSG_FIRSTHDR(&answer);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &attached, sizeof(int));
-  }
-  return sendmsg(fd, &answer, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(packet.size());
+  return SendWithDescriptors(fd, packet.data(), packet.size(), &attached, attached >= 0 ? 1 : 0,
+                             MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(packet.size());
 }
 
 }  // namespace
@@ -146,34 +135,18 @@ void MemoryHandoff::Serve() {
 
 bool MemoryHandoff::Handle(int fd, Connection& connection) {
   alignas(8) char packet[std::max(sizeof(wire::Request), sizeof(wire::AdoptRequest))];
-  iovec data{packet, sizeof(packet)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)];
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof(control);
-  const ssize_t received = recvmsg(fd, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  ReceivedMessage message = ReceiveWithDescriptors(fd, packet, sizeof(packet), MSG_DONTWAIT);
+  const ssize_t received = message.bytes;
   if (received < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (received <= 0) return false;  // closed by the trainer, or broken
 
-  std::vector<int> files;
-  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
-       header = CMSG_NXTHDR(&message, header)) {
-    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int file;
-      std::memcpy(&file, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-      files.push_back(file);
-    }
-  }
+  std::vector<int> files = std::move(message.descriptors);
   auto close_files = [&files] {
     for (int file : files) close(file);
   };
   uint32_t magic = 0;
   std::memcpy(&magic, packet, std::min<size_t>(sizeof(magic), static_cast<size_t>(received)));
-  const bool truncated = (message.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  const bool truncated = message.truncated;
   if (magic == wire::kAdoptMagic && received == sizeof(wire::AdoptRequest) && !truncated) {
     const bool carried_files = !files.empty();
     close_files();

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/descriptor_passing.h"
 #include "common/memory_handoff_wire.h"
 
 namespace moesnap {
@@ -117,21 +118,8 @@ absl::StatusOr<std::optional<MemoryChannel::Adopted>> MemoryChannel::Adopt(uint6
 absl::StatusOr<uint64_t> MemoryChannel::Exchange(const void* request, size_t request_bytes,
                                                  const int* fds, uint32_t count, int* received) {
   if (fd_ < 0) return absl::FailedPreconditionError("the memory channel is not connected");
-  iovec data{const_cast<void*>(request), request_bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)] = {};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  if (count > 0) {
-    message.msg_control = control;
-    message.msg_controllen = CMSG_SPACE(sizeof(int) * count);
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int) * count);
-    std::memcpy(CMSG_DATA(header), fds, sizeof(int) * count);
-  }
-  if (sendmsg(fd_, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(request_bytes)) {
+  if (SendWithDescriptors(fd_, request, request_bytes, fds, count, MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request_bytes)) {
     return absl::UnavailableError(absl::StrCat("handing memory to moesnapd at ", path_,
                                                " failed: ", std::strerror(errno)));
   }
@@ -146,35 +134,22 @@ absl::StatusOr<uint64_t> MemoryChannel::Exchange(const void* request, size_t req
         "moesnapd at ", path_, " did not answer a memory handoff within ", timeout_.count(), " ms"));
   }
   char packet[sizeof(wire::Response) + wire::kMaxMessageBytes];
-  iovec answer_data{packet, sizeof(packet)};
-  alignas(cmsghdr) char answer_control[CMSG_SPACE(sizeof(int) * wire::kMaxFilesPerRequest)];
-  msghdr answer{};
-  answer.msg_iov = &answer_data;
-  answer.msg_iovlen = 1;
-  answer.msg_control = answer_control;
-  answer.msg_controllen = sizeof(answer_control);
-  const ssize_t got = recvmsg(fd_, &answer, MSG_CMSG_CLOEXEC);
+  ReceivedMessage answer = ReceiveWithDescriptors(fd_, packet, sizeof(packet), 0);
+  const ssize_t got = answer.bytes;
   // Every descriptor the daemon attached is taken: the one asked for, the rest closed.
   int attached = -1;
-  for (cmsghdr* header = got >= 0 ? CMSG_FIRSTHDR(&answer) : nullptr; header != nullptr;
-       header = CMSG_NXTHDR(&answer, header)) {
-    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-    const size_t attached_count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < attached_count; ++i) {
-      int file;
-      std::memcpy(&file, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-      if (attached < 0 && received != nullptr) {
-        attached = file;
-      } else {
-        close(file);
-      }
+  for (int file : answer.descriptors) {
+    if (attached < 0 && received != nullptr) {
+      attached = file;
+    } else {
+      close(file);
     }
   }
   auto refuse = [&attached](absl::Status status) {
     if (attached >= 0) close(attached);
     return status;
   };
-  if (got >= 0 && (answer.msg_flags & MSG_CTRUNC) != 0) {
+  if (got >= 0 && answer.truncated) {
     return refuse(absl::ResourceExhaustedError(absl::StrCat(
         "the descriptor moesnapd at ", path_, " handed over was lost: this process has no free "
         "descriptor (raise the open-file limit, ulimit -n)")));

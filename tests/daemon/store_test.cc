@@ -106,6 +106,14 @@ class StoreTest : public ::testing::Test {
     store_ = *std::move(store);
   }
 
+  // Copies from now on wait until the test lets them run (before Open).
+  HeldCopyBackend* HoldCopies() {
+    auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
+    HeldCopyBackend* copies = held.get();
+    backend_ = std::move(held);
+    return copies;
+  }
+
   // A trainer process of `rank` holding `regions` regions of kRegionBytes in one memfd, registered.
   void Connect(uint32_t rank, int regions = 2, uint64_t region_bytes = kRegionBytes) {
     ConnectSized(rank, std::vector<uint64_t>(regions, region_bytes));
@@ -601,9 +609,7 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
 }
 
 TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
-  auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
-  HeldCopyBackend* copies = held.get();
-  backend_ = std::move(held);
+  HeldCopyBackend* copies = HoldCopies();
   CaptureOptions options;
   options.idle_rank_timeout = absl::Milliseconds(1);
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
@@ -621,9 +627,7 @@ TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
 }
 
 TEST_F(StoreTest, ACopyOfATrainersMemoryCountsUntilItEndsEvenAfterTheTrainerIsGone) {
-  auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
-  HeldCopyBackend* copies = held.get();
-  backend_ = std::move(held);
+  HeldCopyBackend* copies = HoldCopies();
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
   EXPECT_FALSE(store_->CopyingTrainerMemory(0));
@@ -650,9 +654,7 @@ TEST_F(StoreTest, ACopyOfATrainersMemoryCountsUntilItEndsEvenAfterTheTrainerIsGo
 }
 
 TEST_F(StoreTest, ARegistrationThatANewerProcessOvertookIsRefused) {
-  auto held = std::make_unique<HeldCopyBackend>(std::move(backend_));
-  HeldCopyBackend* copies = held.get();
-  backend_ = std::move(held);
+  HeldCopyBackend* copies = HoldCopies();
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
   v1::RegionSpec late;
