@@ -27,8 +27,9 @@ inline constexpr char kSessionMetadataKey[] = "moesnap-session-bin";
 
 struct Request {
   uint32_t magic = kRequestMagic;
-  // The number of descriptors attached. 0: binds the connection to the session (a trainer's first
-  // request), so the session, and the rank it holds, live exactly as long as the connection.
+  // The number of descriptors attached. A connection's first request (0 files: the client's)
+  // binds it to the session, so the session, and the rank it holds, live exactly as long as the
+  // connection; a session has one: a second connection presenting it is refused.
   uint32_t files = 0;
   uint8_t session[kSessionBytes] = {};
 };
