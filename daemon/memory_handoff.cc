@@ -106,11 +106,12 @@ void MemoryHandoff::Serve() {
     const absl::Time next_expiry = sessions_->ReleaseExpired(now);
     // Memory is kept from other threads too (a Hello replacing a session): look again at least
     // once a minute while it may be.
+    constexpr absl::Duration kLongestWait = absl::Minutes(1);
     const int timeout_ms =
         !sessions_->keeps_exited_memory()
             ? -1
-            : static_cast<int>(std::clamp<int64_t>(
-                  absl::ToInt64Milliseconds(next_expiry - now) + 1, 1, 60'000));
+            : static_cast<int>(absl::ToInt64Milliseconds(std::clamp(
+                  next_expiry - now + absl::Milliseconds(1), absl::Milliseconds(1), kLongestWait)));
     if (poll(watched.data(), watched.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       Log(LogLevel::kError, "memory handoff: poll failed: ", std::strerror(errno));

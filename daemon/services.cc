@@ -74,6 +74,7 @@ grpc::Status AgentService::Hello(grpc::ServerContext* context, const v1::HelloRe
   absl::StatusOr<TrainerSessions::Session> session =
       sessions_->Start(request->rank(), {.uid = caller->uid, .pid = caller->pid});
   if (!session.ok()) return ToGrpcStatus(session.status());
+  for (const auto& [rank, number] : session->abandoned) store_->EndSession(rank, number);
   store_->StartSession(request->rank(), session->number);
   response->set_session(session->token);
   response->set_memory_socket(facts_.memory_socket);

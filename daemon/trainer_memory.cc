@@ -87,8 +87,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
   absl::MutexLock lock(&mutex_);
   if (auto previous = current_.find(rank); previous != current_.end()) {
     State& holder = sessions_.at(previous->second);
-    const bool live = holder.connected || now - holder.started < kMemoryConnectionGrace;
-    if (live && holder.caller.uid != caller.uid && caller.uid != 0) {
+    if (LiveLocked(holder, now) && holder.caller.uid != caller.uid && caller.uid != 0) {
       return absl::PermissionDeniedError(absl::StrCat(
           "rank ", rank, " is held by a live trainer of uid ", holder.caller.uid, " (pid ",
           holder.caller.pid, "); uid ", caller.uid, " (pid ", caller.pid,
@@ -97,6 +96,22 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
     RetireLocked(previous->second, holder, replaced);
     sessions_.erase(previous->second);
   }
+  std::vector<std::pair<uint32_t, uint64_t>> abandoned;
+  if (sessions_.size() >= kMaxSessions) {
+    for (auto session = sessions_.begin(); session != sessions_.end();) {
+      if (LiveLocked(session->second, now)) {
+        ++session;
+        continue;
+      }
+      abandoned.emplace_back(session->second.rank, session->second.number);
+      current_.erase(session->second.rank);
+      session = sessions_.erase(session);
+    }
+    if (sessions_.size() >= kMaxSessions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          sessions_.size(), " trainer sessions are live; a daemon serves at most ", kMaxSessions));
+    }
+  }
   const uint64_t number = next_session_++;
   State& session = sessions_[token];
   session.rank = rank;
@@ -104,7 +119,11 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
   session.caller = caller;
   session.started = now;
   current_[rank] = token;
-  return Session{number, token};
+  return Session{number, token, std::move(abandoned)};
+}
+
+bool TrainerSessions::LiveLocked(const State& session, absl::Time now) const {
+  return session.connected || session.bound || now - session.started < connection_grace_;
 }
 
 absl::StatusOr<uint32_t> TrainerSessions::RankOf(const std::string& token) const {

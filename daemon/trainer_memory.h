@@ -95,6 +95,10 @@ class TrainerSessions {
   // A session whose trainer has not opened its memory connection this long after Hello is not
   // live: the trainer died between the two (a live client opens it right after Hello).
   static constexpr absl::Duration kMemoryConnectionGrace = absl::Seconds(10);
+  // Most sessions at once: a node's trainers, with room for restarts. A Hello at the bound first
+  // ends the sessions that are not live by the rule above (a peer calling Hello for rank after
+  // rank without ever connecting its memory cannot grow the daemon without bound).
+  static constexpr size_t kMaxSessions = 4096;
   // Most files kept for a rank's next process: a registration's file each (the Python package
   // makes one per registration), not every buffer of a trainer that allocates one per tensor.
   static constexpr size_t kMaxKeptFilesPerRank = 16;
@@ -102,6 +106,8 @@ class TrainerSessions {
   struct Session {
     uint64_t number = 0;  // increasing; the store keys a rank's registrations by it
     std::string token;    // the secret the memory handoff and every later call present
+    // Sessions ended to make room (kMaxSessions), as (rank, number): their registrations go too.
+    std::vector<std::pair<uint32_t, uint64_t>> abandoned;
   };
   // Who called Hello (the connection's credentials).
   struct Caller {
@@ -109,16 +115,18 @@ class TrainerSessions {
     pid_t pid = 0;
   };
 
-  explicit TrainerSessions(absl::Duration retention = absl::ZeroDuration())
-      : retention_(retention) {}
+  explicit TrainerSessions(absl::Duration retention = absl::ZeroDuration(),
+                           absl::Duration connection_grace = kMemoryConnectionGrace)
+      : retention_(retention), connection_grace_(connection_grace) {}
   // Whether memory of exited trainers is kept (the retention is not zero).
   bool keeps_exited_memory() const { return retention_ > absl::ZeroDuration(); }
 
   // Starts `rank`'s new session for `caller`; the rank's memory from earlier sessions is no longer
   // found. PERMISSION_DENIED, naming the holder, while the rank's current session is live (its
-  // memory connection open, or within kMemoryConnectionGrace of its Hello) and belongs to another
+  // memory connection open, or within the connection grace of its Hello) and belongs to another
   // uid than `caller`'s, unless the caller is root: users do not take each other's ranks, while a
   // process of the same user (which could read the trainer's memory anyway) may take over.
+  // RESOURCE_EXHAUSTED when kMaxSessions live sessions are open.
   absl::StatusOr<Session> Start(uint32_t rank, const Caller& caller);
   // The rank whose current session `token` is: NOT_FOUND when it is none (never was, replaced by a
   // newer Hello of the rank, or ended when its trainer disconnected).
@@ -196,7 +204,11 @@ class TrainerSessions {
   uint64_t RetireLocked(const std::string& token, State& session, Kept& replaced)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
+  // Whether `session` may still be a trainer's: its memory connection open, or its Hello recent.
+  bool LiveLocked(const State& session, absl::Time now) const;
+
   const absl::Duration retention_;
+  const absl::Duration connection_grace_;
   mutable absl::Mutex mutex_;
   std::map<uint32_t, Kept> kept_ ABSL_GUARDED_BY(mutex_);  // by rank
   uint64_t adopted_bytes_ ABSL_GUARDED_BY(mutex_) = 0;

@@ -336,6 +336,35 @@ TEST(TrainerSessionsTest, ARankKeepsItsLargestFilesUntilItsNextProcessSnapshots)
   EXPECT_EQ(sessions.retention().kept_files, 0u);
 }
 
+TEST(TrainerSessionsTest, HellosThatNeverConnectTheirMemoryCannotFillTheDaemon) {
+  // No grace: a session without its memory connection is not live at once.
+  TrainerSessions sessions(absl::ZeroDuration(), absl::ZeroDuration());
+  const TrainerSessions::Caller trainer{.uid = geteuid(), .pid = 4242};
+  absl::StatusOr<TrainerSessions::Session> connected = sessions.Start(0, trainer);
+  ASSERT_OK(connected);
+  ASSERT_OK(sessions.Add(connected->token, {Memory()}));
+  for (uint32_t rank = 1; rank < TrainerSessions::kMaxSessions; ++rank) {
+    absl::StatusOr<TrainerSessions::Session> started = sessions.Start(rank, trainer);
+    ASSERT_OK(started);
+    EXPECT_TRUE(started->abandoned.empty());
+  }
+  // At the bound: the sessions that never connected their memory end, the connected one stays.
+  absl::StatusOr<TrainerSessions::Session> next = sessions.Start(90000, trainer);
+  ASSERT_OK(next);
+  EXPECT_EQ(next->abandoned.size(), TrainerSessions::kMaxSessions - 1);
+  for (const auto& [rank, number] : next->abandoned) EXPECT_NE(rank, 0u);
+  EXPECT_OK(sessions.RankOf(connected->token));
+  EXPECT_OK(sessions.RankOf(next->token));
+
+  // Live sessions up to the bound: the next Hello is refused.
+  TrainerSessions graceful(absl::ZeroDuration(), absl::Hours(1));
+  for (uint32_t rank = 0; rank < TrainerSessions::kMaxSessions; ++rank) {
+    ASSERT_OK(graceful.Start(rank, trainer));
+  }
+  EXPECT_STATUS(graceful.Start(90000, trainer), absl::StatusCode::kResourceExhausted);
+  EXPECT_OK(graceful.Start(7, trainer));  // a rank's new process replaces its own session
+}
+
 TEST(ProcessExitTest, SaysExitedOnlyOnceTheProcessIsGone) {
   const pid_t child = RunningChild();
   const ProcessExit watch = ProcessExit::Watch(child);
