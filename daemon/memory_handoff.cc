@@ -122,6 +122,11 @@ void MemoryHandoff::Serve() {
       while (read(wake_pipe_[0], drained, sizeof(drained)) > 0) {
       }
     }
+    // Connections whose trainer hung up first: a restarted trainer asking for the memory its
+    // predecessor left finds that predecessor's session ended, whatever the descriptors' order.
+    std::stable_partition(watched.begin() + 1, watched.end(), [](const pollfd& polled) {
+      return (polled.revents & (POLLHUP | POLLERR)) != 0;
+    });
     for (size_t i = 1; i < watched.size(); ++i) {
       if (watched[i].revents == 0) continue;
       const int fd = watched[i].fd;
