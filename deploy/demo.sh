@@ -93,7 +93,7 @@ done
 [ "$killed" = yes ] || { echo "the MoE trainer stopped before step 9" >&2; exit 1; }
 echo "trainer SIGKILLed right after 'snapshot 9'"
 /usr/bin/python3 "$moe" --socket "$work/agent.sock" --rank 1 --steps 20 --out "$work/restored.pt" >> "$work/run.log"
-grep '^restored' "$work/run.log" | sed 's/^/fresh trainer: /'
+grep -E '^(restored|took over)' "$work/run.log" | sed 's/^/fresh trainer: /'
 /usr/bin/python3 - "$work" <<'COMPARE'
 import re, sys, torch
 work = sys.argv[1]

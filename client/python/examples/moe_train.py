@@ -5,8 +5,10 @@
 of the step. Fully deterministic (fixed seeds, one thread, deterministic algorithms), so a run that
 is killed and restored must produce exactly the losses and final state of an uninterrupted run.
 
-Prints one line per event, flushed: "step S loss HEX" (the loss as float.hex), "snapshot S", and
-"restored S" when it resumed. Without --socket it trains without moesnap (the reference run).
+Prints one line per event, flushed: "step S loss HEX" (the loss as float.hex), "snapshot S",
+"restored S" when it resumed, and "took over B bytes ..." when its shared memory is what a killed
+predecessor of its rank left with the daemon. Without --socket it trains without moesnap (the
+reference run).
 
 With --sparse-window W it takes MoEtion sparse snapshots (moesnap.sparse): every expert of every
 layer, every layer's attention + gate part and the embedding + head are operators, captured whole
@@ -180,6 +182,9 @@ def main() -> int:
     elif client and client.latest_committed() is not None:
         step = client.restore()
         print(f"restored {step}", flush=True)
+    if client and client.adopted_bytes:
+        print(f"took over {client.adopted_bytes} bytes of shared memory its killed predecessor "
+              f"left", flush=True)
 
     for step in range(position.next_step, arguments.steps + 1):
         train_step(step)
