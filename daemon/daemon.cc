@@ -187,7 +187,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       daemon->notifier_.get());
   daemon->collectors_ =
       CollectDaemonMetrics(metrics::Registry::Default(), daemon->store_.get(),
-                           daemon->sessions_.get(), daemon->upstream_log_.get(), daemon->cluster_.get(), daemon->tiers_.get());
+                           daemon->sessions_.get(), daemon->upstream_log_.get(),
+                           daemon->cluster_.get(), daemon->tiers_.get());
   if (!options.http.address.empty()) {
     absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
         options.http.address, OperationsRoutes(daemon->health_.get()));

@@ -1,7 +1,8 @@
 // The metrics read from the daemon's existing views when Prometheus scrapes: the store's status
-// (pool bytes, ranks, journal), exited trainers' memory kept for their ranks, the upstream log, the cluster's nodes (peer connectivity,
-// rebuilds) and the long operations running. Counters and histograms updated on hot paths are
-// registered by their own units (store, journal, services, cluster); this adds the rest.
+// (pool bytes, ranks, journal), exited trainers' memory kept for their ranks, the upstream log, the
+// cluster's nodes (peer connectivity, rebuilds) and the long operations running. Counters and
+// histograms updated on hot paths are registered by their own units (store, journal, services,
+// cluster); this adds the rest.
 #ifndef MOESNAP_DAEMON_DAEMON_METRICS_H_
 #define MOESNAP_DAEMON_DAEMON_METRICS_H_
 

@@ -137,25 +137,36 @@ absl::StatusOr<uint32_t> TrainerSessions::RankOf(const std::string& token) const
   return session->second.rank;
 }
 
-absl::StatusOr<uint64_t> TrainerSessions::Add(
-    const std::string& token, std::vector<std::shared_ptr<TrainerMemory>> memories) {
-  absl::MutexLock lock(&mutex_);
+absl::StatusOr<TrainerSessions::State*> TrainerSessions::FindLocked(const std::string& token) {
   auto session = sessions_.find(token);
   if (session == sessions_.end()) {
     return absl::NotFoundError("no current session has this token (a newer Hello of the rank "
                                "replaced it, or the daemon restarted): connect again");
   }
-  if (memories.size() > kMaxMemoriesPerSession - session->second.memories.size()) {
+  return &session->second;
+}
+
+absl::StatusOr<uint64_t> TrainerSessions::AddLocked(
+    State& session, std::vector<std::shared_ptr<TrainerMemory>> memories) {
+  if (memories.size() > kMaxMemoriesPerSession - session.memories.size()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "rank ", session->second.rank, " handed over ", session->second.memories.size(),
+        "rank ", session.rank, " handed over ", session.memories.size(),
         " files already; a session holds at most ", kMaxMemoriesPerSession));
   }
   const uint64_t first = next_memory_;
-  session->second.connected = true;
+  session.connected = true;
   for (std::shared_ptr<TrainerMemory>& memory : memories) {
-    session->second.memories[next_memory_++] = std::move(memory);
+    session.memories[next_memory_++] = std::move(memory);
   }
   return first;
+}
+
+absl::StatusOr<uint64_t> TrainerSessions::Add(
+    const std::string& token, std::vector<std::shared_ptr<TrainerMemory>> memories) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<State*> session = FindLocked(token);
+  if (!session.ok()) return session.status();
+  return AddLocked(**session, std::move(memories));
 }
 
 absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerSessions::Find(uint32_t rank,
@@ -174,17 +185,14 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerSessions::Find(uint32_t ra
 
 absl::Status TrainerSessions::Bind(const std::string& token, ProcessExit process) {
   absl::MutexLock lock(&mutex_);
-  auto session = sessions_.find(token);
-  if (session == sessions_.end()) {
-    return absl::NotFoundError("no current session has this token (a newer Hello of the rank "
-                               "replaced it, or the daemon restarted): connect again");
-  }
-  if (session->second.bound) {
+  absl::StatusOr<State*> session = FindLocked(token);
+  if (!session.ok()) return session.status();
+  if ((*session)->bound) {
     return absl::FailedPreconditionError(
         "the session's memory connection is open already: a session has one");
   }
-  session->second.bound = true;
-  session->second.process = std::move(process);
+  (*session)->bound = true;
+  (*session)->process = std::move(process);
   return absl::OkStatus();
 }
 
@@ -234,11 +242,9 @@ absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(const std::strin
                                                                 uint64_t bytes, uid_t caller,
                                                                 bool copying) {
   absl::MutexLock lock(&mutex_);
-  auto session = sessions_.find(token);
-  if (session == sessions_.end()) {
-    return absl::NotFoundError("no current session has this token: connect again");
-  }
-  State& state = session->second;
+  absl::StatusOr<State*> session = FindLocked(token);
+  if (!session.ok()) return session.status();
+  State& state = **session;
   auto kept = kept_.find(state.rank);
   if (kept == kept_.end()) {
     return absl::NotFoundError(
@@ -269,16 +275,11 @@ absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(const std::strin
                                             " file(s) of its earlier process, none of ", bytes,
                                             " bytes owned by uid ", caller));
   }
-  if (state.memories.size() >= kMaxMemoriesPerSession) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "rank ", state.rank, " handed over ", state.memories.size(),
-        " files already; a session holds at most ", kMaxMemoriesPerSession));
-  }
-  Adopted adopted{.id = next_memory_++, .memory = std::move(*fits)};
+  absl::StatusOr<uint64_t> id = AddLocked(state, {*fits});
+  if (!id.ok()) return id.status();
+  Adopted adopted{.id = *id, .memory = std::move(*fits)};
   memories.erase(fits);
   if (memories.empty()) kept_.erase(kept);
-  state.connected = true;
-  state.memories[adopted.id] = adopted.memory;
   adopted_bytes_ += bytes;
   return adopted;
 }

@@ -199,6 +199,13 @@ class TrainerSessions {
     std::vector<std::shared_ptr<TrainerMemory>> memories;  // largest first
   };
 
+  // The session `token` names: NOT_FOUND, saying so, when it is none.
+  absl::StatusOr<State*> FindLocked(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Adds `memories` to `session` with consecutive ids from the one returned; RESOURCE_EXHAUSTED,
+  // adding none, past kMaxMemoriesPerSession.
+  absl::StatusOr<uint64_t> AddLocked(State& session,
+                                     std::vector<std::shared_ptr<TrainerMemory>> memories)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Keeps what `session` (of `token`) can hand on for its rank's next process; returns the bytes
   // kept. What the rank kept before goes to `replaced`, to be released after the lock.
   uint64_t RetireLocked(const std::string& token, State& session, Kept& replaced)

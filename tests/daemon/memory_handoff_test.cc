@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "absl/strings/match.h"
+#include "common/descriptor_passing.h"
 #include "common/memory_handoff_wire.h"
 #include "moesnap/client.h"
 #include "proto/moesnap.grpc.pb.h"
@@ -46,21 +47,9 @@ int ConnectSeqpacket(const std::string& path) {
 template <typename Message>
 std::pair<uint32_t, std::string> Exchange(int connection, const Message& request,
                                           const std::vector<int>& fds, size_t request_bytes) {
-  iovec data{const_cast<Message*>(&request), request_bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  if (!fds.empty()) {
-    message.msg_control = control;
-    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
-  }
-  EXPECT_EQ(sendmsg(connection, &message, MSG_NOSIGNAL), static_cast<ssize_t>(request_bytes));
+  EXPECT_EQ(SendWithDescriptors(connection, &request, request_bytes, fds.data(), fds.size(),
+                                MSG_NOSIGNAL),
+            static_cast<ssize_t>(request_bytes));
   char packet[sizeof(wire::Response) + wire::kMaxMessageBytes];
   const ssize_t received = recv(connection, packet, sizeof(packet), 0);
   if (received < static_cast<ssize_t>(sizeof(wire::Response))) return {~0u, "no answer"};
