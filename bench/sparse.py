@@ -58,7 +58,7 @@ class Trainer:
         self.waited = 0.0  # seconds spent in wait_captured, summed
 
     def train_step(self, step: int) -> None:
-        tokens = moe_train.batch_for(step)
+        tokens = moe_train.batch_for(step, torch.device("cpu"))
         logits = self.model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, moe_train.VOCAB),
                                                  tokens[:, 1:].reshape(-1))
@@ -109,8 +109,7 @@ def main() -> None:
     arguments = parser.parse_args()
     window = arguments.window
     failure = arguments.windows * window + window // 2
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    moe_train.make_deterministic(torch.device("cpu"))
 
     plain = Trainer(None, 0)
     dense = Trainer(arguments.socket, 0)

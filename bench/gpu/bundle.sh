@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Run here, on the Debian build machine: packs what the GPU measurements need into DEST (default
+# Run here, on the Debian build machine: packs what the GPU checks need into DEST (default
 # build/gpu-bundle) — the built programs, every shared library they load (ldd) except the GPU driver's,
-# and the dynamic loader — so that a GPU machine with none of our Debian libraries can run them.
-# Then carry DEST to the GPU machine and run bench/gpu/run.sh DEST there.
+# the dynamic loader, and the Python package (build/python, which carries its own libraries) — and
+# DEST.tar.gz of it all, so that a GPU machine with none of our Debian libraries can run them.
+# Then carry DEST.tar.gz to the GPU machine, unpack it and run bench/gpu/run.sh DEST there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-build/gpu-bundle}
-programs=(moesnap-bench moesnapd cuda_capture_test)
-rm -rf "$dest"
+programs=(moesnap-bench moesnapd moesnapctl cuda_capture_test device_regions_test)
+rm -rf "$dest" "$dest.tar.gz"
 mkdir -p "$dest/bin" "$dest/lib"
 for program in "${programs[@]}"; do
   [ -x "build/bin/$program" ] || { echo "build/bin/$program is missing: build with CUDA first" >&2; exit 1; }
@@ -19,5 +20,10 @@ for program in "${programs[@]}"; do
     done
 done
 cp -L /lib64/ld-linux-x86-64.so.2 "$dest/lib/"
+[ -d build/python/moesnap ] || { echo "build/python/moesnap is missing: build first" >&2; exit 1; }
+mkdir -p "$dest/python"
+cp -r build/python/moesnap "$dest/python/"
+find "$dest/python" -name __pycache__ -prune -exec rm -rf {} +
 cp bench/gpu/run.sh "$dest/"
-du -sh "$dest"
+tar -czf "$dest.tar.gz" -C "$(dirname "$dest")" "$(basename "$dest")"
+du -sh "$dest" "$dest.tar.gz"

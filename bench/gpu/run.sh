@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# Run on the GPU machine, builds nothing: runs the programs bench/gpu/bundle.sh packed, through the
-# bundled dynamic loader (so the machine's own C library version does not matter), with the
-# machine's GPU driver. Writes gpu.json and gpu.md to OUT (default: the current directory).
+# Run on the GPU machine from the repository root, builds nothing: runs the programs
+# bench/gpu/bundle.sh packed, through the bundled dynamic loader (so the machine's own C library
+# version does not matter), with the machine's GPU driver; then the Python package's GPU tests with
+# the machine's python3 and its PyTorch. Writes gpu.json, gpu.md and the logs to OUT (default: the
+# current directory). Every part runs even if one before it failed; the exit status says whether
+# all passed.
 #   bench/gpu/run.sh BUNDLE [OUT]
-set -euo pipefail
+set -uo pipefail
 bundle=$(cd "${1:?usage: run.sh BUNDLE [OUT]}" && pwd)
 out=${2:-.}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 run() { "$bundle/lib/ld-linux-x86-64.so.2" --library-path "$bundle/lib" "$@"; }
-# Tests start moesnapd as a child process: give them a wrapper that runs it through the loader too.
+# Tests start moesnapd (and moesnapctl) as child processes: give them wrappers that run them
+# through the loader too.
 wrapped=$(mktemp -d)
 trap 'rm -rf "$wrapped"' EXIT
-printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
-  "$bundle/lib/ld-linux-x86-64.so.2" "$bundle/lib" "$bundle/bin/moesnapd" > "$wrapped/moesnapd"
-chmod +x "$wrapped/moesnapd"
+for program in moesnapd moesnapctl; do
+  printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
+    "$bundle/lib/ld-linux-x86-64.so.2" "$bundle/lib" "$bundle/bin/$program" > "$wrapped/$program"
+  chmod +x "$wrapped/$program"
+done
 export MOESNAP_BIN_DIR=$wrapped
+failed=0
+part() {
+  local name=$1
+  shift
+  echo "== $name"
+  "$@" 2>&1 | tee "$out/$name.log"
+  local status=${PIPESTATUS[0]}
+  echo "== $name: exit $status"
+  [ "$status" -eq 0 ] || failed=1
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-echo "== gpu tests"
-run "$bundle/bin/cuda_capture_test"
-echo "== gpu benchmark"
-# moesnap-bench finds nothing else on disk; the daemon runs inside it.
-run "$bundle/bin/moesnap-bench" gpu --json "$out/gpu.json" --markdown "$out/gpu.md"
+part cuda_capture_test run "$bundle/bin/cuda_capture_test"
+part device_regions_test run "$bundle/bin/device_regions_test"
+# moesnap-bench starts the daemon it measures through MOESNAP_BIN_DIR too.
+part gpu_bench run "$bundle/bin/moesnap-bench" gpu --json "$out/gpu.json" --markdown "$out/gpu.md"
+part python_gpu_tests env PYTHONPATH="$bundle/python" PYTHONUNBUFFERED=1 \
+  python3 -m pytest -v -p no:cacheprovider client/python/tests/test_cuda.py
+exit $failed

@@ -17,7 +17,7 @@ TEST(CudaCaptureTest, DeviceRegionRoundTripsThroughTheDaemon) {
   if (cudaError_t error = cudaGetDeviceCount(&devices); error != cudaSuccess || devices == 0) {
     GTEST_SKIP() << "no usable CUDA device: " << cudaGetErrorString(error);
   }
-  testing::TestDaemon daemon("1GiB");
+  testing::TestDaemon daemon("1GiB", "", 0, "required");  // pinned with cudaHostRegister
   ASSERT_TRUE(daemon.Start());
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 0});

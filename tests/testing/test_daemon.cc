@@ -44,7 +44,7 @@ std::string BinaryPath(const std::string& program) {
 }
 
 TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_config,
-                       uint32_t node_id) {
+                       uint32_t node_id, const std::string& pool_lock) {
   static std::atomic<int> counter{0};
   char directory[] = "/tmp/moesnap-test-XXXXXX";
   directory_ = mkdtemp(directory);
@@ -60,7 +60,8 @@ TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_c
       "[node]\nid = ", node_id, "\n[agent]\nsocket = \"", agent_socket_, "\"\n[admin]\nsocket = \"",
       admin_socket_, "\"\n[http]\naddress = \"127.0.0.1:", http_port_, "\"\n[pool]\nname = \"",
       pool_name_, "\"\nbytes = \"", pool_bytes,
-      "\"\njournal_bytes = \"1MiB\"\nlock = \"off\"\n[capture]\nthreads = 2\n", extra_config);
+      "\"\njournal_bytes = \"1MiB\"\nlock = \"", pool_lock, "\"\n[capture]\nthreads = 2\n",
+      extra_config);
 }
 
 TestDaemon::~TestDaemon() {

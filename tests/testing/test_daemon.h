@@ -17,8 +17,9 @@ namespace moesnap::testing {
 class TestDaemon {
  public:
   // `extra_config` is appended to the generated TOML (tables must not repeat generated ones).
+  // `pool_lock` is [pool] lock: "off" by default, so tests need no locked-memory allowance.
   explicit TestDaemon(const std::string& pool_bytes = "768MiB", const std::string& extra_config = "",
-                      uint32_t node_id = 0);
+                      uint32_t node_id = 0, const std::string& pool_lock = "off");
   ~TestDaemon();
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""A small Mixture-of-Experts transformer trained on CPU with moesnap snapshots every step.
+"""A small Mixture-of-Experts transformer trained with moesnap snapshots every step.
 
 4 layers, 8 experts per layer, top-2 gating, Adam, synthetic next-token data that is a pure function
-of the step. Fully deterministic (fixed seeds, one thread, deterministic algorithms), so a run that
-is killed and restored must produce exactly the losses and final state of an uninterrupted run.
+of the step. Fully deterministic (fixed seeds, one thread, deterministic algorithms; on a GPU also
+deterministic cuBLAS and the math attention kernel), so a run that is killed and restored must
+produce exactly the losses and final state of an uninterrupted run on the same device. --device
+cuda trains on the GPU: parameters and Adam moments are then shared with moesnapd by CUDA IPC.
 
 Prints one line per event, flushed: "step S loss HEX" (the loss as float.hex), "snapshot S",
 "restored S" when it resumed, and "took over B bytes ..." when its shared memory is what a killed
@@ -17,6 +19,7 @@ window. --clip N clips the global gradient norm to N (the replay scales by the l
 """
 
 import argparse
+import os
 import sys
 
 import torch
@@ -80,7 +83,8 @@ class MoETransformer(nn.Module):
         self.head = nn.Linear(MODEL, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        mask = torch.triu(torch.full((tokens.shape[1], tokens.shape[1]), float("-inf")), diagonal=1)
+        mask = torch.triu(torch.full((tokens.shape[1], tokens.shape[1]), float("-inf"),
+                                     device=tokens.device), diagonal=1)
         x = self.embedding(tokens)
         for block in self.blocks:
             x = block(x, mask)
@@ -100,9 +104,22 @@ class DataPosition:
         self.next_step = state["next_step"]
 
 
-def batch_for(step: int) -> torch.Tensor:
+def batch_for(step: int, device: torch.device) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 + step)
-    return torch.randint(VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
+    return torch.randint(VOCAB, (BATCH, SEQUENCE + 1), generator=generator).to(device)
+
+
+def make_deterministic(device: torch.device) -> None:
+    torch.set_num_threads(1)
+    if device.type == "cuda":
+        # cuBLAS is deterministic only with a fixed workspace, set before CUDA starts; the fused
+        # attention kernels are not deterministic in their backward pass.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+            torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.use_deterministic_algorithms(True)
 
 
 def save_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -136,12 +153,13 @@ def main() -> int:
                         help="sparse snapshots over windows of this many steps (0: dense)")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the global gradient norm to this (0: no clipping)")
+    parser.add_argument("--device", default="cpu", help="train on this torch device (cpu, cuda)")
     arguments = parser.parse_args()
 
+    device = torch.device(arguments.device)
+    make_deterministic(device)
     torch.manual_seed(0)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    model = MoETransformer()
+    model = MoETransformer().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     moesnap.initialize_optimizer_state(optimizer)  # the reference run creates it the same way
     position = DataPosition()
@@ -159,7 +177,7 @@ def main() -> int:
                                                      arguments.sparse_window)
 
     def train_step(step: int) -> None:
-        tokens = batch_for(step)
+        tokens = batch_for(step, device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()

@@ -5,7 +5,7 @@ optimizer state must be bit-identical to an uninterrupted run."""
 import re
 import signal
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -15,8 +15,8 @@ from conftest import Daemon, start_trainer
 STEPS = 12
 
 
-def run_to_end(steps: int, socket_path, out: Path) -> List[str]:
-    trainer = start_trainer(steps, socket_path, out)
+def run_to_end(steps: int, socket_path, out: Path, extra: Optional[List[str]] = None) -> List[str]:
+    trainer = start_trainer(steps, socket_path, out, extra)
     lines = trainer.stdout.read().splitlines()
     assert trainer.wait() == 0, lines
     return lines
