@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,19 @@ class RegionSource {
  public:
   virtual ~RegionSource() = default;
   virtual uint64_t bytes() const = 0;
+};
+
+// One copy of a batch: `bytes` (more than 0) at `offset` of a region's source, to or from `host`
+// (pool memory). A transfer that `continues` the one before it in the batch (the next pool extent
+// of the same chunk) extends that one's CRC-32C; any other extends `crc` as given (0 at a chunk's
+// start). The copy sets `crc` to the CRC through this transfer.
+struct Transfer {
+  RegionSource* source = nullptr;
+  uint64_t offset = 0;
+  uint8_t* host = nullptr;
+  uint64_t bytes = 0;
+  bool continues = false;
+  uint32_t crc = 0;
 };
 
 // Thread-safe: copies of different chunks run concurrently on the capture threads.
@@ -48,6 +62,12 @@ class CopyBackend {
   // checksums.
   virtual absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset,
                                           const uint8_t* origin, uint64_t bytes, uint32_t crc) = 0;
+
+  // CopyOut and CopyIn of every transfer of a batch (a run of small regions, or the extents of one
+  // chunk), each transfer's CRC-32C set as they return it; a backend whose copies wait on a device
+  // queues them all and waits once. The first failure ends the batch.
+  virtual absl::Status CopyOutBatch(std::span<Transfer> transfers);
+  virtual absl::Status CopyInBatch(std::span<Transfer> transfers);
 };
 
 // Host regions in memory trainers handed over (found in `sessions`); page-locks with mlock.

@@ -1,14 +1,21 @@
 // The CUDA copy backend: GPU regions arrive as CUDA IPC handles. Each allocation handle and event
 // handle is opened once and shared by every region inside it (PyTorch's caching allocator packs many
 // tensors into one cudaMalloc block, and a handle may be opened only once per process). Copies wait on
-// the trainer's IPC event on the daemon's own stream, then cudaMemcpyAsync into pinned pool memory.
+// the trainer's IPC event on the daemon's own stream, then cudaMemcpyAsync into pinned pool memory:
+// a batch (a chunk, or a run of small regions) is queued whole in groups of 1 MiB, contiguous
+// regions as one copy, and each group's CRC-32C is computed while the next groups move.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/copy_backend.h"
@@ -91,18 +98,106 @@ class CudaRegionSource : public RegionSource {
   uint64_t bytes_;
 };
 
-// The calling capture thread's stream on `device`, created on first use.
-absl::StatusOr<cudaStream_t> ThreadStream(int device) {
-  thread_local std::map<int, cudaStream_t> streams;
-  auto it = streams.find(device);
-  if (it != streams.end()) return it->second;
+// A batch moves in groups of this size so that the CRC-32C of one group runs on the CPU while the
+// next groups move over PCIe: a batch then takes about the longer of the two, not their sum. A
+// group is also small enough to be read back from the last-level cache it was written to.
+constexpr uint64_t kGroupBytes = 1 << 20;
+constexpr int kGroupsInFlight = 4;
+
+// The calling capture thread's stream on one device, and the events marking where each group in
+// flight on it ends; created on first use.
+struct Lane {
   cudaStream_t stream = nullptr;
-  if (cudaError_t error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  std::array<cudaEvent_t, kGroupsInFlight> group_done{};
+};
+
+absl::StatusOr<Lane*> ThreadLane(int device) {
+  thread_local std::map<int, Lane> lanes;
+  auto it = lanes.find(device);
+  if (it != lanes.end()) return &it->second;
+  Lane lane;
+  if (cudaError_t error = cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking);
       error != cudaSuccess) {
     return CudaError(error, "cudaStreamCreateWithFlags");
   }
-  streams[device] = stream;
-  return stream;
+  for (cudaEvent_t& event : lane.group_done) {
+    if (cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        error != cudaSuccess) {
+      return CudaError(error, "cudaEventCreateWithFlags");
+    }
+  }
+  return &lanes.emplace(device, lane).first->second;
+}
+
+// A batch cut for the copy engine: slices of its transfers in order, each within one transfer, in
+// groups of kGroupBytes (the last group holds the rest). A group's contiguous slices move as one
+// cudaMemcpyAsync, so a run of small regions packed in one allocation is a few large copies.
+struct Slices {
+  struct Slice {
+    size_t transfer;
+    uint64_t at;  // into the transfer
+    uint64_t bytes;
+  };
+  std::vector<Slice> slices;
+  std::vector<size_t> group_ends;  // into slices
+
+  explicit Slices(std::span<const Transfer> transfers) {
+    uint64_t group_bytes = 0;
+    for (size_t t = 0; t < transfers.size(); ++t) {
+      for (uint64_t at = 0; at < transfers[t].bytes;) {
+        const uint64_t bytes = std::min(kGroupBytes - group_bytes, transfers[t].bytes - at);
+        slices.push_back({t, at, bytes});
+        at += bytes;
+        group_bytes += bytes;
+        if (group_bytes == kGroupBytes) {
+          group_ends.push_back(slices.size());
+          group_bytes = 0;
+        }
+      }
+    }
+    if (group_bytes > 0) group_ends.push_back(slices.size());
+  }
+  size_t group_begin(size_t group) const { return group == 0 ? 0 : group_ends[group - 1]; }
+};
+
+const CudaRegionSource& SourceOf(const Transfer& transfer) {
+  return static_cast<const CudaRegionSource&>(*transfer.source);
+}
+uint8_t* DeviceBytes(const Transfer& transfer, uint64_t at) {
+  return SourceOf(transfer).data() + transfer.offset + at;
+}
+
+// Extends the CRC-32C of the slice's transfer over the slice's bytes in the pool, starting the
+// transfer's CRC at its first slice (from the one before it where it continues that one).
+void ExtendCrc(std::span<Transfer> transfers, const Slices::Slice& slice) {
+  Transfer& transfer = transfers[slice.transfer];
+  if (slice.at == 0 && transfer.continues && slice.transfer > 0) {
+    transfer.crc = transfers[slice.transfer - 1].crc;
+  }
+  transfer.crc = erasure::Crc32cExtend(transfer.crc, transfer.host + slice.at, slice.bytes);
+}
+
+// Runs `copy(device_bytes, host_bytes, bytes)` once per run of slices in [begin, end) that are
+// contiguous both on the device and in the pool.
+template <typename Copy>
+absl::Status CopyContiguous(std::span<Transfer> transfers, const Slices& cut, size_t begin,
+                            size_t end, Copy copy) {
+  for (size_t i = begin; i < end;) {
+    const Slices::Slice& first = cut.slices[i];
+    uint8_t* device = DeviceBytes(transfers[first.transfer], first.at);
+    uint8_t* host = transfers[first.transfer].host + first.at;
+    uint64_t bytes = first.bytes;
+    for (++i; i < end; ++i) {
+      const Slices::Slice& next = cut.slices[i];
+      if (DeviceBytes(transfers[next.transfer], next.at) != device + bytes ||
+          transfers[next.transfer].host + next.at != host + bytes) {
+        break;
+      }
+      bytes += next.bytes;
+    }
+    if (absl::Status status = copy(device, host, bytes); !status.ok()) return status;
+  }
+  return absl::OkStatus();
 }
 
 class CudaCopyBackend : public CopyBackend {
@@ -187,49 +282,134 @@ class CudaCopyBackend : public CopyBackend {
 
   absl::StatusOr<uint32_t> CopyOut(RegionSource& region, uint64_t offset, uint8_t* destination,
                                    uint64_t bytes, uint32_t crc) override {
-    auto& source = static_cast<CudaRegionSource&>(region);
-    absl::StatusOr<cudaStream_t> stream = PrepareStream(source);
-    if (!stream.ok()) return stream.status();
-    if (source.event() != nullptr) {
-      // The trainer recorded this event at Snapshot: copy only what its optimizer step wrote.
-      if (cudaError_t error = cudaStreamWaitEvent(*stream, source.event(), 0); error != cudaSuccess) {
-        return CudaError(error, "cudaStreamWaitEvent");
-      }
+    Transfer transfer{&region, offset, destination, bytes, false, crc};
+    if (absl::Status status = CopyOutBatch(std::span<Transfer>(&transfer, 1)); !status.ok()) {
+      return status;
     }
-    if (cudaError_t error = cudaMemcpyAsync(destination, source.data() + offset, bytes,
-                                            cudaMemcpyDeviceToHost, *stream);
-        error != cudaSuccess) {
-      return CudaError(error, "cudaMemcpyAsync device to host");
-    }
-    if (cudaError_t error = cudaStreamSynchronize(*stream); error != cudaSuccess) {
-      return CudaError(error, "cudaStreamSynchronize");
-    }
-    return erasure::Crc32cExtend(crc, destination, bytes);
+    return transfer.crc;
   }
 
   absl::StatusOr<uint32_t> CopyIn(RegionSource& region, uint64_t offset, const uint8_t* origin,
                                   uint64_t bytes, uint32_t crc) override {
-    auto& source = static_cast<CudaRegionSource&>(region);
-    absl::StatusOr<cudaStream_t> stream = PrepareStream(source);
-    if (!stream.ok()) return stream.status();
-    crc = erasure::Crc32cExtend(crc, origin, bytes);
-    if (cudaError_t error = cudaMemcpyAsync(source.data() + offset, origin, bytes,
-                                            cudaMemcpyHostToDevice, *stream);
-        error != cudaSuccess) {
-      return CudaError(error, "cudaMemcpyAsync host to device");
+    // CopyInBatch only reads the pool.
+    Transfer transfer{&region, offset, const_cast<uint8_t*>(origin), bytes, false, crc};
+    if (absl::Status status = CopyInBatch(std::span<Transfer>(&transfer, 1)); !status.ok()) {
+      return status;
     }
-    if (cudaError_t error = cudaStreamSynchronize(*stream); error != cudaSuccess) {
-      return CudaError(error, "cudaStreamSynchronize");
-    }
-    return crc;
+    return transfer.crc;
+  }
+
+  absl::Status CopyOutBatch(std::span<Transfer> transfers) override {
+    return EachDevice(transfers, [](Lane& lane, std::span<Transfer> batch) {
+      return CopyOutOnLane(lane, batch);
+    });
+  }
+
+  absl::Status CopyInBatch(std::span<Transfer> transfers) override {
+    return EachDevice(transfers, [](Lane& lane, std::span<Transfer> batch) {
+      return CopyInOnLane(lane, batch);
+    });
   }
 
  private:
-  static absl::StatusOr<cudaStream_t> PrepareStream(const CudaRegionSource& source) {
-    if (cudaError_t error = cudaSetDevice(source.device()); error != cudaSuccess) {
-      return CudaError(error, "cudaSetDevice");
+  // Runs `copy` on each run of transfers of one device, on the calling thread's lane there.
+  template <typename Copy>
+  static absl::Status EachDevice(std::span<Transfer> transfers, Copy copy) {
+    for (size_t begin = 0; begin < transfers.size();) {
+      const int device = SourceOf(transfers[begin]).device();
+      size_t end = begin + 1;
+      while (end < transfers.size() && SourceOf(transfers[end]).device() == device) ++end;
+      if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+        return CudaError(error, "cudaSetDevice");
+      }
+      absl::StatusOr<Lane*> lane = ThreadLane(device);
+      if (!lane.ok()) return lane.status();
+      if (absl::Status status = copy(**lane, transfers.subspan(begin, end - begin)); !status.ok()) {
+        return status;
+      }
+      begin = end;
     }
-    return ThreadStream(source.device());
+    return absl::OkStatus();
+  }
+
+  // Waits for the trainer's capture events (one per stream its regions are written on), queues up
+  // to kGroupsInFlight groups of slices ahead, and computes each group's CRCs once it has landed,
+  // while the next groups move.
+  static absl::Status CopyOutOnLane(Lane& lane, std::span<Transfer> transfers) {
+    std::vector<cudaEvent_t> waited;
+    for (const Transfer& transfer : transfers) {
+      const cudaEvent_t event = SourceOf(transfer).event();
+      if (event == nullptr || std::find(waited.begin(), waited.end(), event) != waited.end()) {
+        continue;
+      }
+      // The trainer recorded this event at Snapshot: copy only what its optimizer step wrote.
+      if (cudaError_t error = cudaStreamWaitEvent(lane.stream, event, 0); error != cudaSuccess) {
+        return CudaError(error, "cudaStreamWaitEvent");
+      }
+      waited.push_back(event);
+    }
+    const Slices cut(transfers);
+    const size_t groups = cut.group_ends.size();
+    size_t queued = 0;
+    auto queue_next = [&]() -> absl::Status {
+      absl::Status status = CopyContiguous(
+          transfers, cut, cut.group_begin(queued), cut.group_ends[queued],
+          [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
+            if (cudaError_t error =
+                    cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, lane.stream);
+                error != cudaSuccess) {
+              return CudaError(error, "cudaMemcpyAsync device to host");
+            }
+            return absl::OkStatus();
+          });
+      if (!status.ok()) return status;
+      if (cudaError_t error = cudaEventRecord(lane.group_done[queued % kGroupsInFlight], lane.stream);
+          error != cudaSuccess) {
+        return CudaError(error, "cudaEventRecord");
+      }
+      ++queued;
+      return absl::OkStatus();
+    };
+    absl::Status status;
+    while (status.ok() && queued < std::min<size_t>(groups, kGroupsInFlight)) status = queue_next();
+    for (size_t group = 0; status.ok() && group < groups; ++group) {
+      if (cudaError_t error = cudaEventSynchronize(lane.group_done[group % kGroupsInFlight]);
+          error != cudaSuccess) {
+        status = CudaError(error, "cudaEventSynchronize");
+        break;
+      }
+      for (size_t i = cut.group_begin(group); i < cut.group_ends[group]; ++i) {
+        ExtendCrc(transfers, cut.slices[i]);
+      }
+      if (queued < groups) status = queue_next();
+    }
+    if (!status.ok()) cudaStreamSynchronize(lane.stream);  // nothing may still write the pool
+    return status;
+  }
+
+  // Checks each group's CRCs, then queues its copy: it moves while the next group is checked.
+  static absl::Status CopyInOnLane(Lane& lane, std::span<Transfer> transfers) {
+    const Slices cut(transfers);
+    absl::Status status;
+    for (size_t group = 0; status.ok() && group < cut.group_ends.size(); ++group) {
+      for (size_t i = cut.group_begin(group); i < cut.group_ends[group]; ++i) {
+        ExtendCrc(transfers, cut.slices[i]);
+      }
+      status = CopyContiguous(
+          transfers, cut, cut.group_begin(group), cut.group_ends[group],
+          [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
+            if (cudaError_t error =
+                    cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, lane.stream);
+                error != cudaSuccess) {
+              return CudaError(error, "cudaMemcpyAsync host to device");
+            }
+            return absl::OkStatus();
+          });
+    }
+    if (cudaError_t error = cudaStreamSynchronize(lane.stream); error != cudaSuccess && status.ok()) {
+      status = CudaError(error, "cudaStreamSynchronize");
+    }
+    return status;
   }
 
   std::mutex mutex_;  // guards the two handle caches

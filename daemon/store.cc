@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -86,6 +88,56 @@ absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
   }
   return absl::OkStatus();
 }
+
+// The transfers of a copy task: every pool extent of each chunk it copies, in order, run as one
+// batch per backend (a run of small regions on the GPU waits on the device once, not per region).
+class TaskTransfers {
+ public:
+  // Chunk `length` bytes at `offset` of `stored`, at `source_offset` of `source`.
+  void AddChunk(CopyBackend* backend, RegionSource* source, uint64_t source_offset,
+                const PoolBytes& stored, uint64_t offset, uint64_t length) {
+    const size_t begin = transfers_.size();
+    stored.ForEach(offset, length, [&](uint8_t* data, uint64_t bytes, uint64_t at) {
+      transfers_.push_back({source, source_offset + at, data, bytes, transfers_.size() > begin});
+    });
+    chunks_.push_back({backend, transfers_.size()});
+  }
+
+  // Runs copy(backend, transfers) on each maximal run of chunks of one backend, then
+  // finished(chunk, crc) for each chunk of a run that succeeded, in order. Stops at the first
+  // failure, which it returns with `first_chunk`, the index of the first chunk of its run.
+  template <typename Copy, typename Finished>
+  absl::Status Run(Copy copy, Finished finished, size_t& first_chunk) {
+    size_t chunk = 0;
+    size_t begin = 0;
+    while (chunk < chunks_.size()) {
+      size_t last = chunk;
+      while (last + 1 < chunks_.size() && chunks_[last + 1].backend == chunks_[chunk].backend) ++last;
+      const size_t end = chunks_[last].end;
+      if (absl::Status status =
+              copy(*chunks_[chunk].backend, std::span<Transfer>(transfers_).subspan(begin, end - begin));
+          !status.ok()) {
+        first_chunk = chunk;
+        return status;
+      }
+      for (size_t done = chunk; done <= last; ++done) {
+        const size_t chunk_begin = done == 0 ? 0 : chunks_[done - 1].end;
+        finished(done, chunks_[done].end > chunk_begin ? transfers_[chunks_[done].end - 1].crc : 0u);
+      }
+      chunk = last + 1;
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Chunk {
+    CopyBackend* backend;
+    size_t end;  // of its transfers
+  };
+  std::vector<Transfer> transfers_;
+  std::vector<Chunk> chunks_;
+};
 
 }  // namespace
 
@@ -739,36 +791,39 @@ void Store::TrimFinishedSteps(RankState& rank_state) {
 
 void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_index) {
   const CopyPlan::Part& part = job->plan->parts[part_index];
-  absl::Status failure;
-  // Copies one chunk of the version at `position` out of the trainer's memory, with its CRC-32C.
-  auto copy = [&](uint32_t position, uint32_t chunk) {
+  // The part copies one chunk of a large version, or a run of small versions whole.
+  std::vector<std::pair<uint32_t, uint32_t>> chunks;  // (position, chunk)
+  TaskTransfers transfers;
+  auto add = [&](uint32_t position, uint32_t chunk) {
     const RegionTable::Region& region = job->table->regions[(*job->selection)[position]];
-    Version& version = *job->versions[position];
+    const Version& version = *job->versions[position];
     const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
-    absl::StatusOr<uint32_t> crc = uint32_t{0};
-    version.stored->ForEach(offset, version.ChunkLength(chunk),
-                            [&](uint8_t* data, uint64_t bytes, uint64_t at) {
-                              if (crc.ok()) {
-                                crc = region.backend->CopyOut(*region.source,
-                                                              version.piece_offset + offset + at,
-                                                              data, bytes, *crc);
-                              }
-                            });
-    if (!crc.ok()) {
-      failure = absl::Status(crc.status().code(),
-                             absl::StrCat("copy of region '", version.region, "' chunk ", chunk,
-                                          " failed: ", crc.status().message()));
-      return;
-    }
-    version.chunk_crcs[chunk] = *crc;
+    transfers.AddChunk(region.backend, region.source.get(), version.piece_offset + offset,
+                       *version.stored, offset, version.ChunkLength(chunk));
+    chunks.emplace_back(position, chunk);
   };
   if (part.chunk) {
-    copy(part.first, *part.chunk);
+    add(part.first, *part.chunk);
   } else {
-    for (uint32_t position = part.first; position < part.last && failure.ok(); ++position) {
+    for (uint32_t position = part.first; position < part.last; ++position) {
       job->versions[position] = NewVersion(*job, position);
-      copy(position, 0);
+      add(position, 0);
     }
+  }
+  size_t failed_chunk = 0;
+  absl::Status failure = transfers.Run(
+      [](CopyBackend& backend, std::span<Transfer> batch) { return backend.CopyOutBatch(batch); },
+      [&](size_t index, uint32_t crc) {
+        const auto [position, chunk] = chunks[index];
+        job->versions[position]->chunk_crcs[chunk] = crc;
+      },
+      failed_chunk);
+  if (!failure.ok()) {
+    const auto [position, chunk] = chunks[failed_chunk];
+    failure = absl::Status(failure.code(),
+                           absl::StrCat("copy of region '", job->versions[position]->region,
+                                        "' chunk ", chunk, chunks.size() > 1 ? " and after" : "",
+                                        " failed: ", failure.message()));
   }
   if (job->parts_copying.fetch_sub(1) == 1) job->in_flight.reset();
 
@@ -1166,38 +1221,41 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   std::vector<std::function<void()>> parts;
   for (size_t part = 0; part < plan->parts.size(); ++part) {
     parts.push_back([work, plan, part, rank, progress, table] {
-      // Copies one chunk of a version into the trainer's memory and checks its CRC-32C.
-      auto copy = [&](const Work& item, uint32_t chunk) -> absl::Status {
+      // Copies a chunk of a large version, or a run of small versions whole, into the trainer's
+      // memory and checks each chunk's CRC-32C.
+      const CopyPlan::Part& range = plan->parts[part];
+      std::vector<std::pair<const Version*, uint32_t>> chunks;
+      TaskTransfers transfers;
+      auto add = [&](const Work& item, uint32_t chunk) {
         const Version& version = *item.version;
         const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
-        absl::StatusOr<uint32_t> crc = uint32_t{0};
-        version.stored->ForEach(offset, version.ChunkLength(chunk),
-                                [&](const uint8_t* data, uint64_t bytes, uint64_t position) {
-                                  if (crc.ok()) {
-                                    crc = item.region->backend->CopyIn(
-                                        *item.region->source,
-                                        version.piece_offset + offset + position, data, bytes,
-                                        *crc);
-                                  }
-                                });
-        if (!crc.ok()) return crc.status();
-        if (*crc != version.chunk_crcs[chunk]) {
-          return absl::DataLossError(absl::StrFormat(
-              "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the pool holds "
-              "%08x; the snapshot is corrupt (moesnapctl verify lists every damaged chunk)",
-              version.region, rank, version.step, chunk, version.chunk_crcs[chunk], *crc));
-        }
-        return absl::OkStatus();
+        transfers.AddChunk(item.region->backend, item.region->source.get(),
+                           version.piece_offset + offset, *version.stored, offset,
+                           version.ChunkLength(chunk));
+        chunks.emplace_back(&version, chunk);
       };
-      const CopyPlan::Part& range = plan->parts[part];
-      absl::Status status;
       if (range.chunk) {
-        status = copy((*work)[range.first], *range.chunk);
+        add((*work)[range.first], *range.chunk);
       } else {
         for (uint32_t position = range.first; position < range.last; ++position) {
-          status.Update(copy((*work)[position], 0));
+          add((*work)[position], 0);
         }
       }
+      absl::Status status;
+      size_t failed_chunk = 0;
+      status.Update(transfers.Run(
+          [](CopyBackend& backend, std::span<Transfer> batch) { return backend.CopyInBatch(batch); },
+          [&](size_t index, uint32_t crc) {
+            const auto [version, chunk] = chunks[index];
+            if (crc != version->chunk_crcs[chunk]) {
+              status.Update(absl::DataLossError(absl::StrFormat(
+                  "region '%s' of rank %d, step %d, chunk %d: stored CRC-32C %08x but the pool "
+                  "holds %08x; the snapshot is corrupt (moesnapctl verify lists every damaged "
+                  "chunk)",
+                  version->region, rank, version->step, chunk, version->chunk_crcs[chunk], crc)));
+            }
+          },
+          failed_chunk));
       absl::MutexLock lock(&progress->mutex);
       progress->status.Update(status);
       --progress->pending;

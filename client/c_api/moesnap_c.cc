@@ -342,22 +342,32 @@ moesnap_status moesnap_client_register_host_regions(moesnap_client* client,
   });
 }
 
-moesnap_status moesnap_client_register_device_region(moesnap_client* client, const char* name,
-                                                     int32_t device, uintptr_t allocation_base,
-                                                     uint64_t offset, uint64_t bytes,
-                                                     uintptr_t stream, const char* dtype,
-                                                     const int64_t* shape, size_t shape_length) {
+moesnap_status moesnap_client_register_device_regions(moesnap_client* client,
+                                                      const moesnap_device_region* regions,
+                                                      size_t count) {
   return Guarded([&] {
     if (client == nullptr) return Missing("client");
-    if (name == nullptr) return Missing("name");
-    if (absl::Status status = CheckArray(shape, shape_length, "shape"); !status.ok()) {
+    if (absl::Status status = CheckArray(regions, count, "regions"); !status.ok()) {
       return Fail(status);
     }
-    const moesnap::RegionInfo info{name, dtype != nullptr ? dtype : "",
-                                   Shape(shape, shape_length)};
-    const moesnap::DeviceMemory memory{device, reinterpret_cast<void*>(allocation_base), offset,
-                                       bytes, reinterpret_cast<void*>(stream)};
-    return Return(client->client->RegisterDeviceRegion(info, memory));
+    std::vector<moesnap::DeviceRegion> converted;
+    converted.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const moesnap_device_region& region = regions[i];
+      if (region.name == nullptr) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("regions[", i, "].name is NULL")));
+      }
+      if (region.shape_length > 0 && region.shape == nullptr) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("region '", region.name, "': shape is NULL but has ",
+                         region.shape_length, " dimensions")));
+      }
+      converted.push_back({{region.name, region.dtype != nullptr ? region.dtype : "",
+                            Shape(region.shape, region.shape_length)},
+                           {region.device, reinterpret_cast<void*>(region.address), region.bytes,
+                            reinterpret_cast<void*>(region.stream)}});
+    }
+    return Return(client->client->RegisterDeviceRegions(converted));
   });
 }
 

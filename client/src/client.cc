@@ -375,25 +375,37 @@ absl::Status Client::SetReplicaGroup(const ReplicaGroup& group,
   return state_->RegisterAndKeep(std::move(specs));
 }
 
-absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {
+absl::Status Client::RegisterDeviceRegions(const std::vector<DeviceRegion>& regions) {
+  if (regions.empty()) return absl::OkStatus();
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (!state_->hello.supports_device_memory()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "region '", info.name, "' is GPU memory but moesnapd at ", state_->options.socket_path,
-          " has no CUDA copy backend"));
+          "region '", regions.front().info.name, "' is GPU memory but moesnapd at ",
+          state_->options.socket_path, " has no CUDA copy backend"));
     }
   }
-  absl::StatusOr<v1::RegionHandle> handle = state_->device_regions->Share(info.name, memory);
-  if (!handle.ok()) return handle.status();
-  v1::RegionSpec spec;
-  spec.set_name(info.name);
-  spec.set_device(v1::DEVICE_CUDA);
-  spec.set_bytes(memory.bytes);
-  spec.set_dtype(info.dtype);
-  for (int64_t dimension : info.shape) spec.add_shape(dimension);
-  *spec.mutable_handle() = *std::move(handle);
-  return state_->RegisterAndKeep({std::move(spec)});
+  std::vector<std::pair<std::string, DeviceMemory>> shared;
+  shared.reserve(regions.size());
+  for (const DeviceRegion& region : regions) shared.emplace_back(region.info.name, region.memory);
+  absl::StatusOr<std::vector<v1::RegionHandle>> handles = state_->device_regions->Share(shared);
+  if (!handles.ok()) return handles.status();
+  std::vector<v1::RegionSpec> specs;
+  specs.reserve(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    v1::RegionSpec& spec = specs.emplace_back();
+    spec.set_name(regions[i].info.name);
+    spec.set_device(v1::DEVICE_CUDA);
+    spec.set_bytes(regions[i].memory.bytes);
+    spec.set_dtype(regions[i].info.dtype);
+    for (int64_t dimension : regions[i].info.shape) spec.add_shape(dimension);
+    *spec.mutable_handle() = std::move((*handles)[i]);
+  }
+  return state_->RegisterAndKeep(std::move(specs));
+}
+
+absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {
+  return RegisterDeviceRegions({{info, memory}});
 }
 
 absl::StatusOr<uint64_t> Client::Snapshot(int64_t step, const std::vector<std::string>& regions) {

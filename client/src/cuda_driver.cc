@@ -38,6 +38,7 @@ absl::StatusOr<CudaDriver> Load() {
            Resolve(library, "cuDevicePrimaryCtxRelease_v2", driver.primary_context_release),
            Resolve(library, "cuCtxPushCurrent_v2", driver.context_push),
            Resolve(library, "cuCtxPopCurrent_v2", driver.context_pop),
+           Resolve(library, "cuMemGetAddressRange_v2", driver.memory_address_range),
            Resolve(library, "cuIpcGetMemHandle", driver.ipc_get_memory_handle),
            Resolve(library, "cuEventCreate", driver.event_create),
            Resolve(library, "cuIpcGetEventHandle", driver.ipc_get_event_handle),

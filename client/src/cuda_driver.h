@@ -37,6 +37,7 @@ struct CudaDriver {
   CuResult (*primary_context_release)(CuDevice device);
   CuResult (*context_push)(CuContext context);
   CuResult (*context_pop)(CuContext* context);
+  CuResult (*memory_address_range)(CuDevicePointer* base, size_t* bytes, CuDevicePointer pointer);
   CuResult (*ipc_get_memory_handle)(CuIpcMemHandle* handle, CuDevicePointer pointer);
   CuResult (*event_create)(CuEvent* event, unsigned flags);
   CuResult (*ipc_get_event_handle)(CuIpcEventHandle* handle, CuEvent event);

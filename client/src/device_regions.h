@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,11 +27,14 @@ class DeviceRegions {
   DeviceRegions(const DeviceRegions&) = delete;
   DeviceRegions& operator=(const DeviceRegions&) = delete;
 
-  // Exports `memory` for the daemon: its IPC memory handle and a fresh IPC event (replacing the
-  // event of an earlier region of that name). FAILED_PRECONDITION when there is no CUDA driver.
-  absl::StatusOr<v1::RegionHandle> Share(const std::string& name, const DeviceMemory& memory);
-  // Records the capture event of each named region (all when empty) on its stream; names of
-  // host regions are passed over.
+  // Exports each named region's memory for the daemon, in order: its IPC memory handle, and the
+  // IPC event of its stream, made for the first region of that stream and shared by every later
+  // one (a region of the same name shared again moves to its new stream's event).
+  // FAILED_PRECONDITION when there is no CUDA driver.
+  absl::StatusOr<std::vector<v1::RegionHandle>> Share(
+      const std::vector<std::pair<std::string, DeviceMemory>>& regions);
+  // Records, on each stream, the capture event of the named regions (all when empty), once per
+  // stream however many regions share it; names of host regions are passed over.
   absl::Status RecordCaptureEvents(const std::vector<std::string>& names);
 
  private:

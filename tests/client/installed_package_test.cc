@@ -93,7 +93,7 @@ TEST_F(InstalledPackageTest, TrainersBuiltAgainstItRunAgainstADaemon) {
                   {pkg_config_path}),
               "compiling with pkg-config moesnap-c");
 
-  testing::TestDaemon daemon("64MiB");
+  testing::TestDaemon daemon({.pool_bytes = "64MiB"});
   ASSERT_TRUE(daemon.Start());
   const std::vector<std::string> trainers = {build + "/cpp_trainer", build + "/c_trainer",
                                              pkg_config_trainer};

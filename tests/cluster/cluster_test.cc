@@ -36,6 +36,7 @@ namespace {
 using testing::BinaryPath;
 using testing::ChildProcess;
 using testing::TestDaemon;
+using testing::TestDaemonOptions;
 using namespace std::chrono_literals;
 
 constexpr int kDataUnits = 4;
@@ -107,8 +108,10 @@ class ClusterTest : public ::testing::Test {
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
         "control_port = 0\ndata_port = 0\n", cluster_keys_);
     for (int id = 0; id < nodes_; ++id) {
-      daemons_.push_back(std::make_unique<TestDaemon>(
-          "64MiB", cluster + certificates_->TlsSection() + extra_config_, id));
+      daemons_.push_back(std::make_unique<TestDaemon>(TestDaemonOptions{
+          .pool_bytes = "64MiB",
+          .node_id = static_cast<uint32_t>(id),
+          .extra_config = cluster + certificates_->TlsSection() + extra_config_}));
     }
     // Node 0 first, so that it is the first candidate and coordinates.
     ASSERT_TRUE(daemons_[0]->Start(EnvironmentOf(0)));

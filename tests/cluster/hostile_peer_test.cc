@@ -29,6 +29,7 @@ namespace moesnap {
 namespace {
 
 using testing::TestDaemon;
+using testing::TestDaemonOptions;
 using namespace std::chrono_literals;
 
 constexpr int kNodes = 3;
@@ -52,7 +53,8 @@ class HostilePeerTest : public ::testing::Test {
         // still be checked.
         "[tls]\ninsecure = true\n");
     for (int id = 0; id < kNodes; ++id) {
-      daemons_.push_back(std::make_unique<TestDaemon>("32MiB", cluster, id));
+      daemons_.push_back(std::make_unique<TestDaemon>(TestDaemonOptions{
+          .pool_bytes = "32MiB", .node_id = static_cast<uint32_t>(id), .extra_config = cluster}));
     }
     ASSERT_TRUE(daemons_[0]->Start());
     ASSERT_NO_FATAL_FAILURE(WaitUntil([&] { return Coordinator() == 0; }, "node 0 coordinates"));

@@ -36,6 +36,7 @@ using testing::BinaryPath;
 using testing::ChildProcess;
 using testing::JobCertificates;
 using testing::TestDaemon;
+using testing::TestDaemonOptions;
 using namespace std::chrono_literals;
 namespace asio = boost::asio;
 
@@ -76,7 +77,8 @@ class MutualTlsTest : public ::testing::Test {
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
         "control_port = 0\ndata_port = 0\n", job_->TlsSection());
     for (int id = 0; id < kNodes; ++id) {
-      daemons_.push_back(std::make_unique<TestDaemon>("64MiB", config, id));
+      daemons_.push_back(std::make_unique<TestDaemon>(TestDaemonOptions{
+          .pool_bytes = "64MiB", .node_id = static_cast<uint32_t>(id), .extra_config = config}));
       ASSERT_TRUE(daemons_.back()->Start());
     }
     WaitForCluster();

@@ -37,6 +37,7 @@ using testing::BinaryPath;
 using testing::ChildProcess;
 using testing::NetLab;
 using testing::TestDaemon;
+using testing::TestDaemonOptions;
 using namespace std::chrono_literals;
 
 constexpr int kNodes = 6;  // one group: k = 4, m = 2
@@ -121,7 +122,8 @@ class PartitionTest : public ::testing::Test {
         "lease_ttl_ms = 2000\ncommit_timeout_ms = 3000\netcd_endpoints = [\"",
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"", address, "\"\n",
         certificates_->TlsSection());
-    auto daemon = std::make_unique<TestDaemon>("64MiB", config, node);
+    auto daemon = std::make_unique<TestDaemon>(TestDaemonOptions{
+        .pool_bytes = "64MiB", .node_id = static_cast<uint32_t>(node), .extra_config = config});
     daemon->set_launcher(lab_->Launch(host_of_[node], {}));
     return daemon;
   }

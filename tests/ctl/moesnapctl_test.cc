@@ -35,7 +35,7 @@ Result Ctl(const std::string& socket, std::vector<std::string> arguments) {
 }
 
 TEST(MoesnapctlTest, DropRankLeavesARegisteredRankOutAndStatusSaysSo) {
-  TestDaemon daemon("16MiB");
+  TestDaemon daemon({.pool_bytes = "16MiB"});
   ASSERT_TRUE(daemon.Start());
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 3});
@@ -61,7 +61,7 @@ TEST(MoesnapctlTest, DropRankLeavesARegisteredRankOutAndStatusSaysSo) {
 }
 
 TEST(MoesnapctlTest, ReportsStepsVerifiesDropsAndFindsACorruptChunk) {
-  TestDaemon daemon("64MiB");
+  TestDaemon daemon({.pool_bytes = "64MiB"});
   ASSERT_TRUE(daemon.Start());
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 3});

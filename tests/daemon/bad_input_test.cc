@@ -73,7 +73,7 @@ class BadInputTest : public ::testing::Test {
         << "'" << status.message() << "' does not mention '" << mentions << "'";
   }
 
-  TestDaemon daemon_{"16MiB"};
+  TestDaemon daemon_{{.pool_bytes = "16MiB"}};
   std::unique_ptr<Client> client_;
   std::shared_ptr<SharedBuffer> buffer_;
 };
@@ -260,12 +260,12 @@ TEST(FaultInjectionTest, OnlyTheTestBuildOfTheDaemonHonoursTheCrashVariables) {
     return trainer.Wait(30s);
   };
   {
-    TestDaemon test_build{"16MiB"};
+    TestDaemon test_build{{.pool_bytes = "16MiB"}};
     ASSERT_TRUE(test_build.StartProgram("moesnapd-faults", crash));
     train(test_build);
     EXPECT_EQ(test_build.WaitExit(30s), -SIGKILL);
   }
-  TestDaemon production{"16MiB"};
+  TestDaemon production{{.pool_bytes = "16MiB"}};
   ASSERT_TRUE(production.StartProgram("moesnapd", crash));
   EXPECT_EQ(train(production), 0);
   EXPECT_TRUE(production.running());

@@ -17,7 +17,8 @@ TEST(CudaCaptureTest, DeviceRegionRoundTripsThroughTheDaemon) {
   if (cudaError_t error = cudaGetDeviceCount(&devices); error != cudaSuccess || devices == 0) {
     GTEST_SKIP() << "no usable CUDA device: " << cudaGetErrorString(error);
   }
-  testing::TestDaemon daemon("1GiB", "", 0, "required");  // pinned with cudaHostRegister
+  // The pool pinned with cudaHostRegister, as in production.
+  testing::TestDaemon daemon({.pool_bytes = "1GiB", .pool_lock = "required"});
   ASSERT_TRUE(daemon.Start());
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 0});
@@ -32,7 +33,7 @@ TEST(CudaCaptureTest, DeviceRegionRoundTripsThroughTheDaemon) {
   uint8_t* region = static_cast<uint8_t*>(allocation) + kBytes;
   ASSERT_EQ(cudaMemcpy(region, pattern.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_OK((*client)->RegisterDeviceRegion({"layer0.expert0.master", "uint8", {}},
-                                            {0, allocation, kBytes, kBytes, nullptr}));
+                                            {0, region, kBytes, nullptr}));
   ASSERT_OK((*client)->Snapshot(1));
   ASSERT_OK((*client)->WaitCommitted(1));
 

@@ -27,6 +27,7 @@ namespace {
 using testing::BinaryPath;
 using testing::ChildProcess;
 using testing::TestDaemon;
+using testing::TestDaemonOptions;
 using namespace std::chrono_literals;
 
 constexpr int kRegions = 4;
@@ -62,9 +63,10 @@ class DurableTierTest : public ::testing::Test {
   }
 
   void StartDaemon(const std::string& durable_keys, const std::string& root = "") {
-    daemon_ = std::make_unique<TestDaemon>(
-        "128MiB", absl::StrCat("[durable]\ndirectory = \"", root.empty() ? root_ : root, "\"\n",
-                               durable_keys));
+    daemon_ = std::make_unique<TestDaemon>(TestDaemonOptions{
+        .pool_bytes = "128MiB",
+        .extra_config = absl::StrCat("[durable]\ndirectory = \"", root.empty() ? root_ : root,
+                                     "\"\n", durable_keys)});
     ASSERT_TRUE(daemon_->Start());
   }
 

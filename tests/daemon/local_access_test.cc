@@ -98,7 +98,8 @@ class LocalAccessTest : public ::testing::Test {
     }
   }
 
-  TestDaemon daemon_{"16MiB", absl::StrCat("[access]\nallowed_uids = [", kNobody, "]\n")};
+  TestDaemon daemon_{{.pool_bytes = "16MiB",
+                      .extra_config = absl::StrCat("[access]\nallowed_uids = [", kNobody, "]\n")}};
   std::unique_ptr<v1::Agent::Stub> agent_;
   std::unique_ptr<Client> victim_;
   std::shared_ptr<SharedBuffer> buffer_;
@@ -218,7 +219,7 @@ int OpenDescriptors(pid_t pid) {
 }
 
 TEST(AcceptLoopTest, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
-  TestDaemon daemon{"16MiB"};
+  TestDaemon daemon{{.pool_bytes = "16MiB"}};
   ASSERT_TRUE(daemon.Start());
   // Leave the daemon two descriptors, then queue more connections than it can accept.
   rlimit original{};

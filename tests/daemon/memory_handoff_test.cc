@@ -99,7 +99,7 @@ class MemoryHandoffTest : public ::testing::Test {
 
   std::string MemorySocket() const { return daemon_.agent_socket() + wire::kSocketSuffix; }
 
-  TestDaemon daemon_{"64MiB"};
+  TestDaemon daemon_{{.pool_bytes = "64MiB"}};
   std::unique_ptr<v1::Agent::Stub> agent_;
   std::map<uint32_t, std::string> sessions_;  // by rank
 };

@@ -107,7 +107,7 @@ std::optional<double> QueryPrometheus(uint16_t port, const std::string& query) {
 }
 
 TEST_F(OperationsTest, PrometheusScrapesTheDaemonAndAgreesWithMoesnapctl) {
-  TestDaemon daemon("64MiB");
+  TestDaemon daemon({.pool_bytes = "64MiB"});
   ASSERT_TRUE(daemon.Start());
   ASSERT_NO_FATAL_FAILURE(CommitOneStep(daemon));
 
@@ -157,7 +157,7 @@ TEST_F(OperationsTest, PrometheusScrapesTheDaemonAndAgreesWithMoesnapctl) {
 }
 
 TEST_F(OperationsTest, PromtoolAcceptsTheExposition) {
-  TestDaemon daemon("64MiB");
+  TestDaemon daemon({.pool_bytes = "64MiB"});
   ASSERT_TRUE(daemon.Start());
   ASSERT_NO_FATAL_FAILURE(CommitOneStep(daemon));
   absl::StatusOr<testing::HttpReply> metrics = HttpGet(daemon.http_port(), "/metrics");
@@ -212,7 +212,7 @@ absl::StatusOr<int> GrpcHealth(const std::string& socket) {
 }
 
 TEST_F(OperationsTest, HealthEndpointsAndTheGrpcHealthServiceOnBothSockets) {
-  TestDaemon daemon("64MiB");
+  TestDaemon daemon({.pool_bytes = "64MiB"});
   ASSERT_TRUE(daemon.Start());  // returns once the agent socket accepts, before the first probe
   for (const char* path : {"/healthz", "/readyz"}) {
     std::string last;
@@ -261,7 +261,7 @@ class NotifySocket {
 };
 
 TEST_F(OperationsTest, NotifiesReadyThenPingsTheWatchdogOnlyWhileItAnswersItsProbe) {
-  TestDaemon daemon("64MiB");
+  TestDaemon daemon({.pool_bytes = "64MiB"});
   NotifySocket notify(daemon.directory() + "/notify.sock");
   ASSERT_TRUE(notify.bound());
   // WatchdogSec=300ms: the daemon probes itself and pings every 150 ms.

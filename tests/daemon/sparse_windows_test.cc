@@ -69,7 +69,8 @@ class SparseWindowsTest : public ::testing::Test {
     return client_->WaitCommitted(step);
   }
 
-  TestDaemon daemon_{"64MiB", "[upstream_log]\nmax_bytes = \"16KiB\"\n"};
+  TestDaemon daemon_{{.pool_bytes = "64MiB",
+                      .extra_config = "[upstream_log]\nmax_bytes = \"16KiB\"\n"}};
   std::unique_ptr<Client> client_;
   std::shared_ptr<SharedBuffer> buffer_;
 };

@@ -43,8 +43,7 @@ std::string BinaryPath(const std::string& program) {
   return absl::StrCat(directory != nullptr ? directory : MOESNAP_BIN_DIR, "/", program);
 }
 
-TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_config,
-                       uint32_t node_id, const std::string& pool_lock) {
+TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   static std::atomic<int> counter{0};
   char directory[] = "/tmp/moesnap-test-XXXXXX";
   directory_ = mkdtemp(directory);
@@ -57,11 +56,11 @@ TestDaemon::TestDaemon(const std::string& pool_bytes, const std::string& extra_c
   config_path_ = directory_ + "/moesnapd.toml";
   http_port_ = UnusedLoopbackPort();
   std::ofstream(config_path_) << absl::StrCat(
-      "[node]\nid = ", node_id, "\n[agent]\nsocket = \"", agent_socket_, "\"\n[admin]\nsocket = \"",
-      admin_socket_, "\"\n[http]\naddress = \"127.0.0.1:", http_port_, "\"\n[pool]\nname = \"",
-      pool_name_, "\"\nbytes = \"", pool_bytes,
-      "\"\njournal_bytes = \"1MiB\"\nlock = \"", pool_lock, "\"\n[capture]\nthreads = 2\n",
-      extra_config);
+      "[node]\nid = ", options.node_id, "\n[agent]\nsocket = \"", agent_socket_,
+      "\"\n[admin]\nsocket = \"", admin_socket_, "\"\n[http]\naddress = \"127.0.0.1:", http_port_,
+      "\"\n[pool]\nname = \"", pool_name_, "\"\nbytes = \"", options.pool_bytes,
+      "\"\njournal_bytes = \"", options.journal_bytes, "\"\nlock = \"", options.pool_lock,
+      "\"\n[capture]\nthreads = ", options.capture_threads, "\n", options.extra_config);
 }
 
 TestDaemon::~TestDaemon() {

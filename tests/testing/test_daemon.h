@@ -14,12 +14,19 @@
 
 namespace moesnap::testing {
 
+// What a TestDaemon's generated config says.
+struct TestDaemonOptions {
+  std::string pool_bytes = "768MiB";
+  std::string journal_bytes = "1MiB";
+  std::string pool_lock = "off";  // [pool] lock: off, so tests need no locked-memory allowance
+  int capture_threads = 2;
+  uint32_t node_id = 0;
+  std::string extra_config = "";  // appended to the TOML (tables must not repeat generated ones)
+};
+
 class TestDaemon {
  public:
-  // `extra_config` is appended to the generated TOML (tables must not repeat generated ones).
-  // `pool_lock` is [pool] lock: "off" by default, so tests need no locked-memory allowance.
-  explicit TestDaemon(const std::string& pool_bytes = "768MiB", const std::string& extra_config = "",
-                      uint32_t node_id = 0, const std::string& pool_lock = "off");
+  explicit TestDaemon(const TestDaemonOptions& options = {});
   ~TestDaemon();
 
   // Starts moesnapd and waits until it serves (its admin service answers, from this process).

@@ -59,13 +59,13 @@ struct ReplicaGroup {
   std::vector<uint32_t> ranks;  // every member, in the same order on each: member i holds shard i
 };
 
-// GPU memory inside one cudaMalloc allocation: `allocation_base` is the pointer cudaMalloc returned,
-// the region starts `offset` bytes into it. `stream` is the trainer's cudaStream_t (null: the legacy
-// default stream), on which Snapshot records the capture event.
+// GPU memory: `bytes` bytes at `address` on `device`, inside one cudaMalloc allocation (the client
+// finds the allocation and shares it whole by CUDA IPC, however many regions lie in it). `stream` is
+// the trainer's cudaStream_t that writes the region (null: the legacy default stream), on which
+// Snapshot records the capture event.
 struct DeviceMemory {
   int device = 0;
-  void* allocation_base = nullptr;
-  size_t offset = 0;
+  void* address = nullptr;
   size_t bytes = 0;
   void* stream = nullptr;
 };
@@ -86,6 +86,11 @@ struct HostRegion {
   MemoryHandle memory = 0;
   uint64_t offset = 0;
   uint64_t bytes = 0;
+};
+
+struct DeviceRegion {
+  RegionInfo info;
+  DeviceMemory memory;
 };
 
 struct RestoredRegion {
@@ -186,9 +191,12 @@ class Client {
   // Registers `bytes` bytes at `offset` of `buffer` as a region (handing the buffer over once).
   absl::Status RegisterHostRegion(const RegionInfo& info, std::shared_ptr<SharedBuffer> buffer,
                                   size_t offset, size_t bytes);
-  // Registers GPU memory shared by CUDA IPC. The first such call loads the CUDA driver
-  // (libcuda.so.1; nothing of CUDA is linked in): FAILED_PRECONDITION when it cannot be loaded, or
-  // when the daemon has no GPU backend.
+  // Registers GPU memory shared by CUDA IPC, all in one call. The first such call loads the CUDA
+  // driver (libcuda.so.1; nothing of CUDA is linked in): FAILED_PRECONDITION when it cannot be
+  // loaded, or when the daemon has no GPU backend. Regions written on the same stream share one
+  // capture event.
+  absl::Status RegisterDeviceRegions(const std::vector<DeviceRegion>& regions);
+  // The same for one region.
   absl::Status RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory);
   // Declares that registered `regions` (every registered region when empty) are identical on the
   // ranks of `group`, this rank among them (data-parallel replicas). From then on each member's

@@ -104,14 +104,23 @@ typedef struct moesnap_host_region {
 MOESNAP_C_API moesnap_status moesnap_client_register_host_regions(
     moesnap_client* client, const moesnap_host_region* regions, size_t count);
 
-/* Client::RegisterDeviceRegion: `bytes` bytes at `offset` into the cudaMalloc allocation that
- * starts at `allocation_base` on `device`; `stream` the trainer's CUDA stream (0: the legacy
- * default stream). The CUDA driver (libcuda.so.1) is loaded by the first such call, never before:
- * FAILED_PRECONDITION when it cannot be, or when the daemon has no CUDA copy backend. */
-MOESNAP_C_API moesnap_status moesnap_client_register_device_region(
-    moesnap_client* client, const char* name, int32_t device, uintptr_t allocation_base,
-    uint64_t offset, uint64_t bytes, uintptr_t stream, const char* dtype, const int64_t* shape,
-    size_t shape_length);
+typedef struct moesnap_device_region {
+  const char* name;      /* unique within the rank */
+  int32_t device;        /* CUDA device ordinal */
+  uintptr_t address;     /* where the region starts, inside memory from cudaMalloc */
+  uint64_t bytes;
+  uintptr_t stream;      /* the trainer's CUDA stream that writes it (0: the legacy default) */
+  const char* dtype;     /* e.g. "bfloat16"; NULL or "": unchecked on restore */
+  const int64_t* shape;  /* shape_length dimensions; none: unchecked */
+  size_t shape_length;
+} moesnap_device_region;
+
+/* Client::RegisterDeviceRegions, all in one call: GPU memory shared by CUDA IPC, regions of one
+ * stream sharing one capture event. The CUDA driver (libcuda.so.1) is loaded by the first such
+ * call, never before: FAILED_PRECONDITION when it cannot be, or when the daemon has no CUDA copy
+ * backend. */
+MOESNAP_C_API moesnap_status moesnap_client_register_device_regions(
+    moesnap_client* client, const moesnap_device_region* regions, size_t count);
 
 /* Client::SetReplicaGroup: `regions` (every registered region when count is 0) are identical on
  * the `rank_count` ranks of group `name` (every member, in the same order on each; none: whole

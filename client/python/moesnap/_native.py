@@ -38,6 +38,12 @@ class HostRegion(Structure):
                 ("dtype", c_char_p), ("shape", POINTER(c_int64)), ("shape_length", c_size_t)]
 
 
+class DeviceRegion(Structure):
+    _fields_ = [("name", c_char_p), ("device", c_int32), ("address", c_size_t),
+                ("bytes", c_uint64), ("stream", c_size_t), ("dtype", c_char_p),
+                ("shape", POINTER(c_int64)), ("shape_length", c_size_t)]
+
+
 class SparseSlot(Structure):
     _fields_ = [("window_first_step", c_int64), ("window_size", c_uint32), ("slot", c_uint32),
                 ("buffer", c_uint32), ("operators", POINTER(c_char_p)),
@@ -79,9 +85,8 @@ _PROTOTYPES = {
                                               _out(c_uint64)]),
     "moesnap_client_adopt_memory": (_STATUS, [c_void_p, c_size_t, _out(c_int), _out(c_uint64)]),
     "moesnap_client_register_host_regions": (_STATUS, [c_void_p, POINTER(HostRegion), c_size_t]),
-    "moesnap_client_register_device_region": (_STATUS, [
-        c_void_p, c_char_p, c_int32, c_void_p, c_uint64, c_uint64, c_void_p, c_char_p,
-        POINTER(c_int64), c_size_t]),
+    "moesnap_client_register_device_regions": (_STATUS, [c_void_p, POINTER(DeviceRegion),
+                                                         c_size_t]),
     "moesnap_client_set_replica_group": (_STATUS, [c_void_p, c_char_p, POINTER(c_uint32), c_size_t,
                                                    _strings, c_size_t]),
     "moesnap_client_snapshot": (_STATUS, [c_void_p, c_int64, _strings, c_size_t, _out(c_uint64)]),

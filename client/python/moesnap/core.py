@@ -161,16 +161,19 @@ class Client:
             slot.dtype, slot.shape, slot.shape_length = dtype.encode(), dimensions, length
         check(lib.moesnap_client_register_host_regions(self._handle, converted, len(regions)))
 
-    def register_device_region(self, name: str, device: int, allocation_base: int, offset: int,
-                               bytes: int, stream: int = 0, dtype: str = "",
-                               shape: Sequence[int] = ()) -> None:
-        """Registers GPU memory (CUDA IPC): ``bytes`` at ``offset`` into the cudaMalloc allocation
-        at ``allocation_base``; the capture event is recorded on ``stream`` at each snapshot.
-        The CUDA driver is loaded by the first such call."""
-        dimensions, length = _shape(shape)
-        check(lib.moesnap_client_register_device_region(
-            self._handle, name.encode(), device, allocation_base, offset, bytes, stream,
-            dtype.encode(), dimensions, length))
+    def register_device_regions(self, regions: Sequence[Tuple[str, int, int, int, int, str,
+                                                              Sequence[int]]]) -> None:
+        """Registers GPU memory (CUDA IPC) in one call: (name, device, address, bytes, stream,
+        dtype, shape) tuples, each ``bytes`` at device ``address`` inside memory from cudaMalloc,
+        its capture event recorded on ``stream`` (0: the legacy default stream) at each snapshot,
+        once per stream. The CUDA driver is loaded by the first such call."""
+        converted = (_native.DeviceRegion * len(regions))()
+        for slot, (name, device, address, size, stream, dtype, shape) in zip(converted, regions):
+            dimensions, length = _shape(shape)
+            slot.name, slot.device, slot.address, slot.bytes = name.encode(), device, address, size
+            slot.stream, slot.dtype = stream, dtype.encode()
+            slot.shape, slot.shape_length = dimensions, length
+        check(lib.moesnap_client_register_device_regions(self._handle, converted, len(regions)))
 
     def set_replica_group(self, name: str, ranks: Sequence[int], regions: Sequence[str] = ()) -> None:
         """Declares ``regions`` (every registered region when empty) identical on ``ranks``, this

@@ -440,6 +440,7 @@ class Client:
         and are handed to the daemon in one call; CUDA tensors are shared by IPC. Zero-size
         tensors hold no bytes and are skipped. Returns the region names registered."""
         host: List[Tuple[str, torch.Tensor]] = []
+        device: List[Tuple[str, torch.Tensor]] = []
         names: List[str] = []
         for name, tensor in named:
             if not internal:
@@ -454,13 +455,14 @@ class Client:
                             f"tensor '{name}' is not contiguous (strides {list(tensor.stride())}): "
                             f"moesnap registers a tensor as one range of its storage")
             if tensor.device.type == "cuda":
-                self._register_cuda_tensor(name, tensor)
+                device.append((name, tensor))
                 names.append(name)
             elif tensor.device.type == "cpu":
                 host.append((name, tensor))
             else:
                 raise Error("UNIMPLEMENTED", f"tensor '{name}' is on {tensor.device}: moesnap "
                                              f"shares CPU tensors and CUDA tensors")
+        self._register_cuda_tensors(device)
         if not host:
             return names
         fresh: Dict[int, Tuple[str, Any]] = {}
@@ -561,13 +563,18 @@ class Client:
         host = [(name, tensor, live) for name, tensor, live in named
                 if _nbytes(tensor) > 0 and tensor.device.type != "cuda"]
         names = []
+        device = []
+        live_of = {}
         for name, tensor, live in named:
             if _nbytes(tensor) > 0 and tensor.device.type == "cuda":
                 staging = torch.empty_like(tensor, memory_format=torch.contiguous_format)
                 staging.copy_(tensor)
-                self._register_cuda_tensor(name, staging)
-                self._regions[name].live = live
+                device.append((name, staging))
+                live_of[name] = live
                 names.append(name)
+        self._register_cuda_tensors(device)
+        for name, live in live_of.items():
+            self._regions[name].live = live
         if not host:
             return names
         *offsets, total = _storage.layout([_nbytes(tensor) for _, tensor, _ in host])
@@ -587,18 +594,18 @@ class Client:
         self._native.register_host_regions(specs)
         return names
 
-    def _register_cuda_tensor(self, name: str, tensor: torch.Tensor) -> None:
-        """Shares a CUDA tensor by IPC: the daemon opens its allocation's handle and copies the
-        region after waiting on an event recorded on the current stream at each snapshot."""
-        storage = _storage.untyped_storage(tensor)
-        # _share_cuda_ reports the storage's offset inside the cudaMalloc block that holds it.
-        storage_offset_in_block = storage._share_cuda_()[3]
-        block_base = storage.data_ptr() - storage_offset_in_block
-        stream = torch.cuda.current_stream(tensor.device).cuda_stream
-        self._native.register_device_region(name, tensor.device.index, block_base,
-                                            tensor.data_ptr() - block_base, _nbytes(tensor),
-                                            stream, str(tensor.dtype), list(tensor.shape))
-        self._regions[name] = _Region(name, tensor, tensor.data_ptr())
+    def _register_cuda_tensors(self, named: List[Tuple[str, torch.Tensor]]) -> None:
+        """Shares CUDA tensors by IPC, in one call: the daemon opens each allocation's handle once
+        and copies the regions after waiting on an event recorded on their stream (the current
+        one now) at each snapshot."""
+        if not named:
+            return
+        self._native.register_device_regions([
+            (name, tensor.device.index, tensor.data_ptr(), _nbytes(tensor),
+             torch.cuda.current_stream(tensor.device).cuda_stream, str(tensor.dtype),
+             list(tensor.shape)) for name, tensor in named])
+        for name, tensor in named:
+            self._regions[name] = _Region(name, tensor, tensor.data_ptr())
 
     def _adopt_optimizer_state(self, registration: _OptimizerRegistration) -> List[str]:
         """Makes every state tensor of the optimizer one the daemon copies: registers state that

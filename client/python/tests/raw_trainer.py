@@ -51,7 +51,7 @@ def main() -> int:
             print(f"region {name} does not hold step {restored.step}'s bytes", flush=True)
             return 1
     try:
-        client.register_device_region("gpu", 0, 1 << 40, 0, 4096)
+        client.register_device_regions([("gpu", 0, 1 << 40, 4096, 0, "", [])])
         gpu = "registered"
     except moesnap.Error as error:
         gpu = error.code
