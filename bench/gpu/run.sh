@@ -2,8 +2,8 @@
 # Run on the GPU machine from the repository root, builds nothing: runs the programs
 # bench/gpu/bundle.sh packed, through the bundled dynamic loader (so the machine's own C library
 # version does not matter), with the machine's GPU driver; then the Python package's GPU tests with
-# the machine's python3 and its PyTorch. Writes gpu.json, gpu.md and the logs to OUT (default: the
-# current directory). Every part runs even if one before it failed; the exit status says whether
+# the machine's python3 and its PyTorch, and bench/gpu_restart.py (a restarted GPU trainer against
+# torch.load). Writes gpu.json, gpu.md and the logs to OUT (default: the current directory). Every part runs even if one before it failed; the exit status says whether
 # all passed.
 #   bench/gpu/run.sh BUNDLE [OUT]
 set -uo pipefail
@@ -39,4 +39,6 @@ part device_regions_test run "$bundle/bin/device_regions_test"
 part gpu_bench run "$bundle/bin/moesnap-bench" gpu --json "$out/gpu.json" --markdown "$out/gpu.md"
 part python_gpu_tests env PYTHONPATH="$bundle/python" PYTHONUNBUFFERED=1 \
   python3 -m pytest -v -p no:cacheprovider client/python/tests/test_cuda.py
+part gpu_restart env PYTHONPATH="$bundle/python" PYTHONUNBUFFERED=1 \
+  python3 bench/gpu_restart.py --bin-dir "$wrapped" --capture-threads 6
 exit $failed
