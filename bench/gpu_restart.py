@@ -68,11 +68,20 @@ def start_daemon(bin_dir: Path, directory: Path, threads: int) -> subprocess.Pop
         if daemon.poll() is not None:
             raise RuntimeError(f"moesnapd exited with {daemon.returncode}")
         try:
+            # A rank the measurement does not use: its connection proves the daemon serves.
             moesnap.Client(str(directory / "agent.sock"), RANK + 1).close()
             return daemon
         except moesnap.Error:
             time.sleep(0.05)
+    stop_daemon(daemon)
     raise RuntimeError("moesnapd did not start serving")
+
+
+def stop_daemon(daemon: subprocess.Popen) -> None:
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait()
+    for suffix in (".data", ".journal"):  # the pool outlives the daemon, by design
+        Path(f"/dev/shm/moesnap-gpu-restart-{os.getpid()}{suffix}").unlink(missing_ok=True)
 
 
 def main() -> int:
@@ -120,10 +129,7 @@ def main() -> int:
         finally:
             if os.path.exists(shm_path):
                 os.unlink(shm_path)
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait()
-            for suffix in (".data", ".journal"):  # the pool outlives the daemon, by design
-                Path(f"/dev/shm/moesnap-gpu-restart-{os.getpid()}{suffix}").unlink(missing_ok=True)
+            stop_daemon(daemon)
     shape = f"{state_bytes / (1 << 30):.2f} GiB in {tensors} GPU tensors"
     print(f"fresh process: connect, register and restore {shape}, {arguments.capture_threads} "
           f"capture threads|{restored * 1e3:.1f}|ms|fresh process: torch.load from /dev/shm "

@@ -31,7 +31,7 @@ constexpr int kManyCaptureThreads = 6;  // what a node with cores to spare can g
 constexpr int kManyRegions = 16000;
 constexpr size_t kManyRegionBytes = 4096;
 constexpr size_t kManyBytes = kManyRegions * kManyRegionBytes;  // 62.5 MiB
-constexpr int kManyMeasuredSteps = 20;  // the test daemon's [capture] threads
+constexpr int kManyMeasuredSteps = 20;
 constexpr size_t kChunkBytes = 4 << 20;  // the daemon's default chunk
 using Clock = std::chrono::steady_clock;
 
@@ -117,11 +117,11 @@ double Median(std::vector<double> values) {
 // A second rank of the daemon holding 16,000 GPU tensors of 4 KiB in one cudaMalloc block, written
 // on one stream: what a step costs per region, beside cudaMemcpy of the same bytes.
 absl::Status MeasureManyTensors(const testing::TestDaemon& daemon, Report& report) {
+  Buffers buffers;  // freed after the client has ended its session
+  if (absl::Status s = buffers.Allocate(kManyBytes); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 1});
   if (!client.ok()) return client.status();
-  Buffers buffers;
-  if (absl::Status s = buffers.Allocate(kManyBytes); !s.ok()) return s;
   std::vector<DeviceRegion> regions;
   regions.reserve(kManyRegions);
   for (int i = 0; i < kManyRegions; ++i) {

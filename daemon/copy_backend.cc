@@ -6,11 +6,12 @@ namespace {
 
 template <typename Copy>
 absl::Status EachTransfer(std::span<Transfer> transfers, Copy copy) {
-  uint32_t previous = 0;
-  for (Transfer& transfer : transfers) {
-    absl::StatusOr<uint32_t> crc = copy(transfer, transfer.continues ? previous : transfer.crc);
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    Transfer& transfer = transfers[i];
+    const bool continues = transfer.continues && i > 0;
+    absl::StatusOr<uint32_t> crc = copy(transfer, continues ? transfers[i - 1].crc : transfer.crc);
     if (!crc.ok()) return crc.status();
-    transfer.crc = previous = *crc;
+    transfer.crc = *crc;
   }
   return absl::OkStatus();
 }

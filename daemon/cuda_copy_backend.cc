@@ -88,6 +88,7 @@ class CudaRegionSource : public RegionSource {
       : allocation_(std::move(allocation)), event_(std::move(event)), offset_(offset), bytes_(bytes) {}
   uint64_t bytes() const override { return bytes_; }
   int device() const { return allocation_->device; }
+  const OpenedAllocation* allocation() const { return allocation_.get(); }
   uint8_t* data() const { return static_cast<uint8_t*>(allocation_->base) + offset_; }
   cudaEvent_t event() const { return event_ ? event_->event : nullptr; }
 
@@ -116,6 +117,12 @@ absl::StatusOr<Lane*> ThreadLane(int device) {
   auto it = lanes.find(device);
   if (it != lanes.end()) return &it->second;
   Lane lane;
+  auto release = [&lane] {  // what a failed creation made so far
+    for (cudaEvent_t event : lane.group_done) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (lane.stream != nullptr) cudaStreamDestroy(lane.stream);
+  };
   if (cudaError_t error = cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking);
       error != cudaSuccess) {
     return CudaError(error, "cudaStreamCreateWithFlags");
@@ -123,6 +130,8 @@ absl::StatusOr<Lane*> ThreadLane(int device) {
   for (cudaEvent_t& event : lane.group_done) {
     if (cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
         error != cudaSuccess) {
+      event = nullptr;
+      release();
       return CudaError(error, "cudaEventCreateWithFlags");
     }
   }
@@ -178,7 +187,8 @@ void ExtendCrc(std::span<Transfer> transfers, const Slices::Slice& slice) {
 }
 
 // Runs `copy(device_bytes, host_bytes, bytes)` once per run of slices in [begin, end) that are
-// contiguous both on the device and in the pool.
+// contiguous both on the device and in the pool, within one allocation (two allocations the daemon
+// opened may lie side by side in its address space, but no copy may span them).
 template <typename Copy>
 absl::Status CopyContiguous(std::span<Transfer> transfers, const Slices& cut, size_t begin,
                             size_t end, Copy copy) {
@@ -186,10 +196,12 @@ absl::Status CopyContiguous(std::span<Transfer> transfers, const Slices& cut, si
     const Slices::Slice& first = cut.slices[i];
     uint8_t* device = DeviceBytes(transfers[first.transfer], first.at);
     uint8_t* host = transfers[first.transfer].host + first.at;
+    const OpenedAllocation* allocation = SourceOf(transfers[first.transfer]).allocation();
     uint64_t bytes = first.bytes;
     for (++i; i < end; ++i) {
       const Slices::Slice& next = cut.slices[i];
-      if (DeviceBytes(transfers[next.transfer], next.at) != device + bytes ||
+      if (SourceOf(transfers[next.transfer]).allocation() != allocation ||
+          DeviceBytes(transfers[next.transfer], next.at) != device + bytes ||
           transfers[next.transfer].host + next.at != host + bytes) {
         break;
       }

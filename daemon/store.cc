@@ -105,9 +105,9 @@ class TaskTransfers {
 
   // Runs copy(backend, transfers) on each maximal run of chunks of one backend, then
   // finished(chunk, crc) for each chunk of a run that succeeded, in order. Stops at the first
-  // failure, which it returns with `first_chunk`, the index of the first chunk of its run.
+  // failure, which it returns with the first and last chunk of its run in `failed`.
   template <typename Copy, typename Finished>
-  absl::Status Run(Copy copy, Finished finished, size_t& first_chunk) {
+  absl::Status Run(Copy copy, Finished finished, std::pair<size_t, size_t>& failed) {
     size_t chunk = 0;
     size_t begin = 0;
     while (chunk < chunks_.size()) {
@@ -117,7 +117,7 @@ class TaskTransfers {
       if (absl::Status status =
               copy(*chunks_[chunk].backend, std::span<Transfer>(transfers_).subspan(begin, end - begin));
           !status.ok()) {
-        first_chunk = chunk;
+        failed = {chunk, last};
         return status;
       }
       for (size_t done = chunk; done <= last; ++done) {
@@ -810,20 +810,25 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
       add(position, 0);
     }
   }
-  size_t failed_chunk = 0;
+  std::pair<size_t, size_t> failed;
   absl::Status failure = transfers.Run(
       [](CopyBackend& backend, std::span<Transfer> batch) { return backend.CopyOutBatch(batch); },
       [&](size_t index, uint32_t crc) {
         const auto [position, chunk] = chunks[index];
         job->versions[position]->chunk_crcs[chunk] = crc;
       },
-      failed_chunk);
+      failed);
   if (!failure.ok()) {
-    const auto [position, chunk] = chunks[failed_chunk];
-    failure = absl::Status(failure.code(),
-                           absl::StrCat("copy of region '", job->versions[position]->region,
-                                        "' chunk ", chunk, chunks.size() > 1 ? " and after" : "",
-                                        " failed: ", failure.message()));
+    const auto [first, first_chunk] = chunks[failed.first];
+    const std::string& region = job->versions[first]->region;
+    failure = absl::Status(
+        failure.code(),
+        failed.first == failed.second
+            ? absl::StrCat("copy of region '", region, "' chunk ", first_chunk,
+                           " failed: ", failure.message())
+            : absl::StrCat("copy of the ", failed.second - failed.first + 1, " regions from '",
+                           region, "' to '", job->versions[chunks[failed.second].first]->region,
+                           "' failed: ", failure.message()));
   }
   if (job->parts_copying.fetch_sub(1) == 1) job->in_flight.reset();
 
@@ -1242,7 +1247,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         }
       }
       absl::Status status;
-      size_t failed_chunk = 0;
+      std::pair<size_t, size_t> failed;
       status.Update(transfers.Run(
           [](CopyBackend& backend, std::span<Transfer> batch) { return backend.CopyInBatch(batch); },
           [&](size_t index, uint32_t crc) {
@@ -1255,7 +1260,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
                   version->region, rank, version->step, chunk, version->chunk_crcs[chunk], crc)));
             }
           },
-          failed_chunk));
+          failed));
       absl::MutexLock lock(&progress->mutex);
       progress->status.Update(status);
       --progress->pending;

@@ -3,7 +3,8 @@
 # build/gpu-bundle) — the built programs, every shared library they load (ldd) except the GPU driver's,
 # the dynamic loader, and the Python package (build/python, which carries its own libraries) — and
 # DEST.tar.gz of it all, so that a GPU machine with none of our Debian libraries can run them.
-# Then carry DEST.tar.gz to the GPU machine, unpack it and run bench/gpu/run.sh DEST there.
+# Then carry DEST.tar.gz to the GPU machine with the repository, unpack it and run
+# bench/gpu/run.sh DEST there from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-build/gpu-bundle}
@@ -24,6 +25,5 @@ cp -L /lib64/ld-linux-x86-64.so.2 "$dest/lib/"
 mkdir -p "$dest/python"
 cp -r build/python/moesnap "$dest/python/"
 find "$dest/python" -name __pycache__ -prune -exec rm -rf {} +
-cp bench/gpu/run.sh "$dest/"
 tar -czf "$dest.tar.gz" -C "$(dirname "$dest")" "$(basename "$dest")"
 du -sh "$dest" "$dest.tar.gz"

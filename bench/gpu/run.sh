@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run on the GPU machine from the repository root, builds nothing: runs the programs
+# Run on the GPU machine from the repository root (it runs the Python tests and
+# bench/gpu_restart.py from there), builds nothing: runs the programs
 # bench/gpu/bundle.sh packed, through the bundled dynamic loader (so the machine's own C library
 # version does not matter), with the machine's GPU driver; then the Python package's GPU tests with
 # the machine's python3 and its PyTorch, and bench/gpu_restart.py (a restarted GPU trainer against
@@ -7,7 +8,9 @@
 # all passed.
 #   bench/gpu/run.sh BUNDLE [OUT]
 set -uo pipefail
-bundle=$(cd "${1:?usage: run.sh BUNDLE [OUT]}" && pwd)
+[ -d "${1:-}" ] || { echo "usage: bench/gpu/run.sh BUNDLE [OUT], from the repository root" >&2; exit 2; }
+[ -f client/python/tests/test_cuda.py ] || { echo "run from the repository root" >&2; exit 2; }
+bundle=$(cd "$1" && pwd)
 out=${2:-.}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

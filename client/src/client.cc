@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "client/src/device_regions.h"
 #include "client/src/memory_channel.h"
@@ -390,6 +391,8 @@ absl::Status Client::RegisterDeviceRegions(const std::vector<DeviceRegion>& regi
   for (const DeviceRegion& region : regions) shared.emplace_back(region.info.name, region.memory);
   absl::StatusOr<std::vector<v1::RegionHandle>> handles = state_->device_regions->Share(shared);
   if (!handles.ok()) return handles.status();
+  absl::Status registered;
+  absl::Cleanup end_share = [&] { state_->device_regions->EndShare(shared, registered.ok()); };
   std::vector<v1::RegionSpec> specs;
   specs.reserve(regions.size());
   for (size_t i = 0; i < regions.size(); ++i) {
@@ -401,7 +404,8 @@ absl::Status Client::RegisterDeviceRegions(const std::vector<DeviceRegion>& regi
     for (int64_t dimension : regions[i].info.shape) spec.add_shape(dimension);
     *spec.mutable_handle() = std::move((*handles)[i]);
   }
-  return state_->RegisterAndKeep(std::move(specs));
+  registered = state_->RegisterAndKeep(std::move(specs));
+  return registered;
 }
 
 absl::Status Client::RegisterDeviceRegion(const RegionInfo& info, const DeviceMemory& memory) {

@@ -27,7 +27,8 @@ struct DeviceRegions::State {
   struct StreamEvent {
     CuEvent event = nullptr;
     std::string handle;  // its CUipcEventHandle
-    int regions = 0;     // sharing it
+    int regions = 0;     // registered regions using it
+    int pending = 0;     // regions shared with it whose registration has not ended yet
   };
   std::map<StreamKey, StreamEvent> stream_events;
   std::map<std::string, StreamKey> regions;  // GPU region name -> its stream
@@ -91,16 +92,46 @@ struct DeviceRegions::State {
     return &stream_events.emplace(key, created).first->second;
   }
 
-  // `name` no longer uses its stream's event; the last region of a stream destroys it.
-  void Forget(const std::string& name) {
-    auto region = regions.find(name);
-    if (region == regions.end()) return;
-    auto event = stream_events.find(region->second);
-    if (event != stream_events.end() && --event->second.regions == 0) {
+  // Destroys the event of `key` once nothing uses it or waits to.
+  void ReleaseIfUnused(const StreamKey& key) {
+    auto event = stream_events.find(key);
+    if (event != stream_events.end() && event->second.regions == 0 &&
+        event->second.pending == 0) {
       driver->event_destroy(event->second.event);
       stream_events.erase(event);
     }
+  }
+
+  // `name` no longer uses its stream's event.
+  void Forget(const std::string& name) {
+    auto region = regions.find(name);
+    if (region == regions.end()) return;
+    const StreamKey key = region->second;
     regions.erase(region);
+    --stream_events.at(key).regions;
+    ReleaseIfUnused(key);
+  }
+
+  static StreamKey KeyOf(const DeviceMemory& memory) {
+    return {memory.device, static_cast<CuStream>(memory.stream)};
+  }
+
+  // Ends the pending share of the first `count` regions: `kept` moves each name to its stream's
+  // event; otherwise the names keep what they had.
+  void EndShare(const std::vector<std::pair<std::string, DeviceMemory>>& shared, size_t count,
+                bool kept) {
+    for (size_t i = 0; i < count; ++i) {
+      const auto& [name, memory] = shared[i];
+      const StreamKey key = KeyOf(memory);
+      StreamEvent& event = stream_events.at(key);
+      --event.pending;
+      if (kept) {
+        ++event.regions;  // before Forget, which may release the old stream's event
+        Forget(name);
+        regions[name] = key;
+      }
+      ReleaseIfUnused(key);
+    }
   }
 };
 
@@ -144,8 +175,9 @@ absl::StatusOr<std::vector<v1::RegionHandle>> DeviceRegions::Share(
   // allocations, each exported once.
   std::pair<int, CuDevicePointer> exported{-1, 0};
   std::string exported_handle;
-  for (const auto& [name, memory] : regions) {
-    const State::StreamKey key{memory.device, static_cast<CuStream>(memory.stream)};
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const auto& [name, memory] = regions[i];
+    const State::StreamKey key = State::KeyOf(memory);
     v1::RegionHandle& handle = handles.emplace_back();
     absl::Status status = state_->InContext(name, memory.device, [&]() -> absl::Status {
       // An IPC handle is of a whole allocation, which may start before the region.
@@ -179,16 +211,23 @@ absl::StatusOr<std::vector<v1::RegionHandle>> DeviceRegions::Share(
       handle.set_cuda_offset(offset);
       return absl::OkStatus();
     });
-    if (!status.ok()) return status;
-    absl::StatusOr<State::StreamEvent*> event = state_->EventOf(name, key);
-    if (!event.ok()) return event.status();
-    ++(*event)->regions;  // before Forget, which may release the old stream's event
-    state_->Forget(name);
-    state_->regions[name] = key;
+    absl::StatusOr<State::StreamEvent*> event =
+        status.ok() ? state_->EventOf(name, key) : absl::StatusOr<State::StreamEvent*>(status);
+    if (!event.ok()) {
+      state_->EndShare(regions, i, /*kept=*/false);
+      return event.status();
+    }
+    ++(*event)->pending;
     handle.set_cuda_event_handle((*event)->handle);
     handle.set_cuda_device(memory.device);
   }
   return handles;
+}
+
+void DeviceRegions::EndShare(const std::vector<std::pair<std::string, DeviceMemory>>& regions,
+                             bool registered) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->driver != nullptr) state_->EndShare(regions, regions.size(), registered);
 }
 
 absl::Status DeviceRegions::RecordCaptureEvents(const std::vector<std::string>& names) {

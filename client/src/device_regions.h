@@ -27,12 +27,17 @@ class DeviceRegions {
   DeviceRegions(const DeviceRegions&) = delete;
   DeviceRegions& operator=(const DeviceRegions&) = delete;
 
-  // Exports each named region's memory for the daemon, in order: its IPC memory handle, and the
-  // IPC event of its stream, made for the first region of that stream and shared by every later
-  // one (a region of the same name shared again moves to its new stream's event).
-  // FAILED_PRECONDITION when there is no CUDA driver.
+  // Exports each named region's memory for the daemon, in order: the IPC memory handle of the
+  // allocation holding it, and the IPC event of its stream, made for the first region of that
+  // stream and shared by every later one. FAILED_PRECONDITION when there is no CUDA driver. A
+  // successful Share must be followed by EndShare of the same regions once the daemon has taken
+  // or refused them.
   absl::StatusOr<std::vector<v1::RegionHandle>> Share(
       const std::vector<std::pair<std::string, DeviceMemory>>& regions);
+  // `registered`: the regions are the daemon's now, each name using its new stream's event (the
+  // event of an earlier region of the name is released when nothing else uses it). Otherwise
+  // every name keeps the event it had, and events made for the share alone are released.
+  void EndShare(const std::vector<std::pair<std::string, DeviceMemory>>& regions, bool registered);
   // Records, on each stream, the capture event of the named regions (all when empty), once per
   // stream however many regions share it; names of host regions are passed over.
   absl::Status RecordCaptureEvents(const std::vector<std::string>& names);

@@ -108,6 +108,14 @@ class DeviceRegionsTest : public ::testing::Test {
     };
   }
 
+  // Shares the regions and ends the share as the client does once the daemon took them.
+  static absl::StatusOr<std::vector<v1::RegionHandle>> Register(
+      DeviceRegions& regions, const std::vector<std::pair<std::string, DeviceMemory>>& shared) {
+    absl::StatusOr<std::vector<v1::RegionHandle>> handles = regions.Share(shared);
+    if (handles.ok()) regions.EndShare(shared, /*registered=*/true);
+    return handles;
+  }
+
   // 4 KiB at `offset` of the allocation at `base`.
   static DeviceMemory Memory(uintptr_t base, size_t offset, uintptr_t stream) {
     return {.device = 1, .address = reinterpret_cast<void*>(base + offset), .bytes = 4096,
@@ -123,8 +131,8 @@ TEST_F(DeviceRegionsTest, LoadsTheDriverAtTheFirstSharedRegionAndNotBefore) {
   ASSERT_OK(regions.RecordCaptureEvents({"model.weight"}));
   ASSERT_OK(regions.Share({}));
   EXPECT_EQ(state_.loads, 0);
-  ASSERT_OK(regions.Share({{"a", Memory(0x7000, 0, 0)}}));
-  ASSERT_OK(regions.Share({{"b", Memory(0x9000, 0, 0)}}));
+  ASSERT_OK(Register(regions, {{"a", Memory(0x7000, 0, 0)}}));
+  ASSERT_OK(Register(regions, {{"b", Memory(0x9000, 0, 0)}}));
   EXPECT_EQ(state_.loads, 1);
 }
 
@@ -143,7 +151,7 @@ TEST_F(DeviceRegionsTest, WithoutADriverSharingFailsNamingTheRegionAndTheReason)
 TEST_F(DeviceRegionsTest, SharesTheWholeAllocationHoldingTheRegionAndAnInterprocessEvent) {
   DeviceRegions regions(FakeLoader());
   absl::StatusOr<std::vector<v1::RegionHandle>> handles =
-      regions.Share({{"a", Memory(0x7000, 512, 0)}});
+      Register(regions, {{"a", Memory(0x7000, 512, 0)}});
   ASSERT_OK(handles);
   ASSERT_EQ(handles->size(), 1u);
   const v1::RegionHandle& handle = handles->front();
@@ -163,7 +171,7 @@ TEST_F(DeviceRegionsTest, RegionsOfOneStreamShareOneEventRecordedOncePerSnapshot
   std::vector<std::pair<std::string, DeviceMemory>> shared;
   for (int i = 0; i < 1000; ++i) shared.emplace_back("t" + std::to_string(i), Memory(0x7000, i, 0x51));
   shared.emplace_back("other.stream", Memory(0x9000, 0, 0x52));
-  absl::StatusOr<std::vector<v1::RegionHandle>> handles = regions.Share(shared);
+  absl::StatusOr<std::vector<v1::RegionHandle>> handles = Register(regions, shared);
   ASSERT_OK(handles);
   ASSERT_EQ(handles->size(), shared.size());
   EXPECT_EQ(state_.event_flags.size(), 2u);
@@ -182,7 +190,7 @@ TEST_F(DeviceRegionsTest, RegionsOfOneStreamShareOneEventRecordedOncePerSnapshot
 
 TEST_F(DeviceRegionsTest, RecordsEventsOnTheStreamsOfTheNamedGpuRegionsOnly) {
   DeviceRegions regions(FakeLoader());
-  ASSERT_OK(regions.Share({{"a", Memory(0x7000, 0, 0x51)}, {"b", Memory(0x9000, 0, 0x52)}}));
+  ASSERT_OK(Register(regions, {{"a", Memory(0x7000, 0, 0x51)}, {"b", Memory(0x9000, 0, 0x52)}}));
   const CuEvent a = reinterpret_cast<CuEvent>(0x1000), b = reinterpret_cast<CuEvent>(0x1001);
   ASSERT_OK(regions.RecordCaptureEvents({"a", "host.region"}));
   EXPECT_THAT(state_.recorded, ElementsAre(std::make_pair(a, reinterpret_cast<CuStream>(0x51))));
@@ -196,16 +204,16 @@ TEST_F(DeviceRegionsTest, RecordsEventsOnTheStreamsOfTheNamedGpuRegionsOnly) {
 TEST_F(DeviceRegionsTest, ARegionSharedAgainMovesToItsNewStreamAndTheLastRegionReleasesAnEvent) {
   {
     DeviceRegions regions(FakeLoader());
-    ASSERT_OK(regions.Share({{"a", Memory(0x7000, 0, 0x51)}, {"b", Memory(0x7000, 64, 0x51)}}));
-    ASSERT_OK(regions.Share({{"a", Memory(0x8000, 0, 0x52)}}));  // b still uses 0x51's event
+    ASSERT_OK(Register(regions, {{"a", Memory(0x7000, 0, 0x51)}, {"b", Memory(0x7000, 64, 0x51)}}));
+    ASSERT_OK(Register(regions, {{"a", Memory(0x8000, 0, 0x52)}}));  // b still uses 0x51's event
     EXPECT_TRUE(state_.destroyed.empty());
-    ASSERT_OK(regions.Share({{"b", Memory(0x8000, 64, 0x52)}}));  // now nothing does
+    ASSERT_OK(Register(regions, {{"b", Memory(0x8000, 64, 0x52)}}));  // now nothing does
     EXPECT_THAT(state_.destroyed, ElementsAre(reinterpret_cast<CuEvent>(0x1000)));
     state_.recorded.clear();
     ASSERT_OK(regions.RecordCaptureEvents({}));
     EXPECT_THAT(state_.recorded, ElementsAre(std::make_pair(reinterpret_cast<CuEvent>(0x1001),
                                                             reinterpret_cast<CuStream>(0x52))));
-    ASSERT_OK(regions.Share({{"b", Memory(0x8000, 64, 0x52)}}));  // the same stream again
+    ASSERT_OK(Register(regions, {{"b", Memory(0x8000, 64, 0x52)}}));  // the same stream again
     EXPECT_EQ(state_.event_flags.size(), 2u);
   }
   EXPECT_THAT(state_.destroyed, ElementsAre(reinterpret_cast<CuEvent>(0x1000),
@@ -227,6 +235,26 @@ TEST_F(DeviceRegionsTest, RefusesARegionRunningPastItsAllocationOrOutsideDeviceM
   EXPECT_THAT(host.status().message(), HasSubstr("cuMemGetAddressRange: CUDA_ERROR_INVALID_VALUE"));
   EXPECT_TRUE(state_.exported_memory.empty());
   EXPECT_EQ(state_.context_depth, 0);
+}
+
+TEST_F(DeviceRegionsTest, ARegistrationTheDaemonRefusedLeavesEveryRegionWithTheEventItHad) {
+  DeviceRegions regions(FakeLoader());
+  ASSERT_OK(Register(regions, {{"a", Memory(0x7000, 0, 0x51)}}));
+  const std::vector<std::pair<std::string, DeviceMemory>> moved = {{"a", Memory(0x7000, 0, 0x52)},
+                                                                   {"b", Memory(0x7000, 64, 0x52)}};
+  ASSERT_OK(regions.Share(moved));
+  regions.EndShare(moved, /*registered=*/false);
+  // The event made for the refused share is gone; a still waits on its stream's.
+  EXPECT_THAT(state_.destroyed, ElementsAre(reinterpret_cast<CuEvent>(0x1001)));
+  ASSERT_OK(regions.RecordCaptureEvents({"a", "b"}));
+  EXPECT_THAT(state_.recorded, ElementsAre(std::make_pair(reinterpret_cast<CuEvent>(0x1000),
+                                                          reinterpret_cast<CuStream>(0x51))));
+  // A share that fails part-way holds nothing either.
+  state_.allocation_bytes = 4096;
+  ASSERT_STATUS(regions.Share({{"c", Memory(0x7000, 0, 0x53)}, {"d", Memory(0x7000, 2048, 0x53)}}),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(state_.destroyed, ElementsAre(reinterpret_cast<CuEvent>(0x1001),
+                                            reinterpret_cast<CuEvent>(0x1002)));
 }
 
 TEST_F(DeviceRegionsTest, DriverErrorsNameTheCallAndTheError) {

@@ -61,7 +61,7 @@ TEST_F(InstalledPackageTest, TrainersBuiltAgainstItRunAgainstADaemon) {
   for (const char* installed : {"include/moesnap/client.h", "include/moesnap/moesnap.h",
                                 "lib/cmake/moesnap/moesnapConfig.cmake",
                                 "lib/pkgconfig/moesnap.pc", "lib/libmoesnap.so.0",
-                                "lib/libmoesnap_c.so.1"}) {
+                                "lib/libmoesnap_c.so.2"}) {
     EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(prefix) / installed)) << installed;
   }
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(prefix) / "bin"))

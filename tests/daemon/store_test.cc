@@ -3,6 +3,7 @@
 // trainer process goes away.
 #include "daemon/store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,10 +11,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <span>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/shared_memory.h"
 #include "daemon/shard_layout.h"
@@ -77,6 +80,62 @@ class HeldCopyBackend : public CopyBackend {
   absl::Notification open_waits_;
   absl::Notification opens_released_;
   std::atomic<bool> open_seen_ = false;
+};
+
+// Host copies that record the batches the store hands over, and can fail them.
+class BatchRecordingBackend : public CopyBackend {
+ public:
+  explicit BatchRecordingBackend(std::unique_ptr<CopyBackend> inner) : inner_(std::move(inner)) {}
+
+  std::vector<size_t> out_batches() {
+    absl::MutexLock lock(&mutex_);
+    return out_batches_;
+  }
+  std::vector<size_t> in_batches() {
+    absl::MutexLock lock(&mutex_);
+    return in_batches_;
+  }
+  void FailCopiesOut() { fail_ = true; }
+
+  std::string name() const override { return inner_->name(); }
+  bool supports_device_memory() const override { return false; }
+  absl::Status PinHostMemory(void* data, uint64_t bytes) override {
+    return inner_->PinHostMemory(data, bytes);
+  }
+  absl::StatusOr<std::shared_ptr<RegionSource>> Open(uint32_t rank,
+                                                     const v1::RegionSpec& spec) override {
+    return inner_->Open(rank, spec);
+  }
+  absl::StatusOr<uint32_t> CopyOut(RegionSource& source, uint64_t offset, uint8_t* destination,
+                                   uint64_t bytes, uint32_t crc) override {
+    return inner_->CopyOut(source, offset, destination, bytes, crc);
+  }
+  absl::StatusOr<uint32_t> CopyIn(RegionSource& source, uint64_t offset, const uint8_t* origin,
+                                  uint64_t bytes, uint32_t crc) override {
+    return inner_->CopyIn(source, offset, origin, bytes, crc);
+  }
+  absl::Status CopyOutBatch(std::span<Transfer> transfers) override {
+    {
+      absl::MutexLock lock(&mutex_);
+      out_batches_.push_back(transfers.size());
+    }
+    if (fail_) return absl::InternalError("injected copy failure");
+    return CopyBackend::CopyOutBatch(transfers);
+  }
+  absl::Status CopyInBatch(std::span<Transfer> transfers) override {
+    {
+      absl::MutexLock lock(&mutex_);
+      in_batches_.push_back(transfers.size());
+    }
+    return CopyBackend::CopyInBatch(transfers);
+  }
+
+ private:
+  const std::unique_ptr<CopyBackend> inner_;
+  std::atomic<bool> fail_ = false;
+  absl::Mutex mutex_;
+  std::vector<size_t> out_batches_ ABSL_GUARDED_BY(mutex_);
+  std::vector<size_t> in_batches_ ABSL_GUARDED_BY(mutex_);
 };
 
 class StoreTest : public ::testing::Test {
@@ -389,6 +448,39 @@ TEST_F(StoreTest, ThousandsOfSmallRegionsAreCapturedAndRestoredExactlyInOneReser
     EXPECT_EQ(std::memcmp(trainer.data + region * kSmall, step4.data() + region * kSmall, kSmall), 0)
         << "region " << region;
   }
+}
+
+TEST_F(StoreTest, ARunOfSmallRegionsIsOneBatchAndAFailedBatchNamesItsRegions) {
+  auto recording = std::make_unique<BatchRecordingBackend>(std::move(backend_));
+  BatchRecordingBackend* batches = recording.get();
+  backend_ = std::move(recording);
+  Open(CommitMode::kLocal, 16 << 20);
+  Connect(0, 100, 1000);  // 100 KB of small regions: two tasks of up to a 64 KiB chunk each
+  Take(0, 1);
+  ASSERT_OK(WaitCaptured(0, 1));
+  std::vector<size_t> out = batches->out_batches();
+  std::sort(out.begin(), out.end());
+  EXPECT_THAT(out, ::testing::ElementsAre(35, 65));  // a transfer per region, a batch per task
+  Trainer& trainer = trainers_.at(0);
+  std::memset(trainer.data, 0, trainer.bytes);
+  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes),
+            std::vector<uint8_t>(trainer.bytes, 1));
+  std::vector<size_t> in = batches->in_batches();
+  std::sort(in.begin(), in.end());
+  EXPECT_THAT(in, ::testing::ElementsAre(35, 65));
+
+  batches->FailCopiesOut();
+  Take(0, 2);
+  absl::StatusOr<v1::StepState> failed = WaitCaptured(0, 2);
+  ASSERT_FALSE(failed.ok());
+  // Either task may fail first; its message names the first and last region of its batch, in the
+  // name order regions are copied in.
+  EXPECT_THAT(std::string(failed.status().message()),
+              ::testing::AnyOf(::testing::HasSubstr("copy of the 65 regions from 'region0' to "
+                                                    "'region67' failed: injected copy failure"),
+                               ::testing::HasSubstr("copy of the 35 regions from 'region68' to "
+                                                    "'region99' failed: injected copy failure")));
 }
 
 TEST_F(StoreTest, ARegionLargerThanAChunkAmongSmallOnesIsCopiedChunkByChunk) {

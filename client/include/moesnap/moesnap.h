@@ -1,4 +1,4 @@
-/* The C ABI of libmoesnap (libmoesnap_c.so.1): the trainer's client, the sparse snapshot schedule
+/* The C ABI of libmoesnap (libmoesnap_c.so.2): the trainer's client, the sparse snapshot schedule
  * and the placement planner for callers that cannot use C++ — the Python package loads it with
  * ctypes, so no Python version is built into it. It is a thin layer over moesnap::Client
  * (moesnap/client.h), which stays the only speaker of the protocol; each function says which C++
@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define MOESNAP_C_ABI_VERSION 1
+#define MOESNAP_C_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define MOESNAP_C_API __attribute__((visibility("default")))

@@ -8,7 +8,7 @@ another copy of that library in the process, say a framework's libprotobuf) and 
 The platform tag is the oldest manylinux whose glibc and libstdc++ provide every versioned symbol
 the bundle uses.
 
-The native library comes from the CMake build: ``-C native-library=build/lib/libmoesnap_c.so.1``
+The native library comes from the CMake build: ``-C native-library=build/lib/libmoesnap_c.so.2``
 (``deploy/build.sh`` builds the wheel into build/wheel/ by itself), and so does, where the build
 found torch's c10 headers, the storage library ``-C storage-library=.../libmoesnap_torch_storage.so``
 (client/python/native/torch_storage.h), which needs only the system's libraries and goes in as it
@@ -214,7 +214,7 @@ def build_wheel(wheel_directory: str, config_settings: Optional[dict] = None,
     native = (config_settings or {}).get("native-library")
     storage = (config_settings or {}).get("storage-library")
     if not native:
-        raise BuildError("give the native library: -C native-library=build/lib/libmoesnap_c.so.1 "
+        raise BuildError("give the native library: -C native-library=build/lib/libmoesnap_c.so.2 "
                          "(deploy/build.sh builds it, and the wheel, into build/)")
     project = _project()
     name, version = project["name"], project["version"]

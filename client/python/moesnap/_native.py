@@ -13,7 +13,7 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int32, c_in
                     c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-_ABI_VERSION = 1  # MOESNAP_C_ABI_VERSION of the header this module was written against
+_ABI_VERSION = 2  # MOESNAP_C_ABI_VERSION of the header this module was written against
 LIBRARY_PATH = Path(__file__).resolve().parent / "_lib" / f"libmoesnap_c.so.{_ABI_VERSION}"
 
 

@@ -66,7 +66,7 @@ def test_record_lists_every_file_with_its_hash_and_the_tag_matches(wheel: Path):
     assert tags == [wheel.stem.split("-", 2)[2]]
     assert tags[0].startswith("py3-none-manylinux_2_")
     assert "Requires-Python: >=3.9" in metadata
-    assert "moesnap/_lib/libmoesnap_c.so.1" in names
+    assert "moesnap/_lib/libmoesnap_c.so.2" in names
     # The README states the glibc floor of the wheel it documents.
     assert tags[0].removeprefix("py3-none-").removesuffix("_x86_64") in README.read_text()
 
@@ -82,7 +82,7 @@ def test_python_sources_are_python_3_9(wheel: Path):
 def test_native_libraries_need_only_what_the_wheel_ships_and_the_c_runtime(wheel: Path,
                                                                           libraries: Path):
     shipped = {path.name for path in libraries.iterdir()}
-    assert "libmoesnap_c.so.1" in shipped
+    assert "libmoesnap_c.so.2" in shipped
     for path in libraries.iterdir():
         dynamic = readelf(path)
         needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", dynamic))
