@@ -200,7 +200,8 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 0});
   if (!client.ok()) return client.status();
-  if (absl::Status s = CudaCheck(cudaMemset(buffers.device, kPattern, kBytes), "cudaMemset"); !s.ok()) {
+  if (absl::Status s = CudaCheck(cudaMemset(buffers.device, kPattern, kBytes), "cudaMemset");
+      !s.ok()) {
     return s;
   }
   std::vector<DeviceRegion> regions;
@@ -237,7 +238,8 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
     if (!restored.ok()) return restored.status();
     best_restore = std::min(best_restore, Seconds(start, Clock::now()));
     if (restored->step != kRounds + 1) {
-      return absl::InternalError(absl::StrCat("restored step ", restored->step, ", not ", kRounds + 1));
+      return absl::InternalError(
+          absl::StrCat("restored step ", restored->step, ", not ", kRounds + 1));
     }
   }
   if (absl::Status s = buffers.CheckRestored(kBytes); !s.ok()) return s;
@@ -249,8 +251,8 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
   const double gigabytes = kBytes / 1e9;
   const std::string with = absl::StrCat(threads, " capture threads");
   report.Add({"gpu", absl::StrCat("CUDA-IPC capture 1 GiB into pinned pool (+CRC), ", with),
-              gigabytes / best_capture, "GB/s", "cudaMemcpy D2H 1 GiB, pinned", gigabytes / download,
-              download / best_capture});
+              gigabytes / best_capture, "GB/s", "cudaMemcpy D2H 1 GiB, pinned",
+              gigabytes / download, download / best_capture});
   report.Add({"gpu", absl::StrCat("restore 1 GiB into GPU memory (+CRC check), ", with),
               gigabytes / best_restore, "GB/s", "cudaMemcpy H2D 1 GiB, pinned", gigabytes / upload,
               upload / best_restore});
@@ -259,13 +261,15 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
   report.Add({"gpu", absl::StrCat("restore 1 GiB into GPU memory (+CRC check), ", with),
               gigabytes / best_restore, "GB/s", "slower of H2D and the threads' CRC-32C",
               gigabytes / restore_limit, restore_limit / best_restore});
-  report.Add({"gpu", absl::StrCat("CRC-32C alone (ISA-L) of 1 GiB per 4 MiB, ", threads, " threads"),
+  report.Add({"gpu",
+              absl::StrCat("CRC-32C alone (ISA-L) of 1 GiB per 4 MiB, ", threads, " threads"),
               gigabytes / *crc, "GB/s", "cudaMemcpy D2H 1 GiB, pinned", gigabytes / download,
               download / *crc});
   if (threads != kCaptureThreads) return absl::OkStatus();
   const double median_blocking = Median(blocking);
   report.Add({"gpu", "Snapshot() blocking, median (16 GPU regions)", median_blocking, "ms",
-              "capture time of the step", best_capture * 1e3, median_blocking / (best_capture * 1e3)});
+              "capture time of the step", best_capture * 1e3,
+              median_blocking / (best_capture * 1e3)});
   return MeasureManyTensors(daemon, report);
 }
 
@@ -274,10 +278,12 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
 absl::Status RunGpuSuite(Report& report) {
   int devices = 0;
   if (cudaError_t error = cudaGetDeviceCount(&devices); error != cudaSuccess || devices == 0) {
-    return absl::UnavailableError(absl::StrCat("no usable CUDA device: ", cudaGetErrorString(error)));
+    return absl::UnavailableError(
+        absl::StrCat("no usable CUDA device: ", cudaGetErrorString(error)));
   }
   cudaDeviceProp properties{};
-  if (absl::Status s = CudaCheck(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
+  if (absl::Status s =
+          CudaCheck(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
       !s.ok()) {
     return s;
   }

@@ -92,6 +92,21 @@ std::vector<int64_t> Shape(const int64_t* shape, size_t length) {
   return length == 0 ? std::vector<int64_t>{} : std::vector<int64_t>(shape, shape + length);
 }
 
+// The name, dtype and shape of regions[i] (a moesnap_host_region or moesnap_device_region),
+// checked.
+template <typename Region>
+absl::StatusOr<moesnap::RegionInfo> InfoOf(const Region& region, size_t i) {
+  if (region.name == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("regions[", i, "].name is NULL"));
+  }
+  if (region.shape_length > 0 && region.shape == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region '", region.name, "': shape is NULL but has ", region.shape_length, " dimensions"));
+  }
+  return moesnap::RegionInfo{region.name, region.dtype != nullptr ? region.dtype : "",
+                             Shape(region.shape, region.shape_length)};
+}
+
 absl::StatusOr<std::chrono::milliseconds> Timeout(double seconds, const char* what) {
   // Up to a year: anything longer is a mistake, and the milliseconds must fit.
   if (!std::isfinite(seconds) || seconds <= 0 || seconds > 365.0 * 24 * 3600) {
@@ -325,18 +340,10 @@ moesnap_status moesnap_client_register_host_regions(moesnap_client* client,
     std::vector<moesnap::HostRegion> converted;
     converted.reserve(count);
     for (size_t i = 0; i < count; ++i) {
-      const moesnap_host_region& region = regions[i];
-      if (region.name == nullptr) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("regions[", i, "].name is NULL")));
-      }
-      if (region.shape_length > 0 && region.shape == nullptr) {
-        return Fail(absl::InvalidArgumentError(
-            absl::StrCat("region '", region.name, "': shape is NULL but has ",
-                         region.shape_length, " dimensions")));
-      }
-      converted.push_back({{region.name, region.dtype != nullptr ? region.dtype : "",
-                            Shape(region.shape, region.shape_length)},
-                           region.memory, region.offset, region.bytes});
+      absl::StatusOr<moesnap::RegionInfo> info = InfoOf(regions[i], i);
+      if (!info.ok()) return Fail(info.status());
+      converted.push_back(
+          {*std::move(info), regions[i].memory, regions[i].offset, regions[i].bytes});
     }
     return Return(client->client->RegisterHostRegions(converted));
   });
@@ -354,16 +361,9 @@ moesnap_status moesnap_client_register_device_regions(moesnap_client* client,
     converted.reserve(count);
     for (size_t i = 0; i < count; ++i) {
       const moesnap_device_region& region = regions[i];
-      if (region.name == nullptr) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("regions[", i, "].name is NULL")));
-      }
-      if (region.shape_length > 0 && region.shape == nullptr) {
-        return Fail(absl::InvalidArgumentError(
-            absl::StrCat("region '", region.name, "': shape is NULL but has ",
-                         region.shape_length, " dimensions")));
-      }
-      converted.push_back({{region.name, region.dtype != nullptr ? region.dtype : "",
-                            Shape(region.shape, region.shape_length)},
+      absl::StatusOr<moesnap::RegionInfo> info = InfoOf(region, i);
+      if (!info.ok()) return Fail(info.status());
+      converted.push_back({*std::move(info),
                            {region.device, reinterpret_cast<void*>(region.address), region.bytes,
                             reinterpret_cast<void*>(region.stream)}});
     }
