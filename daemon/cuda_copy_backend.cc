@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/copy_backend.h"
-#include "erasure/crc32c.h"
+#include "daemon/transfer_groups.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -138,78 +138,21 @@ absl::StatusOr<Lane*> ThreadLane(int device) {
   return &lanes.emplace(device, lane).first->second;
 }
 
-// A batch cut for the copy engine: slices of its transfers in order, each within one transfer, in
-// groups of kGroupBytes (the last group holds the rest). A group's contiguous slices move as one
-// cudaMemcpyAsync, so a run of small regions packed in one allocation is a few large copies.
-struct Slices {
-  struct Slice {
-    size_t transfer;
-    uint64_t at;  // into the transfer
-    uint64_t bytes;
-  };
-  std::vector<Slice> slices;
-  std::vector<size_t> group_ends;  // into slices
-
-  explicit Slices(std::span<const Transfer> transfers) {
-    uint64_t group_bytes = 0;
-    for (size_t t = 0; t < transfers.size(); ++t) {
-      for (uint64_t at = 0; at < transfers[t].bytes;) {
-        const uint64_t bytes = std::min(kGroupBytes - group_bytes, transfers[t].bytes - at);
-        slices.push_back({t, at, bytes});
-        at += bytes;
-        group_bytes += bytes;
-        if (group_bytes == kGroupBytes) {
-          group_ends.push_back(slices.size());
-          group_bytes = 0;
-        }
-      }
-    }
-    if (group_bytes > 0) group_ends.push_back(slices.size());
-  }
-  size_t group_begin(size_t group) const { return group == 0 ? 0 : group_ends[group - 1]; }
-};
-
 const CudaRegionSource& SourceOf(const Transfer& transfer) {
   return static_cast<const CudaRegionSource&>(*transfer.source);
 }
-uint8_t* DeviceBytes(const Transfer& transfer, uint64_t at) {
-  return SourceOf(transfer).data() + transfer.offset + at;
-}
 
-// Extends the CRC-32C of the slice's transfer over the slice's bytes in the pool, starting the
-// transfer's CRC at its first slice (from the one before it where it continues that one).
-void ExtendCrc(std::span<Transfer> transfers, const Slices::Slice& slice) {
-  Transfer& transfer = transfers[slice.transfer];
-  if (slice.at == 0 && transfer.continues && slice.transfer > 0) {
-    transfer.crc = transfers[slice.transfer - 1].crc;
-  }
-  transfer.crc = erasure::Crc32cExtend(transfer.crc, transfer.host + slice.at, slice.bytes);
-}
-
-// Runs `copy(device_bytes, host_bytes, bytes)` once per run of slices in [begin, end) that are
-// contiguous both on the device and in the pool, within one allocation (two allocations the daemon
-// opened may lie side by side in its address space, but no copy may span them).
+// Runs copy(device, host, bytes) per run of `slices` contiguous on both sides in one allocation.
 template <typename Copy>
-absl::Status CopyContiguous(std::span<Transfer> transfers, const Slices& cut, size_t begin,
-                            size_t end, Copy copy) {
-  for (size_t i = begin; i < end;) {
-    const Slices::Slice& first = cut.slices[i];
-    uint8_t* device = DeviceBytes(transfers[first.transfer], first.at);
-    uint8_t* host = transfers[first.transfer].host + first.at;
-    const OpenedAllocation* allocation = SourceOf(transfers[first.transfer]).allocation();
-    uint64_t bytes = first.bytes;
-    for (++i; i < end; ++i) {
-      const Slices::Slice& next = cut.slices[i];
-      if (SourceOf(transfers[next.transfer]).allocation() != allocation ||
-          DeviceBytes(transfers[next.transfer], next.at) != device + bytes ||
-          transfers[next.transfer].host + next.at != host + bytes) {
-        break;
-      }
-      bytes += next.bytes;
-    }
-    if (absl::Status status = copy(device, host, bytes); !status.ok()) return status;
-  }
-  return absl::OkStatus();
+absl::Status CopyContiguous(std::span<const Transfer> transfers,
+                            std::span<const TransferGroups::Slice> slices, Copy copy) {
+  return TransferGroups::CopyContiguous(
+      transfers, slices,
+      [](const Transfer& transfer, uint64_t at) {
+        return SourceOf(transfer).data() + transfer.offset + at;
+      },
+      [](const Transfer& transfer) -> const void* { return SourceOf(transfer).allocation(); },
+      copy);
 }
 
 class CudaCopyBackend : public CopyBackend {
@@ -360,12 +303,12 @@ class CudaCopyBackend : public CopyBackend {
       }
       waited.push_back(event);
     }
-    const Slices cut(transfers);
-    const size_t groups = cut.group_ends.size();
+    const TransferGroups cut(transfers, kGroupBytes);
+    const size_t groups = cut.groups();
     size_t queued = 0;
     auto queue_next = [&]() -> absl::Status {
       absl::Status status = CopyContiguous(
-          transfers, cut, cut.group_begin(queued), cut.group_ends[queued],
+          transfers, cut.group(queued),
           [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
             if (cudaError_t error =
                     cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, lane.stream);
@@ -375,7 +318,8 @@ class CudaCopyBackend : public CopyBackend {
             return absl::OkStatus();
           });
       if (!status.ok()) return status;
-      if (cudaError_t error = cudaEventRecord(lane.group_done[queued % kGroupsInFlight], lane.stream);
+      if (cudaError_t error =
+              cudaEventRecord(lane.group_done[queued % kGroupsInFlight], lane.stream);
           error != cudaSuccess) {
         return CudaError(error, "cudaEventRecord");
       }
@@ -390,9 +334,7 @@ class CudaCopyBackend : public CopyBackend {
         status = CudaError(error, "cudaEventSynchronize");
         break;
       }
-      for (size_t i = cut.group_begin(group); i < cut.group_ends[group]; ++i) {
-        ExtendCrc(transfers, cut.slices[i]);
-      }
+      TransferGroups::ExtendCrcs(transfers, cut.group(group));
       if (queued < groups) status = queue_next();
     }
     if (!status.ok()) cudaStreamSynchronize(lane.stream);  // nothing may still write the pool
@@ -401,14 +343,12 @@ class CudaCopyBackend : public CopyBackend {
 
   // Checks each group's CRCs, then queues its copy: it moves while the next group is checked.
   static absl::Status CopyInOnLane(Lane& lane, std::span<Transfer> transfers) {
-    const Slices cut(transfers);
+    const TransferGroups cut(transfers, kGroupBytes);
     absl::Status status;
-    for (size_t group = 0; status.ok() && group < cut.group_ends.size(); ++group) {
-      for (size_t i = cut.group_begin(group); i < cut.group_ends[group]; ++i) {
-        ExtendCrc(transfers, cut.slices[i]);
-      }
+    for (size_t group = 0; status.ok() && group < cut.groups(); ++group) {
+      TransferGroups::ExtendCrcs(transfers, cut.group(group));
       status = CopyContiguous(
-          transfers, cut, cut.group_begin(group), cut.group_ends[group],
+          transfers, cut.group(group),
           [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
             if (cudaError_t error =
                     cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, lane.stream);
@@ -418,7 +358,8 @@ class CudaCopyBackend : public CopyBackend {
             return absl::OkStatus();
           });
     }
-    if (cudaError_t error = cudaStreamSynchronize(lane.stream); error != cudaSuccess && status.ok()) {
+    if (cudaError_t error = cudaStreamSynchronize(lane.stream);
+        error != cudaSuccess && status.ok()) {
       status = CudaError(error, "cudaStreamSynchronize");
     }
     return status;
