@@ -176,7 +176,8 @@ absl::StatusOr<std::vector<v1::RegionHandle>> DeviceRegions::Share(
   std::pair<int, CuDevicePointer> exported{-1, 0};
   std::string exported_handle;
   for (size_t i = 0; i < regions.size(); ++i) {
-    const auto& [name, memory] = regions[i];
+    const std::string& name = regions[i].first;  // not structured bindings: a lambda captures them
+    const DeviceMemory& memory = regions[i].second;
     const State::StreamKey key = State::KeyOf(memory);
     v1::RegionHandle& handle = handles.emplace_back();
     absl::Status status = state_->InContext(name, memory.device, [&]() -> absl::Status {
@@ -247,7 +248,9 @@ absl::Status DeviceRegions::RecordCaptureEvents(const std::vector<std::string>& 
                               [](const auto& a, const auto& b) { return a.second == b.second; }),
                   streams.end());
   }
-  for (const auto& [name, key] : streams) {
+  for (const auto& entry : streams) {
+    const std::string* name = entry.first;  // not structured bindings: the lambda captures these
+    const State::StreamKey& key = entry.second;
     const State::StreamEvent& stream_event = state_->stream_events.at(key);
     const std::string& label = name != nullptr ? *name : "(every GPU region)";
     absl::Status status = state_->InContext(label, key.first, [&]() -> absl::Status {
