@@ -44,41 +44,6 @@ double Seconds(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double>(end - start).count();
 }
 
-// Device memory and a pinned host buffer of `bytes` each, the device memory set to kPattern.
-struct Buffers {
-  void* device = nullptr;
-  void* pinned = nullptr;
-  ~Buffers() {
-    if (pinned != nullptr) cudaFreeHost(pinned);
-    if (device != nullptr) cudaFree(device);
-  }
-  absl::Status Allocate(size_t bytes) {
-    if (absl::Status s = CudaCheck(cudaMalloc(&device, bytes), "cudaMalloc"); !s.ok()) return s;
-    if (absl::Status s = CudaCheck(cudaMallocHost(&pinned, bytes), "cudaMallocHost"); !s.ok()) {
-      return s;
-    }
-    return CudaCheck(cudaMemset(device, kPattern, bytes), "cudaMemset");
-  }
-  // Clears the device memory, for a restore to fill.
-  absl::Status Clear(size_t bytes) {
-    if (absl::Status s = CudaCheck(cudaMemset(device, 0, bytes), "cudaMemset"); !s.ok()) return s;
-    return CudaCheck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  // Whether the device memory holds kPattern in every byte (read back through the pinned buffer).
-  absl::Status CheckRestored(size_t bytes) {
-    if (absl::Status s = CudaCheck(cudaMemcpy(pinned, device, bytes, cudaMemcpyDeviceToHost),
-                                   "cudaMemcpy");
-        !s.ok()) {
-      return s;
-    }
-    const uint8_t* back = static_cast<const uint8_t*>(pinned);
-    if (back[0] != kPattern || std::memcmp(back, back + 1, bytes - 1) != 0) {
-      return absl::DataLossError("the restored device memory differs from what was captured");
-    }
-    return absl::OkStatus();
-  }
-};
-
 // Times `copy` kRounds times; the best round's seconds.
 template <typename Copy>
 absl::StatusOr<double> BestOf(Copy copy) {
@@ -90,6 +55,64 @@ absl::StatusOr<double> BestOf(Copy copy) {
   }
   return best;
 }
+
+// The best cudaMemcpy of a buffer's bytes each way, in seconds: the copy engine's limit.
+struct CopyTimes {
+  double download = 0;  // device to pinned host
+  double upload = 0;    // pinned host to device
+};
+
+// Device memory and a pinned host buffer of `bytes` each, the device memory set to kPattern.
+struct Buffers {
+  void* device = nullptr;
+  void* pinned = nullptr;
+  size_t bytes = 0;
+  ~Buffers() {
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    if (device != nullptr) cudaFree(device);
+  }
+  absl::Status Allocate(size_t size) {
+    bytes = size;
+    if (absl::Status s = CudaCheck(cudaMalloc(&device, bytes), "cudaMalloc"); !s.ok()) return s;
+    if (absl::Status s = CudaCheck(cudaMallocHost(&pinned, bytes), "cudaMallocHost"); !s.ok()) {
+      return s;
+    }
+    return Fill();
+  }
+  // Sets every byte of the device memory to kPattern.
+  absl::Status Fill() { return CudaCheck(cudaMemset(device, kPattern, bytes), "cudaMemset"); }
+  // Clears the device memory, for a restore to fill.
+  absl::Status Clear() {
+    if (absl::Status s = CudaCheck(cudaMemset(device, 0, bytes), "cudaMemset"); !s.ok()) return s;
+    return CudaCheck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  // Whether the device memory holds kPattern in every byte (read back through the pinned buffer).
+  absl::Status CheckRestored() {
+    if (absl::Status s = CudaCheck(cudaMemcpy(pinned, device, bytes, cudaMemcpyDeviceToHost),
+                                   "cudaMemcpy");
+        !s.ok()) {
+      return s;
+    }
+    const uint8_t* back = static_cast<const uint8_t*>(pinned);
+    if (back[0] != kPattern || std::memcmp(back, back + 1, bytes - 1) != 0) {
+      return absl::DataLossError("the restored device memory differs from what was captured");
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<CopyTimes> TimeCopies() {
+    absl::StatusOr<double> download = BestOf([&] {
+      return CudaCheck(cudaMemcpy(pinned, device, bytes, cudaMemcpyDeviceToHost),
+                       "cudaMemcpy device to host");
+    });
+    if (!download.ok()) return download.status();
+    absl::StatusOr<double> upload = BestOf([&] {
+      return CudaCheck(cudaMemcpy(device, pinned, bytes, cudaMemcpyHostToDevice),
+                       "cudaMemcpy host to device");
+    });
+    if (!upload.ok()) return upload.status();
+    return CopyTimes{*download, *upload};
+  }
+};
 
 // The CPU's part of a capture or restore: CRC-32C of every 4 MiB chunk of `data`, the chunks dealt
 // to `threads` threads in turn as the capture threads take them.
@@ -147,32 +170,26 @@ absl::Status MeasureManyTensors(const testing::TestDaemon& daemon, Report& repor
   if (absl::Status s = (*client)->WaitCommitted(kManyMeasuredSteps + 2); !s.ok()) return s;
   std::vector<double> restore_ms;
   for (int round = 0; round < 5; ++round) {
-    if (absl::Status s = buffers.Clear(kManyBytes); !s.ok()) return s;
+    if (absl::Status s = buffers.Clear(); !s.ok()) return s;
     const Clock::time_point start = Clock::now();
     absl::StatusOr<RestoreResult> restored = (*client)->Restore();
     if (!restored.ok()) return restored.status();
     restore_ms.push_back(Seconds(start, Clock::now()) * 1e3);
   }
-  if (absl::Status s = buffers.CheckRestored(kManyBytes); !s.ok()) return s;
-  absl::StatusOr<double> download = BestOf([&] {
-    return CudaCheck(cudaMemcpy(buffers.pinned, buffers.device, kManyBytes, cudaMemcpyDeviceToHost),
-                     "cudaMemcpy device to host");
-  });
-  if (!download.ok()) return download.status();
-  absl::StatusOr<double> upload = BestOf([&] {
-    return CudaCheck(cudaMemcpy(buffers.device, buffers.pinned, kManyBytes, cudaMemcpyHostToDevice),
-                     "cudaMemcpy host to device");
-  });
-  if (!upload.ok()) return upload.status();
+  if (absl::Status s = buffers.CheckRestored(); !s.ok()) return s;
+  absl::StatusOr<CopyTimes> copies = buffers.TimeCopies();
+  if (!copies.ok()) return copies.status();
 
   const double blocking = Median(blocking_ms), capture = Median(capture_ms);
   const double restore = Median(restore_ms);
   report.Add({"gpu", "16,000 GPU tensors: Snapshot() blocking, median", blocking, "ms", "goal", 1.0,
               1.0 / blocking});
   report.Add({"gpu", "16,000 GPU tensors: capture of a step, median", capture, "ms",
-              "cudaMemcpy D2H of the bytes, pinned", *download * 1e3, *download * 1e3 / capture});
+              "cudaMemcpy D2H of the bytes, pinned", copies->download * 1e3,
+              copies->download * 1e3 / capture});
   report.Add({"gpu", "16,000 GPU tensors: restore (+CRC check), median", restore, "ms",
-              "cudaMemcpy H2D of the bytes, pinned", *upload * 1e3, *upload * 1e3 / restore});
+              "cudaMemcpy H2D of the bytes, pinned", copies->upload * 1e3,
+              copies->upload * 1e3 / restore});
   report.AddNote("gpu", absl::StrCat(
                             "16,000 GPU tensors: 4 KiB regions (62.5 MiB, the Adam state of 4,000 "
                             "small layers) packed in one cudaMalloc block and written on one "
@@ -187,7 +204,7 @@ absl::Status MeasureManyTensors(const testing::TestDaemon& daemon, Report& repor
 // One daemon with `threads` capture threads capturing and restoring 1 GiB of `buffers` as rank 0,
 // beside the copy engine's speed and the threads' CRC-32C of the same bytes; then, with the
 // suite's first daemon, the 16,000-tensor rank.
-absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, double upload,
+absl::Status MeasureOneGiB(int threads, Buffers& buffers, const CopyTimes& copies,
                            Report& report) {
   // The pool holds the committed step and the one being captured of both ranks; pinned as in
   // production. The journal holds the 16,000-region rank's records.
@@ -200,10 +217,7 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon.agent_socket(), .rank = 0});
   if (!client.ok()) return client.status();
-  if (absl::Status s = CudaCheck(cudaMemset(buffers.device, kPattern, kBytes), "cudaMemset");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = buffers.Fill(); !s.ok()) return s;
   std::vector<DeviceRegion> regions;
   for (int region = 0; region < kRegions; ++region) {
     regions.push_back({{absl::StrCat("expert", region), "bfloat16", {}},
@@ -232,7 +246,7 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
   // Restore: the committed step back into device memory that was cleared first, checked whole.
   double best_restore = 1e9;
   for (int round = 0; round < kRounds; ++round) {
-    if (absl::Status s = buffers.Clear(kBytes); !s.ok()) return s;
+    if (absl::Status s = buffers.Clear(); !s.ok()) return s;
     const Clock::time_point start = Clock::now();
     absl::StatusOr<RestoreResult> restored = (*client)->Restore();
     if (!restored.ok()) return restored.status();
@@ -242,13 +256,14 @@ absl::Status MeasureOneGiB(int threads, Buffers& buffers, double download, doubl
           absl::StrCat("restored step ", restored->step, ", not ", kRounds + 1));
     }
   }
-  if (absl::Status s = buffers.CheckRestored(kBytes); !s.ok()) return s;
+  if (absl::Status s = buffers.CheckRestored(); !s.ok()) return s;
   // The pinned buffer holds the restored bytes, out of the cache like the pool's.
   absl::StatusOr<double> crc = BestOf(
       [&] { return CrcOfChunks(static_cast<const uint8_t*>(buffers.pinned), threads); });
   if (!crc.ok()) return crc.status();
 
   const double gigabytes = kBytes / 1e9;
+  const double download = copies.download, upload = copies.upload;
   const std::string with = absl::StrCat(threads, " capture threads");
   report.Add({"gpu", absl::StrCat("CUDA-IPC capture 1 GiB into pinned pool (+CRC), ", with),
               gigabytes / best_capture, "GB/s", "cudaMemcpy D2H 1 GiB, pinned",
@@ -289,20 +304,10 @@ absl::Status RunGpuSuite(Report& report) {
   }
   Buffers buffers;
   if (absl::Status s = buffers.Allocate(kBytes); !s.ok()) return s;
-  absl::StatusOr<double> download = BestOf([&] {
-    return CudaCheck(cudaMemcpy(buffers.pinned, buffers.device, kBytes, cudaMemcpyDeviceToHost),
-                     "cudaMemcpy device to host");
-  });
-  if (!download.ok()) return download.status();
-  absl::StatusOr<double> upload = BestOf([&] {
-    return CudaCheck(cudaMemcpy(buffers.device, buffers.pinned, kBytes, cudaMemcpyHostToDevice),
-                     "cudaMemcpy host to device");
-  });
-  if (!upload.ok()) return upload.status();
+  absl::StatusOr<CopyTimes> copies = buffers.TimeCopies();
+  if (!copies.ok()) return copies.status();
   for (int threads : {kCaptureThreads, kManyCaptureThreads}) {
-    if (absl::Status s = MeasureOneGiB(threads, buffers, *download, *upload, report); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = MeasureOneGiB(threads, buffers, *copies, report); !s.ok()) return s;
   }
   report.AddNote("gpu", absl::StrCat(
                             properties.name, ". A moesnapd process (its pool locked and "

@@ -7,11 +7,9 @@ namespace {
 template <typename Copy>
 absl::Status EachTransfer(std::span<Transfer> transfers, Copy copy) {
   for (size_t i = 0; i < transfers.size(); ++i) {
-    Transfer& transfer = transfers[i];
-    const bool continues = transfer.continues && i > 0;
-    absl::StatusOr<uint32_t> crc = copy(transfer, continues ? transfers[i - 1].crc : transfer.crc);
+    absl::StatusOr<uint32_t> crc = copy(transfers[i], CrcBefore(transfers, i));
     if (!crc.ok()) return crc.status();
-    transfer.crc = *crc;
+    transfers[i].crc = *crc;
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #ifndef MOESNAP_DAEMON_COPY_BACKEND_H_
 #define MOESNAP_DAEMON_COPY_BACKEND_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -34,6 +35,11 @@ struct Transfer {
   bool continues = false;
   uint32_t crc = 0;
 };
+
+// The CRC-32C that transfer `index` of a batch extends: the one before it has set its own by then.
+inline uint32_t CrcBefore(std::span<const Transfer> transfers, size_t index) {
+  return transfers[index].continues && index > 0 ? transfers[index - 1].crc : transfers[index].crc;
+}
 
 // Thread-safe: copies of different chunks run concurrently on the capture threads.
 class CopyBackend {

@@ -142,17 +142,27 @@ const CudaRegionSource& SourceOf(const Transfer& transfer) {
   return static_cast<const CudaRegionSource&>(*transfer.source);
 }
 
-// Runs copy(device, host, bytes) per run of `slices` contiguous on both sides in one allocation.
-template <typename Copy>
-absl::Status CopyContiguous(std::span<const Transfer> transfers,
-                            std::span<const TransferGroups::Slice> slices, Copy copy) {
+// Queues on the lane's stream one cudaMemcpyAsync per run of `slices` contiguous on both sides in
+// one allocation, from the device to the pool or back (`direction`).
+absl::Status QueueCopies(const Lane& lane, cudaMemcpyKind direction,
+                         std::span<const Transfer> transfers,
+                         std::span<const TransferGroups::Slice> slices) {
   return TransferGroups::CopyContiguous(
       transfers, slices,
       [](const Transfer& transfer, uint64_t at) {
         return SourceOf(transfer).data() + transfer.offset + at;
       },
       [](const Transfer& transfer) -> const void* { return SourceOf(transfer).allocation(); },
-      copy);
+      [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
+        const bool out = direction == cudaMemcpyDeviceToHost;
+        if (cudaError_t error = cudaMemcpyAsync(out ? host : device, out ? device : host, bytes,
+                                                direction, lane.stream);
+            error != cudaSuccess) {
+          return CudaError(error, out ? "cudaMemcpyAsync device to host"
+                                      : "cudaMemcpyAsync host to device");
+        }
+        return absl::OkStatus();
+      });
 }
 
 class CudaCopyBackend : public CopyBackend {
@@ -307,17 +317,11 @@ class CudaCopyBackend : public CopyBackend {
     const size_t groups = cut.groups();
     size_t queued = 0;
     auto queue_next = [&]() -> absl::Status {
-      absl::Status status = CopyContiguous(
-          transfers, cut.group(queued),
-          [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
-            if (cudaError_t error =
-                    cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, lane.stream);
-                error != cudaSuccess) {
-              return CudaError(error, "cudaMemcpyAsync device to host");
-            }
-            return absl::OkStatus();
-          });
-      if (!status.ok()) return status;
+      if (absl::Status status =
+              QueueCopies(lane, cudaMemcpyDeviceToHost, transfers, cut.group(queued));
+          !status.ok()) {
+        return status;
+      }
       if (cudaError_t error =
               cudaEventRecord(lane.group_done[queued % kGroupsInFlight], lane.stream);
           error != cudaSuccess) {
@@ -347,16 +351,7 @@ class CudaCopyBackend : public CopyBackend {
     absl::Status status;
     for (size_t group = 0; status.ok() && group < cut.groups(); ++group) {
       TransferGroups::ExtendCrcs(transfers, cut.group(group));
-      status = CopyContiguous(
-          transfers, cut.group(group),
-          [&](uint8_t* device, uint8_t* host, uint64_t bytes) -> absl::Status {
-            if (cudaError_t error =
-                    cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, lane.stream);
-                error != cudaSuccess) {
-              return CudaError(error, "cudaMemcpyAsync host to device");
-            }
-            return absl::OkStatus();
-          });
+      status = QueueCopies(lane, cudaMemcpyHostToDevice, transfers, cut.group(group));
     }
     if (cudaError_t error = cudaStreamSynchronize(lane.stream);
         error != cudaSuccess && status.ok()) {

@@ -19,6 +19,7 @@
 #include "daemon/copy_plan.h"
 #include "daemon/progress.h"
 #include "daemon/shard_layout.h"
+#include "daemon/task_transfers.h"
 #include "erasure/crc32c.h"
 #include "google/protobuf/arena.h"
 #include "proto/step_state_name.h"
@@ -88,56 +89,6 @@ absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
   }
   return absl::OkStatus();
 }
-
-// The transfers of a copy task: every pool extent of each chunk it copies, in order, run as one
-// batch per backend (a run of small regions on the GPU waits on the device once, not per region).
-class TaskTransfers {
- public:
-  // Chunk `length` bytes at `offset` of `stored`, at `source_offset` of `source`.
-  void AddChunk(CopyBackend* backend, RegionSource* source, uint64_t source_offset,
-                const PoolBytes& stored, uint64_t offset, uint64_t length) {
-    const size_t begin = transfers_.size();
-    stored.ForEach(offset, length, [&](uint8_t* data, uint64_t bytes, uint64_t at) {
-      transfers_.push_back({source, source_offset + at, data, bytes, transfers_.size() > begin});
-    });
-    chunks_.push_back({backend, transfers_.size()});
-  }
-
-  // Runs copy(backend, transfers) on each maximal run of chunks of one backend, then
-  // finished(chunk, crc) for each chunk of a run that succeeded, in order. Stops at the first
-  // failure, which it returns with the first and last chunk of its run in `failed`.
-  template <typename Copy, typename Finished>
-  absl::Status Run(Copy copy, Finished finished, std::pair<size_t, size_t>& failed) {
-    size_t chunk = 0;
-    size_t begin = 0;
-    while (chunk < chunks_.size()) {
-      size_t last = chunk;
-      while (last + 1 < chunks_.size() && chunks_[last + 1].backend == chunks_[chunk].backend) ++last;
-      const size_t end = chunks_[last].end;
-      if (absl::Status status =
-              copy(*chunks_[chunk].backend, std::span<Transfer>(transfers_).subspan(begin, end - begin));
-          !status.ok()) {
-        failed = {chunk, last};
-        return status;
-      }
-      for (size_t done = chunk; done <= last; ++done) {
-        const size_t chunk_begin = done == 0 ? 0 : chunks_[done - 1].end;
-        finished(done, chunks_[done].end > chunk_begin ? transfers_[chunks_[done].end - 1].crc : 0u);
-      }
-      chunk = last + 1;
-      begin = end;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  struct Chunk {
-    CopyBackend* backend;
-    size_t end;  // of its transfers
-  };
-  std::vector<Transfer> transfers_;
-  std::vector<Chunk> chunks_;
-};
 
 }  // namespace
 
@@ -1249,7 +1200,9 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       absl::Status status;
       std::pair<size_t, size_t> failed;
       status.Update(transfers.Run(
-          [](CopyBackend& backend, std::span<Transfer> batch) { return backend.CopyInBatch(batch); },
+          [](CopyBackend& backend, std::span<Transfer> batch) {
+            return backend.CopyInBatch(batch);
+          },
           [&](size_t index, uint32_t crc) {
             const auto [version, chunk] = chunks[index];
             if (crc != version->chunk_crcs[chunk]) {

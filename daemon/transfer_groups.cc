@@ -31,10 +31,8 @@ std::span<const TransferGroups::Slice> TransferGroups::group(size_t index) const
 void TransferGroups::ExtendCrcs(std::span<Transfer> transfers, std::span<const Slice> slices) {
   for (const Slice& slice : slices) {
     Transfer& transfer = transfers[slice.transfer];
-    if (slice.at == 0 && transfer.continues && slice.transfer > 0) {
-      transfer.crc = transfers[slice.transfer - 1].crc;
-    }
-    transfer.crc = erasure::Crc32cExtend(transfer.crc, transfer.host + slice.at, slice.bytes);
+    const uint32_t crc = slice.at == 0 ? CrcBefore(transfers, slice.transfer) : transfer.crc;
+    transfer.crc = erasure::Crc32cExtend(crc, transfer.host + slice.at, slice.bytes);
   }
 }
 

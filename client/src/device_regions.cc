@@ -1,9 +1,9 @@
-// GPU regions over the CUDA driver API: the allocation holding the region (cuMemGetAddressRange), its
-// cuIpcGetMemHandle, and one interprocess
-// event per stream the regions are written on, recorded on that stream at each Snapshot so the
-// daemon copies only after the optimizer step that wrote the regions has run. Every driver call runs in the device's primary
-// context (the one CUDA runtimes use), pushed for the call and popped after, so the trainer's
-// current device and context are left as they were.
+// GPU regions over the CUDA driver API: the allocation holding each region (cuMemGetAddressRange)
+// and its cuIpcGetMemHandle, and one interprocess event per stream the regions are written on,
+// recorded on that stream at each Snapshot so the daemon copies only after the optimizer step that
+// wrote the regions has run. Every driver call runs in the device's primary context (the one CUDA
+// runtimes use), pushed for the call and popped after, so the trainer's current device and context
+// are left as they were.
 #include "client/src/device_regions.h"
 
 #include <algorithm>
@@ -175,6 +175,11 @@ absl::StatusOr<std::vector<v1::RegionHandle>> DeviceRegions::Share(
   // allocations, each exported once.
   std::pair<int, CuDevicePointer> exported{-1, 0};
   std::string exported_handle;
+  // A failure ends the pending share of the regions before it.
+  auto abandon = [&](size_t shared, absl::Status status) {
+    state_->EndShare(regions, shared, /*kept=*/false);
+    return status;
+  };
   for (size_t i = 0; i < regions.size(); ++i) {
     const std::string& name = regions[i].first;  // not structured bindings: a lambda captures them
     const DeviceMemory& memory = regions[i].second;
@@ -212,12 +217,9 @@ absl::StatusOr<std::vector<v1::RegionHandle>> DeviceRegions::Share(
       handle.set_cuda_offset(offset);
       return absl::OkStatus();
     });
-    absl::StatusOr<State::StreamEvent*> event =
-        status.ok() ? state_->EventOf(name, key) : absl::StatusOr<State::StreamEvent*>(status);
-    if (!event.ok()) {
-      state_->EndShare(regions, i, /*kept=*/false);
-      return event.status();
-    }
+    if (!status.ok()) return abandon(i, status);
+    absl::StatusOr<State::StreamEvent*> event = state_->EventOf(name, key);
+    if (!event.ok()) return abandon(i, event.status());
     ++(*event)->pending;
     handle.set_cuda_event_handle((*event)->handle);
     handle.set_cuda_device(memory.device);
@@ -235,7 +237,9 @@ absl::Status DeviceRegions::RecordCaptureEvents(const std::vector<std::string>& 
   std::lock_guard<std::mutex> lock(state_->mutex);
   std::vector<std::pair<const std::string*, State::StreamKey>> streams;  // a region naming each
   if (names.empty()) {
-    for (const auto& [key, stream_event] : state_->stream_events) streams.emplace_back(nullptr, key);
+    for (const auto& [key, stream_event] : state_->stream_events) {
+      streams.emplace_back(nullptr, key);
+    }
   } else {
     for (const std::string& name : names) {
       auto it = state_->regions.find(name);
