@@ -42,16 +42,22 @@ class RecordingBackend : public CopyBackend {
   }
 };
 
+// A region the recording backend never reads.
+struct UnreadSource : RegionSource {
+  uint64_t bytes() const override { return 0; }
+};
+
 TEST(TaskTransfersTest, ChunksOfOneBackendInARowAreOneBatchAndEachGetsItsLastTransfersCrc) {
+  UnreadSource source;
   std::vector<uint8_t> pool(1 << 16);
   const PoolBytes stored = PoolBytes::View(pool.data(), pool.size());
   RecordingBackend host, device;
   auto task = [&] {  // chunks of 100, 200, 300 and 400 bytes: host, host, device, host
     TaskTransfers transfers;
-    transfers.AddChunk(&host, nullptr, 0, stored, 0, 100);
-    transfers.AddChunk(&host, nullptr, 0, stored, 100, 200);
-    transfers.AddChunk(&device, nullptr, 0, stored, 300, 300);
-    transfers.AddChunk(&host, nullptr, 0, stored, 600, 400);
+    transfers.AddChunk(&host, &source, 0, stored, 0, 100);
+    transfers.AddChunk(&host, &source, 0, stored, 100, 200);
+    transfers.AddChunk(&device, &source, 0, stored, 300, 300);
+    transfers.AddChunk(&host, &source, 0, stored, 600, 400);
     return transfers;
   };
   TaskTransfers transfers = task();
