@@ -43,7 +43,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<AccessPolicy> admin_policy =
       AccessPolicy::FromOptions(options.admin_access, "admin.group");
   if (!admin_policy.ok()) return admin_policy.status();
-
   daemon->sessions_ = std::make_unique<TrainerSessions>(options.exited_trainer_memory_retention);
   daemon->host_backend_ = CreateHostCopyBackend(daemon->sessions_.get());
   absl::StatusOr<std::unique_ptr<CopyBackend>> device = CreateCudaCopyBackend();
@@ -160,7 +159,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<AdminService>(daemon->store_.get(), daemon->upstream_log_.get(),
                                      daemon->cluster_.get(), daemon->tiers_.get(), options.node_id,
                                      locked);
-  absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Start(
+  // Every socket and port is bound before any serves: a daemon that cannot have one exits before
+  // its admin socket ever answered, so whoever starts it sees the failure, not a daemon that
+  // served for a moment. The sockets first: another daemon serving them is the likelier cause.
+  absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Bind(
       {{.path = options.agent_socket, .service = daemon->agent_service_.get(), .policy = *policy},
        {.path = memory_socket, .handler = daemon->memory_handoff_.get(), .policy = *policy},
        {.path = options.admin_socket,
@@ -169,6 +171,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       &daemon->connection_peers_);
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);
+  if (!options.http.address.empty()) {
+    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Listen(options.http.address);
+    if (!http.ok()) return http.status();
+    daemon->http_server_ = *std::move(http);
+  }
+  if (absl::Status serving = daemon->server_->Serve(); !serving.ok()) return serving;
 
   daemon->notifier_ = CreateSystemdNotifier();
   daemon->health_ = std::make_unique<HealthMonitor>(
@@ -189,11 +197,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       CollectDaemonMetrics(metrics::Registry::Default(), daemon->store_.get(),
                            daemon->sessions_.get(), daemon->upstream_log_.get(),
                            daemon->cluster_.get(), daemon->tiers_.get());
-  if (!options.http.address.empty()) {
-    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
-        options.http.address, OperationsRoutes(daemon->health_.get()));
-    if (!http.ok()) return http.status();
-    daemon->http_server_ = *std::move(http);
+  if (daemon->http_server_) {
+    daemon->http_server_->Serve(OperationsRoutes(daemon->health_.get()));
     Log(LogLevel::kInfo, "metrics and health on http://", options.http.address,
         " (/metrics, /healthz, /readyz), port ", daemon->http_server_->port());
   }

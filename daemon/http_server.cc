@@ -52,8 +52,6 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHttpAddress(const std::str
 
 class HttpServer::Impl {
  public:
-  explicit Impl(std::map<std::string, Handler> routes) : routes_(std::move(routes)) {}
-
   void Accept();
 
   std::map<std::string, Handler> routes_;
@@ -149,11 +147,10 @@ void HttpServer::Impl::Accept() {
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address,
-                                                              std::map<std::string, Handler> routes) {
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Listen(const std::string& address) {
   absl::StatusOr<std::pair<std::string, uint16_t>> parsed = ParseHttpAddress(address);
   if (!parsed.ok()) return parsed.status();
-  auto impl = std::make_unique<Impl>(std::move(routes));
+  auto impl = std::make_unique<Impl>();
   const tcp::endpoint endpoint(asio::ip::make_address(parsed->first), parsed->second);
   boost::system::error_code error;
   impl->acceptor_.open(endpoint.protocol(), error);
@@ -164,9 +161,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     return absl::UnavailableError(
         absl::StrCat("cannot serve HTTP on ", address, " (http.address): ", error.message()));
   }
-  impl->Accept();
-  impl->thread_ = std::thread([raw = impl.get()] { raw->io_.run(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+void HttpServer::Serve(std::map<std::string, Handler> routes) {
+  impl_->routes_ = std::move(routes);
+  impl_->Accept();
+  impl_->thread_ = std::thread([raw = impl_.get()] { raw->io_.run(); });
 }
 
 HttpServer::~HttpServer() {

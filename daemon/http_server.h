@@ -37,9 +37,11 @@ class HttpServer {
   static constexpr int kMaxConnections = 32;
   using Handler = std::function<HttpResponse()>;
 
-  // Binds `address` and serves `routes` (exact paths; a query string is ignored).
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
-                                                           std::map<std::string, Handler> routes);
+  // Binds and listens on `address`; connections wait in the backlog until Serve. A daemon binds
+  // before any of its sockets serves, so one that cannot have its port fails before it answers.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Listen(const std::string& address);
+  // Serves `routes` (exact paths; a query string is ignored). Once.
+  void Serve(std::map<std::string, Handler> routes);
   ~HttpServer();  // stops serving and closes every connection
 
   uint16_t port() const;

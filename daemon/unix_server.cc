@@ -163,8 +163,8 @@ std::string AccessPolicy::Describe() const {
   return rule;
 }
 
-absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(std::vector<Endpoint> endpoints,
-                                                              ConnectionPeers* peers) {
+absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Bind(std::vector<Endpoint> endpoints,
+                                                             ConnectionPeers* peers) {
   std::unique_ptr<UnixServer> server(new UnixServer());
   server->peers_ = peers;
   for (Endpoint& endpoint : endpoints) {
@@ -181,12 +181,15 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(std::vector<Endpoi
   if (pipe2(server->wake_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe(): ", std::strerror(errno)));
   }
+  return server;
+}
 
+absl::Status UnixServer::Serve() {
   // The health service is process-wide state in gRPC, read when a server is built: on for the real
   // servers, off for the refusing ones (which answer every call, a health check too, with
   // PERMISSION_DENIED).
   bool built = true;
-  for (Listener& listener : server->listeners_) {
+  for (Listener& listener : listeners_) {
     if (listener.endpoint.service == nullptr) continue;
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
@@ -204,9 +207,9 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(std::vector<Endpoi
     built = built && listener.server != nullptr && listener.refusal_server != nullptr;
   }
   if (!built) return absl::InternalError("cannot start the gRPC servers");
-  server->SetServing(false);
-  server->accept_thread_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
-  return server;
+  SetServing(false);
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  return absl::OkStatus();
 }
 
 void UnixServer::SetServing(bool serving) {

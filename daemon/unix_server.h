@@ -81,10 +81,13 @@ class UnixServer {
 
   // Binds every endpoint's socket (mode 0660 and its policy's group; 0666 when the policy lists
   // uids, which the credential check then admits by name), refusing a path another live daemon
-  // serves, then starts serving. Each gRPC endpoint has its own server: a call reaches only the
-  // service of the socket it came in on. The peers of gRPC connections are recorded in `peers`.
-  static absl::StatusOr<std::unique_ptr<UnixServer>> Start(std::vector<Endpoint> endpoints,
-                                                           ConnectionPeers* peers);
+  // serves. Connections wait in the backlog until Serve. The peers of gRPC connections are
+  // recorded in `peers`.
+  static absl::StatusOr<std::unique_ptr<UnixServer>> Bind(std::vector<Endpoint> endpoints,
+                                                          ConnectionPeers* peers);
+  // Starts serving, once. Each gRPC endpoint has its own server: a call reaches only the service
+  // of the socket it came in on.
+  absl::Status Serve();
   ~UnixServer();  // stops accepting, shuts the servers down, removes the socket files
 
   // What the standard gRPC health service (grpc.health.v1.Health, served on every endpoint to

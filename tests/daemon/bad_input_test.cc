@@ -9,11 +9,13 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "moesnap/client.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
@@ -25,6 +27,7 @@ namespace {
 using testing::BinaryPath;
 using testing::ChildProcess;
 using testing::TestDaemon;
+using testing::TestDaemonOptions;
 using namespace std::chrono_literals;
 
 constexpr size_t kRegionBytes = 1 << 20;
@@ -227,6 +230,32 @@ TEST_F(BadInputTest, SecondDaemonOnTheSameSocketOrPoolIsRefused) {
   for (const char* suffix : {".data", ".journal"}) {
     std::remove(("/dev/shm/" + daemon_.pool_name() + "-other" + suffix).c_str());
   }
+  EXPECT_TRUE(daemon_.running());
+  ExpectStepOneIntact();
+}
+
+// A daemon whose HTTP port is taken exits naming it, never says it serves, and leaves neither
+// sockets nor a pool behind.
+TEST_F(BadInputTest, ADaemonWhoseHttpPortIsTakenExitsNamingItAndLeavesNoPool) {
+  TestDaemon other(TestDaemonOptions{.pool_bytes = "16MiB"});
+  std::ifstream original(other.config_path());
+  std::string config((std::istreambuf_iterator<char>(original)), std::istreambuf_iterator<char>());
+  const std::string own = absl::StrCat("127.0.0.1:", other.http_port());
+  const std::string taken = absl::StrCat("127.0.0.1:", daemon_.http_port());
+  const size_t at = config.find(own);
+  ASSERT_NE(at, std::string::npos) << config;
+  config.replace(at, own.size(), taken);
+  std::ofstream(other.config_path(), std::ios::trunc) << config;
+  ChildProcess process({BinaryPath("moesnapd"), "--config", other.config_path()}, {},
+                       ChildProcess::Stderr::kCapture);
+  std::string output;
+  while (std::optional<std::string> line = process.ReadLine(10s)) output += *line + "\n";
+  EXPECT_EQ(process.Wait(10s), 1);
+  EXPECT_TRUE(absl::StrContains(output, "cannot serve HTTP on " + taken + " (http.address)"))
+      << output;
+  EXPECT_FALSE(absl::StrContains(output, "serving trainers")) << output;
+  EXPECT_FALSE(std::filesystem::exists(other.admin_socket()));
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + other.pool_name() + ".data"));
   EXPECT_TRUE(daemon_.running());
   ExpectStepOneIntact();
 }

@@ -15,11 +15,13 @@ using testing::HttpGet;
 using testing::HttpRaw;
 
 std::unique_ptr<HttpServer> StartServer() {
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
-      "127.0.0.1:0", {{"/metrics", [] { return HttpResponse{200, "text/plain; version=0.0.4", "m 1\n"}; }},
-                      {"/readyz", [] { return HttpResponse{503, "text/plain", "rebuilding\n"}; }}});
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Listen("127.0.0.1:0");
   EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? *std::move(server) : nullptr;
+  if (!server.ok()) return nullptr;
+  (*server)->Serve(
+      {{"/metrics", [] { return HttpResponse{200, "text/plain; version=0.0.4", "m 1\n"}; }},
+       {"/readyz", [] { return HttpResponse{503, "text/plain", "rebuilding\n"}; }}});
+  return *std::move(server);
 }
 
 TEST(HttpServerTest, ServesRoutesAndNamesThemOnA404) {
@@ -87,7 +89,7 @@ TEST(HttpServerTest, ParsesAndRefusesAddresses) {
   std::unique_ptr<HttpServer> first = StartServer();
   ASSERT_NE(first, nullptr);
   absl::StatusOr<std::unique_ptr<HttpServer>> second =
-      HttpServer::Start(absl::StrCat("127.0.0.1:", first->port()), {});
+      HttpServer::Listen(absl::StrCat("127.0.0.1:", first->port()));
   ASSERT_STATUS(second, absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(second.status().message(), "http.address")) << second.status();
 }

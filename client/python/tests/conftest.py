@@ -3,6 +3,7 @@ production, and the example MoE trainer as a real process."""
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -88,10 +89,28 @@ class ChildProcess:
         return self.lines
 
 
+_handed_out_ports = set()
+_port_draws = random.SystemRandom()  # unaffected by tests that seed `random`
+
+
 def unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A loopback port nothing is bound to now, drawn from below the kernel's ephemeral range so
+    that the kernel never hands it out itself (to a port-0 listener or an outgoing connection),
+    and never the same twice in this process. Another test may still draw it first, rarely: whoever
+    binds it then fails at start and draws again."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        end = int(ports.read().split()[0])
+    while True:
+        port = _port_draws.randrange(15000, end)
+        if port in _handed_out_ports:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out_ports.add(port)
+        return port
 
 
 class Etcd:
@@ -99,10 +118,19 @@ class Etcd:
 
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="moesnap-pytest-etcd-")
+        self.log = open(Path(self.directory) / "etcd.log", "w")
+        # A port drawn free may be bound by another process before etcd binds it: etcd then exits
+        # at start, and draws fresh ports, twice at most.
+        for _ in range(3):
+            if self._start():
+                return
+        raise RuntimeError(f"etcd did not start serving: {self._log_tail()}")
+
+    def _start(self) -> bool:
         self.client_port, peer_port = unused_port(), unused_port()
         self.endpoint = f"127.0.0.1:{self.client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        self.log = open(Path(self.directory) / "etcd.log", "w")
+        shutil.rmtree(Path(self.directory) / "data", ignore_errors=True)
         self.process = subprocess.Popen(
             ["etcd", "--name", "t", "--data-dir", str(Path(self.directory) / "data"),
              "--listen-client-urls", f"http://{self.endpoint}",
@@ -113,15 +141,21 @@ class Etcd:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.process.returncode}")
+                return False
             try:
                 with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as answer:
                     if json.loads(answer.read()).get("health") == "true":
-                        return
+                        return True
             except OSError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError("etcd did not start serving")
+        self.process.kill()
+        self.process.wait()
+        return False
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        return (Path(self.directory) / "etcd.log").read_text()[-2000:]
 
     def stop(self) -> None:
         if self.process.poll() is None:

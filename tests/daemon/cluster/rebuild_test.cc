@@ -47,11 +47,15 @@ TEST(RebuildTest, AFailedRebuildIsReportedAndTriedAgainUntilItWorks) {
   InProcessCluster cluster(6, 4, 2);
   cluster.election().Elect(0);
   CommitSteps(cluster, 2);
+  // Exactly three fetches are refused. The rebuild fetches from several survivors at once, so the
+  // count is compared and raised in one atomic step.
   std::atomic<int> refused{0};
   cluster.network().SetFilter([&](uint32_t from, uint32_t, const std::string& call) {
-    if (from == 2 && call == "SendUnits" && refused < 3) {
-      ++refused;
-      return absl::UnavailableError("a survivor restarted");
+    if (from != 2 || call != "SendUnits") return absl::OkStatus();
+    for (int seen = refused.load(); seen < 3;) {
+      if (refused.compare_exchange_weak(seen, seen + 1)) {
+        return absl::UnavailableError("a survivor restarted");
+      }
     }
     return absl::OkStatus();
   });
