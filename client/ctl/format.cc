@@ -291,7 +291,8 @@ std::string FormatRebuild(uint32_t node, const v1::RebuildResponse& rebuild) {
   return absl::StrCat("node ", node, " rebuilt step ", rebuild.step(), ": ", rebuild.stripes(),
                       " stripes, ", FormatByteSize(rebuild.data_bytes()), " of data and ",
                       FormatByteSize(rebuild.parity_bytes()), " of parity from ",
-                      FormatByteSize(rebuild.fetched_bytes()), " fetched, in ",
+                      FormatByteSize(rebuild.fetched_bytes()), " received (its helpers fetched ",
+                      FormatByteSize(rebuild.helper_fetched_bytes()), "), in ",
                       absl::StrFormat("%.2f", rebuild.seconds()), " s\n");
 }
 

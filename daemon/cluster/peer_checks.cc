@@ -1,10 +1,12 @@
 // Peer request checks: bounds and consistency of every field, overflow-safe.
 #include "daemon/cluster/peer_checks.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/region_limits.h"
 
 namespace moesnap::daemon::cluster {
@@ -198,6 +200,29 @@ absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimit
       return absl::InvalidArgumentError(absl::StrCat("unit ", unit.unit(), " of stripe ",
                                                      unit.stripe(), ": a stripe has ",
                                                      limits.group_size, " units"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDecodeUnits(const v1::DecodeUnitsRequest& request, const PeerLimits& limits) {
+  if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
+    return status;
+  }
+  if (request.stripes_size() > kMaxUnitsPerRequest / limits.group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(request.stripes_size(),
+                                                   " stripes asked for at once, above ",
+                                                   kMaxUnitsPerRequest / limits.group_size));
+  }
+  const uint32_t units = static_cast<uint32_t>(limits.group_size);
+  for (const v1::DecodeStripe& stripe : request.stripes()) {
+    const bool within = stripe.target() < units && stripe.sources_size() < limits.group_size &&
+                        std::all_of(stripe.sources().begin(), stripe.sources().end(),
+                                    [units](uint32_t unit) { return unit < units; });
+    if (!within) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stripe ", stripe.stripe(), ": unit ", stripe.target(), " from [",
+          absl::StrJoin(stripe.sources(), ", "), "]: a stripe has ", limits.group_size, " units"));
     }
   }
   return absl::OkStatus();

@@ -44,6 +44,9 @@ absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& l
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits);
 absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& limits);
 absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimits& limits);
+// Stripes bounded in number, each unit index within a stripe (the helper checks the rest against
+// the step it holds).
+absl::Status CheckDecodeUnits(const v1::DecodeUnitsRequest& request, const PeerLimits& limits);
 absl::Status CheckSendRegion(const v1::SendRegionRequest& request, const PeerLimits& limits);
 
 }  // namespace moesnap::daemon::cluster

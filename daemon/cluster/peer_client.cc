@@ -79,6 +79,11 @@ class GrpcPeerClient final : public PeerClient {
     return Call<v1::SendUnitsResponse>(node, "SendUnits", &v1::Peer::Stub::SendUnits, request,
                                        kSendUnitsDeadline, false);
   }
+  absl::StatusOr<v1::DecodeUnitsResponse> DecodeUnits(
+      uint32_t node, const v1::DecodeUnitsRequest& request) override {
+    return Call<v1::DecodeUnitsResponse>(node, "DecodeUnits", &v1::Peer::Stub::DecodeUnits,
+                                         request, kSendUnitsDeadline, false);
+  }
   absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) override {
     return Call<v1::RebuildResponse>(node, "Rebuild", &v1::Peer::Stub::Rebuild,
                                      v1::PeerRebuildRequest(), kRebuildDeadline, false);

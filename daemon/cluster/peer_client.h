@@ -35,6 +35,8 @@ class PeerClient {
   virtual absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) = 0;
   virtual absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
                                                           const v1::SendUnitsRequest& request) = 0;
+  virtual absl::StatusOr<v1::DecodeUnitsResponse> DecodeUnits(
+      uint32_t node, const v1::DecodeUnitsRequest& request) = 0;
   virtual absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) = 0;
   virtual absl::StatusOr<v1::LocateRankResponse> LocateRank(
       uint32_t node, const v1::LocateRankRequest& request) = 0;

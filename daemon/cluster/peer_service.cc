@@ -97,6 +97,17 @@ grpc::Status PeerService::SendUnits(grpc::ServerContext* context, const v1::Send
   return Answer(units_.transfer->ServeUnits(*request), response);
 }
 
+grpc::Status PeerService::DecodeUnits(grpc::ServerContext* context,
+                                      const v1::DecodeUnitsRequest* request,
+                                      v1::DecodeUnitsResponse* response) {
+  const absl::StatusOr<Admission> admitted = Admit(*context, request->to_node(), "to_node");
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
+  if (absl::Status checked = CheckDecodeUnits(*request, *units_.limits); !checked.ok()) {
+    return ToGrpcStatus(checked);
+  }
+  return Answer(units_.rebuilder->DecodeFor(*request), response);
+}
+
 grpc::Status PeerService::Rebuild(grpc::ServerContext* context, const v1::PeerRebuildRequest*,
                                   v1::RebuildResponse* response) {
   const absl::StatusOr<Admission> admitted = Admit(*context);

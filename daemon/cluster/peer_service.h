@@ -48,6 +48,8 @@ class PeerService final : public v1::Peer::Service {
                           v1::GroupStateResponse*) override;
   grpc::Status SendUnits(grpc::ServerContext*, const v1::SendUnitsRequest*,
                          v1::SendUnitsResponse*) override;
+  grpc::Status DecodeUnits(grpc::ServerContext*, const v1::DecodeUnitsRequest*,
+                           v1::DecodeUnitsResponse*) override;
   grpc::Status Rebuild(grpc::ServerContext*, const v1::PeerRebuildRequest*,
                        v1::RebuildResponse*) override;
   grpc::Status LocateRank(grpc::ServerContext*, const v1::LocateRankRequest*,

@@ -28,6 +28,68 @@ metrics::Counter& caught_up_steps_total = metrics::Registry::Default().AddCounte
 // Stripes decoded together are bounded by the bytes their units take in memory.
 constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
 
+std::vector<uint64_t> ImageSizes(const v1::JournalCluster& record) {
+  std::vector<uint64_t> sizes;
+  for (const v1::NodeImage& image : record.group_images()) sizes.push_back(image.bytes());
+  return sizes;
+}
+
+// The group position of unit `unit` (0..k-1 data, k..n-1 parity) of `stripe`.
+int PositionOf(const erasure::StripeLayout& layout, uint64_t stripe, int unit) {
+  const erasure::StripeMembers members = layout.Members(stripe);
+  const int k = layout.data_units();
+  return unit < k ? members.data_positions[unit] : members.parity_positions[unit - k];
+}
+
+// The bytes unit `unit` of `stripe` holds: a data unit's own (0 past its image's end), a parity
+// unit's `length`, the stripe's.
+uint64_t UnitBytes(const erasure::StripeLayout& layout, const std::vector<uint64_t>& sizes,
+                   uint64_t stripe, int unit, uint64_t length) {
+  if (unit >= layout.data_units()) return length;
+  const int position = PositionOf(layout, stripe, unit);
+  return layout.UnitLength(sizes[position], layout.DataUnitOf(position, stripe));
+}
+
+// Which units decode the unit of position `target` in `stripe`: k of them, virtually zero data
+// units first (known without asking anyone), then data, then parity units of holders.
+struct StripeSources {
+  int target = 0;            // the target's unit index in the stripe
+  std::vector<int> chosen;   // k unit indices
+  std::vector<int> holding;  // those of `chosen` that hold bytes (fetched from their nodes)
+};
+absl::StatusOr<StripeSources> ChooseSources(const erasure::StripeLayout& layout,
+                                            const std::vector<uint64_t>& sizes,
+                                            const std::vector<bool>& holds, uint64_t stripe,
+                                            int target) {
+  const int k = layout.data_units();
+  const int n = layout.group_size();
+  StripeSources sources;
+  std::vector<int> zeros, data, parity;
+  for (int i = 0; i < n; ++i) {
+    const int position = PositionOf(layout, stripe, i);
+    if (position == target) {
+      sources.target = i;
+    } else if (i < k && UnitBytes(layout, sizes, stripe, i, 0) == 0) {
+      zeros.push_back(i);
+    } else if (holds[position]) {
+      (i < k ? data : parity).push_back(i);
+    }
+  }
+  for (const std::vector<int>* list : {&zeros, &data, &parity}) {
+    for (int i : *list) {
+      if (static_cast<int>(sources.chosen.size()) == k) break;
+      sources.chosen.push_back(i);
+      if (list != &zeros) sources.holding.push_back(i);
+    }
+  }
+  if (static_cast<int>(sources.chosen.size()) < k) {
+    return absl::FailedPreconditionError(absl::StrCat("stripe ", stripe, " has ",
+                                                      sources.chosen.size(), " of the ", k,
+                                                      " units it needs"));
+  }
+  return sources;
+}
+
 }  // namespace
 
 Rebuilder::Rebuilder(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
@@ -143,23 +205,15 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   const int n = layout.group_size();
   const int64_t step = target.record.committed_step();
   OperationProgress progress = ProgressBoard::Default().Begin("rebuild", stripes.size(), "stripes");
-  std::vector<uint64_t> sizes;
-  for (const v1::NodeImage& image : target.record.group_images()) sizes.push_back(image.bytes());
+  const std::vector<uint64_t> sizes = ImageSizes(target.record);
   // Asked now, not taken from what membership last heard: a peer may have committed since.
   const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
 
-  struct Work {
-    uint64_t stripe = 0;
-    uint64_t length = 0;
-    int mine = 0;                 // the target's unit index in the stripe
-    std::vector<int> chosen;      // k unit indices that decode the stripe
-    std::vector<uint8_t*> units;  // n buffers of `length`, in the scratch space
-  };
-  // Scratch for a batch of stripes: from the pool when it has room (its pages are resident, so no
-  // page faults), else from the heap.
-  const uint64_t unit_span = layout.unit_bytes() * n;
-  const uint64_t scratch_bytes =
-      std::max(unit_span, std::min<uint64_t>(kDecodeBatchBytes, unit_span * stripes.size()));
+  // Scratch for a batch of stripes, one unit each: from the pool when it has room (its pages are
+  // resident, so no page faults), else from the heap.
+  const uint64_t scratch_bytes = std::max<uint64_t>(
+      layout.unit_bytes(),
+      std::min<uint64_t>(kDecodeBatchBytes / n, layout.unit_bytes() * stripes.size()));
   std::shared_ptr<PoolExtent> pool_scratch;
   std::vector<uint8_t> heap_scratch;
   uint8_t* scratch = nullptr;
@@ -171,37 +225,30 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     heap_scratch.resize(scratch_bytes);
     scratch = heap_scratch.data();
   }
+  struct Work {
+    uint64_t stripe = 0;
+    uint64_t length = 0;
+    int mine = 0;         // the target's unit index in the stripe
+    uint64_t bytes = 0;   // of the target's unit
+    uint8_t* unit = nullptr;
+  };
   size_t next = 0;
   while (next < stripes.size()) {
+    // Each stripe's target unit is decoded by a helper, one of the stripe's sources holding bytes
+    // (they take turns stripe by stripe), which fetches the other k - 1 and sends back the one
+    // unit: this node's link carries one unit per stripe, not k (repair at a helper).
     std::vector<Work> batch;
+    std::map<uint32_t, v1::DecodeUnitsRequest> requests;
+    std::vector<std::pair<FetchKey, FetchSlot>> slots;
     uint64_t batch_bytes = 0;
-    for (; next < stripes.size() && batch_bytes + unit_span <= scratch_bytes; ++next) {
+    for (; next < stripes.size() && batch_bytes + layout.unit_bytes() <= scratch_bytes; ++next) {
       Work work;
       work.stripe = stripes[next];
       work.length = layout.ParityLength(work.stripe, sizes);
       if (work.length == 0) continue;
-      const erasure::StripeMembers members = layout.Members(work.stripe);
-      std::vector<int> position_of(n);
-      for (int i = 0; i < k; ++i) position_of[i] = members.data_positions[i];
-      for (int j = 0; j < n - k; ++j) position_of[k + j] = members.parity_positions[j];
-      std::vector<int> zeros, data, parity;
-      for (int i = 0; i < n; ++i) {
-        const int position = position_of[i];
-        if (position == target.position) {
-          work.mine = i;
-        } else if (i < k && layout.UnitLength(sizes[position],
-                                              layout.DataUnitOf(position, work.stripe)) == 0) {
-          zeros.push_back(i);  // virtually zero: known without asking anyone
-        } else if (holds[position]) {
-          (i < k ? data : parity).push_back(i);
-        }
-      }
-      for (const std::vector<int>* list : {&zeros, &data, &parity}) {
-        for (int i : *list) {
-          if (static_cast<int>(work.chosen.size()) < k) work.chosen.push_back(i);
-        }
-      }
-      if (static_cast<int>(work.chosen.size()) < k) {
+      absl::StatusOr<StripeSources> sources =
+          ChooseSources(layout, sizes, holds, work.stripe, target.position);
+      if (!sources.ok()) {
         std::vector<uint32_t> lost;
         for (int position = 0; position < n; ++position) {
           if (!holds[position]) lost.push_back(topology.NodeAt(target.group, position));
@@ -211,47 +258,43 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
             "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
             n, " nodes, so step ", step, " of node ",
             topology.NodeAt(target.group, target.position),
-            " can no longer be recovered (stripe ", work.stripe, " has ", work.chosen.size(),
-            " of the ", k, " units it needs)"));
+            " can no longer be recovered (", sources.status().message(), ")"));
       }
-      for (int i = 0; i < n; ++i) work.units.push_back(scratch + batch_bytes + i * work.length);
-      batch_bytes += work.length * n;
-      batch.push_back(std::move(work));
-    }
-    // Ask every source node for its units of the batch at once.
-    std::map<uint32_t, v1::SendUnitsRequest> requests;
-    std::vector<std::pair<FetchKey, FetchSlot>> slots;
-    for (Work& work : batch) {
-      const erasure::StripeMembers members = layout.Members(work.stripe);
-      for (int i : work.chosen) {
-        const int position = i < k ? members.data_positions[i] : members.parity_positions[i - k];
-        const uint64_t bytes =
-            i < k ? layout.UnitLength(sizes[position], layout.DataUnitOf(position, work.stripe))
-                  : work.length;
-        // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
-        std::memset(work.units[i] + bytes, 0, work.length - bytes);
-        if (bytes == 0) continue;
-        const uint32_t source = topology.NodeAt(target.group, position);
-        slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), 0, ""},
-                         {work.units[i], bytes, bytes, source}});
-        v1::SendUnitsRequest& request = requests[source];
+      work.mine = sources->target;
+      work.bytes = UnitBytes(layout, sizes, work.stripe, work.mine, work.length);
+      work.unit = scratch + batch_bytes;
+      batch_bytes += work.length;
+      if (sources->holding.empty()) {  // every source is virtually zero, and so is the target
+        std::memset(work.unit, 0, work.length);
+      } else if (work.bytes > 0) {
+        const int helper = sources->holding[work.stripe % sources->holding.size()];
+        const uint32_t node =
+            topology.NodeAt(target.group, PositionOf(layout, work.stripe, helper));
+        v1::DecodeUnitsRequest& request = requests[node];
         request.set_to_node(context_.node_id());
         request.set_step(step);
-        v1::UnitRef* ref = request.add_units();
-        ref->set_stripe(work.stripe);
-        ref->set_unit(static_cast<uint32_t>(i));
-        stats->set_fetched_bytes(stats->fetched_bytes() + bytes);
+        v1::DecodeStripe* stripe = request.add_stripes();
+        stripe->set_stripe(work.stripe);
+        stripe->set_target(static_cast<uint32_t>(work.mine));
+        for (int i : sources->chosen) stripe->add_sources(static_cast<uint32_t>(i));
+        slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), 0, ""},
+                         {work.unit, work.bytes, work.bytes, node}});
+        stats->set_fetched_bytes(stats->fetched_bytes() + work.bytes);
       }
+      batch.push_back(work);
     }
-    transfer_->Expect(slots);
-    std::vector<uint32_t> sources;
-    for (const auto& [id, request] : requests) sources.push_back(id);
-    std::vector<absl::Status> sent = InParallel(sources, [&](uint32_t id) -> absl::Status {
-      absl::StatusOr<v1::SendUnitsResponse> response = context_.peers->SendUnits(id, requests[id]);
+    if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
+    std::vector<uint32_t> helpers;
+    for (const auto& [id, request] : requests) helpers.push_back(id);
+    std::atomic<uint64_t> helper_fetched{0};
+    std::vector<absl::Status> sent = InParallel(helpers, [&](uint32_t id) -> absl::Status {
+      absl::StatusOr<v1::DecodeUnitsResponse> response =
+          context_.peers->DecodeUnits(id, requests[id]);
       if (!response.ok()) {
         return absl::Status(response.status().code(),
                             absl::StrCat("node ", id, ": ", response.status().message()));
       }
+      helper_fetched += response->fetched_bytes();
       return absl::OkStatus();
     });
     absl::Status status;
@@ -259,27 +302,17 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     std::vector<FetchKey> keys;
     for (const auto& [key, slot] : slots) keys.push_back(key);
     if (status = transfer_->Collect(keys, status); !status.ok()) return status;
+    stats->set_helper_fetched_bytes(stats->helper_fetched_bytes() + helper_fetched.load());
 
-    for (Work& work : batch) {
-      std::vector<int> erased;
-      for (int i = 0; i < n; ++i) {
-        if (std::find(work.chosen.begin(), work.chosen.end(), i) == work.chosen.end()) {
-          erased.push_back(i);
-        }
-      }
-      if (absl::Status decoded = topology.codec->Decode(work.units, erased, work.length);
-          !decoded.ok()) {
-        return decoded;
-      }
+    for (const Work& work : batch) {
       if (work.mine < k) {
         const uint64_t unit = layout.DataUnitOf(target.position, work.stripe);
-        const uint64_t bytes = layout.UnitLength(sizes[target.position], unit);
-        target.write_data(unit, work.units[work.mine], bytes);
-        stats->set_data_bytes(stats->data_bytes() + bytes);
-        rebuilt_bytes.Add(bytes);
+        target.write_data(unit, work.unit, work.bytes);
+        stats->set_data_bytes(stats->data_bytes() + work.bytes);
+        rebuilt_bytes.Add(work.bytes);
       } else if (target.parity != nullptr) {
         ParityUnit& parity = (*target.parity)[work.stripe];
-        std::memcpy(parity.extent->data(), work.units[work.mine], work.length);
+        std::memcpy(parity.extent->data(), work.unit, work.length);
         parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
         stats->set_parity_bytes(stats->parity_bytes() + work.length);
         rebuilt_bytes.Add(work.length);
@@ -289,6 +322,151 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
+    const v1::DecodeUnitsRequest& request) {
+  absl::MutexLock lock(&help_mutex_);
+  const erasure::StripeLayout& layout = context_.layout();
+  const Topology& topology = *context_.topology;
+  const uint32_t self = context_.node_id();
+  const int k = layout.data_units();
+  const int n = layout.group_size();
+  const v1::JournalCluster record = store_->ClusterRecord();
+  if (!record.has_committed_step() || record.committed_step() != request.step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", self, " does not hold step ", request.step()));
+  }
+  const std::vector<uint64_t> sizes = ImageSizes(record);
+  const uint64_t stripe_count = layout.StripeCount(sizes);
+  // Every stripe once, of the step, with a target and k distinct other sources; the scratch it
+  // takes (n units a stripe) bounded as the rebuilding node bounds its batches.
+  std::set<uint64_t> seen;
+  uint64_t scratch_bytes = 0;
+  for (const v1::DecodeStripe& stripe : request.stripes()) {
+    const std::string what = absl::StrCat("stripe ", stripe.stripe(), " of step ", request.step());
+    if (stripe.stripe() >= stripe_count || !seen.insert(stripe.stripe()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, stripe.stripe() >= stripe_count
+                                 ? absl::StrCat(": the step has ", stripe_count, " stripes")
+                                 : " is asked for twice"));
+    }
+    std::set<uint32_t> sources(stripe.sources().begin(), stripe.sources().end());
+    if (stripe.target() >= static_cast<uint32_t>(n) ||
+        stripe.sources_size() != k || sources.size() != static_cast<size_t>(k) ||
+        *sources.rbegin() >= static_cast<uint32_t>(n) || sources.contains(stripe.target())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": decoding unit ", stripe.target(), " takes ", k,
+          " distinct other units of the stripe's ", n, ", got [",
+          absl::StrJoin(stripe.sources(), ", "), "]"));
+    }
+    scratch_bytes += layout.ParityLength(stripe.stripe(), sizes) * n;
+    if (scratch_bytes > kDecodeBatchBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          request.stripes_size(), " stripes take more than ", kDecodeBatchBytes,
+          " bytes to decode at once"));
+    }
+  }
+  std::vector<uint8_t> scratch(scratch_bytes);
+  std::vector<StripeUnits> works;
+  uint64_t used = 0;
+  for (const v1::DecodeStripe& stripe : request.stripes()) {
+    StripeUnits work;
+    work.stripe = stripe.stripe();
+    work.length = layout.ParityLength(work.stripe, sizes);
+    work.target = static_cast<int>(stripe.target());
+    for (uint32_t i : stripe.sources()) work.chosen.push_back(static_cast<int>(i));
+    for (int i = 0; i < n; ++i) work.units.push_back(scratch.data() + used + i * work.length);
+    used += work.length * n;
+    works.push_back(std::move(work));
+  }
+  const int group = topology.group;
+  absl::StatusOr<uint64_t> fetched = FetchSources(request.step(), group, sizes, works);
+  if (!fetched.ok()) return fetched.status();
+  v1::DecodeUnitsResponse response;
+  response.set_fetched_bytes(*fetched);
+  for (StripeUnits& work : works) {
+    std::vector<int> erased;
+    for (int i = 0; i < n; ++i) {
+      if (std::find(work.chosen.begin(), work.chosen.end(), i) == work.chosen.end()) {
+        erased.push_back(i);
+      }
+    }
+    if (absl::Status decoded = topology.codec->Decode(work.units, erased, work.length);
+        !decoded.ok()) {
+      return decoded;
+    }
+    FrameHeader header;
+    header.kind = FrameKind::kFetchedUnit;
+    header.step = request.step();
+    header.rank = self;
+    header.stripe = work.stripe;
+    header.stripe_unit = static_cast<uint32_t>(work.target);
+    const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, work.target, work.length);
+    if (bytes == 0) continue;
+    if (absl::Status status =
+            transfer_->SendFrames(request.to_node(), header, work.units[work.target], bytes);
+        !status.ok()) {
+      return status;
+    }
+    response.set_sent_bytes(response.sent_bytes() + bytes);
+  }
+  return response;
+}
+
+absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
+                                                 const std::vector<uint64_t>& sizes,
+                                                 std::vector<StripeUnits>& works) {
+  const erasure::StripeLayout& layout = context_.layout();
+  const Topology& topology = *context_.topology;
+  const uint32_t self = context_.node_id();
+  std::map<uint32_t, v1::SendUnitsRequest> requests;
+  std::vector<std::pair<FetchKey, FetchSlot>> slots;
+  uint64_t fetched = 0;
+  for (StripeUnits& work : works) {
+    for (int i : work.chosen) {
+      const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, i, work.length);
+      // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
+      std::memset(work.units[i] + bytes, 0, work.length - bytes);
+      if (bytes == 0) continue;
+      const uint32_t source = topology.NodeAt(group, PositionOf(layout, work.stripe, i));
+      if (source == self) {
+        if (absl::Status copied = transfer_->CopyOwnUnit(step, work.stripe,
+                                                         static_cast<uint32_t>(i), work.units[i],
+                                                         bytes);
+            !copied.ok()) {
+          return copied;
+        }
+        continue;
+      }
+      slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), 0, ""},
+                       {work.units[i], bytes, bytes, source}});
+      v1::SendUnitsRequest& request = requests[source];
+      request.set_to_node(self);
+      request.set_step(step);
+      v1::UnitRef* ref = request.add_units();
+      ref->set_stripe(work.stripe);
+      ref->set_unit(static_cast<uint32_t>(i));
+      fetched += bytes;
+    }
+  }
+  if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
+  std::vector<uint32_t> sources;
+  for (const auto& [id, request] : requests) sources.push_back(id);
+  std::vector<absl::Status> sent = InParallel(sources, [&](uint32_t id) -> absl::Status {
+    absl::StatusOr<v1::SendUnitsResponse> response = context_.peers->SendUnits(id, requests[id]);
+    if (!response.ok()) {
+      return absl::Status(response.status().code(),
+                          absl::StrCat("node ", id, ": ", response.status().message()));
+    }
+    return absl::OkStatus();
+  });
+  absl::Status status;
+  for (const absl::Status& one : sent) status.Update(one);
+  std::vector<FetchKey> keys;
+  for (const auto& [key, slot] : slots) keys.push_back(key);
+  if (status = transfer_->Collect(keys, status); !status.ok()) return status;
+  return fetched;
 }
 
 absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
@@ -403,7 +581,8 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()}, "rebuilt step ",
       step, ": ", stats.stripes(), " stripes, ",
       stats.data_bytes(), " bytes of data and ", stats.parity_bytes(), " of parity from ",
-      stats.fetched_bytes(), " fetched, in ", stats.seconds(), " s");
+      stats.fetched_bytes(), " received (its helpers fetched ", stats.helper_fetched_bytes(),
+      "), in ", stats.seconds(), " s");
   return stats;
 }
 

@@ -1,5 +1,7 @@
 // Rebuild and repair: decoding a node's units of the committed step from k units per stripe held
-// by its group's other nodes, fetched over the data plane.
+// by its group's other nodes. Each stripe is decoded by a helper, one of those k nodes (they take
+// turns), which fetches the other k - 1 units over the data plane and sends the decoded unit on:
+// the decoding node receives one unit per stripe.
 //   - A node whose committed step is behind the latest one etcd holds (a replacement with fresh
 //     memory, a node that died or was cut off during a commit, a node that missed a commit) rebuilds
 //     its data and parity: checked at start, and whenever it finds itself behind. A failed rebuild is
@@ -86,6 +88,10 @@ class Rebuilder {
   // time on this node.
   absl::Status Decode(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                       v1::RebuildResponse* stats);
+  // As a helper of a rebuilding node (DecodeUnits): fetches each stripe's sources from their
+  // nodes (its own unit read here), decodes the target unit and sends it to request.to_node. One
+  // request at a time on this node, apart from its own decodes.
+  absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(const v1::DecodeUnitsRequest& request);
   // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
   // position `excluded` never counts.
   std::vector<bool> HoldersOf(int group, int64_t step, int excluded);
@@ -118,6 +124,19 @@ class Rebuilder {
   absl::StatusOr<v1::RebuildResponse> RebuildSelf(bool force, std::optional<int64_t> target);
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
+  // A stripe being decoded: its n units in scratch, `chosen` (k of them) filled by FetchSources.
+  struct StripeUnits {
+    uint64_t stripe = 0;
+    uint64_t length = 0;
+    int target = 0;
+    std::vector<int> chosen;
+    std::vector<uint8_t*> units;
+  };
+  // Fills each stripe's chosen units of `step` (group `group`, images of `sizes`): this node's
+  // own copied, the others' fetched. Returns the bytes fetched.
+  absl::StatusOr<uint64_t> FetchSources(int64_t step, int group,
+                                        const std::vector<uint64_t>& sizes,
+                                        std::vector<StripeUnits>& works);
   void Run();
   // Makes each kept accumulation whose base is the committed step the committed parity, with the
   // step's group record (this node's data is unchanged in it); returns how many.
@@ -136,6 +155,7 @@ class Rebuilder {
   std::atomic<uint64_t> caught_up_steps_{0};
 
   absl::Mutex decode_mutex_;  // one rebuild, repair or remote decode at a time
+  absl::Mutex help_mutex_;    // one decode for another node at a time
 
   mutable absl::Mutex mutex_;
   mutable absl::CondVar changed_;

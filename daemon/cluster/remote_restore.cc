@@ -169,7 +169,11 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
     std::vector<uint8_t>& bytes = wanted[i].bytes;
     slots.push_back({keys[i], {bytes.data(), bytes.size(), bytes.size(), holder}});
   }
-  transfer_->Expect(slots);
+  // The fetches taken above make these keys this restore's alone.
+  if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) {
+    for (const FetchKey& key : keys) ReleaseFetch(key);
+    return expected;
+  }
   // The holder pushes the regions on a few calls at once (a peer serves a caller's calls up to a
   // bound), each call one region.
   std::vector<size_t> senders(std::min<size_t>(wanted.size(), kSendsInFlight));

@@ -150,7 +150,6 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
 
 absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRequest& request) {
   const erasure::StripeLayout& layout = context_.layout();
-  const int position = context_.topology->position;
   const uint32_t self = context_.node_id();
   const v1::JournalCluster record = store_->ClusterRecord();
   if (!record.has_committed_step() || record.committed_step() != request.step()) {
@@ -176,41 +175,17 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
   // step. The image and parity units are held before the record is looked at again; committed
   // units are never written, so they stay the step's while held.
   const NodeImage image = store_->CommittedImage();
-  struct Piece {
-    FrameHeader header;
-    uint64_t data_unit = 0;          // this node's data unit, when `parity` is empty
-    std::optional<ParityUnit> parity;
-  };
-  std::vector<Piece> pieces;
+  std::vector<std::pair<FrameHeader, OwnUnit>> pieces;
   for (const v1::UnitRef& ref : request.units()) {
-    const erasure::StripeMembers members = layout.Members(ref.stripe());
-    Piece piece;
-    piece.header.kind = FrameKind::kFetchedUnit;
-    piece.header.step = request.step();
-    piece.header.rank = self;
-    piece.header.stripe = ref.stripe();
-    piece.header.stripe_unit = ref.unit();
-    if (ref.unit() < static_cast<uint32_t>(layout.data_units()) &&
-        members.data_positions[ref.unit()] == position) {
-      piece.data_unit = layout.DataUnitOf(position, ref.stripe());
-    } else if (ref.unit() >= static_cast<uint32_t>(layout.data_units()) &&
-               ref.unit() < static_cast<uint32_t>(layout.group_size()) &&
-               members.parity_positions[ref.unit() - layout.data_units()] == position) {
-      piece.parity = parity_->CommittedOf(request.step(), ref.stripe());
-      if (!piece.parity) {
-        return absl::NotFoundError(absl::StrCat("node ", self, " holds no parity of stripe ",
-                                                ref.stripe(), " of step ", request.step()));
-      }
-      if (erasure::Crc32c(piece.parity->extent->data(), piece.parity->bytes) !=
-          piece.parity->crc) {
-        return absl::DataLossError(absl::StrCat("node ", self, ": parity of stripe ", ref.stripe(),
-                                                " fails its CRC-32C (moesnapctl verify --repair)"));
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("node ", self, " holds no unit ", ref.unit(),
-                                                     " of stripe ", ref.stripe()));
-    }
-    pieces.push_back(std::move(piece));
+    absl::StatusOr<OwnUnit> own = FindOwnUnit(request.step(), ref.stripe(), ref.unit());
+    if (!own.ok()) return own.status();
+    FrameHeader header;
+    header.kind = FrameKind::kFetchedUnit;
+    header.step = request.step();
+    header.rank = self;
+    header.stripe = ref.stripe();
+    header.stripe_unit = ref.unit();
+    pieces.emplace_back(header, *std::move(own));
   }
   if (const v1::JournalCluster now = store_->ClusterRecord();
       !now.has_committed_step() || now.committed_step() != request.step()) {
@@ -219,30 +194,94 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
   }
   std::vector<uint8_t> buffer;
   v1::SendUnitsResponse response;
-  for (const Piece& piece : pieces) {
-    const uint8_t* bytes = nullptr;
-    uint64_t length = 0;
-    if (piece.parity) {
-      bytes = piece.parity->extent->data();
-      length = piece.parity->bytes;
-    } else {
-      length = layout.UnitLength(image.bytes(), piece.data_unit);
-      buffer.resize(length);
-      image.Read(piece.data_unit * layout.unit_bytes(), length, buffer.data());
-      bytes = buffer.data();
-    }
-    if (absl::Status status = SendFrames(request.to_node(), piece.header, bytes, length);
+  for (const auto& [header, own] : pieces) {
+    const absl::Span<const uint8_t> bytes = BytesOf(own, image, buffer);
+    if (absl::Status status = SendFrames(request.to_node(), header, bytes.data(), bytes.size());
         !status.ok()) {
       return status;
     }
-    response.set_bytes(response.bytes() + length);
+    response.set_bytes(response.bytes() + bytes.size());
   }
   return response;
 }
 
-void Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots) {
+absl::StatusOr<Transfer::OwnUnit> Transfer::FindOwnUnit(int64_t step, uint64_t stripe,
+                                                        uint32_t unit) const {
+  const erasure::StripeLayout& layout = context_.layout();
+  const int position = context_.topology->position;
+  const uint32_t self = context_.node_id();
+  const erasure::StripeMembers members = layout.Members(stripe);
+  const uint32_t k = static_cast<uint32_t>(layout.data_units());
+  OwnUnit own;
+  if (unit < k && members.data_positions[unit] == position) {
+    own.data_unit = layout.DataUnitOf(position, stripe);
+    return own;
+  }
+  if (unit >= k && unit < static_cast<uint32_t>(layout.group_size()) &&
+      members.parity_positions[unit - k] == position) {
+    own.parity = parity_->CommittedOf(step, stripe);
+    if (!own.parity) {
+      return absl::NotFoundError(absl::StrCat("node ", self, " holds no parity of stripe ", stripe,
+                                              " of step ", step));
+    }
+    if (erasure::Crc32c(own.parity->extent->data(), own.parity->bytes) != own.parity->crc) {
+      return absl::DataLossError(absl::StrCat("node ", self, ": parity of stripe ", stripe,
+                                              " fails its CRC-32C (moesnapctl verify --repair)"));
+    }
+    return own;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("node ", self, " holds no unit ", unit, " of stripe ", stripe));
+}
+
+absl::Span<const uint8_t> Transfer::BytesOf(const OwnUnit& own, const NodeImage& image,
+                                            std::vector<uint8_t>& buffer) const {
+  if (own.parity) return {own.parity->extent->data(), own.parity->bytes};
+  const erasure::StripeLayout& layout = context_.layout();
+  buffer.resize(layout.UnitLength(image.bytes(), own.data_unit));
+  image.Read(own.data_unit * layout.unit_bytes(), buffer.size(), buffer.data());
+  return buffer;
+}
+
+absl::Status Transfer::CopyOwnUnit(int64_t step, uint64_t stripe, uint32_t unit, uint8_t* out,
+                                   uint64_t bytes) {
+  // As ServeUnits: the image and unit held, then the step checked again.
+  auto holds_step = [&] {
+    const v1::JournalCluster record = store_->ClusterRecord();
+    return record.has_committed_step() && record.committed_step() == step;
+  };
+  if (!holds_step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", context_.node_id(), " does not hold step ", step));
+  }
+  const NodeImage image = store_->CommittedImage();
+  absl::StatusOr<OwnUnit> own = FindOwnUnit(step, stripe, unit);
+  if (!own.ok()) return own.status();
+  if (!holds_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", context_.node_id(), " committed another step while decoding step ", step));
+  }
+  std::vector<uint8_t> buffer;
+  const absl::Span<const uint8_t> held = BytesOf(*own, image, buffer);
+  if (held.size() != bytes) {
+    return absl::InternalError(absl::StrCat("node ", context_.node_id(), ": unit ", unit,
+                                            " of stripe ", stripe, " is ", held.size(),
+                                            " bytes, not ", bytes));
+  }
+  std::memcpy(out, held.data(), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots) {
   absl::MutexLock lock(&fetch_mutex_);
+  for (const auto& [key, slot] : slots) {
+    if (fetches_.contains(key)) {
+      return absl::UnavailableError(
+          absl::StrCat(key.Describe(), " is awaited by another decode on this node already"));
+    }
+  }
   for (const auto& [key, slot] : slots) fetches_[key] = slot;
+  return absl::OkStatus();
 }
 
 absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status sent) {

@@ -71,10 +71,15 @@ class Transfer final : public FrameSink {
                                          const std::set<uint32_t>& absent);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
   absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);
+  // Copies this node's own unit `unit` of stripe `stripe` of the committed step, `bytes` long, to
+  // `out` (a helper decoding for a rebuilding node reads its own unit so).
+  absl::Status CopyOwnUnit(int64_t step, uint64_t stripe, uint32_t unit, uint8_t* out,
+                           uint64_t bytes);
 
   // Expects the frames of `slots` into their buffers; registered before the request that makes a
-  // peer send them goes out.
-  void Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
+  // peer send them goes out. UNAVAILABLE, registering none, when a key is expected already (two
+  // decodes on this node wanting the same unit at once: one is tried again).
+  absl::Status Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
   // After the sending requests returned `sent`: waits until every expected byte arrived (when they
   // succeeded) and forgets the keys either way.
   absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
@@ -95,6 +100,17 @@ class Transfer final : public FrameSink {
   };
   // The data-plane client to `id`'s current incarnation, connected on first use.
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> Client(uint32_t id);
+
+  // This node's unit `unit` of `stripe` of the committed step `step`: its data unit's index in
+  // `image`, or its parity unit (CRC checked).
+  struct OwnUnit {
+    uint64_t data_unit = 0;  // when `parity` is empty
+    std::optional<ParityUnit> parity;
+  };
+  absl::StatusOr<OwnUnit> FindOwnUnit(int64_t step, uint64_t stripe, uint32_t unit) const;
+  // Its bytes: the parity unit's, or the data unit's read from `image` into `buffer`.
+  absl::Span<const uint8_t> BytesOf(const OwnUnit& own, const NodeImage& image,
+                                    std::vector<uint8_t>& buffer) const;
 
   const ClusterContext context_;
   const ClusterStore* const store_;

@@ -34,7 +34,7 @@ TEST(JsonTest, LeavesOutUnsetOptionalFieldsAndKeepsEveryOther) {
   rebuild.set_seconds(0.1);
   EXPECT_EQ(Json(rebuild),
             "{\"step\":0,\"stripes\":0,\"data_bytes\":0,\"parity_bytes\":0,\"fetched_bytes\":0,"
-            "\"seconds\":0.1}\n");
+            "\"seconds\":0.1,\"helper_fetched_bytes\":0}\n");
 }
 
 TEST(JsonTest, EnumWordDropsTheTypePrefix) {

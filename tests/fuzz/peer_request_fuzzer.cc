@@ -58,7 +58,7 @@ void UseGroup(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t kind = data[0] % 8;
+  const uint8_t kind = data[0] % 9;
   ++data;
   --size;
   switch (kind) {
@@ -111,7 +111,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
-    default: {
+    case 8: {
+      v1::DecodeUnitsRequest request;
+      if (Parse(data, size, &request) && CheckDecodeUnits(request, Limits()).ok()) {
+        const uint32_t units = static_cast<uint32_t>(Limits().group_size);
+        for (const v1::DecodeStripe& stripe : request.stripes()) {
+          if (stripe.target() >= units || stripe.sources_size() >= Limits().group_size) std::abort();
+          for (uint32_t source : stripe.sources()) {
+            if (source >= units) std::abort();
+          }
+        }
+      }
+      break;
+    }
+    default: {  // 7
       v1::NodeImage image;
       if (Parse(data, size, &image) && CheckNodeImage(image, Limits()).ok()) {
         google::protobuf::RepeatedPtrField<v1::NodeImage> group;

@@ -486,6 +486,16 @@ absl::StatusOr<v1::SendUnitsResponse> FakePeerClient::SendUnits(
   return served;
 }
 
+absl::StatusOr<v1::DecodeUnitsResponse> FakePeerClient::DecodeUnits(
+    uint32_t node, const v1::DecodeUnitsRequest& request) {
+  ++calls_;
+  absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "DecodeUnits");
+  if (!to.ok()) return to.status();
+  absl::StatusOr<v1::DecodeUnitsResponse> served = (*to)->rebuilder.DecodeFor(request);
+  network_->UnitsServed(self_, node);
+  return served;
+}
+
 absl::StatusOr<v1::RebuildResponse> FakePeerClient::Rebuild(uint32_t node) {
   ++calls_;
   absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Rebuild");

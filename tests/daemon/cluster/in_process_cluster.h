@@ -198,12 +198,12 @@ class FakeNetwork {
   void Cut(uint32_t node);
   void Heal(uint32_t node);
   // A call for which `filter(from, to, name)` returns an error fails with it (names: "Prepare",
-  // "Encode", "Propose", "GroupState", "SendUnits", ...).
+  // "Encode", "Propose", "GroupState", "SendUnits", "DecodeUnits", ...).
   void SetFilter(std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter);
   // The units that answer a call from `from` to `to`, or why the call fails.
   absl::StatusOr<NodeUnits*> Route(uint32_t from, uint32_t to, const std::string& name);
-  // Runs once a SendUnits call from `from` to `to` was served (its frames sent), before its answer
-  // reaches the caller: a test holds it there (a slow transfer).
+  // Runs once a SendUnits or DecodeUnits call from `from` to `to` was served (its frames sent),
+  // before its answer reaches the caller: a test holds it there (a slow transfer).
   void SetUnitsServed(std::function<void(uint32_t from, uint32_t to)> hook);
   void UnitsServed(uint32_t from, uint32_t to);
 
@@ -229,6 +229,8 @@ class FakePeerClient final : public PeerClient {
   absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) override;
   absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
                                                   const v1::SendUnitsRequest& request) override;
+  absl::StatusOr<v1::DecodeUnitsResponse> DecodeUnits(
+      uint32_t node, const v1::DecodeUnitsRequest& request) override;
   absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) override;
   absl::StatusOr<v1::LocateRankResponse> LocateRank(
       uint32_t node, const v1::LocateRankRequest& request) override;

@@ -188,6 +188,33 @@ TEST(PeerChecksTest, UnitListsAreBounded) {
   ExpectRefused(CheckSendUnits(request, Limits()), "units asked for at once");
 }
 
+TEST(PeerChecksTest, DecodeRequestsAreBounded) {
+  v1::DecodeUnitsRequest request;
+  request.set_to_node(2);
+  request.set_step(3);
+  v1::DecodeStripe* stripe = request.add_stripes();
+  stripe->set_stripe(kMax);
+  stripe->set_target(2);
+  stripe->add_sources(0);
+  stripe->add_sources(1);
+  // The stripe, and whether the sources decode the target, are checked against the step held.
+  EXPECT_OK(CheckDecodeUnits(request, Limits()));
+  stripe->set_target(3);
+  ExpectRefused(CheckDecodeUnits(request, Limits()), "unit 3 from [0, 1]: a stripe has 3 units");
+  stripe->set_target(2);
+  stripe->set_sources(1, 7);
+  ExpectRefused(CheckDecodeUnits(request, Limits()), "unit 2 from [0, 7]: a stripe has 3 units");
+  stripe->set_sources(1, 1);
+  stripe->add_sources(0);
+  ExpectRefused(CheckDecodeUnits(request, Limits()), "unit 2 from [0, 1, 0]");
+  request.clear_stripes();
+  for (int i = 0; i <= (1 << 20) / 3; ++i) request.add_stripes();
+  ExpectRefused(CheckDecodeUnits(request, Limits()), "stripes asked for at once");
+  request.clear_stripes();
+  request.set_to_node(6);
+  ExpectRefused(CheckDecodeUnits(request, Limits()), "to_node");
+}
+
 TEST(PeerChecksTest, RegionNamesAreBounded) {
   v1::SendRegionRequest request;
   request.set_to_node(1);

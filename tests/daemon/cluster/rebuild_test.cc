@@ -42,16 +42,108 @@ TEST(RebuildTest, AReplacementRebuildsTheLatestCommittedStepFromItsGroup) {
   cluster.ExpectEveryNodeRebuildable(4, kBytes);
 }
 
+// Repair at a helper: each stripe's unit is decoded by one of its sources, the sources taking
+// turns, so the rebuilding node receives one unit per stripe it rebuilds (not k) and no one node
+// decodes every stripe.
+TEST(RebuildTest, TheRebuildingNodeReceivesOneUnitPerStripeFromHelpersTakingTurns) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  constexpr uint64_t kLarge = 4 << 20;  // many stripes
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, kLarge);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  absl::Mutex mutex;
+  std::map<uint32_t, int> decodes;  // by helper
+  cluster.network().SetFilter([&](uint32_t from, uint32_t to, const std::string& call) {
+    if (from == 1 && call == "DecodeUnits") {
+      absl::MutexLock lock(&mutex);
+      ++decodes[to];
+    }
+    return absl::OkStatus();
+  });
+  absl::StatusOr<v1::RebuildResponse> rebuilt = cluster.node(1).rebuilder.RebuildHere();
+  ASSERT_OK(rebuilt);
+  const uint64_t bytes = rebuilt->data_bytes() + rebuilt->parity_bytes();
+  EXPECT_GT(rebuilt->stripes(), 8u);
+  EXPECT_EQ(rebuilt->data_bytes(), kLarge);
+  EXPECT_EQ(rebuilt->fetched_bytes(), bytes);
+  // Each helper fetched the stripe's other k - 1 = 3 sources, less those virtually zero.
+  EXPECT_GT(rebuilt->helper_fetched_bytes(), 2 * bytes);
+  EXPECT_LE(rebuilt->helper_fetched_bytes(), 3 * bytes);
+  EXPECT_GE(decodes.size(), 4u) << "the helpers did not take turns";
+  EXPECT_TRUE(cluster.node(1).store.CommittedBytesOf() == testing::StateOf(1, 2, kLarge));
+  cluster.ExpectEveryNodeRebuildable(2, kLarge);
+}
+
+// A helper checks a decode request against the step it holds: hostile or stale requests are
+// refused naming what is wrong, before anything is fetched or sent.
+TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  CommitSteps(cluster, 2);
+  Rebuilder& helper = cluster.node(3).rebuilder;
+  auto request = [](int64_t step, uint64_t stripe, uint32_t target,
+                    std::vector<uint32_t> sources) {
+    v1::DecodeUnitsRequest request;
+    request.set_to_node(1);
+    request.set_step(step);
+    v1::DecodeStripe* decode = request.add_stripes();
+    decode->set_stripe(stripe);
+    decode->set_target(target);
+    for (uint32_t source : sources) decode->add_sources(source);
+    return request;
+  };
+  auto refused = [&](const v1::DecodeUnitsRequest& asked, absl::StatusCode code,
+                     const std::string& words) {
+    absl::StatusOr<v1::DecodeUnitsResponse> answer = helper.DecodeFor(asked);
+    EXPECT_STATUS(answer, code);
+    EXPECT_TRUE(absl::StrContains(answer.status().message(), words)) << answer.status();
+  };
+  refused(request(1, 0, 0, {1, 2, 3, 4}), absl::StatusCode::kFailedPrecondition,
+          "does not hold step 1");
+  refused(request(2, 1000000, 0, {1, 2, 3, 4}), absl::StatusCode::kInvalidArgument,
+          "the step has");
+  refused(request(2, 0, 0, {1, 2, 3}), absl::StatusCode::kInvalidArgument,
+          "takes 4 distinct other units");
+  refused(request(2, 0, 0, {0, 1, 2, 3}), absl::StatusCode::kInvalidArgument,
+          "takes 4 distinct other units");
+  refused(request(2, 0, 0, {1, 1, 2, 3}), absl::StatusCode::kInvalidArgument,
+          "takes 4 distinct other units");
+  v1::DecodeUnitsRequest twice = request(2, 0, 0, {1, 2, 3, 4});
+  *twice.add_stripes() = twice.stripes(0);
+  refused(twice, absl::StatusCode::kInvalidArgument, "asked for twice");
+  // A good request is served: node 1 receives the unit its owner holds.
+  const erasure::StripeLayout& layout = cluster.node(1).context.layout();
+  const int position = layout.Members(0).data_positions[0];
+  const uint64_t bytes = layout.UnitLength(kBytes, layout.DataUnitOf(position, 0));
+  const FetchKey key{2, 0, 0, 0, ""};
+  std::vector<uint8_t> decoded(bytes), held(bytes);
+  Transfer& receiver = cluster.node(1).transfer;
+  ASSERT_OK(receiver.Expect({{key, {decoded.data(), bytes, bytes, 3}}}));
+  absl::StatusOr<v1::DecodeUnitsResponse> served = helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}));
+  ASSERT_OK(receiver.Collect({key}, served.status()));
+  EXPECT_EQ(served->sent_bytes(), bytes);
+  const uint32_t owner = cluster.node(1).context.topology->NodeAt(0, position);
+  ASSERT_OK(receiver.Expect({{key, {held.data(), bytes, bytes, owner}}}));
+  v1::SendUnitsRequest send;
+  send.set_to_node(1);
+  send.set_step(2);
+  send.add_units()->set_stripe(0);
+  ASSERT_OK(receiver.Collect({key}, cluster.node(owner).transfer.ServeUnits(send).status()));
+  EXPECT_TRUE(decoded == held) << "the helper decoded another unit than its owner holds";
+}
+
 // The fourth failure, first half: a failed rebuild used to be final until a restart.
 TEST(RebuildTest, AFailedRebuildIsReportedAndTriedAgainUntilItWorks) {
   InProcessCluster cluster(6, 4, 2);
   cluster.election().Elect(0);
   CommitSteps(cluster, 2);
-  // Exactly three fetches are refused. The rebuild fetches from several survivors at once, so the
-  // count is compared and raised in one atomic step.
+  // Exactly three of its helpers' decodes are refused. The rebuild asks several helpers at once,
+  // so the count is compared and raised in one atomic step.
   std::atomic<int> refused{0};
   cluster.network().SetFilter([&](uint32_t from, uint32_t, const std::string& call) {
-    if (from != 2 || call != "SendUnits") return absl::OkStatus();
+    if (from != 2 || call != "DecodeUnits") return absl::OkStatus();
     for (int seen = refused.load(); seen < 3;) {
       if (refused.compare_exchange_weak(seen, seen + 1)) {
         return absl::UnavailableError("a survivor restarted");
@@ -81,7 +173,7 @@ TEST(RebuildTest, AFailedRebuildOfANodeThatHoldsItsDataLeavesItRestorableAndInTh
   cluster.election().Elect(0);
   CommitSteps(cluster, 2);
   cluster.network().SetFilter([](uint32_t from, uint32_t, const std::string& call) {
-    if (from == 1 && call == "SendUnits") return absl::DataLossError("a survivor's units are corrupt");
+    if (from == 1 && call == "DecodeUnits") return absl::DataLossError("a survivor's units are corrupt");
     return absl::OkStatus();
   });
   EXPECT_STATUS(cluster.node(1).rebuilder.RebuildHere(), absl::StatusCode::kDataLoss);

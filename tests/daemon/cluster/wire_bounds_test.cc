@@ -29,7 +29,7 @@ TEST(WireBoundsTest, AFetchedUnitNeverLandsOutsideItsBuffer) {
   // 4096 bytes asked for, between 64-byte canaries on either side.
   std::vector<uint8_t> memory(64 + 4096 + 64, kCanary);
   const FetchKey key{1, 0, 0, 0, ""};
-  transfer.Expect({{key, {memory.data() + 64, 4096, 4096}}});
+  ASSERT_OK(transfer.Expect({{key, {memory.data() + 64, 4096, 4096}}}));
   const std::vector<uint8_t> payload(64, 0xee);
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
@@ -81,7 +81,7 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   Transfer& transfer = cluster.node(0).transfer;
   std::vector<uint8_t> memory(4096, kCanary);
   const FetchKey key{1, 0, 0, 0, ""};
-  transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}});
+  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
   const std::vector<uint8_t> whole(4096, 0x42);
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
@@ -94,6 +94,33 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   ASSERT_OK(transfer.Accept(header, whole, 2u));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
   EXPECT_EQ(memory, whole);
+}
+
+// Two decodes on one node wanting the same unit at once (a rebuild it helps with and its own
+// repair): the second is refused whole, and the first still receives its unit.
+TEST(WireBoundsTest, AUnitAwaitedAlreadyIsRefusedToASecondDecode) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> first(4096, kCanary), second(4096, kCanary), other(4096, kCanary);
+  const FetchKey key{1, 0, 0, 0, ""};
+  const FetchKey other_key{1, 1, 0, 0, ""};
+  ASSERT_OK(transfer.Expect({{key, {first.data(), 4096, 4096, /*source=*/2}}}));
+  const absl::Status refused = transfer.Expect(
+      {{other_key, {other.data(), 4096, 4096, 2}}, {key, {second.data(), 4096, 4096, 2}}});
+  EXPECT_STATUS(refused, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "awaited by another decode")) << refused;
+  const std::vector<uint8_t> whole(4096, 0x42);
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedUnit;
+  header.step = 1;
+  header.length = static_cast<uint32_t>(whole.size());
+  ASSERT_OK(transfer.Accept(header, whole, 2u));
+  EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
+  EXPECT_EQ(first, whole);
+  EXPECT_EQ(second, std::vector<uint8_t>(4096, kCanary));
+  header.stripe = 1;  // the refused call registered none of its keys
+  EXPECT_STATUS(transfer.Accept(header, whole, 2u), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other, std::vector<uint8_t>(4096, kCanary));
 }
 
 TEST(WireBoundsTest, AnAuthenticatedNodeSendsParityDeltasOfItsOwnUnitsOnly) {
