@@ -105,7 +105,9 @@ grpc::Status PeerService::DecodeUnits(grpc::ServerContext* context,
   if (absl::Status checked = CheckDecodeUnits(*request, *units_.limits); !checked.ok()) {
     return ToGrpcStatus(checked);
   }
-  return Answer(units_.rebuilder->DecodeFor(*request), response);
+  return Answer(
+      units_.rebuilder->DecodeFor(*request, [context] { return context->IsCancelled(); }),
+      response);
 }
 
 grpc::Status PeerService::Rebuild(grpc::ServerContext* context, const v1::PeerRebuildRequest*,

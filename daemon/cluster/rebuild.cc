@@ -83,9 +83,8 @@ absl::StatusOr<StripeSources> ChooseSources(const erasure::StripeLayout& layout,
     }
   }
   if (static_cast<int>(sources.chosen.size()) < k) {
-    return absl::FailedPreconditionError(absl::StrCat("stripe ", stripe, " has ",
-                                                      sources.chosen.size(), " of the ", k,
-                                                      " units it needs"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stripe ", stripe, " has ", sources.chosen.size(), " of the ", k, " units it needs"));
   }
   return sources;
 }
@@ -228,8 +227,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   struct Work {
     uint64_t stripe = 0;
     uint64_t length = 0;
-    int mine = 0;         // the target's unit index in the stripe
-    uint64_t bytes = 0;   // of the target's unit
+    int mine = 0;        // the target's unit index in the stripe
+    uint64_t bytes = 0;  // of the target's unit
     uint8_t* unit = nullptr;
   };
   size_t next = 0;
@@ -257,8 +256,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
             "group ", target.group, " [", absl::StrJoin(topology.groups[target.group], ", "),
             "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
             n, " nodes, so step ", step, " of node ",
-            topology.NodeAt(target.group, target.position),
-            " can no longer be recovered (", sources.status().message(), ")"));
+            topology.NodeAt(target.group, target.position), " can no longer be recovered (",
+            sources.status().message(), ")"));
       }
       work.mine = sources->target;
       work.bytes = UnitBytes(layout, sizes, work.stripe, work.mine, work.length);
@@ -277,7 +276,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
         stripe->set_stripe(work.stripe);
         stripe->set_target(static_cast<uint32_t>(work.mine));
         for (int i : sources->chosen) stripe->add_sources(static_cast<uint32_t>(i));
-        slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), 0, ""},
+        slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), node, ""},
                          {work.unit, work.bytes, work.bytes, node}});
         stats->set_fetched_bytes(stats->fetched_bytes() + work.bytes);
       }
@@ -325,7 +324,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
 }
 
 absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
-    const v1::DecodeUnitsRequest& request) {
+    const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&help_mutex_);
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
@@ -337,10 +336,17 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     return absl::FailedPreconditionError(
         absl::StrCat("node ", self, " does not hold step ", request.step()));
   }
+  if (record.group_images_size() != n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", self, " holds ", record.group_images_size(), " images of step ",
+                     request.step(), ", not its group's ", n));
+  }
   const std::vector<uint64_t> sizes = ImageSizes(record);
   const uint64_t stripe_count = layout.StripeCount(sizes);
-  // Every stripe once, of the step, with a target and k distinct other sources; the scratch it
-  // takes (n units a stripe) bounded as the rebuilding node bounds its batches.
+  // Every stripe once, of the step, holding bytes, with a target that holds bytes and k distinct
+  // other sources; the scratch it takes (n units a stripe) bounded as the rebuilding node bounds
+  // its batches, one stripe at least.
+  const uint64_t max_scratch = std::max(kDecodeBatchBytes, layout.unit_bytes() * n);
   std::set<uint64_t> seen;
   uint64_t scratch_bytes = 0;
   for (const v1::DecodeStripe& stripe : request.stripes()) {
@@ -352,19 +358,24 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
                                  : " is asked for twice"));
     }
     std::set<uint32_t> sources(stripe.sources().begin(), stripe.sources().end());
-    if (stripe.target() >= static_cast<uint32_t>(n) ||
-        stripe.sources_size() != k || sources.size() != static_cast<size_t>(k) ||
-        *sources.rbegin() >= static_cast<uint32_t>(n) || sources.contains(stripe.target())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": decoding unit ", stripe.target(), " takes ", k,
-          " distinct other units of the stripe's ", n, ", got [",
-          absl::StrJoin(stripe.sources(), ", "), "]"));
+    if (stripe.target() >= static_cast<uint32_t>(n) || stripe.sources_size() != k ||
+        sources.size() != static_cast<size_t>(k) || *sources.rbegin() >= static_cast<uint32_t>(n) ||
+        sources.contains(stripe.target())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": decoding unit ", stripe.target(), " takes ", k,
+                       " distinct other units of the stripe's ", n, ", got [",
+                       absl::StrJoin(stripe.sources(), ", "), "]"));
     }
-    scratch_bytes += layout.ParityLength(stripe.stripe(), sizes) * n;
-    if (scratch_bytes > kDecodeBatchBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          request.stripes_size(), " stripes take more than ", kDecodeBatchBytes,
-          " bytes to decode at once"));
+    const uint64_t length = layout.ParityLength(stripe.stripe(), sizes);
+    if (UnitBytes(layout, sizes, stripe.stripe(), static_cast<int>(stripe.target()), length) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": unit ", stripe.target(), " holds no bytes to decode"));
+    }
+    scratch_bytes += length * n;
+    if (scratch_bytes > max_scratch) {
+      return absl::InvalidArgumentError(absl::StrCat(request.stripes_size(),
+                                                     " stripes take more than ", max_scratch,
+                                                     " bytes to decode at once"));
     }
   }
   std::vector<uint8_t> scratch(scratch_bytes);
@@ -380,9 +391,11 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     used += work.length * n;
     works.push_back(std::move(work));
   }
-  const int group = topology.group;
-  absl::StatusOr<uint64_t> fetched = FetchSources(request.step(), group, sizes, works);
+  // A caller that gave up (its deadline passed, another helper failed) is not served further.
+  if (cancelled()) return absl::CancelledError("the rebuilding node no longer waits");
+  absl::StatusOr<uint64_t> fetched = FetchSources(request.step(), topology.group, sizes, works);
   if (!fetched.ok()) return fetched.status();
+  if (cancelled()) return absl::CancelledError("the rebuilding node no longer waits");
   v1::DecodeUnitsResponse response;
   response.set_fetched_bytes(*fetched);
   for (StripeUnits& work : works) {
@@ -403,7 +416,6 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     header.stripe = work.stripe;
     header.stripe_unit = static_cast<uint32_t>(work.target);
     const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, work.target, work.length);
-    if (bytes == 0) continue;
     if (absl::Status status =
             transfer_->SendFrames(request.to_node(), header, work.units[work.target], bytes);
         !status.ok()) {
@@ -431,15 +443,14 @@ absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
       if (bytes == 0) continue;
       const uint32_t source = topology.NodeAt(group, PositionOf(layout, work.stripe, i));
       if (source == self) {
-        if (absl::Status copied = transfer_->CopyOwnUnit(step, work.stripe,
-                                                         static_cast<uint32_t>(i), work.units[i],
-                                                         bytes);
+        if (absl::Status copied = transfer_->CopyOwnUnit(
+                step, work.stripe, static_cast<uint32_t>(i), work.units[i], bytes);
             !copied.ok()) {
           return copied;
         }
         continue;
       }
-      slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), 0, ""},
+      slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, ""},
                        {work.units[i], bytes, bytes, source}});
       v1::SendUnitsRequest& request = requests[source];
       request.set_to_node(self);
@@ -578,11 +589,11 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   // Steps committed during the decode whose parity this node received follow at once.
   if (CatchUpLocked() > 0) stats.set_step(store_->ClusterRecord().committed_step());
   stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
-  Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()}, "rebuilt step ",
-      step, ": ", stats.stripes(), " stripes, ",
-      stats.data_bytes(), " bytes of data and ", stats.parity_bytes(), " of parity from ",
-      stats.fetched_bytes(), " received (its helpers fetched ", stats.helper_fetched_bytes(),
-      "), in ", stats.seconds(), " s");
+  Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()},
+      "rebuilt step ", step, ": ", stats.stripes(), " stripes, ", stats.data_bytes(),
+      " bytes of data and ", stats.parity_bytes(), " of parity from ", stats.fetched_bytes(),
+      " received (its helpers fetched ", stats.helper_fetched_bytes(), "), in ", stats.seconds(),
+      " s");
   return stats;
 }
 

@@ -90,8 +90,10 @@ class Rebuilder {
                       v1::RebuildResponse* stats);
   // As a helper of a rebuilding node (DecodeUnits): fetches each stripe's sources from their
   // nodes (its own unit read here), decodes the target unit and sends it to request.to_node. One
-  // request at a time on this node, apart from its own decodes.
-  absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(const v1::DecodeUnitsRequest& request);
+  // request at a time on this node, apart from its own decodes; CANCELLED once `cancelled` says
+  // the caller gave up.
+  absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(
+      const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled);
   // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
   // position `excluded` never counts.
   std::vector<bool> HoldersOf(int group, int64_t step, int excluded);

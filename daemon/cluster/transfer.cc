@@ -25,7 +25,8 @@ constexpr absl::Duration kFetchWait = absl::Seconds(30);
 }  // namespace
 
 std::string FetchKey::Describe() const {
-  return region.empty() ? absl::StrCat("unit ", unit, " of stripe ", stripe, ", step ", step)
+  return region.empty() ? absl::StrCat("unit ", unit, " of stripe ", stripe, ", step ", step,
+                                       " from node ", rank)
                         : absl::StrCat("region '", region, "' of rank ", rank, ", step ", step);
 }
 
@@ -221,8 +222,8 @@ absl::StatusOr<Transfer::OwnUnit> Transfer::FindOwnUnit(int64_t step, uint64_t s
       members.parity_positions[unit - k] == position) {
     own.parity = parity_->CommittedOf(step, stripe);
     if (!own.parity) {
-      return absl::NotFoundError(absl::StrCat("node ", self, " holds no parity of stripe ", stripe,
-                                              " of step ", step));
+      return absl::NotFoundError(
+          absl::StrCat("node ", self, " holds no parity of stripe ", stripe, " of step ", step));
     }
     if (erasure::Crc32c(own.parity->extent->data(), own.parity->bytes) != own.parity->crc) {
       return absl::DataLossError(absl::StrCat("node ", self, ": parity of stripe ", stripe,
@@ -325,9 +326,10 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
     }
     return parity_->Accept(header, payload);
   }
-  const FetchKey key = header.kind == FrameKind::kFetchedRegion
-                           ? FetchKey{header.step, 0, 0, header.rank, header.region}
-                           : FetchKey{header.step, header.stripe, header.stripe_unit, 0, ""};
+  const FetchKey key =
+      header.kind == FrameKind::kFetchedRegion
+          ? FetchKey{header.step, 0, 0, header.rank, header.region}
+          : FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, ""};
   absl::MutexLock lock(&fetch_mutex_);
   auto it = fetches_.find(key);
   if (it == fetches_.end()) {

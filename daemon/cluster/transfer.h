@@ -26,8 +26,10 @@
 
 namespace moesnap::daemon::cluster {
 
-// What a fetch waits for: unit `unit` of stripe `stripe` (kFetchedUnit frames; rank 0, no
-// region), or region `region` of rank `rank` (kFetchedRegion frames; stripe and unit 0).
+// What a fetch waits for: unit `unit` of stripe `stripe` sent by node `rank` (kFetchedUnit frames,
+// whose rank field names their sender; no region), or region `region` of rank `rank`
+// (kFetchedRegion frames; stripe and unit 0). Units are keyed by their sender so that decodes on
+// one node fetching the same stripe numbers of different groups never meet.
 struct FetchKey {
   int64_t step = 0;
   uint64_t stripe = 0;

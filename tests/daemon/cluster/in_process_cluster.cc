@@ -491,7 +491,8 @@ absl::StatusOr<v1::DecodeUnitsResponse> FakePeerClient::DecodeUnits(
   ++calls_;
   absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "DecodeUnits");
   if (!to.ok()) return to.status();
-  absl::StatusOr<v1::DecodeUnitsResponse> served = (*to)->rebuilder.DecodeFor(request);
+  absl::StatusOr<v1::DecodeUnitsResponse> served =
+      (*to)->rebuilder.DecodeFor(request, [] { return false; });
   network_->UnitsServed(self_, node);
   return served;
 }

@@ -83,8 +83,8 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   cluster.election().Elect(0);
   CommitSteps(cluster, 2);
   Rebuilder& helper = cluster.node(3).rebuilder;
-  auto request = [](int64_t step, uint64_t stripe, uint32_t target,
-                    std::vector<uint32_t> sources) {
+  const std::function<bool()> never = [] { return false; };
+  auto request = [](int64_t step, uint64_t stripe, uint32_t target, std::vector<uint32_t> sources) {
     v1::DecodeUnitsRequest request;
     request.set_to_node(1);
     request.set_step(step);
@@ -96,14 +96,13 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   };
   auto refused = [&](const v1::DecodeUnitsRequest& asked, absl::StatusCode code,
                      const std::string& words) {
-    absl::StatusOr<v1::DecodeUnitsResponse> answer = helper.DecodeFor(asked);
+    absl::StatusOr<v1::DecodeUnitsResponse> answer = helper.DecodeFor(asked, never);
     EXPECT_STATUS(answer, code);
     EXPECT_TRUE(absl::StrContains(answer.status().message(), words)) << answer.status();
   };
   refused(request(1, 0, 0, {1, 2, 3, 4}), absl::StatusCode::kFailedPrecondition,
           "does not hold step 1");
-  refused(request(2, 1000000, 0, {1, 2, 3, 4}), absl::StatusCode::kInvalidArgument,
-          "the step has");
+  refused(request(2, 1000000, 0, {1, 2, 3, 4}), absl::StatusCode::kInvalidArgument, "the step has");
   refused(request(2, 0, 0, {1, 2, 3}), absl::StatusCode::kInvalidArgument,
           "takes 4 distinct other units");
   refused(request(2, 0, 0, {0, 1, 2, 3}), absl::StatusCode::kInvalidArgument,
@@ -113,24 +112,28 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   v1::DecodeUnitsRequest twice = request(2, 0, 0, {1, 2, 3, 4});
   *twice.add_stripes() = twice.stripes(0);
   refused(twice, absl::StatusCode::kInvalidArgument, "asked for twice");
+  EXPECT_STATUS(helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}), [] { return true; }),
+                absl::StatusCode::kCancelled);
   // A good request is served: node 1 receives the unit its owner holds.
   const erasure::StripeLayout& layout = cluster.node(1).context.layout();
   const int position = layout.Members(0).data_positions[0];
   const uint64_t bytes = layout.UnitLength(kBytes, layout.DataUnitOf(position, 0));
-  const FetchKey key{2, 0, 0, 0, ""};
+  const FetchKey from_helper{2, 0, 0, 3, ""};
   std::vector<uint8_t> decoded(bytes), held(bytes);
   Transfer& receiver = cluster.node(1).transfer;
-  ASSERT_OK(receiver.Expect({{key, {decoded.data(), bytes, bytes, 3}}}));
-  absl::StatusOr<v1::DecodeUnitsResponse> served = helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}));
-  ASSERT_OK(receiver.Collect({key}, served.status()));
+  ASSERT_OK(receiver.Expect({{from_helper, {decoded.data(), bytes, bytes, 3}}}));
+  absl::StatusOr<v1::DecodeUnitsResponse> served =
+      helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}), never);
+  ASSERT_OK(receiver.Collect({from_helper}, served.status()));
   EXPECT_EQ(served->sent_bytes(), bytes);
   const uint32_t owner = cluster.node(1).context.topology->NodeAt(0, position);
-  ASSERT_OK(receiver.Expect({{key, {held.data(), bytes, bytes, owner}}}));
+  const FetchKey from_owner{2, 0, 0, owner, ""};
+  ASSERT_OK(receiver.Expect({{from_owner, {held.data(), bytes, bytes, owner}}}));
   v1::SendUnitsRequest send;
   send.set_to_node(1);
   send.set_step(2);
   send.add_units()->set_stripe(0);
-  ASSERT_OK(receiver.Collect({key}, cluster.node(owner).transfer.ServeUnits(send).status()));
+  ASSERT_OK(receiver.Collect({from_owner}, cluster.node(owner).transfer.ServeUnits(send).status()));
   EXPECT_TRUE(decoded == held) << "the helper decoded another unit than its owner holds";
 }
 
@@ -173,7 +176,8 @@ TEST(RebuildTest, AFailedRebuildOfANodeThatHoldsItsDataLeavesItRestorableAndInTh
   cluster.election().Elect(0);
   CommitSteps(cluster, 2);
   cluster.network().SetFilter([](uint32_t from, uint32_t, const std::string& call) {
-    if (from == 1 && call == "DecodeUnits") return absl::DataLossError("a survivor's units are corrupt");
+    if (from == 1 && call == "DecodeUnits")
+      return absl::DataLossError("a survivor's units are corrupt");
     return absl::OkStatus();
   });
   EXPECT_STATUS(cluster.node(1).rebuilder.RebuildHere(), absl::StatusCode::kDataLoss);

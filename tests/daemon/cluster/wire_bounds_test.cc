@@ -80,12 +80,13 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   InProcessCluster cluster(3, 2, 1);
   Transfer& transfer = cluster.node(0).transfer;
   std::vector<uint8_t> memory(4096, kCanary);
-  const FetchKey key{1, 0, 0, 0, ""};
+  const FetchKey key{1, 0, 0, 2, ""};
   ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
   const std::vector<uint8_t> whole(4096, 0x42);
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
   header.step = 1;
+  header.rank = 2;  // a frame names its sender; node 1 claims to be node 2
   header.length = static_cast<uint32_t>(whole.size());
   const absl::Status forged = transfer.Accept(header, whole, 1u);
   EXPECT_STATUS(forged, absl::StatusCode::kPermissionDenied);
@@ -96,14 +97,15 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   EXPECT_EQ(memory, whole);
 }
 
-// Two decodes on one node wanting the same unit at once (a rebuild it helps with and its own
-// repair): the second is refused whole, and the first still receives its unit.
+// Two decodes on one node wanting the same unit from the same node at once (helping a member of
+// its group while repairing its own units): the second is refused whole, and the first still
+// receives its unit.
 TEST(WireBoundsTest, AUnitAwaitedAlreadyIsRefusedToASecondDecode) {
   InProcessCluster cluster(3, 2, 1);
   Transfer& transfer = cluster.node(0).transfer;
   std::vector<uint8_t> first(4096, kCanary), second(4096, kCanary), other(4096, kCanary);
-  const FetchKey key{1, 0, 0, 0, ""};
-  const FetchKey other_key{1, 1, 0, 0, ""};
+  const FetchKey key{1, 0, 0, 2, ""};
+  const FetchKey other_key{1, 1, 0, 2, ""};
   ASSERT_OK(transfer.Expect({{key, {first.data(), 4096, 4096, /*source=*/2}}}));
   const absl::Status refused = transfer.Expect(
       {{other_key, {other.data(), 4096, 4096, 2}}, {key, {second.data(), 4096, 4096, 2}}});
@@ -113,6 +115,7 @@ TEST(WireBoundsTest, AUnitAwaitedAlreadyIsRefusedToASecondDecode) {
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
   header.step = 1;
+  header.rank = 2;
   header.length = static_cast<uint32_t>(whole.size());
   ASSERT_OK(transfer.Accept(header, whole, 2u));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
