@@ -89,6 +89,27 @@ absl::StatusOr<StripeSources> ChooseSources(const erasure::StripeLayout& layout,
   return sources;
 }
 
+// Registers `slots`, has every node of `requests` push its part over the data plane (`call`, all
+// nodes at once), and waits for every byte: OK, or the first failure naming its node.
+template <typename Request, typename Call>
+absl::Status FetchFrom(Transfer* transfer,
+                       const std::vector<std::pair<FetchKey, FetchSlot>>& slots,
+                       const std::map<uint32_t, Request>& requests, Call call) {
+  if (absl::Status expected = transfer->Expect(slots); !expected.ok()) return expected;
+  std::vector<uint32_t> nodes;
+  for (const auto& [id, request] : requests) nodes.push_back(id);
+  const std::vector<absl::Status> sent = InParallel(nodes, [&](uint32_t id) -> absl::Status {
+    const absl::Status status = call(id, requests.at(id));
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("node ", id, ": ", status.message()));
+  });
+  absl::Status status;
+  for (const absl::Status& one : sent) status.Update(one);
+  std::vector<FetchKey> keys;
+  for (const auto& [key, slot] : slots) keys.push_back(key);
+  return transfer->Collect(keys, status);
+}
+
 }  // namespace
 
 Rebuilder::Rebuilder(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
@@ -282,25 +303,19 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
       }
       batch.push_back(work);
     }
-    if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
-    std::vector<uint32_t> helpers;
-    for (const auto& [id, request] : requests) helpers.push_back(id);
     std::atomic<uint64_t> helper_fetched{0};
-    std::vector<absl::Status> sent = InParallel(helpers, [&](uint32_t id) -> absl::Status {
-      absl::StatusOr<v1::DecodeUnitsResponse> response =
-          context_.peers->DecodeUnits(id, requests[id]);
-      if (!response.ok()) {
-        return absl::Status(response.status().code(),
-                            absl::StrCat("node ", id, ": ", response.status().message()));
-      }
-      helper_fetched += response->fetched_bytes();
-      return absl::OkStatus();
-    });
-    absl::Status status;
-    for (const absl::Status& one : sent) status.Update(one);
-    std::vector<FetchKey> keys;
-    for (const auto& [key, slot] : slots) keys.push_back(key);
-    if (status = transfer_->Collect(keys, status); !status.ok()) return status;
+    if (absl::Status fetched = FetchFrom(
+            transfer_, slots, requests,
+            [&](uint32_t id, const v1::DecodeUnitsRequest& request) -> absl::Status {
+              absl::StatusOr<v1::DecodeUnitsResponse> response =
+                  context_.peers->DecodeUnits(id, request);
+              if (!response.ok()) return response.status();
+              helper_fetched += response->fetched_bytes();
+              return absl::OkStatus();
+            });
+        !fetched.ok()) {
+      return fetched;
+    }
     stats->set_helper_fetched_bytes(stats->helper_fetched_bytes() + helper_fetched.load());
 
     for (const Work& work : batch) {
@@ -461,22 +476,13 @@ absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
       fetched += bytes;
     }
   }
-  if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
-  std::vector<uint32_t> sources;
-  for (const auto& [id, request] : requests) sources.push_back(id);
-  std::vector<absl::Status> sent = InParallel(sources, [&](uint32_t id) -> absl::Status {
-    absl::StatusOr<v1::SendUnitsResponse> response = context_.peers->SendUnits(id, requests[id]);
-    if (!response.ok()) {
-      return absl::Status(response.status().code(),
-                          absl::StrCat("node ", id, ": ", response.status().message()));
-    }
-    return absl::OkStatus();
-  });
-  absl::Status status;
-  for (const absl::Status& one : sent) status.Update(one);
-  std::vector<FetchKey> keys;
-  for (const auto& [key, slot] : slots) keys.push_back(key);
-  if (status = transfer_->Collect(keys, status); !status.ok()) return status;
+  if (absl::Status status = FetchFrom(transfer_, slots, requests,
+                                     [&](uint32_t id, const v1::SendUnitsRequest& request) {
+                                       return context_.peers->SendUnits(id, request).status();
+                                     });
+      !status.ok()) {
+    return status;
+  }
   return fetched;
 }
 
