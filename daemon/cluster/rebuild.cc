@@ -25,8 +25,13 @@ metrics::Counter& caught_up_steps_total = metrics::Registry::Default().AddCounte
     "moesnap_rebuild_caught_up_steps_total",
     "Committed steps this node caught up with from the parity it received while it rebuilt");
 
-// Stripes decoded together are bounded by the bytes their units take in memory.
+// Stripes decoded together are bounded by the bytes their units take in memory: at the decoding
+// node one unit a stripe, at a helper n units a stripe (one stripe at least).
 constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
+
+uint64_t HelperScratchBound(const erasure::StripeLayout& layout) {
+  return std::max(kDecodeBatchBytes, layout.unit_bytes() * layout.group_size());
+}
 
 std::vector<uint64_t> ImageSizes(const v1::JournalCluster& record) {
   std::vector<uint64_t> sizes;
@@ -232,8 +237,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   // Scratch for a batch of stripes, one unit each: from the pool when it has room (its pages are
   // resident, so no page faults), else from the heap.
   const uint64_t scratch_bytes = std::max<uint64_t>(
-      layout.unit_bytes(),
-      std::min<uint64_t>(kDecodeBatchBytes / n, layout.unit_bytes() * stripes.size()));
+      layout.unit_bytes(), std::min<uint64_t>(kDecodeBatchBytes, layout.unit_bytes() * stripes.size()));
   std::shared_ptr<PoolExtent> pool_scratch;
   std::vector<uint8_t> heap_scratch;
   uint8_t* scratch = nullptr;
@@ -260,6 +264,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     std::vector<Work> batch;
     std::map<uint32_t, v1::DecodeUnitsRequest> requests;
     std::vector<std::pair<FetchKey, FetchSlot>> slots;
+    std::map<uint32_t, uint64_t> helper_scratch;  // what each helper's request takes to decode
     uint64_t batch_bytes = 0;
     for (; next < stripes.size() && batch_bytes + layout.unit_bytes() <= scratch_bytes; ++next) {
       Work work;
@@ -282,14 +287,21 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
       }
       work.mine = sources->target;
       work.bytes = UnitBytes(layout, sizes, work.stripe, work.mine, work.length);
+      const bool helped = !sources->holding.empty() && work.bytes > 0;
+      uint32_t node = 0;
+      if (helped) {
+        const int helper = sources->holding[work.stripe % sources->holding.size()];
+        node = topology.NodeAt(target.group, PositionOf(layout, work.stripe, helper));
+        // The batch ends where a helper's share would exceed what a helper decodes at once.
+        uint64_t& taken = helper_scratch[node];
+        if (taken > 0 && taken + work.length * n > HelperScratchBound(layout)) break;
+        taken += work.length * n;
+      }
       work.unit = scratch + batch_bytes;
       batch_bytes += work.length;
       if (sources->holding.empty()) {  // every source is virtually zero, and so is the target
         std::memset(work.unit, 0, work.length);
-      } else if (work.bytes > 0) {
-        const int helper = sources->holding[work.stripe % sources->holding.size()];
-        const uint32_t node =
-            topology.NodeAt(target.group, PositionOf(layout, work.stripe, helper));
+      } else if (helped) {
         v1::DecodeUnitsRequest& request = requests[node];
         request.set_to_node(context_.node_id());
         request.set_step(step);
@@ -361,7 +373,7 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
   // Every stripe once, of the step, holding bytes, with a target that holds bytes and k distinct
   // other sources; the scratch it takes (n units a stripe) bounded as the rebuilding node bounds
   // its batches, one stripe at least.
-  const uint64_t max_scratch = std::max(kDecodeBatchBytes, layout.unit_bytes() * n);
+  const uint64_t max_scratch = HelperScratchBound(layout);
   std::set<uint64_t> seen;
   uint64_t scratch_bytes = 0;
   for (const v1::DecodeStripe& stripe : request.stripes()) {
