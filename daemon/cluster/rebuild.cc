@@ -237,7 +237,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   // Scratch for a batch of stripes, one unit each: from the pool when it has room (its pages are
   // resident, so no page faults), else from the heap.
   const uint64_t scratch_bytes = std::max<uint64_t>(
-      layout.unit_bytes(), std::min<uint64_t>(kDecodeBatchBytes, layout.unit_bytes() * stripes.size()));
+      layout.unit_bytes(),
+      std::min<uint64_t>(kDecodeBatchBytes, layout.unit_bytes() * stripes.size()));
   std::shared_ptr<PoolExtent> pool_scratch;
   std::vector<uint8_t> heap_scratch;
   uint8_t* scratch = nullptr;
