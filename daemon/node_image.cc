@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
+#include "erasure/xor_bytes.h"
 
 namespace moesnap::daemon {
 
@@ -49,10 +50,25 @@ void NodeImage::ForEachPiece(uint64_t offset, uint64_t length, Visit visit) cons
 }
 
 void NodeImage::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
-  std::memset(out, 0, length);
-  ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
-    stored_[region]->Read(in_region, bytes, out + in_range);
-  });
+  // Pieces come in order: only what no region covers (past the image's end) is zeroed.
+  uint64_t filled = 0;
+  ForEachPiece(offset, length,
+               [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+                 std::memset(out + filled, 0, in_range - filled);
+                 stored_[region]->Read(in_region, bytes, out + in_range);
+                 filled = in_range + bytes;
+               });
+  std::memset(out + filled, 0, length - filled);
+}
+
+void NodeImage::XorInto(uint64_t offset, uint64_t length, uint8_t* out) const {
+  ForEachPiece(offset, length,
+               [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+                 stored_[region]->ForEach(
+                     in_region, bytes, [&](const uint8_t* data, uint64_t piece, uint64_t position) {
+                       erasure::XorInto(out + in_range + position, data, piece);
+                     });
+               });
 }
 
 void NodeImage::Write(uint64_t offset, const uint8_t* in, uint64_t length) const {

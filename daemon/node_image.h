@@ -30,6 +30,9 @@ class NodeImage {
 
   // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
   void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
+  // XORs image bytes [offset, offset + length) into `out` (bytes past the end of the image are
+  // zero, so leave `out` as it is): a unit's delta against another image, in one pass.
+  void XorInto(uint64_t offset, uint64_t length, uint8_t* out) const;
   // Writes `length` bytes at `offset`; they must lie within the image.
   void Write(uint64_t offset, const uint8_t* in, uint64_t length) const;
 

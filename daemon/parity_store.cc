@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "erasure/crc32c.h"
+#include "erasure/xor_bytes.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -298,7 +299,7 @@ absl::StatusOr<std::vector<v1::JournalParity>> ParityStore::FoldAccumulated(int6
   for (auto& [unit, committed] : pairs) {
     uint8_t* out = unit->extent->data();
     const uint8_t* in = committed->data();
-    for (uint64_t i = 0; i < unit->bytes; ++i) out[i] ^= in[i];
+    erasure::XorInto(out, in, unit->bytes);
     unit->crc = erasure::Crc32c(out, unit->bytes);
     records.push_back(RecordOf(*unit));
   }

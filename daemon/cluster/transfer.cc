@@ -118,15 +118,12 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
   std::atomic<uint64_t> sent{0};
   std::vector<absl::Status> statuses = InParallel(holders, [&](int holder) -> absl::Status {
     std::vector<uint8_t> buffer(layout.unit_bytes());
-    std::vector<uint8_t> old_bytes(previous ? layout.unit_bytes() : 0);
     for (uint64_t unit : units_by_holder[holder]) {
       const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
       const uint64_t length = layout.UnitLength(image.bytes(), unit);
       image.Read(unit * layout.unit_bytes(), length, buffer.data());
-      if (previous) {  // the delta: old XOR new
-        previous->Read(unit * layout.unit_bytes(), length, old_bytes.data());
-        for (uint64_t i = 0; i < length; ++i) buffer[i] ^= old_bytes[i];
-      }
+      // The delta: old XOR new.
+      if (previous) previous->XorInto(unit * layout.unit_bytes(), length, buffer.data());
       FrameHeader header;
       header.kind = FrameKind::kParityDelta;
       header.step = step;

@@ -25,7 +25,7 @@ v1::NodeImage Manifest(const std::vector<std::pair<std::string, uint64_t>>& regi
   return manifest;
 }
 
-TEST(NodeImageTest, ReadsAndWritesSpanRegionsAndReadZerosPastTheEnd) {
+TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   PoolOptions options;
   options.name = "moesnap-node-image-test-" + std::to_string(getpid());
   options.bytes = 1 << 20;
@@ -45,6 +45,21 @@ TEST(NodeImageTest, ReadsAndWritesSpanRegionsAndReadZerosPastTheEnd) {
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), read.begin()));
   EXPECT_TRUE(std::all_of(read.begin() + 5107, read.end(), [](uint8_t b) { return b == 0; }));
   EXPECT_EQ(image->stored()[1]->pieces()[0].data[0], bytes[100]);  // region b starts at image offset 100
+  // A read from inside the image past its end, and XOR into a buffer (a unit's delta): the bytes
+  // past the end read as zero, and leave what they are XORed into as it was.
+  std::vector<uint8_t> tail(200, 0xff);
+  image->Read(5000, tail.size(), tail.data());
+  EXPECT_TRUE(std::equal(bytes.begin() + 5000, bytes.end(), tail.begin()));
+  EXPECT_TRUE(std::all_of(tail.begin() + 107, tail.end(), [](uint8_t b) { return b == 0; }));
+  std::vector<uint8_t> delta(6000, 0x5a);
+  image->XorInto(0, delta.size(), delta.data());
+  for (size_t i = 0; i < delta.size(); ++i) {
+    ASSERT_EQ(delta[i], i < bytes.size() ? static_cast<uint8_t>(bytes[i] ^ 0x5a) : 0x5a) << i;
+  }
+  image->XorInto(90, 20, delta.data() + 90);  // across regions a, b and c: back to 0x5a there
+  EXPECT_TRUE(std::all_of(delta.begin() + 90, delta.begin() + 110, [](uint8_t b) {
+    return b == 0x5a;
+  }));
   *image = NodeImage();  // the pool must outlive every extent
   pool->reset();
   std::remove(("/dev/shm/" + options.name + ".data").c_str());
