@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -102,23 +103,34 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
                                                  const std::set<uint32_t>& absent) {
   const erasure::StripeLayout& layout = context_.layout();
   const int position = context_.topology->position;
-  // Each parity holder gets its units from its own thread, so holders fill in parallel.
-  std::map<int, std::vector<uint64_t>> units_by_holder;
+  // Each unit's delta is read once and sent to each of its parity holders. The units are dealt
+  // out to as many threads as there are holders, so that holders fill in parallel.
+  struct UnitSend {
+    uint64_t unit = 0;
+    std::vector<uint32_t> holders;
+  };
+  std::vector<UnitSend> sends;
+  std::set<uint32_t> holders;
   const uint64_t units = layout.UnitCount(image.bytes());
   for (uint64_t unit = 0; unit < units; ++unit) {
     if (changed != nullptr && !(*changed)[unit]) continue;
     const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
+    UnitSend send{unit, {}};
     for (int holder : layout.Members(location.stripe).parity_positions) {
-      if (absent.contains(context_.topology->NodeAt(holder))) continue;
-      units_by_holder[holder].push_back(unit);
+      const uint32_t node = context_.topology->NodeAt(holder);
+      if (absent.contains(node)) continue;
+      send.holders.push_back(node);
+      holders.insert(node);
     }
+    if (!send.holders.empty()) sends.push_back(std::move(send));
   }
-  std::vector<int> holders;
-  for (const auto& [holder, list] : units_by_holder) holders.push_back(holder);
+  std::vector<size_t> workers(std::min(holders.size(), sends.size()));
+  std::iota(workers.begin(), workers.end(), 0);
   std::atomic<uint64_t> sent{0};
-  std::vector<absl::Status> statuses = InParallel(holders, [&](int holder) -> absl::Status {
+  std::vector<absl::Status> statuses = InParallel(workers, [&](size_t worker) -> absl::Status {
     std::vector<uint8_t> buffer(layout.unit_bytes());
-    for (uint64_t unit : units_by_holder[holder]) {
+    for (size_t i = worker; i < sends.size(); i += workers.size()) {
+      const uint64_t unit = sends[i].unit;
       const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
       const uint64_t length = layout.UnitLength(image.bytes(), unit);
       image.Read(unit * layout.unit_bytes(), length, buffer.data());
@@ -131,12 +143,13 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       header.rank = context_.node_id();
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
-      if (absl::Status status =
-              SendFrames(context_.topology->NodeAt(holder), header, buffer.data(), length);
-          !status.ok()) {
-        return status;
+      for (uint32_t holder : sends[i].holders) {
+        if (absl::Status status = SendFrames(holder, header, buffer.data(), length);
+            !status.ok()) {
+          return status;
+        }
+        sent += length;
       }
-      sent += length;
     }
     return absl::OkStatus();
   });
