@@ -26,28 +26,20 @@ int EphemeralRangeStart() {
   return range >> first && first > 0 ? first : 32768;
 }
 
-bool Bindable(uint16_t port) {
+// Binds a TCP socket to 127.0.0.1:`port` (0: the kernel chooses) and closes it; the port bound,
+// or 0 if it could not be.
+uint16_t BindAndRelease(uint16_t port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return 0;
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = htons(port);
-  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-  close(fd);
-  return bound;
-}
-
-uint16_t KernelChosenPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t length = sizeof(address);
-  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  if (fd >= 0) close(fd);
-  return ok ? ntohs(address.sin_port) : 0;
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  close(fd);
+  return bound ? ntohs(address.sin_port) : 0;
 }
 
 }  // namespace
@@ -60,12 +52,12 @@ uint16_t UnusedLoopbackPort() {
   const int end = EphemeralRangeStart();
   for (int attempt = 0; attempt < 100; ++attempt) {
     // A machine whose ephemeral range leaves too few ports below it: the kernel's choice.
-    const uint16_t port =
-        end - kLowestPort < kFewestPorts
-            ? KernelChosenPort()
-            : static_cast<uint16_t>(std::uniform_int_distribution<int>(kLowestPort, end - 1)(*random));
+    std::uniform_int_distribution<int> below_ephemeral(kLowestPort, end - 1);
+    const uint16_t port = end - kLowestPort < kFewestPorts
+                              ? BindAndRelease(0)
+                              : static_cast<uint16_t>(below_ephemeral(*random));
     if (port == 0) return 0;
-    if (!handed_out->contains(port) && Bindable(port)) {
+    if (!handed_out->contains(port) && BindAndRelease(port) == port) {
       handed_out->insert(port);
       return port;
     }
