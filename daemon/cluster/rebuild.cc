@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -406,7 +407,9 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
                                                      " bytes to decode at once"));
     }
   }
-  std::vector<uint8_t> scratch(scratch_bytes);
+  // Not zeroed: FetchSources fills every source (padding included), the decode every other unit.
+  const std::unique_ptr<uint8_t[]> scratch =
+      std::make_unique_for_overwrite<uint8_t[]>(scratch_bytes);
   std::vector<StripeUnits> works;
   uint64_t used = 0;
   for (const v1::DecodeStripe& stripe : request.stripes()) {
@@ -415,7 +418,7 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     work.length = layout.ParityLength(work.stripe, sizes);
     work.target = static_cast<int>(stripe.target());
     for (uint32_t i : stripe.sources()) work.chosen.push_back(static_cast<int>(i));
-    for (int i = 0; i < n; ++i) work.units.push_back(scratch.data() + used + i * work.length);
+    for (int i = 0; i < n; ++i) work.units.push_back(scratch.get() + used + i * work.length);
     used += work.length * n;
     works.push_back(std::move(work));
   }
@@ -462,6 +465,7 @@ absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
   const uint32_t self = context_.node_id();
   std::map<uint32_t, v1::SendUnitsRequest> requests;
   std::vector<std::pair<FetchKey, FetchSlot>> slots;
+  std::vector<Transfer::OwnCopy> own;
   uint64_t fetched = 0;
   for (StripeUnits& work : works) {
     for (int i : work.chosen) {
@@ -471,11 +475,7 @@ absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
       if (bytes == 0) continue;
       const uint32_t source = topology.NodeAt(group, PositionOf(layout, work.stripe, i));
       if (source == self) {
-        if (absl::Status copied = transfer_->CopyOwnUnit(
-                step, work.stripe, static_cast<uint32_t>(i), work.units[i], bytes);
-            !copied.ok()) {
-          return copied;
-        }
+        own.push_back({work.stripe, static_cast<uint32_t>(i), work.units[i], bytes});
         continue;
       }
       slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, ""},
@@ -489,6 +489,7 @@ absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
       fetched += bytes;
     }
   }
+  if (absl::Status copied = transfer_->CopyOwnUnits(step, own); !copied.ok()) return copied;
   if (absl::Status status = FetchFrom(transfer_, slots, requests,
                                      [&](uint32_t id, const v1::SendUnitsRequest& request) {
                                        return context_.peers->SendUnits(id, request).status();

@@ -182,31 +182,20 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
                                   : " is asked for twice"));
     }
   }
-  // Steps commit while a peer rebuilds (it is absent from them): what is sent must be all of one
-  // step. The image and parity units are held before the record is looked at again; committed
-  // units are never written, so they stay the step's while held.
-  const NodeImage image = store_->CommittedImage();
-  std::vector<std::pair<FrameHeader, OwnUnit>> pieces;
-  for (const v1::UnitRef& ref : request.units()) {
-    absl::StatusOr<OwnUnit> own = FindOwnUnit(request.step(), ref.stripe(), ref.unit());
-    if (!own.ok()) return own.status();
+  std::vector<std::pair<uint64_t, uint32_t>> refs;
+  for (const v1::UnitRef& ref : request.units()) refs.emplace_back(ref.stripe(), ref.unit());
+  absl::StatusOr<HeldUnits> held = HoldOwnUnits(request.step(), refs);
+  if (!held.ok()) return held.status();
+  std::vector<uint8_t> buffer;
+  v1::SendUnitsResponse response;
+  for (size_t i = 0; i < refs.size(); ++i) {
     FrameHeader header;
     header.kind = FrameKind::kFetchedUnit;
     header.step = request.step();
     header.rank = self;
-    header.stripe = ref.stripe();
-    header.stripe_unit = ref.unit();
-    pieces.emplace_back(header, *std::move(own));
-  }
-  if (const v1::JournalCluster now = store_->ClusterRecord();
-      !now.has_committed_step() || now.committed_step() != request.step()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", self, " committed another step while asked for units of step ", request.step()));
-  }
-  std::vector<uint8_t> buffer;
-  v1::SendUnitsResponse response;
-  for (const auto& [header, own] : pieces) {
-    const absl::Span<const uint8_t> bytes = BytesOf(own, image, buffer);
+    header.stripe = refs[i].first;
+    header.stripe_unit = refs[i].second;
+    const absl::Span<const uint8_t> bytes = BytesOf(held->units[i], held->image, buffer);
     if (absl::Status status = SendFrames(request.to_node(), header, bytes.data(), bytes.size());
         !status.ok()) {
       return status;
@@ -214,6 +203,25 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
     response.set_bytes(response.bytes() + bytes.size());
   }
   return response;
+}
+
+absl::StatusOr<Transfer::HeldUnits> Transfer::HoldOwnUnits(
+    int64_t step, const std::vector<std::pair<uint64_t, uint32_t>>& refs) const {
+  // Steps commit while a peer rebuilds (it is absent from them): what is read must be all of one
+  // step. The image and parity units are held before the record is looked at again; committed
+  // units are never written, so they stay the step's while held.
+  HeldUnits held{store_->CommittedImage(), {}};
+  for (const auto& [stripe, unit] : refs) {
+    absl::StatusOr<OwnUnit> own = FindOwnUnit(step, stripe, unit);
+    if (!own.ok()) return own.status();
+    held.units.push_back(*std::move(own));
+  }
+  if (const v1::JournalCluster now = store_->ClusterRecord();
+      !now.has_committed_step() || now.committed_step() != step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", context_.node_id(), " committed another step while reading units of step ", step));
+  }
+  return held;
 }
 
 absl::StatusOr<Transfer::OwnUnit> Transfer::FindOwnUnit(int64_t step, uint64_t stripe,
@@ -254,32 +262,33 @@ absl::Span<const uint8_t> Transfer::BytesOf(const OwnUnit& own, const NodeImage&
   return buffer;
 }
 
-absl::Status Transfer::CopyOwnUnit(int64_t step, uint64_t stripe, uint32_t unit, uint8_t* out,
-                                   uint64_t bytes) {
-  // As ServeUnits: the image and unit held, then the step checked again.
-  auto holds_step = [&] {
-    const v1::JournalCluster record = store_->ClusterRecord();
-    return record.has_committed_step() && record.committed_step() == step;
-  };
-  if (!holds_step()) {
+absl::Status Transfer::CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies) {
+  if (const v1::JournalCluster record = store_->ClusterRecord();
+      !record.has_committed_step() || record.committed_step() != step) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", context_.node_id(), " does not hold step ", step));
   }
-  const NodeImage image = store_->CommittedImage();
-  absl::StatusOr<OwnUnit> own = FindOwnUnit(step, stripe, unit);
-  if (!own.ok()) return own.status();
-  if (!holds_step()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", context_.node_id(), " committed another step while decoding step ", step));
+  std::vector<std::pair<uint64_t, uint32_t>> refs;
+  for (const OwnCopy& copy : copies) refs.emplace_back(copy.stripe, copy.unit);
+  absl::StatusOr<HeldUnits> held = HoldOwnUnits(step, refs);
+  if (!held.ok()) return held.status();
+  const erasure::StripeLayout& layout = context_.layout();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const OwnCopy& copy = copies[i];
+    const OwnUnit& own = held->units[i];
+    const uint64_t bytes = own.parity ? own.parity->bytes
+                                      : layout.UnitLength(held->image.bytes(), own.data_unit);
+    if (bytes != copy.bytes) {
+      return absl::InternalError(absl::StrCat("node ", context_.node_id(), ": unit ", copy.unit,
+                                              " of stripe ", copy.stripe, " is ", bytes,
+                                              " bytes, not ", copy.bytes));
+    }
+    if (own.parity) {
+      std::memcpy(copy.out, own.parity->extent->data(), bytes);
+    } else {
+      held->image.Read(own.data_unit * layout.unit_bytes(), bytes, copy.out);
+    }
   }
-  std::vector<uint8_t> buffer;
-  const absl::Span<const uint8_t> held = BytesOf(*own, image, buffer);
-  if (held.size() != bytes) {
-    return absl::InternalError(absl::StrCat("node ", context_.node_id(), ": unit ", unit,
-                                            " of stripe ", stripe, " is ", held.size(),
-                                            " bytes, not ", bytes));
-  }
-  std::memcpy(out, held.data(), bytes);
   return absl::OkStatus();
 }
 

@@ -73,10 +73,15 @@ class Transfer final : public FrameSink {
                                          const std::set<uint32_t>& absent);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
   absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);
-  // Copies this node's own unit `unit` of stripe `stripe` of the committed step, `bytes` long, to
-  // `out` (a helper decoding for a rebuilding node reads its own unit so).
-  absl::Status CopyOwnUnit(int64_t step, uint64_t stripe, uint32_t unit, uint8_t* out,
-                           uint64_t bytes);
+  // Copies units of this node of the committed step `step`, each `bytes` long, to `out` (a helper
+  // decoding for a rebuilding node reads its own units so), all of that one step.
+  struct OwnCopy {
+    uint64_t stripe = 0;
+    uint32_t unit = 0;
+    uint8_t* out = nullptr;
+    uint64_t bytes = 0;
+  };
+  absl::Status CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies);
 
   // Expects the frames of `slots` into their buffers; registered before the request that makes a
   // peer send them goes out. UNAVAILABLE, registering none, when a key is expected already (two
@@ -110,6 +115,14 @@ class Transfer final : public FrameSink {
     std::optional<ParityUnit> parity;
   };
   absl::StatusOr<OwnUnit> FindOwnUnit(int64_t step, uint64_t stripe, uint32_t unit) const;
+  // This node's units (stripe, unit index) of `step`, with the image its data units are read from,
+  // checked to be all of that step. The caller checked before that `step` was committed.
+  struct HeldUnits {
+    NodeImage image;
+    std::vector<OwnUnit> units;
+  };
+  absl::StatusOr<HeldUnits> HoldOwnUnits(
+      int64_t step, const std::vector<std::pair<uint64_t, uint32_t>>& refs) const;
   // Its bytes: the parity unit's, or the data unit's read from `image` into `buffer`.
   absl::Span<const uint8_t> BytesOf(const OwnUnit& own, const NodeImage& image,
                                     std::vector<uint8_t>& buffer) const;
