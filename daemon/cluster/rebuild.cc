@@ -408,8 +408,12 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     }
   }
   // Not zeroed: FetchSources fills every source (padding included), the decode every other unit.
-  const std::unique_ptr<uint8_t[]> scratch =
-      std::make_unique_for_overwrite<uint8_t[]>(scratch_bytes);
+  if (help_scratch_bytes_ < scratch_bytes) {
+    help_scratch_.reset();
+    help_scratch_ = std::make_unique_for_overwrite<uint8_t[]>(scratch_bytes);
+    help_scratch_bytes_ = scratch_bytes;
+  }
+  uint8_t* const scratch = help_scratch_.get();
   std::vector<StripeUnits> works;
   uint64_t used = 0;
   for (const v1::DecodeStripe& stripe : request.stripes()) {
@@ -418,7 +422,7 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     work.length = layout.ParityLength(work.stripe, sizes);
     work.target = static_cast<int>(stripe.target());
     for (uint32_t i : stripe.sources()) work.chosen.push_back(static_cast<int>(i));
-    for (int i = 0; i < n; ++i) work.units.push_back(scratch.get() + used + i * work.length);
+    for (int i = 0; i < n; ++i) work.units.push_back(scratch + used + i * work.length);
     used += work.length * n;
     works.push_back(std::move(work));
   }

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -91,7 +92,9 @@ class Rebuilder {
   // As a helper of a rebuilding node (DecodeUnits): fetches each stripe's sources from their
   // nodes (its own unit read here), decodes the target unit and sends it to request.to_node. One
   // request at a time on this node, apart from its own decodes; CANCELLED once `cancelled` says
-  // the caller gave up.
+  // the caller gave up. The memory it decodes in is kept for the next request (at most
+  // max(64 MiB, n units)): a rebuild asks for one batch after another, and fresh memory of that
+  // size costs more in page faults than the decode itself.
   absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(
       const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled);
   // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
@@ -158,6 +161,8 @@ class Rebuilder {
 
   absl::Mutex decode_mutex_;  // one rebuild, repair or remote decode at a time
   absl::Mutex help_mutex_;    // one decode for another node at a time
+  std::unique_ptr<uint8_t[]> help_scratch_ ABSL_GUARDED_BY(help_mutex_);
+  uint64_t help_scratch_bytes_ ABSL_GUARDED_BY(help_mutex_) = 0;
 
   mutable absl::Mutex mutex_;
   mutable absl::CondVar changed_;
