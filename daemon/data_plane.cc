@@ -601,15 +601,27 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(
   return std::unique_ptr<DataPlaneClient>(new DataPlaneClient(std::move(impl)));
 }
 
-absl::Status DataPlaneClient::Send(FrameHeader header, absl::Span<const uint8_t> payload) {
-  if (payload.size() > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("a frame payload of ", payload.size(),
-                                                   " bytes does not fit the frame format"));
+absl::Status DataPlaneClient::Send(FrameHeader header,
+                                   absl::Span<const absl::Span<const uint8_t>> pieces) {
+  uint64_t length = 0;
+  uint32_t crc = 0;
+  for (absl::Span<const uint8_t> piece : pieces) {
+    length += piece.size();
+    crc = erasure::Crc32cExtend(crc, piece.data(), piece.size());
   }
-  header.length = static_cast<uint32_t>(payload.size());
-  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  if (length > UINT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a frame payload of ", length, " bytes does not fit the frame format"));
+  }
+  header.length = static_cast<uint32_t>(length);
+  header.payload_crc = crc;
   uint8_t header_bytes[FrameHeader::kBytes];
   EncodeFrameHeader(header, header_bytes);
+  std::vector<asio::const_buffer> buffers = {asio::buffer(header_bytes),
+                                             asio::buffer(header.region)};
+  for (absl::Span<const uint8_t> piece : pieces) {
+    buffers.push_back(asio::buffer(piece.data(), piece.size()));
+  }
 
   Impl::Connection& connection =
       *impl_->connections[impl_->next++ % impl_->connections.size()];
@@ -620,10 +632,7 @@ absl::Status DataPlaneClient::Send(FrameHeader header, absl::Span<const uint8_t>
   if (connection.socket == nullptr) {
     if (absl::Status status = impl_->Open(connection); !status.ok()) return status;
   }
-  const absl::Status written = connection.link->Write(
-      {asio::buffer(header_bytes), asio::buffer(header.region),
-       asio::buffer(payload.data(), payload.size())},
-      absl::Now() + impl_->send_timeout);
+  const absl::Status written = connection.link->Write(buffers, absl::Now() + impl_->send_timeout);
   if (!written.ok()) {
     // A frame cut short leaves the stream unusable: the next send starts a new connection.
     connection.Reset();

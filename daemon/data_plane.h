@@ -101,8 +101,12 @@ class DataPlaneClient {
       absl::Duration send_timeout = absl::Seconds(30), DataPlaneClientTls tls = {});
   ~DataPlaneClient();
 
-  // Fills header.length and header.payload_crc from `payload` and sends the frame.
-  absl::Status Send(FrameHeader header, absl::Span<const uint8_t> payload);
+  // Fills header.length and header.payload_crc from the payload, `pieces` one after another, and
+  // sends the frame in one gather write (no copy of the pieces).
+  absl::Status Send(FrameHeader header, absl::Span<const absl::Span<const uint8_t>> pieces);
+  absl::Status Send(FrameHeader header, absl::Span<const uint8_t> payload) {
+    return Send(std::move(header), {&payload, 1});
+  }
 
  private:
   struct Impl;

@@ -71,6 +71,20 @@ void NodeImage::XorInto(uint64_t offset, uint64_t length, uint8_t* out) const {
                });
 }
 
+std::vector<absl::Span<const uint8_t>> NodeImage::Spans(uint64_t offset, uint64_t length) const {
+  std::vector<absl::Span<const uint8_t>> spans;
+  ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t, uint64_t bytes) {
+    stored_[region]->ForEach(in_region, bytes, [&](const uint8_t* data, uint64_t piece, uint64_t) {
+      if (!spans.empty() && spans.back().data() + spans.back().size() == data) {
+        spans.back() = {spans.back().data(), spans.back().size() + piece};
+      } else {
+        spans.emplace_back(data, piece);
+      }
+    });
+  });
+  return spans;
+}
+
 void NodeImage::Write(uint64_t offset, const uint8_t* in, uint64_t length) const {
   ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
     stored_[region]->Write(in_region, in + in_range, bytes);

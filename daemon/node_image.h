@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "daemon/pool.h"
 #include "proto/moesnap.pb.h"
 
@@ -33,6 +34,9 @@ class NodeImage {
   // XORs image bytes [offset, offset + length) into `out` (bytes past the end of the image are
   // zero, so leave `out` as it is): a unit's delta against another image, in one pass.
   void XorInto(uint64_t offset, uint64_t length, uint8_t* out) const;
+  // The pool memory holding image bytes [offset, offset + length), in order, pieces adjacent in
+  // memory merged: to send them without a copy. The range must lie within the image.
+  std::vector<absl::Span<const uint8_t>> Spans(uint64_t offset, uint64_t length) const;
   // Writes `length` bytes at `offset`; they must lie within the image.
   void Write(uint64_t offset, const uint8_t* in, uint64_t length) const;
 

@@ -62,13 +62,14 @@ absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
     header.step = request.step();
     header.rank = request.rank();
     header.region = request.region();
-    absl::Status sent;
-    image.stored()[i]->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes,
-                                                      uint64_t position) {
-      header.offset = position;
-      if (sent.ok()) sent = transfer_->SendFrames(request.to_node(), header, data, bytes);
-    });
-    if (!sent.ok()) return sent;
+    std::vector<absl::Span<const uint8_t>> spans;
+    image.stored()[i]->ForEach(0, region.bytes(),
+                               [&](const uint8_t* data, uint64_t bytes, uint64_t) {
+                                 spans.emplace_back(data, bytes);
+                               });
+    if (absl::Status sent = transfer_->SendFrames(request.to_node(), header, spans); !sent.ok()) {
+      return sent;
+    }
     v1::SendRegionResponse response;
     response.set_bytes(region.bytes());
     return response;

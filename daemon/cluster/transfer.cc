@@ -80,19 +80,36 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> Transfer::Client(uint32_t id) {
   return connection.client;
 }
 
-absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes,
-                                  uint64_t length) {
+absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header,
+                                  absl::Span<const absl::Span<const uint8_t>> pieces) {
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
   if (!client.ok()) return client.status();
-  const uint64_t start = header.offset;
-  for (uint64_t offset = 0; offset < length; offset += kMaxFramePayload) {
-    header.offset = start + offset;
-    const uint64_t piece = std::min<uint64_t>(kMaxFramePayload, length - offset);
-    if (absl::Status status = (*client)->Send(header, {bytes + offset, piece}); !status.ok()) {
+  // Frames of kMaxFramePayload bytes (the last shorter), each the parts of the pieces it spans.
+  std::vector<absl::Span<const uint8_t>> frame;
+  uint64_t frame_bytes = 0;
+  auto send = [&]() -> absl::Status {
+    absl::Status status = (*client)->Send(header, frame);
+    if (!status.ok()) {
       return absl::UnavailableError(absl::StrCat("sending stripe ", header.stripe, " to node ", to,
                                                  ": ", status.message()));
     }
+    header.offset += frame_bytes;
+    frame.clear();
+    frame_bytes = 0;
+    return absl::OkStatus();
+  };
+  for (absl::Span<const uint8_t> piece : pieces) {
+    while (!piece.empty()) {
+      const uint64_t taken = std::min<uint64_t>(piece.size(), kMaxFramePayload - frame_bytes);
+      frame.push_back(piece.first(taken));
+      frame_bytes += taken;
+      piece.remove_prefix(taken);
+      if (frame_bytes == kMaxFramePayload) {
+        if (absl::Status status = send(); !status.ok()) return status;
+      }
+    }
   }
+  if (frame_bytes > 0) return send();
   return absl::OkStatus();
 }
 
@@ -128,14 +145,21 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
   std::iota(workers.begin(), workers.end(), 0);
   std::atomic<uint64_t> sent{0};
   std::vector<absl::Status> statuses = InParallel(workers, [&](size_t worker) -> absl::Status {
-    std::vector<uint8_t> buffer(layout.unit_bytes());
+    // A delta (old XOR new) is computed here; a whole unit is sent from where it lies.
+    const std::unique_ptr<uint8_t[]> delta =
+        previous ? std::make_unique_for_overwrite<uint8_t[]>(layout.unit_bytes()) : nullptr;
     for (size_t i = worker; i < sends.size(); i += workers.size()) {
       const uint64_t unit = sends[i].unit;
       const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
       const uint64_t length = layout.UnitLength(image.bytes(), unit);
-      image.Read(unit * layout.unit_bytes(), length, buffer.data());
-      // The delta: old XOR new.
-      if (previous) previous->XorInto(unit * layout.unit_bytes(), length, buffer.data());
+      std::vector<absl::Span<const uint8_t>> payload;
+      if (previous) {
+        image.Read(unit * layout.unit_bytes(), length, delta.get());
+        previous->XorInto(unit * layout.unit_bytes(), length, delta.get());
+        payload = {{delta.get(), length}};
+      } else {
+        payload = image.Spans(unit * layout.unit_bytes(), length);
+      }
       FrameHeader header;
       header.kind = FrameKind::kParityDelta;
       header.step = step;
@@ -144,8 +168,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
       for (uint32_t holder : sends[i].holders) {
-        if (absl::Status status = SendFrames(holder, header, buffer.data(), length);
-            !status.ok()) {
+        if (absl::Status status = SendFrames(holder, header, payload); !status.ok()) {
           return status;
         }
         sent += length;
@@ -186,7 +209,6 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
   for (const v1::UnitRef& ref : request.units()) refs.emplace_back(ref.stripe(), ref.unit());
   absl::StatusOr<HeldUnits> held = HoldOwnUnits(request.step(), refs);
   if (!held.ok()) return held.status();
-  std::vector<uint8_t> buffer;
   v1::SendUnitsResponse response;
   for (size_t i = 0; i < refs.size(); ++i) {
     FrameHeader header;
@@ -195,12 +217,11 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
     header.rank = self;
     header.stripe = refs[i].first;
     header.stripe_unit = refs[i].second;
-    const absl::Span<const uint8_t> bytes = BytesOf(held->units[i], held->image, buffer);
-    if (absl::Status status = SendFrames(request.to_node(), header, bytes.data(), bytes.size());
-        !status.ok()) {
+    const std::vector<absl::Span<const uint8_t>> spans = SpansOf(held->units[i], held->image);
+    if (absl::Status status = SendFrames(request.to_node(), header, spans); !status.ok()) {
       return status;
     }
-    response.set_bytes(response.bytes() + bytes.size());
+    for (absl::Span<const uint8_t> span : spans) response.set_bytes(response.bytes() + span.size());
   }
   return response;
 }
@@ -253,13 +274,12 @@ absl::StatusOr<Transfer::OwnUnit> Transfer::FindOwnUnit(int64_t step, uint64_t s
       absl::StrCat("node ", self, " holds no unit ", unit, " of stripe ", stripe));
 }
 
-absl::Span<const uint8_t> Transfer::BytesOf(const OwnUnit& own, const NodeImage& image,
-                                            std::vector<uint8_t>& buffer) const {
-  if (own.parity) return {own.parity->extent->data(), own.parity->bytes};
+std::vector<absl::Span<const uint8_t>> Transfer::SpansOf(const OwnUnit& own,
+                                                         const NodeImage& image) const {
+  if (own.parity) return {{own.parity->extent->data(), own.parity->bytes}};
   const erasure::StripeLayout& layout = context_.layout();
-  buffer.resize(layout.UnitLength(image.bytes(), own.data_unit));
-  image.Read(own.data_unit * layout.unit_bytes(), buffer.size(), buffer.data());
-  return buffer;
+  return image.Spans(own.data_unit * layout.unit_bytes(),
+                     layout.UnitLength(image.bytes(), own.data_unit));
 }
 
 absl::Status Transfer::CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies) {

@@ -61,8 +61,14 @@ class Transfer final : public FrameSink {
   // Serves the data plane on `host`:`port` (0: any free port); the port it serves on.
   absl::StatusOr<uint16_t> Start(const std::string& host, uint16_t port);
 
-  // Sends `length` bytes to node `to` as frames of `header` whose offsets start at header.offset.
-  absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length);
+  // Sends `pieces`, one after another, to node `to` as frames of `header` whose offsets start at
+  // header.offset; a frame gathers the pieces it spans without copying them.
+  absl::Status SendFrames(uint32_t to, FrameHeader header,
+                          absl::Span<const absl::Span<const uint8_t>> pieces);
+  absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length) {
+    const absl::Span<const uint8_t> piece(bytes, length);
+    return SendFrames(to, std::move(header), {&piece, 1});
+  }
   // Sends this node's data units of `step` to their parity holders: all of them, or with
   // `previous` (the committed image) and `changed`, the deltas of the changed ones, as frames of
   // `attempt` (the coordinator's token). Parity holders among `absent` (a degraded step's) get
@@ -123,9 +129,8 @@ class Transfer final : public FrameSink {
   };
   absl::StatusOr<HeldUnits> HoldOwnUnits(
       int64_t step, const std::vector<std::pair<uint64_t, uint32_t>>& refs) const;
-  // Its bytes: the parity unit's, or the data unit's read from `image` into `buffer`.
-  absl::Span<const uint8_t> BytesOf(const OwnUnit& own, const NodeImage& image,
-                                    std::vector<uint8_t>& buffer) const;
+  // Where its bytes lie: the parity unit's extent, or the data unit's pieces of `image`.
+  std::vector<absl::Span<const uint8_t>> SpansOf(const OwnUnit& own, const NodeImage& image) const;
 
   const ClusterContext context_;
   const ClusterStore* const store_;

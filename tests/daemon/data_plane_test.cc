@@ -145,6 +145,21 @@ TEST_F(DataPlaneTest, ConcurrentSendersDeliverEveryFrameIntact) {
   EXPECT_EQ(server_->connections_rejected(), 0u);
 }
 
+TEST_F(DataPlaneTest, AFrameGatheredFromPiecesArrivesAsTheirConcatenation) {
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =
+      DataPlaneClient::Connect("127.0.0.1", server_->port(), 1);
+  ASSERT_OK(client);
+  const std::vector<uint8_t> payload = PayloadFor(5, 9);
+  ASSERT_GT(payload.size(), 100u);
+  const absl::Span<const uint8_t> whole(payload);
+  // The server checks the payload's CRC-32C: it must be that of the concatenation.
+  const std::vector<absl::Span<const uint8_t>> pieces = {
+      whole.subspan(0, 1), whole.subspan(1, 0), whole.subspan(1, 98), whole.subspan(99)};
+  ASSERT_OK((*client)->Send(HeaderFor(5, 9), pieces));
+  ASSERT_TRUE(Eventually([&] { return sink_.size() == 1; }));
+  EXPECT_EQ(sink_.Get(5, 9).second, payload);
+}
+
 TEST_F(DataPlaneTest, MalformedCorruptAndTruncatedFramesAreRefused) {
   const std::vector<uint8_t> payload = PayloadFor(1, 1);
   FrameHeader header = HeaderFor(1, 1);

@@ -65,6 +65,49 @@ TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   std::remove(("/dev/shm/" + options.name + ".data").c_str());
 }
 
+TEST(NodeImageTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
+  PoolOptions options;
+  options.name = "moesnap-node-image-spans-test-" + std::to_string(getpid());
+  options.bytes = 1 << 20;
+  options.lock = PoolLockMode::kOff;
+  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options);
+  ASSERT_OK(pool);
+  // a, b and c lie one after another in a fresh pool; c's 100 bytes take 128 of it, so d does not
+  // follow its last byte.
+  absl::StatusOr<NodeImage> image = NodeImage::Allocate(
+      pool->get(), Manifest({{"a", 128}, {"b", 64}, {"c", 100}, {"d", 50}}, {1, 1, 1, 1}));
+  ASSERT_OK(image);
+  const uint8_t* a = image->stored()[0]->pieces()[0].data;
+  const uint8_t* d = image->stored()[3]->pieces()[0].data;
+  ASSERT_EQ(image->stored()[1]->pieces()[0].data, a + 128);
+  ASSERT_EQ(image->stored()[2]->pieces()[0].data, a + 192);
+  ASSERT_NE(d, a + 292);
+  std::vector<uint8_t> bytes(image->bytes());
+  std::iota(bytes.begin(), bytes.end(), 0);
+  image->Write(0, bytes.data(), bytes.size());
+
+  std::vector<absl::Span<const uint8_t>> spans = image->Spans(0, image->bytes());
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[0].data(), a);
+  EXPECT_EQ(spans[0].size(), 292u);
+  EXPECT_EQ(spans[1].data(), d);
+  EXPECT_EQ(spans[1].size(), 50u);
+  spans = image->Spans(150, 160);  // from inside b, across c, into d
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[0].data(), a + 150);
+  EXPECT_EQ(spans[0].size(), 142u);
+  EXPECT_EQ(spans[1].data(), d);
+  EXPECT_EQ(spans[1].size(), 18u);
+  std::vector<uint8_t> gathered;
+  for (absl::Span<const uint8_t> span : spans) {
+    gathered.insert(gathered.end(), span.begin(), span.end());
+  }
+  EXPECT_TRUE(std::equal(gathered.begin(), gathered.end(), bytes.begin() + 150));
+  *image = NodeImage();
+  pool->reset();
+  std::remove(("/dev/shm/" + options.name + ".data").c_str());
+}
+
 TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
   const v1::NodeImage before = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1});
   // b (bytes 100-399) and d (450-1049) were captured again at step 2; units are 256 bytes.

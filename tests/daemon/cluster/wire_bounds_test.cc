@@ -2,7 +2,8 @@
 // a frame whose offset wraps past 2^64 once passed `offset + length > bytes` and was written before
 // the buffer (a fetched unit) or before the parity unit in the pool. On an authenticated connection
 // a node sends only its own units: a parity delta of another node's data unit, or a fetched unit
-// the receiver asked of another node, is refused.
+// the receiver asked of another node, is refused. Pieces sent without a copy are cut into frames
+// of at most the data plane's payload, each at its offset.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -95,6 +96,33 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   ASSERT_OK(transfer.Accept(header, whole, 2u));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
   EXPECT_EQ(memory, whole);
+}
+
+// A unit sent from where its bytes lie (pieces of regions' pool memory, of any size, empty ones
+// too) arrives whole, over frames that each gather the pieces they span.
+TEST(WireBoundsTest, PiecesSentWithoutACopyArriveWholeAcrossFrames) {
+  InProcessCluster cluster(3, 2, 1);
+  constexpr uint64_t kMiB = 1 << 20;
+  const std::vector<uint64_t> sizes = {3 * kMiB, 0, 5 * kMiB / 2, 9 * kMiB / 2 + 7, 1};
+  std::vector<std::vector<uint8_t>> pieces;
+  std::vector<uint8_t> whole;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    pieces.emplace_back(sizes[i]);
+    for (uint64_t j = 0; j < sizes[i]; ++j) pieces.back()[j] = static_cast<uint8_t>(j * 7 + i);
+    whole.insert(whole.end(), pieces.back().begin(), pieces.back().end());
+  }
+  std::vector<absl::Span<const uint8_t>> spans(pieces.begin(), pieces.end());
+  std::vector<uint8_t> received(whole.size(), kCanary);
+  const FetchKey key{1, 0, 0, 1, ""};
+  ASSERT_OK(cluster.node(0).transfer.Expect(
+      {{key, {received.data(), received.size(), received.size(), /*source=*/1}}}));
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedUnit;
+  header.step = 1;
+  header.rank = 1;
+  ASSERT_OK(cluster.node(1).transfer.SendFrames(0, header, spans));
+  ASSERT_OK(cluster.node(0).transfer.Collect({key}, absl::OkStatus()));
+  EXPECT_TRUE(received == whole);
 }
 
 // Two decodes on one node wanting the same unit from the same node at once (helping a member of
