@@ -90,6 +90,23 @@ absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
   return absl::OkStatus();
 }
 
+// `failure` of a task's batch of chunks, naming what the failed run [failed.first, failed.second]
+// held: one chunk of a region, or the run of regions it copied. `at(i)` is chunk i's region name
+// and chunk index; `what` the operation ("copy", "restore").
+template <typename RegionAndChunk>
+absl::Status NameFailedRun(const absl::Status& failure, std::pair<size_t, size_t> failed,
+                           RegionAndChunk at, absl::string_view what) {
+  const auto [region, chunk] = at(failed.first);
+  return absl::Status(
+      failure.code(),
+      failed.first == failed.second
+          ? absl::StrCat(what, " of region '", region, "' chunk ", chunk, " failed: ",
+                         failure.message())
+          : absl::StrCat(what, " of the ", failed.second - failed.first + 1, " regions from '",
+                         region, "' to '", at(failed.second).first, "' failed: ",
+                         failure.message()));
+}
+
 }  // namespace
 
 struct Store::Version {
@@ -770,16 +787,13 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
       },
       failed);
   if (!failure.ok()) {
-    const auto [first, first_chunk] = chunks[failed.first];
-    const std::string& region = job->versions[first]->region;
-    failure = absl::Status(
-        failure.code(),
-        failed.first == failed.second
-            ? absl::StrCat("copy of region '", region, "' chunk ", first_chunk,
-                           " failed: ", failure.message())
-            : absl::StrCat("copy of the ", failed.second - failed.first + 1, " regions from '",
-                           region, "' to '", job->versions[chunks[failed.second].first]->region,
-                           "' failed: ", failure.message()));
+    failure = NameFailedRun(
+        failure, failed,
+        [&](size_t index) {
+          return std::pair<absl::string_view, uint32_t>(
+              job->versions[chunks[index].first]->region, chunks[index].second);
+        },
+        "copy");
   }
   if (job->parts_copying.fetch_sub(1) == 1) job->in_flight.reset();
 
@@ -1199,7 +1213,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       }
       absl::Status status;
       std::pair<size_t, size_t> failed;
-      status.Update(transfers.Run(
+      const absl::Status copied = transfers.Run(
           [](CopyBackend& backend, std::span<Transfer> batch) {
             return backend.CopyInBatch(batch);
           },
@@ -1213,7 +1227,16 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
                   version->region, rank, version->step, chunk, version->chunk_crcs[chunk], crc)));
             }
           },
-          failed));
+          failed);
+      if (!copied.ok()) {
+        status.Update(NameFailedRun(
+            copied, failed,
+            [&](size_t index) {
+              return std::pair<absl::string_view, uint32_t>(chunks[index].first->region,
+                                                           chunks[index].second);
+            },
+            "restore"));
+      }
       absl::MutexLock lock(&progress->mutex);
       progress->status.Update(status);
       --progress->pending;

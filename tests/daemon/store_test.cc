@@ -95,7 +95,8 @@ class BatchRecordingBackend : public CopyBackend {
     absl::MutexLock lock(&mutex_);
     return in_batches_;
   }
-  void FailCopiesOut() { fail_ = true; }
+  void FailCopiesOut() { fail_out_ = true; }
+  void FailCopiesIn() { fail_in_ = true; }
 
   std::string name() const override { return inner_->name(); }
   bool supports_device_memory() const override { return false; }
@@ -119,7 +120,7 @@ class BatchRecordingBackend : public CopyBackend {
       absl::MutexLock lock(&mutex_);
       out_batches_.push_back(transfers.size());
     }
-    if (fail_) return absl::InternalError("injected copy failure");
+    if (fail_out_) return absl::InternalError("injected copy failure");
     return CopyBackend::CopyOutBatch(transfers);
   }
   absl::Status CopyInBatch(std::span<Transfer> transfers) override {
@@ -127,12 +128,14 @@ class BatchRecordingBackend : public CopyBackend {
       absl::MutexLock lock(&mutex_);
       in_batches_.push_back(transfers.size());
     }
+    if (fail_in_) return absl::InternalError("injected copy failure");
     return CopyBackend::CopyInBatch(transfers);
   }
 
  private:
   const std::unique_ptr<CopyBackend> inner_;
-  std::atomic<bool> fail_ = false;
+  std::atomic<bool> fail_out_ = false;
+  std::atomic<bool> fail_in_ = false;
   absl::Mutex mutex_;
   std::vector<size_t> out_batches_ ABSL_GUARDED_BY(mutex_);
   std::vector<size_t> in_batches_ ABSL_GUARDED_BY(mutex_);
@@ -481,6 +484,16 @@ TEST_F(StoreTest, ARunOfSmallRegionsIsOneBatchAndAFailedBatchNamesItsRegions) {
                                                     "'region67' failed: injected copy failure"),
                                ::testing::HasSubstr("copy of the 35 regions from 'region68' to "
                                                     "'region99' failed: injected copy failure")));
+  // A failed restore batch names its regions alike.
+  batches->FailCopiesIn();
+  const absl::Status restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)).status();
+  ASSERT_FALSE(restored.ok());
+  EXPECT_THAT(std::string(restored.message()),
+              ::testing::AnyOf(::testing::HasSubstr("restore of the 65 regions from 'region0' to "
+                                                    "'region67' failed: injected copy failure"),
+                               ::testing::HasSubstr("restore of the 35 regions from 'region68' "
+                                                    "to 'region99' failed: injected copy failure")));
 }
 
 TEST_F(StoreTest, ARegionLargerThanAChunkAmongSmallOnesIsCopiedChunkByChunk) {
