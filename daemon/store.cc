@@ -1102,8 +1102,8 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     };
     // The region's committed version (null when the rank has none): the whole region, or the
     // rank's piece of a replica group, which is then assembled from every member's piece.
-    auto add = [&](const RegionTable::Region& registered,
-                   const std::shared_ptr<Version>* stored) -> absl::Status {
+    auto add = [&](const RegionTable::Region& registered, const std::shared_ptr<Version>* stored)
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) -> absl::Status {
       const v1::RegionSpec& spec = registered.spec;
       v1::RestoreResponse::Restored* restored = response.add_regions();
       restored->set_region(spec.name());
