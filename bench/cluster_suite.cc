@@ -451,8 +451,18 @@ absl::Status RunClusterSuite(Report& report) {
       report.Add({"cluster", "memory per node for 2 lost nodes, (4,2) data + parity", per_data_byte,
                   "x data", "replication x2 (survives 1 lost)", 2.0, per_data_byte / 2.0});
 
-      absl::StatusOr<v1::RebuildResponse> rebuilt = (*cluster)->Rebuild(1);
-      if (!rebuilt.ok()) return rebuilt.status();
+      // Node 1 rebuilt whole three times (a node asked to rebuild does so holding its step); the
+      // median rebuild counts.
+      std::vector<v1::RebuildResponse> rebuilds;
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        absl::StatusOr<v1::RebuildResponse> rebuilt = (*cluster)->Rebuild(1);
+        if (!rebuilt.ok()) return rebuilt.status();
+        rebuilds.push_back(*std::move(rebuilt));
+      }
+      std::sort(rebuilds.begin(), rebuilds.end(), [](const auto& a, const auto& b) {
+        return a.seconds() < b.seconds();
+      });
+      const v1::RebuildResponse* rebuilt = &rebuilds[1];
       // The limit: the fetched bytes over raw TCP, and a raw decode reading them.
       absl::StatusOr<std::unique_ptr<erasure::ReedSolomon>> codec = erasure::ReedSolomon::Create(4, 2);
       if (!codec.ok()) return codec.status();
@@ -474,7 +484,7 @@ absl::Status RunClusterSuite(Report& report) {
       const double rebuilt_bytes = static_cast<double>(rebuilt->data_bytes() + rebuilt->parity_bytes());
       const double limit =
           moved / (limits.tcp_gbps * 1e9) + 4 * rebuilt_bytes / (decode.value * 1e9);
-      report.Add({"cluster", "rebuild of a node, (4,2), 32 MiB data", rebuilt_bytes / rebuilt->seconds() / 1e9,
+      report.Add({"cluster", "rebuild of a node, (4,2), 32 MiB data, median of 3", rebuilt_bytes / rebuilt->seconds() / 1e9,
                   "GB/s", "raw TCP of the bytes moved + raw decode", rebuilt_bytes / limit / 1e9,
                   limit / rebuilt->seconds()});
       report.Add({"cluster", "rebuild: bytes the rebuilding node receives per byte it rebuilds",
