@@ -68,22 +68,6 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
     if (!layout_->IsParityPosition(stripe, position_)) continue;
     const uint64_t bytes = layout_->ParityLength(stripe, image_bytes);
     if (bytes == 0) continue;
-    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(bytes);
-    if (!extent.ok()) {
-      return absl::ResourceExhaustedError(absl::StrCat("parity of step ", step, ", stripe ", stripe,
-                                                       ": ", extent.status().message()));
-    }
-    if (changed == nullptr || accumulate) {
-      std::memset((*extent)->data(), 0, bytes);
-    } else {
-      absl::MutexLock lock(&mutex_);
-      auto committed = committed_.find(stripe);
-      if (committed == committed_.end() || committed->second.bytes != bytes) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step ", step, ": no committed parity of stripe ", stripe, " to update with deltas"));
-      }
-      std::memcpy((*extent)->data(), committed->second.extent->data(), bytes);
-    }
     uint64_t expected = 0;
     const erasure::StripeMembers members = layout_->Members(stripe);
     for (int position : members.data_positions) {
@@ -92,6 +76,35 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
         continue;
       }
       expected += layout_->UnitLength(image_bytes[position], unit);
+    }
+    const bool updated = changed != nullptr && !accumulate;
+    std::optional<ParityUnit> committed;
+    if (updated) {
+      absl::MutexLock lock(&mutex_);
+      auto it = committed_.find(stripe);
+      if (it == committed_.end() || it->second.bytes != bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step ", step, ": no committed parity of stripe ", stripe, " to update with deltas"));
+      }
+      committed = it->second;
+    }
+    if (updated && expected == 0) {
+      // No data unit of the stripe changed: the committed unit is the step's too, shared and never
+      // written (nothing is expected for it, so any frame for it is refused).
+      pending.units[stripe] = *std::move(committed);
+      pending.expected[stripe] = 0;
+      pending.shared.insert(stripe);
+      continue;
+    }
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(bytes);
+    if (!extent.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("parity of step ", step, ", stripe ", stripe,
+                                                       ": ", extent.status().message()));
+    }
+    if (updated) {
+      std::memcpy((*extent)->data(), committed->extent->data(), bytes);
+    } else {
+      std::memset((*extent)->data(), 0, bytes);
     }
     pending.units[stripe] = {stripe, bytes, 0, *std::move(extent)};
     pending.expected[stripe] = expected;
@@ -196,7 +209,10 @@ absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
             " bytes of data units have not arrived from the group's data nodes"));
       }
     }
-    for (auto& [stripe, unit] : pending_[step].units) units.push_back(&unit);
+    Pending& pending = pending_[step];
+    for (auto& [stripe, unit] : pending.units) {
+      if (!pending.shared.contains(stripe)) units.push_back(&unit);
+    }
   }
   // Complete units are no longer written; checksum them outside the lock.
   for (ParityUnit* unit : units) unit->crc = erasure::Crc32c(unit->extent->data(), unit->bytes);
@@ -369,7 +385,9 @@ uint64_t ParityStore::in_flight_bytes() const {
   absl::MutexLock lock(&mutex_);
   uint64_t bytes = 0;
   for (const auto& [step, pending] : pending_) {
-    for (const auto& [stripe, unit] : pending.units) bytes += unit.bytes;
+    for (const auto& [stripe, unit] : pending.units) {
+      if (!pending.shared.contains(stripe)) bytes += unit.bytes;
+    }
   }
   for (const auto& [step, kept] : accumulated_) {
     for (const auto& [stripe, unit] : kept.units) bytes += unit.bytes;

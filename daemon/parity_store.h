@@ -53,7 +53,8 @@ class ParityStore {
   // has bytes, given each group position's image size. Without `changed`, units start at zero and
   // every data unit is expected (a full encode). With it (a sparse step of an unchanged layout),
   // units start as copies of the committed ones and only the deltas of units marked changed
-  // (changed[position][unit]) are expected.
+  // (changed[position][unit]) are expected; a stripe none of whose data units changed keeps the
+  // committed unit itself (shared, never written).
   // Opening a step again with a newer `attempt` replaces the older attempt's units. With
   // `accumulate` (and `changed`), units start at zero: they take the step's change only.
   absl::Status Begin(int64_t step, int64_t attempt, const std::vector<uint64_t>& image_bytes,
@@ -108,6 +109,7 @@ class ParityStore {
     int64_t attempt = 0;
     std::map<uint64_t, ParityUnit> units;
     std::map<uint64_t, uint64_t> expected;  // stripe -> data bytes still to arrive
+    std::set<uint64_t> shared;  // stripes none of whose data units changed: the committed unit
     uint64_t missing = 0;
     bool complete = false;
     bool accumulate = false;  // started at zero: the step's change only
