@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "daemon/copy_backend.h"
 #include "daemon/pool.h"
 
@@ -66,6 +68,23 @@ class TaskTransfers {
   std::vector<Transfer> transfers_;
   std::vector<Chunk> chunks_;
 };
+
+// `failure` of a TaskTransfers::Run, naming what its failed run [failed.first, failed.second]
+// held: one chunk of a region, or the run of regions it copied. `at(i)` is chunk i's region name
+// and chunk index; `what` the operation ("copy", "restore").
+template <typename RegionAndChunk>
+absl::Status NameFailedRun(const absl::Status& failure, std::pair<size_t, size_t> failed,
+                           RegionAndChunk at, absl::string_view what) {
+  const auto [region, chunk] = at(failed.first);
+  return absl::Status(
+      failure.code(),
+      failed.first == failed.second
+          ? absl::StrCat(what, " of region '", region, "' chunk ", chunk, " failed: ",
+                         failure.message())
+          : absl::StrCat(what, " of the ", failed.second - failed.first + 1, " regions from '",
+                         region, "' to '", at(failed.second).first, "' failed: ",
+                         failure.message()));
+}
 
 }  // namespace moesnap::daemon
 

@@ -1,5 +1,5 @@
 // The word people read for a step's state ("committed"), shared by the daemon's messages and
-// moesnapctl's tables.
+// moesnapctl's tables; and whether a state is final.
 #ifndef MOESNAP_PROTO_STEP_STATE_NAME_H_
 #define MOESNAP_PROTO_STEP_STATE_NAME_H_
 
@@ -18,6 +18,11 @@ inline std::string StepStateName(v1::StepState state) {
     case v1::STEP_STATE_ABORTED: return "aborted";
     default: return "unknown";
   }
+}
+
+// A step committed or aborted changes no more.
+inline bool IsFinished(v1::StepState state) {
+  return state == v1::STEP_STATE_COMMITTED || state == v1::STEP_STATE_ABORTED;
 }
 
 }  // namespace moesnap
