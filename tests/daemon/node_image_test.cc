@@ -25,15 +25,29 @@ v1::NodeImage Manifest(const std::vector<std::pair<std::string, uint64_t>>& regi
   return manifest;
 }
 
-TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
-  PoolOptions options;
-  options.name = "moesnap-node-image-test-" + std::to_string(getpid());
-  options.bytes = 1 << 20;
-  options.lock = PoolLockMode::kOff;
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options);
-  ASSERT_OK(pool);
+// A fresh pool of 1 MiB for each test, removed after it (a test's images go before it does).
+class NodeImagePoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    options_.name = "moesnap-node-image-test-" + std::to_string(getpid());
+    options_.bytes = 1 << 20;
+    options_.lock = PoolLockMode::kOff;
+    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
+    ASSERT_OK(pool);
+    pool_ = *std::move(pool);
+  }
+  void TearDown() override {
+    pool_.reset();
+    std::remove(("/dev/shm/" + options_.name + ".data").c_str());
+  }
+
+  PoolOptions options_;
+  std::unique_ptr<Pool> pool_;
+};
+
+TEST_F(NodeImagePoolTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   absl::StatusOr<NodeImage> image =
-      NodeImage::Allocate(pool->get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));
+      NodeImage::Allocate(pool_.get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));
   ASSERT_OK(image);
   EXPECT_EQ(image->bytes(), 5107u);
   std::vector<uint8_t> bytes(5107);
@@ -60,22 +74,13 @@ TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   EXPECT_TRUE(std::all_of(delta.begin() + 90, delta.begin() + 110, [](uint8_t b) {
     return b == 0x5a;
   }));
-  *image = NodeImage();  // the pool must outlive every extent
-  pool->reset();
-  std::remove(("/dev/shm/" + options.name + ".data").c_str());
 }
 
-TEST(NodeImageTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
-  PoolOptions options;
-  options.name = "moesnap-node-image-spans-test-" + std::to_string(getpid());
-  options.bytes = 1 << 20;
-  options.lock = PoolLockMode::kOff;
-  absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options);
-  ASSERT_OK(pool);
+TEST_F(NodeImagePoolTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
   // a, b and c lie one after another in a fresh pool; c's 100 bytes take 128 of it, so d does not
   // follow its last byte.
   absl::StatusOr<NodeImage> image = NodeImage::Allocate(
-      pool->get(), Manifest({{"a", 128}, {"b", 64}, {"c", 100}, {"d", 50}}, {1, 1, 1, 1}));
+      pool_.get(), Manifest({{"a", 128}, {"b", 64}, {"c", 100}, {"d", 50}}, {1, 1, 1, 1}));
   ASSERT_OK(image);
   const uint8_t* a = image->stored()[0]->pieces()[0].data;
   const uint8_t* d = image->stored()[3]->pieces()[0].data;
@@ -103,9 +108,6 @@ TEST(NodeImageTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
     gathered.insert(gathered.end(), span.begin(), span.end());
   }
   EXPECT_TRUE(std::equal(gathered.begin(), gathered.end(), bytes.begin() + 150));
-  *image = NodeImage();
-  pool->reset();
-  std::remove(("/dev/shm/" + options.name + ".data").c_str());
 }
 
 TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
