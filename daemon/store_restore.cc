@@ -232,7 +232,11 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     progress->mutex.Await(absl::Condition(
         +[](Progress* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mutex) { return p->pending == 0; },
         progress.get()));
-    if (!progress->status.ok()) return progress->status;
+    // A status of its own, not a second reference to the parts' one: a part's task may release
+    // `progress` last, on its thread, after the caller has read the message.
+    if (!progress->status.ok()) {
+      return absl::Status(progress->status.code(), progress->status.message());
+    }
   }
   return response;
 }
