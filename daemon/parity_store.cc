@@ -89,8 +89,8 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       committed = it->second;
     }
     if (updated && expected == 0) {
-      // No data unit of the stripe changed: the committed unit is the step's too, shared and never
-      // written (nothing is expected for it, so any frame for it is refused).
+      // No data unit of the stripe changed: the committed unit is the step's too, shared (nothing
+      // is expected for it, so any frame for it is refused; a repair rewrites the same bytes).
       pending.units[stripe] = *std::move(committed);
       pending.expected[stripe] = 0;
       pending.shared.insert(stripe);
@@ -194,7 +194,10 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
 }
 
 absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
-  std::vector<ParityUnit*> units;
+  // (stripe, unit) of the step's own units: their extents held, so that a decision applied
+  // meanwhile (Discard, Commit of a later step, Begin of a newer attempt) cannot free them here.
+  std::vector<std::pair<uint64_t, ParityUnit>> units;
+  int64_t attempt = 0;
   {
     absl::MutexLock lock(&mutex_);
     while (true) {
@@ -209,13 +212,20 @@ absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
             " bytes of data units have not arrived from the group's data nodes"));
       }
     }
-    Pending& pending = pending_[step];
-    for (auto& [stripe, unit] : pending.units) {
-      if (!pending.shared.contains(stripe)) units.push_back(&unit);
+    const Pending& pending = pending_[step];
+    attempt = pending.attempt;
+    for (const auto& [stripe, unit] : pending.units) {
+      if (!pending.shared.contains(stripe)) units.emplace_back(stripe, unit);
     }
   }
   // Complete units are no longer written; checksum them outside the lock.
-  for (ParityUnit* unit : units) unit->crc = erasure::Crc32c(unit->extent->data(), unit->bytes);
+  for (auto& [stripe, unit] : units) unit.crc = erasure::Crc32c(unit.extent->data(), unit.bytes);
+  absl::MutexLock lock(&mutex_);
+  auto it = pending_.find(step);
+  if (it == pending_.end() || it->second.attempt != attempt) {
+    return absl::AbortedError(absl::StrCat("parity of step ", step, " was aborted"));
+  }
+  for (const auto& [stripe, unit] : units) it->second.units[stripe].crc = unit.crc;
   return absl::OkStatus();
 }
 

@@ -54,7 +54,7 @@ class ParityStore {
   // every data unit is expected (a full encode). With it (a sparse step of an unchanged layout),
   // units start as copies of the committed ones and only the deltas of units marked changed
   // (changed[position][unit]) are expected; a stripe none of whose data units changed keeps the
-  // committed unit itself (shared, never written).
+  // committed unit itself, shared (no frame is taken for it).
   // Opening a step again with a newer `attempt` replaces the older attempt's units. With
   // `accumulate` (and `changed`), units start at zero: they take the step's change only.
   absl::Status Begin(int64_t step, int64_t attempt, const std::vector<uint64_t>& image_bytes,

@@ -409,6 +409,7 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
   }
   // Not zeroed: FetchSources fills every source (padding included), the decode every other unit.
   if (help_scratch_bytes_ < scratch_bytes) {
+    help_scratch_bytes_ = 0;
     help_scratch_.reset();
     help_scratch_ = std::make_unique_for_overwrite<uint8_t[]>(scratch_bytes);
     help_scratch_bytes_ = scratch_bytes;

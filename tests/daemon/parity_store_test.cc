@@ -127,6 +127,33 @@ TEST_F(ParityStoreTest, ASparseStepSharesTheCommittedUnitsOfStripesWhoseDataDidN
   EXPECT_EQ(parity_->committed_bytes(), held_.size() * kUnitBytes);
 }
 
+TEST_F(ParityStoreTest, ANewerAttemptOfASparseStepSharesTheCommittedUnitsAgain) {
+  CommitFirstStep();
+  const std::optional<ParityUnit> before = parity_->Committed(held_[1]);
+  ASSERT_TRUE(before);
+  std::vector<std::vector<bool>> changed(3, std::vector<bool>(4, false));
+  const int data_position = layout_.Members(held_[0]).data_positions[0];
+  changed[data_position][layout_.DataUnitOf(data_position, held_[0])] = true;
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changed));
+  ASSERT_OK(parity_->Begin(2, 2, sizes_, &changed));  // a new coordinator opens it again
+  EXPECT_OK(Send(2, held_[0], 0, 0x11));  // attempt 1's frame: dropped
+  FrameHeader header;
+  header.kind = FrameKind::kParityDelta;
+  header.step = 2;
+  header.attempt = 2;
+  header.stripe = held_[0];
+  const std::vector<uint8_t> delta(kUnitBytes, 0x5a);
+  header.length = static_cast<uint32_t>(delta.size());
+  ASSERT_OK(parity_->Accept(header, delta));
+  ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
+  parity_->Commit(2);
+  const std::optional<ParityUnit> after = parity_->Committed(held_[1]);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->extent, before->extent);
+  EXPECT_EQ(after->crc, before->crc);
+  EXPECT_EQ(parity_->in_flight_bytes(), 0u);
+}
+
 TEST_F(ParityStoreTest, AnAbortedSparseStepLeavesTheSharedCommittedUnitsAsTheyWere) {
   CommitFirstStep();
   const std::optional<ParityUnit> before = parity_->Committed(held_[1]);

@@ -123,6 +123,20 @@ TEST(WireBoundsTest, PiecesSentWithoutACopyArriveWholeAcrossFrames) {
   ASSERT_OK(cluster.node(1).transfer.SendFrames(0, header, spans));
   ASSERT_OK(cluster.node(0).transfer.Collect({key}, absl::OkStatus()));
   EXPECT_TRUE(received == whole);
+
+  // Pieces adding up to exactly two frames' payloads, and nothing at all.
+  const std::vector<uint8_t> exact(8 * kMiB, 0x3c);
+  const std::vector<absl::Span<const uint8_t>> two_frames = {
+      absl::Span<const uint8_t>(exact).first(kMiB), absl::Span<const uint8_t>(exact).subspan(kMiB)};
+  std::vector<uint8_t> exact_received(exact.size(), kCanary);
+  const FetchKey exact_key{1, 1, 0, 1, ""};
+  ASSERT_OK(cluster.node(0).transfer.Expect(
+      {{exact_key, {exact_received.data(), exact.size(), exact.size(), 1}}}));
+  header.stripe = 1;
+  ASSERT_OK(cluster.node(1).transfer.SendFrames(0, header, two_frames));
+  ASSERT_OK(cluster.node(0).transfer.Collect({exact_key}, absl::OkStatus()));
+  EXPECT_TRUE(exact_received == exact);
+  EXPECT_OK(cluster.node(1).transfer.SendFrames(0, header, {}));
 }
 
 // Two decodes on one node wanting the same unit from the same node at once (helping a member of
