@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_pool.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -25,29 +26,10 @@ v1::NodeImage Manifest(const std::vector<std::pair<std::string, uint64_t>>& regi
   return manifest;
 }
 
-// A fresh pool of 1 MiB for each test, removed after it (a test's images go before it does).
-class NodeImagePoolTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    options_.name = "moesnap-node-image-test-" + std::to_string(getpid());
-    options_.bytes = 1 << 20;
-    options_.lock = PoolLockMode::kOff;
-    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
-    ASSERT_OK(pool);
-    pool_ = *std::move(pool);
-  }
-  void TearDown() override {
-    pool_.reset();
-    std::remove(("/dev/shm/" + options_.name + ".data").c_str());
-  }
-
-  PoolOptions options_;
-  std::unique_ptr<Pool> pool_;
-};
-
-TEST_F(NodeImagePoolTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
+TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
+  const testing::TestPool pool(1 << 20);
   absl::StatusOr<NodeImage> image =
-      NodeImage::Allocate(pool_.get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));
+      NodeImage::Allocate(pool.get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));
   ASSERT_OK(image);
   EXPECT_EQ(image->bytes(), 5107u);
   std::vector<uint8_t> bytes(5107);
@@ -76,11 +58,12 @@ TEST_F(NodeImagePoolTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   }));
 }
 
-TEST_F(NodeImagePoolTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
+TEST(NodeImageTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
+  const testing::TestPool pool(1 << 20);
   // a, b and c lie one after another in a fresh pool; c's 100 bytes take 128 of it, so d does not
   // follow its last byte.
   absl::StatusOr<NodeImage> image = NodeImage::Allocate(
-      pool_.get(), Manifest({{"a", 128}, {"b", 64}, {"c", 100}, {"d", 50}}, {1, 1, 1, 1}));
+      pool.get(), Manifest({{"a", 128}, {"b", 64}, {"c", 100}, {"d", 50}}, {1, 1, 1, 1}));
   ASSERT_OK(image);
   const uint8_t* a = image->stored()[0]->pieces()[0].data;
   const uint8_t* d = image->stored()[3]->pieces()[0].data;

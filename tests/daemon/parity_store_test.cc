@@ -3,9 +3,7 @@
 #include "daemon/parity_store.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
@@ -14,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "erasure/crc32c.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_pool.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -23,13 +22,8 @@ constexpr uint64_t kUnitBytes = 4096;
 class ParityStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_.name = "moesnap-parity-store-test-" + std::to_string(getpid());
-    options_.bytes = 1 << 20;
-    options_.lock = PoolLockMode::kOff;
-    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(options_);
-    ASSERT_OK(pool);
-    pool_ = *std::move(pool);
-    absl::StatusOr<std::unique_ptr<erasure::ReedSolomon>> codec = erasure::ReedSolomon::Create(2, 1);
+    absl::StatusOr<std::unique_ptr<erasure::ReedSolomon>> codec =
+        erasure::ReedSolomon::Create(2, 1);
     ASSERT_OK(codec);
     codec_ = *std::move(codec);
     // The parity holder of stripe 0; with three nodes of four units it holds several stripes.
@@ -40,12 +34,6 @@ class ParityStoreTest : public ::testing::Test {
       if (layout_.IsParityPosition(stripe, position_)) held_.push_back(stripe);
     }
     ASSERT_GE(held_.size(), 2u);
-  }
-
-  void TearDown() override {
-    parity_.reset();
-    pool_.reset();
-    std::remove(("/dev/shm/" + options_.name + ".data").c_str());
   }
 
   // Unit `index` of `stripe` (its delta in a delta step) as a data node sends it.
@@ -73,8 +61,7 @@ class ParityStoreTest : public ::testing::Test {
     parity_->Commit(1);
   }
 
-  PoolOptions options_;
-  std::unique_ptr<Pool> pool_;
+  const testing::TestPool pool_{1 << 20};  // declared first: it outlives the parity store
   std::unique_ptr<erasure::ReedSolomon> codec_;
   const erasure::StripeLayout layout_ = *erasure::StripeLayout::Create(2, 1, kUnitBytes);
   const std::vector<uint64_t> sizes_ = {4 * kUnitBytes, 4 * kUnitBytes, 4 * kUnitBytes};

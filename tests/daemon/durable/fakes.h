@@ -1,11 +1,9 @@
 // Fakes at the durable tier's seams: a clock the test moves, a store whose committed image the
-// test sets, a job view whose peers and records the test scripts, and a pool for real extents.
+// test sets, a job view whose peers and records the test scripts, and a pool for real extents
+// (testing::TestPool).
 #ifndef MOESNAP_TESTS_DAEMON_DURABLE_FAKES_H_
 #define MOESNAP_TESTS_DAEMON_DURABLE_FAKES_H_
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +16,7 @@
 #include "daemon/pool.h"
 #include "erasure/crc32c.h"
 #include "tests/testing/deterministic_bytes.h"
+#include "tests/testing/test_pool.h"
 
 namespace moesnap::daemon::durable {
 
@@ -63,26 +62,7 @@ class FakeClock final : public Clock {
   int sleepers_ = 0;
 };
 
-// A pool of its own in /dev/shm, removed with the object.
-class TestPool {
- public:
-  TestPool() {
-    static int counter = 0;
-    options_.name = "moesnap-durable-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    options_.bytes = 16 << 20;
-    options_.lock = PoolLockMode::kOff;
-    pool_ = *Pool::OpenOrCreate(options_);
-  }
-  ~TestPool() {
-    pool_.reset();
-    std::remove(("/dev/shm/" + options_.name + ".data").c_str());
-  }
-  Pool* get() { return pool_.get(); }
-
- private:
-  PoolOptions options_;
-  std::unique_ptr<Pool> pool_;
-};
+using testing::TestPool;
 
 // An image of `regions` (rank, name, bytes) filled with bytes that depend on `seed`, with the
 // chunk CRCs a capture would have recorded.
