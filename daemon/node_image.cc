@@ -49,6 +49,17 @@ void NodeImage::ForEachPiece(uint64_t offset, uint64_t length, Visit visit) cons
   }
 }
 
+template <typename Visit>
+void NodeImage::ForEachSpan(uint64_t offset, uint64_t length, Visit visit) const {
+  ForEachPiece(offset, length,
+               [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+                 stored_[region]->ForEach(
+                     in_region, bytes, [&](const uint8_t* data, uint64_t piece, uint64_t position) {
+                       visit(data, piece, in_range + position);
+                     });
+               });
+}
+
 void NodeImage::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
   // Pieces come in order: only what no region covers (past the image's end) is zeroed.
   uint64_t filled = 0;
@@ -62,25 +73,19 @@ void NodeImage::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
 }
 
 void NodeImage::XorInto(uint64_t offset, uint64_t length, uint8_t* out) const {
-  ForEachPiece(offset, length,
-               [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
-                 stored_[region]->ForEach(
-                     in_region, bytes, [&](const uint8_t* data, uint64_t piece, uint64_t position) {
-                       erasure::XorInto(out + in_range + position, data, piece);
-                     });
-               });
+  ForEachSpan(offset, length, [&](const uint8_t* data, uint64_t bytes, uint64_t in_range) {
+    erasure::XorInto(out + in_range, data, bytes);
+  });
 }
 
 std::vector<absl::Span<const uint8_t>> NodeImage::Spans(uint64_t offset, uint64_t length) const {
   std::vector<absl::Span<const uint8_t>> spans;
-  ForEachPiece(offset, length, [&](int region, uint64_t in_region, uint64_t, uint64_t bytes) {
-    stored_[region]->ForEach(in_region, bytes, [&](const uint8_t* data, uint64_t piece, uint64_t) {
-      if (!spans.empty() && spans.back().data() + spans.back().size() == data) {
-        spans.back() = {spans.back().data(), spans.back().size() + piece};
-      } else {
-        spans.emplace_back(data, piece);
-      }
-    });
+  ForEachSpan(offset, length, [&](const uint8_t* data, uint64_t bytes, uint64_t) {
+    if (!spans.empty() && spans.back().data() + spans.back().size() == data) {
+      spans.back() = {spans.back().data(), spans.back().size() + bytes};
+    } else {
+      spans.emplace_back(data, bytes);
+    }
   });
   return spans;
 }

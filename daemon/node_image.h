@@ -50,6 +50,9 @@ class NodeImage {
   // offset in the range, length).
   template <typename Visit>
   void ForEachPiece(uint64_t offset, uint64_t length, Visit visit) const;
+  // Visits the pool memory holding those pieces, in order: (data, length, offset in the range).
+  template <typename Visit>
+  void ForEachSpan(uint64_t offset, uint64_t length, Visit visit) const;
 
   v1::NodeImage manifest_;
   std::vector<std::shared_ptr<PoolBytes>> stored_;
