@@ -292,21 +292,20 @@ absl::Status Transfer::CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& co
   for (const OwnCopy& copy : copies) refs.emplace_back(copy.stripe, copy.unit);
   absl::StatusOr<HeldUnits> held = HoldOwnUnits(step, refs);
   if (!held.ok()) return held.status();
-  const erasure::StripeLayout& layout = context_.layout();
   for (size_t i = 0; i < copies.size(); ++i) {
     const OwnCopy& copy = copies[i];
-    const OwnUnit& own = held->units[i];
-    const uint64_t bytes = own.parity ? own.parity->bytes
-                                      : layout.UnitLength(held->image.bytes(), own.data_unit);
+    const std::vector<absl::Span<const uint8_t>> spans = SpansOf(held->units[i], held->image);
+    uint64_t bytes = 0;
+    for (absl::Span<const uint8_t> span : spans) bytes += span.size();
     if (bytes != copy.bytes) {
       return absl::InternalError(absl::StrCat("node ", context_.node_id(), ": unit ", copy.unit,
                                               " of stripe ", copy.stripe, " is ", bytes,
                                               " bytes, not ", copy.bytes));
     }
-    if (own.parity) {
-      std::memcpy(copy.out, own.parity->extent->data(), bytes);
-    } else {
-      held->image.Read(own.data_unit * layout.unit_bytes(), bytes, copy.out);
+    uint8_t* out = copy.out;
+    for (absl::Span<const uint8_t> span : spans) {
+      std::memcpy(out, span.data(), span.size());
+      out += span.size();
     }
   }
   return absl::OkStatus();
