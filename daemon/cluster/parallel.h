@@ -9,9 +9,11 @@
 
 namespace moesnap::daemon::cluster {
 
-// Runs `call` for every item on its own thread and returns the statuses in order.
+// Runs `call` for every item on its own thread (one item: on the caller's) and returns the
+// statuses in order.
 template <typename Item, typename Call>
 std::vector<absl::Status> InParallel(const std::vector<Item>& items, Call call) {
+  if (items.size() == 1) return {call(items[0])};
   std::vector<absl::Status> statuses(items.size());
   std::vector<std::thread> threads;
   threads.reserve(items.size());

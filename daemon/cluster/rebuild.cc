@@ -26,14 +26,6 @@ metrics::Counter& caught_up_steps_total = metrics::Registry::Default().AddCounte
     "moesnap_rebuild_caught_up_steps_total",
     "Committed steps this node caught up with from the parity it received while it rebuilt");
 
-// Stripes decoded together are bounded by the bytes their units take in memory: at the decoding
-// node one unit a stripe, at a helper n units a stripe (one stripe at least).
-constexpr uint64_t kDecodeBatchBytes = uint64_t{64} << 20;
-
-uint64_t HelperScratchBound(const erasure::StripeLayout& layout) {
-  return std::max(kDecodeBatchBytes, layout.unit_bytes() * layout.group_size());
-}
-
 std::vector<uint64_t> ImageSizes(const v1::JournalCluster& record) {
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : record.group_images()) sizes.push_back(image.bytes());
@@ -216,6 +208,11 @@ std::vector<bool> Rebuilder::HoldersOf(int group, int64_t step, int excluded) {
   return result;
 }
 
+uint64_t Rebuilder::HelperRequestBound() const {
+  const erasure::StripeLayout& layout = context_.layout();
+  return std::max(options_.helper_request_bytes, layout.unit_bytes() * layout.group_size());
+}
+
 absl::Status Rebuilder::Decode(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                                v1::RebuildResponse* stats) {
   absl::MutexLock lock(&decode_mutex_);
@@ -235,119 +232,162 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   // Asked now, not taken from what membership last heard: a peer may have committed since.
   const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
 
-  // Scratch for a batch of stripes, one unit each: from the pool when it has room (its pages are
-  // resident, so no page faults), else from the heap.
-  const uint64_t scratch_bytes = std::max<uint64_t>(
-      layout.unit_bytes(),
-      std::min<uint64_t>(kDecodeBatchBytes, layout.unit_bytes() * stripes.size()));
-  std::shared_ptr<PoolExtent> pool_scratch;
-  std::vector<uint8_t> heap_scratch;
-  uint8_t* scratch = nullptr;
-  if (absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(scratch_bytes);
-      extent.ok()) {
-    pool_scratch = *std::move(extent);
-    scratch = pool_scratch->data();
-  } else {
-    heap_scratch.resize(scratch_bytes);
-    scratch = heap_scratch.data();
-  }
+  // Each stripe's target unit is decoded by a helper, one of the stripe's sources holding bytes
+  // (they take turns stripe by stripe), which fetches the other k - 1 and sends back the one unit:
+  // this node's link carries one unit per stripe, not k (repair at a helper). A helper's stripes
+  // go in requests of at most what it decodes at once, and each helper is sent its next request as
+  // soon as it has answered the last: no helper idles while the slowest finishes.
   struct Work {
     uint64_t stripe = 0;
     uint64_t length = 0;
-    int mine = 0;        // the target's unit index in the stripe
-    uint64_t bytes = 0;  // of the target's unit
-    uint8_t* unit = nullptr;
+    int mine = 0;                  // the target's unit index in the stripe
+    uint64_t bytes = 0;            // of the target's unit
+    std::vector<int> chosen;       // the k units the helper decodes it from
+    ParityUnit* parity = nullptr;  // where a decoded parity unit goes (null: none kept)
   };
-  size_t next = 0;
-  while (next < stripes.size()) {
-    // Each stripe's target unit is decoded by a helper, one of the stripe's sources holding bytes
-    // (they take turns stripe by stripe), which fetches the other k - 1 and sends back the one
-    // unit: this node's link carries one unit per stripe, not k (repair at a helper).
-    std::vector<Work> batch;
-    std::map<uint32_t, v1::DecodeUnitsRequest> requests;
-    std::vector<std::pair<FetchKey, FetchSlot>> slots;
-    std::map<uint32_t, uint64_t> helper_scratch;  // what each helper's request takes to decode
-    uint64_t batch_bytes = 0;
-    for (; next < stripes.size() && batch_bytes + layout.unit_bytes() <= scratch_bytes; ++next) {
-      Work work;
-      work.stripe = stripes[next];
-      work.length = layout.ParityLength(work.stripe, sizes);
-      if (work.length == 0) continue;
-      absl::StatusOr<StripeSources> sources =
-          ChooseSources(layout, sizes, holds, work.stripe, target.position);
-      if (!sources.ok()) {
-        std::vector<uint32_t> lost;
-        for (int position = 0; position < n; ++position) {
-          if (!holds[position]) lost.push_back(topology.NodeAt(target.group, position));
-        }
-        return absl::FailedPreconditionError(absl::StrCat(
-            "group ", target.group, " [", absl::StrJoin(topology.groups[target.group], ", "),
-            "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
-            n, " nodes, so step ", step, " of node ",
-            topology.NodeAt(target.group, target.position), " can no longer be recovered (",
-            sources.status().message(), ")"));
+  struct HelperRequest {
+    std::vector<Work> works;
+    uint64_t helper_bytes = 0;    // what the helper decodes in: n units a stripe
+    uint64_t received_bytes = 0;  // what comes back: one unit a stripe
+  };
+  std::map<uint32_t, std::vector<HelperRequest>> requests_of;
+  std::vector<Work> unhelped;  // nothing to fetch: the target unit is empty, or so are its sources
+  const uint64_t helper_bound = HelperRequestBound();
+  for (uint64_t stripe : stripes) {
+    Work work;
+    work.stripe = stripe;
+    work.length = layout.ParityLength(stripe, sizes);
+    if (work.length == 0) continue;
+    absl::StatusOr<StripeSources> sources =
+        ChooseSources(layout, sizes, holds, stripe, target.position);
+    if (!sources.ok()) {
+      std::vector<uint32_t> lost;
+      for (int position = 0; position < n; ++position) {
+        if (!holds[position]) lost.push_back(topology.NodeAt(target.group, position));
       }
-      work.mine = sources->target;
-      work.bytes = UnitBytes(layout, sizes, work.stripe, work.mine, work.length);
-      const bool helped = !sources->holding.empty() && work.bytes > 0;
-      uint32_t node = 0;
-      if (helped) {
-        const int helper = sources->holding[work.stripe % sources->holding.size()];
-        node = topology.NodeAt(target.group, PositionOf(layout, work.stripe, helper));
-        // The batch ends where a helper's share would exceed what a helper decodes at once.
-        uint64_t& taken = helper_scratch[node];
-        if (taken > 0 && taken + work.length * n > HelperScratchBound(layout)) break;
-        taken += work.length * n;
-      }
-      work.unit = scratch + batch_bytes;
-      batch_bytes += work.length;
-      if (sources->holding.empty()) {  // every source is virtually zero, and so is the target
-        std::memset(work.unit, 0, work.length);
-      } else if (helped) {
-        v1::DecodeUnitsRequest& request = requests[node];
-        request.set_to_node(context_.node_id());
-        request.set_step(step);
-        v1::DecodeStripe* stripe = request.add_stripes();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group ", target.group, " [", absl::StrJoin(topology.groups[target.group], ", "),
+          "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
+          n, " nodes, so step ", step, " of node ", topology.NodeAt(target.group, target.position),
+          " can no longer be recovered (", sources.status().message(), ")"));
+    }
+    work.mine = sources->target;
+    work.bytes = UnitBytes(layout, sizes, stripe, work.mine, work.length);
+    work.chosen = sources->chosen;
+    if (work.mine >= k && target.parity != nullptr) work.parity = &(*target.parity)[stripe];
+    if (sources->holding.empty() || work.bytes == 0) {
+      unhelped.push_back(std::move(work));
+      continue;
+    }
+    const int helper = sources->holding[stripe % sources->holding.size()];
+    std::vector<HelperRequest>& requests =
+        requests_of[topology.NodeAt(target.group, PositionOf(layout, stripe, helper))];
+    if (requests.empty() ||
+        requests.back().helper_bytes + work.length * n > helper_bound) {
+      requests.emplace_back();
+    }
+    requests.back().helper_bytes += work.length * n;
+    requests.back().received_bytes += work.length;
+    stats->set_fetched_bytes(stats->fetched_bytes() + work.bytes);
+    requests.back().works.push_back(std::move(work));
+  }
+
+  absl::Mutex stats_mutex;
+  // Writes a decoded unit where the target wants it; called from each helper's thread.
+  auto finish = [&](const Work& work, const uint8_t* unit) {
+    uint64_t data_bytes = 0;
+    uint64_t parity_bytes = 0;
+    if (work.mine < k) {
+      target.write_data(layout.DataUnitOf(target.position, work.stripe), unit, work.bytes);
+      data_bytes = work.bytes;
+    } else if (work.parity != nullptr) {
+      std::memcpy(work.parity->extent->data(), unit, work.length);
+      work.parity->crc = erasure::Crc32c(work.parity->extent->data(), work.length);
+      parity_bytes = work.length;
+    }
+    rebuilt_bytes.Add(data_bytes + parity_bytes);
+    progress.Advance(1);
+    absl::MutexLock lock(&stats_mutex);
+    stats->set_data_bytes(stats->data_bytes() + data_bytes);
+    stats->set_parity_bytes(stats->parity_bytes() + parity_bytes);
+    stats->set_stripes(stats->stripes() + 1);
+  };
+  for (const Work& work : unhelped) {  // zeros: its sources are virtually zero, or it is empty
+    const std::vector<uint8_t> zeros(work.length);
+    finish(work, zeros.data());
+  }
+
+  // What each helper's answers land in, one request's worth each: from the pool when it has room
+  // (its pages are resident, so no page faults), else from the heap.
+  std::vector<uint32_t> helpers;
+  std::map<uint32_t, uint64_t> scratch_offset;
+  uint64_t scratch_bytes = 0;
+  for (const auto& [node, requests] : requests_of) {
+    helpers.push_back(node);
+    scratch_offset[node] = scratch_bytes;
+    uint64_t largest = 0;
+    for (const HelperRequest& request : requests) {
+      largest = std::max(largest, request.received_bytes);
+    }
+    scratch_bytes += largest;
+  }
+  std::shared_ptr<PoolExtent> pool_scratch;
+  std::vector<uint8_t> heap_scratch;
+  uint8_t* scratch = nullptr;
+  if (scratch_bytes > 0) {
+    if (absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(scratch_bytes);
+        extent.ok()) {
+      pool_scratch = *std::move(extent);
+      scratch = pool_scratch->data();
+    } else {
+      heap_scratch.resize(scratch_bytes);
+      scratch = heap_scratch.data();
+    }
+  }
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> helper_fetched{0};
+  const std::vector<absl::Status> helped = InParallel(helpers, [&](uint32_t node) -> absl::Status {
+    uint8_t* const received = scratch + scratch_offset.at(node);
+    for (const HelperRequest& request : requests_of.at(node)) {
+      if (failed) return absl::OkStatus();  // another helper's failure is the one reported
+      v1::DecodeUnitsRequest call;
+      call.set_to_node(context_.node_id());
+      call.set_step(step);
+      std::vector<std::pair<FetchKey, FetchSlot>> slots;
+      uint64_t offset = 0;
+      for (const Work& work : request.works) {
+        v1::DecodeStripe* stripe = call.add_stripes();
         stripe->set_stripe(work.stripe);
         stripe->set_target(static_cast<uint32_t>(work.mine));
-        for (int i : sources->chosen) stripe->add_sources(static_cast<uint32_t>(i));
+        for (int i : work.chosen) stripe->add_sources(static_cast<uint32_t>(i));
         slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), node, ""},
-                         {work.unit, work.bytes, work.bytes, node}});
-        stats->set_fetched_bytes(stats->fetched_bytes() + work.bytes);
+                         {received + offset, work.bytes, work.bytes, node}});
+        offset += work.length;
       }
-      batch.push_back(work);
-    }
-    std::atomic<uint64_t> helper_fetched{0};
-    if (absl::Status fetched = FetchFrom(
-            transfer_, slots, requests,
-            [&](uint32_t id, const v1::DecodeUnitsRequest& request) -> absl::Status {
-              absl::StatusOr<v1::DecodeUnitsResponse> response =
-                  context_.peers->DecodeUnits(id, request);
-              if (!response.ok()) return response.status();
-              helper_fetched += response->fetched_bytes();
-              return absl::OkStatus();
-            });
-        !fetched.ok()) {
-      return fetched;
-    }
-    stats->set_helper_fetched_bytes(stats->helper_fetched_bytes() + helper_fetched.load());
-
-    for (const Work& work : batch) {
-      if (work.mine < k) {
-        const uint64_t unit = layout.DataUnitOf(target.position, work.stripe);
-        target.write_data(unit, work.unit, work.bytes);
-        stats->set_data_bytes(stats->data_bytes() + work.bytes);
-        rebuilt_bytes.Add(work.bytes);
-      } else if (target.parity != nullptr) {
-        ParityUnit& parity = (*target.parity)[work.stripe];
-        std::memcpy(parity.extent->data(), work.unit, work.length);
-        parity.crc = erasure::Crc32c(parity.extent->data(), work.length);
-        stats->set_parity_bytes(stats->parity_bytes() + work.length);
-        rebuilt_bytes.Add(work.length);
+      if (absl::Status fetched = FetchFrom(
+              transfer_, slots, std::map<uint32_t, v1::DecodeUnitsRequest>{{node, call}},
+              [&](uint32_t id, const v1::DecodeUnitsRequest& asked) -> absl::Status {
+                absl::StatusOr<v1::DecodeUnitsResponse> response =
+                    context_.peers->DecodeUnits(id, asked);
+                if (!response.ok()) return response.status();
+                helper_fetched += response->fetched_bytes();
+                return absl::OkStatus();
+              });
+          !fetched.ok()) {
+        failed = true;
+        return fetched;
       }
-      stats->set_stripes(stats->stripes() + 1);
-      progress.Advance(1);
+      offset = 0;
+      for (const Work& work : request.works) {
+        finish(work, received + offset);
+        offset += work.length;
+      }
     }
+    return absl::OkStatus();
+  });
+  stats->set_helper_fetched_bytes(stats->helper_fetched_bytes() + helper_fetched.load());
+  for (const absl::Status& status : helped) {
+    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }
@@ -373,9 +413,8 @@ absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
   const std::vector<uint64_t> sizes = ImageSizes(record);
   const uint64_t stripe_count = layout.StripeCount(sizes);
   // Every stripe once, of the step, holding bytes, with a target that holds bytes and k distinct
-  // other sources; the scratch it takes (n units a stripe) bounded as the rebuilding node bounds
-  // its batches, one stripe at least.
-  const uint64_t max_scratch = HelperScratchBound(layout);
+  // other sources; the scratch it takes (n units a stripe) within HelperRequestBound().
+  const uint64_t max_scratch = HelperRequestBound();
   std::set<uint64_t> seen;
   uint64_t scratch_bytes = 0;
   for (const v1::DecodeStripe& stripe : request.stripes()) {

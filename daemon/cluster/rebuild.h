@@ -48,7 +48,8 @@ struct DecodeTarget {
   v1::JournalCluster record;  // the group's record of the step decoded
   int group = 0;
   int position = 0;
-  // Receives each decoded data unit (its index in the node's image, its bytes).
+  // Receives each decoded data unit (its index in the node's image, its bytes); called from
+  // several threads at once, each with units of its own.
   std::function<void(uint64_t unit, const uint8_t* bytes, uint64_t length)> write_data;
   std::map<uint64_t, ParityUnit>* parity = nullptr;  // decoded parity goes here (null: none)
 };
@@ -61,6 +62,10 @@ struct RebuildOptions {
   // the decision log holds a committed step at or after S + this (a rebuild slower than the steps
   // committing meanwhile).
   std::optional<int64_t> hold_install_steps;
+  // What a helper decodes in at once: a request to it carries stripes of at most this many bytes,
+  // n units a stripe (one stripe at least), and a helper refuses more. The rebuilding node holds
+  // one unit a stripe of each helper's request in flight. The same on every node of a cluster.
+  uint64_t helper_request_bytes = uint64_t{64} << 20;
 };
 
 // Thread-safe.
@@ -93,8 +98,8 @@ class Rebuilder {
   // nodes (its own unit read here), decodes the target unit and sends it to request.to_node. One
   // request at a time on this node, apart from its own decodes; CANCELLED once `cancelled` says
   // the caller gave up. The memory it decodes in is kept for the next request (at most
-  // max(64 MiB, n units)): a rebuild asks for one batch after another, and fresh memory of that
-  // size costs more in page faults than the decode itself.
+  // HelperRequestBound()): a rebuild sends each helper one request after another, and fresh
+  // memory of that size costs more in page faults than the decode itself.
   absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(
       const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled);
   // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
@@ -129,6 +134,9 @@ class Rebuilder {
   absl::StatusOr<v1::RebuildResponse> RebuildSelf(bool force, std::optional<int64_t> target);
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
+  // The bytes a request to a helper may take at the helper: RebuildOptions::helper_request_bytes,
+  // or one stripe's n units where they take more.
+  uint64_t HelperRequestBound() const;
   // A stripe being decoded: its n units in scratch, `chosen` (k of them) filled by FetchSources.
   struct StripeUnits {
     uint64_t stripe = 0;

@@ -19,6 +19,9 @@ namespace {
 
 constexpr uint64_t kChunkBytes = 16 << 10;
 constexpr uint64_t kStripeUnitBytes = 64 << 10;
+// Two stripes of a (4,2) group's units: a rebuild of more than a few stripes sends each helper
+// several requests in turn.
+constexpr uint64_t kHelperRequestBytes = 2 * 6 * kStripeUnitBytes;
 constexpr uint64_t kTestPoolBytes = 64 << 20;
 constexpr absl::Duration kWait = absl::Seconds(20);
 
@@ -556,7 +559,8 @@ NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* node
       rebuilder(context, &store, &parity, &transfer, pool.get(), log->ViewOf(node_id),
                 {.retry_interval = absl::Milliseconds(20),
                  .max_retry_interval = absl::Milliseconds(200),
-                 .hold_install_steps = std::nullopt}),
+                 .hold_install_steps = std::nullopt,
+                 .helper_request_bytes = kHelperRequestBytes}),
       participant(context, &store, &parity, &transfer, &rebuilder, log->ViewOf(node_id)),
       candidate(election, node_id),
       coordinator(context, &candidate, log->ViewOf(node_id), &store, records,

@@ -76,6 +76,48 @@ TEST(RebuildTest, TheRebuildingNodeReceivesOneUnitPerStripeFromHelpersTakingTurn
   cluster.ExpectEveryNodeRebuildable(2, kLarge);
 }
 
+// Each helper is sent its next request as soon as it has answered the last: one slow helper does
+// not hold the others back (no rebuild-wide batches), and the bytes still come out exact.
+TEST(RebuildTest, EachHelperIsSentItsNextRequestWhileAnotherIsStillDecoding) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  constexpr uint64_t kLarge = 4 << 20;  // many stripes: several requests to each helper
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, kLarge);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  absl::Mutex mutex;
+  std::map<uint32_t, int> requests;  // by helper
+  std::optional<uint32_t> slow;      // the helper whose first request is held
+  bool overtaken = false;            // another helper got a second request meanwhile
+  cluster.network().SetFilter([&](uint32_t from, uint32_t to, const std::string& call) {
+    if (from != 1 || call != "DecodeUnits") return absl::OkStatus();
+    absl::MutexLock lock(&mutex);
+    ++requests[to];
+    if (slow) return absl::OkStatus();
+    slow = to;
+    // Held until another helper has been sent its second request (a batched rebuild never does
+    // while this one is held, and the wait ends without it).
+    const auto another_asked_again = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+      for (const auto& [node, count] : requests) {
+        if (node != to && count >= 2) return true;
+      }
+      return false;
+    };
+    overtaken = mutex.AwaitWithTimeout(absl::Condition(&another_asked_again), absl::Seconds(20));
+    return absl::OkStatus();
+  });
+  absl::StatusOr<v1::RebuildResponse> rebuilt = cluster.node(1).rebuilder.RebuildHere();
+  ASSERT_OK(rebuilt);
+  EXPECT_TRUE(overtaken) << "no helper was sent a second request while another decoded its first";
+  EXPECT_GE(requests.size(), 4u);
+  for (const auto& [node, count] : requests) {
+    EXPECT_GE(count, 2) << "helper " << node << " had all its stripes in one request";
+  }
+  EXPECT_TRUE(cluster.node(1).store.CommittedBytesOf() == testing::StateOf(1, 2, kLarge));
+  cluster.ExpectEveryNodeRebuildable(2, kLarge);
+}
+
 // A helper checks a decode request against the step it holds: hostile or stale requests are
 // refused naming what is wrong, before anything is fetched or sent.
 TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
@@ -85,14 +127,14 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   Rebuilder& helper = cluster.node(3).rebuilder;
   const std::function<bool()> never = [] { return false; };
   auto request = [](int64_t step, uint64_t stripe, uint32_t target, std::vector<uint32_t> sources) {
-    v1::DecodeUnitsRequest request;
-    request.set_to_node(1);
-    request.set_step(step);
-    v1::DecodeStripe* decode = request.add_stripes();
+    v1::DecodeUnitsRequest decode_units;
+    decode_units.set_to_node(1);
+    decode_units.set_step(step);
+    v1::DecodeStripe* decode = decode_units.add_stripes();
     decode->set_stripe(stripe);
     decode->set_target(target);
     for (uint32_t source : sources) decode->add_sources(source);
-    return request;
+    return decode_units;
   };
   auto refused = [&](const v1::DecodeUnitsRequest& asked, absl::StatusCode code,
                      const std::string& words) {
@@ -112,6 +154,12 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   v1::DecodeUnitsRequest twice = request(2, 0, 0, {1, 2, 3, 4});
   *twice.add_stripes() = twice.stripes(0);
   refused(twice, absl::StatusCode::kInvalidArgument, "asked for twice");
+  v1::DecodeUnitsRequest too_much = request(2, 0, 0, {1, 2, 3, 4});
+  for (uint64_t stripe : {1, 2}) {  // three stripes' n units exceed the cluster's request bound
+    *too_much.add_stripes() = too_much.stripes(0);
+    too_much.mutable_stripes()->rbegin()->set_stripe(stripe);
+  }
+  refused(too_much, absl::StatusCode::kInvalidArgument, "bytes to decode at once");
   EXPECT_STATUS(helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}), [] { return true; }),
                 absl::StatusCode::kCancelled);
   // A good request is served: node 1 receives the unit its owner holds.
