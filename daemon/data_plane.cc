@@ -21,7 +21,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
 
@@ -366,18 +365,38 @@ struct DataPlaneServer::Impl {
           status.ok() ? DecodeFrameHeader(header_bytes, options.max_payload_bytes)
                       : absl::StatusOr<FrameHeader>(status);
       status = header.status();
+      if (status.ok()) status = link.Read(asio::buffer(header->region), frame_deadline);
+      std::optional<absl::Span<uint8_t>> in_place;  // the sink's memory the payload is read into
       if (status.ok()) {
-        payload.resize(header->length);
-        status = link.Read(asio::buffer(header->region), frame_deadline);
-        if (status.ok()) status = link.Read(asio::buffer(payload), frame_deadline);
+        absl::StatusOr<std::optional<absl::Span<uint8_t>>> reserved =
+            sink->Reserve(*header, sender);
+        if (reserved.ok()) {
+          in_place = *reserved;
+        } else {
+          status = reserved.status();
+        }
+      }
+      absl::Span<uint8_t> into;
+      if (status.ok()) {
+        if (in_place) {
+          into = *in_place;
+        } else {
+          payload.resize(header->length);
+          into = absl::MakeSpan(payload);
+        }
+        status = link.Read(asio::buffer(into.data(), into.size()), frame_deadline);
       }
       if (!status.ok() && (absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status))) {
         status = absl::DataLossError(absl::StrCat("a frame did not arrive whole within ",
                                                   absl::FormatDuration(options.frame_timeout),
                                                   ": ", status.message()));
       }
-      if (status.ok()) status = CheckFramePayload(*header, payload);
-      if (status.ok()) status = sink->Accept(*header, payload, sender);
+      if (status.ok()) status = CheckFramePayload(*header, into);
+      if (in_place) {
+        sink->Filled(*header, status);
+      } else if (status.ok()) {
+        status = sink->Accept(*header, payload, sender);
+      }
       if (!status.ok()) {
         Log(LogLevel::kWarning, "data plane: closing the connection from ", peer, ": ",
             status.ToString());
@@ -603,18 +622,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneClient>> DataPlaneClient::Connect(
 
 absl::Status DataPlaneClient::Send(FrameHeader header,
                                    absl::Span<const absl::Span<const uint8_t>> pieces) {
-  uint64_t length = 0;
-  uint32_t crc = 0;
-  for (absl::Span<const uint8_t> piece : pieces) {
-    length += piece.size();
-    crc = erasure::Crc32cExtend(crc, piece.data(), piece.size());
-  }
-  if (length > UINT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a frame payload of ", length, " bytes does not fit the frame format"));
-  }
-  header.length = static_cast<uint32_t>(length);
-  header.payload_crc = crc;
+  if (absl::Status sealed = SealFrame(header, pieces); !sealed.ok()) return sealed;
+  return SendSealed(header, pieces);
+}
+
+absl::Status DataPlaneClient::SendSealed(const FrameHeader& header,
+                                         absl::Span<const absl::Span<const uint8_t>> pieces) {
   uint8_t header_bytes[FrameHeader::kBytes];
   EncodeFrameHeader(header, header_bytes);
   std::vector<asio::const_buffer> buffers = {asio::buffer(header_bytes),

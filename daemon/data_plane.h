@@ -62,9 +62,22 @@ struct DataPlaneClientTls {
 // return closes the connection (the sender sees its next write fail). `sender` is the node the
 // connection's certificate names (mutual TLS); nullopt on a plaintext connection, whose peer may
 // claim to be any node.
+//
+// A frame's payload is read either into the connection's buffer, checked (length, CRC-32C) and then
+// given to Accept, so no byte of a refused frame reaches the sink; or, where Reserve names memory of
+// the sink's for it, straight into that memory, checked there, and then reported to Filled: on a
+// failed check or read the bytes there are garbage and the sink must treat them so.
 class FrameSink {
  public:
   virtual ~FrameSink() = default;
+  // Memory of exactly header.length bytes to read the frame's payload into, held for it until
+  // Filled; nullopt: the connection's buffer, then Accept. An error closes the connection.
+  virtual absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(
+      const FrameHeader& /*header*/, std::optional<uint32_t> /*sender*/) {
+    return std::nullopt;
+  }
+  // The payload read into reserved memory passed its checks (OK) or did not (why).
+  virtual void Filled(const FrameHeader& /*header*/, const absl::Status& /*checked*/) {}
   virtual absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
                               std::optional<uint32_t> sender) = 0;
 };
@@ -101,8 +114,10 @@ class DataPlaneClient {
       absl::Duration send_timeout = absl::Seconds(30), DataPlaneClientTls tls = {});
   ~DataPlaneClient();
 
-  // Fills header.length and header.payload_crc from the payload, `pieces` one after another, and
-  // sends the frame in one gather write (no copy of the pieces).
+  // Sends a frame that SealFrame filled from `pieces` in one gather write (no copy of the pieces).
+  absl::Status SendSealed(const FrameHeader& header,
+                          absl::Span<const absl::Span<const uint8_t>> pieces);
+  // SealFrame, then SendSealed.
   absl::Status Send(FrameHeader header, absl::Span<const absl::Span<const uint8_t>> pieces);
   absl::Status Send(FrameHeader header, absl::Span<const uint8_t> payload) {
     return Send(std::move(header), {&payload, 1});

@@ -91,6 +91,22 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, u
   return header;
 }
 
+absl::Status SealFrame(FrameHeader& header, absl::Span<const absl::Span<const uint8_t>> pieces) {
+  uint64_t length = 0;
+  uint32_t crc = 0;
+  for (absl::Span<const uint8_t> piece : pieces) {
+    length += piece.size();
+    crc = erasure::Crc32cExtend(crc, piece.data(), piece.size());
+  }
+  if (length > UINT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a frame payload of ", length, " bytes does not fit the frame format"));
+  }
+  header.length = static_cast<uint32_t>(length);
+  header.payload_crc = crc;
+  return absl::OkStatus();
+}
+
 absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload) {
   if (payload.size() != header.length) {
     return absl::DataLossError(absl::StrCat("frame payload is ", payload.size(), " bytes, the header says ",

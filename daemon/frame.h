@@ -62,6 +62,10 @@ void EncodeFrameHeader(const FrameHeader& header, uint8_t out[FrameHeader::kByte
 // bounds `length` (the receiver's buffer). INVALID_ARGUMENT / DATA_LOSS name the field at fault.
 absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, uint32_t max_payload);
 
+// Fills header.length and header.payload_crc from the payload `pieces`, one after another: sealed
+// once, a frame may go to several peers. INVALID_ARGUMENT when it does not fit the frame format.
+absl::Status SealFrame(FrameHeader& header, absl::Span<const absl::Span<const uint8_t>> pieces);
+
 // Checks a received payload against the header's CRC.
 absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload);
 

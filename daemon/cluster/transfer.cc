@@ -23,6 +23,13 @@ constexpr uint32_t kMaxFramePayload = 4 << 20;
 // How long fetched units or regions may take to arrive once their senders have answered.
 constexpr absl::Duration kFetchWait = absl::Seconds(30);
 
+// The slot a fetched frame names.
+FetchKey KeyOf(const FrameHeader& header) {
+  return header.kind == FrameKind::kFetchedRegion
+             ? FetchKey{header.step, 0, 0, header.rank, header.region}
+             : FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, ""};
+}
+
 }  // namespace
 
 std::string FetchKey::Describe() const {
@@ -80,18 +87,24 @@ absl::StatusOr<std::shared_ptr<DataPlaneClient>> Transfer::Client(uint32_t id) {
   return connection.client;
 }
 
-absl::Status Transfer::SendFrames(uint32_t to, FrameHeader header,
+absl::Status Transfer::SendFrames(absl::Span<const uint32_t> to, FrameHeader header,
                                   absl::Span<const absl::Span<const uint8_t>> pieces) {
-  absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
-  if (!client.ok()) return client.status();
+  std::vector<std::shared_ptr<DataPlaneClient>> clients;
+  for (uint32_t node : to) {
+    absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(node);
+    if (!client.ok()) return client.status();
+    clients.push_back(*std::move(client));
+  }
   // Frames of kMaxFramePayload bytes (the last shorter), each the parts of the pieces it spans.
   std::vector<absl::Span<const uint8_t>> frame;
   uint64_t frame_bytes = 0;
   auto send = [&]() -> absl::Status {
-    absl::Status status = (*client)->Send(header, frame);
-    if (!status.ok()) {
-      return absl::UnavailableError(absl::StrCat("sending stripe ", header.stripe, " to node ", to,
-                                                 ": ", status.message()));
+    if (absl::Status sealed = SealFrame(header, frame); !sealed.ok()) return sealed;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      if (absl::Status status = clients[i]->SendSealed(header, frame); !status.ok()) {
+        return absl::UnavailableError(absl::StrCat("sending stripe ", header.stripe, " to node ",
+                                                   to[i], ": ", status.message()));
+      }
     }
     header.offset += frame_bytes;
     frame.clear();
@@ -120,8 +133,9 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
                                                  const std::set<uint32_t>& absent) {
   const erasure::StripeLayout& layout = context_.layout();
   const int position = context_.topology->position;
-  // Each unit's delta is read once and sent to each of its parity holders. The units are dealt
-  // out to as many threads as there are holders, so that holders fill in parallel.
+  // Each unit's delta is computed once, and each of its frames checksummed once, for all of its
+  // parity holders. The units are dealt out to as many threads as there are holders, so that
+  // holders fill in parallel.
   struct UnitSend {
     uint64_t unit = 0;
     std::vector<uint32_t> holders;
@@ -154,8 +168,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       const uint64_t length = layout.UnitLength(image.bytes(), unit);
       std::vector<absl::Span<const uint8_t>> payload;
       if (previous) {
-        image.Read(unit * layout.unit_bytes(), length, delta.get());
-        previous->XorInto(unit * layout.unit_bytes(), length, delta.get());
+        image.XorWith(*previous, unit * layout.unit_bytes(), length, delta.get());
         payload = {{delta.get(), length}};
       } else {
         payload = image.Spans(unit * layout.unit_bytes(), length);
@@ -167,12 +180,10 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       header.rank = context_.node_id();
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
-      for (uint32_t holder : sends[i].holders) {
-        if (absl::Status status = SendFrames(holder, header, payload); !status.ok()) {
-          return status;
-        }
-        sent += length;
+      if (absl::Status status = SendFrames(sends[i].holders, header, payload); !status.ok()) {
+        return status;
       }
+      sent += length * sends[i].holders.size();
     }
     return absl::OkStatus();
   });
@@ -319,7 +330,7 @@ absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>&
           absl::StrCat(key.Describe(), " is awaited by another decode on this node already"));
     }
   }
-  for (const auto& [key, slot] : slots) fetches_[key] = slot;
+  for (const auto& [key, slot] : slots) fetches_[key].slot = slot;
   return absl::OkStatus();
 }
 
@@ -327,11 +338,22 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
   const absl::Time deadline = absl::Now() + kFetchWait;
   absl::MutexLock lock(&fetch_mutex_);
   for (const FetchKey& key : keys) {
-    while (sent.ok() && fetches_[key].missing > 0) {
-      if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
+    while (sent.ok()) {
+      const Awaited& awaited = fetches_[key];
+      if (!awaited.failure.empty()) {
+        sent = absl::DataLossError(absl::StrCat(key.Describe(), ": ", awaited.failure));
+      } else if (awaited.slot.missing == 0) {
+        break;
+      } else if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
         sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
       }
     }
+  }
+  // No frame starts into the caller's buffers from now on; one still being read in ends within
+  // the data plane's frame timeout.
+  for (const FetchKey& key : keys) fetches_[key].closed = true;
+  for (const FetchKey& key : keys) {
+    while (fetches_[key].writers > 0) fetched_.Wait(&fetch_mutex_);
   }
   for (const FetchKey& key : keys) fetches_.erase(key);
   return sent;
@@ -340,53 +362,78 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
 std::pair<size_t, uint64_t> Transfer::FetchesWaiting() {
   absl::MutexLock lock(&fetch_mutex_);
   uint64_t missing = 0;
-  for (const auto& [key, slot] : fetches_) missing += slot.missing;
+  for (const auto& [key, awaited] : fetches_) missing += awaited.slot.missing;
   return {fetches_.size(), missing};
 }
 
-absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
-                              std::optional<uint32_t> sender) {
-  if (header.kind == FrameKind::kParityDelta) {
-    if (sender) {
-      const erasure::StripeLayout& layout = context_.layout();
-      if (header.stripe_unit >= static_cast<uint32_t>(layout.data_units())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "node ", *sender, " sent a parity delta of data unit ", header.stripe_unit,
-            "; a stripe has ", layout.data_units()));
-      }
-      const uint32_t owner = context_.topology->NodeAt(
-          layout.Members(header.stripe).data_positions[header.stripe_unit]);
-      if (owner != *sender) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "node ", *sender, " sent a parity delta of node ", owner, "'s data unit ",
-            header.stripe_unit, " of stripe ", header.stripe, " (step ", header.step, ")"));
-      }
-    }
-    return parity_->Accept(header, payload);
-  }
-  const FetchKey key =
-      header.kind == FrameKind::kFetchedRegion
-          ? FetchKey{header.step, 0, 0, header.rank, header.region}
-          : FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, ""};
+absl::StatusOr<std::optional<absl::Span<uint8_t>>> Transfer::Reserve(
+    const FrameHeader& header, std::optional<uint32_t> sender) {
+  if (header.kind == FrameKind::kParityDelta) return std::nullopt;  // XORed in by Accept
+  const FetchKey key = KeyOf(header);
   absl::MutexLock lock(&fetch_mutex_);
   auto it = fetches_.find(key);
   if (it == fetches_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " was not asked for"));
   }
-  FetchSlot& slot = it->second;
+  Awaited& awaited = it->second;
+  const FetchSlot& slot = awaited.slot;
+  if (awaited.closed) {
+    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " is no longer awaited"));
+  }
   if (sender && *sender != slot.source) {
     return absl::PermissionDeniedError(absl::StrCat(key.Describe(), " came from node ", *sender,
                                                     ", not from node ", slot.source, ", asked for it"));
   }
-  // Bounds from the wire, checked without overflow: the offset may be anything.
-  if (header.offset > slot.bytes || payload.size() > slot.bytes - header.offset ||
-      payload.size() > slot.missing) {
+  if (!awaited.failure.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(key.Describe(), " failed already"));
+  }
+  // Bounds from the wire, checked without overflow: the offset may be anything. Bytes being read
+  // in by other frames count as arrived.
+  if (header.offset > slot.bytes || header.length > slot.bytes - header.offset ||
+      header.length > slot.missing - awaited.reserved) {
     return absl::InvalidArgumentError(absl::StrCat(key.Describe(), ": more bytes than asked for"));
   }
-  std::memcpy(slot.buffer + header.offset, payload.data(), payload.size());
-  slot.missing -= payload.size();
-  if (slot.missing == 0) fetched_.SignalAll();
-  return absl::OkStatus();
+  awaited.reserved += header.length;
+  ++awaited.writers;
+  return absl::Span<uint8_t>(slot.buffer + header.offset, header.length);
+}
+
+void Transfer::Filled(const FrameHeader& header, const absl::Status& checked) {
+  absl::MutexLock lock(&fetch_mutex_);
+  auto it = fetches_.find(KeyOf(header));
+  if (it == fetches_.end()) return;  // never: Collect keeps the slot while frames are read in
+  Awaited& awaited = it->second;
+  --awaited.writers;
+  awaited.reserved -= header.length;
+  if (checked.ok()) {
+    awaited.slot.missing -= header.length;
+  } else if (awaited.failure.empty()) {
+    awaited.failure = std::string(checked.message());
+  }
+  fetched_.SignalAll();
+}
+
+absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                              std::optional<uint32_t> sender) {
+  if (header.kind != FrameKind::kParityDelta) {  // Reserve took every other kind in place
+    return absl::InvalidArgumentError("a fetched frame is read into its slot, not accepted");
+  }
+  if (sender) {
+    const erasure::StripeLayout& layout = context_.layout();
+    if (header.stripe_unit >= static_cast<uint32_t>(layout.data_units())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node ", *sender, " sent a parity delta of data unit ", header.stripe_unit,
+          "; a stripe has ", layout.data_units()));
+    }
+    const uint32_t owner = context_.topology->NodeAt(
+        layout.Members(header.stripe).data_positions[header.stripe_unit]);
+    if (owner != *sender) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "node ", *sender, " sent a parity delta of node ", owner, "'s data unit ",
+          header.stripe_unit, " of stripe ", header.stripe, " (step ", header.step, ")"));
+    }
+  }
+  return parity_->Accept(header, payload);
 }
 
 }  // namespace moesnap::daemon::cluster

@@ -61,13 +61,18 @@ class Transfer final : public FrameSink {
   // Serves the data plane on `host`:`port` (0: any free port); the port it serves on.
   absl::StatusOr<uint16_t> Start(const std::string& host, uint16_t port);
 
-  // Sends `pieces`, one after another, to node `to` as frames of `header` whose offsets start at
-  // header.offset; a frame gathers the pieces it spans without copying them.
-  absl::Status SendFrames(uint32_t to, FrameHeader header,
+  // Sends `pieces`, one after another, to each node of `to` as frames of `header` whose offsets
+  // start at header.offset; a frame gathers the pieces it spans without copying them, and its CRC
+  // is computed once for all of `to`.
+  absl::Status SendFrames(absl::Span<const uint32_t> to, FrameHeader header,
                           absl::Span<const absl::Span<const uint8_t>> pieces);
+  absl::Status SendFrames(uint32_t to, FrameHeader header,
+                          absl::Span<const absl::Span<const uint8_t>> pieces) {
+    return SendFrames({&to, 1}, std::move(header), pieces);
+  }
   absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length) {
     const absl::Span<const uint8_t> piece(bytes, length);
-    return SendFrames(to, std::move(header), {&piece, 1});
+    return SendFrames({&to, 1}, std::move(header), {&piece, 1});
   }
   // Sends this node's data units of `step` to their parity holders: all of them, or with
   // `previous` (the committed image) and `changed`, the deltas of the changed ones, as frames of
@@ -94,15 +99,21 @@ class Transfer final : public FrameSink {
   // decodes on this node wanting the same unit at once: one is tried again).
   absl::Status Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
   // After the sending requests returned `sent`: waits until every expected byte arrived (when they
-  // succeeded) and forgets the keys either way.
+  // succeeded; DATA_LOSS when a frame failed its check in its slot) and forgets the keys either
+  // way, returning once no frame is being read into the slots' buffers.
   absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
 
   // Fetch slots registered and not collected yet, and the bytes they still miss (what a rebuild
   // waits for).
   std::pair<size_t, uint64_t> FetchesWaiting();
 
-  // FrameSink. On an authenticated connection a parity delta is accepted only from the node whose
-  // data unit it names, a fetched frame only from the node asked for it.
+  // FrameSink. A fetched frame is read straight into its slot (Reserve, then Filled): a frame
+  // that fails its check there fails the fetch (DATA_LOSS). A parity delta is accepted from the
+  // connection's buffer. On an authenticated connection a parity delta is accepted only from the
+  // node whose data unit it names, a fetched frame only from the node asked for it.
+  absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(
+      const FrameHeader& header, std::optional<uint32_t> sender) override;
+  void Filled(const FrameHeader& header, const absl::Status& checked) override;
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
                       std::optional<uint32_t> sender) override;
 
@@ -140,9 +151,17 @@ class Transfer final : public FrameSink {
   absl::Mutex connections_mutex_;
   std::map<uint32_t, Connection> connections_ ABSL_GUARDED_BY(connections_mutex_);
 
+  // An expected slot, and the frames being read into it.
+  struct Awaited {
+    FetchSlot slot;
+    uint64_t reserved = 0;  // bytes of the frames being read in, not counted arrived yet
+    int writers = 0;        // frames being read in
+    std::string failure;    // why a frame read in failed its check (empty: none did)
+    bool closed = false;    // being collected: takes no more frames
+  };
   absl::Mutex fetch_mutex_;
-  absl::CondVar fetched_;
-  std::map<FetchKey, FetchSlot> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
+  absl::CondVar fetched_;  // a slot's frame was read in, or failed
+  std::map<FetchKey, Awaited> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
 };
 
 }  // namespace moesnap::daemon::cluster

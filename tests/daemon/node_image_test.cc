@@ -47,15 +47,24 @@ TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   image->Read(5000, tail.size(), tail.data());
   EXPECT_TRUE(std::equal(bytes.begin() + 5000, bytes.end(), tail.begin()));
   EXPECT_TRUE(std::all_of(tail.begin() + 107, tail.end(), [](uint8_t b) { return b == 0; }));
-  std::vector<uint8_t> delta(6000, 0x5a);
-  image->XorInto(0, delta.size(), delta.data());
-  for (size_t i = 0; i < delta.size(); ++i) {
-    ASSERT_EQ(delta[i], i < bytes.size() ? static_cast<uint8_t>(bytes[i] ^ 0x5a) : 0x5a) << i;
+  // XOR with another image of other regions, shorter and longer (a unit's delta): the pieces of
+  // the two do not line up, and bytes past either's end read as zero.
+  for (uint64_t other_bytes : {uint64_t{3000}, uint64_t{5107}, uint64_t{5900}}) {
+    absl::StatusOr<NodeImage> other = NodeImage::Allocate(
+        pool.get(), Manifest({{"x", 33}, {"y", 1000}, {"z", other_bytes - 1033}}, {1, 1, 1}));
+    ASSERT_OK(other);
+    std::vector<uint8_t> theirs(other_bytes);
+    for (size_t i = 0; i < theirs.size(); ++i) theirs[i] = static_cast<uint8_t>(i * 13 + 5);
+    other->Write(0, theirs.data(), theirs.size());
+    for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{0, 6000}, {90, 20}, {2990, 30}}) {
+      std::vector<uint8_t> expected(length), mine(length), delta(length, 0xee);
+      image->Read(offset, length, expected.data());
+      other->Read(offset, length, mine.data());
+      for (size_t i = 0; i < length; ++i) expected[i] ^= mine[i];
+      image->XorWith(*other, offset, length, delta.data());
+      EXPECT_EQ(delta, expected) << other_bytes << " bytes, [" << offset << ", +" << length << ")";
+    }
   }
-  image->XorInto(90, 20, delta.data() + 90);  // across regions a, b and c: back to 0x5a there
-  EXPECT_TRUE(std::all_of(delta.begin() + 90, delta.begin() + 110, [](uint8_t b) {
-    return b == 0x5a;
-  }));
 }
 
 TEST(NodeImageTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {

@@ -2,8 +2,9 @@
 // a frame whose offset wraps past 2^64 once passed `offset + length > bytes` and was written before
 // the buffer (a fetched unit) or before the parity unit in the pool. On an authenticated connection
 // a node sends only its own units: a parity delta of another node's data unit, or a fetched unit
-// the receiver asked of another node, is refused. Pieces sent without a copy are cut into frames
-// of at most the data plane's payload, each at its offset.
+// the receiver asked of another node, is refused. A fetched frame read into its slot that fails its
+// check there fails the fetch. Pieces sent without a copy are cut into frames of at most the data
+// plane's payload, each at its offset.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -24,6 +25,21 @@ using testing::InProcessCluster;
 constexpr uint64_t kWrapping = std::numeric_limits<uint64_t>::max() - 63;
 constexpr uint8_t kCanary = 0x11;
 
+// What the data plane does with a fetched frame that passes its checks: reads its payload into the
+// memory the transfer reserves for it, then reports it filled.
+absl::Status Deliver(Transfer& transfer, FrameHeader header, absl::Span<const uint8_t> payload,
+                     std::optional<uint32_t> sender) {
+  header.length = static_cast<uint32_t>(payload.size());
+  absl::StatusOr<std::optional<absl::Span<uint8_t>>> into = transfer.Reserve(header, sender);
+  if (!into.ok()) return into.status();
+  if (!*into || (*into)->size() != payload.size()) {
+    return absl::InternalError("a fetched frame was not given memory of its length");
+  }
+  std::copy(payload.begin(), payload.end(), (*into)->begin());
+  transfer.Filled(header, absl::OkStatus());
+  return absl::OkStatus();
+}
+
 TEST(WireBoundsTest, AFetchedUnitNeverLandsOutsideItsBuffer) {
   InProcessCluster cluster(3, 2, 1);
   Transfer& transfer = cluster.node(0).transfer;
@@ -38,14 +54,14 @@ TEST(WireBoundsTest, AFetchedUnitNeverLandsOutsideItsBuffer) {
   header.length = static_cast<uint32_t>(payload.size());
   for (uint64_t offset : {kWrapping, uint64_t{4096 - 32}, uint64_t{4097}}) {
     header.offset = offset;
-    const absl::Status status = transfer.Accept(header, payload, std::nullopt);
+    const absl::Status status = Deliver(transfer, header, payload, std::nullopt);
     EXPECT_STATUS(status, absl::StatusCode::kInvalidArgument) << "offset " << offset;
     EXPECT_TRUE(absl::StrContains(status.message(), "more bytes than asked for")) << status;
   }
   for (size_t i = 0; i < memory.size(); ++i) ASSERT_EQ(memory[i], kCanary) << "byte " << i;
   const std::vector<uint8_t> whole(4096, 0x42);
   header.offset = 0;
-  ASSERT_OK(transfer.Accept(header, whole, std::nullopt));
+  ASSERT_OK(Deliver(transfer, header, whole, std::nullopt));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
   EXPECT_EQ(memory[63], kCanary);
   EXPECT_EQ(memory[64 + 4096], kCanary);
@@ -89,13 +105,46 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   header.step = 1;
   header.rank = 2;  // a frame names its sender; node 1 claims to be node 2
   header.length = static_cast<uint32_t>(whole.size());
-  const absl::Status forged = transfer.Accept(header, whole, 1u);
+  const absl::Status forged = Deliver(transfer, header, whole, 1u);
   EXPECT_STATUS(forged, absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(absl::StrContains(forged.message(), "came from node 1, not from node 2")) << forged;
   EXPECT_EQ(memory, std::vector<uint8_t>(4096, kCanary));
-  ASSERT_OK(transfer.Accept(header, whole, 2u));
+  ASSERT_OK(Deliver(transfer, header, whole, 2u));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
   EXPECT_EQ(memory, whole);
+}
+
+// A fetched frame is read straight into its slot and checked there. While one is read in, its
+// bytes are taken: an overlapping frame is refused. One that fails its check fails the whole
+// fetch, naming the unit and why, and the slot takes no more frames.
+TEST(WireBoundsTest, AFrameThatFailsItsCheckInItsSlotFailsTheFetch) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> memory(4096, kCanary);
+  const FetchKey key{1, 0, 0, 2, ""};
+  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedUnit;
+  header.step = 1;
+  header.rank = 2;
+  header.length = 4096;
+  absl::StatusOr<std::optional<absl::Span<uint8_t>>> into = transfer.Reserve(header, 2u);
+  ASSERT_OK(into);
+  ASSERT_TRUE(into->has_value());
+  EXPECT_EQ((*into)->data(), memory.data());
+  EXPECT_EQ((*into)->size(), 4096u);
+  FrameHeader overlapping = header;
+  overlapping.offset = 4000;
+  overlapping.length = 16;
+  EXPECT_STATUS(transfer.Reserve(overlapping, 2u), absl::StatusCode::kInvalidArgument);
+  transfer.Filled(header, absl::DataLossError("payload CRC-32C is 0badf00d"));
+  EXPECT_STATUS(transfer.Reserve(overlapping, 2u), absl::StatusCode::kFailedPrecondition);
+  const absl::Status collected = transfer.Collect({key}, absl::OkStatus());
+  EXPECT_STATUS(collected, absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(collected.message(), key.Describe()) &&
+              absl::StrContains(collected.message(), "0badf00d"))
+      << collected;
+  EXPECT_STATUS(transfer.Reserve(header, 2u), absl::StatusCode::kInvalidArgument);  // forgotten
 }
 
 // A unit sent from where its bytes lie (pieces of regions' pool memory, of any size, empty ones
@@ -159,12 +208,12 @@ TEST(WireBoundsTest, AUnitAwaitedAlreadyIsRefusedToASecondDecode) {
   header.step = 1;
   header.rank = 2;
   header.length = static_cast<uint32_t>(whole.size());
-  ASSERT_OK(transfer.Accept(header, whole, 2u));
+  ASSERT_OK(Deliver(transfer, header, whole, 2u));
   EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
   EXPECT_EQ(first, whole);
   EXPECT_EQ(second, std::vector<uint8_t>(4096, kCanary));
   header.stripe = 1;  // the refused call registered none of its keys
-  EXPECT_STATUS(transfer.Accept(header, whole, 2u), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(Deliver(transfer, header, whole, 2u), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(other, std::vector<uint8_t>(4096, kCanary));
 }
 
