@@ -19,7 +19,10 @@ namespace {
 constexpr int kDataConnectionsPerPeer = 2;
 // A peer that takes nothing of a frame for this long has stopped reading.
 constexpr absl::Duration kDataSendTimeout = absl::Seconds(30);
+// What this node's data plane accepts in one frame; it sends Transfer::kFrameBytes (daemons of
+// before sent 4 MiB).
 constexpr uint32_t kMaxFramePayload = 4 << 20;
+static_assert(Transfer::kFrameBytes <= kMaxFramePayload);
 // How long fetched units or regions may take to arrive once their senders have answered.
 constexpr absl::Duration kFetchWait = absl::Seconds(30);
 
@@ -95,7 +98,7 @@ absl::Status Transfer::SendFrames(absl::Span<const uint32_t> to, FrameHeader hea
     if (!client.ok()) return client.status();
     clients.push_back(*std::move(client));
   }
-  // Frames of kMaxFramePayload bytes (the last shorter), each the parts of the pieces it spans.
+  // Frames of kFrameBytes bytes (the last shorter), each the parts of the pieces it spans.
   std::vector<absl::Span<const uint8_t>> frame;
   uint64_t frame_bytes = 0;
   auto send = [&]() -> absl::Status {
@@ -113,11 +116,11 @@ absl::Status Transfer::SendFrames(absl::Span<const uint32_t> to, FrameHeader hea
   };
   for (absl::Span<const uint8_t> piece : pieces) {
     while (!piece.empty()) {
-      const uint64_t taken = std::min<uint64_t>(piece.size(), kMaxFramePayload - frame_bytes);
+      const uint64_t taken = std::min<uint64_t>(piece.size(), kFrameBytes - frame_bytes);
       frame.push_back(piece.first(taken));
       frame_bytes += taken;
       piece.remove_prefix(taken);
-      if (frame_bytes == kMaxFramePayload) {
+      if (frame_bytes == kFrameBytes) {
         if (absl::Status status = send(); !status.ok()) return status;
       }
     }

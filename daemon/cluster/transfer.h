@@ -61,6 +61,11 @@ class Transfer final : public FrameSink {
   // Serves the data plane on `host`:`port` (0: any free port); the port it serves on.
   absl::StatusOr<uint16_t> Start(const std::string& host, uint16_t port);
 
+  // The payload of a frame this node sends (the last of a unit shorter). A unit goes as several
+  // frames so that sending, receiving and checking them overlap: the sender checksums the next
+  // frame while the receiver reads and checks the last.
+  static constexpr uint32_t kFrameBytes = 1 << 20;
+
   // Sends `pieces`, one after another, to each node of `to` as frames of `header` whose offsets
   // start at header.offset; a frame gathers the pieces it spans without copying them, and its CRC
   // is computed once for all of `to`.

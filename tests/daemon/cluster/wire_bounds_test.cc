@@ -174,9 +174,11 @@ TEST(WireBoundsTest, PiecesSentWithoutACopyArriveWholeAcrossFrames) {
   EXPECT_TRUE(received == whole);
 
   // Pieces adding up to exactly two frames' payloads, and nothing at all.
-  const std::vector<uint8_t> exact(8 * kMiB, 0x3c);
+  std::vector<uint8_t> exact(2 * Transfer::kFrameBytes);
+  for (size_t i = 0; i < exact.size(); ++i) exact[i] = static_cast<uint8_t>(i * 31 + i / 4096);
   const std::vector<absl::Span<const uint8_t>> two_frames = {
-      absl::Span<const uint8_t>(exact).first(kMiB), absl::Span<const uint8_t>(exact).subspan(kMiB)};
+      absl::Span<const uint8_t>(exact).first(Transfer::kFrameBytes / 4),
+      absl::Span<const uint8_t>(exact).subspan(Transfer::kFrameBytes / 4)};
   std::vector<uint8_t> exact_received(exact.size(), kCanary);
   const FetchKey exact_key{1, 1, 0, 1, ""};
   ASSERT_OK(cluster.node(0).transfer.Expect(
