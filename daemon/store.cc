@@ -54,16 +54,6 @@ struct StepMetrics {
 constexpr size_t kFinishedStepsKept = 64;
 constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
 
-// The open window with only its committed slots: what the journal and a node image record of it.
-v1::SparseWindow CommittedSlotsOf(const v1::SparseWindow& window) {
-  v1::SparseWindow saved = window;
-  saved.clear_slots();
-  for (const v1::WindowSlot& slot : window.slots()) {
-    if (slot.state() == v1::STEP_STATE_COMMITTED) *saved.add_slots() = slot;
-  }
-  return saved;
-}
-
 // Every region of a replica group must name the same members: the layout cuts them together.
 absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
   std::map<std::string, const v1::RegionSpec*> first;  // per group, the first region naming it
@@ -364,14 +354,13 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
         "': sparse snapshots of replica groups are not supported; snapshot them densely"));
   }
   if (sparse) {
-    const std::optional<v1::SparseWindow>& open = rank_state.open_window;
-    if (sparse->slot() > 0 && open && open->first_step() == sparse->window_first_step() &&
-        !open->failure().empty()) {
+    if (const std::string failure = rank_state.windows.FailureOf(*sparse);
+        sparse->slot() > 0 && !failure.empty()) {
       return Skip(rank_state, rank, step, sparse, table, selection,
-                  absl::StrCat("the window from step ", open->first_step(),
-                               " can no longer commit: ", open->failure()));
+                  absl::StrCat("the window from step ", sparse->window_first_step(),
+                               " can no longer commit: ", failure));
     }
-    if (absl::Status status = CheckSparseSlot(rank_state, rank, step, *sparse); !status.ok()) {
+    if (absl::Status status = rank_state.windows.Check(rank, step, *sparse); !status.ok()) {
       return status;
     }
   } else {
@@ -438,7 +427,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   record.whole = selection.get() == &table->all;
   record.capture = job.get();
   record.pending_parts = plan->parts.size();
-  if (sparse) AddWindowSlot(rank_state, step, *sparse, v1::STEP_STATE_CAPTURING);
+  if (sparse) rank_state.windows.Add(step, *sparse, v1::STEP_STATE_CAPTURING);
   in_flight_bytes_ += record.bytes;
   rank_state.latest_snapshot = step;
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", record.regions,
@@ -481,21 +470,6 @@ std::shared_ptr<Store::Version> Store::NewVersion(const CaptureJob& job, uint32_
   return version;
 }
 
-void Store::AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
-                          v1::StepState state) {
-  if (sparse.slot() == 0) {  // a new window; an open one left incomplete is abandoned
-    rank_state.open_window.emplace();
-    rank_state.open_window->set_first_step(sparse.window_first_step());
-    rank_state.open_window->set_size(sparse.window_size());
-    rank_state.open_window->set_buffer(sparse.buffer());
-  }
-  v1::WindowSlot* slot = rank_state.open_window->add_slots();
-  slot->set_slot(sparse.slot());
-  slot->set_step(step);
-  slot->set_state(state);
-  *slot->mutable_operators() = sparse.operators();
-}
-
 uint64_t Store::ParityReserveLocked() {
   if (options_.parity_share <= 0) return 0;
   uint64_t committed = 0;  // the largest image of the group's committed step
@@ -534,11 +508,10 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
   record.failure = absl::AbortedError(absl::StrCat("skipped: ", why));
   record.sparse = sparse;
   if (sparse) {
-    AddWindowSlot(rank_state, step, *sparse, v1::STEP_STATE_ABORTED);
-    if (rank_state.open_window->failure().empty()) {
-      rank_state.open_window->set_failure(
-          absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
-    }
+    rank_state.windows.Add(step, *sparse, v1::STEP_STATE_ABORTED);
+    rank_state.windows.Fail(
+        step, *sparse,
+        absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
   }
   rank_state.steps[step] = std::move(record);
   TrimFinishedSteps(rank_state);
@@ -651,7 +624,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   record.state = v1::STEP_STATE_CAPTURED;
   record.captured_time = absl::Now();
   StepMetrics::Get().capture_seconds.Observe(absl::ToDoubleSeconds(record.captured_time - record.started));
-  MarkSlot(record, record.state, &rank_state.open_window);
+  if (record.sparse) rank_state.windows.Mark(record.step, *record.sparse, record.state);
   v1::RankCapture& capture = rank_state.last_capture.emplace();
   capture.set_rank(rank);
   capture.set_step(record.step);
@@ -738,7 +711,7 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
   }
   StepMetrics::Get().committed.Add();
   rank_state.latest_committed = record.step;
-  AdvanceWindows(record, &rank_state.open_window, &rank_state.committed_window);
+  if (record.sparse) rank_state.windows.Commit(record.step, *record.sparse);
   in_flight_bytes_ -= record.bytes;
   Log(LogLevel::kDebug,
       LogFields{.step = record.step,
@@ -760,10 +733,10 @@ void Store::AbortStep(RankState& rank_state, StepRecord& record, absl::Status wh
   record.failure = std::move(why);
   record.versions.clear();  // chunks still copying hold their version until they finish
   in_flight_bytes_ -= record.bytes;
-  if (MarkSlot(record, record.state, &rank_state.open_window)) {
-    rank_state.open_window->set_failure(absl::StrCat("slot ", record.sparse->slot(), " (step ",
-                                                     record.step, ") aborted: ",
-                                                     record.failure.message()));
+  if (record.sparse) {
+    rank_state.windows.Fail(record.step, *record.sparse,
+                            absl::StrCat("slot ", record.sparse->slot(), " (step ", record.step,
+                                         ") aborted: ", record.failure.message()));
   }
   // The step never became the rank's latest, so the next snapshot may reuse its step number; steps
   // captured after it still count.
@@ -860,27 +833,19 @@ std::optional<int64_t> Store::LatestCommitted(uint32_t rank) const {
   return it == ranks_.end() ? std::nullopt : it->second.latest_committed;
 }
 
-v1::RankWindows Store::WindowsOf(uint32_t rank, const RankState& rank_state) {
-  v1::RankWindows windows;
-  windows.set_rank(rank);
-  if (rank_state.committed_window) *windows.mutable_committed_window() = *rank_state.committed_window;
-  if (rank_state.open_window) *windows.mutable_open_window() = *rank_state.open_window;
-  return windows;
-}
-
 v1::RankWindows Store::Windows(uint32_t rank) const {
   absl::MutexLock lock(&mutex_);
   auto it = ranks_.find(rank);
-  if (it == ranks_.end()) return WindowsOf(rank, RankState());
-  return WindowsOf(rank, it->second);
+  if (it == ranks_.end()) return SparseWindows().Describe(rank);
+  return it->second.windows.Describe(rank);
 }
 
 v1::ListWindowsResponse Store::ListWindows(std::optional<uint32_t> rank) const {
   v1::ListWindowsResponse response;
   absl::MutexLock lock(&mutex_);
   for (const auto& [rank_id, rank_state] : ranks_) {
-    if ((!rank || *rank == rank_id) && (rank_state.committed_window || rank_state.open_window)) {
-      *response.add_ranks() = WindowsOf(rank_id, rank_state);
+    if ((!rank || *rank == rank_id) && !rank_state.windows.empty()) {
+      *response.add_ranks() = rank_state.windows.Describe(rank_id);
     }
   }
   return response;
@@ -892,9 +857,9 @@ std::optional<int64_t> Store::LogRecoveryPoint(const std::set<uint32_t>& ranks) 
   for (const auto& [rank, rank_state] : ranks_) {
     if (!ranks.contains(rank)) continue;
     int64_t rank_point;
-    if (rank_state.committed_window) {
-      rank_point = rank_state.committed_window->first_step();
-    } else if (rank_state.open_window) {
+    if (rank_state.windows.committed()) {
+      rank_point = rank_state.windows.committed()->first_step();
+    } else if (rank_state.windows.open()) {
       return std::nullopt;  // its first window has not committed: it would replay from the start
     } else if (rank_state.latest_committed) {
       rank_point = *rank_state.latest_committed;
@@ -906,88 +871,21 @@ std::optional<int64_t> Store::LogRecoveryPoint(const std::set<uint32_t>& ranks) 
   return point;
 }
 
-absl::Status Store::CheckSparseSlot(const RankState& rank_state, uint32_t rank, int64_t step,
-                                    const v1::SparseSlot& sparse) {
-  const auto where = [&] {
-    return absl::StrCat("step ", step, " of rank ", rank, " as slot ", sparse.slot(),
-                        " of the window from step ", sparse.window_first_step());
-  };
-  const std::optional<v1::SparseWindow>& open = rank_state.open_window;
-  if (sparse.slot() == 0) {
-    const std::optional<v1::SparseWindow>& committed = rank_state.committed_window;
-    if (committed && committed->buffer() == sparse.buffer()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where(), ": buffer ", sparse.buffer(), " holds the last committed window (from step ",
-          committed->first_step(), "), kept until the next window commits; write the other one"));
-    }
-    if (!open) return absl::OkStatus();
-    for (const v1::WindowSlot& slot : open->slots()) {
-      if (slot.state() == v1::STEP_STATE_CAPTURING || slot.state() == v1::STEP_STATE_CAPTURED) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where(), ": slot ", slot.slot(), " (step ", slot.step(), ") of the open window from step ",
-            open->first_step(), " is not committed yet; WaitCommitted(", slot.step(), ") first"));
-      }
-    }
-    return absl::OkStatus();
-  }
-  if (!open || open->first_step() != sparse.window_first_step() ||
-      open->size() != sparse.window_size() || open->buffer() != sparse.buffer()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where(), " (", sparse.window_size(), " steps, buffer ", sparse.buffer(), "): the rank's open "
-        "window is ",
-        open ? absl::StrCat("the one from step ", open->first_step(), " (", open->size(),
-                            " steps, buffer ", open->buffer(), ")")
-             : "none",
-        "; a window starts with its slot 0"));
-  }
-  const int64_t expected = open->slots().empty() ? 0 : open->slots().rbegin()->slot() + 1;
-  if (sparse.slot() != expected) {
-    return absl::FailedPreconditionError(absl::StrCat(where(), ": the window's next slot is ",
-                                                      expected));
-  }
-  return absl::OkStatus();
-}
-
-bool Store::MarkSlot(const StepRecord& record, v1::StepState state,
-                     std::optional<v1::SparseWindow>* open) {
-  if (!record.sparse || !*open || (*open)->first_step() != record.sparse->window_first_step()) {
-    return false;
-  }
-  for (v1::WindowSlot& slot : *(*open)->mutable_slots()) {
-    if (slot.step() == record.step) slot.set_state(state);
-  }
-  return true;
-}
-
-void Store::AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
-                           std::optional<v1::SparseWindow>* committed) {
-  if (!MarkSlot(record, v1::STEP_STATE_COMMITTED, open)) return;
-  const auto committed_slots = static_cast<uint32_t>(
-      std::count_if((*open)->slots().begin(), (*open)->slots().end(),
-                    [](const v1::WindowSlot& slot) { return slot.state() == v1::STEP_STATE_COMMITTED; }));
-  if (committed_slots == (*open)->size()) {
-    *committed = std::move(*open);
-    open->reset();
-  }
-}
-
 std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                       const StepRecord* committing) {
   std::optional<int64_t> latest = rank_state.latest_committed;
-  std::optional<v1::SparseWindow> open = rank_state.open_window;
-  std::optional<v1::SparseWindow> committed = rank_state.committed_window;
+  SparseWindows windows = rank_state.windows;
   std::map<std::string, v1::ReplicaGroupStep> groups = rank_state.replica_groups;
   if (committing != nullptr) {
     latest = committing->step;
-    AdvanceWindows(*committing, &open, &committed);
+    if (committing->sparse) windows.Commit(committing->step, *committing->sparse);
     CommitReplicaGroups(*committing, nullptr, &groups);
   }
   if (!latest) return std::nullopt;
   v1::JournalRank saved;
   saved.set_rank(rank);
   saved.set_latest_committed_step(*latest);
-  if (committed) *saved.mutable_committed_window() = *committed;
-  if (open) *saved.mutable_open_window() = CommittedSlotsOf(*open);
+  windows.SaveTo(&saved);
   for (const auto& [name, group] : groups) *saved.add_replica_groups() = group;
   return saved;
 }
@@ -1012,8 +910,7 @@ void Store::CommitReplicaGroups(const StepRecord& record,
 void Store::LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state) {
   rank_state->latest_committed = saved.latest_committed_step();
   rank_state->latest_snapshot = saved.latest_committed_step();
-  if (saved.has_committed_window()) rank_state->committed_window = saved.committed_window();
-  if (saved.has_open_window()) rank_state->open_window = saved.open_window();
+  rank_state->windows = SparseWindows::LoadFrom(saved);
   rank_state->replica_groups.clear();
   for (const v1::ReplicaGroupStep& layout : saved.replica_groups()) {
     rank_state->replica_groups[layout.group().name()] = layout;

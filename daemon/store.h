@@ -190,17 +190,6 @@ class Store final : public ClusterStore, public DurableStore {
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
-  // The slot against the rank's windows: slot 0 opens one in the buffer not holding the committed
-  // window, later slots continue the open window in order.
-  static absl::Status CheckSparseSlot(const RankState& rank_state, uint32_t rank, int64_t step,
-                                      const v1::SparseSlot& sparse);
-  // Sets the state of `record`'s slot in the open window; false when the record is not a slot of it.
-  static bool MarkSlot(const StepRecord& record, v1::StepState state,
-                       std::optional<v1::SparseWindow>* open);
-  // The windows once `record` commits: its slot committed, and the open window promoted to the
-  // committed one when that was its last uncommitted slot. Nothing for a step that is not a slot.
-  static void AdvanceWindows(const StepRecord& record, std::optional<v1::SparseWindow>* open,
-                             std::optional<v1::SparseWindow>* committed);
   // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
   // A step of the rank, captured and not decided, that this node voted to commit.
   std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
@@ -243,10 +232,6 @@ class Store final : public ClusterStore, public DurableStore {
   bool GroupCaptured(uint32_t rank, int64_t step,
                      std::map<uint32_t, const StepRecord*>* committing) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  static v1::RankWindows WindowsOf(uint32_t rank, const RankState& rank_state);
-  // Records a sparse step as the next slot of the rank's open window (opening one at slot 0).
-  static void AddWindowSlot(RankState& rank_state, int64_t step, const v1::SparseSlot& sparse,
-                            v1::StepState state);
   // A version of the region at `position` of a capture, in its part of the step's reservation.
   std::shared_ptr<Version> NewVersion(const CaptureJob& job, uint32_t position) const;
   // Copies one part of a step's capture; the last part to finish ends the capture.

@@ -289,11 +289,8 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   RankState previous;
   previous.committed = std::move(rank_state.committed);
   previous.latest_committed = rank_state.latest_committed;
-  previous.committed_window = std::move(rank_state.committed_window);
-  previous.open_window = std::move(rank_state.open_window);
+  previous.windows = std::move(rank_state.windows);
   rank_state.committed = std::move(adopted);
-  rank_state.committed_window.reset();
-  rank_state.open_window.reset();
   LoadRankRecord(record, &rank_state);
   // In a cluster the group's parity covers the committed step this node had, not the loaded one:
   // the record goes, so that the next step is encoded whole.
@@ -302,8 +299,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
     rank_state.latest_snapshot = previous.latest_committed;
-    rank_state.committed_window = std::move(previous.committed_window);
-    rank_state.open_window = std::move(previous.open_window);
+    rank_state.windows = std::move(previous.windows);
     return status;
   }
   cluster_ = kept;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "daemon/copy_plan.h"
 #include "daemon/shard_layout.h"
+#include "daemon/sparse_windows.h"
 #include "daemon/store.h"
 
 namespace moesnap::daemon {
@@ -155,9 +156,7 @@ struct Store::RankState {
   std::map<int64_t, StepRecord> steps;
   std::optional<int64_t> latest_committed;
   std::optional<int64_t> latest_snapshot;
-  // Sparse windows: the last one all of whose slots committed, and the one after it.
-  std::optional<v1::SparseWindow> committed_window;
-  std::optional<v1::SparseWindow> open_window;
+  SparseWindows windows;
   // A new process of a rank with committed state connected and has not registered its regions
   // yet: in a cluster, steps wait for it (it snapshots the steps it replays) instead of
   // committing without it.
