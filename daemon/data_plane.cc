@@ -370,10 +370,14 @@ struct DataPlaneServer::Impl {
       if (status.ok()) {
         absl::StatusOr<std::optional<absl::Span<uint8_t>>> reserved =
             sink->Reserve(*header, sender);
-        if (reserved.ok()) {
-          in_place = *reserved;
-        } else {
+        if (!reserved.ok()) {
           status = reserved.status();
+        } else if (*reserved && (*reserved)->size() != header->length) {
+          status = absl::InternalError(absl::StrCat("the sink reserved ", (*reserved)->size(),
+                                                    " bytes for a payload of ", header->length));
+          sink->Filled(*header, status);
+        } else {
+          in_place = *reserved;
         }
       }
       absl::Span<uint8_t> into;

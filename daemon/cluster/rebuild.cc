@@ -274,7 +274,15 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     work.mine = sources->target;
     work.bytes = UnitBytes(layout, sizes, stripe, work.mine, work.length);
     work.chosen = sources->chosen;
-    if (work.mine >= k && target.parity != nullptr) work.parity = &(*target.parity)[stripe];
+    if (work.mine >= k && target.parity != nullptr) {
+      auto unit = target.parity->find(stripe);
+      if (unit == target.parity->end() || unit->second.extent == nullptr ||
+          unit->second.bytes < work.length) {
+        return absl::InternalError(absl::StrCat("no parity unit of stripe ", stripe, " (",
+                                                work.length, " bytes) to decode into"));
+      }
+      work.parity = &unit->second;
+    }
     if (sources->holding.empty() || work.bytes == 0) {
       unhelped.push_back(std::move(work));
       continue;
@@ -312,19 +320,21 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     stats->set_parity_bytes(stats->parity_bytes() + parity_bytes);
     stats->set_stripes(stats->stripes() + 1);
   };
-  for (const Work& work : unhelped) {  // zeros: its sources are virtually zero, or it is empty
-    const std::vector<uint8_t> zeros(work.length);
-    finish(work, zeros.data());
+  if (!unhelped.empty()) {  // zeros: their sources are virtually zero, or they are empty
+    const std::vector<uint8_t> zeros(layout.unit_bytes());
+    for (const Work& work : unhelped) finish(work, zeros.data());
   }
 
   // What each helper's answers land in, one request's worth each: from the pool when it has room
   // (its pages are resident, so no page faults), else from the heap.
-  std::vector<uint32_t> helpers;
-  std::map<uint32_t, uint64_t> scratch_offset;
+  struct Helper {
+    uint32_t node = 0;
+    uint64_t offset = 0;  // where its answers land in scratch
+  };
+  std::vector<Helper> helpers;
   uint64_t scratch_bytes = 0;
   for (const auto& [node, requests] : requests_of) {
-    helpers.push_back(node);
-    scratch_offset[node] = scratch_bytes;
+    helpers.push_back({node, scratch_bytes});
     uint64_t largest = 0;
     for (const HelperRequest& request : requests) {
       largest = std::max(largest, request.received_bytes);
@@ -346,8 +356,9 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   }
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> helper_fetched{0};
-  const std::vector<absl::Status> helped = InParallel(helpers, [&](uint32_t node) -> absl::Status {
-    uint8_t* const received = scratch + scratch_offset.at(node);
+  const std::vector<absl::Status> helped = InParallel(helpers, [&](const Helper& helper) {
+    const uint32_t node = helper.node;
+    uint8_t* const received = scratch + helper.offset;
     for (const HelperRequest& request : requests_of.at(node)) {
       if (failed) return absl::OkStatus();  // another helper's failure is the one reported
       v1::DecodeUnitsRequest call;

@@ -396,6 +396,17 @@ absl::StatusOr<std::optional<absl::Span<uint8_t>>> Transfer::Reserve(
       header.length > slot.missing - awaited.reserved) {
     return absl::InvalidArgumentError(absl::StrCat(key.Describe(), ": more bytes than asked for"));
   }
+  // Each byte once: frames that overlap would leave others unwritten yet count them arrived.
+  const uint64_t end = header.offset + header.length;
+  if (header.length > 0) {
+    auto next = awaited.taken.lower_bound(header.offset);
+    if ((next != awaited.taken.end() && next->first < end) ||
+        (next != awaited.taken.begin() && std::prev(next)->second > header.offset)) {
+      return absl::InvalidArgumentError(absl::StrCat(key.Describe(), ": bytes [", header.offset,
+                                                     ", ", end, ") came in another frame already"));
+    }
+    awaited.taken.emplace(header.offset, end);
+  }
   awaited.reserved += header.length;
   ++awaited.writers;
   return absl::Span<uint8_t>(slot.buffer + header.offset, header.length);
@@ -404,7 +415,11 @@ absl::StatusOr<std::optional<absl::Span<uint8_t>>> Transfer::Reserve(
 void Transfer::Filled(const FrameHeader& header, const absl::Status& checked) {
   absl::MutexLock lock(&fetch_mutex_);
   auto it = fetches_.find(KeyOf(header));
-  if (it == fetches_.end()) return;  // never: Collect keeps the slot while frames are read in
+  if (it == fetches_.end()) {  // never: Collect keeps the slot while frames are read in
+    Log(LogLevel::kError, "data plane: ", KeyOf(header).Describe(),
+        " was filled after its fetch was collected");
+    return;
+  }
   Awaited& awaited = it->second;
   --awaited.writers;
   awaited.reserved -= header.length;

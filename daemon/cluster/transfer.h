@@ -161,6 +161,7 @@ class Transfer final : public FrameSink {
     FetchSlot slot;
     uint64_t reserved = 0;  // bytes of the frames being read in, not counted arrived yet
     int writers = 0;        // frames being read in
+    std::map<uint64_t, uint64_t> taken;  // [offset, end) of every frame read in or being read in
     std::string failure;    // why a frame read in failed its check (empty: none did)
     bool closed = false;    // being collected: takes no more frames
   };

@@ -217,11 +217,14 @@ TEST_F(DataPlaneTest, MalformedCorruptAndTruncatedFramesAreRefused) {
 // Filled says, and Accept is never called.
 class InPlaceSink : public FrameSink {
  public:
+  static constexpr uint64_t kShortStripe = 99;
+
   absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(const FrameHeader& header,
                                                              std::optional<uint32_t>) override {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<uint8_t>& memory = memory_[header.stripe];
-    memory.assign(header.length, 0);
+    // Stripe kShortStripe is given one byte less than its payload: a sink at fault.
+    memory.assign(header.stripe == kShortStripe ? header.length - 1 : header.length, 0);
     return absl::MakeSpan(memory);
   }
   void Filled(const FrameHeader& header, const absl::Status& checked) override {
@@ -258,8 +261,8 @@ class InPlaceSink : public FrameSink {
 };
 
 // A payload read into the sink's memory is checked there: a good one is reported filled, a
-// corrupt or truncated one reported failed (the sink treats those bytes as garbage), and the
-// connection of a failed one closed.
+// corrupt or truncated one reported failed (the sink treats those bytes as garbage), memory of the
+// wrong length never read into, and the connection of a failed one closed.
 TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
   InPlaceSink sink;
   absl::StatusOr<std::unique_ptr<DataPlaneServer>> server = DataPlaneServer::Start(
@@ -304,7 +307,15 @@ TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
   }
   ASSERT_TRUE(Eventually([&] { return sink.FilledOf(3).has_value(); }));
   EXPECT_STATUS(*sink.FilledOf(3), absl::StatusCode::kDataLoss);
-  ASSERT_TRUE(Eventually([&] { return (*server)->connections_rejected() == 2; }))
+  // Memory of another length than the payload is never read into.
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> other =
+      DataPlaneClient::Connect("127.0.0.1", (*server)->port(), 1);
+  ASSERT_OK(other);
+  (void)(*other)->Send(HeaderFor(1, InPlaceSink::kShortStripe), payload);
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(InPlaceSink::kShortStripe).has_value(); }));
+  EXPECT_STATUS(*sink.FilledOf(InPlaceSink::kShortStripe), absl::StatusCode::kInternal);
+  EXPECT_EQ(sink.MemoryOf(InPlaceSink::kShortStripe), std::vector<uint8_t>(payload.size() - 1, 0));
+  ASSERT_TRUE(Eventually([&] { return (*server)->connections_rejected() == 3; }))
       << (*server)->connections_rejected();
   EXPECT_EQ(sink.accepted(), 0) << "a frame read in place was accepted from a buffer as well";
 }

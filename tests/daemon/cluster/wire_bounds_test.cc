@@ -3,12 +3,16 @@
 // the buffer (a fetched unit) or before the parity unit in the pool. On an authenticated connection
 // a node sends only its own units: a parity delta of another node's data unit, or a fetched unit
 // the receiver asked of another node, is refused. A fetched frame read into its slot that fails its
-// check there fails the fetch. Pieces sent without a copy are cut into frames of at most the data
+// check there fails the fetch; frames overlapping in a slot are refused; a fetch given up on waits
+// for a frame still being read into its buffer. Pieces sent without a copy are cut into frames of at most the data
 // plane's payload, each at its offset.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -115,8 +119,8 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
 }
 
 // A fetched frame is read straight into its slot and checked there. While one is read in, its
-// bytes are taken: an overlapping frame is refused. One that fails its check fails the whole
-// fetch, naming the unit and why, and the slot takes no more frames.
+// bytes count as arrived: a frame wanting more than the rest is refused. One that fails its check
+// fails the whole fetch, naming the unit and why, and the slot takes no more frames.
 TEST(WireBoundsTest, AFrameThatFailsItsCheckInItsSlotFailsTheFetch) {
   InProcessCluster cluster(3, 2, 1);
   Transfer& transfer = cluster.node(0).transfer;
@@ -133,18 +137,85 @@ TEST(WireBoundsTest, AFrameThatFailsItsCheckInItsSlotFailsTheFetch) {
   ASSERT_TRUE(into->has_value());
   EXPECT_EQ((*into)->data(), memory.data());
   EXPECT_EQ((*into)->size(), 4096u);
-  FrameHeader overlapping = header;
-  overlapping.offset = 4000;
-  overlapping.length = 16;
-  EXPECT_STATUS(transfer.Reserve(overlapping, 2u), absl::StatusCode::kInvalidArgument);
+  FrameHeader more = header;
+  more.offset = 4000;
+  more.length = 16;
+  EXPECT_STATUS(transfer.Reserve(more, 2u), absl::StatusCode::kInvalidArgument);
   transfer.Filled(header, absl::DataLossError("payload CRC-32C is 0badf00d"));
-  EXPECT_STATUS(transfer.Reserve(overlapping, 2u), absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(transfer.Reserve(more, 2u), absl::StatusCode::kFailedPrecondition);
   const absl::Status collected = transfer.Collect({key}, absl::OkStatus());
   EXPECT_STATUS(collected, absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(collected.message(), key.Describe()) &&
               absl::StrContains(collected.message(), "0badf00d"))
       << collected;
   EXPECT_STATUS(transfer.Reserve(header, 2u), absl::StatusCode::kInvalidArgument);  // forgotten
+}
+
+// Frames of a slot may arrive in any order (a peer sends on several connections), but each byte
+// once: a frame over bytes another frame brought is refused, even while bytes are still missing,
+// since counting it would leave others unwritten.
+TEST(WireBoundsTest, FramesOverlappingEachOtherInASlotAreRefused) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> memory(4096, kCanary);
+  const FetchKey key{1, 0, 0, 2, ""};
+  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedUnit;
+  header.step = 1;
+  header.rank = 2;
+  const std::vector<uint8_t> back(2048, 0x22), front(2048, 0x11);
+  header.offset = 2048;
+  ASSERT_OK(Deliver(transfer, header, back, 2u));
+  header.offset = 1024;
+  const absl::Status overlapping = Deliver(transfer, header, front, 2u);
+  EXPECT_STATUS(overlapping, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(overlapping.message(), "came in another frame already"))
+      << overlapping;
+  header.offset = 0;
+  ASSERT_OK(Deliver(transfer, header, front, 2u));
+  EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
+  EXPECT_TRUE(std::equal(front.begin(), front.end(), memory.begin()));
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), memory.begin() + 2048));
+}
+
+// A fetch given up on (its senders failed, or it timed out) does not return while a frame is still
+// being read into its buffer, which its caller frees once it returns; meanwhile the slot takes no
+// new frame.
+TEST(WireBoundsTest, ACollectedFetchWaitsForAFrameStillBeingReadIntoItsBuffer) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> memory(4096, kCanary);
+  const FetchKey key{1, 0, 0, 2, ""};
+  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedUnit;
+  header.step = 1;
+  header.rank = 2;
+  header.length = 2048;
+  ASSERT_OK(transfer.Reserve(header, 2u));
+  std::atomic<bool> returned{false};
+  absl::Status collected;
+  std::thread collector([&] {
+    collected = transfer.Collect({key}, absl::UnavailableError("the sender failed"));
+    returned = true;
+  });
+  // A frame over the bytes being read in is refused as taken while the slot is open, as no longer
+  // awaited once the collector has closed it, and as never asked for once it is forgotten.
+  FrameHeader late = header;
+  late.length = 16;
+  absl::Status refused;
+  for (int attempt = 0; attempt < 2000; ++attempt) {
+    refused = transfer.Reserve(late, 2u).status();
+    if (refused.ok() || absl::StrContains(refused.message(), "no longer awaited")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(absl::StrContains(refused.message(), "no longer awaited")) << refused;
+  EXPECT_FALSE(returned) << "Collect returned while a frame was being read into its buffer";
+  transfer.Filled(header, absl::OkStatus());
+  if (refused.ok()) transfer.Filled(late, absl::OkStatus());
+  collector.join();
+  EXPECT_STATUS(collected, absl::StatusCode::kUnavailable);
 }
 
 // A unit sent from where its bytes lie (pieces of regions' pool memory, of any size, empty ones
