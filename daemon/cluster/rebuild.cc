@@ -108,6 +108,85 @@ absl::Status FetchFrom(Transfer* transfer,
   return transfer->Collect(keys, status);
 }
 
+// Each stripe's target unit is decoded by a helper, one of the stripe's sources holding bytes (they
+// take turns stripe by stripe), which fetches the other k - 1 and sends back the one unit: the
+// decoding node's link carries one unit per stripe, not k (repair at a helper). A helper's stripes
+// go in requests of at most `helper_bound` bytes at the helper (one stripe at least).
+struct DecodeWork {
+  uint64_t stripe = 0;
+  uint64_t length = 0;
+  int mine = 0;                  // the target's unit index in the stripe
+  uint64_t bytes = 0;            // of the target's unit
+  std::vector<int> chosen;       // the k units the helper decodes it from
+  ParityUnit* parity = nullptr;  // where a decoded parity unit goes (null: none kept)
+};
+struct HelperRequest {
+  std::vector<DecodeWork> works;
+  uint64_t helper_bytes = 0;    // what the helper decodes in: n units a stripe
+  uint64_t received_bytes = 0;  // what comes back: one unit a stripe
+};
+struct DecodePlan {
+  std::map<uint32_t, std::vector<HelperRequest>> requests_of;  // by helper node, in order
+  std::vector<DecodeWork> unhelped;  // nothing to fetch: the unit is empty, or its sources are
+  uint64_t fetched_bytes = 0;        // what the helpers send back
+};
+absl::StatusOr<DecodePlan> PlanDecode(const Topology& topology, const DecodeTarget& target,
+                                      const std::vector<uint64_t>& stripes,
+                                      const std::vector<uint64_t>& sizes,
+                                      const std::vector<bool>& holds, uint64_t helper_bound) {
+  const erasure::StripeLayout& layout = topology.layout;
+  const int k = layout.data_units();
+  const int n = layout.group_size();
+  const int64_t step = target.record.committed_step();
+  DecodePlan plan;
+  for (uint64_t stripe : stripes) {
+    DecodeWork work;
+    work.stripe = stripe;
+    work.length = layout.ParityLength(stripe, sizes);
+    if (work.length == 0) continue;
+    absl::StatusOr<StripeSources> sources =
+        ChooseSources(layout, sizes, holds, stripe, target.position);
+    if (!sources.ok()) {
+      std::vector<uint32_t> lost;
+      for (int position = 0; position < n; ++position) {
+        if (!holds[position]) lost.push_back(topology.NodeAt(target.group, position));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group ", target.group, " [", absl::StrJoin(topology.groups[target.group], ", "),
+          "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
+          n, " nodes, so step ", step, " of node ", topology.NodeAt(target.group, target.position),
+          " can no longer be recovered (", sources.status().message(), ")"));
+    }
+    work.mine = sources->target;
+    work.bytes = UnitBytes(layout, sizes, stripe, work.mine, work.length);
+    work.chosen = sources->chosen;
+    if (work.mine >= k && target.parity != nullptr) {
+      auto unit = target.parity->find(stripe);
+      if (unit == target.parity->end() || unit->second.extent == nullptr ||
+          unit->second.bytes < work.length) {
+        return absl::InternalError(absl::StrCat("no parity unit of stripe ", stripe, " (",
+                                                work.length, " bytes) to decode into"));
+      }
+      work.parity = &unit->second;
+    }
+    if (sources->holding.empty() || work.bytes == 0) {
+      plan.unhelped.push_back(std::move(work));
+      continue;
+    }
+    const int helper = sources->holding[stripe % sources->holding.size()];
+    std::vector<HelperRequest>& requests =
+        plan.requests_of[topology.NodeAt(target.group, PositionOf(layout, stripe, helper))];
+    if (requests.empty() || requests.back().helper_bytes + work.length * n > helper_bound) {
+      requests.emplace_back();
+    }
+    requests.back().helper_bytes += work.length * n;
+    requests.back().received_bytes += work.length;
+    plan.fetched_bytes += work.bytes;
+    requests.back().works.push_back(std::move(work));
+  }
+  return plan;
+}
+
 }  // namespace
 
 Rebuilder::Rebuilder(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
@@ -225,84 +304,22 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
   const int k = layout.data_units();
-  const int n = layout.group_size();
   const int64_t step = target.record.committed_step();
   OperationProgress progress = ProgressBoard::Default().Begin("rebuild", stripes.size(), "stripes");
   const std::vector<uint64_t> sizes = ImageSizes(target.record);
   // Asked now, not taken from what membership last heard: a peer may have committed since.
   const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
 
-  // Each stripe's target unit is decoded by a helper, one of the stripe's sources holding bytes
-  // (they take turns stripe by stripe), which fetches the other k - 1 and sends back the one unit:
-  // this node's link carries one unit per stripe, not k (repair at a helper). A helper's stripes
-  // go in requests of at most what it decodes at once, and each helper is sent its next request as
-  // soon as it has answered the last: no helper idles while the slowest finishes.
-  struct Work {
-    uint64_t stripe = 0;
-    uint64_t length = 0;
-    int mine = 0;                  // the target's unit index in the stripe
-    uint64_t bytes = 0;            // of the target's unit
-    std::vector<int> chosen;       // the k units the helper decodes it from
-    ParityUnit* parity = nullptr;  // where a decoded parity unit goes (null: none kept)
-  };
-  struct HelperRequest {
-    std::vector<Work> works;
-    uint64_t helper_bytes = 0;    // what the helper decodes in: n units a stripe
-    uint64_t received_bytes = 0;  // what comes back: one unit a stripe
-  };
-  std::map<uint32_t, std::vector<HelperRequest>> requests_of;
-  std::vector<Work> unhelped;  // nothing to fetch: the target unit is empty, or so are its sources
-  const uint64_t helper_bound = HelperRequestBound();
-  for (uint64_t stripe : stripes) {
-    Work work;
-    work.stripe = stripe;
-    work.length = layout.ParityLength(stripe, sizes);
-    if (work.length == 0) continue;
-    absl::StatusOr<StripeSources> sources =
-        ChooseSources(layout, sizes, holds, stripe, target.position);
-    if (!sources.ok()) {
-      std::vector<uint32_t> lost;
-      for (int position = 0; position < n; ++position) {
-        if (!holds[position]) lost.push_back(topology.NodeAt(target.group, position));
-      }
-      return absl::FailedPreconditionError(absl::StrCat(
-          "group ", target.group, " [", absl::StrJoin(topology.groups[target.group], ", "),
-          "] has lost nodes [", absl::StrJoin(lost, ", "), "]: more than m = ", n - k, " of its ",
-          n, " nodes, so step ", step, " of node ", topology.NodeAt(target.group, target.position),
-          " can no longer be recovered (", sources.status().message(), ")"));
-    }
-    work.mine = sources->target;
-    work.bytes = UnitBytes(layout, sizes, stripe, work.mine, work.length);
-    work.chosen = sources->chosen;
-    if (work.mine >= k && target.parity != nullptr) {
-      auto unit = target.parity->find(stripe);
-      if (unit == target.parity->end() || unit->second.extent == nullptr ||
-          unit->second.bytes < work.length) {
-        return absl::InternalError(absl::StrCat("no parity unit of stripe ", stripe, " (",
-                                                work.length, " bytes) to decode into"));
-      }
-      work.parity = &unit->second;
-    }
-    if (sources->holding.empty() || work.bytes == 0) {
-      unhelped.push_back(std::move(work));
-      continue;
-    }
-    const int helper = sources->holding[stripe % sources->holding.size()];
-    std::vector<HelperRequest>& requests =
-        requests_of[topology.NodeAt(target.group, PositionOf(layout, stripe, helper))];
-    if (requests.empty() ||
-        requests.back().helper_bytes + work.length * n > helper_bound) {
-      requests.emplace_back();
-    }
-    requests.back().helper_bytes += work.length * n;
-    requests.back().received_bytes += work.length;
-    stats->set_fetched_bytes(stats->fetched_bytes() + work.bytes);
-    requests.back().works.push_back(std::move(work));
-  }
+  absl::StatusOr<DecodePlan> plan =
+      PlanDecode(topology, target, stripes, sizes, holds, HelperRequestBound());
+  if (!plan.ok()) return plan.status();
+  stats->set_fetched_bytes(stats->fetched_bytes() + plan->fetched_bytes);
+  const std::map<uint32_t, std::vector<HelperRequest>>& requests_of = plan->requests_of;
+  const std::vector<DecodeWork>& unhelped = plan->unhelped;
 
   absl::Mutex stats_mutex;
   // Writes a decoded unit where the target wants it; called from each helper's thread.
-  auto finish = [&](const Work& work, const uint8_t* unit) {
+  auto finish = [&](const DecodeWork& work, const uint8_t* unit) {
     uint64_t data_bytes = 0;
     uint64_t parity_bytes = 0;
     if (work.mine < k) {
@@ -322,7 +339,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   };
   if (!unhelped.empty()) {  // zeros: their sources are virtually zero, or they are empty
     const std::vector<uint8_t> zeros(layout.unit_bytes());
-    for (const Work& work : unhelped) finish(work, zeros.data());
+    for (const DecodeWork& work : unhelped) finish(work, zeros.data());
   }
 
   // What each helper's answers land in, one request's worth each: from the pool when it has room
@@ -356,6 +373,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   }
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> helper_fetched{0};
+  // Each helper is sent its next request as soon as it has answered the last: no helper idles
+  // while the slowest finishes.
   const std::vector<absl::Status> helped = InParallel(helpers, [&](const Helper& helper) {
     const uint32_t node = helper.node;
     uint8_t* const received = scratch + helper.offset;
@@ -366,7 +385,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
       call.set_step(step);
       std::vector<std::pair<FetchKey, FetchSlot>> slots;
       uint64_t offset = 0;
-      for (const Work& work : request.works) {
+      for (const DecodeWork& work : request.works) {
         v1::DecodeStripe* stripe = call.add_stripes();
         stripe->set_stripe(work.stripe);
         stripe->set_target(static_cast<uint32_t>(work.mine));
@@ -389,7 +408,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
         return fetched;
       }
       offset = 0;
-      for (const Work& work : request.works) {
+      for (const DecodeWork& work : request.works) {
         finish(work, received + offset);
         offset += work.length;
       }
