@@ -213,113 +213,6 @@ TEST_F(DataPlaneTest, MalformedCorruptAndTruncatedFramesAreRefused) {
   EXPECT_EQ(sink_.Get(1, 1).second, payload);
 }
 
-// A sink that has payloads read straight into memory of its own: each frame's outcome is what
-// Filled says, and Accept is never called.
-class InPlaceSink : public FrameSink {
- public:
-  static constexpr uint64_t kShortStripe = 99;
-
-  absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(const FrameHeader& header,
-                                                             std::optional<uint32_t>) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<uint8_t>& memory = memory_[header.stripe];
-    // Stripe kShortStripe is given one byte less than its payload: a sink at fault.
-    memory.assign(header.stripe == kShortStripe ? header.length - 1 : header.length, 0);
-    return absl::MakeSpan(memory);
-  }
-  void Filled(const FrameHeader& header, const absl::Status& checked) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    filled_[header.stripe] = checked;
-  }
-  absl::Status Accept(const FrameHeader&, absl::Span<const uint8_t>,
-                      std::optional<uint32_t>) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++accepted_;
-    return absl::OkStatus();
-  }
-  // What Filled said of the frame of `stripe` (nullopt: nothing yet), and its memory.
-  std::optional<absl::Status> FilledOf(uint64_t stripe) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = filled_.find(stripe);
-    if (it == filled_.end()) return std::nullopt;
-    return it->second;
-  }
-  std::vector<uint8_t> MemoryOf(uint64_t stripe) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return memory_[stripe];
-  }
-  int accepted() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return accepted_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<uint64_t, std::vector<uint8_t>> memory_;
-  std::map<uint64_t, absl::Status> filled_;
-  int accepted_ = 0;
-};
-
-// A payload read into the sink's memory is checked there: a good one is reported filled, a
-// corrupt or truncated one reported failed (the sink treats those bytes as garbage), memory of the
-// wrong length never read into, and the connection of a failed one closed.
-TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
-  InPlaceSink sink;
-  absl::StatusOr<std::unique_ptr<DataPlaneServer>> server = DataPlaneServer::Start(
-      {.host = "127.0.0.1", .port = 0, .max_payload_bytes = 1 << 20}, &sink);
-  ASSERT_OK(server);
-  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =
-      DataPlaneClient::Connect("127.0.0.1", (*server)->port(), 1);
-  ASSERT_OK(client);
-  const std::vector<uint8_t> payload = PayloadFor(1, 1);
-  ASSERT_OK((*client)->Send(HeaderFor(1, 1), payload));
-  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(1).has_value(); }));
-  EXPECT_OK(*sink.FilledOf(1));
-  EXPECT_EQ(sink.MemoryOf(1), payload);
-
-  asio::io_context io;
-  FrameHeader header = HeaderFor(1, 2);
-  const std::vector<uint8_t> second = PayloadFor(1, 2);
-  header.length = static_cast<uint32_t>(second.size());
-  header.payload_crc = erasure::Crc32c(second.data(), second.size());
-  uint8_t bytes[FrameHeader::kBytes];
-  EncodeFrameHeader(header, bytes);
-  std::vector<uint8_t> damaged = second;
-  damaged[10] ^= 1;
-  tcp::socket corrupt(io);
-  corrupt.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), (*server)->port()));
-  asio::write(corrupt, std::array<asio::const_buffer, 3>{
-                           asio::buffer(bytes), asio::buffer(header.region), asio::buffer(damaged)});
-  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(2).has_value(); }));
-  EXPECT_STATUS(*sink.FilledOf(2), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StrContains(sink.FilledOf(2)->message(), "CRC")) << *sink.FilledOf(2);
-
-  header = HeaderFor(1, 3);
-  header.length = static_cast<uint32_t>(second.size());
-  header.payload_crc = erasure::Crc32c(second.data(), second.size());
-  EncodeFrameHeader(header, bytes);
-  {  // Truncated: the sender goes away inside the payload.
-    tcp::socket truncated(io);
-    truncated.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), (*server)->port()));
-    asio::write(truncated, std::array<asio::const_buffer, 3>{asio::buffer(bytes),
-                                                             asio::buffer(header.region),
-                                                             asio::buffer(second.data(), 100)});
-  }
-  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(3).has_value(); }));
-  EXPECT_STATUS(*sink.FilledOf(3), absl::StatusCode::kDataLoss);
-  // Memory of another length than the payload is never read into.
-  absl::StatusOr<std::unique_ptr<DataPlaneClient>> other =
-      DataPlaneClient::Connect("127.0.0.1", (*server)->port(), 1);
-  ASSERT_OK(other);
-  (void)(*other)->Send(HeaderFor(1, InPlaceSink::kShortStripe), payload);
-  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(InPlaceSink::kShortStripe).has_value(); }));
-  EXPECT_STATUS(*sink.FilledOf(InPlaceSink::kShortStripe), absl::StatusCode::kInternal);
-  EXPECT_EQ(sink.MemoryOf(InPlaceSink::kShortStripe), std::vector<uint8_t>(payload.size() - 1, 0));
-  ASSERT_TRUE(Eventually([&] { return (*server)->connections_rejected() == 3; }))
-      << (*server)->connections_rejected();
-  EXPECT_EQ(sink.accepted(), 0) << "a frame read in place was accepted from a buffer as well";
-}
-
 TEST_F(DataPlaneTest, ASinkErrorClosesTheConnectionAndTheClientReconnects) {
   absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =
       DataPlaneClient::Connect("127.0.0.1", server_->port(), 1);
@@ -453,6 +346,108 @@ TEST(DataPlaneLimitsTest, AcceptGoesOnAfterRunningOutOfDescriptors) {
                                                             asio::buffer(payload)});
   ASSERT_TRUE(Eventually([&] { return sink.size() == 1; }));
   EXPECT_EQ(sink.Get(2, 3).second, payload);
+}
+
+// A sink that has payloads read straight into memory of its own: each frame's outcome is what
+// Filled says, and Accept is never called.
+class InPlaceSink : public FrameSink {
+ public:
+  static constexpr uint64_t kShortStripe = 99;
+
+  absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(const FrameHeader& header,
+                                                             std::optional<uint32_t>) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<uint8_t>& memory = memory_[header.stripe];
+    // Stripe kShortStripe is given one byte less than its payload: a sink at fault.
+    memory.assign(header.stripe == kShortStripe ? header.length - 1 : header.length, 0);
+    return absl::MakeSpan(memory);
+  }
+  void Filled(const FrameHeader& header, const absl::Status& checked) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    filled_[header.stripe] = checked;
+  }
+  absl::Status Accept(const FrameHeader&, absl::Span<const uint8_t>,
+                      std::optional<uint32_t>) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++accepted_;
+    return absl::OkStatus();
+  }
+  // What Filled said of the frame of `stripe` (nullopt: nothing yet), and its memory.
+  std::optional<absl::Status> FilledOf(uint64_t stripe) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = filled_.find(stripe);
+    if (it == filled_.end()) return std::nullopt;
+    return it->second;
+  }
+  std::vector<uint8_t> MemoryOf(uint64_t stripe) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return memory_[stripe];
+  }
+  int accepted() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return accepted_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<uint64_t, std::vector<uint8_t>> memory_;
+  std::map<uint64_t, absl::Status> filled_;
+  int accepted_ = 0;
+};
+
+// A payload read into the sink's memory is checked there: a good one is reported filled, a
+// corrupt or truncated one reported failed (the sink treats those bytes as garbage), memory of the
+// wrong length never read into, and the connection of a failed one closed.
+TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
+  InPlaceSink sink;
+  std::unique_ptr<DataPlaneServer> server = StartServer({}, &sink);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =
+      DataPlaneClient::Connect("127.0.0.1", server->port(), 1);
+  ASSERT_OK(client);
+  const std::vector<uint8_t> payload = PayloadFor(1, 1);
+  ASSERT_OK((*client)->Send(HeaderFor(1, 1), payload));
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(1).has_value(); }));
+  EXPECT_OK(*sink.FilledOf(1));
+  EXPECT_EQ(sink.MemoryOf(1), payload);
+
+  asio::io_context io;
+  FrameHeader header = HeaderFor(1, 2);
+  const std::vector<uint8_t> second = PayloadFor(1, 2);
+  ASSERT_OK(SealFrame(header, {absl::Span<const uint8_t>(second)}));
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+  std::vector<uint8_t> damaged = second;
+  damaged[10] ^= 1;
+  tcp::socket corrupt = RawTo(io, server->port());
+  asio::write(corrupt, std::array<asio::const_buffer, 3>{
+                           asio::buffer(bytes), asio::buffer(header.region), asio::buffer(damaged)});
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(2).has_value(); }));
+  EXPECT_STATUS(*sink.FilledOf(2), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(sink.FilledOf(2)->message(), "CRC")) << *sink.FilledOf(2);
+
+  header = HeaderFor(1, 3);
+  ASSERT_OK(SealFrame(header, {absl::Span<const uint8_t>(second)}));
+  EncodeFrameHeader(header, bytes);
+  {  // Truncated: the sender goes away inside the payload.
+    tcp::socket truncated = RawTo(io, server->port());
+    asio::write(truncated, std::array<asio::const_buffer, 3>{asio::buffer(bytes),
+                                                             asio::buffer(header.region),
+                                                             asio::buffer(second.data(), 100)});
+  }
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(3).has_value(); }));
+  EXPECT_STATUS(*sink.FilledOf(3), absl::StatusCode::kDataLoss);
+  // Memory of another length than the payload is never read into.
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> other =
+      DataPlaneClient::Connect("127.0.0.1", server->port(), 1);
+  ASSERT_OK(other);
+  (void)(*other)->Send(HeaderFor(1, InPlaceSink::kShortStripe), payload);
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(InPlaceSink::kShortStripe).has_value(); }));
+  EXPECT_STATUS(*sink.FilledOf(InPlaceSink::kShortStripe), absl::StatusCode::kInternal);
+  EXPECT_EQ(sink.MemoryOf(InPlaceSink::kShortStripe), std::vector<uint8_t>(payload.size() - 1, 0));
+  ASSERT_TRUE(Eventually([&] { return server->connections_rejected() == 3; }))
+      << server->connections_rejected();
+  EXPECT_EQ(sink.accepted(), 0) << "a frame read in place was accepted from a buffer as well";
 }
 
 TEST(DataPlaneClientTest, UnreachablePeerAndBadArgumentsAreNamed) {

@@ -118,102 +118,98 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   EXPECT_EQ(memory, whole);
 }
 
+// Node 0 of a (2,1) cluster awaiting a 4096-byte unit (stripe 0 of step 1) from node 2, between
+// canaries, and the header of the unit's frames.
+class WireBoundsSlotTest : public ::testing::Test {
+ protected:
+  WireBoundsSlotTest() : cluster_(3, 2, 1), transfer_(cluster_.node(0).transfer) {
+    header_.kind = FrameKind::kFetchedUnit;
+    header_.step = 1;
+    header_.rank = 2;
+  }
+  void SetUp() override {
+    ASSERT_OK(transfer_.Expect({{key_, {memory_.data() + 64, 4096, 4096, /*source=*/2}}}));
+  }
+  uint8_t* unit() { return memory_.data() + 64; }
+
+  InProcessCluster cluster_;
+  Transfer& transfer_;
+  std::vector<uint8_t> memory_ = std::vector<uint8_t>(64 + 4096 + 64, kCanary);
+  const FetchKey key_{1, 0, 0, 2, ""};
+  FrameHeader header_;
+};
+
 // A fetched frame is read straight into its slot and checked there. While one is read in, its
 // bytes count as arrived: a frame wanting more than the rest is refused. One that fails its check
 // fails the whole fetch, naming the unit and why, and the slot takes no more frames.
-TEST(WireBoundsTest, AFrameThatFailsItsCheckInItsSlotFailsTheFetch) {
-  InProcessCluster cluster(3, 2, 1);
-  Transfer& transfer = cluster.node(0).transfer;
-  std::vector<uint8_t> memory(4096, kCanary);
-  const FetchKey key{1, 0, 0, 2, ""};
-  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
-  FrameHeader header;
-  header.kind = FrameKind::kFetchedUnit;
-  header.step = 1;
-  header.rank = 2;
-  header.length = 4096;
-  absl::StatusOr<std::optional<absl::Span<uint8_t>>> into = transfer.Reserve(header, 2u);
+TEST_F(WireBoundsSlotTest, AFrameThatFailsItsCheckInItsSlotFailsTheFetch) {
+  header_.length = 4096;
+  absl::StatusOr<std::optional<absl::Span<uint8_t>>> into = transfer_.Reserve(header_, 2u);
   ASSERT_OK(into);
   ASSERT_TRUE(into->has_value());
-  EXPECT_EQ((*into)->data(), memory.data());
+  EXPECT_EQ((*into)->data(), unit());
   EXPECT_EQ((*into)->size(), 4096u);
-  FrameHeader more = header;
+  FrameHeader more = header_;
   more.offset = 4000;
   more.length = 16;
-  EXPECT_STATUS(transfer.Reserve(more, 2u), absl::StatusCode::kInvalidArgument);
-  transfer.Filled(header, absl::DataLossError("payload CRC-32C is 0badf00d"));
-  EXPECT_STATUS(transfer.Reserve(more, 2u), absl::StatusCode::kFailedPrecondition);
-  const absl::Status collected = transfer.Collect({key}, absl::OkStatus());
+  EXPECT_STATUS(transfer_.Reserve(more, 2u), absl::StatusCode::kInvalidArgument);
+  transfer_.Filled(header_, absl::DataLossError("payload CRC-32C is 0badf00d"));
+  EXPECT_STATUS(transfer_.Reserve(more, 2u), absl::StatusCode::kFailedPrecondition);
+  const absl::Status collected = transfer_.Collect({key_}, absl::OkStatus());
   EXPECT_STATUS(collected, absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StrContains(collected.message(), key.Describe()) &&
+  EXPECT_TRUE(absl::StrContains(collected.message(), key_.Describe()) &&
               absl::StrContains(collected.message(), "0badf00d"))
       << collected;
-  EXPECT_STATUS(transfer.Reserve(header, 2u), absl::StatusCode::kInvalidArgument);  // forgotten
+  EXPECT_STATUS(transfer_.Reserve(header_, 2u), absl::StatusCode::kInvalidArgument);  // forgotten
 }
 
 // Frames of a slot may arrive in any order (a peer sends on several connections), but each byte
 // once: a frame over bytes another frame brought is refused, even while bytes are still missing,
 // since counting it would leave others unwritten.
-TEST(WireBoundsTest, FramesOverlappingEachOtherInASlotAreRefused) {
-  InProcessCluster cluster(3, 2, 1);
-  Transfer& transfer = cluster.node(0).transfer;
-  std::vector<uint8_t> memory(4096, kCanary);
-  const FetchKey key{1, 0, 0, 2, ""};
-  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
-  FrameHeader header;
-  header.kind = FrameKind::kFetchedUnit;
-  header.step = 1;
-  header.rank = 2;
+TEST_F(WireBoundsSlotTest, FramesOverlappingEachOtherInASlotAreRefused) {
   const std::vector<uint8_t> back(2048, 0x22), front(2048, 0x11);
-  header.offset = 2048;
-  ASSERT_OK(Deliver(transfer, header, back, 2u));
-  header.offset = 1024;
-  const absl::Status overlapping = Deliver(transfer, header, front, 2u);
+  header_.offset = 2048;
+  ASSERT_OK(Deliver(transfer_, header_, back, 2u));
+  header_.offset = 1024;
+  const absl::Status overlapping = Deliver(transfer_, header_, front, 2u);
   EXPECT_STATUS(overlapping, absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(overlapping.message(), "came in another frame already"))
       << overlapping;
-  header.offset = 0;
-  ASSERT_OK(Deliver(transfer, header, front, 2u));
-  EXPECT_OK(transfer.Collect({key}, absl::OkStatus()));
-  EXPECT_TRUE(std::equal(front.begin(), front.end(), memory.begin()));
-  EXPECT_TRUE(std::equal(back.begin(), back.end(), memory.begin() + 2048));
+  header_.offset = 0;
+  ASSERT_OK(Deliver(transfer_, header_, front, 2u));
+  EXPECT_OK(transfer_.Collect({key_}, absl::OkStatus()));
+  EXPECT_TRUE(std::equal(front.begin(), front.end(), unit()));
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), unit() + 2048));
+  EXPECT_EQ(memory_[63], kCanary);
+  EXPECT_EQ(memory_[64 + 4096], kCanary);
 }
 
 // A fetch given up on (its senders failed, or it timed out) does not return while a frame is still
 // being read into its buffer, which its caller frees once it returns; meanwhile the slot takes no
 // new frame.
-TEST(WireBoundsTest, ACollectedFetchWaitsForAFrameStillBeingReadIntoItsBuffer) {
-  InProcessCluster cluster(3, 2, 1);
-  Transfer& transfer = cluster.node(0).transfer;
-  std::vector<uint8_t> memory(4096, kCanary);
-  const FetchKey key{1, 0, 0, 2, ""};
-  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
-  FrameHeader header;
-  header.kind = FrameKind::kFetchedUnit;
-  header.step = 1;
-  header.rank = 2;
-  header.length = 2048;
-  ASSERT_OK(transfer.Reserve(header, 2u));
+TEST_F(WireBoundsSlotTest, ACollectedFetchWaitsForAFrameStillBeingReadIntoItsBuffer) {
+  header_.length = 2048;
+  ASSERT_OK(transfer_.Reserve(header_, 2u));
   std::atomic<bool> returned{false};
   absl::Status collected;
   std::thread collector([&] {
-    collected = transfer.Collect({key}, absl::UnavailableError("the sender failed"));
+    collected = transfer_.Collect({key_}, absl::UnavailableError("the sender failed"));
     returned = true;
   });
   // A frame over the bytes being read in is refused as taken while the slot is open, as no longer
   // awaited once the collector has closed it, and as never asked for once it is forgotten.
-  FrameHeader late = header;
+  FrameHeader late = header_;
   late.length = 16;
   absl::Status refused;
   for (int attempt = 0; attempt < 2000; ++attempt) {
-    refused = transfer.Reserve(late, 2u).status();
+    refused = transfer_.Reserve(late, 2u).status();
     if (refused.ok() || absl::StrContains(refused.message(), "no longer awaited")) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(absl::StrContains(refused.message(), "no longer awaited")) << refused;
   EXPECT_FALSE(returned) << "Collect returned while a frame was being read into its buffer";
-  transfer.Filled(header, absl::OkStatus());
-  if (refused.ok()) transfer.Filled(late, absl::OkStatus());
+  transfer_.Filled(header_, absl::OkStatus());
+  if (refused.ok()) transfer_.Filled(late, absl::OkStatus());
   collector.join();
   EXPECT_STATUS(collected, absl::StatusCode::kUnavailable);
 }
