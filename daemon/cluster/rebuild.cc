@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "daemon/cluster/parallel.h"
+#include "daemon/cluster/stripe_units.h"
 #include "daemon/progress.h"
 #include "erasure/crc32c.h"
 
@@ -25,28 +26,6 @@ metrics::Counter& rebuilt_bytes = metrics::Registry::Default().AddCounter(
 metrics::Counter& caught_up_steps_total = metrics::Registry::Default().AddCounter(
     "moesnap_rebuild_caught_up_steps_total",
     "Committed steps this node caught up with from the parity it received while it rebuilt");
-
-std::vector<uint64_t> ImageSizes(const v1::JournalCluster& record) {
-  std::vector<uint64_t> sizes;
-  for (const v1::NodeImage& image : record.group_images()) sizes.push_back(image.bytes());
-  return sizes;
-}
-
-// The group position of unit `unit` (0..k-1 data, k..n-1 parity) of `stripe`.
-int PositionOf(const erasure::StripeLayout& layout, uint64_t stripe, int unit) {
-  const erasure::StripeMembers members = layout.Members(stripe);
-  const int k = layout.data_units();
-  return unit < k ? members.data_positions[unit] : members.parity_positions[unit - k];
-}
-
-// The bytes unit `unit` of `stripe` holds: a data unit's own (0 past its image's end), a parity
-// unit's `length`, the stripe's.
-uint64_t UnitBytes(const erasure::StripeLayout& layout, const std::vector<uint64_t>& sizes,
-                   uint64_t stripe, int unit, uint64_t length) {
-  if (unit >= layout.data_units()) return length;
-  const int position = PositionOf(layout, stripe, unit);
-  return layout.UnitLength(sizes[position], layout.DataUnitOf(position, stripe));
-}
 
 // Which units decode the unit of position `target` in `stripe`: k of them, virtually zero data
 // units first (known without asking anyone), then data, then parity units of holders.
@@ -85,27 +64,6 @@ absl::StatusOr<StripeSources> ChooseSources(const erasure::StripeLayout& layout,
         "stripe ", stripe, " has ", sources.chosen.size(), " of the ", k, " units it needs"));
   }
   return sources;
-}
-
-// Registers `slots`, has every node of `requests` push its part over the data plane (`call`, all
-// nodes at once), and waits for every byte: OK, or the first failure naming its node.
-template <typename Request, typename Call>
-absl::Status FetchFrom(Transfer* transfer,
-                       const std::vector<std::pair<FetchKey, FetchSlot>>& slots,
-                       const std::map<uint32_t, Request>& requests, Call call) {
-  if (absl::Status expected = transfer->Expect(slots); !expected.ok()) return expected;
-  std::vector<uint32_t> nodes;
-  for (const auto& [id, request] : requests) nodes.push_back(id);
-  const std::vector<absl::Status> sent = InParallel(nodes, [&](uint32_t id) -> absl::Status {
-    const absl::Status status = call(id, requests.at(id));
-    if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat("node ", id, ": ", status.message()));
-  });
-  absl::Status status;
-  for (const absl::Status& one : sent) status.Update(one);
-  std::vector<FetchKey> keys;
-  for (const auto& [key, slot] : slots) keys.push_back(key);
-  return transfer->Collect(keys, status);
 }
 
 // Each stripe's target unit is decoded by a helper, one of the stripe's sources holding bytes (they
@@ -193,7 +151,8 @@ Rebuilder::Rebuilder(const ClusterContext& context, ClusterStore* store, ParityS
                      Transfer* transfer, Pool* pool, DecisionLog* log,
                      const RebuildOptions& options)
     : context_(context), store_(store), parity_(parity), transfer_(transfer), pool_(pool),
-      log_(log), options_(options) {}
+      log_(log), options_(options),
+      helper_(context, store, transfer, options.helper_request_bytes) {}
 
 Rebuilder::~Rebuilder() {
   {
@@ -287,11 +246,6 @@ std::vector<bool> Rebuilder::HoldersOf(int group, int64_t step, int excluded) {
   return result;
 }
 
-uint64_t Rebuilder::HelperRequestBound() const {
-  const erasure::StripeLayout& layout = context_.layout();
-  return std::max(options_.helper_request_bytes, layout.unit_bytes() * layout.group_size());
-}
-
 absl::Status Rebuilder::Decode(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                                v1::RebuildResponse* stats) {
   absl::MutexLock lock(&decode_mutex_);
@@ -311,7 +265,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
 
   absl::StatusOr<DecodePlan> plan =
-      PlanDecode(topology, target, stripes, sizes, holds, HelperRequestBound());
+      PlanDecode(topology, target, stripes, sizes, holds,
+                 HelperRequestBound(layout, options_.helper_request_bytes));
   if (!plan.ok()) return plan.status();
   stats->set_fetched_bytes(stats->fetched_bytes() + plan->fetched_bytes);
   const std::map<uint32_t, std::vector<HelperRequest>>& requests_of = plan->requests_of;
@@ -424,154 +379,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
 
 absl::StatusOr<v1::DecodeUnitsResponse> Rebuilder::DecodeFor(
     const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled) {
-  absl::MutexLock lock(&help_mutex_);
-  const erasure::StripeLayout& layout = context_.layout();
-  const Topology& topology = *context_.topology;
-  const uint32_t self = context_.node_id();
-  const int k = layout.data_units();
-  const int n = layout.group_size();
-  const v1::JournalCluster record = store_->ClusterRecord();
-  if (!record.has_committed_step() || record.committed_step() != request.step()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node ", self, " does not hold step ", request.step()));
-  }
-  if (record.group_images_size() != n) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node ", self, " holds ", record.group_images_size(), " images of step ",
-                     request.step(), ", not its group's ", n));
-  }
-  const std::vector<uint64_t> sizes = ImageSizes(record);
-  const uint64_t stripe_count = layout.StripeCount(sizes);
-  // Every stripe once, of the step, holding bytes, with a target that holds bytes and k distinct
-  // other sources; the scratch it takes (n units a stripe) within HelperRequestBound().
-  const uint64_t max_scratch = HelperRequestBound();
-  std::set<uint64_t> seen;
-  uint64_t scratch_bytes = 0;
-  for (const v1::DecodeStripe& stripe : request.stripes()) {
-    const std::string what = absl::StrCat("stripe ", stripe.stripe(), " of step ", request.step());
-    if (stripe.stripe() >= stripe_count || !seen.insert(stripe.stripe()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, stripe.stripe() >= stripe_count
-                                 ? absl::StrCat(": the step has ", stripe_count, " stripes")
-                                 : " is asked for twice"));
-    }
-    std::set<uint32_t> sources(stripe.sources().begin(), stripe.sources().end());
-    if (stripe.target() >= static_cast<uint32_t>(n) || stripe.sources_size() != k ||
-        sources.size() != static_cast<size_t>(k) || *sources.rbegin() >= static_cast<uint32_t>(n) ||
-        sources.contains(stripe.target())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": decoding unit ", stripe.target(), " takes ", k,
-                       " distinct other units of the stripe's ", n, ", got [",
-                       absl::StrJoin(stripe.sources(), ", "), "]"));
-    }
-    const uint64_t length = layout.ParityLength(stripe.stripe(), sizes);
-    if (UnitBytes(layout, sizes, stripe.stripe(), static_cast<int>(stripe.target()), length) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": unit ", stripe.target(), " holds no bytes to decode"));
-    }
-    scratch_bytes += length * n;
-    if (scratch_bytes > max_scratch) {
-      return absl::InvalidArgumentError(absl::StrCat(request.stripes_size(),
-                                                     " stripes take more than ", max_scratch,
-                                                     " bytes to decode at once"));
-    }
-  }
-  // Not zeroed: FetchSources fills every source (padding included), the decode every other unit.
-  if (help_scratch_bytes_ < scratch_bytes) {
-    help_scratch_bytes_ = 0;
-    help_scratch_.reset();
-    help_scratch_ = std::make_unique_for_overwrite<uint8_t[]>(scratch_bytes);
-    help_scratch_bytes_ = scratch_bytes;
-  }
-  uint8_t* const scratch = help_scratch_.get();
-  std::vector<StripeUnits> works;
-  uint64_t used = 0;
-  for (const v1::DecodeStripe& stripe : request.stripes()) {
-    StripeUnits work;
-    work.stripe = stripe.stripe();
-    work.length = layout.ParityLength(work.stripe, sizes);
-    work.target = static_cast<int>(stripe.target());
-    for (uint32_t i : stripe.sources()) work.chosen.push_back(static_cast<int>(i));
-    for (int i = 0; i < n; ++i) work.units.push_back(scratch + used + i * work.length);
-    used += work.length * n;
-    works.push_back(std::move(work));
-  }
-  // A caller that gave up (its deadline passed, another helper failed) is not served further.
-  if (cancelled()) return absl::CancelledError("the rebuilding node no longer waits");
-  absl::StatusOr<uint64_t> fetched = FetchSources(request.step(), topology.group, sizes, works);
-  if (!fetched.ok()) return fetched.status();
-  if (cancelled()) return absl::CancelledError("the rebuilding node no longer waits");
-  v1::DecodeUnitsResponse response;
-  response.set_fetched_bytes(*fetched);
-  for (StripeUnits& work : works) {
-    std::vector<int> erased;
-    for (int i = 0; i < n; ++i) {
-      if (std::find(work.chosen.begin(), work.chosen.end(), i) == work.chosen.end()) {
-        erased.push_back(i);
-      }
-    }
-    if (absl::Status decoded = topology.codec->Decode(work.units, erased, work.length);
-        !decoded.ok()) {
-      return decoded;
-    }
-    FrameHeader header;
-    header.kind = FrameKind::kFetchedUnit;
-    header.step = request.step();
-    header.rank = self;
-    header.stripe = work.stripe;
-    header.stripe_unit = static_cast<uint32_t>(work.target);
-    const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, work.target, work.length);
-    if (absl::Status status =
-            transfer_->SendFrames(request.to_node(), header, work.units[work.target], bytes);
-        !status.ok()) {
-      return status;
-    }
-    response.set_sent_bytes(response.sent_bytes() + bytes);
-  }
-  return response;
-}
-
-absl::StatusOr<uint64_t> Rebuilder::FetchSources(int64_t step, int group,
-                                                 const std::vector<uint64_t>& sizes,
-                                                 std::vector<StripeUnits>& works) {
-  const erasure::StripeLayout& layout = context_.layout();
-  const Topology& topology = *context_.topology;
-  const uint32_t self = context_.node_id();
-  std::map<uint32_t, v1::SendUnitsRequest> requests;
-  std::vector<std::pair<FetchKey, FetchSlot>> slots;
-  std::vector<Transfer::OwnCopy> own;
-  uint64_t fetched = 0;
-  for (StripeUnits& work : works) {
-    for (int i : work.chosen) {
-      const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, i, work.length);
-      // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
-      std::memset(work.units[i] + bytes, 0, work.length - bytes);
-      if (bytes == 0) continue;
-      const uint32_t source = topology.NodeAt(group, PositionOf(layout, work.stripe, i));
-      if (source == self) {
-        own.push_back({work.stripe, static_cast<uint32_t>(i), work.units[i], bytes});
-        continue;
-      }
-      slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, ""},
-                       {work.units[i], bytes, bytes, source}});
-      v1::SendUnitsRequest& request = requests[source];
-      request.set_to_node(self);
-      request.set_step(step);
-      v1::UnitRef* ref = request.add_units();
-      ref->set_stripe(work.stripe);
-      ref->set_unit(static_cast<uint32_t>(i));
-      fetched += bytes;
-    }
-  }
-  if (absl::Status copied = transfer_->CopyOwnUnits(step, own); !copied.ok()) return copied;
-  if (absl::Status status = FetchFrom(transfer_, slots, requests,
-                                     [&](uint32_t id, const v1::SendUnitsRequest& request) {
-                                       return context_.peers->SendUnits(id, request).status();
-                                     });
-      !status.ok()) {
-    return status;
-  }
-  return fetched;
+  return helper_.DecodeFor(request, cancelled);
 }
 
 absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,

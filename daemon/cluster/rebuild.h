@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/control.h"
+#include "daemon/cluster/decode_helper.h"
 #include "daemon/cluster/transfer.h"
 #include "daemon/cluster_store.h"
 #include "daemon/parity_store.h"
@@ -94,12 +95,8 @@ class Rebuilder {
   // time on this node.
   absl::Status Decode(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                       v1::RebuildResponse* stats);
-  // As a helper of a rebuilding node (DecodeUnits): fetches each stripe's sources from their
-  // nodes (its own unit read here), decodes the target unit and sends it to request.to_node. One
-  // request at a time on this node, apart from its own decodes; CANCELLED once `cancelled` says
-  // the caller gave up. The memory it decodes in is kept for the next request (at most
-  // HelperRequestBound()): a rebuild sends each helper one request after another, and fresh
-  // memory of that size costs more in page faults than the decode itself.
+  // As a helper of a rebuilding node (DecodeUnits): see DecodeHelper::DecodeFor. One request at a
+  // time on this node, apart from its own decodes.
   absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(
       const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled);
   // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
@@ -134,22 +131,6 @@ class Rebuilder {
   absl::StatusOr<v1::RebuildResponse> RebuildSelf(bool force, std::optional<int64_t> target);
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
-  // The bytes a request to a helper may take at the helper: RebuildOptions::helper_request_bytes,
-  // or one stripe's n units where they take more.
-  uint64_t HelperRequestBound() const;
-  // A stripe being decoded: its n units in scratch, `chosen` (k of them) filled by FetchSources.
-  struct StripeUnits {
-    uint64_t stripe = 0;
-    uint64_t length = 0;
-    int target = 0;
-    std::vector<int> chosen;
-    std::vector<uint8_t*> units;
-  };
-  // Fills each stripe's chosen units of `step` (group `group`, images of `sizes`): this node's
-  // own copied, the others' fetched. Returns the bytes fetched.
-  absl::StatusOr<uint64_t> FetchSources(int64_t step, int group,
-                                        const std::vector<uint64_t>& sizes,
-                                        std::vector<StripeUnits>& works);
   void Run();
   // Makes each kept accumulation whose base is the committed step the committed parity, with the
   // step's group record (this node's data is unchanged in it); returns how many.
@@ -167,10 +148,8 @@ class Rebuilder {
   const RebuildOptions options_;
   std::atomic<uint64_t> caught_up_steps_{0};
 
+  DecodeHelper helper_;       // decodes for other nodes
   absl::Mutex decode_mutex_;  // one rebuild, repair or remote decode at a time
-  absl::Mutex help_mutex_;    // one decode for another node at a time
-  std::unique_ptr<uint8_t[]> help_scratch_ ABSL_GUARDED_BY(help_mutex_);
-  uint64_t help_scratch_bytes_ ABSL_GUARDED_BY(help_mutex_) = 0;
 
   mutable absl::Mutex mutex_;
   mutable absl::CondVar changed_;
