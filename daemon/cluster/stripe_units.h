@@ -35,7 +35,7 @@ inline int PositionOf(const erasure::StripeLayout& layout, uint64_t stripe, int 
 // The bytes unit `unit` of `stripe` holds: a data unit's own (0 past its image's end), a parity
 // unit's `length`, the stripe's.
 inline uint64_t UnitBytes(const erasure::StripeLayout& layout, const std::vector<uint64_t>& sizes,
-                   uint64_t stripe, int unit, uint64_t length) {
+                          uint64_t stripe, int unit, uint64_t length) {
   if (unit >= layout.data_units()) return length;
   const int position = PositionOf(layout, stripe, unit);
   return layout.UnitLength(sizes[position], layout.DataUnitOf(position, stripe));
