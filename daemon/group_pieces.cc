@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/restored_regions.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -73,22 +74,27 @@ absl::Status FetchRemotePieces(const std::vector<GroupRegion>& regions, const Fe
                           absl::StrCat("the shard of replica-group member rank ", member,
                                        ", on another node: ", fetched.status().message()));
     }
-    for (const v1::RestoreResponse::Restored& restored : fetched->regions()) {
-      auto region = by_name.find(restored.region());
-      if (region == by_name.end() ||
-          std::find(names.begin(), names.end(), restored.region()) == names.end()) {
+    absl::StatusOr<std::vector<RestoredRegionView>> restored = ReadRestored(fetched->restored());
+    if (!restored.ok()) {
+      return absl::DataLossError(absl::StrCat("the restore of rank ", member, "'s shard: ",
+                                              restored.status().message()));
+    }
+    for (const RestoredRegionView& held : *restored) {
+      const std::string name(held.name);
+      auto region = by_name.find(name);
+      if (region == by_name.end() || std::find(names.begin(), names.end(), name) == names.end()) {
         return absl::DataLossError(absl::StrCat("the restore of rank ", member,
-                                                "'s shard gave region '", restored.region(),
+                                                "'s shard gave region '", name,
                                                 "', which was not asked of it"));
       }
       const v1::ReplicaGroup& group = region->second->layout.group();
-      if (!restored.has_piece() || restored.piece().replica_group() != group.name()) {
-        return absl::DataLossError(absl::StrCat(
-            "rank ", member, "'s committed region '", restored.region(),
-            "' is not a piece of replica group '", group.name(), "'"));
+      if (held.piece == nullptr || held.piece->replica_group() != group.name()) {
+        return absl::DataLossError(absl::StrCat("rank ", member, "'s committed region '", name,
+                                                "' is not a piece of replica group '",
+                                                group.name(), "'"));
       }
-      pieces[restored.region()].push_back({member, restored.step(), restored.piece().offset(),
-                                           restored.bytes(), restored.piece().region_bytes()});
+      pieces[name].push_back(
+          {member, held.step, held.piece->offset(), held.bytes, held.piece->region_bytes()});
     }
   }
   std::map<std::string, int64_t> steps;
@@ -103,9 +109,11 @@ absl::Status FetchRemotePieces(const std::vector<GroupRegion>& regions, const Fe
     }
     steps[region.region] = *step;
   }
-  for (v1::RestoreResponse::Restored& restored : *response->mutable_regions()) {
-    if (auto step = steps.find(restored.region()); step != steps.end()) {
-      restored.set_step(step->second);
+  absl::StatusOr<std::vector<RestoredRegionView>> restored = ReadRestored(response->restored());
+  if (!restored.ok()) return restored.status();
+  for (size_t i = 0; i < restored->size(); ++i) {
+    if (auto step = steps.find(std::string((*restored)[i].name)); step != steps.end()) {
+      response->mutable_restored()->set_steps(static_cast<int>(i), step->second);
     }
   }
   return absl::OkStatus();

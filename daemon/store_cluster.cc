@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/restored_regions.h"
 #include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
@@ -494,15 +495,12 @@ absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32
   for (const std::shared_ptr<Version>& version : versions) {
     v1::NodeImage manifest;
     AddToImage(*version, &manifest);
-    if (absl::Status status = WriteRegion(rank, manifest.regions(0), *version->stored);
-        !status.ok()) {
+    const v1::ImageRegion& region = manifest.regions(0);
+    if (absl::Status status = WriteRegion(rank, region, *version->stored); !status.ok()) {
       return status;
     }
-    v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(version->region);
-    restored->set_step(version->step);
-    restored->set_bytes(version->bytes);
-    version->SavePiece(restored);
+    AddRestored(*response.mutable_restored(), version->region, version->step, version->bytes,
+                region.has_piece() ? &region.piece() : nullptr);
   }
   return response;
 }

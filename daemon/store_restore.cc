@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/copy_plan.h"
 #include "daemon/task_transfers.h"
+#include "proto/restored_regions.h"
 #include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
@@ -29,6 +30,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   std::optional<CopyInFlight> in_flight;  // until every part has copied (the wait below)
   auto work = std::make_shared<std::vector<Work>>();
   v1::RestoreResponse response;
+  v1::RestoredRegions& restored = *response.mutable_restored();
   {
     absl::MutexLock lock(&mutex_);
     auto rank_it = ranks_.find(rank);
@@ -89,13 +91,10 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     auto add = [&](const RegionTable::Region& registered, const std::shared_ptr<Version>* stored)
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) -> absl::Status {
       const v1::RegionSpec& spec = registered.spec;
-      v1::RestoreResponse::Restored* restored = response.add_regions();
-      restored->set_region(spec.name());
-      restored->set_bytes(spec.bytes());
       if (stored != nullptr && !(*stored)->is_piece()) {
         if (absl::Status status = check(spec, **stored); !status.ok()) return status;
         work->push_back({*stored, &registered});
-        restored->set_step((*stored)->step);
+        AddRestored(restored, spec.name(), (*stored)->step, spec.bytes());
         return absl::OkStatus();
       }
       const v1::ReplicaGroupStep* layout =
@@ -107,13 +106,17 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         if (absl::Status status = check(spec, *piece); !status.ok()) return status;
         work->push_back({piece, &registered});
       }
-      if (!held->versions.empty()) restored->set_step(held->versions.front()->step);
+      AddRestored(restored, spec.name(), held->versions.empty() ? 0 : held->versions.front()->step,
+                  spec.bytes());
       if (!held->remote_members.empty()) {
         remote->push_back({spec.name(), *layout, std::move(held->pieces),
                            std::move(held->remote_members)});
       }
       return absl::OkStatus();
     };
+    const size_t count = regions.empty() ? table->regions.size() : regions.size();
+    work->reserve(count);
+    ReserveRestored(restored, static_cast<int>(count));
     if (regions.empty()) {
       // Both are in name order: one pass over each.
       auto stored = rank_state.committed.begin();

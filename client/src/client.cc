@@ -19,6 +19,7 @@
 #include "common/grpc_status.h"
 #include "erasure/crc32c.h"
 #include "proto/moesnap.grpc.pb.h"
+#include "proto/restored_regions.h"
 
 namespace moesnap {
 namespace {
@@ -570,8 +571,12 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
     }
     RestoreResult result;
     result.step = response.step();
-    for (const auto& restored : response.regions()) {
-      result.regions.push_back({restored.region(), restored.step(), restored.bytes()});
+    absl::StatusOr<std::vector<RestoredRegionView>> restored =
+        ReadRestored(response.restored());
+    if (!restored.ok()) return restored.status();
+    result.regions.reserve(restored->size());
+    for (const RestoredRegionView& region : *restored) {
+      result.regions.push_back({std::string(region.name), region.step, region.bytes});
     }
     result.tier =
         response.tier() == v1::TIER_DURABLE ? RestoreTier::kDurable : RestoreTier::kMemory;

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "daemon/cluster/parallel.h"
+#include "proto/restored_regions.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
@@ -312,13 +313,11 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
         !status.ok()) {
       return status;
     }
-    v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(region.region->region());
-    restored->set_step(region.region->step());
-    restored->set_bytes(region.region->bytes());
-    if (region.region->has_piece()) *restored->mutable_piece() = region.region->piece();
+    AddRestored(*response.mutable_restored(), region.region->region(), region.region->step(),
+                region.region->bytes(),
+                region.region->has_piece() ? &region.region->piece() : nullptr);
   }
-  Log(LogLevel::kInfo, "restored ", response.regions_size(), " regions of rank ", source_rank,
+  Log(LogLevel::kInfo, "restored ", wanted.size(), " regions of rank ", source_rank,
       " (node ", found.node_id(), decoded ? ", decoded from its group" : ", fetched",
       ") into rank ", rank);
   return response;

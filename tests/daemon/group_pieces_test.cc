@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "proto/restored_regions.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::daemon {
@@ -62,17 +63,21 @@ struct FakeNodes {
   }
 };
 
+void AddPiece(v1::RestoreResponse& response, const std::string& region, int64_t step,
+              uint64_t offset, uint64_t bytes, uint64_t region_bytes,
+              const std::string& group = "data-parallel") {
+  v1::RegionPiece piece;
+  piece.set_replica_group(group);
+  piece.set_offset(offset);
+  piece.set_region_bytes(region_bytes);
+  AddRestored(*response.mutable_restored(), region, step, bytes, &piece);
+}
+
 v1::RestoreResponse Pieces(const std::vector<std::tuple<std::string, int64_t, uint64_t, uint64_t>>& pieces,
                            uint64_t region_bytes, const std::string& group = "data-parallel") {
   v1::RestoreResponse response;
   for (const auto& [region, step, offset, bytes] : pieces) {
-    v1::RestoreResponse::Restored* restored = response.add_regions();
-    restored->set_region(region);
-    restored->set_step(step);
-    restored->set_bytes(bytes);
-    restored->mutable_piece()->set_replica_group(group);
-    restored->mutable_piece()->set_offset(offset);
-    restored->mutable_piece()->set_region_bytes(region_bytes);
+    AddPiece(response, region, step, offset, bytes, region_bytes, group);
   }
   return response;
 }
@@ -84,7 +89,7 @@ std::vector<GroupRegion> HalfHeldHere() {
 
 v1::RestoreResponse Response() {
   v1::RestoreResponse response;
-  response.add_regions()->set_region("w");
+  AddRestored(*response.mutable_restored(), "w", 0, 4096);
   return response;
 }
 
@@ -94,13 +99,13 @@ TEST(FetchRemotePiecesTest, TheOtherMembersPiecesCompleteTheCoverAndGiveTheStep)
   v1::RestoreResponse response = Response();
   ASSERT_OK(FetchRemotePieces(HalfHeldHere(), nodes.Fetch(), &response));
   EXPECT_EQ(nodes.asked[1], std::vector<std::string>{"w"});
-  EXPECT_EQ(response.regions(0).step(), 7);
+  EXPECT_EQ(response.restored().steps(0), 7);
 }
 
 TEST(FetchRemotePiecesTest, OneFetchPerMemberForAllItsRegions) {
   // Both regions lie in member 2's shard alone (member 0's pieces are empty).
   v1::RestoreResponse two = Pieces({{"a", 7, 0, 100}}, 100);
-  *two.add_regions() = Pieces({{"b", 7, 0, 4096}}, 4096).regions(0);
+  AddPiece(two, "b", 7, 0, 4096, 4096);
   FakeNodes nodes;
   nodes.answers.emplace(2, two);
   std::vector<GroupRegion> regions{{"a", Layout({0, 2}), {}, {2}}, {"b", Layout({0, 2}), {}, {2}}};
@@ -120,8 +125,13 @@ TEST(FetchRemotePiecesTest, HostileOrStaleAnswersAreRefused) {
       {"not asked", Pieces({{"x", 7, 4096, 4096}}, 8192)},
       {"whole region", [] {
          v1::RestoreResponse whole = Pieces({{"w", 7, 0, 8192}}, 8192);
-         whole.mutable_regions(0)->clear_piece();
+         whole.mutable_restored()->clear_pieces();
          return whole;
+       }()},
+      {"columns that disagree", [] {
+         v1::RestoreResponse cut = Pieces({{"w", 7, 4096, 4096}}, 8192);
+         cut.mutable_restored()->mutable_names()->pop_back();
+         return cut;
        }()},
       {"empty handed", absl::NotFoundError("rank 1 has none of the regions asked for")},
   };

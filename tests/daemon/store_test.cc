@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/shared_memory.h"
 #include "daemon/shard_layout.h"
+#include "proto/restored_regions.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/status_matchers.h"
 
@@ -436,7 +437,7 @@ TEST_F(StoreTest, ThousandsOfSmallRegionsAreCapturedAndRestoredExactlyInOneReser
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   ASSERT_OK(restored);
   EXPECT_EQ(restored->step(), 3);
-  EXPECT_EQ(restored->regions_size(), kRegions);
+  EXPECT_EQ(restored->restored().steps_size(), kRegions);
   EXPECT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes), expected);
 
   // A step naming a few regions plans its own copy and restores them alone.
@@ -841,8 +842,8 @@ class ReplicaGroupStoreTest : public StoreTest {
         store_->Restore(rank, std::nullopt, {}, absl::Now() + absl::Seconds(30));
     ASSERT_OK(restored);
     EXPECT_EQ(restored->step(), step);
-    ASSERT_EQ(restored->regions_size(), static_cast<int>(kReplicatedSizes.size()));
-    for (const auto& region : restored->regions()) EXPECT_EQ(region.step(), step);
+    ASSERT_EQ(restored->restored().steps_size(), static_cast<int>(kReplicatedSizes.size()));
+    for (int64_t region_step : restored->restored().steps()) EXPECT_EQ(region_step, step);
     EXPECT_TRUE(HoldsReplicated(rank, step));
   }
   std::map<uint32_t, v1::RankCapture> Captures() const {
@@ -1003,20 +1004,20 @@ TEST_F(ReplicaGroupStoreTest, InACommitRoundTheImageCarriesPiecesAndAMissingShar
           if (fifth[i].bytes == 0) continue;
           const uint64_t at = starts[i] + fifth[i].offset;
           std::memcpy(trainer.data + at, trainers_.at(1).data + at, fifth[i].bytes);
-          v1::RestoreResponse::Restored* piece_restored = response.add_regions();
-          piece_restored->set_region(name);
-          piece_restored->set_step(1);
-          piece_restored->set_bytes(fifth[i].bytes);
-          piece_restored->mutable_piece()->set_replica_group("data-parallel");
-          piece_restored->mutable_piece()->set_offset(fifth[i].offset);
-          piece_restored->mutable_piece()->set_region_bytes(kReplicatedSizes[i]);
+          v1::RegionPiece piece;
+          piece.set_replica_group("data-parallel");
+          piece.set_offset(fifth[i].offset);
+          piece.set_region_bytes(kReplicatedSizes[i]);
+          AddRestored(*response.mutable_restored(), name, 1, fifth[i].bytes, &piece);
         }
         return absl::StatusOr<v1::RestoreResponse>(response);
       },
       &*partial);
   ASSERT_OK(fetched);
   EXPECT_TRUE(HoldsReplicated(0, 1));
-  for (const auto& region : partial->regions()) EXPECT_EQ(region.step(), 1) << region.region();
+  absl::StatusOr<std::vector<RestoredRegionView>> assembled = ReadRestored(partial->restored());
+  ASSERT_OK(assembled);
+  for (const RestoredRegionView& region : *assembled) EXPECT_EQ(region.step, 1) << region.name;
 }
 
 // A third node beside two nodes of data-parallel ranks holds only parity: with no trainer
