@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -27,6 +28,11 @@ class RegionSource {
 // (pool memory). A transfer that `continues` the one before it in the batch (the next pool extent
 // of the same chunk) extends that one's CRC-32C; any other extends `crc` as given (0 at a chunk's
 // start). The copy sets `crc` to the CRC through this transfer.
+// A restore's chunk that is one transfer carries `expected`, the CRC-32C stored for it. A backend
+// may then copy a run of such chunks that lie one after another both in the region's memory and in
+// the pool in one pass, and check the run's CRC against theirs joined (erasure::Crc32cCombine):
+// when they agree each `crc` is set to its `expected`; when they do not, each chunk is copied again
+// alone and its own CRC set, so that the caller names the chunks that differ.
 struct Transfer {
   RegionSource* source = nullptr;
   uint64_t offset = 0;
@@ -34,6 +40,7 @@ struct Transfer {
   uint64_t bytes = 0;
   bool continues = false;
   uint32_t crc = 0;
+  std::optional<uint32_t> expected = std::nullopt;
 };
 
 // The CRC-32C that transfer `index` of a batch extends: the one before it has set its own by then.

@@ -188,7 +188,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;
         transfers.AddChunk(item.region->backend, item.region->source.get(),
                            version.piece_offset + offset, *version.stored, offset,
-                           version.ChunkLength(chunk));
+                           version.ChunkLength(chunk), version.chunk_crcs[chunk]);
         chunks.emplace_back(&version, chunk);
       };
       if (range.chunk) {

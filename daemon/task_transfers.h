@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -21,13 +22,16 @@ namespace moesnap::daemon {
 class TaskTransfers {
  public:
   // Chunk `length` bytes at `offset` of `stored`, at `source_offset` of `source`: a transfer per
-  // pool extent, each after the first continuing the one before it.
+  // pool extent, each after the first continuing the one before it. `expected` (a restore's stored
+  // CRC-32C of the chunk) goes with a chunk of one transfer (Transfer::expected).
   void AddChunk(CopyBackend* backend, RegionSource* source, uint64_t source_offset,
-                const PoolBytes& stored, uint64_t offset, uint64_t length) {
+                const PoolBytes& stored, uint64_t offset, uint64_t length,
+                std::optional<uint32_t> expected = std::nullopt) {
     const size_t begin = transfers_.size();
     stored.ForEach(offset, length, [&](uint8_t* data, uint64_t bytes, uint64_t at) {
       transfers_.push_back({source, source_offset + at, data, bytes, transfers_.size() > begin});
     });
+    if (transfers_.size() == begin + 1) transfers_.back().expected = expected;
     chunks_.push_back({backend, transfers_.size()});
   }
 

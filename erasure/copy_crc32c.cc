@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "erasure/crc32c.h"
+#include "erasure/crc32c_shift.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -39,36 +40,17 @@ uint32_t CopyBlocked(void* destination, const void* source, size_t length, uint3
 #if defined(__x86_64__)
 
 constexpr size_t kCacheLineBytes = 64;
-constexpr uint32_t kReflectedPolynomial = 0x82F63B78u;
 
-// A GF(2)-linear map of 32-bit CRC registers, as the images of the 32 unit vectors.
-using LinearMap = std::array<uint32_t, 32>;
-
-constexpr uint32_t Apply(const LinearMap& map, uint32_t value) {
-  uint32_t image = 0;
-  for (int bit = 0; bit < 32; ++bit) {
-    if ((value >> bit) & 1) image ^= map[bit];
-  }
-  return image;
-}
-
-// The register after `bytes` zero bytes (a power of two) as a function of the register before
-// them: one zero bit, squared until it spans the bytes. A lane's CRC joins the CRC of the bytes
-// before it as crc(s, A B) = ZeroShift_|B|(crc(s, A)) xor crc(0, B); four table lookups apply it.
-class ZeroShift {
+// The register after kLane zero bytes, as four table lookups: a lane's CRC joins the CRC of the
+// bytes before it as crc(s, A B) = shift(crc(s, A)) xor crc(0, B).
+class LaneShift {
  public:
-  constexpr explicit ZeroShift(size_t bytes) {
-    LinearMap map{};
-    map[0] = kReflectedPolynomial;  // the register shifts right; a 1 leaving it folds in P
-    for (int bit = 1; bit < 32; ++bit) map[bit] = 1u << (bit - 1);
-    for (size_t bits = 1; bits < 8 * bytes; bits *= 2) {
-      LinearMap squared{};
-      for (int bit = 0; bit < 32; ++bit) squared[bit] = Apply(map, map[bit]);
-      map = squared;
-    }
+  constexpr LaneShift() {
+    static_assert((kLane & (kLane - 1)) == 0, "a lane is a power of two bytes");
+    const internal::LinearMap& map = internal::kZeroBytes[__builtin_ctzll(kLane)];
     for (int byte = 0; byte < 4; ++byte) {
       for (uint32_t value = 0; value < 256; ++value) {
-        table_[byte][value] = Apply(map, value << (8 * byte));
+        table_[byte][value] = internal::Apply(map, value << (8 * byte));
       }
     }
   }
@@ -84,7 +66,7 @@ class ZeroShift {
 
 // Built by the compiler: nothing is initialized at run time, so a copy interrupted by SIGBUS
 // (daemon/bus_error_guard.h) never leaves a half-built table behind.
-constexpr ZeroShift kLaneShift(kLane);
+constexpr LaneShift kLaneShift;
 
 // Copies `blocks` blocks of three lanes; `state` is the raw register (the CRC before its final
 // inversion), `to` is aligned to a cache line. Every word is loaded once: the value stored is the

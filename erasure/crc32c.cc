@@ -1,6 +1,7 @@
 // CRC-32C over ISA-L. crc32_iscsi neither pre- nor post-inverts and takes an int length, so this
 // file adds the standard inversions and feeds lengths beyond INT_MAX in pieces.
 #include "erasure/crc32c.h"
+#include "erasure/crc32c_shift.h"
 
 #include <isa-l/crc.h>
 
@@ -24,5 +25,12 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t length) {
 }
 
 uint32_t Crc32c(const void* data, size_t length) { return Crc32cExtend(0, data, length); }
+
+// With the inversions, Crc32c(a b) = ~R(~0, a b) for the raw register R, which is linear in its
+// start: R(s, b) = Z(s) ^ R(0, b) for Z the shift over |b| zero bytes. Expanding both sides,
+// the inversions cancel to Crc32c(a b) = Z(Crc32c(a)) ^ Crc32c(b).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return internal::ShiftOverZeros(crc_a, length_b) ^ crc_b;
+}
 
 }  // namespace moesnap::erasure

@@ -18,6 +18,12 @@ uint32_t Crc32c(const void* data, size_t length);
 // chunk's CRC can be computed piece by piece as it is copied. Crc32cExtend(0, x) == Crc32c(x).
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t length);
 
+// The CRC-32C of `a` followed by `b`, from the CRC-32C of each and the length of `b`:
+// Crc32cCombine(Crc32c(a), Crc32c(b), |b|) == Crc32c(a followed by b), without reading a byte, so
+// that bytes copied in one pass can be checked against the CRCs of the pieces they were stored as.
+// A shift per bit set in `length_b` (one for a power of two). Thread-safe.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 // Copies `length` bytes from `source` to `destination` and returns the CRC-32C of the bytes as
 // written there, extended from `crc`: CopyWithCrc32c(d, s, n, crc) == Crc32cExtend(crc, d, n) once
 // it returns. The source may change under the copy (a trainer writing its tensors): the CRC is

@@ -56,6 +56,36 @@ TEST(Crc32cTest, ExtendingPieceByPieceEqualsOneCall) {
   }
 }
 
+TEST(Crc32cTest, CombiningTheCrcsOfTwoPiecesEqualsTheCrcOfBoth) {
+  moesnap::testing::DeterministicBytes random(11);
+  const std::vector<uint8_t> bytes = random.Bytes(3 << 20);
+  // Lengths of every shape: none, one byte, powers of two, and sums of many powers of two.
+  const std::vector<size_t> lengths = {0, 1, 3, 4096, 65536, 65536 + 4096 + 7, 1 << 20,
+                                       (3 << 20) - 1};
+  for (size_t first : {size_t{0}, size_t{5}, size_t{4096}}) {
+    for (size_t second : lengths) {
+      if (first + second > bytes.size()) continue;
+      const uint32_t a = Crc32c(bytes.data(), first);
+      const uint32_t b = Crc32c(bytes.data() + first, second);
+      ASSERT_EQ(Crc32cCombine(a, b, second), Crc32c(bytes.data(), first + second))
+          << first << " then " << second << " bytes";
+    }
+  }
+}
+
+TEST(Crc32cTest, CombiningManyPiecesInOrderEqualsOneCrc) {
+  moesnap::testing::DeterministicBytes random(12);
+  const std::vector<uint8_t> bytes = random.Bytes(1 << 20);
+  uint32_t combined = 0;
+  size_t offset = 0;
+  while (offset < bytes.size()) {
+    const size_t piece = std::min<size_t>(random.Next() % 9000, bytes.size() - offset);
+    combined = Crc32cCombine(combined, Crc32c(bytes.data() + offset, piece), piece);
+    offset += piece;
+  }
+  EXPECT_EQ(combined, Crc32c(bytes.data(), bytes.size()));
+}
+
 TEST(Crc32cTest, DetectsEverySingleBitFlip) {
   moesnap::testing::DeterministicBytes random(7);
   std::vector<uint8_t> bytes = random.Bytes(4096);
