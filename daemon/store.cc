@@ -74,42 +74,6 @@ absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
 
 }  // namespace
 
-const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
-  static const auto* none =
-      new std::shared_ptr<const RegionTable>(std::make_shared<const RegionTable>());
-  return *none;
-}
-
-Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes,
-                                uint32_t rank, uint64_t pool_bytes) {
-  regions.reserve(by_name.size());
-  std::map<std::string, std::vector<uint32_t>> group_members;  // group -> its regions' indices
-  for (auto& [name, region] : by_name) {
-    const auto index = static_cast<uint32_t>(regions.size());
-    pieces.push_back({0, region.spec.bytes()});
-    if (region.spec.has_replica_group()) {
-      groups.emplace(region.spec.replica_group().name(), region.spec.replica_group());
-      group_members[region.spec.replica_group().name()].push_back(index);
-    }
-    regions.push_back(std::move(region));
-  }
-  for (const auto& [name, indices] : group_members) {
-    const v1::ReplicaGroup& group = groups.at(name);
-    std::vector<uint64_t> sizes;
-    for (uint32_t index : indices) sizes.push_back(regions[index].spec.bytes());
-    const std::vector<ShardPiece> shard = ShardPieces(
-        sizes, static_cast<uint32_t>(group.ranks_size()), MemberIndex(rank, group));
-    for (size_t i = 0; i < indices.size(); ++i) pieces[indices[i]] = shard[i];
-  }
-  for (uint32_t index = 0; index < regions.size(); ++index) {
-    if (pieces[index].bytes > 0) all.push_back(index);
-  }
-  plan_of_all = std::make_shared<const CopyPlan>(PlanCopy(
-      all.size(), [this](uint32_t position) { return pieces[all[position]].bytes; },
-      [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes, pool_bytes));
-}
-
-
 void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
   v1::ImageRegion* region = manifest->add_regions();
   region->set_rank(version.rank);
@@ -343,7 +307,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
       plan = std::make_shared<const CopyPlan>(PlanCopy(
           named->size(), [&](uint32_t position) { return table->pieces[(*named)[position]].bytes; },
           [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes,
-          pool_->capacity()));
+          pool_->capacity(),
+          table->InMemoryOrder(named->size(),
+                               [&](uint32_t position) { return (*named)[position]; })));
       selection = std::move(named);
     }
   }
@@ -542,9 +508,10 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
     chunks.emplace_back(position, chunk);
   };
   if (part.chunk) {
-    add(part.first, *part.chunk);
+    add(job->plan->order[part.first], *part.chunk);
   } else {
-    for (uint32_t position = part.first; position < part.last; ++position) {
+    for (uint32_t at = part.first; at < part.last; ++at) {
+      const uint32_t position = job->plan->order[at];
       job->versions[position] = NewVersion(*job, position);
       add(position, 0);
     }

@@ -4,6 +4,7 @@
 #include "daemon/store_types.h"
 
 #include <algorithm>
+#include <limits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -164,7 +165,10 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   const auto plan = std::make_shared<const CopyPlan>(PlanCopy(
       work->size(), [&](uint32_t position) { return (*work)[position].version->bytes; },
       [&](uint32_t position) { return (*work)[position].version->chunk_bytes; },
-      options_.chunk_bytes));
+      options_.chunk_bytes, std::numeric_limits<uint64_t>::max(),
+      table->InMemoryOrder(work->size(), [&](uint32_t position) {
+        return static_cast<uint32_t>((*work)[position].region - table->regions.data());
+      })));
   struct Progress {
     absl::Mutex mutex;
     uint64_t pending ABSL_GUARDED_BY(mutex) = 0;
@@ -192,11 +196,9 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         chunks.emplace_back(&version, chunk);
       };
       if (range.chunk) {
-        add((*work)[range.first], *range.chunk);
+        add((*work)[plan->order[range.first]], *range.chunk);
       } else {
-        for (uint32_t position = range.first; position < range.last; ++position) {
-          add((*work)[position], 0);
-        }
+        for (uint32_t at = range.first; at < range.last; ++at) add((*work)[plan->order[at]], 0);
       }
       absl::Status status;
       std::pair<size_t, size_t> failed;

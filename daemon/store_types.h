@@ -88,7 +88,22 @@ struct Store::RegionTable {
   std::vector<ShardPiece> pieces;
   std::map<std::string, v1::ReplicaGroup> groups;  // the regions' replica groups, by name
   std::vector<uint32_t> all;    // every index with a piece: what a whole-rank step captures
+  // Per index, its place in the order of the trainer's memory (0 first; name order among regions
+  // of no common order): what plans lay regions out and copy them in (CopyPlan::order).
+  std::vector<uint32_t> place;
   std::shared_ptr<const CopyPlan> plan_of_all;
+
+  // Per region, its place in the order of the trainer's memory.
+  static std::vector<uint32_t> PlacesInMemory(const std::vector<Region>& regions,
+                                              const std::vector<ShardPiece>& pieces);
+
+  // The positions of `count` regions in the order of their places; index_of(position) is the
+  // table index of the region at `position`.
+  template <typename IndexOf>
+  std::vector<uint32_t> InMemoryOrder(size_t count, IndexOf index_of) const {
+    return OrderByRank(count, [&](uint32_t position) { return place[index_of(position)]; },
+                       place.size());
+  }
 };
 
 // A copy into or out of a rank's trainer memory, counted while it lives (queued or running): the

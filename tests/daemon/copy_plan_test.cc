@@ -50,13 +50,13 @@ TEST(CopyPlanTest, EveryRegionIsInExactlyOnePartOrInOnePartPerChunk) {
   for (const CopyPlan::Part& part : plan.parts) {
     ASSERT_LT(part.first, part.last);
     uint64_t bytes = 0;
-    for (uint32_t position = part.first; position < part.last; ++position) {
-      ++copied[position];
-      bytes += sizes[position];
+    for (uint32_t at = part.first; at < part.last; ++at) {
+      ++copied[plan.order[at]];
+      bytes += sizes[plan.order[at]];
     }
     if (part.chunk) {
       EXPECT_EQ(part.last, part.first + 1);
-      EXPECT_GT(sizes[part.first], kChunk);
+      EXPECT_GT(sizes[plan.order[part.first]], kChunk);
     } else if (part.last - part.first > 1) {
       EXPECT_LE(bytes, kChunk);
     }
@@ -74,6 +74,30 @@ TEST(CopyPlanTest, RegionsTakeConsecutiveAlignedSpaceInTheReservation) {
   EXPECT_EQ(plan.space, 10368u);
   EXPECT_EQ(plan.bytes, 1u + 64 + 65 + 10000 + 3);
   EXPECT_EQ(plan.large, (std::vector<uint32_t>{3}));
+}
+
+TEST(CopyPlanTest, RegionsAreLaidOutAndCopiedInTheOrderGiven) {
+  // Positions 0..3 lie in the trainer's memory as 2, 0, 3, 1: the reservation holds them so, and
+  // a part is a run of that order.
+  const std::vector<uint64_t> sizes{100, 200, 64, 3 * kChunk};
+  const CopyPlan plan = PlanCopy(
+      sizes.size(), [&](uint32_t position) { return sizes[position]; },
+      [](uint32_t) { return kChunk; }, kChunk, std::numeric_limits<uint64_t>::max(), {2, 0, 3, 1});
+  EXPECT_EQ(plan.order, (std::vector<uint32_t>{2, 0, 3, 1}));
+  EXPECT_EQ(plan.offsets, (std::vector<uint64_t>{64, 12480, 0, 192}));
+  ASSERT_EQ(plan.parts.size(), 5u);
+  EXPECT_EQ(plan.parts[0].first, 0u);  // positions 2 and 0
+  EXPECT_EQ(plan.parts[0].last, 2u);
+  for (int chunk = 0; chunk < 3; ++chunk) EXPECT_EQ(plan.order[plan.parts[1 + chunk].first], 3u);
+  EXPECT_EQ(plan.order[plan.parts[4].first], 1u);
+  EXPECT_EQ(plan.large, (std::vector<uint32_t>{3}));
+}
+
+TEST(CopyPlanTest, OrderByRankSortsByRankAndKeepsTheOrderOfEqualRanks) {
+  const std::vector<uint32_t> ranks{3, 1, 3, 0, 1};
+  EXPECT_EQ(OrderByRank(ranks.size(), [&](uint32_t position) { return ranks[position]; }, 4),
+            (std::vector<uint32_t>{3, 1, 4, 0, 2}));
+  EXPECT_TRUE(OrderByRank(0, [](uint32_t) { return 0u; }, 0).empty());
 }
 
 TEST(CopyPlanTest, SizesFromATrainerNear2To64SaturateInsteadOfWrapping) {

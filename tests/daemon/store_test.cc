@@ -479,11 +479,12 @@ TEST_F(StoreTest, ARunOfSmallRegionsIsOneBatchAndAFailedBatchNamesItsRegions) {
   absl::StatusOr<v1::StepState> failed = WaitCaptured(0, 2);
   ASSERT_FALSE(failed.ok());
   // Either task may fail first; its message names the first and last region of its batch, in the
-  // name order regions are copied in.
+  // order regions are copied in: that of the trainer's memory (region0, region1, region2, ...),
+  // not of their names (region0, region1, region10, ...).
   EXPECT_THAT(std::string(failed.status().message()),
               ::testing::AnyOf(::testing::HasSubstr("copy of the 65 regions from 'region0' to "
-                                                    "'region67' failed: injected copy failure"),
-                               ::testing::HasSubstr("copy of the 35 regions from 'region68' to "
+                                                    "'region64' failed: injected copy failure"),
+                               ::testing::HasSubstr("copy of the 35 regions from 'region65' to "
                                                     "'region99' failed: injected copy failure")));
   // A failed restore batch names its regions alike.
   batches->FailCopiesIn();
@@ -492,43 +493,44 @@ TEST_F(StoreTest, ARunOfSmallRegionsIsOneBatchAndAFailedBatchNamesItsRegions) {
   ASSERT_FALSE(restored.ok());
   EXPECT_THAT(std::string(restored.message()),
               ::testing::AnyOf(::testing::HasSubstr("restore of the 65 regions from 'region0' to "
-                                                    "'region67' failed: injected copy failure"),
-                               ::testing::HasSubstr("restore of the 35 regions from 'region68' "
+                                                    "'region64' failed: injected copy failure"),
+                               ::testing::HasSubstr("restore of the 35 regions from 'region65' "
                                                     "to 'region99' failed: injected copy failure")));
 }
 
 TEST_F(StoreTest, ADamagedRegionInARunOfSmallOnesIsNamedAndTheRestAreRestoredExactly) {
-  // Eight regions of 4 KiB lie one after another in the trainer's memory and, in the same (name)
-  // order, in the pool: a restore copies them as one run checked against their CRCs joined. One
-  // byte of region5 is then damaged in the pool: the run's check fails, and each region is checked
-  // alone, so that the error names region5.
+  // Twelve regions of 4 KiB lie one after another in the trainer's memory (region0, region1, ...,
+  // region11, not the order of their names) and, laid out in that order, in the pool: a restore
+  // copies them as one run checked against their CRCs joined. One byte of region10 is then damaged
+  // in the pool: the run's check fails, and each region is checked alone, so that the error names
+  // region10.
+  constexpr int kRegions = 12;
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 16 << 20));
-  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, std::vector<uint64_t>(8, 4096)));
+  ASSERT_NO_FATAL_FAILURE(ConnectSized(0, std::vector<uint64_t>(kRegions, 4096)));
   Trainer& trainer = trainers_.at(0);
   moesnap::testing::DeterministicBytes random(19);
   random.Fill(trainer.data, trainer.bytes);
   const std::vector<uint8_t> expected(trainer.data, trainer.data + trainer.bytes);
   ASSERT_OK(store_->Snapshot(0, 1, {}));
   ASSERT_OK(store_->WaitCommitted(0, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+  uint8_t* const pool_end = pool_->base() + pool_->capacity();
+  uint8_t* const stored = std::search(pool_->base(), pool_end, expected.begin(), expected.end());
+  ASSERT_NE(stored, pool_end) << "the regions are not laid out in the pool as in the trainer";
 
   std::memset(trainer.data, 0, trainer.bytes);
   ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
   ASSERT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes), expected);
 
-  const uint8_t* needle = expected.data() + 5 * 4096 + 100;
-  uint8_t* const pool_end = pool_->base() + pool_->capacity();
-  uint8_t* const found = std::search(pool_->base(), pool_end, needle, needle + 64);
-  ASSERT_NE(found, pool_end);
-  *found ^= 0x01;
+  stored[10 * 4096 + 100] ^= 0x01;
   std::memset(trainer.data, 0, trainer.bytes);
   absl::StatusOr<v1::RestoreResponse> restored =
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   EXPECT_STATUS(restored, absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(restored.status().message(),
-                                 "region 'region5' of rank 0, step 1, chunk 0"))
+                                 "region 'region10' of rank 0, step 1, chunk 0"))
       << restored.status();
-  for (int region = 0; region < 8; ++region) {
-    if (region == 5) continue;
+  for (int region = 0; region < kRegions; ++region) {
+    if (region == 10) continue;
     EXPECT_EQ(std::memcmp(trainer.data + region * 4096, expected.data() + region * 4096, 4096), 0)
         << "region" << region;
   }
