@@ -4,6 +4,7 @@
 #ifndef MOESNAP_DAEMON_COPY_PLAN_H_
 #define MOESNAP_DAEMON_COPY_PLAN_H_
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -67,6 +68,7 @@ CopyPlan PlanCopy(size_t count, SizeOf size_of, ChunkOf chunk_of, uint64_t part_
     order.resize(count);
     for (uint32_t position = 0; position < count; ++position) order[position] = position;
   }
+  assert(order.size() == count);  // a permutation of the positions, from the caller
   plan.order = std::move(order);
   plan.offsets.resize(count);
   uint64_t run_bytes = 0;

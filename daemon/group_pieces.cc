@@ -74,7 +74,7 @@ absl::Status FetchRemotePieces(const std::vector<GroupRegion>& regions, const Fe
                           absl::StrCat("the shard of replica-group member rank ", member,
                                        ", on another node: ", fetched.status().message()));
     }
-    absl::StatusOr<std::vector<RestoredRegionView>> restored = ReadRestored(fetched->restored());
+    absl::StatusOr<std::vector<RestoredRegionView>> restored = ReadRestored(*fetched);
     if (!restored.ok()) {
       return absl::DataLossError(absl::StrCat("the restore of rank ", member, "'s shard: ",
                                               restored.status().message()));

@@ -492,6 +492,7 @@ absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32
   }
   v1::RestoreResponse response;
   response.set_step(latest.value_or(0));
+  ReserveRestored(*response.mutable_restored(), static_cast<int>(versions.size()));
   for (const std::shared_ptr<Version>& version : versions) {
     v1::NodeImage manifest;
     AddToImage(*version, &manifest);

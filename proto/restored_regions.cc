@@ -1,4 +1,10 @@
+// The columns of a restore's regions (proto/restored_regions.h): appended to, and read back only
+// once every column agrees with the others, bounds checked without overflow.
 #include "proto/restored_regions.h"
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -55,6 +61,16 @@ absl::StatusOr<std::vector<RestoredRegionView>> ReadRestored(const v1::RestoredR
     regions[index].piece = &piece;
   }
   return regions;
+}
+
+absl::StatusOr<std::vector<RestoredRegionView>> ReadRestored(const v1::RestoreResponse& response) {
+  if (!response.has_restored()) {
+    return absl::FailedPreconditionError(
+        "the restore's answer lists no regions in the form this release reads (RestoredRegions): "
+        "the daemon that answered is of an older release; trainers' libraries and daemons are "
+        "upgraded together");
+  }
+  return ReadRestored(response.restored());
 }
 
 }  // namespace moesnap

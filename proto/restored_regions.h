@@ -30,6 +30,11 @@ void AddRestored(v1::RestoredRegions& restored, std::string_view name, int64_t s
 // columns disagree (a hostile or broken peer).
 absl::StatusOr<std::vector<RestoredRegionView>> ReadRestored(const v1::RestoredRegions& restored);
 
+// ReadRestored of `response`'s regions. Every daemon that lists them as columns sets them, even
+// when empty: an answer without them comes from a daemon older than this reader, and is refused
+// (FAILED_PRECONDITION, saying so) rather than read as a restore of no regions.
+absl::StatusOr<std::vector<RestoredRegionView>> ReadRestored(const v1::RestoreResponse& response);
+
 }  // namespace moesnap
 
 #endif  // MOESNAP_PROTO_RESTORED_REGIONS_H_

@@ -571,8 +571,7 @@ absl::StatusOr<RestoreResult> Client::RestoreWith(v1::RestoreRequest request,
     }
     RestoreResult result;
     result.step = response.step();
-    absl::StatusOr<std::vector<RestoredRegionView>> restored =
-        ReadRestored(response.restored());
+    absl::StatusOr<std::vector<RestoredRegionView>> restored = ReadRestored(response);
     if (!restored.ok()) return restored.status();
     result.regions.reserve(restored->size());
     for (const RestoredRegionView& region : *restored) {

@@ -305,6 +305,7 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
   }
   v1::RestoreResponse response;
   response.set_step(step);
+  ReserveRestored(*response.mutable_restored(), static_cast<int>(wanted.size()));
   response.set_source_node(found.node_id());
   response.set_decoded(decoded);
   for (WantedRegion& region : wanted) {

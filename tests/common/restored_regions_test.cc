@@ -42,7 +42,20 @@ TEST(RestoredRegionsTest, RegionsReadBackInTheOrderAdded) {
 }
 
 TEST(RestoredRegionsTest, NoRegionsIsAnEmptyList) {
-  absl::StatusOr<std::vector<RestoredRegionView>> regions = ReadRestored({});
+  absl::StatusOr<std::vector<RestoredRegionView>> regions = ReadRestored(v1::RestoredRegions());
+  ASSERT_OK(regions);
+  EXPECT_TRUE(regions->empty());
+}
+
+TEST(RestoredRegionsTest, AnAnswerWithoutTheColumnsIsFromAnOlderDaemonNotARestoreOfNothing) {
+  v1::RestoreResponse response;
+  response.set_step(7);
+  absl::StatusOr<std::vector<RestoredRegionView>> regions = ReadRestored(response);
+  ASSERT_EQ(regions.status().code(), absl::StatusCode::kFailedPrecondition) << regions.status();
+  EXPECT_NE(regions.status().message().find("older release"), absl::string_view::npos);
+
+  ReserveRestored(*response.mutable_restored(), 0);  // set, though empty: a restore of nothing
+  regions = ReadRestored(response);
   ASSERT_OK(regions);
   EXPECT_TRUE(regions->empty());
 }
@@ -57,7 +70,8 @@ TEST(RestoredRegionsTest, ColumnsThatDisagreeAreRefused) {
       {"a size short", [](v1::RestoredRegions& r) { r.mutable_bytes()->RemoveLast(); }},
       {"a name length too many", [](v1::RestoredRegions& r) { r.add_name_lengths(0); }},
       {"names cut short", [](v1::RestoredRegions& r) { r.mutable_names()->pop_back(); }},
-      {"names longer than their lengths", [](v1::RestoredRegions& r) { r.mutable_names()->push_back('x'); }},
+      {"names longer than their lengths",
+       [](v1::RestoredRegions& r) { r.mutable_names()->push_back('x'); }},
       {"a length past the names", [](v1::RestoredRegions& r) { r.set_name_lengths(0, 1u << 31); }},
       {"a length that wraps the offset",
        [](v1::RestoredRegions& r) { r.set_name_lengths(1, 0xffffffffu); }},
