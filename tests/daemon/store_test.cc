@@ -222,6 +222,26 @@ class StoreTest : public ::testing::Test {
     trainers_[rank] = {data, bytes, session.number, *id};
   }
 
+  // Fills `rank`'s memory with bytes drawn from `seed`, commits them as step 1, and returns them.
+  std::vector<uint8_t> CommitRandomBytes(uint32_t rank, uint64_t seed) {
+    Trainer& trainer = trainers_.at(rank);
+    moesnap::testing::DeterministicBytes(seed).Fill(trainer.data, trainer.bytes);
+    EXPECT_OK(store_->Snapshot(rank, 1, {}));
+    EXPECT_OK(store_->WaitCommitted(rank, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+    return std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes);
+  }
+
+  // A whole restore of `rank`, into zeroed memory, fails with DATA_LOSS naming `damaged` ("region
+  // 'r' of rank R, step S, chunk C").
+  void ExpectRestoreFindsDamage(uint32_t rank, const std::string& damaged) {
+    Trainer& trainer = trainers_.at(rank);
+    std::memset(trainer.data, 0, trainer.bytes);
+    absl::StatusOr<v1::RestoreResponse> restored =
+        store_->Restore(rank, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+    EXPECT_STATUS(restored, absl::StatusCode::kDataLoss);
+    EXPECT_TRUE(absl::StrContains(restored.status().message(), damaged)) << restored.status();
+  }
+
   // The trainer's bytes for `step`, then its snapshot.
   v1::SnapshotResponse Take(uint32_t rank, int64_t step) {
     Trainer& trainer = trainers_.at(rank);
@@ -508,11 +528,7 @@ TEST_F(StoreTest, ADamagedRegionInARunOfSmallOnesIsNamedAndTheRestAreRestoredExa
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 16 << 20));
   ASSERT_NO_FATAL_FAILURE(ConnectSized(0, std::vector<uint64_t>(kRegions, 4096)));
   Trainer& trainer = trainers_.at(0);
-  moesnap::testing::DeterministicBytes random(19);
-  random.Fill(trainer.data, trainer.bytes);
-  const std::vector<uint8_t> expected(trainer.data, trainer.data + trainer.bytes);
-  ASSERT_OK(store_->Snapshot(0, 1, {}));
-  ASSERT_OK(store_->WaitCommitted(0, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+  const std::vector<uint8_t> expected = CommitRandomBytes(0, 19);
   uint8_t* const pool_end = pool_->base() + pool_->capacity();
   uint8_t* const stored = std::search(pool_->base(), pool_end, expected.begin(), expected.end());
   ASSERT_NE(stored, pool_end) << "the regions are not laid out in the pool as in the trainer";
@@ -522,13 +538,7 @@ TEST_F(StoreTest, ADamagedRegionInARunOfSmallOnesIsNamedAndTheRestAreRestoredExa
   ASSERT_EQ(std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes), expected);
 
   stored[10 * 4096 + 100] ^= 0x01;
-  std::memset(trainer.data, 0, trainer.bytes);
-  absl::StatusOr<v1::RestoreResponse> restored =
-      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
-  EXPECT_STATUS(restored, absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StrContains(restored.status().message(),
-                                 "region 'region10' of rank 0, step 1, chunk 0"))
-      << restored.status();
+  ExpectRestoreFindsDamage(0, "region 'region10' of rank 0, step 1, chunk 0");
   for (int region = 0; region < kRegions; ++region) {
     if (region == 10) continue;
     EXPECT_EQ(std::memcmp(trainer.data + region * 4096, expected.data() + region * 4096, 4096), 0)
@@ -557,11 +567,7 @@ TEST_F(StoreTest, ARestoreChecksEveryChunkAndFailsOnOneCorruptByteInThePool) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 16 << 20));
   ASSERT_NO_FATAL_FAILURE(ConnectSized(0, {3 * 64 * 1024 + 5, 5 * 64 * 1024 + 17}));
   Trainer& trainer = trainers_.at(0);
-  moesnap::testing::DeterministicBytes random(18);
-  random.Fill(trainer.data, trainer.bytes);
-  const std::vector<uint8_t> expected(trainer.data, trainer.data + trainer.bytes);
-  ASSERT_OK(store_->Snapshot(0, 1, {}));
-  ASSERT_OK(store_->WaitCommitted(0, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+  const std::vector<uint8_t> expected = CommitRandomBytes(0, 18);
 
   // Where region1's chunk 2 landed in the pool: found by 64 of its (random) bytes.
   const uint64_t region1 = 3 * 64 * 1024 + 5;
@@ -571,13 +577,7 @@ TEST_F(StoreTest, ARestoreChecksEveryChunkAndFailsOnOneCorruptByteInThePool) {
   ASSERT_NE(found, pool_end);
   *found ^= 0x10;
 
-  std::memset(trainer.data, 0, trainer.bytes);
-  absl::StatusOr<v1::RestoreResponse> restored =
-      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
-  EXPECT_STATUS(restored, absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StrContains(restored.status().message(),
-                                 "region 'region1' of rank 0, step 1, chunk 2"))
-      << restored.status();
+  ExpectRestoreFindsDamage(0, "region 'region1' of rank 0, step 1, chunk 2");
   const v1::VerifyResponse verify = store_->Verify(std::nullopt);
   ASSERT_EQ(verify.corruptions_size(), 1);
   EXPECT_EQ(verify.corruptions(0).region(), "region1");
