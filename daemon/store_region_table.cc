@@ -1,18 +1,45 @@
-// Store: a rank's registered regions (RegionTable): their replica-group shards, the order of the
-// trainer's memory they lie in, and the plan of a whole-rank step.
+// Store: the registration of a rank's regions, and the table it makes (RegionTable): the regions'
+// replica-group shards, the order of the trainer's memory they lie in, and the plan of a whole-rank
+// step.
 #include "daemon/store.h"
 #include "daemon/store_types.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/copy_plan.h"
 #include "daemon/shard_layout.h"
 
 namespace moesnap::daemon {
+namespace {
+
+// Every region of a replica group must name the same members: the layout cuts them together.
+absl::Status CheckGroupsAgree(const std::vector<const v1::RegionSpec*>& specs) {
+  std::map<std::string, const v1::RegionSpec*> first;  // per group, the first region naming it
+  for (const v1::RegionSpec* spec : specs) {
+    if (!spec->has_replica_group()) continue;
+    const v1::ReplicaGroup& group = spec->replica_group();
+    auto [it, added] = first.emplace(group.name(), spec);
+    if (!added && !SameMembers(it->second->replica_group(), group)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica group '", group.name(), "' has ranks [", absl::StrJoin(group.ranks(), ", "),
+          "] for region '", spec->name(), "' but [",
+          absl::StrJoin(it->second->replica_group().ranks(), ", "), "] for region '",
+          it->second->name(), "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 // Host regions by memory and offset, GPU regions by device, allocation and offset, a shard by where
 // it starts; name order among equals.
@@ -69,6 +96,61 @@ Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t 
       all.size(), [this](uint32_t position) { return pieces[all[position]].bytes; },
       [chunk_bytes](uint32_t) { return chunk_bytes; }, chunk_bytes, pool_bytes,
       InMemoryOrder(all.size(), [this](uint32_t position) { return all[position]; })));
+}
+
+
+absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
+  // The regions are the memory of the rank's process now: should a newer process start before they
+  // are in, they are not its (its memory may even be what this process left, handed on).
+  uint64_t session = 0;
+  {
+    absl::MutexLock lock(&mutex_);
+    session = ranks_[rank].session;
+  }
+  // Open everything first, outside the lock: a bad region fails the call without changing anything.
+  std::map<std::string, RegionTable::Region> opened;
+  for (const v1::RegionSpec& spec : regions) {
+    CopyBackend* backend = BackendFor(spec.device());
+    if (backend == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region '", spec.name(), "' is GPU memory but this daemon has no CUDA copy backend"));
+    }
+    absl::StatusOr<std::shared_ptr<RegionSource>> source = backend->Open(rank, spec);
+    if (!source.ok()) return source.status();
+    opened[spec.name()] = {spec, *std::move(source), backend};
+  }
+  activity_.Active(rank);
+  // The rank's next table is made outside the lock too; a registration that raced with this one
+  // (or a new session) makes it start again from the table that won.
+  while (true) {
+    std::shared_ptr<const RegionTable> current;
+    {
+      absl::MutexLock lock(&mutex_);
+      current = ranks_[rank].regions;
+    }
+    std::map<std::string, RegionTable::Region> merged = opened;
+    for (const RegionTable::Region& region : current->regions) merged.emplace(region.spec.name(), region);
+    if (merged.size() > kMaxRegionsPerRank) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", rank, " would hold ", merged.size(), " regions; a rank holds at most ",
+          kMaxRegionsPerRank));
+    }
+    std::vector<const v1::RegionSpec*> specs;
+    for (const auto& [name, region] : merged) specs.push_back(&region.spec);
+    if (absl::Status same = CheckGroupsAgree(specs); !same.ok()) return same;
+    auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes, rank,
+                                                    pool_->capacity());
+    absl::MutexLock lock(&mutex_);
+    RankState& rank_state = ranks_[rank];
+    if (rank_state.session != session) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a newer process of rank ", rank, " started while these regions were registered"));
+    }
+    if (rank_state.regions != current) continue;
+    rank_state.regions = std::move(next);
+    rank_state.restarting = false;
+    return absl::OkStatus();
+  }
 }
 
 }  // namespace moesnap::daemon
