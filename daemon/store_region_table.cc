@@ -129,7 +129,9 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
       current = ranks_[rank].regions;
     }
     std::map<std::string, RegionTable::Region> merged = opened;
-    for (const RegionTable::Region& region : current->regions) merged.emplace(region.spec.name(), region);
+    for (const RegionTable::Region& region : current->regions) {
+      merged.emplace(region.spec.name(), region);
+    }
     if (merged.size() > kMaxRegionsPerRank) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "rank ", rank, " would hold ", merged.size(), " regions; a rank holds at most ",

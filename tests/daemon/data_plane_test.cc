@@ -420,8 +420,9 @@ TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
   std::vector<uint8_t> damaged = second;
   damaged[10] ^= 1;
   tcp::socket corrupt = RawTo(io, server->port());
-  asio::write(corrupt, std::array<asio::const_buffer, 3>{
-                           asio::buffer(bytes), asio::buffer(header.region), asio::buffer(damaged)});
+  asio::write(corrupt,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(header.region),
+                                                asio::buffer(damaged)});
   ASSERT_TRUE(Eventually([&] { return sink.FilledOf(2).has_value(); }));
   EXPECT_STATUS(*sink.FilledOf(2), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(sink.FilledOf(2)->message(), "CRC")) << *sink.FilledOf(2);

@@ -227,7 +227,8 @@ class StoreTest : public ::testing::Test {
     Trainer& trainer = trainers_.at(rank);
     moesnap::testing::DeterministicBytes(seed).Fill(trainer.data, trainer.bytes);
     EXPECT_OK(store_->Snapshot(rank, 1, {}));
-    EXPECT_OK(store_->WaitCommitted(rank, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
+    EXPECT_OK(
+        store_->WaitCommitted(rank, 1, absl::Now() + absl::Seconds(30), [] { return false; }));
     return std::vector<uint8_t>(trainer.data, trainer.data + trainer.bytes);
   }
 
