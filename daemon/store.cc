@@ -192,67 +192,93 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                                                    ", its latest snapshot"));
   }
 
-  // What the step captures: every region (the table's own selection and plan, made once at
-  // registration, so that a step of thousands of regions costs no work per region here), or the
-  // regions named. A dense step that names some regions also takes every region an earlier step
-  // of the rank's timeline captured and did not commit (skipped, aborted, or still waiting): the
-  // trainer's memory holds their values as of this step, and without them the step would not be a
-  // consistent state. A step of a timeline a whole restore ended changed nothing that restore left.
-  std::shared_ptr<const std::vector<uint32_t>> selection(table, &table->all);
-  std::shared_ptr<const CopyPlan> plan = table->plan_of_all;
-  if (!regions.empty()) {
-    std::vector<uint32_t> chosen;
-    for (const std::string& name : regions) {
-      const std::optional<uint32_t> index = table->Find(name);
-      if (!index) {
-        return absl::NotFoundError(absl::StrCat("rank ", rank, " has no registered region '", name,
-                                                "' (", table->regions.size(),
-                                                " regions are registered)"));
-      }
-      chosen.push_back(*index);
-    }
-    for (const auto& [earlier, record] : rank_state.steps) {
-      if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED || record.discarded) {
-        continue;
-      }
-      if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
-      if (record.table == table) {
-        chosen.insert(chosen.end(), record.selection->begin(), record.selection->end());
-        continue;
-      }
-      for (uint32_t index : *record.selection) {
-        if (std::optional<uint32_t> now = table->Find(record.table->name(index))) {
-          chosen.push_back(*now);
-        }
-      }
-    }
-    std::sort(chosen.begin(), chosen.end());
-    chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
-    // A member of a replica group copies only the regions its shard has a piece of.
-    std::erase_if(chosen, [&](uint32_t index) { return table->pieces[index].bytes == 0; });
-    if (chosen.size() < table->all.size()) {
-      auto named = std::make_shared<const std::vector<uint32_t>>(std::move(chosen));
-      plan = std::make_shared<const CopyPlan>(PlanCopy(
-          named->size(), [&](uint32_t position) { return table->pieces[(*named)[position]].bytes; },
-          [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes,
-          pool_->capacity(),
-          table->InMemoryOrder(named->size(),
-                               [&](uint32_t position) { return (*named)[position]; })));
-      selection = std::move(named);
-    }
-  }
-
+  absl::StatusOr<Selection> selection =
+      SelectRegions(rank, rank_state, table, regions, sparse.has_value());
+  if (!selection.ok()) return selection.status();
   if (sparse && !table->groups.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " holds regions of replica group '", table->groups.begin()->first,
         "': sparse snapshots of replica groups are not supported; snapshot them densely"));
   }
+  const CopyPlan& plan = *selection->plan;
+  absl::StatusOr<std::string> lagging = SkipReason(rank, rank_state, step, sparse, plan);
+  if (!lagging.ok()) return lagging.status();
+  if (!lagging->empty()) {
+    return Skip(rank_state, rank, step, sparse, table, selection->regions, *lagging);
+  }
+  // The pool space of the whole step in one reservation; the copy threads cut it into versions. A
+  // member whose shard is empty (more members than alignment units) copies nothing. A plan past
+  // the whole pool has no parts either (PlanCopy), and the pool refuses it.
+  const bool fits_pool = plan.space <= pool_->capacity();
+  absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation =
+      plan.parts.empty() && fits_pool ? std::shared_ptr<const PoolReservation>()
+                                      : pool_->Reserve(plan.space);
+  if (!reservation.ok()) {
+    return Skip(rank_state, rank, step, sparse, table, selection->regions,
+                absl::StrCat("it needs ", plan.bytes, " bytes (", FormatByteSize(plan.bytes),
+                             ") for ", selection->regions->size(), " regions: ",
+                             reservation.status().message(),
+                             fits_pool ? ""
+                                       : "; that is more than the whole pool: no step of these "
+                                         "regions fits until pool.bytes is larger"));
+  }
+  return StartCapture(rank, rank_state, step, sparse, table, *std::move(selection),
+                      *std::move(reservation));
+}
+
+absl::StatusOr<Store::Selection> Store::SelectRegions(
+    uint32_t rank, const RankState& rank_state, const std::shared_ptr<const RegionTable>& table,
+    const std::vector<std::string>& named, bool sparse) const {
+  Selection selection{{table, &table->all}, table->plan_of_all};
+  if (named.empty()) return selection;
+  std::vector<uint32_t> chosen;
+  for (const std::string& name : named) {
+    const std::optional<uint32_t> index = table->Find(name);
+    if (!index) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " has no registered region '", name,
+                                              "' (", table->regions.size(),
+                                              " regions are registered)"));
+    }
+    chosen.push_back(*index);
+  }
+  for (const auto& [earlier, record] : rank_state.steps) {
+    if (sparse || record.sparse || record.state == v1::STEP_STATE_COMMITTED || record.discarded) {
+      continue;
+    }
+    if (rank_state.latest_committed && earlier <= *rank_state.latest_committed) continue;
+    if (record.table == table) {
+      chosen.insert(chosen.end(), record.selection->begin(), record.selection->end());
+      continue;
+    }
+    for (uint32_t index : *record.selection) {
+      if (std::optional<uint32_t> now = table->Find(record.table->name(index))) {
+        chosen.push_back(*now);
+      }
+    }
+  }
+  std::sort(chosen.begin(), chosen.end());
+  chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+  // A member of a replica group copies only the regions its shard has a piece of.
+  std::erase_if(chosen, [&](uint32_t index) { return table->pieces[index].bytes == 0; });
+  if (chosen.size() == table->all.size()) return selection;
+  auto regions = std::make_shared<const std::vector<uint32_t>>(std::move(chosen));
+  selection.plan = std::make_shared<const CopyPlan>(PlanCopy(
+      regions->size(), [&](uint32_t position) { return table->pieces[(*regions)[position]].bytes; },
+      [this](uint32_t) { return options_.chunk_bytes; }, options_.chunk_bytes, pool_->capacity(),
+      table->InMemoryOrder(regions->size(),
+                           [&](uint32_t position) { return (*regions)[position]; })));
+  selection.regions = std::move(regions);
+  return selection;
+}
+
+absl::StatusOr<std::string> Store::SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
+                                              const std::optional<v1::SparseSlot>& sparse,
+                                              const CopyPlan& plan) {
   if (sparse) {
     if (const std::string failure = rank_state.windows.FailureOf(*sparse);
         sparse->slot() > 0 && !failure.empty()) {
-      return Skip(rank_state, rank, step, sparse, table, selection,
-                  absl::StrCat("the window from step ", sparse->window_first_step(),
-                               " can no longer commit: ", failure));
+      return absl::StrCat("the window from step ", sparse->window_first_step(),
+                          " can no longer commit: ", failure);
     }
     if (absl::Status status = rank_state.windows.Check(rank, step, *sparse); !status.ok()) {
       return status;
@@ -264,78 +290,68 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     }
     if (options_.max_in_flight_steps > 0 &&
         waiting.size() >= static_cast<size_t>(options_.max_in_flight_steps)) {
-      return Skip(rank_state, rank, step, sparse, table, selection,
-                  absl::StrCat("steps ", absl::StrJoin(waiting, ", "),
-                               " still wait for their commit (capture.max_in_flight_steps = ",
-                               options_.max_in_flight_steps, "): commits lag behind training"));
+      return absl::StrCat("steps ", absl::StrJoin(waiting, ", "),
+                          " still wait for their commit (capture.max_in_flight_steps = ",
+                          options_.max_in_flight_steps, "): commits lag behind training");
     }
   }
-
-  // A member whose shard is empty (more members than alignment units) copies nothing. A plan past
-  // the whole pool has no parts either (PlanCopy), and the pool refuses it below.
-  const bool fits_pool = plan->space <= pool_->capacity();
-  const bool copies_nothing = plan->parts.empty() && fits_pool;
   if (const uint64_t kept = ParityReserveLocked();
-      kept > 0 && !plan->parts.empty() && fits_pool &&
-      pool_->free_bytes() < SaturatingAdd(plan->space, kept)) {
-    return Skip(rank_state, rank, step, sparse, table, selection,
-                absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
-                             ") and the pool keeps ", FormatByteSize(kept), " for the parity of "
-                             "steps being encoded; ", FormatByteSize(pool_->free_bytes()),
-                             " are free: commits lag behind training"));
+      kept > 0 && !plan.parts.empty() && plan.space <= pool_->capacity() &&
+      pool_->free_bytes() < SaturatingAdd(plan.space, kept)) {
+    return absl::StrCat("it needs ", plan.bytes, " bytes (", FormatByteSize(plan.bytes),
+                        ") and the pool keeps ", FormatByteSize(kept), " for the parity of "
+                        "steps being encoded; ", FormatByteSize(pool_->free_bytes()),
+                        " are free: commits lag behind training");
   }
-  // The pool space of the whole step in one reservation; the copy threads cut it into versions.
-  absl::StatusOr<std::shared_ptr<const PoolReservation>> reservation =
-      copies_nothing ? std::shared_ptr<const PoolReservation>() : pool_->Reserve(plan->space);
-  if (!reservation.ok()) {
-    return Skip(rank_state, rank, step, sparse, table, selection,
-                absl::StrCat("it needs ", plan->bytes, " bytes (", FormatByteSize(plan->bytes),
-                             ") for ", selection->size(), " regions: ",
-                             reservation.status().message(),
-                             fits_pool ? ""
-                                       : "; that is more than the whole pool: no step of these "
-                                         "regions fits until pool.bytes is larger"));
-  }
+  return std::string();
+}
+
+v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, int64_t step,
+                                         const std::optional<v1::SparseSlot>& sparse,
+                                         std::shared_ptr<const RegionTable> table,
+                                         Selection selection,
+                                         std::shared_ptr<const PoolReservation> reservation) {
+  const CopyPlan& plan = *selection.plan;
   auto job = std::make_shared<CaptureJob>();
   job->rank = rank;
   job->step = step;
   job->table = table;
   job->in_flight = std::make_unique<const CopyInFlight>(rank_state.copies);
-  job->parts_copying = plan->parts.size();
-  job->selection = selection;
-  job->plan = plan;
-  job->reservation = *std::move(reservation);
-  job->versions.resize(selection->size());
-  for (uint32_t position : plan->large) {  // copied by several parts: made before any of them runs
+  job->parts_copying = plan.parts.size();
+  job->selection = selection.regions;
+  job->plan = selection.plan;
+  job->reservation = std::move(reservation);
+  job->versions.resize(selection.regions->size());
+  for (uint32_t position : plan.large) {  // copied by several parts: made before any of them runs
     job->versions[position] = NewVersion(*job, position);
   }
 
   StepRecord record;
   record.step = step;
   record.started = absl::Now();
-  record.bytes = plan->bytes;
-  record.regions = static_cast<uint32_t>(selection->size());
-  record.table = table;
-  record.selection = selection;
+  record.bytes = plan.bytes;
+  record.regions = static_cast<uint32_t>(selection.regions->size());
+  record.whole = selection.regions.get() == &table->all;
+  record.table = std::move(table);
+  record.selection = std::move(selection.regions);
   record.sparse = sparse;
-  record.whole = selection.get() == &table->all;
   record.capture = job.get();
-  record.pending_parts = plan->parts.size();
+  record.pending_parts = plan.parts.size();
   if (sparse) rank_state.windows.Add(step, *sparse, v1::STEP_STATE_CAPTURING);
   in_flight_bytes_ += record.bytes;
   rank_state.latest_snapshot = step;
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", record.regions,
-      " regions, ", record.bytes, " bytes in ", plan->parts.size(), " parts");
+      " regions, ", record.bytes, " bytes in ", plan.parts.size(), " parts");
   v1::SnapshotResponse response;
   response.set_bytes(record.bytes);
   StepRecord& started = rank_state.steps[step] = std::move(record);
-  if (plan->parts.empty()) {
+  if (plan.parts.empty()) {
     FinishStep(rank_state, rank, started);
     return response;
   }
   std::vector<std::function<void()>> parts;
-  parts.reserve(plan->parts.size());
-  for (size_t part = 0; part < plan->parts.size(); ++part) {
+  parts.reserve(plan.parts.size());
+  for (size_t part = 0; part < plan.parts.size(); ++part) {
     parts.push_back([this, job, part] { CapturePart(job, part); });
   }
   workers_.SubmitAll(std::move(parts));

@@ -32,6 +32,8 @@
 
 namespace moesnap::daemon {
 
+struct CopyPlan;
+
 struct CaptureOptions {
   int threads = 2;
   uint64_t chunk_bytes = uint64_t{4} << 20;  // unit of copy, CRC and (later) transfer
@@ -190,12 +192,12 @@ class Store final : public ClusterStore, public DurableStore {
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
   CopyBackend* BackendFor(v1::Device device) const;
-  // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
   // A step of the rank, captured and not decided, that this node voted to commit.
   std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status AwaitSettled(uint32_t rank, const RankState& rank_state, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The rank's journal record once `committing` (may be null) commits; absent with nothing committed.
   static std::optional<v1::JournalRank> RankRecordAfter(uint32_t rank, const RankState& rank_state,
                                                         const StepRecord* committing);
   static void LoadRankRecord(const v1::JournalRank& saved, RankState* rank_state);
@@ -258,12 +260,42 @@ class Store final : public ClusterStore, public DurableStore {
                  StepOutcome outcome = StepOutcome::kAborted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void TrimFinishedSteps(RankState& rank_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
-  // and the answer saying so.
   // The pool bytes a capture must leave free in a cluster: the parity of two steps being encoded
   // (one whose Encode overlaps the next one's, and units rounded up to whole stripe units), at
   // parity_share of the largest image of the group, committed or to be captured here.
   uint64_t ParityReserveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // What a step captures: positions in its region table, and the plan of their copy.
+  struct Selection {
+    std::shared_ptr<const std::vector<uint32_t>> regions;
+    std::shared_ptr<const CopyPlan> plan;
+  };
+  // The regions a step of `rank` captures: every registered region (the table's own selection and
+  // plan, made once at registration, so that a step of thousands of regions costs no work per
+  // region here), or the regions `named`. A dense step that names some regions also takes every
+  // region an earlier step of the rank's timeline captured and did not commit (skipped, aborted,
+  // or still waiting): the trainer's memory holds their values as of this step, and without them
+  // the step would not be a consistent state. A step of a timeline a whole restore ended changed
+  // nothing that restore left. NOT_FOUND names a region the rank has not registered.
+  absl::StatusOr<Selection> SelectRegions(uint32_t rank, const RankState& rank_state,
+                                          const std::shared_ptr<const RegionTable>& table,
+                                          const std::vector<std::string>& named, bool sparse) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Why a step copying `plan` is skipped instead of captured: its sparse window can no longer
+  // commit, too many steps wait for their commit, or the pool must keep its room for parity.
+  // Empty when it may capture; an error when the step is refused (a sparse slot out of order).
+  absl::StatusOr<std::string> SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
+                                         const std::optional<v1::SparseSlot>& sparse,
+                                         const CopyPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Starts the capture of `step` into `reservation` (null when it copies nothing): its record, and
+  // its parts on the copy threads.
+  v1::SnapshotResponse StartCapture(uint32_t rank, RankState& rank_state, int64_t step,
+                                    const std::optional<v1::SparseSlot>& sparse,
+                                    std::shared_ptr<const RegionTable> table, Selection selection,
+                                    std::shared_ptr<const PoolReservation> reservation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
+  // and the answer saying so.
   v1::SnapshotResponse Skip(RankState& rank_state, uint32_t rank, int64_t step,
                             const std::optional<v1::SparseSlot>& sparse,
                             std::shared_ptr<const RegionTable> table,
