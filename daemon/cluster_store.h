@@ -7,6 +7,7 @@
 #define MOESNAP_DAEMON_CLUSTER_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,15 @@ class ClusterStore {
   virtual absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) = 0;
   // The committed image (what parity of the committed step covers).
   virtual NodeImage CommittedImage() const = 0;
+  // One region of the committed image, found without building the image: its record and its
+  // bytes (held while the result lives). FAILED_PRECONDITION when the committed step is not
+  // `step`; NOT_FOUND when this node holds no such region of `rank`.
+  struct HeldRegion {
+    v1::ImageRegion record;
+    std::shared_ptr<PoolBytes> stored;
+  };
+  virtual absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
+                                                     const std::string& region) const = 0;
   // Commits `step` for every rank that captured it, with the cluster's record, in one journal
   // write; older captured steps are aborted as superseded.
   virtual absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) = 0;

@@ -366,14 +366,15 @@ struct DataPlaneServer::Impl {
                       : absl::StatusOr<FrameHeader>(status);
       status = header.status();
       if (status.ok()) status = link.Read(asio::buffer(header->region), frame_deadline);
-      std::optional<absl::Span<uint8_t>> in_place;  // the sink's memory the payload is read into
+      std::optional<FrameSink::InPlace> in_place;  // the sink's memory the payload is read into
       if (status.ok()) {
-        absl::StatusOr<std::optional<absl::Span<uint8_t>>> reserved =
+        absl::StatusOr<std::optional<FrameSink::InPlace>> reserved =
             sink->Reserve(*header, sender);
         if (!reserved.ok()) {
           status = reserved.status();
-        } else if (*reserved && (*reserved)->size() != header->length) {
-          status = absl::InternalError(absl::StrCat("the sink reserved ", (*reserved)->size(),
+        } else if (*reserved && (*reserved)->bytes.size() != header->length) {
+          status = absl::InternalError(absl::StrCat("the sink reserved ",
+                                                    (*reserved)->bytes.size(),
                                                     " bytes for a payload of ", header->length));
           sink->Filled(*header, status);
         } else {
@@ -383,7 +384,7 @@ struct DataPlaneServer::Impl {
       absl::Span<uint8_t> into;
       if (status.ok()) {
         if (in_place) {
-          into = *in_place;
+          into = in_place->bytes;
         } else {
           payload.resize(header->length);
           into = absl::MakeSpan(payload);
@@ -395,7 +396,9 @@ struct DataPlaneServer::Impl {
                                                   absl::FormatDuration(options.frame_timeout),
                                                   ": ", status.message()));
       }
-      if (status.ok()) status = CheckFramePayload(*header, into);
+      if (status.ok() && !(in_place && in_place->owner_checks)) {
+        status = CheckFramePayload(*header, into);
+      }
       if (in_place) {
         sink->Filled(*header, status);
       } else if (status.ok()) {

@@ -46,7 +46,7 @@ struct DataPlaneOptions {
   // A connection with no frame for this long is closed (its sender reconnects on its next frame).
   absl::Duration idle_timeout = absl::Minutes(10);
   // Mutual TLS with the job's peers; null: plaintext.
-  std::shared_ptr<const PeerTls> tls;
+  std::shared_ptr<const PeerTls> tls = nullptr;
   // A connection's TLS handshake must end within this time.
   absl::Duration handshake_timeout = absl::Seconds(10);
 };
@@ -65,15 +65,24 @@ struct DataPlaneClientTls {
 //
 // A frame's payload is read either into the connection's buffer, checked (length, CRC-32C) and then
 // given to Accept, so no byte of a refused frame reaches the sink; or, where Reserve names memory of
-// the sink's for it, straight into that memory, checked there, and then reported to Filled: on a
-// failed check or read the bytes there are garbage and the sink must treat them so.
+// the sink's for it, straight into that memory, checked there (unless the memory's owner checks it
+// itself), and then reported to Filled: on a failed check or read the bytes there are garbage and
+// the sink must treat them so.
 class FrameSink {
  public:
+  // Memory of the sink's that a frame's payload is read into.
+  struct InPlace {
+    absl::Span<uint8_t> bytes;  // exactly header.length bytes
+    // The memory's owner checks every byte read into it against checksums of its own before it
+    // uses any (an elastic restore, against the region's stored chunk CRCs as it writes them into
+    // the rank): the frame's CRC-32C is not checked as it lands, a pass over the bytes saved.
+    bool owner_checks = false;
+  };
   virtual ~FrameSink() = default;
-  // Memory of exactly header.length bytes to read the frame's payload into, held for it until
-  // Filled; nullopt: the connection's buffer, then Accept. An error closes the connection.
-  virtual absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(
-      const FrameHeader& /*header*/, std::optional<uint32_t> /*sender*/) {
+  // Where to read the frame's payload, held for it until Filled; nullopt: the connection's buffer,
+  // then Accept. An error closes the connection.
+  virtual absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& /*header*/,
+                                                         std::optional<uint32_t> /*sender*/) {
     return std::nullopt;
   }
   // The payload read into reserved memory passed its checks (OK) or did not (why).

@@ -16,7 +16,11 @@
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
 // (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
-// connection is closed, so a malformed or truncated frame can never reach stored data.
+// connection is closed, so a malformed or truncated frame can never reach stored data. One
+// exception: the payload of a region fetched for an elastic restore is checked by the restoring
+// node against the region's stored chunk CRCs as it writes it into the rank, not against the
+// frame's CRC as it lands; its holder sends each chunk that fits a frame as one frame carrying the
+// chunk's stored CRC-32C, so neither end passes over the bytes for the frame's sake.
 #ifndef MOESNAP_DAEMON_FRAME_H_
 #define MOESNAP_DAEMON_FRAME_H_
 
@@ -34,7 +38,7 @@ enum class FrameKind : uint16_t {
   // starts from zero parity); the holder adds coefficient * delta to its parity unit.
   kParityDelta = 2,
   kFetchedUnit = 3,    // a data or parity unit served to a rebuilding or repairing peer
-  kFetchedRegion = 4,  // a piece of a committed region served for an elastic restore
+  kFetchedRegion = 4,  // a chunk of a committed region served for an elastic restore
 };
 
 struct FrameHeader {

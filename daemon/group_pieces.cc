@@ -82,7 +82,11 @@ absl::Status FetchRemotePieces(const std::vector<GroupRegion>& regions, const Fe
     for (const RestoredRegionView& held : *restored) {
       const std::string name(held.name);
       auto region = by_name.find(name);
-      if (region == by_name.end() || std::find(names.begin(), names.end(), name) == names.end()) {
+      // Asked of this member: the member is one of the region's remote members (a few per group,
+      // where the names asked of it may be thousands).
+      if (region == by_name.end() ||
+          std::find(region->second->remote_members.begin(), region->second->remote_members.end(),
+                    member) == region->second->remote_members.end()) {
         return absl::DataLossError(absl::StrCat("the restore of rank ", member,
                                                 "'s shard gave region '", name,
                                                 "', which was not asked of it"));

@@ -149,6 +149,8 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   // The committed image (what parity of the committed step covers), with each rank's record.
   NodeImage CommittedImage() const override;
+  absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
+                                             const std::string& region) const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.
   absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;

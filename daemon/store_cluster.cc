@@ -208,6 +208,23 @@ NodeImage Store::CommittedImage() const {
   return CommittedImageLocked();
 }
 
+absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, uint32_t rank,
+                                                                const std::string& region) const {
+  absl::MutexLock lock(&mutex_);
+  if (!cluster_.has_committed_step() || cluster_.committed_step() != step) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not the committed step"));
+  }
+  if (auto rank_it = ranks_.find(rank); rank_it != ranks_.end()) {
+    const auto& committed = rank_it->second.committed;
+    if (auto version = committed.find(region); version != committed.end()) {
+      v1::NodeImage one;
+      AddToImage(*version->second, &one);
+      return HeldRegion{std::move(*one.mutable_regions(0)), version->second->stored};
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
+}
+
 NodeImage Store::CommittedImageLocked() const {
   v1::NodeImage manifest;
   if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());

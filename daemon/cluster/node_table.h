@@ -22,8 +22,8 @@ namespace moesnap::daemon::cluster {
 struct NodeView {
   uint32_t id = 0;
   bool live = false;
-  ClusterNode address;   // as the live daemon advertises it
-  std::string hostname;  // the machine it runs on
+  ClusterNode address{};   // as the live daemon advertises it
+  std::string hostname{};  // the machine it runs on
   int64_t incarnation = 0;
 };
 

@@ -13,7 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "daemon/cluster/context.h"
+#include "daemon/cluster/kept_buffers.h"
 #include "daemon/cluster/rebuild.h"
 #include "daemon/cluster/transfer.h"
 #include "daemon/cluster_store.h"
@@ -45,11 +47,11 @@ class RemoteRestore {
   void ForgetLocation(uint32_t source_rank);
 
   // A region of the source rank asked for: its record in the holder's image, where it starts
-  // there, and its bytes once fetched or decoded.
+  // there, and where its bytes land once fetched or decoded (in the restore's kept buffer).
   struct WantedRegion {
     const v1::ImageRegion* region;
     uint64_t start;
-    std::vector<uint8_t> bytes;
+    absl::Span<uint8_t> bytes;
   };
   absl::StatusOr<v1::RestoreResponse> RestoreLocated(uint32_t rank, uint32_t source_rank,
                                                      const std::vector<std::string>& names,
@@ -75,6 +77,7 @@ class RemoteRestore {
   ClusterStore* const store_;
   Transfer* const transfer_;
   Rebuilder* const rebuilder_;
+  KeptBuffers buffers_;
   absl::Mutex located_mutex_;
   std::map<uint32_t, v1::LocateRankResponse> located_ ABSL_GUARDED_BY(located_mutex_);
   absl::Mutex fetching_mutex_;

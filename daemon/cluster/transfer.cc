@@ -19,12 +19,34 @@ namespace {
 constexpr int kDataConnectionsPerPeer = 2;
 // A peer that takes nothing of a frame for this long has stopped reading.
 constexpr absl::Duration kDataSendTimeout = absl::Seconds(30);
-// What this node's data plane accepts in one frame; it sends Transfer::kFrameBytes (daemons of
-// before sent 4 MiB).
-constexpr uint32_t kMaxFramePayload = 4 << 20;
-static_assert(Transfer::kFrameBytes <= kMaxFramePayload);
+static_assert(Transfer::kFrameBytes <= Transfer::kMaxFrameBytes);
 // How long fetched units or regions may take to arrive once their senders have answered.
 constexpr absl::Duration kFetchWait = absl::Seconds(30);
+
+using FrameParts = absl::Span<const absl::Span<const uint8_t>>;
+
+// Calls send(frame, bytes) for each frame of `pieces`, one after another, cut into frames of
+// `frame_bytes` (the last shorter), each the parts of the pieces it spans; the first error ends it.
+template <typename Send>
+absl::Status ForEachFrame(FrameParts pieces, uint64_t frame_bytes, Send send) {
+  std::vector<absl::Span<const uint8_t>> frame;
+  uint64_t bytes = 0;
+  for (absl::Span<const uint8_t> piece : pieces) {
+    while (!piece.empty()) {
+      const uint64_t taken = std::min<uint64_t>(piece.size(), frame_bytes - bytes);
+      frame.push_back(piece.first(taken));
+      bytes += taken;
+      piece.remove_prefix(taken);
+      if (bytes == frame_bytes) {
+        if (absl::Status status = send(FrameParts(frame), bytes); !status.ok()) return status;
+        frame.clear();
+        bytes = 0;
+      }
+    }
+  }
+  if (bytes > 0) return send(FrameParts(frame), bytes);
+  return absl::OkStatus();
+}
 
 // The slot a fetched frame names.
 FetchKey KeyOf(const FrameHeader& header) {
@@ -50,7 +72,7 @@ absl::StatusOr<uint16_t> Transfer::Start(const std::string& host, uint16_t port)
   absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
       DataPlaneServer::Start({.host = host,
                               .port = port,
-                              .max_payload_bytes = kMaxFramePayload,
+                              .max_payload_bytes = kMaxFrameBytes,
                               .max_connections = context_.options().max_data_connections,
                               .tls = context_.tls},
                              this);
@@ -98,10 +120,7 @@ absl::Status Transfer::SendFrames(absl::Span<const uint32_t> to, FrameHeader hea
     if (!client.ok()) return client.status();
     clients.push_back(*std::move(client));
   }
-  // Frames of kFrameBytes bytes (the last shorter), each the parts of the pieces it spans.
-  std::vector<absl::Span<const uint8_t>> frame;
-  uint64_t frame_bytes = 0;
-  auto send = [&]() -> absl::Status {
+  return ForEachFrame(pieces, kFrameBytes, [&](FrameParts frame, uint64_t bytes) -> absl::Status {
     if (absl::Status sealed = SealFrame(header, frame); !sealed.ok()) return sealed;
     for (size_t i = 0; i < clients.size(); ++i) {
       if (absl::Status status = clients[i]->SendSealed(header, frame); !status.ok()) {
@@ -109,24 +128,35 @@ absl::Status Transfer::SendFrames(absl::Span<const uint32_t> to, FrameHeader hea
                                                    to[i], ": ", status.message()));
       }
     }
-    header.offset += frame_bytes;
-    frame.clear();
-    frame_bytes = 0;
+    header.offset += bytes;
     return absl::OkStatus();
-  };
-  for (absl::Span<const uint8_t> piece : pieces) {
-    while (!piece.empty()) {
-      const uint64_t taken = std::min<uint64_t>(piece.size(), kFrameBytes - frame_bytes);
-      frame.push_back(piece.first(taken));
-      frame_bytes += taken;
-      piece.remove_prefix(taken);
-      if (frame_bytes == kFrameBytes) {
-        if (absl::Status status = send(); !status.ok()) return status;
-      }
-    }
+  });
+}
+
+absl::Status Transfer::SendChunks(uint32_t to, FrameHeader header,
+                                  absl::Span<const absl::Span<const uint8_t>> pieces,
+                                  uint64_t chunk_bytes, absl::Span<const uint32_t> chunk_crcs) {
+  uint64_t total = 0;
+  for (absl::Span<const uint8_t> piece : pieces) total += piece.size();
+  if (chunk_bytes == 0 || chunk_bytes > kMaxFrameBytes ||
+      chunk_crcs.size() != total / chunk_bytes + (total % chunk_bytes != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        total, " bytes in chunks of ", chunk_bytes, " with ", chunk_crcs.size(),
+        " CRCs do not go as frames of one chunk each (at most ", kMaxFrameBytes, " bytes)"));
   }
-  if (frame_bytes > 0) return send();
-  return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
+  if (!client.ok()) return client.status();
+  size_t chunk = 0;
+  return ForEachFrame(pieces, chunk_bytes, [&](FrameParts frame, uint64_t bytes) -> absl::Status {
+    header.length = static_cast<uint32_t>(bytes);  // at most kMaxFrameBytes
+    header.payload_crc = chunk_crcs[chunk++];
+    if (absl::Status status = (*client)->SendSealed(header, frame); !status.ok()) {
+      return absl::UnavailableError(absl::StrCat("sending region '", header.region, "' to node ",
+                                                 to, ": ", status.message()));
+    }
+    header.offset += bytes;
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
@@ -369,7 +399,7 @@ std::pair<size_t, uint64_t> Transfer::FetchesWaiting() {
   return {fetches_.size(), missing};
 }
 
-absl::StatusOr<std::optional<absl::Span<uint8_t>>> Transfer::Reserve(
+absl::StatusOr<std::optional<FrameSink::InPlace>> Transfer::Reserve(
     const FrameHeader& header, std::optional<uint32_t> sender) {
   if (header.kind == FrameKind::kParityDelta) return std::nullopt;  // XORed in by Accept
   const FetchKey key = KeyOf(header);
@@ -409,7 +439,8 @@ absl::StatusOr<std::optional<absl::Span<uint8_t>>> Transfer::Reserve(
   }
   awaited.reserved += header.length;
   ++awaited.writers;
-  return absl::Span<uint8_t>(slot.buffer + header.offset, header.length);
+  return InPlace{absl::Span<uint8_t>(slot.buffer + header.offset, header.length),
+                 slot.owner_checks};
 }
 
 void Transfer::Filled(const FrameHeader& header, const absl::Status& checked) {

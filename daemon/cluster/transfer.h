@@ -50,6 +50,9 @@ struct FetchSlot {
   uint64_t bytes = 0;
   uint64_t missing = 0;
   uint32_t source = 0;
+  // The slot's owner checks every byte against checksums it trusts before using any
+  // (FrameSink::InPlace::owner_checks): frames into it are not checked as they land.
+  bool owner_checks = false;
 };
 
 // Thread-safe.
@@ -65,6 +68,8 @@ class Transfer final : public FrameSink {
   // frames so that sending, receiving and checking them overlap: the sender checksums the next
   // frame while the receiver reads and checks the last.
   static constexpr uint32_t kFrameBytes = 1 << 20;
+  // The largest payload this node accepts in one frame (daemons of before sent 4 MiB).
+  static constexpr uint32_t kMaxFrameBytes = 4 << 20;
 
   // Sends `pieces`, one after another, to each node of `to` as frames of `header` whose offsets
   // start at header.offset; a frame gathers the pieces it spans without copying them, and its CRC
@@ -79,6 +84,14 @@ class Transfer final : public FrameSink {
     const absl::Span<const uint8_t> piece(bytes, length);
     return SendFrames({&to, 1}, std::move(header), {&piece, 1});
   }
+  // Sends `pieces`, one after another, to `to` as frames of one stored chunk each (`chunk_bytes`,
+  // the last shorter; at most kMaxFrameBytes), each carrying that chunk's CRC-32C as stored
+  // (`chunk_crcs`): nothing here passes over the bytes. Bytes that no longer match their stored
+  // CRC go out so, and the receiver's check of them against the same CRCs finds it.
+  // INVALID_ARGUMENT when the chunks do not fit a frame or their CRCs do not cover the bytes.
+  absl::Status SendChunks(uint32_t to, FrameHeader header,
+                          absl::Span<const absl::Span<const uint8_t>> pieces, uint64_t chunk_bytes,
+                          absl::Span<const uint32_t> chunk_crcs);
   // Sends this node's data units of `step` to their parity holders: all of them, or with
   // `previous` (the committed image) and `changed`, the deltas of the changed ones, as frames of
   // `attempt` (the coordinator's token). Parity holders among `absent` (a degraded step's) get
@@ -116,8 +129,8 @@ class Transfer final : public FrameSink {
   // that fails its check there fails the fetch (DATA_LOSS). A parity delta is accepted from the
   // connection's buffer. On an authenticated connection a parity delta is accepted only from the
   // node whose data unit it names, a fetched frame only from the node asked for it.
-  absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(
-      const FrameHeader& header, std::optional<uint32_t> sender) override;
+  absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& header,
+                                                 std::optional<uint32_t> sender) override;
   void Filled(const FrameHeader& header, const absl::Status& checked) override;
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
                       std::optional<uint32_t> sender) override;

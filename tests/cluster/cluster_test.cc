@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -690,6 +691,37 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   // Every region of a live rank at once, onto a node that located it before and one that did not.
   restore_onto(0, 2, {0, 1, 2, 3, 4, 5}, 201);
   restore_onto(3, 2, {0, 1, 2, 3, 4, 5}, 202);
+
+  // A byte of node 2's committed regions flipped: node 2 sends each chunk with its stored CRC-32C,
+  // and the restoring node, checking the bytes against the stored CRCs as it writes them into the
+  // rank, refuses the region. The region's bytes are found in node 2's pool by their content.
+  {
+    std::ifstream pool("/dev/shm/" + daemons_[2]->pool_name() + ".data", std::ios::binary);
+    const std::string held((std::istreambuf_iterator<char>(pool)), std::istreambuf_iterator<char>());
+    std::string region(200000, '\0');
+    testing::DeterministicBytes(uint64_t{2} << 48 ^ uint64_t{0} << 32 ^ 5)
+        .Fill(reinterpret_cast<uint8_t*>(region.data()), region.size());
+    const size_t at = held.find(region);
+    ASSERT_NE(at, std::string::npos) << "rank 2's region 0 of step 5 is not in node 2's pool";
+    FlipPoolByte(*daemons_[2], at + 777);
+  }
+  const CtlResult corrupt = Ctl(*daemons_[2], {"verify"});
+  ASSERT_TRUE(absl::StrContains(corrupt.output, "1 corrupt chunks")) << corrupt.output;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemons_[0]->agent_socket(), .rank = 203});
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<std::string> names;
+  for (int region = 0; region < 6; ++region) {
+    names.push_back(absl::StrCat("layer", region / 8, ".expert", region % 8, ".master"));
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(200000);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE(
+        (*client)->RegisterHostRegion({names.back(), "uint8", {200000}}, *buffer, 0, 200000).ok());
+  }
+  const absl::StatusOr<RestoreResult> damaged = (*client)->RestoreFrom(2, names);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+  EXPECT_TRUE(absl::StrContains(damaged.status().message(), "but the bytes received have"))
+      << damaged.status();
 }
 
 // A daemon whose cluster config differs from its peers' does not join, and says what differs.

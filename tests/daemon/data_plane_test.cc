@@ -353,14 +353,16 @@ TEST(DataPlaneLimitsTest, AcceptGoesOnAfterRunningOutOfDescriptors) {
 class InPlaceSink : public FrameSink {
  public:
   static constexpr uint64_t kShortStripe = 99;
+  // The memory of stripes from this one on is checked by its owner, not as frames land.
+  static constexpr uint64_t kFirstOwnerChecked = 100;
 
-  absl::StatusOr<std::optional<absl::Span<uint8_t>>> Reserve(const FrameHeader& header,
-                                                             std::optional<uint32_t>) override {
+  absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& header,
+                                                 std::optional<uint32_t>) override {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<uint8_t>& memory = memory_[header.stripe];
     // Stripe kShortStripe is given one byte less than its payload: a sink at fault.
     memory.assign(header.stripe == kShortStripe ? header.length - 1 : header.length, 0);
-    return absl::MakeSpan(memory);
+    return InPlace{absl::MakeSpan(memory), header.stripe >= kFirstOwnerChecked};
   }
   void Filled(const FrameHeader& header, const absl::Status& checked) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -449,6 +451,42 @@ TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
   ASSERT_TRUE(Eventually([&] { return server->connections_rejected() == 3; }))
       << server->connections_rejected();
   EXPECT_EQ(sink.accepted(), 0) << "a frame read in place was accepted from a buffer as well";
+}
+
+// Memory whose owner checks what lands in it (against checksums it trusts) is not checked as the
+// frame lands: a payload that does not match its frame's CRC-32C is read in whole, reported
+// filled, and the connection goes on to the next frame.
+TEST(DataPlaneInPlaceTest, MemoryItsOwnerChecksIsNotCheckedAsItLands) {
+  InPlaceSink sink;
+  std::unique_ptr<DataPlaneServer> server = StartServer({}, &sink);
+  ASSERT_NE(server, nullptr);
+  asio::io_context io;
+  tcp::socket socket = RawTo(io, server->port());
+  const uint64_t stripe = InPlaceSink::kFirstOwnerChecked;
+  FrameHeader header = HeaderFor(1, stripe);
+  const std::vector<uint8_t> payload = PayloadFor(1, stripe);
+  ASSERT_OK(SealFrame(header, {absl::Span<const uint8_t>(payload)}));
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+  std::vector<uint8_t> damaged = payload;
+  damaged[10] ^= 1;
+  asio::write(socket,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(header.region),
+                                                asio::buffer(damaged)});
+  // The next frame on the same connection, checked as it lands and intact.
+  FrameHeader next = HeaderFor(1, 1);
+  const std::vector<uint8_t> intact = PayloadFor(1, 1);
+  ASSERT_OK(SealFrame(next, {absl::Span<const uint8_t>(intact)}));
+  EncodeFrameHeader(next, bytes);
+  asio::write(socket,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(next.region),
+                                                asio::buffer(intact)});
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(1).has_value(); }));
+  EXPECT_OK(*sink.FilledOf(1));
+  ASSERT_TRUE(sink.FilledOf(stripe).has_value());
+  EXPECT_OK(*sink.FilledOf(stripe));
+  EXPECT_EQ(sink.MemoryOf(stripe), damaged);
+  EXPECT_EQ(server->connections_rejected(), 0u);
 }
 
 TEST(DataPlaneClientTest, UnreachablePeerAndBadArgumentsAreNamed) {

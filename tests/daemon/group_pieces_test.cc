@@ -115,6 +115,21 @@ TEST(FetchRemotePiecesTest, OneFetchPerMemberForAllItsRegions) {
   EXPECT_EQ(nodes.asked[2], (std::vector<std::string>{"a", "b"}));
 }
 
+TEST(FetchRemotePiecesTest, ARegionAskedOfAnotherMemberIsRefused) {
+  // "a" lies in member 1's shard, "b" in member 2's; member 1 answers with "b" as well.
+  v1::RestoreResponse one = Pieces({{"a", 7, 0, 100}}, 100);
+  AddPiece(one, "b", 7, 0, 4096, 4096);
+  FakeNodes nodes;
+  nodes.answers.emplace(1, one);
+  nodes.answers.emplace(2, Pieces({{"b", 7, 0, 4096}}, 4096));
+  std::vector<GroupRegion> regions{{"a", Layout({0, 1}), {}, {1}}, {"b", Layout({0, 2}), {}, {2}}};
+  v1::RestoreResponse response;
+  const absl::Status status = FetchRemotePieces(regions, nodes.Fetch(), &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "gave region 'b', which was not asked of it"))
+      << status;
+}
+
 TEST(FetchRemotePiecesTest, HostileOrStaleAnswersAreRefused) {
   const std::map<std::string, absl::StatusOr<v1::RestoreResponse>> hostile{
       {"overlapping", Pieces({{"w", 7, 4095, 4097}}, 8192)},

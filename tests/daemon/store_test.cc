@@ -713,6 +713,31 @@ TEST_F(StoreTest, ARestoreWaitsForTheDecisionOfAStepTheNodePrepared) {
   EXPECT_EQ(restored->step(), 2);
 }
 
+// An elastic restore's holder finds one region of its committed image by name: the same record
+// and bytes the whole image holds for it, only at the committed step.
+TEST_F(StoreTest, ACommittedRegionIsFoundAsTheCommittedImageHoldsIt) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  Take(1, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  const NodeImage image = store_->CommittedImage();
+  ASSERT_EQ(image.manifest().regions_size(), 4);
+  for (int i = 0; i < image.manifest().regions_size(); ++i) {
+    const v1::ImageRegion& expected = image.manifest().regions(i);
+    absl::StatusOr<ClusterStore::HeldRegion> held =
+        store_->CommittedRegion(1, expected.rank(), expected.region());
+    ASSERT_OK(held);
+    EXPECT_EQ(held->record.SerializeAsString(), expected.SerializeAsString())
+        << expected.ShortDebugString();
+    EXPECT_EQ(held->stored.get(), image.stored()[i].get()) << expected.ShortDebugString();
+  }
+  EXPECT_STATUS(store_->CommittedRegion(2, 0, "region0"), absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(store_->CommittedRegion(1, 0, "region9"), absl::StatusCode::kNotFound);
+  EXPECT_STATUS(store_->CommittedRegion(1, 7, "region0"), absl::StatusCode::kNotFound);
+}
+
 TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneStarted) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));

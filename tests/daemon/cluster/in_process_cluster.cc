@@ -131,6 +131,21 @@ NodeImage FakeClusterStore::CommittedImage() const {
   return committed_;
 }
 
+absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
+    int64_t step, uint32_t rank, const std::string& region) const {
+  absl::MutexLock lock(&mutex_);
+  if (!record_.has_committed_step() || record_.committed_step() != step) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not the committed step"));
+  }
+  for (int i = 0; i < committed_.manifest().regions_size(); ++i) {
+    const v1::ImageRegion& held = committed_.manifest().regions(i);
+    if (held.rank() == rank && held.region() == region) {
+      return HeldRegion{held, committed_.stored()[i]};
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
+}
+
 absl::Status FakeClusterStore::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
   absl::MutexLock lock(&mutex_);
   auto it = captured_.find(step);

@@ -54,6 +54,8 @@ class FakeClusterStore final : public ClusterStore {
   NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   NodeImage CommittedImage() const override;
+  absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
+                                             const std::string& region) const override;
   absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) override;

@@ -34,12 +34,12 @@ constexpr uint8_t kCanary = 0x11;
 absl::Status Deliver(Transfer& transfer, FrameHeader header, absl::Span<const uint8_t> payload,
                      std::optional<uint32_t> sender) {
   header.length = static_cast<uint32_t>(payload.size());
-  absl::StatusOr<std::optional<absl::Span<uint8_t>>> into = transfer.Reserve(header, sender);
+  absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer.Reserve(header, sender);
   if (!into.ok()) return into.status();
-  if (!*into || (*into)->size() != payload.size()) {
+  if (!*into || (*into)->bytes.size() != payload.size()) {
     return absl::InternalError("a fetched frame was not given memory of its length");
   }
-  std::copy(payload.begin(), payload.end(), (*into)->begin());
+  std::copy(payload.begin(), payload.end(), (*into)->bytes.begin());
   transfer.Filled(header, absl::OkStatus());
   return absl::OkStatus();
 }
@@ -144,11 +144,12 @@ class WireBoundsSlotTest : public ::testing::Test {
 // fails the whole fetch, naming the unit and why, and the slot takes no more frames.
 TEST_F(WireBoundsSlotTest, AFrameThatFailsItsCheckInItsSlotFailsTheFetch) {
   header_.length = 4096;
-  absl::StatusOr<std::optional<absl::Span<uint8_t>>> into = transfer_.Reserve(header_, 2u);
+  absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer_.Reserve(header_, 2u);
   ASSERT_OK(into);
   ASSERT_TRUE(into->has_value());
-  EXPECT_EQ((*into)->data(), unit());
-  EXPECT_EQ((*into)->size(), 4096u);
+  EXPECT_EQ((*into)->bytes.data(), unit());
+  EXPECT_EQ((*into)->bytes.size(), 4096u);
+  EXPECT_FALSE((*into)->owner_checks);  // a unit for a decode is checked as it lands
   FrameHeader more = header_;
   more.offset = 4000;
   more.length = 16;
