@@ -183,7 +183,7 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
   std::vector<std::pair<FetchKey, FetchSlot>> slots;
   for (size_t i = 0; i < wanted.size(); ++i) {
     // Every byte is checked against the region's stored chunk CRCs as RestoreLocated writes it
-    // into the rank, before any is used.
+    // into the rank (which decodes the regions from the group when they differ).
     const absl::Span<uint8_t> bytes = wanted[i].bytes;
     slots.push_back({keys[i], {.buffer = bytes.data(),
                                .bytes = bytes.size(),
@@ -331,17 +331,36 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
       return status;
     }
   }
+  // Each chunk is checked against its stored CRC-32C as it is written into the rank. Fetched bytes
+  // that fail it (damaged on the way, or in the holder's memory) are decoded from the group and
+  // written again over them.
+  auto write = [&]() -> absl::Status {
+    for (const WantedRegion& region : wanted) {
+      const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
+      if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes); !status.ok()) {
+        return status;
+      }
+    }
+    return absl::OkStatus();
+  };
+  absl::Status written = write();
+  if (!decoded && absl::IsDataLoss(written)) {
+    Log(LogLevel::kWarning, "rank ", source_rank, "'s regions fetched from node ",
+        found.node_id(), " fail their stored checksums (", written.ToString(),
+        "): decoding them from its group");
+    decoded = true;
+    if (absl::Status status = DecodeFromGroup(record, group, position, wanted); !status.ok()) {
+      return status;
+    }
+    written = write();
+  }
+  if (!written.ok()) return written;
   v1::RestoreResponse response;
   response.set_step(step);
   ReserveRestored(*response.mutable_restored(), static_cast<int>(wanted.size()));
   response.set_source_node(found.node_id());
   response.set_decoded(decoded);
-  for (WantedRegion& region : wanted) {
-    const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
-    if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes);
-        !status.ok()) {
-      return status;
-    }
+  for (const WantedRegion& region : wanted) {
     AddRestored(*response.mutable_restored(), region.region->region(), region.region->step(),
                 region.region->bytes(),
                 region.region->has_piece() ? &region.region->piece() : nullptr);

@@ -50,7 +50,7 @@ struct FetchSlot {
   uint64_t bytes = 0;
   uint64_t missing = 0;
   uint32_t source = 0;
-  // The slot's owner checks every byte against checksums it trusts before using any
+  // The slot's owner checks every byte against checksums of its own as it uses them
   // (FrameSink::InPlace::owner_checks): frames into it are not checked as they land.
   bool owner_checks = false;
 };
@@ -126,7 +126,8 @@ class Transfer final : public FrameSink {
   std::pair<size_t, uint64_t> FetchesWaiting();
 
   // FrameSink. A fetched frame is read straight into its slot (Reserve, then Filled): a frame
-  // that fails its check there fails the fetch (DATA_LOSS). A parity delta is accepted from the
+  // that fails its check there fails the fetch (DATA_LOSS); one into an owner-checked slot is not
+  // checked there. A parity delta is accepted from the
   // connection's buffer. On an authenticated connection a parity delta is accepted only from the
   // node whose data unit it names, a fetched frame only from the node asked for it.
   absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& header,
