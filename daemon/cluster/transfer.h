@@ -127,9 +127,9 @@ class Transfer final : public FrameSink {
 
   // FrameSink. A fetched frame is read straight into its slot (Reserve, then Filled): a frame
   // that fails its check there fails the fetch (DATA_LOSS); one into an owner-checked slot is not
-  // checked there. A parity delta is accepted from the
-  // connection's buffer. On an authenticated connection a parity delta is accepted only from the
-  // node whose data unit it names, a fetched frame only from the node asked for it.
+  // checked there. A parity delta is accepted from the connection's buffer. On an authenticated
+  // connection a parity delta is accepted only from the node whose data unit it names, a fetched
+  // frame only from the node asked for it.
   absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& header,
                                                  std::optional<uint32_t> sender) override;
   void Filled(const FrameHeader& header, const absl::Status& checked) override;
