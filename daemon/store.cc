@@ -362,13 +362,14 @@ std::shared_ptr<Store::Version> Store::NewVersion(const CaptureJob& job, uint32_
   const uint32_t index = (*job.selection)[position];
   const v1::RegionSpec& spec = job.table->regions[index].spec;
   const ShardPiece& piece = job.table->pieces[index];
+  const RegionTable::TensorType& type = job.table->type(index);
   auto version = std::make_shared<Version>();
   version->rank = job.rank;
-  version->region = spec.name();
+  version->region = job.table->name(index);
   version->step = job.step;
   version->bytes = piece.bytes;
-  version->dtype = spec.dtype();
-  version->shape.assign(spec.shape().begin(), spec.shape().end());
+  version->dtype = type.dtype;
+  version->shape.assign(type.shape.begin(), type.shape.end());
   version->chunk_bytes = options_.chunk_bytes;
   version->chunk_crcs.assign((version->bytes + options_.chunk_bytes - 1) / options_.chunk_bytes, 0);
   version->stored = job.reservation->Take(job.plan->offsets[position], piece.bytes);
@@ -802,7 +803,7 @@ std::optional<v1::JournalRank> Store::RankRecordAfter(uint32_t rank, const RankS
 }
 
 void Store::CommitReplicaGroups(const StepRecord& record,
-                                std::map<std::string, std::shared_ptr<Version>>* committed,
+                                CommittedVersions* committed,
                                 std::map<std::string, v1::ReplicaGroupStep>* groups) {
   if (record.whole) groups->clear();  // the step is the rank's whole state: its groups now
   for (const auto& [name, group] : record.table->groups) {

@@ -180,6 +180,8 @@ class Store final : public ClusterStore, public DurableStore {
 
  private:
   struct Version;
+  // A rank's committed versions by region name (looked up by std::string_view too).
+  using CommittedVersions = std::map<std::string, std::shared_ptr<Version>, std::less<>>;
   struct StepRecord;
   struct RankState;
   struct RegionTable;
@@ -212,7 +214,7 @@ class Store final : public ClusterStore, public DurableStore {
   // The replica-group layouts once `record` commits, into `groups`; with `committed`, also drops
   // the pieces a whole step left behind (its shard no longer covers them).
   static void CommitReplicaGroups(const StepRecord& record,
-                                  std::map<std::string, std::shared_ptr<Version>>* committed,
+                                  CommittedVersions* committed,
                                   std::map<std::string, v1::ReplicaGroupStep>* groups);
   // The committed layout of the replica group `spec`'s region belongs to in the rank's state (its
   // `stored` piece, null when its shard holds none of the region); null when there is none.

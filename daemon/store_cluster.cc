@@ -173,12 +173,12 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
         continue;  // the step captures every region the earlier one could have changed
       }
       for (uint32_t index : *record.selection) {
-        const std::string& region = record.table->name(index);
+        const std::string_view region = record.table->name(index);
         if (captured.Captures(region)) continue;
         auto committed = rank_state.committed.find(region);
         if (committed == rank_state.committed.end() || committed->second->step < earlier) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "step ", step, " of rank ", rank, " leaves out region '", region,
+              "step ", step, " of rank ", rank, " leaves out region '", std::string(region),
               "', which step ", earlier, " changed and did not commit; the rank's next full "
               "snapshot is the next consistent step"));
         }
@@ -275,7 +275,7 @@ void Store::SetCommitObserver(CommitObserver* observer) {
 absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageRegion>& regions,
                                    const v1::JournalRank& record, const ChunkSource& read) {
   // Read everything into new pool bytes first, outside the lock: a failure changes nothing.
-  std::map<std::string, std::shared_ptr<Version>> adopted;
+  CommittedVersions adopted;
   std::vector<uint8_t> chunk_buffer;
   for (size_t i = 0; i < regions.size(); ++i) {
     const v1::ImageRegion& region = regions[i];

@@ -159,7 +159,7 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
                                             rank ? absl::StrCat(" for rank ", *rank) : "",
                                             " is stored"));
   }
-  std::map<uint32_t, std::map<std::string, std::shared_ptr<Version>>> removed;
+  std::map<uint32_t, CommittedVersions> removed;
   for (const auto& [rank_id, region] : dropped) {
     RankState& rank_state = ranks_[rank_id];
     removed[rank_id][region] = std::move(rank_state.committed[region]);

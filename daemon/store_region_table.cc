@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
+#include <ranges>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/copy_plan.h"
@@ -61,6 +64,14 @@ std::vector<uint32_t> Store::RegionTable::PlacesInMemory(const std::vector<Regio
   return place;
 }
 
+std::optional<uint32_t> Store::RegionTable::Find(std::string_view wanted) const {
+  const auto indices = std::views::iota(uint32_t{0}, static_cast<uint32_t>(regions.size()));
+  const auto it = std::ranges::partition_point(
+      indices, [&](uint32_t index) { return name(index) < wanted; });
+  if (it == indices.end() || name(*it) != wanted) return std::nullopt;
+  return *it;
+}
+
 const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
   static const auto* none =
       new std::shared_ptr<const RegionTable>(std::make_shared<const RegionTable>());
@@ -70,14 +81,24 @@ const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
 Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t chunk_bytes,
                                 uint32_t rank, uint64_t pool_bytes) {
   regions.reserve(by_name.size());
+  name_starts.reserve(by_name.size() + 1);
+  type_of.reserve(by_name.size());
   std::map<std::string, std::vector<uint32_t>> group_members;  // group -> its regions' indices
+  absl::flat_hash_map<std::pair<std::string, std::vector<int64_t>>, uint32_t> type_index;
   for (auto& [name, region] : by_name) {
     const auto index = static_cast<uint32_t>(regions.size());
+    auto [type, added] = type_index.try_emplace(
+        {region.spec.dtype(), {region.spec.shape().begin(), region.spec.shape().end()}},
+        static_cast<uint32_t>(types.size()));
+    if (added) types.push_back({type->first.first, type->first.second});
+    type_of.push_back(type->second);
     pieces.push_back({0, region.spec.bytes()});
     if (region.spec.has_replica_group()) {
       groups.emplace(region.spec.replica_group().name(), region.spec.replica_group());
       group_members[region.spec.replica_group().name()].push_back(index);
     }
+    names.append(name);
+    name_starts.push_back(names.size());
     regions.push_back(std::move(region));
   }
   for (const auto& [name, indices] : group_members) {

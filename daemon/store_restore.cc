@@ -61,23 +61,25 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
           "rank ", rank, " has no registered regions to restore into: register them first"));
     }
     in_flight.emplace(rank_state.copies);
-    auto check = [&](const v1::RegionSpec& spec, const Version& version) -> absl::Status {
-      const std::string& name = spec.name();
+    // What the trainer registered at `index` against what `version` stored.
+    auto check = [&](uint32_t index, const Version& version) -> absl::Status {
+      const v1::RegionSpec& spec = table->regions[index].spec;
+      const RegionTable::TensorType& type = table->type(index);
       if (spec.bytes() != version.RegionBytes()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "region '", name, "' is ", spec.bytes(), " bytes in this trainer, but step ",
+            "region '", spec.name(), "' is ", spec.bytes(), " bytes in this trainer, but step ",
             version.step, " stored ", version.RegionBytes()));
       }
-      if (!spec.dtype().empty() && !version.dtype.empty() && spec.dtype() != version.dtype) {
-        return absl::InvalidArgumentError(absl::StrCat("region '", name, "' is ", spec.dtype(),
-                                                       " in this trainer, but step ", version.step,
-                                                       " stored ", version.dtype));
+      if (!type.dtype.empty() && !version.dtype.empty() && type.dtype != version.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "region '", spec.name(), "' is ", type.dtype, " in this trainer, but step ",
+            version.step, " stored ", version.dtype));
       }
-      if (spec.shape_size() > 0 && !version.shape.empty() &&
-          !std::equal(spec.shape().begin(), spec.shape().end(), version.shape.begin(),
+      if (!type.shape.empty() && !version.shape.empty() &&
+          !std::equal(type.shape.begin(), type.shape.end(), version.shape.begin(),
                       version.shape.end())) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "region '", name, "' has shape [", absl::StrJoin(spec.shape(), ", "),
+            "region '", spec.name(), "' has shape [", absl::StrJoin(type.shape, ", "),
             "] in this trainer, but step ", version.step, " stored [",
             absl::StrJoin(version.shape, ", "), "]"));
       }
@@ -89,13 +91,14 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     };
     // The region's committed version (null when the rank has none): the whole region, or the
     // rank's piece of a replica group, which is then assembled from every member's piece.
-    auto add = [&](const RegionTable::Region& registered, const std::shared_ptr<Version>* stored)
+    auto add = [&](uint32_t index, const std::shared_ptr<Version>* stored)
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) -> absl::Status {
+      const RegionTable::Region& registered = table->regions[index];
       const v1::RegionSpec& spec = registered.spec;
       if (stored != nullptr && !(*stored)->is_piece()) {
-        if (absl::Status status = check(spec, **stored); !status.ok()) return status;
+        if (absl::Status status = check(index, **stored); !status.ok()) return status;
         work->push_back({*stored, &registered});
-        AddRestored(restored, spec.name(), (*stored)->step, spec.bytes());
+        AddRestored(restored, table->name(index), (*stored)->step, spec.bytes());
         return absl::OkStatus();
       }
       const v1::ReplicaGroupStep* layout =
@@ -104,11 +107,11 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       absl::StatusOr<HeldPieces> held = GroupPieces(*layout, spec.name(), remote != nullptr);
       if (!held.ok()) return held.status();
       for (const std::shared_ptr<Version>& piece : held->versions) {
-        if (absl::Status status = check(spec, *piece); !status.ok()) return status;
+        if (absl::Status status = check(index, *piece); !status.ok()) return status;
         work->push_back({piece, &registered});
       }
-      AddRestored(restored, spec.name(), held->versions.empty() ? 0 : held->versions.front()->step,
-                  spec.bytes());
+      AddRestored(restored, table->name(index),
+                  held->versions.empty() ? 0 : held->versions.front()->step, spec.bytes());
       if (!held->remote_members.empty()) {
         remote->push_back({spec.name(), *layout, std::move(held->pieces),
                            std::move(held->remote_members)});
@@ -121,11 +124,11 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
     if (regions.empty()) {
       // Both are in name order: one pass over each.
       auto stored = rank_state.committed.begin();
-      for (const RegionTable::Region& registered : table->regions) {
-        const std::string& name = registered.spec.name();
+      for (uint32_t index = 0; index < table->regions.size(); ++index) {
+        const std::string_view name = table->name(index);
         while (stored != rank_state.committed.end() && stored->first < name) ++stored;
         const bool found = stored != rank_state.committed.end() && stored->first == name;
-        if (absl::Status status = add(registered, found ? &stored->second : nullptr); !status.ok()) {
+        if (absl::Status status = add(index, found ? &stored->second : nullptr); !status.ok()) {
           return status;
         }
       }
@@ -138,8 +141,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         }
         auto stored = rank_state.committed.find(name);
         const bool found = stored != rank_state.committed.end();
-        if (absl::Status status = add(table->regions[*index], found ? &stored->second : nullptr);
-            !status.ok()) {
+        if (absl::Status status = add(*index, found ? &stored->second : nullptr); !status.ok()) {
           return status;
         }
       }

@@ -72,17 +72,27 @@ struct Store::RegionTable {
               uint64_t pool_bytes);
   static const std::shared_ptr<const RegionTable>& None();  // a rank with no regions registered
 
-  const std::string& name(uint32_t index) const { return regions[index].spec.name(); }
-  std::optional<uint32_t> Find(std::string_view name) const {
-    auto it = std::lower_bound(regions.begin(), regions.end(), name,
-                               [](const Region& region, std::string_view key) {
-                                 return region.spec.name() < key;
-                               });
-    if (it == regions.end() || it->spec.name() != name) return std::nullopt;
-    return static_cast<uint32_t>(it - regions.begin());
+  // The names, from one block of memory: a walk of the table in name order (a restore's, beside
+  // the committed versions) reads them one after the other instead of each from its own string.
+  std::string_view name(uint32_t index) const {
+    return std::string_view(names).substr(name_starts[index],
+                                          name_starts[index + 1] - name_starts[index]);
   }
+  std::optional<uint32_t> Find(std::string_view name) const;  // the index of region `name`
+
+  // A dtype and shape as registered. A model repeats a few of them over thousands of tensors: kept
+  // once each, they stay in cache while a restore checks every region against what was stored.
+  struct TensorType {
+    std::string dtype;
+    std::vector<int64_t> shape;
+  };
+  const TensorType& type(uint32_t index) const { return types[type_of[index]]; }
 
   std::vector<Region> regions;  // by name
+  std::string names;                       // every region's name, in index order (name(index))
+  std::vector<size_t> name_starts = {0};   // where each begins in `names`, and where the last ends
+  std::vector<TensorType> types;           // the distinct ones among the regions
+  std::vector<uint32_t> type_of;           // per index, its entry in `types`
   // Per index, what the rank captures of it: the whole region, or its shard of the region's
   // replica group (possibly nothing).
   std::vector<ShardPiece> pieces;
@@ -158,7 +168,7 @@ struct Store::StepRecord {
   absl::Time started;        // Snapshot accepted it
   absl::Time captured_time;  // every chunk copied
 
-  bool Captures(const std::string& region) const {
+  bool Captures(std::string_view region) const {
     const std::optional<uint32_t> index = table->Find(region);
     return index && std::binary_search(selection->begin(), selection->end(), *index);
   }
@@ -167,7 +177,7 @@ struct Store::StepRecord {
 struct Store::RankState {
   uint64_t session = 0;  // the trainer process registered now (TrainerSessions' number)
   std::shared_ptr<const RegionTable> regions = RegionTable::None();
-  std::map<std::string, std::shared_ptr<Version>> committed;
+  CommittedVersions committed;
   std::map<int64_t, StepRecord> steps;
   std::optional<int64_t> latest_committed;
   std::optional<int64_t> latest_snapshot;

@@ -182,10 +182,17 @@ class StoreTest : public ::testing::Test {
     ConnectSized(rank, std::vector<uint64_t>(regions, region_bytes));
   }
 
+  // A region's dtype and shape as a trainer declares them.
+  struct DeclaredType {
+    std::string dtype;
+    std::vector<int64_t> shape;
+  };
+
   // The same with regions of the given sizes (region0, region1, ...), all of them in replica group
-  // `group` when it names one.
+  // `group` when it names one, region i declared of types[i] where given.
   void ConnectSized(uint32_t rank, const std::vector<uint64_t>& sizes,
-                    const v1::ReplicaGroup& group = {}) {
+                    const v1::ReplicaGroup& group = {},
+                    const std::vector<DeclaredType>& types = {}) {
     absl::StatusOr<TrainerSessions::Session> started =
         sessions_.Start(rank, {.uid = geteuid(), .pid = getpid()});
     ASSERT_OK(started);
@@ -212,6 +219,10 @@ class StoreTest : public ::testing::Test {
       spec.mutable_handle()->set_memory(*id);
       spec.mutable_handle()->set_shm_offset(offset);
       if (!group.name().empty()) *spec.mutable_replica_group() = group;
+      if (i < types.size()) {
+        spec.set_dtype(types[i].dtype);
+        spec.mutable_shape()->Add(types[i].shape.begin(), types[i].shape.end());
+      }
       specs.push_back(spec);
       offset += sizes[i];
     }
@@ -472,6 +483,52 @@ TEST_F(StoreTest, ThousandsOfSmallRegionsAreCapturedAndRestoredExactlyInOneReser
   for (uint64_t region : {7u, 2999u}) {
     EXPECT_EQ(std::memcmp(trainer.data + region * kSmall, step4.data() + region * kSmall, kSmall), 0)
         << "region " << region;
+  }
+}
+
+TEST_F(StoreTest, ANewProcessDeclaringAnotherDtypeOrShapeIsToldWhichRegionAndBothTypes) {
+  // Eight regions of 4 KiB declared as two layers' weights and biases: a table keeps each distinct
+  // type once, so a region of a type its neighbours share must still be checked as its own.
+  Open(CommitMode::kLocal, 16 << 20);
+  const std::vector<uint64_t> sizes(8, 4096);
+  std::vector<DeclaredType> stored;
+  for (int i = 0; i < 8; ++i) {
+    stored.push_back(i % 2 == 0 ? DeclaredType{"float32", {32, 32}}
+                                : DeclaredType{"bfloat16", {2048}});
+  }
+  ConnectSized(0, sizes, {}, stored);
+  const std::vector<uint8_t> committed = CommitRandomBytes(0, 17);
+
+  auto restore_declaring = [&](std::vector<DeclaredType> types) {
+    ConnectSized(0, sizes, {}, types);  // a new process of the rank
+    return store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)).status();
+  };
+  std::vector<DeclaredType> types = stored;
+  types[5].dtype = "float32";  // region5 alone: region4 is float32 of another shape
+  absl::Status refused = restore_declaring(types);
+  EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "region 'region5' is float32 in this trainer, but step 1 stored "
+                                "bfloat16"))
+      << refused;
+
+  types = stored;
+  types[6].shape = {1024, 1};  // the same bytes, another shape
+  refused = restore_declaring(types);
+  EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "region 'region6' has shape [1024, 1] in this trainer, but step 1 "
+                                "stored [32, 32]"))
+      << refused;
+
+  // Undeclared types restore into whatever was stored; the declared ones as stored, exactly.
+  for (std::vector<DeclaredType> accepted : {std::vector<DeclaredType>{}, stored}) {
+    ConnectSized(0, sizes, {}, accepted);
+    std::memset(trainers_.at(0).data, 0, trainers_.at(0).bytes);
+    ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+    EXPECT_EQ(std::vector<uint8_t>(trainers_.at(0).data,
+                                   trainers_.at(0).data + trainers_.at(0).bytes),
+              committed);
   }
 }
 
