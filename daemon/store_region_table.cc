@@ -85,24 +85,24 @@ Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t 
   type_of.reserve(by_name.size());
   std::map<std::string, std::vector<uint32_t>> group_members;  // group -> its regions' indices
   absl::flat_hash_map<std::pair<std::string, std::vector<int64_t>>, uint32_t> type_index;
-  for (auto& [name, region] : by_name) {
+  for (auto& [region_name, region] : by_name) {
     const auto index = static_cast<uint32_t>(regions.size());
-    auto [type, added] = type_index.try_emplace(
+    auto [entry, added] = type_index.try_emplace(
         {region.spec.dtype(), {region.spec.shape().begin(), region.spec.shape().end()}},
         static_cast<uint32_t>(types.size()));
-    if (added) types.push_back({type->first.first, type->first.second});
-    type_of.push_back(type->second);
+    if (added) types.push_back({entry->first.first, entry->first.second});
+    type_of.push_back(entry->second);
     pieces.push_back({0, region.spec.bytes()});
     if (region.spec.has_replica_group()) {
       groups.emplace(region.spec.replica_group().name(), region.spec.replica_group());
       group_members[region.spec.replica_group().name()].push_back(index);
     }
-    names.append(name);
+    names.append(region_name);
     name_starts.push_back(names.size());
     regions.push_back(std::move(region));
   }
-  for (const auto& [name, indices] : group_members) {
-    const v1::ReplicaGroup& group = groups.at(name);
+  for (const auto& [group_name, indices] : group_members) {
+    const v1::ReplicaGroup& group = groups.at(group_name);
     std::vector<uint64_t> sizes;
     for (uint32_t index : indices) sizes.push_back(regions[index].spec.bytes());
     const std::vector<ShardPiece> shard = ShardPieces(

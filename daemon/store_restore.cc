@@ -26,6 +26,9 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   struct Work {
     std::shared_ptr<Version> version;
     const RegionTable::Region* region;  // in `table`
+    // The version's, read while it is in cache: the plan reads them for every item.
+    uint64_t bytes = 0;
+    uint64_t chunk_bytes = 0;
   };
   std::shared_ptr<const RegionTable> table;
   std::optional<CopyInFlight> in_flight;  // until every part has copied (the wait below)
@@ -97,7 +100,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       const v1::RegionSpec& spec = registered.spec;
       if (stored != nullptr && !(*stored)->is_piece()) {
         if (absl::Status status = check(index, **stored); !status.ok()) return status;
-        work->push_back({*stored, &registered});
+        work->push_back({*stored, &registered, (*stored)->bytes, (*stored)->chunk_bytes});
         AddRestored(restored, table->name(index), (*stored)->step, spec.bytes());
         return absl::OkStatus();
       }
@@ -108,7 +111,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       if (!held.ok()) return held.status();
       for (const std::shared_ptr<Version>& piece : held->versions) {
         if (absl::Status status = check(index, *piece); !status.ok()) return status;
-        work->push_back({piece, &registered});
+        work->push_back({piece, &registered, piece->bytes, piece->chunk_bytes});
       }
       AddRestored(restored, table->name(index),
                   held->versions.empty() ? 0 : held->versions.front()->step, spec.bytes());
@@ -165,8 +168,8 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
   // per task; the versions held here cannot be freed by a concurrent commit. The first failure is
   // reported; the other parts still finish.
   const auto plan = std::make_shared<const CopyPlan>(PlanCopy(
-      work->size(), [&](uint32_t position) { return (*work)[position].version->bytes; },
-      [&](uint32_t position) { return (*work)[position].version->chunk_bytes; },
+      work->size(), [&](uint32_t position) { return (*work)[position].bytes; },
+      [&](uint32_t position) { return (*work)[position].chunk_bytes; },
       options_.chunk_bytes, std::numeric_limits<uint64_t>::max(),
       table->InMemoryOrder(work->size(), [&](uint32_t position) {
         return static_cast<uint32_t>((*work)[position].region - table->regions.data());

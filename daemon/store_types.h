@@ -88,11 +88,11 @@ struct Store::RegionTable {
   };
   const TensorType& type(uint32_t index) const { return types[type_of[index]]; }
 
-  std::vector<Region> regions;  // by name
-  std::string names;                       // every region's name, in index order (name(index))
-  std::vector<size_t> name_starts = {0};   // where each begins in `names`, and where the last ends
-  std::vector<TensorType> types;           // the distinct ones among the regions
-  std::vector<uint32_t> type_of;           // per index, its entry in `types`
+  std::vector<Region> regions;            // by name
+  std::string names;                      // every region's name, in index order (name(index))
+  std::vector<size_t> name_starts = {0};  // where each begins in `names`, and where the last ends
+  std::vector<TensorType> types;          // the distinct ones among the regions
+  std::vector<uint32_t> type_of;          // per index, its entry in `types`
   // Per index, what the rank captures of it: the whole region, or its shard of the region's
   // replica group (possibly nothing).
   std::vector<ShardPiece> pieces;

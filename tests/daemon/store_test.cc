@@ -504,7 +504,7 @@ TEST_F(StoreTest, ANewProcessDeclaringAnotherDtypeOrShapeIsToldWhichRegionAndBot
     return store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)).status();
   };
   std::vector<DeclaredType> types = stored;
-  types[5].dtype = "float32";  // region5 alone: region4 is float32 of another shape
+  types[5] = stored[4];  // region5 declared as its neighbour region4, of the same bytes
   absl::Status refused = restore_declaring(types);
   EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(refused.message(),
