@@ -13,6 +13,7 @@
 #include "bench/report.h"
 #include "bench/suites.h"
 #include "common/version.h"
+#include "daemon/daemon.h"
 
 int main(int argc, char** argv) {
   using moesnap::bench::Report;
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
                  "Also write the figures as Markdown (the format of bench/RESULTS.md) to this file");
   app.set_version_flag("--version", moesnap::VersionLine("moesnap-bench"));
   CLI11_PARSE(app, argc, argv);
+  moesnap::daemon::StopLockOrderTracking();  // the suites' daemons run as moesnapd runs them
 
   std::printf("machine: %s\n", moesnap::bench::MachineDescription().c_str());
   Report::PrintHeader();

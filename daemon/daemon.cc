@@ -4,6 +4,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/byte_size.h"
 #include "common/log.h"
 #include "common/memory_handoff_wire.h"
@@ -11,6 +12,10 @@
 #include "daemon/daemon_metrics.h"
 
 namespace moesnap::daemon {
+
+void StopLockOrderTracking() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 namespace {
 
 HttpResponse StatusAnswer(const absl::Status& status) {

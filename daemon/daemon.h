@@ -28,6 +28,13 @@
 
 namespace moesnap::daemon {
 
+// For a process that runs daemons in production (moesnapd, the benchmarks), before any thread
+// starts: stops absl's Mutex from tracking the order of every lock acquisition. An absl built
+// without NDEBUG (Debian's) does so by default, under one process-wide lock, for the daemon's
+// locks and gRPC's alike: in a cluster benchmark, a third as many samples as the daemon's own code.
+// Tests keep the tracking, and ThreadSanitizer checks lock order in CI.
+void StopLockOrderTracking();
+
 class Daemon {
  public:
   // Opens or re-attaches the pool and journal, recovers the store, and starts serving; then tells

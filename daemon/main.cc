@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
 #ifdef MOESNAP_FAULT_INJECTION
   options->faults = FaultsFromEnvironment();
 #endif
+  moesnap::daemon::StopLockOrderTracking();
   moesnap::ConfigureLog(options->log_level, options->log_format, options->node_id);
   RaiseOpenFileLimit();
   absl::StatusOr<std::unique_ptr<moesnap::daemon::Daemon>> daemon =
