@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -64,12 +63,22 @@ std::vector<uint32_t> Store::RegionTable::PlacesInMemory(const std::vector<Regio
   return place;
 }
 
+// A binary search over the indices (std::ranges::partition_point over an iota view would do, but
+// clang with libstdc++ 12, the sanitizer builds', rejects it).
 std::optional<uint32_t> Store::RegionTable::Find(std::string_view wanted) const {
-  const auto indices = std::views::iota(uint32_t{0}, static_cast<uint32_t>(regions.size()));
-  const auto it = std::ranges::partition_point(
-      indices, [&](uint32_t index) { return name(index) < wanted; });
-  if (it == indices.end() || name(*it) != wanted) return std::nullopt;
-  return *it;
+  uint32_t first = 0;  // the first index whose name is not before `wanted`, once `count` is 0
+  auto count = static_cast<uint32_t>(regions.size());
+  while (count > 0) {
+    const uint32_t half = count / 2;
+    if (name(first + half) < wanted) {
+      first += half + 1;
+      count -= half + 1;
+    } else {
+      count = half;
+    }
+  }
+  if (first == regions.size() || name(first) != wanted) return std::nullopt;
+  return first;
 }
 
 const std::shared_ptr<const Store::RegionTable>& Store::RegionTable::None() {
