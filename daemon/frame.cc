@@ -63,7 +63,10 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, u
   }
   FrameHeader header;
   const uint16_t kind = Get<uint16_t>(in, 6);
-  if (kind < 2 || kind > 4) return absl::InvalidArgumentError(absl::StrCat("unknown frame kind ", kind));
+  if (kind < static_cast<uint16_t>(FrameKind::kParityDelta) ||
+      kind > static_cast<uint16_t>(FrameKind::kRegionRefused)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown frame kind ", kind));
+  }
   header.kind = static_cast<FrameKind>(kind);
   header.step = Get<int64_t>(in, 8);
   header.rank = Get<uint32_t>(in, 16);

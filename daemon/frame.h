@@ -1,6 +1,7 @@
 // The bulk data plane's wire format: every chunk that crosses between daemons (parity units, parity
-// deltas of sparse steps, units fetched for a rebuild) travels as one frame, a fixed 64-byte header,
-// the region name, then the payload:
+// deltas of sparse steps, units fetched for a rebuild, regions fetched for an elastic restore and
+// the requests for them) travels as one frame, a fixed 64-byte header, the region name, then the
+// payload:
 //
 //   offset size field
 //   0      4    magic "MSDP"            32     8    offset   byte offset within the unit
@@ -12,7 +13,9 @@
 //   24     8    stripe                  60     4    header_crc  CRC-32C of bytes 0..59
 //
 // `attempt` is the fencing token of the coordinator whose Encode sent a parity delta: a step encoded
-// again under a newer coordinator drops the frames an older one's encode still had on the wire.
+// again under a newer coordinator drops the frames an older one's encode still had on the wire. In
+// a region request, and in the frames and refusal that answer it, it is the asking node's request
+// token, by which that node tells the answers it awaits from late ones.
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
 // (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
@@ -39,6 +42,13 @@ enum class FrameKind : uint16_t {
   kParityDelta = 2,
   kFetchedUnit = 3,    // a data or parity unit served to a rebuilding or repairing peer
   kFetchedRegion = 4,  // a chunk of a committed region served for an elastic restore
+  // An elastic restore asks the receiver for region `region` of rank `rank` of its committed step
+  // `step`; the payload is the asking node's id (4 bytes). The receiver answers on its own
+  // connection to that node: the region's kFetchedRegion frames, or one kRegionRefused.
+  kRegionRequest = 5,
+  // The holder cannot send a region asked for (step, rank and region as asked); the payload says
+  // why, in text.
+  kRegionRefused = 6,
 };
 
 struct FrameHeader {

@@ -228,16 +228,4 @@ absl::Status CheckDecodeUnits(const v1::DecodeUnitsRequest& request, const PeerL
   return absl::OkStatus();
 }
 
-absl::Status CheckSendRegion(const v1::SendRegionRequest& request, const PeerLimits& limits) {
-  if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
-    return status;
-  }
-  if (request.region().empty() || request.region().size() > kMaxRegionNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("region name of ", request.region().size(),
-                                                   " bytes, not 1 to ",
-                                                   kMaxRegionNameBytes));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace moesnap::daemon::cluster

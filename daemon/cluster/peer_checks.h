@@ -47,7 +47,6 @@ absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimit
 // Stripes bounded in number, each unit index within a stripe (the helper checks the rest against
 // the step it holds).
 absl::Status CheckDecodeUnits(const v1::DecodeUnitsRequest& request, const PeerLimits& limits);
-absl::Status CheckSendRegion(const v1::SendRegionRequest& request, const PeerLimits& limits);
 
 }  // namespace moesnap::daemon::cluster
 

@@ -26,7 +26,6 @@ constexpr absl::Duration kGroupStateDeadline = absl::Seconds(2);
 constexpr absl::Duration kDescribeDeadline = absl::Seconds(2);
 // Bulk pushes return once every frame is on the wire.
 constexpr absl::Duration kSendUnitsDeadline = absl::Minutes(10);
-constexpr absl::Duration kSendRegionDeadline = absl::Minutes(5);
 constexpr absl::Duration kRebuildDeadline = absl::Hours(1);
 constexpr int kMaxMessageBytes = 64 << 20;
 
@@ -92,11 +91,6 @@ class GrpcPeerClient final : public PeerClient {
       uint32_t node, const v1::LocateRankRequest& request) override {
     return Call<v1::LocateRankResponse>(node, "LocateRank", &v1::Peer::Stub::LocateRank, request,
                                         kControlDeadline, true);
-  }
-  absl::StatusOr<v1::SendRegionResponse> SendRegion(
-      uint32_t node, const v1::SendRegionRequest& request) override {
-    return Call<v1::SendRegionResponse>(node, "SendRegion", &v1::Peer::Stub::SendRegion, request,
-                                        kSendRegionDeadline, false);
   }
   absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
                                                 const v1::FetchLogRequest& request) override {

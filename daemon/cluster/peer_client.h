@@ -40,8 +40,6 @@ class PeerClient {
   virtual absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) = 0;
   virtual absl::StatusOr<v1::LocateRankResponse> LocateRank(
       uint32_t node, const v1::LocateRankRequest& request) = 0;
-  virtual absl::StatusOr<v1::SendRegionResponse> SendRegion(
-      uint32_t node, const v1::SendRegionRequest& request) = 0;
   virtual absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
                                                         const v1::FetchLogRequest& request) = 0;
 

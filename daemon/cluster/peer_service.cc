@@ -125,16 +125,6 @@ grpc::Status PeerService::LocateRank(grpc::ServerContext* context, const v1::Loc
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::SendRegion(grpc::ServerContext* context, const v1::SendRegionRequest* request,
-                                     v1::SendRegionResponse* response) {
-  const absl::StatusOr<Admission> admitted = Admit(*context, request->to_node(), "to_node");
-  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
-  if (absl::Status checked = CheckSendRegion(*request, *units_.limits); !checked.ok()) {
-    return ToGrpcStatus(checked);
-  }
-  return Answer(units_.remote_restore->SendRegion(*request), response);
-}
-
 grpc::Status PeerService::FetchLog(grpc::ServerContext* context, const v1::FetchLogRequest* request,
                                    v1::FetchLogResponse* response) {
   const absl::StatusOr<Admission> admitted = Admit(*context);

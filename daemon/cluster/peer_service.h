@@ -54,8 +54,6 @@ class PeerService final : public v1::Peer::Service {
                        v1::RebuildResponse*) override;
   grpc::Status LocateRank(grpc::ServerContext*, const v1::LocateRankRequest*,
                           v1::LocateRankResponse*) override;
-  grpc::Status SendRegion(grpc::ServerContext*, const v1::SendRegionRequest*,
-                          v1::SendRegionResponse*) override;
   grpc::Status FetchLog(grpc::ServerContext*, const v1::FetchLogRequest*,
                         v1::FetchLogResponse*) override;
   grpc::Status DurableState(grpc::ServerContext*, const v1::DurableStateRequest*,

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -18,10 +17,10 @@
 namespace moesnap::daemon::cluster {
 namespace {
 
-// SendRegion calls this node has in flight to one holder, all restores together: half of what a
-// peer admits from one caller (CallerGate), so that restores of many ranks at once queue here
-// instead of being refused there, and leave room for the commit's calls.
-constexpr int kSendsInFlight = 8;
+// Region requests this node has in flight to one holder, all restores together: half of what a
+// holder serves of one node, so that restores of many ranks at once queue here instead of being
+// refused there. A restore asks for its regions this many at a time.
+constexpr size_t kRequestsInFlight = Transfer::kRegionRequestsPerPeer / 2;
 // Memory kept for the next restores' fetched bytes: 16 experts of 4 MiB. A restore of more takes
 // fresh memory, and gives it back.
 constexpr uint64_t kKeptRestoreBytes = 64 << 20;
@@ -56,65 +55,18 @@ v1::LocateRankResponse RemoteRestore::Locate(const v1::LocateRankRequest& reques
   return FindRank(store_->ClusterRecord(), request.rank());
 }
 
-absl::StatusOr<v1::SendRegionResponse> RemoteRestore::SendRegion(
-    const v1::SendRegionRequest& request) {
-  // Found by name, not in the whole committed image: a rank of thousands of regions restored
-  // elsewhere asks for each.
-  absl::StatusOr<ClusterStore::HeldRegion> held =
-      store_->CommittedRegion(request.step(), request.rank(), request.region());
-  if (absl::IsFailedPrecondition(held.status())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node ", context_.node_id(), " does not hold step ", request.step()));
+void RemoteRestore::TakeRequests(uint32_t holder, size_t count) {
+  absl::MutexLock lock(&requests_mutex_);
+  while (requests_in_flight_[holder] + count > kRequestsInFlight) {
+    requests_ended_.Wait(&requests_mutex_);
   }
-  if (!held.ok()) {
-    return absl::NotFoundError(absl::StrCat("node ", context_.node_id(), " holds no region '",
-                                            request.region(), "' of rank ", request.rank()));
-  }
-  const v1::ImageRegion& region = held->record;
-  FrameHeader header;
-  header.kind = FrameKind::kFetchedRegion;
-  header.step = request.step();
-  header.rank = request.rank();
-  header.region = request.region();
-  std::vector<absl::Span<const uint8_t>> spans;
-  held->stored->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes, uint64_t) {
-    spans.emplace_back(data, bytes);
-  });
-  // A chunk that fits a frame goes as one, with its stored CRC-32C: the restoring node checks the
-  // bytes against the same CRCs as it writes them into the rank (WriteRegion).
-  const absl::Status sent =
-      region.chunk_bytes() <= Transfer::kMaxFrameBytes
-          ? transfer_->SendChunks(request.to_node(), header, spans, region.chunk_bytes(),
-                                  region.chunk_crcs())
-          : transfer_->SendFrames(request.to_node(), header, spans);
-  if (!sent.ok()) return sent;
-  v1::SendRegionResponse response;
-  response.set_bytes(region.bytes());
-  return response;
+  requests_in_flight_[holder] += count;
 }
 
-void RemoteRestore::TakeSendSlot(uint32_t holder) {
-  absl::MutexLock lock(&sends_mutex_);
-  while (sends_in_flight_[holder] >= kSendsInFlight) send_slot_freed_.Wait(&sends_mutex_);
-  ++sends_in_flight_[holder];
-}
-
-void RemoteRestore::ReleaseSendSlot(uint32_t holder) {
-  absl::MutexLock lock(&sends_mutex_);
-  if (--sends_in_flight_[holder] == 0) sends_in_flight_.erase(holder);
-  send_slot_freed_.SignalAll();
-}
-
-void RemoteRestore::TakeFetch(const FetchKey& key) {
-  absl::MutexLock lock(&fetching_mutex_);
-  while (fetching_.contains(key)) fetch_released_.Wait(&fetching_mutex_);
-  fetching_.insert(key);
-}
-
-void RemoteRestore::ReleaseFetch(const FetchKey& key) {
-  absl::MutexLock lock(&fetching_mutex_);
-  fetching_.erase(key);
-  fetch_released_.SignalAll();
+void RemoteRestore::ReleaseRequests(uint32_t holder, size_t count) {
+  absl::MutexLock lock(&requests_mutex_);
+  if ((requests_in_flight_[holder] -= count) == 0) requests_in_flight_.erase(holder);
+  requests_ended_.SignalAll();
 }
 
 absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_rank, bool ask,
@@ -174,12 +126,13 @@ void RemoteRestore::ForgetLocation(uint32_t source_rank) {
 
 absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
                                             std::vector<WantedRegion>& wanted) {
+  // The request token makes the keys this fetch's alone, though other restores on this node may
+  // fetch some of the same regions at once.
+  const int64_t request = transfer_->NewRequest();
   std::vector<FetchKey> keys;
   for (const WantedRegion& region : wanted) {
-    keys.push_back({step, 0, 0, source_rank, region.region->region()});
+    keys.push_back({step, 0, 0, source_rank, region.region->region(), request});
   }
-  // Taken in key order, so that restores wanting some of the same regions never wait in a cycle.
-  for (const FetchKey& key : std::set<FetchKey>(keys.begin(), keys.end())) TakeFetch(key);
   std::vector<std::pair<FetchKey, FetchSlot>> slots;
   for (size_t i = 0; i < wanted.size(); ++i) {
     // Every byte is checked against the region's stored chunk CRCs as RestoreLocated writes it
@@ -191,34 +144,26 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
                                .source = holder,
                                .owner_checks = true}});
   }
-  // The fetches taken above make these keys this restore's alone.
-  if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) {
-    for (const FetchKey& key : keys) ReleaseFetch(key);
-    return expected;
-  }
-  // The holder pushes the regions on a few calls at once (a peer serves a caller's calls up to a
-  // bound), each call one region.
-  std::vector<size_t> senders(std::min<size_t>(wanted.size(), kSendsInFlight));
-  std::iota(senders.begin(), senders.end(), 0);
-  const std::vector<absl::Status> sent = InParallel(senders, [&](size_t sender) -> absl::Status {
-    for (size_t i = sender; i < wanted.size(); i += senders.size()) {
-      v1::SendRegionRequest request;
-      request.set_to_node(context_.node_id());
-      request.set_step(step);
-      request.set_rank(source_rank);
-      request.set_region(wanted[i].region->region());
-      TakeSendSlot(holder);
-      const absl::Status status = context_.peers->SendRegion(holder, request).status();
-      ReleaseSendSlot(holder);
-      if (!status.ok()) return status;
+  if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
+  // The holder is asked for kRequestsInFlight regions at a time, and sends each back as it serves
+  // it.
+  absl::Status status;
+  size_t asked = 0;
+  while (asked < wanted.size() && status.ok()) {
+    const size_t count = std::min(kRequestsInFlight, wanted.size() - asked);
+    TakeRequests(holder, count);
+    absl::Status requested;
+    for (size_t i = asked; i < asked + count && requested.ok(); ++i) {
+      requested =
+          transfer_->RequestRegion(holder, step, source_rank, wanted[i].region->region(), request);
     }
-    return absl::OkStatus();
-  });
-  absl::Status first_failure;
-  for (const absl::Status& status : sent) first_failure.Update(status);
-  const absl::Status collected = transfer_->Collect(keys, first_failure);
-  for (const FetchKey& key : keys) ReleaseFetch(key);
-  return collected;
+    status = transfer_->Collect({keys.begin() + asked, keys.begin() + asked + count}, requested);
+    ReleaseRequests(holder, count);
+    asked += count;
+  }
+  // Regions not asked for after a failure are no longer awaited either.
+  if (asked < wanted.size()) (void)transfer_->Collect({keys.begin() + asked, keys.end()}, status);
+  return status;
 }
 
 absl::Status RemoteRestore::DecodeFromGroup(const v1::JournalCluster& record, int group,

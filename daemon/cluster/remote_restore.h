@@ -1,5 +1,6 @@
 // Remote (elastic) restore: a rank restores a region that another rank snapshotted on another
-// node (an expert moved after failures). The node that holds it pushes it over the data plane, or,
+// node (an expert moved after failures). The node that holds it sends it when asked over the data
+// plane (Transfer::RequestRegion), or,
 // when that node is lost, the units covering the region are decoded from its group's survivors;
 // every chunk's CRC-32C is checked as the bytes are written into the rank, and fetched bytes that
 // fail it are decoded from the group instead.
@@ -8,7 +9,6 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -34,10 +34,8 @@ class RemoteRestore {
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(uint32_t rank, uint32_t source_rank,
                                                   const std::vector<std::string>& regions);
 
-  // The serving side: which node's committed image holds a rank, from this node's group record;
-  // and a push of one committed region of this node to the asking node's data plane.
+  // The serving side: which node's committed image holds a rank, from this node's group record.
   v1::LocateRankResponse Locate(const v1::LocateRankRequest& request) const;
-  absl::StatusOr<v1::SendRegionResponse> SendRegion(const v1::SendRegionRequest& request);
 
  private:
   // Which node holds `source_rank`'s committed image, with its group's record of that step. Unless
@@ -58,21 +56,17 @@ class RemoteRestore {
                                                      const std::vector<std::string>& names,
                                                      const v1::LocateRankResponse& found,
                                                      bool decode_if_fetch_fails);
-  // The regions from the live node `holder` that holds them, pushed on the data plane.
+  // The regions from the live node `holder` that holds them, asked for on the data plane.
   absl::Status FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
                                std::vector<WantedRegion>& wanted);
   // The regions decoded from the group's survivors, the node at `position` being lost.
   absl::Status DecodeFromGroup(const v1::JournalCluster& record, int group, int position,
                                std::vector<WantedRegion>& wanted);
 
-  // Takes `key` for a fetch into this node, waiting while another restore fetches it: the transfer
-  // knows a fetch by its key, and ranks restoring together (members of a replica group) may each
-  // fetch the same region of a source rank.
-  void TakeFetch(const FetchKey& key);
-  void ReleaseFetch(const FetchKey& key);
-  // Takes one of the calls this node may have in flight to `holder`, waiting for one to end.
-  void TakeSendSlot(uint32_t holder);
-  void ReleaseSendSlot(uint32_t holder);
+  // Takes `count` of the region requests this node may have in flight to `holder`, all at once,
+  // waiting for earlier ones to end (so that restores never each hold part of what they wait for).
+  void TakeRequests(uint32_t holder, size_t count);
+  void ReleaseRequests(uint32_t holder, size_t count);
 
   const ClusterContext context_;
   ClusterStore* const store_;
@@ -81,12 +75,9 @@ class RemoteRestore {
   KeptBuffers buffers_;
   absl::Mutex located_mutex_;
   std::map<uint32_t, v1::LocateRankResponse> located_ ABSL_GUARDED_BY(located_mutex_);
-  absl::Mutex fetching_mutex_;
-  absl::CondVar fetch_released_;
-  std::set<FetchKey> fetching_ ABSL_GUARDED_BY(fetching_mutex_);
-  absl::Mutex sends_mutex_;
-  absl::CondVar send_slot_freed_;
-  std::map<uint32_t, int> sends_in_flight_ ABSL_GUARDED_BY(sends_mutex_);
+  absl::Mutex requests_mutex_;
+  absl::CondVar requests_ended_;
+  std::map<uint32_t, size_t> requests_in_flight_ ABSL_GUARDED_BY(requests_mutex_);
 };
 
 }  // namespace moesnap::daemon::cluster

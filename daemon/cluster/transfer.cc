@@ -20,8 +20,14 @@ constexpr int kDataConnectionsPerPeer = 2;
 // A peer that takes nothing of a frame for this long has stopped reading.
 constexpr absl::Duration kDataSendTimeout = absl::Seconds(30);
 static_assert(Transfer::kFrameBytes <= Transfer::kMaxFrameBytes);
-// How long fetched units or regions may take to arrive once their senders have answered.
-constexpr absl::Duration kFetchWait = absl::Seconds(30);
+// How often a fetch waiting for its bytes looks whether their sender is still live.
+constexpr absl::Duration kSenderCheckInterval = absl::Milliseconds(200);
+// Threads serving the regions peers ask for, and how many of them one peer may hold: a peer that
+// stops reading holds only those until their sends time out.
+constexpr int kRegionServingThreads = 4;
+constexpr int kRegionThreadsPerPeer = 2;
+// The longest reason a refusal carries.
+constexpr size_t kMaxRefusalBytes = 1024;
 
 using FrameParts = absl::Span<const absl::Span<const uint8_t>>;
 
@@ -48,11 +54,11 @@ absl::Status ForEachFrame(FrameParts pieces, uint64_t frame_bytes, Send send) {
   return absl::OkStatus();
 }
 
-// The slot a fetched frame names.
+// The slot a fetched frame or a refusal names.
 FetchKey KeyOf(const FrameHeader& header) {
-  return header.kind == FrameKind::kFetchedRegion
-             ? FetchKey{header.step, 0, 0, header.rank, header.region}
-             : FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, ""};
+  return header.kind == FrameKind::kFetchedUnit
+             ? FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, ""}
+             : FetchKey{header.step, 0, 0, header.rank, header.region, header.attempt};
 }
 
 }  // namespace
@@ -64,9 +70,16 @@ std::string FetchKey::Describe() const {
 }
 
 Transfer::Transfer(const ClusterContext& context, const ClusterStore* store, ParityStore* parity)
-    : context_(context), store_(store), parity_(parity) {}
+    : context_(context),
+      store_(store),
+      parity_(parity),
+      region_requests_(std::make_unique<PeerRequests>(
+          kRegionServingThreads, kRegionThreadsPerPeer, kRegionRequestsPerPeer)) {}
 
-Transfer::~Transfer() { server_.reset(); }
+Transfer::~Transfer() {
+  server_.reset();  // no more requests come in
+  region_requests_.reset();
+}
 
 absl::StatusOr<uint16_t> Transfer::Start(const std::string& host, uint16_t port) {
   absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
@@ -368,17 +381,29 @@ absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>&
 }
 
 absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status sent) {
-  const absl::Time deadline = absl::Now() + kFetchWait;
   absl::MutexLock lock(&fetch_mutex_);
   for (const FetchKey& key : keys) {
+    // The wait ends when no byte of the key came for kFetchWait: a large region takes longer.
+    uint64_t missing = fetches_[key].slot.missing;
+    absl::Time deadline = absl::Now() + kFetchWait;
     while (sent.ok()) {
       const Awaited& awaited = fetches_[key];
+      const absl::Time now = absl::Now();
       if (!awaited.failure.empty()) {
-        sent = absl::DataLossError(absl::StrCat(key.Describe(), ": ", awaited.failure));
+        sent = absl::Status(awaited.failure_code,
+                            absl::StrCat(key.Describe(), ": ", awaited.failure));
       } else if (awaited.slot.missing == 0) {
         break;
-      } else if (fetched_.WaitWithDeadline(&fetch_mutex_, deadline)) {
+      } else if (awaited.slot.missing < missing) {
+        missing = awaited.slot.missing;
+        deadline = now + kFetchWait;
+      } else if (now >= deadline) {
         sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
+      } else if (!context_.nodes->Live(awaited.slot.source)) {
+        sent = absl::UnavailableError(absl::StrCat(key.Describe(), ": node ", awaited.slot.source,
+                                                   " was lost before sending it"));
+      } else {
+        fetched_.WaitWithTimeout(&fetch_mutex_, std::min(kSenderCheckInterval, deadline - now));
       }
     }
   }
@@ -401,18 +426,20 @@ std::pair<size_t, uint64_t> Transfer::FetchesWaiting() {
 
 absl::StatusOr<std::optional<FrameSink::InPlace>> Transfer::Reserve(
     const FrameHeader& header, std::optional<uint32_t> sender) {
-  if (header.kind == FrameKind::kParityDelta) return std::nullopt;  // XORed in by Accept
+  if (header.kind != FrameKind::kFetchedUnit && header.kind != FrameKind::kFetchedRegion) {
+    return std::nullopt;  // Accept takes it from the connection's buffer
+  }
   const FetchKey key = KeyOf(header);
   absl::MutexLock lock(&fetch_mutex_);
   auto it = fetches_.find(key);
-  if (it == fetches_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " was not asked for"));
+  if (it == fetches_.end() || it->second.closed) {
+    // An answer that came after its fetch ended (it failed, or was given up): read and dropped.
+    if (AnswersARequestMadeHere(header)) return std::nullopt;
+    return absl::InvalidArgumentError(absl::StrCat(
+        key.Describe(), it == fetches_.end() ? " was not asked for" : " is no longer awaited"));
   }
   Awaited& awaited = it->second;
   const FetchSlot& slot = awaited.slot;
-  if (awaited.closed) {
-    return absl::InvalidArgumentError(absl::StrCat(key.Describe(), " is no longer awaited"));
-  }
   if (sender && *sender != slot.source) {
     return absl::PermissionDeniedError(absl::StrCat(key.Describe(), " came from node ", *sender,
                                                     ", not from node ", slot.source, ", asked for it"));
@@ -458,15 +485,40 @@ void Transfer::Filled(const FrameHeader& header, const absl::Status& checked) {
     awaited.slot.missing -= header.length;
   } else if (awaited.failure.empty()) {
     awaited.failure = std::string(checked.message());
+    awaited.failure_code = absl::StatusCode::kDataLoss;
   }
   fetched_.SignalAll();
 }
 
 absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
                               std::optional<uint32_t> sender) {
-  if (header.kind != FrameKind::kParityDelta) {  // Reserve took every other kind in place
-    return absl::InvalidArgumentError("a fetched frame is read into its slot, not accepted");
+  switch (header.kind) {
+    case FrameKind::kParityDelta:
+      return AcceptParityDelta(header, payload, sender);
+    case FrameKind::kRegionRequest:
+      return AcceptRegionRequest(header, payload, sender);
+    case FrameKind::kRegionRefused:
+      return AcceptRefusal(header, payload, sender);
+    case FrameKind::kFetchedRegion:
+      if (AnswersARequestMadeHere(header)) {  // Reserve found its fetch ended
+        Log(LogLevel::kDebug, "data plane: ", KeyOf(header).Describe(), " came after its fetch");
+        return absl::OkStatus();
+      }
+      break;
+    case FrameKind::kFetchedUnit:
+      break;
   }
+  return absl::InvalidArgumentError("a fetched frame is read into its slot, not accepted");
+}
+
+bool Transfer::AnswersARequestMadeHere(const FrameHeader& header) const {
+  return (header.kind == FrameKind::kFetchedRegion || header.kind == FrameKind::kRegionRefused) &&
+         header.attempt > 0 && header.attempt <= requests_issued_.load();
+}
+
+absl::Status Transfer::AcceptParityDelta(const FrameHeader& header,
+                                         absl::Span<const uint8_t> payload,
+                                         std::optional<uint32_t> sender) {
   if (sender) {
     const erasure::StripeLayout& layout = context_.layout();
     if (header.stripe_unit >= static_cast<uint32_t>(layout.data_units())) {
@@ -483,6 +535,139 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
     }
   }
   return parity_->Accept(header, payload);
+}
+
+absl::Status Transfer::RequestRegion(uint32_t holder, int64_t step, uint32_t rank,
+                                    const std::string& region, int64_t request) {
+  absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(holder);
+  if (!client.ok()) return client.status();
+  FrameHeader header;
+  header.kind = FrameKind::kRegionRequest;
+  header.step = step;
+  header.rank = rank;
+  header.region = region;
+  header.attempt = request;
+  uint8_t asking[4];
+  const uint32_t self = context_.node_id();
+  std::memcpy(asking, &self, sizeof(asking));  // little-endian, as every field of a frame
+  if (absl::Status sent = (*client)->Send(std::move(header), absl::Span<const uint8_t>(asking));
+      !sent.ok()) {
+    return absl::UnavailableError(absl::StrCat("asking node ", holder, " for region '", region,
+                                               "' of rank ", rank, ": ", sent.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
+                                           absl::Span<const uint8_t> payload,
+                                           std::optional<uint32_t> sender) {
+  uint32_t asking = 0;
+  if (payload.size() != sizeof(asking) || header.region.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a region request names a region and carries the asking node's id (4 bytes), not '",
+        header.region, "' and ", payload.size(), " bytes"));
+  }
+  std::memcpy(&asking, payload.data(), sizeof(asking));
+  if (sender && *sender != asking) {
+    return absl::PermissionDeniedError(absl::StrCat("node ", *sender, " asked for region '",
+                                                    header.region, "' to be sent to node ", asking));
+  }
+  if (!context_.options().GroupOf(asking)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a region request asks for an answer to node ", asking,
+                     ", which is not in the cluster"));
+  }
+  return region_requests_->Add(asking, [this, asking, header] { ServeRegion(asking, header); });
+}
+
+void Transfer::ServeRegion(uint32_t to, const FrameHeader& request) {
+  const absl::Status sent = SendRegion(to, request);
+  if (sent.ok()) return;
+  FrameHeader refusal;
+  refusal.kind = FrameKind::kRegionRefused;
+  refusal.step = request.step;
+  refusal.rank = request.rank;
+  refusal.region = request.region;
+  refusal.attempt = request.attempt;
+  const absl::string_view why = sent.message().substr(0, kMaxRefusalBytes);
+  absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
+  const absl::Status told =
+      client.ok() ? (*client)->Send(std::move(refusal),
+                                    {reinterpret_cast<const uint8_t*>(why.data()), why.size()})
+                  : client.status();
+  if (!told.ok()) {
+    Log(LogLevel::kWarning, "data plane: could not tell node ", to, " why region '",
+        request.region, "' of rank ", request.rank, " was not sent (", sent.ToString(), "): ",
+        told.ToString());
+  }
+}
+
+absl::Status Transfer::SendRegion(uint32_t to, const FrameHeader& request) {
+  // Found by name, not in the whole committed image: a rank of thousands of regions restored
+  // elsewhere asks for each.
+  absl::StatusOr<ClusterStore::HeldRegion> held =
+      store_->CommittedRegion(request.step, request.rank, request.region);
+  if (absl::IsFailedPrecondition(held.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", context_.node_id(), " does not hold step ", request.step));
+  }
+  if (!held.ok()) {
+    return absl::NotFoundError(absl::StrCat("node ", context_.node_id(), " holds no region '",
+                                            request.region, "' of rank ", request.rank));
+  }
+  const v1::ImageRegion& region = held->record;
+  FrameHeader header;
+  header.kind = FrameKind::kFetchedRegion;
+  header.step = request.step;
+  header.rank = request.rank;
+  header.region = request.region;
+  header.attempt = request.attempt;
+  std::vector<absl::Span<const uint8_t>> spans;
+  held->stored->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes, uint64_t) {
+    spans.emplace_back(data, bytes);
+  });
+  // A chunk that fits a frame goes as one, with its stored CRC-32C: the restoring node checks the
+  // bytes against the same CRCs as it writes them into the rank (WriteRegion).
+  return region.chunk_bytes() <= kMaxFrameBytes
+             ? SendChunks(to, header, spans, region.chunk_bytes(), region.chunk_crcs())
+             : SendFrames(to, header, spans);
+}
+
+absl::Status Transfer::AcceptRefusal(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                                     std::optional<uint32_t> sender) {
+  if (payload.size() > kMaxRefusalBytes || header.region.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a refusal names a region and says why in at most ", kMaxRefusalBytes, " bytes, not '",
+        header.region, "' and ", payload.size(), " bytes"));
+  }
+  const FetchKey key = KeyOf(header);
+  absl::MutexLock lock(&fetch_mutex_);
+  auto it = fetches_.find(key);
+  if (it == fetches_.end() || it->second.closed) {
+    if (!AnswersARequestMadeHere(header)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a refusal of ", key.Describe(), ", which this node did not ask for"));
+    }
+    // The fetch ended before the answer came (it timed out, or another region of it failed).
+    Log(LogLevel::kDebug, "data plane: a refusal of ", key.Describe(), " came after its fetch");
+    return absl::OkStatus();
+  }
+  Awaited& awaited = it->second;
+  if (sender && *sender != awaited.slot.source) {
+    return absl::PermissionDeniedError(absl::StrCat("node ", *sender, " refused ", key.Describe(),
+                                                    ", asked of node ", awaited.slot.source));
+  }
+  if (awaited.failure.empty()) {
+    // The peer's words go into logs and errors: bytes outside printable ASCII become '?'.
+    std::string why(payload.begin(), payload.end());
+    for (char& c : why) {
+      if (c < ' ' || c > '~') c = '?';
+    }
+    awaited.failure = absl::StrCat("node ", awaited.slot.source, " refused it: ", why);
+    awaited.failure_code = absl::StatusCode::kFailedPrecondition;
+    fetched_.SignalAll();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moesnap::daemon::cluster

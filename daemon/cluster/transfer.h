@@ -1,10 +1,11 @@
 // Unit transfer: the cluster's bytes over the data plane. Sends this node's data units (or their
 // deltas) to their stripes' parity holders, serves the units a rebuilding or repairing peer asks
-// for, and receives frames: parity deltas go to the parity store, fetched units and regions into
-// the buffers a fetch registered for them.
+// for and the regions an elastic restore asks for, and receives frames: parity deltas go to the
+// parity store, fetched units and regions into the buffers a fetch registered for them.
 #ifndef MOESNAP_DAEMON_CLUSTER_TRANSFER_H_
 #define MOESNAP_DAEMON_CLUSTER_TRANSFER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,7 +19,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/cluster/context.h"
+#include "daemon/cluster/peer_requests.h"
 #include "daemon/cluster_store.h"
 #include "daemon/data_plane.h"
 #include "daemon/node_image.h"
@@ -27,18 +30,21 @@
 namespace moesnap::daemon::cluster {
 
 // What a fetch waits for: unit `unit` of stripe `stripe` sent by node `rank` (kFetchedUnit frames,
-// whose rank field names their sender; no region), or region `region` of rank `rank`
-// (kFetchedRegion frames; stripe and unit 0). Units are keyed by their sender so that decodes on
-// one node fetching the same stripe numbers of different groups never meet.
+// whose rank field names their sender; no region), or region `region` of rank `rank` asked for by
+// request `request` (kFetchedRegion frames, whose attempt field names the request; stripe and unit
+// 0). Units are keyed by their sender so that decodes on one node fetching the same stripe numbers
+// of different groups never meet; regions by their request, so that restores on one node fetching
+// the same region never meet, nor an answer that comes after its fetch was given up a later fetch.
 struct FetchKey {
   int64_t step = 0;
   uint64_t stripe = 0;
   uint32_t unit = 0;
   uint32_t rank = 0;
   std::string region;
+  int64_t request = 0;
   bool operator<(const FetchKey& other) const {
-    return std::tie(step, stripe, unit, rank, region) <
-           std::tie(other.step, other.stripe, other.unit, other.rank, other.region);
+    return std::tie(step, stripe, unit, rank, region, request) <
+           std::tie(other.step, other.stripe, other.unit, other.rank, other.region, other.request);
   }
   std::string Describe() const;
 };
@@ -112,13 +118,29 @@ class Transfer final : public FrameSink {
   };
   absl::Status CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies);
 
+  // Asks `holder` for region `region` of rank `rank` of its committed step `step`, on the data
+  // plane: it sends the region's frames back (kFetchedRegion, each chunk with its stored CRC-32C),
+  // or refuses, failing the fetch with its reason. The region's slot is expected before. A holder
+  // serves at most kRegionRequestsPerPeer requests of one node at once, and closes the connection
+  // of a node that asks for more.
+  static constexpr int kRegionRequestsPerPeer = 128;
+  absl::Status RequestRegion(uint32_t holder, int64_t step, uint32_t rank,
+                             const std::string& region, int64_t request);
+  // A request token for a fetch's regions, new on each call (FetchKey::request). Answers that name
+  // a token this node issued and no longer awaits come after their fetch ended: they are read and
+  // dropped. Answers naming a token it never issued close the connection.
+  int64_t NewRequest() { return ++requests_issued_; }
+
   // Expects the frames of `slots` into their buffers; registered before the request that makes a
   // peer send them goes out. UNAVAILABLE, registering none, when a key is expected already (two
   // decodes on this node wanting the same unit at once: one is tried again).
   absl::Status Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
-  // After the sending requests returned `sent`: waits until every expected byte arrived (when they
-  // succeeded; DATA_LOSS when a frame failed its check in its slot) and forgets the keys either
-  // way, returning once no frame is being read into the slots' buffers.
+  // After the requests that make peers send them returned `sent`: waits until every expected byte
+  // arrived (when they succeeded) and forgets the keys either way, returning once no frame is
+  // being read into the slots' buffers. A fetch fails with DATA_LOSS when a frame failed its check
+  // in its slot, FAILED_PRECONDITION when its sender refused it, UNAVAILABLE when its sender is
+  // lost, DEADLINE_EXCEEDED when no byte of it came for kFetchWait.
+  static constexpr absl::Duration kFetchWait = absl::Seconds(30);
   absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
 
   // Fetch slots registered and not collected yet, and the bytes they still miss (what a rebuild
@@ -127,9 +149,10 @@ class Transfer final : public FrameSink {
 
   // FrameSink. A fetched frame is read straight into its slot (Reserve, then Filled): a frame
   // that fails its check there fails the fetch (DATA_LOSS); one into an owner-checked slot is not
-  // checked there. A parity delta is accepted from the connection's buffer. On an authenticated
+  // checked there. Parity deltas, region requests and refusals are accepted from the connection's
+  // buffer; a region request is served on a thread of PeerRequests. On an authenticated
   // connection a parity delta is accepted only from the node whose data unit it names, a fetched
-  // frame only from the node asked for it.
+  // frame or a refusal only from the node asked for it, a region request only for its sender.
   absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& header,
                                                  std::optional<uint32_t> sender) override;
   void Filled(const FrameHeader& header, const absl::Status& checked) override;
@@ -162,6 +185,16 @@ class Transfer final : public FrameSink {
   // Where its bytes lie: the parity unit's extent, or the data unit's pieces of `image`.
   std::vector<absl::Span<const uint8_t>> SpansOf(const OwnUnit& own, const NodeImage& image) const;
 
+  absl::Status AcceptParityDelta(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                                 std::optional<uint32_t> sender);
+  absl::Status AcceptRegionRequest(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                                   std::optional<uint32_t> sender);
+  absl::Status AcceptRefusal(const FrameHeader& header, absl::Span<const uint8_t> payload,
+                             std::optional<uint32_t> sender);
+  // Sends the committed region `request` names to node `to`, or tells it why not.
+  void ServeRegion(uint32_t to, const FrameHeader& request);
+  absl::Status SendRegion(uint32_t to, const FrameHeader& request);
+
   const ClusterContext context_;
   const ClusterStore* const store_;
   ParityStore* const parity_;
@@ -176,12 +209,20 @@ class Transfer final : public FrameSink {
     uint64_t reserved = 0;  // bytes of the frames being read in, not counted arrived yet
     int writers = 0;        // frames being read in
     std::map<uint64_t, uint64_t> taken;  // [offset, end) of every frame read in or being read in
-    std::string failure;    // why a frame read in failed its check (empty: none did)
+    std::string failure;    // why the fetch failed (empty: it did not)
+    absl::StatusCode failure_code = absl::StatusCode::kDataLoss;
     bool closed = false;    // being collected: takes no more frames
   };
+  // Whether a region frame or refusal names a request this node made (awaited or not).
+  bool AnswersARequestMadeHere(const FrameHeader& header) const;
+  std::atomic<int64_t> requests_issued_{0};
+
   absl::Mutex fetch_mutex_;
   absl::CondVar fetched_;  // a slot's frame was read in, or failed
   std::map<FetchKey, Awaited> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
+
+  // Last: its threads serve requests with the members above, and are joined first.
+  std::unique_ptr<PeerRequests> region_requests_;
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -716,6 +716,16 @@ TEST_F(ClusterTest, ARegionDamagedInItsHoldersMemoryIsDecodedFromTheGroupInstead
   RestoreOnto(3, 2, {1, 2}, 201, /*decoded=*/false);  // undamaged regions are fetched
 }
 
+// Node 2 paused (SIGSTOP) while it holds the committed step: a region of its rank restored onto
+// node 0 is asked of node 2, which never answers; once node 2's lease ends the fetch gives up and
+// the region is decoded from the group, byte for byte, well before any fetch timeout.
+TEST_F(ClusterTest, AnElasticRestoreFromAHolderPausedPastItsLeaseIsDecodedFromTheGroup) {
+  TrainAll(5);
+  ASSERT_TRUE(daemons_[2]->Pause());
+  RestoreOnto(0, 2, {1, 3}, 300, /*decoded=*/true);
+  daemons_[2]->Kill(SIGKILL);  // its lease ended: the job has lost it
+}
+
 // A daemon whose cluster config differs from its peers' does not join, and says what differs.
 TEST_F(ClusterTest, ADaemonWithAnotherClusterConfigIsRefusedNamingTheDifference) {
   daemons_[5]->Kill(SIGKILL);

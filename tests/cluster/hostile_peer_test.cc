@@ -273,23 +273,36 @@ TEST_F(HostilePeerTest, UnboundedRequestsAreRefusedByName) {
   ExpectRefused(Call(1, &v1::Peer::Stub::SendUnits, units), grpc::StatusCode::INVALID_ARGUMENT,
                 "stripes");
 
-  v1::SendRegionRequest region;
-  region.set_to_node(1u << 31);
-  region.set_step(1);
-  region.set_region("weights");
-  ExpectRefused(Call(1, &v1::Peer::Stub::SendRegion, region), grpc::StatusCode::INVALID_ARGUMENT,
-                "to_node");
-
   ASSERT_NO_FATAL_FAILURE(CommitEverywhere(2));
   ExpectRestores(2);
+}
+
+// Writes `header` (its length and CRC filled from `payload`) and `payload` to the data plane on
+// `port`; whether the daemon then closed the connection.
+bool ClosesTheConnection(uint16_t port, daemon::FrameHeader header,
+                         const std::vector<uint8_t>& payload) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  header.length = static_cast<uint32_t>(payload.size());
+  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  uint8_t bytes[daemon::FrameHeader::kBytes];
+  daemon::EncodeFrameHeader(header, bytes);
+  asio::ip::tcp::socket socket(io);
+  socket.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(socket, std::array<asio::const_buffer, 3>{asio::buffer(bytes),
+                                                        asio::buffer(header.region),
+                                                        asio::buffer(payload)});
+  // The daemon closes the connection: the read ends.
+  boost::system::error_code error;
+  uint8_t byte;
+  asio::read(socket, asio::buffer(&byte, 1), error);
+  return static_cast<bool>(error);
 }
 
 // Frames whose offset wraps past 2^64, or that no one asked for, written to every daemon's data
 // plane: refused, the connection closed, nothing stored touched.
 TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
-  namespace asio = boost::asio;
-  asio::io_context io;
-  std::vector<uint8_t> payload(64, 0xab);
+  const std::vector<uint8_t> payload(64, 0xab);
   for (int node = 0; node < kNodes; ++node) {
     for (daemon::FrameKind kind : {daemon::FrameKind::kParityDelta,
                                    daemon::FrameKind::kFetchedUnit,
@@ -300,22 +313,41 @@ TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
       header.attempt = 1;
       header.stripe = 0;
       header.offset = std::numeric_limits<uint64_t>::max() - 63;
-      header.length = static_cast<uint32_t>(payload.size());
-      header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
       header.region = kind == daemon::FrameKind::kFetchedRegion ? "weights" : "";
-      uint8_t bytes[daemon::FrameHeader::kBytes];
-      daemon::EncodeFrameHeader(header, bytes);
-      asio::ip::tcp::socket socket(io);
-      socket.connect({asio::ip::make_address("127.0.0.1"), data_ports_[node]});
-      asio::write(socket, std::array<asio::const_buffer, 3>{asio::buffer(bytes),
-                                                            asio::buffer(header.region),
-                                                            asio::buffer(payload)});
-      // The daemon closes the connection: the read ends.
-      boost::system::error_code error;
-      uint8_t byte;
-      asio::read(socket, asio::buffer(&byte, 1), error);
-      EXPECT_TRUE(error) << "node " << node << " kept a connection with a hostile frame open";
+      EXPECT_TRUE(ClosesTheConnection(data_ports_[node], header, payload))
+          << "node " << node << " kept a connection with a hostile frame open";
     }
+  }
+  ASSERT_NO_FATAL_FAILURE(CommitEverywhere(2));
+  ExpectRestores(2);
+}
+
+// Requests for a committed region whose answer would go to a node outside the job, or that do
+// not carry the asking node's id, and refusals longer than a reason may be: refused, the
+// connection closed. The job goes on committing.
+TEST_F(HostilePeerTest, HostileRegionRequestsAndRefusalsCloseTheConnection) {
+  auto id = [](uint32_t node) {
+    std::vector<uint8_t> bytes(sizeof(node));
+    std::memcpy(bytes.data(), &node, sizeof(node));
+    return bytes;
+  };
+  daemon::FrameHeader request;
+  request.kind = daemon::FrameKind::kRegionRequest;
+  request.step = 1;
+  request.region = "weights";
+  for (int node = 0; node < kNodes; ++node) {
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, id(1u << 31)))
+        << "node " << node << " took a request answered to a node outside the job";
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, {0, 0, 0, 0, 0}))
+        << "node " << node << " took a request without the asking node's id";
+    daemon::FrameHeader unnamed = request;
+    unnamed.region.clear();
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], unnamed, id(0)))
+        << "node " << node << " took a request naming no region";
+    daemon::FrameHeader refusal = request;
+    refusal.kind = daemon::FrameKind::kRegionRefused;
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], refusal, std::vector<uint8_t>(1025, 'x')))
+        << "node " << node << " took a refusal of 1025 bytes";
   }
   ASSERT_NO_FATAL_FAILURE(CommitEverywhere(2));
   ExpectRestores(2);

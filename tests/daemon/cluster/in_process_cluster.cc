@@ -527,11 +527,6 @@ absl::StatusOr<v1::LocateRankResponse> FakePeerClient::LocateRank(uint32_t,
   return absl::UnimplementedError("not in these tests");
 }
 
-absl::StatusOr<v1::SendRegionResponse> FakePeerClient::SendRegion(uint32_t,
-                                                                  const v1::SendRegionRequest&) {
-  return absl::UnimplementedError("not in these tests");
-}
-
 absl::StatusOr<v1::FetchLogResponse> FakePeerClient::FetchLog(uint32_t, const v1::FetchLogRequest&) {
   return absl::UnimplementedError("not in these tests");
 }

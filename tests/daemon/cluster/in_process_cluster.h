@@ -236,8 +236,6 @@ class FakePeerClient final : public PeerClient {
   absl::StatusOr<v1::RebuildResponse> Rebuild(uint32_t node) override;
   absl::StatusOr<v1::LocateRankResponse> LocateRank(
       uint32_t node, const v1::LocateRankRequest& request) override;
-  absl::StatusOr<v1::SendRegionResponse> SendRegion(
-      uint32_t node, const v1::SendRegionRequest& request) override;
   absl::StatusOr<v1::FetchLogResponse> FetchLog(uint32_t node,
                                                 const v1::FetchLogRequest& request) override;
   absl::StatusOr<v1::DurableStateResponse> DurableState(uint32_t node,

@@ -85,10 +85,6 @@ TEST(PeerChecksTest, NodesOutsideTheJobAreRefused) {
   v1::SendUnitsRequest units;
   units.set_to_node(1u << 31);
   ExpectRefused(CheckSendUnits(units, Limits()), "to_node");
-  v1::SendRegionRequest region;
-  region.set_to_node(99);
-  region.set_region("weights");
-  ExpectRefused(CheckSendRegion(region, Limits()), "to_node");
   v1::EncodeRequest encode = Encode();
   encode.set_coordinator(6);
   ExpectRefused(CheckEncode(encode, Limits()), "coordinator");
@@ -213,15 +209,6 @@ TEST(PeerChecksTest, DecodeRequestsAreBounded) {
   request.clear_stripes();
   request.set_to_node(6);
   ExpectRefused(CheckDecodeUnits(request, Limits()), "to_node");
-}
-
-TEST(PeerChecksTest, RegionNamesAreBounded) {
-  v1::SendRegionRequest request;
-  request.set_to_node(1);
-  request.set_region(std::string(kMaxRegionNameBytes + 1, 'r'));
-  ExpectRefused(CheckSendRegion(request, Limits()), "region name of 1025 bytes");
-  request.set_region("");
-  ExpectRefused(CheckSendRegion(request, Limits()), "region name of 0 bytes");
 }
 
 }  // namespace

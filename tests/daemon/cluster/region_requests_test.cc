@@ -1,0 +1,189 @@
+// An elastic restore asks the holder of a committed region for it on the data plane: the holder
+// sends its chunks back, or refuses with its reason, which fails the fetch at once; a fetch from a
+// node lost before it sent fails without waiting out the fetch's timeout. On an authenticated
+// connection a node asks only for itself, and only the node asked refuses.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "tests/daemon/cluster/in_process_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+using testing::InProcessCluster;
+
+constexpr uint64_t kBytes = (3 << 20) + 12345;  // chunks of several frames, the last shorter
+
+void CommitStep(InProcessCluster& cluster, int64_t step) {
+  cluster.CaptureEverywhere(step, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+}
+
+FetchKey RegionKey(int64_t step, uint32_t rank, const std::string& region, int64_t request) {
+  return {step, 0, 0, rank, region, request};
+}
+
+// Node 0 fetches rank `rank`'s region `region` of `step` from node `holder` into `into`.
+absl::Status Fetch(InProcessCluster& cluster, uint32_t holder, int64_t step, uint32_t rank,
+                   const std::string& region, std::vector<uint8_t>& into) {
+  Transfer& transfer = cluster.node(0).transfer;
+  const int64_t request = transfer.NewRequest();
+  const FetchKey key = RegionKey(step, rank, region, request);
+  if (absl::Status expected = transfer.Expect({{key, {.buffer = into.data(),
+                                                       .bytes = into.size(),
+                                                       .missing = into.size(),
+                                                       .source = holder,
+                                                       .owner_checks = true}}});
+      !expected.ok()) {
+    return expected;
+  }
+  return transfer.Collect({key}, transfer.RequestRegion(holder, step, rank, region, request));
+}
+
+TEST(RegionRequestsTest, AHeldRegionIsSentBackWhenAskedOnTheDataPlane) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  std::vector<uint8_t> fetched(kBytes);
+  ASSERT_OK(Fetch(cluster, 1, 1, 1, "state", fetched));
+  EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
+  // Asked again, after the step moved on: the new step's bytes.
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 2));
+  ASSERT_OK(Fetch(cluster, 2, 2, 2, "state", fetched));
+  EXPECT_TRUE(fetched == testing::StateOf(2, 2, kBytes));
+}
+
+TEST(RegionRequestsTest, ARegionTheHolderCannotSendFailsTheFetchWithItsReason) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  std::vector<uint8_t> fetched(kBytes);
+  const absl::Status missing = Fetch(cluster, 1, 1, 1, "missing", fetched);
+  EXPECT_STATUS(missing, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(missing.message(),
+                                "node 1 refused it: node 1 holds no region 'missing' of rank 1"))
+      << missing;
+  const absl::Status past = Fetch(cluster, 1, 7, 1, "state", fetched);
+  EXPECT_STATUS(past, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(past.message(), "node 1 does not hold step 7")) << past;
+  // The refused fetches are forgotten: the same keys can be asked for again.
+  ASSERT_OK(Fetch(cluster, 1, 1, 1, "state", fetched));
+  EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
+}
+
+TEST(RegionRequestsTest, AFetchFromANodeLostBeforeItSentFailsWithoutWaitingOutItsTimeout) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> fetched(kBytes);
+  const FetchKey key = RegionKey(1, 2, "state", transfer.NewRequest());
+  ASSERT_OK(transfer.Expect({{key, {.buffer = fetched.data(),
+                                    .bytes = fetched.size(),
+                                    .missing = fetched.size(),
+                                    .source = 2,
+                                    .owner_checks = true}}}));
+  cluster.Lose(2);  // before it was asked: nothing of it will come
+  const absl::Status collected = transfer.Collect({key}, absl::OkStatus());
+  EXPECT_STATUS(collected, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(collected.message(), "node 2 was lost before sending it"))
+      << collected;
+}
+
+TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyTheNodeAskedRefuses) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  Transfer& holder = cluster.node(1).transfer;
+  FrameHeader request;
+  request.kind = FrameKind::kRegionRequest;
+  request.step = 1;
+  request.rank = 1;
+  request.region = "state";
+  uint32_t asking = 0;
+  std::vector<uint8_t> payload(sizeof(asking));
+  std::memcpy(payload.data(), &asking, sizeof(asking));
+  const absl::Status elsewhere = holder.Accept(request, payload, 2);
+  EXPECT_STATUS(elsewhere, absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(elsewhere.message(), "node 2 asked for region 'state' to be sent "
+                                                     "to node 0"))
+      << elsewhere;
+
+  // Node 0 awaits the region from node 1: a refusal from node 2 is refused, and the fetch goes on.
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> fetched(kBytes);
+  const int64_t token = transfer.NewRequest();
+  const FetchKey key = RegionKey(1, 1, "state", token);
+  ASSERT_OK(transfer.Expect({{key, {.buffer = fetched.data(),
+                                    .bytes = fetched.size(),
+                                    .missing = fetched.size(),
+                                    .source = 1,
+                                    .owner_checks = true}}}));
+  FrameHeader refusal = request;
+  refusal.kind = FrameKind::kRegionRefused;
+  refusal.attempt = token;
+  const std::string why = "not today";
+  const std::vector<uint8_t> reason(why.begin(), why.end());
+  const absl::Status forged = transfer.Accept(refusal, reason, 2);
+  EXPECT_STATUS(forged, absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(forged.message(), "node 2 refused region 'state' of rank 1"))
+      << forged;
+  ASSERT_OK(transfer.Collect({key}, transfer.RequestRegion(1, 1, 1, "state", token)));
+  EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
+}
+
+// A fetch given up on (here: before its request could be answered) may still be answered: the
+// region's frames and a refusal naming a request this node made are read and dropped, the
+// connection kept; those naming a request it never made are refused. A new fetch of the same
+// region is not disturbed by the late answer.
+TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> given_up(kBytes);
+  const int64_t token = transfer.NewRequest();
+  const FetchKey key = RegionKey(1, 1, "state", token);
+  ASSERT_OK(transfer.Expect({{key, {.buffer = given_up.data(),
+                                    .bytes = given_up.size(),
+                                    .missing = given_up.size(),
+                                    .source = 1,
+                                    .owner_checks = true}}}));
+  ASSERT_OK(transfer.RequestRegion(1, 1, 1, "state", token));
+  EXPECT_STATUS(transfer.Collect({key}, absl::CancelledError("given up")),
+                absl::StatusCode::kCancelled);
+
+  FrameHeader late;
+  late.kind = FrameKind::kFetchedRegion;
+  late.step = 1;
+  late.rank = 1;
+  late.region = "state";
+  late.attempt = token;
+  late.length = 4096;
+  absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer.Reserve(late, 1);
+  ASSERT_OK(into);
+  EXPECT_FALSE(into->has_value()) << "a late answer is read into the connection's buffer";
+  const std::vector<uint8_t> payload(4096, 0x5a);
+  EXPECT_OK(transfer.Accept(late, payload, 1));
+  FrameHeader refusal = late;
+  refusal.kind = FrameKind::kRegionRefused;
+  EXPECT_OK(transfer.Accept(refusal, {}, 1));
+
+  FrameHeader never = late;
+  never.attempt = token + 1000;
+  EXPECT_STATUS(transfer.Reserve(never, 1).status(), absl::StatusCode::kInvalidArgument);
+  never.kind = FrameKind::kRegionRefused;
+  EXPECT_STATUS(transfer.Accept(never, {}, 1), absl::StatusCode::kInvalidArgument);
+
+  std::vector<uint8_t> fetched(kBytes);
+  ASSERT_OK(Fetch(cluster, 1, 1, 1, "state", fetched));
+  EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
+}
+
+}  // namespace
+}  // namespace moesnap::daemon::cluster
