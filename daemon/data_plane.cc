@@ -372,7 +372,8 @@ struct DataPlaneServer::Impl {
             sink->Reserve(*header, sender);
         if (!reserved.ok()) {
           status = reserved.status();
-        } else if (*reserved && (*reserved)->bytes.size() != header->length) {
+        } else if (*reserved && !(*reserved)->drop &&
+                   (*reserved)->bytes.size() != header->length) {
           status = absl::InternalError(absl::StrCat("the sink reserved ",
                                                     (*reserved)->bytes.size(),
                                                     " bytes for a payload of ", header->length));
@@ -383,7 +384,7 @@ struct DataPlaneServer::Impl {
       }
       absl::Span<uint8_t> into;
       if (status.ok()) {
-        if (in_place) {
+        if (in_place && !in_place->drop) {
           into = in_place->bytes;
         } else {
           payload.resize(header->length);
@@ -396,11 +397,11 @@ struct DataPlaneServer::Impl {
                                                   absl::FormatDuration(options.frame_timeout),
                                                   ": ", status.message()));
       }
-      if (status.ok() && !(in_place && in_place->owner_checks)) {
+      if (status.ok() && !(in_place && (in_place->owner_checks || in_place->drop))) {
         status = CheckFramePayload(*header, into);
       }
       if (in_place) {
-        sink->Filled(*header, status);
+        if (!in_place->drop) sink->Filled(*header, status);
       } else if (status.ok()) {
         status = sink->Accept(*header, payload, sender);
       }

@@ -78,10 +78,13 @@ class FrameSink {
     // rank, decoding the region from its group when they differ): the frame's CRC-32C is not
     // checked as it lands, a pass over the bytes saved.
     bool owner_checks = false;
+    // No memory of the sink's (`bytes` empty): the payload is read and dropped unchecked, and
+    // neither Filled nor Accept is called. For a frame the sink asked for but no longer awaits.
+    bool drop = false;
   };
   virtual ~FrameSink() = default;
-  // Where to read the frame's payload, held for it until Filled; nullopt: the connection's buffer,
-  // then Accept. An error closes the connection.
+  // Where to read the frame's payload, held for it until Filled (unless dropped); nullopt: the
+  // connection's buffer, then Accept. An error closes the connection.
   virtual absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& /*header*/,
                                                          std::optional<uint32_t> /*sender*/) {
     return std::nullopt;

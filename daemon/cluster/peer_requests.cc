@@ -41,6 +41,16 @@ int PeerRequests::pending(uint32_t peer) const {
   return it == peers_.end() ? 0 : static_cast<int>(it->second.queued.size()) + it->second.running;
 }
 
+int PeerRequests::Forget(uint32_t peer) {
+  absl::MutexLock lock(&mutex_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return 0;
+  const int dropped = static_cast<int>(it->second.queued.size());
+  it->second.queued.clear();
+  if (it->second.running == 0) peers_.erase(it);
+  return dropped;
+}
+
 std::map<uint32_t, PeerRequests::Peer>::iterator PeerRequests::NextReady(uint32_t after) {
   auto ready = [&](const Peer& peer) {
     return !peer.queued.empty() && peer.running < threads_per_peer_;

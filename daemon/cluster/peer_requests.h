@@ -30,10 +30,12 @@ class PeerRequests {
   PeerRequests& operator=(const PeerRequests&) = delete;
 
   // Queues `request` of `peer`. RESOURCE_EXHAUSTED when `queued_per_peer` of its requests are
-  // queued or running already: a peer keeps fewer in flight, so one that does not is hostile.
+  // queued or running already.
   absl::Status Add(uint32_t peer, absl::AnyInvocable<void()> request);
   // Requests of `peer` queued or running.
   int pending(uint32_t peer) const;
+  // Drops the requests of `peer` queued (not those running); how many.
+  int Forget(uint32_t peer);
 
  private:
   struct Peer {

@@ -145,24 +145,28 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
                                .owner_checks = true}});
   }
   if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
-  // The holder is asked for kRequestsInFlight regions at a time, and sends each back as it serves
-  // it.
+  // Up to kRequestsInFlight regions are asked for at once (the slots taken together, so that
+  // restores never each hold part of what they wait for); each region that arrives makes room for
+  // the next request.
+  const size_t window = std::min(kRequestsInFlight, wanted.size());
+  TakeRequests(holder, window);
+  auto ask = [&](size_t i) {
+    return transfer_->RequestRegion(holder, step, source_rank, wanted[i].region->region(), request);
+  };
   absl::Status status;
   size_t asked = 0;
-  while (asked < wanted.size() && status.ok()) {
-    const size_t count = std::min(kRequestsInFlight, wanted.size() - asked);
-    TakeRequests(holder, count);
-    absl::Status requested;
-    for (size_t i = asked; i < asked + count && requested.ok(); ++i) {
-      requested =
-          transfer_->RequestRegion(holder, step, source_rank, wanted[i].region->region(), request);
-    }
-    status = transfer_->Collect({keys.begin() + asked, keys.begin() + asked + count}, requested);
-    ReleaseRequests(holder, count);
-    asked += count;
+  while (asked < window && status.ok()) status = ask(asked++);
+  size_t collected = 0;
+  while (collected < asked && status.ok()) {
+    status = transfer_->Collect({keys[collected]}, absl::OkStatus());
+    ++collected;
+    if (status.ok() && asked < wanted.size()) status = ask(asked++);
   }
-  // Regions not asked for after a failure are no longer awaited either.
-  if (asked < wanted.size()) (void)transfer_->Collect({keys.begin() + asked, keys.end()}, status);
+  ReleaseRequests(holder, window);
+  // Regions not received after a failure are no longer awaited either.
+  if (collected < wanted.size()) {
+    (void)transfer_->Collect({keys.begin() + collected, keys.end()}, status);
+  }
   return status;
 }
 

@@ -64,7 +64,7 @@ class RemoteRestore {
                                std::vector<WantedRegion>& wanted);
 
   // Takes `count` of the region requests this node may have in flight to `holder`, all at once,
-  // waiting for earlier ones to end (so that restores never each hold part of what they wait for).
+  // waiting for other restores to release theirs.
   void TakeRequests(uint32_t holder, size_t count);
   void ReleaseRequests(uint32_t holder, size_t count);
 

@@ -20,6 +20,8 @@ constexpr int kDataConnectionsPerPeer = 2;
 // A peer that takes nothing of a frame for this long has stopped reading.
 constexpr absl::Duration kDataSendTimeout = absl::Seconds(30);
 static_assert(Transfer::kFrameBytes <= Transfer::kMaxFrameBytes);
+// The slowest a fetch may arrive (bytes per second) once its bytes started to come.
+constexpr double kSlowestFetch = 10e6;
 // How often a fetch waiting for its bytes looks whether their sender is still live.
 constexpr absl::Duration kSenderCheckInterval = absl::Milliseconds(200);
 // Threads serving the regions peers ask for, and how many of them one peer may hold: a peer that
@@ -73,8 +75,9 @@ Transfer::Transfer(const ClusterContext& context, const ClusterStore* store, Par
     : context_(context),
       store_(store),
       parity_(parity),
+      requests_issued_(absl::ToUnixMicros(absl::Now())),
       region_requests_(std::make_unique<PeerRequests>(
-          kRegionServingThreads, kRegionThreadsPerPeer, kRegionRequestsPerPeer)) {}
+          kRegionServingThreads, kRegionThreadsPerPeer, kRegionRequestsQueuedPerPeer)) {}
 
 Transfer::~Transfer() {
   server_.reset();  // no more requests come in
@@ -383,9 +386,13 @@ absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>&
 absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status sent) {
   absl::MutexLock lock(&fetch_mutex_);
   for (const FetchKey& key : keys) {
-    // The wait ends when no byte of the key came for kFetchWait: a large region takes longer.
+    // The wait ends when no byte of the key came for kFetchWait (a large region takes longer),
+    // and in any case once it took kFetchWait more than at kSlowestFetch bytes per second.
     uint64_t missing = fetches_[key].slot.missing;
-    absl::Time deadline = absl::Now() + kFetchWait;
+    const absl::Time start = absl::Now();
+    const absl::Time ceiling =
+        start + kFetchWait + absl::Seconds(static_cast<double>(missing) / kSlowestFetch);
+    absl::Time deadline = start + kFetchWait;
     while (sent.ok()) {
       const Awaited& awaited = fetches_[key];
       const absl::Time now = absl::Now();
@@ -396,7 +403,7 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
         break;
       } else if (awaited.slot.missing < missing) {
         missing = awaited.slot.missing;
-        deadline = now + kFetchWait;
+        deadline = std::min(now + kFetchWait, ceiling);
       } else if (now >= deadline) {
         sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
       } else if (!context_.nodes->Live(awaited.slot.source)) {
@@ -433,8 +440,12 @@ absl::StatusOr<std::optional<FrameSink::InPlace>> Transfer::Reserve(
   absl::MutexLock lock(&fetch_mutex_);
   auto it = fetches_.find(key);
   if (it == fetches_.end() || it->second.closed) {
-    // An answer that came after its fetch ended (it failed, or was given up): read and dropped.
-    if (AnswersARequestMadeHere(header)) return std::nullopt;
+    // An answer that came after its fetch ended (it failed, or was given up): read and dropped,
+    // unchecked (the holder's stored chunk may be damaged; no one uses it now).
+    if (AnswersARequestMadeHere(header)) {
+      Log(LogLevel::kDebug, "data plane: ", key.Describe(), " came after its fetch");
+      return InPlace{.bytes = {}, .owner_checks = false, .drop = true};
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         key.Describe(), it == fetches_.end() ? " was not asked for" : " is no longer awaited"));
   }
@@ -499,13 +510,8 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
       return AcceptRegionRequest(header, payload, sender);
     case FrameKind::kRegionRefused:
       return AcceptRefusal(header, payload, sender);
-    case FrameKind::kFetchedRegion:
-      if (AnswersARequestMadeHere(header)) {  // Reserve found its fetch ended
-        Log(LogLevel::kDebug, "data plane: ", KeyOf(header).Describe(), " came after its fetch");
-        return absl::OkStatus();
-      }
-      break;
     case FrameKind::kFetchedUnit:
+    case FrameKind::kFetchedRegion:
       break;
   }
   return absl::InvalidArgumentError("a fetched frame is read into its slot, not accepted");
@@ -549,7 +555,7 @@ absl::Status Transfer::RequestRegion(uint32_t holder, int64_t step, uint32_t ran
   header.attempt = request;
   uint8_t asking[4];
   const uint32_t self = context_.node_id();
-  std::memcpy(asking, &self, sizeof(asking));  // little-endian, as every field of a frame
+  for (size_t i = 0; i < sizeof(asking); ++i) asking[i] = static_cast<uint8_t>(self >> (8 * i));
   if (absl::Status sent = (*client)->Send(std::move(header), absl::Span<const uint8_t>(asking));
       !sent.ok()) {
     return absl::UnavailableError(absl::StrCat("asking node ", holder, " for region '", region,
@@ -567,7 +573,7 @@ absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
         "a region request names a region and carries the asking node's id (4 bytes), not '",
         header.region, "' and ", payload.size(), " bytes"));
   }
-  std::memcpy(&asking, payload.data(), sizeof(asking));
+  for (size_t i = 0; i < sizeof(asking); ++i) asking |= uint32_t{payload[i]} << (8 * i);
   if (sender && *sender != asking) {
     return absl::PermissionDeniedError(absl::StrCat("node ", *sender, " asked for region '",
                                                     header.region, "' to be sent to node ", asking));
@@ -577,11 +583,21 @@ absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
         absl::StrCat("a region request asks for an answer to node ", asking,
                      ", which is not in the cluster"));
   }
-  return region_requests_->Add(asking, [this, asking, header] { ServeRegion(asking, header); });
+  // Beyond its share, a node's requests are refused (queued still, but answered without a pass
+  // over the store): an honest node keeps fewer in flight, yet may leave some behind that a fetch
+  // it gave up on made.
+  const bool busy = region_requests_->pending(asking) >= kRegionRequestsPerPeer;
+  return region_requests_->Add(asking,
+                               [this, asking, header, busy] { ServeRegion(asking, header, busy); });
 }
 
-void Transfer::ServeRegion(uint32_t to, const FrameHeader& request) {
-  const absl::Status sent = SendRegion(to, request);
+void Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
+  const absl::Status sent =
+      busy ? absl::ResourceExhaustedError(absl::StrCat("node ", to, " has ",
+                                                       kRegionRequestsPerPeer,
+                                                       " region requests at node ",
+                                                       context_.node_id(), " already"))
+           : SendRegion(to, request);
   if (sent.ok()) return;
   FrameHeader refusal;
   refusal.kind = FrameKind::kRegionRefused;
@@ -596,9 +612,12 @@ void Transfer::ServeRegion(uint32_t to, const FrameHeader& request) {
                                     {reinterpret_cast<const uint8_t*>(why.data()), why.size()})
                   : client.status();
   if (!told.ok()) {
+    // The node stopped reading (or is gone): its other requests are dropped rather than each
+    // holding a thread until its send times out.
+    const int dropped = region_requests_->Forget(to);
     Log(LogLevel::kWarning, "data plane: could not tell node ", to, " why region '",
         request.region, "' of rank ", request.rank, " was not sent (", sent.ToString(), "): ",
-        told.ToString());
+        told.ToString(), "; its ", dropped, " other queued requests are dropped");
   }
 }
 

@@ -121,14 +121,17 @@ class Transfer final : public FrameSink {
   // Asks `holder` for region `region` of rank `rank` of its committed step `step`, on the data
   // plane: it sends the region's frames back (kFetchedRegion, each chunk with its stored CRC-32C),
   // or refuses, failing the fetch with its reason. The region's slot is expected before. A holder
-  // serves at most kRegionRequestsPerPeer requests of one node at once, and closes the connection
-  // of a node that asks for more.
+  // serves kRegionRequestsPerPeer requests of one node at once and refuses more (busy); it closes
+  // the connection of a node with kRegionRequestsQueuedPerPeer requests queued.
   static constexpr int kRegionRequestsPerPeer = 128;
+  static constexpr int kRegionRequestsQueuedPerPeer = 4 * kRegionRequestsPerPeer;
   absl::Status RequestRegion(uint32_t holder, int64_t step, uint32_t rank,
                              const std::string& region, int64_t request);
   // A request token for a fetch's regions, new on each call (FetchKey::request). Answers that name
   // a token this node issued and no longer awaits come after their fetch ended: they are read and
-  // dropped. Answers naming a token it never issued close the connection.
+  // dropped. Answers naming a token it never issued close the connection. Tokens start from the
+  // clock's microseconds, so a restarted daemon takes answers to its former self's requests as
+  // late ones.
   int64_t NewRequest() { return ++requests_issued_; }
 
   // Expects the frames of `slots` into their buffers; registered before the request that makes a
@@ -139,7 +142,8 @@ class Transfer final : public FrameSink {
   // arrived (when they succeeded) and forgets the keys either way, returning once no frame is
   // being read into the slots' buffers. A fetch fails with DATA_LOSS when a frame failed its check
   // in its slot, FAILED_PRECONDITION when its sender refused it, UNAVAILABLE when its sender is
-  // lost, DEADLINE_EXCEEDED when no byte of it came for kFetchWait.
+  // lost, DEADLINE_EXCEEDED when no byte of it came for kFetchWait (or it came slower than a
+  // floor on the rate).
   static constexpr absl::Duration kFetchWait = absl::Seconds(30);
   absl::Status Collect(const std::vector<FetchKey>& keys, absl::Status sent);
 
@@ -191,8 +195,9 @@ class Transfer final : public FrameSink {
                                    std::optional<uint32_t> sender);
   absl::Status AcceptRefusal(const FrameHeader& header, absl::Span<const uint8_t> payload,
                              std::optional<uint32_t> sender);
-  // Sends the committed region `request` names to node `to`, or tells it why not.
-  void ServeRegion(uint32_t to, const FrameHeader& request);
+  // Sends the committed region `request` names to node `to`, or tells it why not: `busy` when it
+  // asked for more than its share.
+  void ServeRegion(uint32_t to, const FrameHeader& request, bool busy);
   absl::Status SendRegion(uint32_t to, const FrameHeader& request);
 
   const ClusterContext context_;
@@ -215,7 +220,7 @@ class Transfer final : public FrameSink {
   };
   // Whether a region frame or refusal names a request this node made (awaited or not).
   bool AnswersARequestMadeHere(const FrameHeader& header) const;
-  std::atomic<int64_t> requests_issued_{0};
+  std::atomic<int64_t> requests_issued_;
 
   absl::Mutex fetch_mutex_;
   absl::CondVar fetched_;  // a slot's frame was read in, or failed

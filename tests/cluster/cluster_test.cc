@@ -722,7 +722,10 @@ TEST_F(ClusterTest, ARegionDamagedInItsHoldersMemoryIsDecodedFromTheGroupInstead
 TEST_F(ClusterTest, AnElasticRestoreFromAHolderPausedPastItsLeaseIsDecodedFromTheGroup) {
   TrainAll(5);
   ASSERT_TRUE(daemons_[2]->Pause());
+  const auto start = std::chrono::steady_clock::now();
   RestoreOnto(0, 2, {1, 3}, 300, /*decoded=*/true);
+  // A lease (2 s here) and a decode, not the fetch timeout (Transfer::kFetchWait, 30 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
   daemons_[2]->Kill(SIGKILL);  // its lease ended: the job has lost it
 }
 

@@ -355,9 +355,14 @@ class InPlaceSink : public FrameSink {
   static constexpr uint64_t kShortStripe = 99;
   // The memory of stripes from this one on is checked by its owner, not as frames land.
   static constexpr uint64_t kFirstOwnerChecked = 100;
+  // Frames of stripes from this one on are no longer awaited: dropped.
+  static constexpr uint64_t kFirstDropped = 200;
 
   absl::StatusOr<std::optional<InPlace>> Reserve(const FrameHeader& header,
                                                  std::optional<uint32_t>) override {
+    if (header.stripe >= kFirstDropped) {
+      return InPlace{.bytes = {}, .owner_checks = false, .drop = true};
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<uint8_t>& memory = memory_[header.stripe];
     // Stripe kShortStripe is given one byte less than its payload: a sink at fault.
@@ -486,6 +491,40 @@ TEST(DataPlaneInPlaceTest, MemoryItsOwnerChecksIsNotCheckedAsItLands) {
   ASSERT_TRUE(sink.FilledOf(stripe).has_value());
   EXPECT_OK(*sink.FilledOf(stripe));
   EXPECT_EQ(sink.MemoryOf(stripe), damaged);
+  EXPECT_EQ(server->connections_rejected(), 0u);
+}
+
+// A frame the sink no longer awaits is read whole and dropped, unchecked (its payload does not
+// match its CRC-32C here): neither reported filled nor accepted, and the connection goes on.
+TEST(DataPlaneInPlaceTest, AFrameTheSinkDropsIsReadWholeAndTheConnectionGoesOn) {
+  InPlaceSink sink;
+  std::unique_ptr<DataPlaneServer> server = StartServer({}, &sink);
+  ASSERT_NE(server, nullptr);
+  asio::io_context io;
+  tcp::socket socket = RawTo(io, server->port());
+  const uint64_t stripe = InPlaceSink::kFirstDropped;
+  FrameHeader header = HeaderFor(1, stripe);
+  const std::vector<uint8_t> payload = PayloadFor(1, stripe);
+  ASSERT_OK(SealFrame(header, {absl::Span<const uint8_t>(payload)}));
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+  std::vector<uint8_t> damaged = payload;
+  damaged[10] ^= 1;
+  asio::write(socket,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(header.region),
+                                                asio::buffer(damaged)});
+  FrameHeader next = HeaderFor(1, 1);
+  const std::vector<uint8_t> intact = PayloadFor(1, 1);
+  ASSERT_OK(SealFrame(next, {absl::Span<const uint8_t>(intact)}));
+  EncodeFrameHeader(next, bytes);
+  asio::write(socket,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(next.region),
+                                                asio::buffer(intact)});
+  ASSERT_TRUE(Eventually([&] { return sink.FilledOf(1).has_value(); }));
+  EXPECT_OK(*sink.FilledOf(1));
+  EXPECT_EQ(sink.MemoryOf(1), intact);
+  EXPECT_FALSE(sink.FilledOf(stripe).has_value());
+  EXPECT_EQ(sink.accepted(), 0);
   EXPECT_EQ(server->connections_rejected(), 0u);
 }
 

@@ -137,9 +137,39 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
 }
 
+// A refusal's reason is bounded, and what the holder wrote reaches logs and errors only as
+// printable text.
+TEST(RegionRequestsTest, ARefusalsReasonIsBoundedAndPrintable) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::vector<uint8_t> fetched(4096);
+  const int64_t token = transfer.NewRequest();
+  const FetchKey key = RegionKey(1, 1, "state", token);
+  ASSERT_OK(transfer.Expect({{key, {.buffer = fetched.data(),
+                                    .bytes = fetched.size(),
+                                    .missing = fetched.size(),
+                                    .source = 1,
+                                    .owner_checks = true}}}));
+  FrameHeader refusal;
+  refusal.kind = FrameKind::kRegionRefused;
+  refusal.step = 1;
+  refusal.rank = 1;
+  refusal.region = "state";
+  refusal.attempt = token;
+  EXPECT_STATUS(transfer.Accept(refusal, std::vector<uint8_t>(1025, 'x'), 1),
+                absl::StatusCode::kInvalidArgument);
+  const std::string why = "no\n\x1b[31mred\xff";
+  ASSERT_OK(transfer.Accept(refusal, std::vector<uint8_t>(why.begin(), why.end()), 1));
+  const absl::Status collected = transfer.Collect({key}, absl::OkStatus());
+  EXPECT_STATUS(collected, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(collected.message(), "node 1 refused it: no??[31mred?"))
+      << collected;
+}
+
 // A fetch given up on (here: before its request could be answered) may still be answered: the
-// region's frames and a refusal naming a request this node made are read and dropped, the
-// connection kept; those naming a request it never made are refused. A new fetch of the same
+// region's frames (unchecked: the holder's chunk may be damaged) and a refusal naming a request
+// this node made are read and dropped, the connection kept; those naming a request it never made
+// are refused. A new fetch of the same
 // region is not disturbed by the late answer.
 TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
   InProcessCluster cluster(3, 2, 1);
@@ -167,9 +197,8 @@ TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
   late.length = 4096;
   absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer.Reserve(late, 1);
   ASSERT_OK(into);
-  EXPECT_FALSE(into->has_value()) << "a late answer is read into the connection's buffer";
-  const std::vector<uint8_t> payload(4096, 0x5a);
-  EXPECT_OK(transfer.Accept(late, payload, 1));
+  ASSERT_TRUE(into->has_value());
+  EXPECT_TRUE((*into)->drop) << "a late answer is read and dropped";
   FrameHeader refusal = late;
   refusal.kind = FrameKind::kRegionRefused;
   EXPECT_OK(transfer.Accept(refusal, {}, 1));
