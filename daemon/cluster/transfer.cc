@@ -63,6 +63,18 @@ FetchKey KeyOf(const FrameHeader& header) {
              : FetchKey{header.step, 0, 0, header.rank, header.region, header.attempt};
 }
 
+// The header of a frame of `kind` answering the region request `request`: its step, rank, region
+// and request token.
+FrameHeader AnswerTo(const FrameHeader& request, FrameKind kind) {
+  FrameHeader answer;
+  answer.kind = kind;
+  answer.step = request.step;
+  answer.rank = request.rank;
+  answer.region = request.region;
+  answer.attempt = request.attempt;
+  return answer;
+}
+
 }  // namespace
 
 std::string FetchKey::Describe() const {
@@ -599,12 +611,7 @@ void Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
                                                        context_.node_id(), " already"))
            : SendRegion(to, request);
   if (sent.ok()) return;
-  FrameHeader refusal;
-  refusal.kind = FrameKind::kRegionRefused;
-  refusal.step = request.step;
-  refusal.rank = request.rank;
-  refusal.region = request.region;
-  refusal.attempt = request.attempt;
+  FrameHeader refusal = AnswerTo(request, FrameKind::kRegionRefused);
   const absl::string_view why = sent.message().substr(0, kMaxRefusalBytes);
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
   const absl::Status told =
@@ -635,12 +642,7 @@ absl::Status Transfer::SendRegion(uint32_t to, const FrameHeader& request) {
                                             request.region, "' of rank ", request.rank));
   }
   const v1::ImageRegion& region = held->record;
-  FrameHeader header;
-  header.kind = FrameKind::kFetchedRegion;
-  header.step = request.step;
-  header.rank = request.rank;
-  header.region = request.region;
-  header.attempt = request.attempt;
+  const FrameHeader header = AnswerTo(request, FrameKind::kFetchedRegion);
   std::vector<absl::Span<const uint8_t>> spans;
   held->stored->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes, uint64_t) {
     spans.emplace_back(data, bytes);

@@ -458,6 +458,29 @@ TEST(DataPlaneInPlaceTest, APayloadReadIntoTheSinksMemoryIsCheckedThere) {
   EXPECT_EQ(sink.accepted(), 0) << "a frame read in place was accepted from a buffer as well";
 }
 
+// Writes on `socket` a frame of stripe `stripe` whose payload does not match its CRC-32C (one bit
+// flipped after sealing), then an intact frame of stripe 1; returns the damaged payload.
+std::vector<uint8_t> WriteDamagedThenIntact(tcp::socket& socket, uint64_t stripe) {
+  FrameHeader header = HeaderFor(1, stripe);
+  const std::vector<uint8_t> payload = PayloadFor(1, stripe);
+  EXPECT_OK(SealFrame(header, {absl::Span<const uint8_t>(payload)}));
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+  std::vector<uint8_t> damaged = payload;
+  damaged[10] ^= 1;
+  asio::write(socket,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(header.region),
+                                                asio::buffer(damaged)});
+  FrameHeader next = HeaderFor(1, 1);
+  const std::vector<uint8_t> intact = PayloadFor(1, 1);
+  EXPECT_OK(SealFrame(next, {absl::Span<const uint8_t>(intact)}));
+  EncodeFrameHeader(next, bytes);
+  asio::write(socket,
+              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(next.region),
+                                                asio::buffer(intact)});
+  return damaged;
+}
+
 // Memory whose owner checks what lands in it (against checksums it trusts) is not checked as the
 // frame lands: a payload that does not match its frame's CRC-32C is read in whole, reported
 // filled, and the connection goes on to the next frame.
@@ -468,24 +491,7 @@ TEST(DataPlaneInPlaceTest, MemoryItsOwnerChecksIsNotCheckedAsItLands) {
   asio::io_context io;
   tcp::socket socket = RawTo(io, server->port());
   const uint64_t stripe = InPlaceSink::kFirstOwnerChecked;
-  FrameHeader header = HeaderFor(1, stripe);
-  const std::vector<uint8_t> payload = PayloadFor(1, stripe);
-  ASSERT_OK(SealFrame(header, {absl::Span<const uint8_t>(payload)}));
-  uint8_t bytes[FrameHeader::kBytes];
-  EncodeFrameHeader(header, bytes);
-  std::vector<uint8_t> damaged = payload;
-  damaged[10] ^= 1;
-  asio::write(socket,
-              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(header.region),
-                                                asio::buffer(damaged)});
-  // The next frame on the same connection, checked as it lands and intact.
-  FrameHeader next = HeaderFor(1, 1);
-  const std::vector<uint8_t> intact = PayloadFor(1, 1);
-  ASSERT_OK(SealFrame(next, {absl::Span<const uint8_t>(intact)}));
-  EncodeFrameHeader(next, bytes);
-  asio::write(socket,
-              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(next.region),
-                                                asio::buffer(intact)});
+  const std::vector<uint8_t> damaged = WriteDamagedThenIntact(socket, stripe);
   ASSERT_TRUE(Eventually([&] { return sink.FilledOf(1).has_value(); }));
   EXPECT_OK(*sink.FilledOf(1));
   ASSERT_TRUE(sink.FilledOf(stripe).has_value());
@@ -503,26 +509,10 @@ TEST(DataPlaneInPlaceTest, AFrameTheSinkDropsIsReadWholeAndTheConnectionGoesOn) 
   asio::io_context io;
   tcp::socket socket = RawTo(io, server->port());
   const uint64_t stripe = InPlaceSink::kFirstDropped;
-  FrameHeader header = HeaderFor(1, stripe);
-  const std::vector<uint8_t> payload = PayloadFor(1, stripe);
-  ASSERT_OK(SealFrame(header, {absl::Span<const uint8_t>(payload)}));
-  uint8_t bytes[FrameHeader::kBytes];
-  EncodeFrameHeader(header, bytes);
-  std::vector<uint8_t> damaged = payload;
-  damaged[10] ^= 1;
-  asio::write(socket,
-              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(header.region),
-                                                asio::buffer(damaged)});
-  FrameHeader next = HeaderFor(1, 1);
-  const std::vector<uint8_t> intact = PayloadFor(1, 1);
-  ASSERT_OK(SealFrame(next, {absl::Span<const uint8_t>(intact)}));
-  EncodeFrameHeader(next, bytes);
-  asio::write(socket,
-              std::array<asio::const_buffer, 3>{asio::buffer(bytes), asio::buffer(next.region),
-                                                asio::buffer(intact)});
+  (void)WriteDamagedThenIntact(socket, stripe);
   ASSERT_TRUE(Eventually([&] { return sink.FilledOf(1).has_value(); }));
   EXPECT_OK(*sink.FilledOf(1));
-  EXPECT_EQ(sink.MemoryOf(1), intact);
+  EXPECT_EQ(sink.MemoryOf(1), PayloadFor(1, 1));
   EXPECT_FALSE(sink.FilledOf(stripe).has_value());
   EXPECT_EQ(sink.accepted(), 0);
   EXPECT_EQ(server->connections_rejected(), 0u);

@@ -46,7 +46,7 @@ class EtcdDurableRecordsTest : public ::testing::Test {
     ASSERT_OK(session);
     session_ = *std::move(session);
     membership_ = std::make_unique<Membership>(
-        ClusterContext{topology_.get(), nodes_.get(), nullptr}, session_.get(), keys_);
+        ClusterContext{topology_.get(), nodes_.get(), nullptr, nullptr}, session_.get(), keys_);
     v1::MemberRecord self;
     self.set_node_id(0);
     self.set_host("127.0.0.1");

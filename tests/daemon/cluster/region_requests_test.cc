@@ -28,18 +28,23 @@ FetchKey RegionKey(int64_t step, uint32_t rank, const std::string& region, int64
   return {step, 0, 0, rank, region, request};
 }
 
+// Expects region `key` from node `holder` into `into`, checked by its owner (as a restore does).
+absl::Status ExpectRegion(Transfer& transfer, const FetchKey& key, uint32_t holder,
+                          std::vector<uint8_t>& into) {
+  return transfer.Expect({{key, {.buffer = into.data(),
+                                 .bytes = into.size(),
+                                 .missing = into.size(),
+                                 .source = holder,
+                                 .owner_checks = true}}});
+}
+
 // Node 0 fetches rank `rank`'s region `region` of `step` from node `holder` into `into`.
 absl::Status Fetch(InProcessCluster& cluster, uint32_t holder, int64_t step, uint32_t rank,
                    const std::string& region, std::vector<uint8_t>& into) {
   Transfer& transfer = cluster.node(0).transfer;
   const int64_t request = transfer.NewRequest();
   const FetchKey key = RegionKey(step, rank, region, request);
-  if (absl::Status expected = transfer.Expect({{key, {.buffer = into.data(),
-                                                       .bytes = into.size(),
-                                                       .missing = into.size(),
-                                                       .source = holder,
-                                                       .owner_checks = true}}});
-      !expected.ok()) {
+  if (absl::Status expected = ExpectRegion(transfer, key, holder, into); !expected.ok()) {
     return expected;
   }
   return transfer.Collect({key}, transfer.RequestRegion(holder, step, rank, region, request));
@@ -83,11 +88,7 @@ TEST(RegionRequestsTest, AFetchFromANodeLostBeforeItSentFailsWithoutWaitingOutIt
   Transfer& transfer = cluster.node(0).transfer;
   std::vector<uint8_t> fetched(kBytes);
   const FetchKey key = RegionKey(1, 2, "state", transfer.NewRequest());
-  ASSERT_OK(transfer.Expect({{key, {.buffer = fetched.data(),
-                                    .bytes = fetched.size(),
-                                    .missing = fetched.size(),
-                                    .source = 2,
-                                    .owner_checks = true}}}));
+  ASSERT_OK(ExpectRegion(transfer, key, 2, fetched));
   cluster.Lose(2);  // before it was asked: nothing of it will come
   const absl::Status collected = transfer.Collect({key}, absl::OkStatus());
   EXPECT_STATUS(collected, absl::StatusCode::kUnavailable);
@@ -119,11 +120,7 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   std::vector<uint8_t> fetched(kBytes);
   const int64_t token = transfer.NewRequest();
   const FetchKey key = RegionKey(1, 1, "state", token);
-  ASSERT_OK(transfer.Expect({{key, {.buffer = fetched.data(),
-                                    .bytes = fetched.size(),
-                                    .missing = fetched.size(),
-                                    .source = 1,
-                                    .owner_checks = true}}}));
+  ASSERT_OK(ExpectRegion(transfer, key, 1, fetched));
   FrameHeader refusal = request;
   refusal.kind = FrameKind::kRegionRefused;
   refusal.attempt = token;
@@ -145,11 +142,7 @@ TEST(RegionRequestsTest, ARefusalsReasonIsBoundedAndPrintable) {
   std::vector<uint8_t> fetched(4096);
   const int64_t token = transfer.NewRequest();
   const FetchKey key = RegionKey(1, 1, "state", token);
-  ASSERT_OK(transfer.Expect({{key, {.buffer = fetched.data(),
-                                    .bytes = fetched.size(),
-                                    .missing = fetched.size(),
-                                    .source = 1,
-                                    .owner_checks = true}}}));
+  ASSERT_OK(ExpectRegion(transfer, key, 1, fetched));
   FrameHeader refusal;
   refusal.kind = FrameKind::kRegionRefused;
   refusal.step = 1;
@@ -179,11 +172,7 @@ TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
   std::vector<uint8_t> given_up(kBytes);
   const int64_t token = transfer.NewRequest();
   const FetchKey key = RegionKey(1, 1, "state", token);
-  ASSERT_OK(transfer.Expect({{key, {.buffer = given_up.data(),
-                                    .bytes = given_up.size(),
-                                    .missing = given_up.size(),
-                                    .source = 1,
-                                    .owner_checks = true}}}));
+  ASSERT_OK(ExpectRegion(transfer, key, 1, given_up));
   ASSERT_OK(transfer.RequestRegion(1, 1, 1, "state", token));
   EXPECT_STATUS(transfer.Collect({key}, absl::CancelledError("given up")),
                 absl::StatusCode::kCancelled);
