@@ -162,8 +162,7 @@ TEST(RegionRequestsTest, ARefusalsReasonIsBoundedAndPrintable) {
 // A fetch given up on (here: before its request could be answered) may still be answered: the
 // region's frames (unchecked: the holder's chunk may be damaged) and a refusal naming a request
 // this node made are read and dropped, the connection kept; those naming a request it never made
-// are refused. A new fetch of the same
-// region is not disturbed by the late answer.
+// are refused. A new fetch of the same region is not disturbed by the late answer.
 TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
   InProcessCluster cluster(3, 2, 1);
   cluster.election().Elect(0);
