@@ -28,6 +28,17 @@ FetchKey RegionKey(int64_t step, uint32_t rank, const std::string& region, int64
   return {step, 0, 0, rank, region, request};
 }
 
+// A frame of `kind` about rank 1's region "state" of step 1, naming request `token`.
+FrameHeader StateFrame(FrameKind kind, int64_t token) {
+  FrameHeader header;
+  header.kind = kind;
+  header.step = 1;
+  header.rank = 1;
+  header.region = "state";
+  header.attempt = token;
+  return header;
+}
+
 // Expects region `key` from node `holder` into `into`, checked by its owner (as a restore does).
 absl::Status ExpectRegion(Transfer& transfer, const FetchKey& key, uint32_t holder,
                           std::vector<uint8_t>& into) {
@@ -101,11 +112,7 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   cluster.election().Elect(0);
   ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
   Transfer& holder = cluster.node(1).transfer;
-  FrameHeader request;
-  request.kind = FrameKind::kRegionRequest;
-  request.step = 1;
-  request.rank = 1;
-  request.region = "state";
+  const FrameHeader request = StateFrame(FrameKind::kRegionRequest, 0);
   uint32_t asking = 0;
   std::vector<uint8_t> payload(sizeof(asking));
   std::memcpy(payload.data(), &asking, sizeof(asking));
@@ -121,9 +128,7 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   const int64_t token = transfer.NewRequest();
   const FetchKey key = RegionKey(1, 1, "state", token);
   ASSERT_OK(ExpectRegion(transfer, key, 1, fetched));
-  FrameHeader refusal = request;
-  refusal.kind = FrameKind::kRegionRefused;
-  refusal.attempt = token;
+  const FrameHeader refusal = StateFrame(FrameKind::kRegionRefused, token);
   const std::string why = "not today";
   const std::vector<uint8_t> reason(why.begin(), why.end());
   const absl::Status forged = transfer.Accept(refusal, reason, 2);
@@ -143,12 +148,7 @@ TEST(RegionRequestsTest, ARefusalsReasonIsBoundedAndPrintable) {
   const int64_t token = transfer.NewRequest();
   const FetchKey key = RegionKey(1, 1, "state", token);
   ASSERT_OK(ExpectRegion(transfer, key, 1, fetched));
-  FrameHeader refusal;
-  refusal.kind = FrameKind::kRegionRefused;
-  refusal.step = 1;
-  refusal.rank = 1;
-  refusal.region = "state";
-  refusal.attempt = token;
+  const FrameHeader refusal = StateFrame(FrameKind::kRegionRefused, token);
   EXPECT_STATUS(transfer.Accept(refusal, std::vector<uint8_t>(1025, 'x'), 1),
                 absl::StatusCode::kInvalidArgument);
   const std::string why = "no\n\x1b[31mred\xff";
@@ -176,19 +176,13 @@ TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
   EXPECT_STATUS(transfer.Collect({key}, absl::CancelledError("given up")),
                 absl::StatusCode::kCancelled);
 
-  FrameHeader late;
-  late.kind = FrameKind::kFetchedRegion;
-  late.step = 1;
-  late.rank = 1;
-  late.region = "state";
-  late.attempt = token;
+  FrameHeader late = StateFrame(FrameKind::kFetchedRegion, token);
   late.length = 4096;
   absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer.Reserve(late, 1);
   ASSERT_OK(into);
   ASSERT_TRUE(into->has_value());
   EXPECT_TRUE((*into)->drop) << "a late answer is read and dropped";
-  FrameHeader refusal = late;
-  refusal.kind = FrameKind::kRegionRefused;
+  const FrameHeader refusal = StateFrame(FrameKind::kRegionRefused, token);
   EXPECT_OK(transfer.Accept(refusal, {}, 1));
 
   FrameHeader never = late;
