@@ -220,20 +220,14 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
   std::iota(workers.begin(), workers.end(), 0);
   std::atomic<uint64_t> sent{0};
   std::vector<absl::Status> statuses = InParallel(workers, [&](size_t worker) -> absl::Status {
-    // A delta (old XOR new) is computed here; a whole unit is sent from where it lies.
+    // A whole unit is sent from where it lies. A delta (old XOR new) is computed a frame at a
+    // time into one buffer that stays in cache while the frame is checksummed and sent.
     const std::unique_ptr<uint8_t[]> delta =
-        previous ? std::make_unique_for_overwrite<uint8_t[]>(layout.unit_bytes()) : nullptr;
+        previous ? std::make_unique_for_overwrite<uint8_t[]>(kFrameBytes) : nullptr;
     for (size_t i = worker; i < sends.size(); i += workers.size()) {
       const uint64_t unit = sends[i].unit;
       const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
       const uint64_t length = layout.UnitLength(image.bytes(), unit);
-      std::vector<absl::Span<const uint8_t>> payload;
-      if (previous) {
-        image.XorWith(*previous, unit * layout.unit_bytes(), length, delta.get());
-        payload = {{delta.get(), length}};
-      } else {
-        payload = image.Spans(unit * layout.unit_bytes(), length);
-      }
       FrameHeader header;
       header.kind = FrameKind::kParityDelta;
       header.step = step;
@@ -241,7 +235,20 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       header.rank = context_.node_id();
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
-      if (absl::Status status = SendFrames(sends[i].holders, header, payload); !status.ok()) {
+      const uint64_t start = unit * layout.unit_bytes();
+      if (previous) {
+        for (uint64_t offset = 0; offset < length; offset += kFrameBytes) {
+          const uint64_t bytes = std::min<uint64_t>(kFrameBytes, length - offset);
+          image.XorWith(*previous, start + offset, bytes, delta.get());
+          header.offset = offset;
+          if (absl::Status status = SendFrames(sends[i].holders, header, delta.get(), bytes);
+              !status.ok()) {
+            return status;
+          }
+        }
+      } else if (absl::Status status =
+                     SendFrames(sends[i].holders, header, image.Spans(start, length));
+                 !status.ok()) {
         return status;
       }
       sent += length * sends[i].holders.size();

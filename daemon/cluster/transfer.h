@@ -86,9 +86,13 @@ class Transfer final : public FrameSink {
                           absl::Span<const absl::Span<const uint8_t>> pieces) {
     return SendFrames({&to, 1}, std::move(header), pieces);
   }
-  absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length) {
+  absl::Status SendFrames(absl::Span<const uint32_t> to, FrameHeader header,
+                          const uint8_t* bytes, uint64_t length) {
     const absl::Span<const uint8_t> piece(bytes, length);
-    return SendFrames({&to, 1}, std::move(header), {&piece, 1});
+    return SendFrames(to, std::move(header), {&piece, 1});
+  }
+  absl::Status SendFrames(uint32_t to, FrameHeader header, const uint8_t* bytes, uint64_t length) {
+    return SendFrames({&to, 1}, std::move(header), bytes, length);
   }
   // Sends `pieces`, one after another, to `to` as frames of one stored chunk each (`chunk_bytes`,
   // the last shorter; at most kMaxFrameBytes), each carrying that chunk's CRC-32C as stored

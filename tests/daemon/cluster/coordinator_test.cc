@@ -3,7 +3,8 @@
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
 // node aborts steps and is named, one node's failure aborts a step at once, and an unreachable log
 // pauses commits without losing a step. A proposal is only a hint: one far ahead holds nothing up,
-// one this node passed is aborted at once.
+// one this node passed is aborted at once. Deltas of units longer than a frame update parity
+// exactly.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -45,6 +46,24 @@ TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAre
   EXPECT_FALSE(decisions.contains(1));
   EXPECT_TRUE(decisions.contains(5));
   cluster.ExpectEveryNodeRebuildable(5, kBytes);
+}
+
+// A delta is computed and sent a frame at a time: with stripe units of two and a half frames,
+// each unit's delta goes as two whole frames and a short one (a node's last unit, shorter still,
+// as one short frame), and the parity they update decodes every node's data.
+TEST(CoordinatorTest, DeltasOfUnitsLongerThanAFrameUpdateTheParityExactly) {
+  constexpr uint64_t kUnit = Transfer::kFrameBytes * 5 / 2;
+  constexpr uint64_t kLarge = 2 * kUnit + (300 << 10) + 7;
+  InProcessCluster cluster(3, 2, 1, /*allow_degraded=*/false, kUnit);
+  cluster.election().Elect(0);
+  for (int64_t step = 1; step <= 3; ++step) {
+    cluster.CaptureEverywhere(step, kLarge);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  for (uint32_t id = 0; id < 3; ++id) {
+    EXPECT_EQ(cluster.node(id).participant.delta_encodes(), 2u) << "node " << id;
+  }
+  cluster.ExpectEveryNodeRebuildable(3, kLarge);
 }
 
 TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {

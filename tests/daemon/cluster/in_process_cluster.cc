@@ -588,7 +588,7 @@ void NodeUnits::Start() {
 }
 
 InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units,
-                                   bool allow_degraded)
+                                   bool allow_degraded, uint64_t stripe_unit_bytes)
     : table_(nodes), log_(), election_(&log_, &table_) {
   ClusterOptions options;
   options.allow_degraded = allow_degraded;
@@ -596,7 +596,7 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units,
   options.node_count = nodes;
   options.data_units = data_units;
   options.parity_units = parity_units;
-  options.stripe_unit_bytes = kStripeUnitBytes;
+  options.stripe_unit_bytes = stripe_unit_bytes;
   options.commit_timeout_ms = 5000;
   options.advertise_host = "127.0.0.1";
   options.tls.insecure = true;  // units in one process, over loopback
