@@ -1,6 +1,7 @@
-// Log over spdlog: one synchronous logger on stderr with a UTC pattern. JSON lines use two custom
-// pattern flags, the escaped message (%j) and the event's fields (%k); the fields reach the
-// formatter through a thread-local, since a synchronous logger formats on the calling thread.
+// Log over spdlog: one synchronous logger on stderr with a UTC pattern. Custom pattern flags write
+// the message escaped, as a JSON string (%j) or as text (%V), and the event's fields (%k); the
+// fields reach the formatter through a thread-local, since a synchronous logger formats on the
+// calling thread.
 #include "common/log.h"
 
 #include <atomic>
@@ -57,6 +58,33 @@ class JsonMessageFlag final : public spdlog::custom_flag_formatter {
   }
 };
 
+// %V: the message with its control characters escaped (\n, \r, \t, \xNN), so that a name a peer or
+// a trainer chose cannot start a line of its own in a text log.
+class EscapedMessageFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& message, const std::tm&,
+              spdlog::memory_buf_t& out) override {
+    for (const char c : absl::string_view(message.payload.data(), message.payload.size())) {
+      const auto byte = static_cast<unsigned char>(c);
+      switch (c) {
+        case '\n': out.append(std::string_view("\\n")); break;
+        case '\r': out.append(std::string_view("\\r")); break;
+        case '\t': out.append(std::string_view("\\t")); break;
+        default:
+          if (byte < 0x20 || byte == 0x7f) {
+            const std::string escaped = absl::StrFormat("\\x%02x", byte);
+            out.append(std::string_view(escaped));
+          } else {
+            out.push_back(c);
+          }
+      }
+    }
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<EscapedMessageFlag>();
+  }
+};
+
 // %k: ,"node":N,"step":S,... for the fields present (JSON), or " step=S ..." (text).
 class FieldsFlag final : public spdlog::custom_flag_formatter {
  public:
@@ -93,9 +121,10 @@ std::shared_ptr<spdlog::logger> MakeLogger(LogFormat format, std::optional<uint3
                                                                std::string("\n"));
   const bool json = format == LogFormat::kJson;
   formatter->add_flag<JsonMessageFlag>('j');
+  formatter->add_flag<EscapedMessageFlag>('V');
   formatter->add_flag<FieldsFlag>('k', json, node);
   formatter->set_pattern(json ? R"({"time":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","message":%j%k})"
-                              : "%Y-%m-%dT%H:%M:%S.%eZ %l %v%k");
+                              : "%Y-%m-%dT%H:%M:%S.%eZ %l %V%k");
   logger->set_formatter(std::move(formatter));
   logger->set_level(spdlog::level::trace);  // filtered by LogEnabled before formatting
   return logger;

@@ -1,5 +1,6 @@
 // Log lines as an operator's tools read them: UTC RFC 3339 times with zero-padded milliseconds, the
-// text format's key=value fields, and JSON lines with node, step, rank and duration.
+// text format's key=value fields and escaped control characters, and JSON lines with node, step,
+// rank and duration.
 #include "common/log.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +59,19 @@ TEST(LogTest, TextLinesHaveUtcMillisecondsAndFields) {
   std::smatch match;
   ASSERT_TRUE(std::regex_match(text, match, line)) << text;
   ExpectRecentUtc(match[1]);
+}
+
+// Names in messages come from peers and trainers: none of them starts a line of its own.
+TEST(LogTest, TextLinesEscapeControlCharacters) {
+  ConfigureLog(LogLevel::kInfo, LogFormat::kText, std::nullopt);
+  const std::string text = CaptureStderr([] {
+    Log(LogLevel::kWarning,
+        "region 'a\n2026-01-01T00:00:00.000Z error forged\r\t\x01\x7f\xc3\xa9'");
+  });
+  const std::regex line(
+      R"re(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z warning region 'a\\n2026-01-01T00:00:00\.000Z error forged\\r\\t\\x01\\x7f\xc3\xa9'
+)re");
+  EXPECT_TRUE(std::regex_match(text, line)) << text;
 }
 
 TEST(LogTest, JsonLinesCarryNodeStepRankAndDuration) {
