@@ -22,23 +22,18 @@ PeerRequests::~PeerRequests() {
   for (std::thread& thread : threads_) thread.join();
 }
 
-absl::Status PeerRequests::Add(uint32_t peer, absl::AnyInvocable<void()> request) {
+absl::Status PeerRequests::Add(uint32_t peer, Request request) {
   absl::MutexLock lock(&mutex_);
   if (stopping_) return absl::UnavailableError("this node is stopping");
   Peer& queue = peers_[peer];
-  if (static_cast<int>(queue.queued.size()) + queue.running >= queued_per_peer_) {
+  const int ahead = static_cast<int>(queue.queued.size()) + queue.running;
+  if (ahead >= queued_per_peer_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "node ", peer, " has ", queued_per_peer_, " requests queued or running here already"));
   }
-  queue.queued.push_back(std::move(request));
+  queue.queued.push_back({std::move(request), ahead});
   ready_.Signal();
   return absl::OkStatus();
-}
-
-int PeerRequests::pending(uint32_t peer) const {
-  absl::MutexLock lock(&mutex_);
-  auto it = peers_.find(peer);
-  return it == peers_.end() ? 0 : static_cast<int>(it->second.queued.size()) + it->second.running;
 }
 
 int PeerRequests::Forget(uint32_t peer) {
@@ -75,11 +70,11 @@ void PeerRequests::Run() {
     }
     const uint32_t id = next->first;
     last_served_ = id;
-    absl::AnyInvocable<void()> request = std::move(next->second.queued.front());
+    Queued queued = std::move(next->second.queued.front());
     next->second.queued.pop_front();
     ++next->second.running;
     mutex_.Unlock();
-    std::move(request)();
+    std::move(queued.request)(queued.ahead);
     mutex_.Lock();
     // The entry stays while a request of it runs: only here is it erased.
     Peer& peer = peers_[id];

@@ -29,17 +29,23 @@ class PeerRequests {
   PeerRequests(const PeerRequests&) = delete;
   PeerRequests& operator=(const PeerRequests&) = delete;
 
+  // A request is called with how many of its peer's requests were queued or running when it
+  // was added (so that it may refuse its work beyond a share).
+  using Request = absl::AnyInvocable<void(int ahead)>;
+
   // Queues `request` of `peer`. RESOURCE_EXHAUSTED when `queued_per_peer` of its requests are
   // queued or running already.
-  absl::Status Add(uint32_t peer, absl::AnyInvocable<void()> request);
-  // Requests of `peer` queued or running.
-  int pending(uint32_t peer) const;
+  absl::Status Add(uint32_t peer, Request request);
   // Drops the requests of `peer` queued (not those running); how many.
   int Forget(uint32_t peer);
 
  private:
+  struct Queued {
+    Request request;
+    int ahead = 0;
+  };
   struct Peer {
-    std::deque<absl::AnyInvocable<void()>> queued;
+    std::deque<Queued> queued;
     int running = 0;
   };
   void Run();

@@ -605,9 +605,9 @@ absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
   // Beyond its share, a node's requests are refused (queued still, but answered without a pass
   // over the store): an honest node keeps fewer in flight, yet may leave some behind that a fetch
   // it gave up on made.
-  const bool busy = region_requests_->pending(asking) >= kRegionRequestsPerPeer;
-  return region_requests_->Add(asking,
-                               [this, asking, header, busy] { ServeRegion(asking, header, busy); });
+  return region_requests_->Add(asking, [this, asking, header](int ahead) {
+    ServeRegion(asking, header, /*busy=*/ahead >= kRegionRequestsPerPeer);
+  });
 }
 
 void Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
