@@ -126,7 +126,7 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   {
     absl::MutexLock lock(&mutex_);
     const absl::Time deadline = absl::Now() + begin_wait_;
-    auto open = [&] {
+    auto open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
       auto it = pending_.find(header.step);
       return it != pending_.end() && it->second.attempt >= header.attempt;
     };

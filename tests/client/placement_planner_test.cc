@@ -51,7 +51,9 @@ TEST(AllocateReplicasTest, FillsEverySlotAtLeastFEachMonotoneInLoad) {
       EXPECT_GE((*replicas)[e], f);
       EXPECT_LE((*replicas)[e], nodes);
       for (int other = 0; other < experts; ++other) {
-        if (loads[e] < loads[other]) EXPECT_LE((*replicas)[e], (*replicas)[other]);
+        if (loads[e] < loads[other]) {
+          EXPECT_LE((*replicas)[e], (*replicas)[other]);
+        }
       }
     }
     absl::StatusOr<Placement> overlap = PlaceMaximumOverlap(*replicas, {nodes, slots, f});
