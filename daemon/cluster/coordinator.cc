@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <set>
 
@@ -14,7 +13,6 @@
 #include "common/log.h"
 #include "daemon/cluster/durable_records.h"
 #include "daemon/cluster/group_shards.h"
-#include "daemon/cluster/parallel.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
@@ -307,10 +305,12 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
 
   // The first node to fail a phase aborts the step at once: the other nodes' calls end as they
   // apply that decision, instead of waiting out the commit timeout for data that will not come.
-  std::atomic<bool> failed{false};
-  std::atomic<bool> deposed{false};
+  // A round's answers are taken on this thread, as they come.
+  bool failed = false;
+  bool deposed = false;
   auto abort_once = [&](const std::string& reason) {
-    if (failed.exchange(true)) return;
+    if (failed) return;
+    failed = true;
     Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
     if (!leadership_->Holds(token) || !Decide(step, token, false, reason)) deposed = true;
   };
@@ -321,30 +321,31 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   // Live nodes that rebuild (absent from the step), and those of them that receive its parity.
   std::set<uint32_t> rebuilding;
   std::set<uint32_t> receivers;
-  absl::Mutex images_mutex;
-  InParallel(nodes, [&](uint32_t id) -> absl::Status {
+  std::vector<std::pair<uint32_t, v1::PrepareRequest>> prepares;
+  for (uint32_t id : nodes) {
     v1::PrepareRequest request;
     request.set_coordinator(context_.node_id());
     request.set_step(step);
     request.set_timeout_ms(options.commit_timeout_ms);
     request.set_token(token);
     if (base) request.set_base_step(*base);
-    absl::StatusOr<v1::PrepareResponse> response = context_.peers->Prepare(id, request);
-    if (!response.ok()) {
-      abort_once(absl::StrCat("node ", id, " did not prepare: ", response.status().message()));
-      return response.status();
-    }
-    absl::MutexLock lock(&images_mutex);
-    if (response->rebuilding()) {
-      rebuilding.insert(id);
-      if (response->receiver()) receivers.insert(id);
-      return absl::OkStatus();
-    }
-    images[id] = response->image();
-    if (response->has_committed_step()) held[id] = response->committed_step();
-    else held[id] = std::nullopt;
-    return absl::OkStatus();
-  });
+    prepares.emplace_back(id, std::move(request));
+  }
+  context_.peers->PrepareEach(
+      prepares, [&](uint32_t id, absl::StatusOr<v1::PrepareResponse> response) {
+        if (!response.ok()) {
+          abort_once(absl::StrCat("node ", id, " did not prepare: ", response.status().message()));
+          return;
+        }
+        if (response->rebuilding()) {
+          rebuilding.insert(id);
+          if (response->receiver()) receivers.insert(id);
+          return;
+        }
+        images[id] = response->image();
+        if (response->has_committed_step()) held[id] = response->committed_step();
+        else held[id] = std::nullopt;
+      });
   if (failed) return !deposed;
   // Nodes that rebuild are absent too: the step commits without them if it could without them lost.
   if (!rebuilding.empty()) {
@@ -364,14 +365,10 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
 
   Log(LogLevel::kDebug, "step ", step, ": encode against ", base ? absl::StrCat(*base) : "none");
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;
-  std::atomic<uint64_t> sent{0};
-  std::atomic<bool> delta{true};
   // The nodes that encode: those that prepared an image, and the parity receivers.
-  std::vector<uint32_t> encoding;
+  std::vector<std::pair<uint32_t, v1::EncodeRequest>> encodes;
   for (uint32_t id : nodes) {
-    if (!absent.contains(id) || receivers.contains(id)) encoding.push_back(id);
-  }
-  InParallel(encoding, [&](uint32_t id) -> absl::Status {
+    if (absent.contains(id) && !receivers.contains(id)) continue;
     v1::EncodeRequest request;
     request.set_coordinator(context_.node_id());
     request.set_step(step);
@@ -404,25 +401,29 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
           absl::StrJoin(request.absent_nodes(), ", "), "] and its live nodes do not all hold ",
           "committed step ", base ? absl::StrCat(*base) : "(none)",
           ", so the step cannot go as deltas; it commits once the absent nodes are rebuilt"));
-      return absl::FailedPreconditionError("degraded step cannot encode whole");
+      return !deposed;
     }
-    absl::StatusOr<v1::EncodeResponse> response = context_.peers->Encode(id, request);
-    if (!response.ok()) {
-      abort_once(
-          absl::StrCat("node ", id, " did not store its parity: ", response.status().message()));
-      return response.status();
-    }
-    sent += response->bytes_sent();
-    if (!response->delta()) delta = false;
-    return absl::OkStatus();
-  });
+    encodes.emplace_back(id, std::move(request));
+  }
+  uint64_t sent = 0;
+  bool delta = true;
+  context_.peers->EncodeEach(
+      encodes, [&](uint32_t id, absl::StatusOr<v1::EncodeResponse> response) {
+        if (!response.ok()) {
+          abort_once(absl::StrCat("node ", id, " did not store its parity: ",
+                                  response.status().message()));
+          return;
+        }
+        sent += response->bytes_sent();
+        if (!response->delta()) delta = false;
+      });
   if (failed) return !deposed;
 
   if (!Decide(step, token, true, "", {absent.begin(), absent.end()})) return false;
   uint64_t bytes = 0;
   for (const auto& [id, image] : images) bytes += image.bytes();
   Log(LogLevel::kInfo, "step ", step, " committed on ", images.size(), " nodes (", bytes,
-      " bytes of data, ", sent.load(), delta ? " bytes of deltas" : " bytes of units",
+      " bytes of data, ", sent, delta ? " bytes of deltas" : " bytes of units",
       " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started),
       absent.empty()
           ? ""

@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +45,57 @@ bool Retriable(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
+// A failed call's status: transport failures say which call to which node; the peer's own answers
+// pass unchanged.
+absl::Status FailureOf(const char* name, uint32_t node, const grpc::Status& status) {
+  const absl::Status converted = FromGrpcStatus(status);
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::Status(converted.code(),
+                        absl::StrCat(name, " to node ", node, ": ", converted.message()));
+  }
+  return converted;
+}
+
+// How long a call of a commit round may take: the request's own timeout on the peer, and more.
+template <typename Request>
+absl::Duration RoundTimeout(const Request& request) {
+  return absl::Milliseconds(request.timeout_ms()) + kControlDeadline;
+}
+
+// PeerClient's rounds: each call on a thread of its own, the answers handed to the calling
+// thread as they come.
+template <typename Request, typename Response, typename Call>
+void EachOnThreads(absl::Span<const std::pair<uint32_t, Request>> calls, Call call,
+                   const PeerClient::Answered<Response>& done) {
+  absl::Mutex mutex;
+  std::deque<std::pair<uint32_t, absl::StatusOr<Response>>> answers;
+  std::vector<std::thread> threads;
+  threads.reserve(calls.size());
+  for (const std::pair<uint32_t, Request>& node_call : calls) {
+    threads.emplace_back([&] {
+      absl::StatusOr<Response> answer = call(node_call.first, node_call.second);
+      absl::MutexLock lock(&mutex);
+      answers.emplace_back(node_call.first, std::move(answer));
+    });
+  }
+  for (size_t handed = 0; handed < calls.size(); ++handed) {
+    std::pair<uint32_t, absl::StatusOr<Response>> answer;
+    {
+      absl::MutexLock lock(&mutex);
+      mutex.Await(absl::Condition(
+          +[](std::deque<std::pair<uint32_t, absl::StatusOr<Response>>>* waiting) {
+            return !waiting->empty();
+          },
+          &answers));
+      answer = std::move(answers.front());
+      answers.pop_front();
+    }
+    done(answer.first, std::move(answer.second));
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
 class GrpcPeerClient final : public PeerClient {
  public:
   GrpcPeerClient(const NodeTable* nodes, const PeerClientOptions& options)
@@ -60,14 +113,20 @@ class GrpcPeerClient final : public PeerClient {
   absl::StatusOr<v1::PrepareResponse> Prepare(uint32_t node,
                                               const v1::PrepareRequest& request) override {
     return Call<v1::PrepareResponse>(node, "Prepare", &v1::Peer::Stub::Prepare, request,
-                                     absl::Milliseconds(request.timeout_ms()) + kControlDeadline,
-                                     false);
+                                     RoundTimeout(request), false);
   }
   absl::StatusOr<v1::EncodeResponse> Encode(uint32_t node,
                                             const v1::EncodeRequest& request) override {
     return Call<v1::EncodeResponse>(node, "Encode", &v1::Peer::Stub::Encode, request,
-                                    absl::Milliseconds(request.timeout_ms()) + kControlDeadline,
-                                    false);
+                                    RoundTimeout(request), false);
+  }
+  void PrepareEach(absl::Span<const std::pair<uint32_t, v1::PrepareRequest>> calls,
+                   const Answered<v1::PrepareResponse>& done) override {
+    CallEach<v1::PrepareResponse>("Prepare", &v1::Peer::Stub::AsyncPrepare, calls, done);
+  }
+  void EncodeEach(absl::Span<const std::pair<uint32_t, v1::EncodeRequest>> calls,
+                  const Answered<v1::EncodeResponse>& done) override {
+    CallEach<v1::EncodeResponse>("Encode", &v1::Peer::Stub::AsyncEncode, calls, done);
   }
   absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) override {
     return Call<v1::GroupStateResponse>(node, "GroupState", &v1::Peer::Stub::GroupState,
@@ -123,14 +182,56 @@ class GrpcPeerClient final : public PeerClient {
       if (status.ok()) return response;
       if (!Retriable(status) || absl::Now() >= deadline) break;
     }
-    const absl::Status converted = FromGrpcStatus(status);
-    // Transport failures say which call to which node; the peer's own answers pass unchanged.
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return absl::Status(converted.code(),
-                          absl::StrCat(name, " to node ", node, ": ", converted.message()));
+    return FailureOf(name, node, status);
+  }
+
+  // A round's calls, all started from this thread and waited on together (one completion queue),
+  // so that a round of a thousand nodes starts no thread.
+  template <typename Response, typename Request, typename AsyncMethod>
+  void CallEach(const char* name, AsyncMethod method,
+                absl::Span<const std::pair<uint32_t, Request>> calls,
+                const Answered<Response>& done) {
+    struct InFlight {
+      uint32_t node = 0;
+      grpc::ClientContext context;
+      Response response;
+      grpc::Status status;
+      std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+    };
+    grpc::CompletionQueue queue;
+    std::vector<std::unique_ptr<InFlight>> in_flight;
+    std::vector<std::pair<uint32_t, absl::Status>> not_called;
+    for (const auto& [node, request] : calls) {
+      absl::StatusOr<v1::Peer::Stub*> stub = Stub(node);
+      if (!stub.ok()) {
+        not_called.emplace_back(node, stub.status());
+        continue;
+      }
+      auto call = std::make_unique<InFlight>();
+      call->node = node;
+      call->context.set_deadline(absl::ToChronoTime(absl::Now() + RoundTimeout(request)));
+      ++calls_;
+      call->reader = ((*stub)->*method)(&call->context, request, &queue);
+      call->reader->Finish(&call->response, &call->status, call.get());
+      in_flight.push_back(std::move(call));
     }
-    return converted;
+    for (auto& [node, status] : not_called) done(node, std::move(status));
+    for (size_t answered = 0; answered < in_flight.size(); ++answered) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!queue.Next(&tag, &ok)) break;  // only after Shutdown, below
+      InFlight* call = static_cast<InFlight*>(tag);
+      if (call->status.ok()) {
+        done(call->node, std::move(call->response));
+      } else {
+        done(call->node, FailureOf(name, call->node, call->status));
+      }
+    }
+    queue.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (queue.Next(&tag, &ok)) {
+    }
   }
 
   // The stub for `node`'s current address, made on first use and again when the address changes.
@@ -188,6 +289,22 @@ class GrpcPeerClient final : public PeerClient {
 };
 
 }  // namespace
+
+void PeerClient::PrepareEach(absl::Span<const std::pair<uint32_t, v1::PrepareRequest>> calls,
+                             const Answered<v1::PrepareResponse>& done) {
+  EachOnThreads<v1::PrepareRequest, v1::PrepareResponse>(
+      calls, [this](uint32_t node, const v1::PrepareRequest& request) {
+        return Prepare(node, request);
+      }, done);
+}
+
+void PeerClient::EncodeEach(absl::Span<const std::pair<uint32_t, v1::EncodeRequest>> calls,
+                            const Answered<v1::EncodeResponse>& done) {
+  EachOnThreads<v1::EncodeRequest, v1::EncodeResponse>(
+      calls, [this](uint32_t node, const v1::EncodeRequest& request) {
+        return Encode(node, request);
+      }, done);
+}
 
 std::unique_ptr<PeerClient> NewGrpcPeerClient(const NodeTable* nodes,
                                               const PeerClientOptions& options) {

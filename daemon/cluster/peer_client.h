@@ -6,11 +6,14 @@
 #define MOESNAP_DAEMON_CLUSTER_PEER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "daemon/peer_tls.h"
 #include "proto/moesnap.pb.h"
 
@@ -32,6 +35,17 @@ class PeerClient {
                                                       const v1::PrepareRequest& request) = 0;
   virtual absl::StatusOr<v1::EncodeResponse> Encode(uint32_t node,
                                                     const v1::EncodeRequest& request) = 0;
+  // A round of Prepare (Encode) calls: every call of `calls` (a node and its request) is made at
+  // once, and `done` runs on the calling thread for each answer as it comes, in that order; a
+  // node that cannot be called answers first. Returns once every call has answered. This
+  // implementation makes each call on a thread of its own; a client that can wait on many calls
+  // from one thread does so.
+  template <typename Response>
+  using Answered = std::function<void(uint32_t node, absl::StatusOr<Response> answer)>;
+  virtual void PrepareEach(absl::Span<const std::pair<uint32_t, v1::PrepareRequest>> calls,
+                           const Answered<v1::PrepareResponse>& done);
+  virtual void EncodeEach(absl::Span<const std::pair<uint32_t, v1::EncodeRequest>> calls,
+                          const Answered<v1::EncodeResponse>& done);
   virtual absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) = 0;
   virtual absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,
                                                           const v1::SendUnitsRequest& request) = 0;
