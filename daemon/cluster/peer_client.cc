@@ -1,5 +1,6 @@
 // GrpcPeerClient: one channel per peer address, a deadline per kind of call, one quick retry of
-// calls that only read.
+// calls that only read, and a commit round's calls on one completion queue. PeerClient's own
+// rounds, for clients that make one call at a time: a thread per call.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
