@@ -273,10 +273,12 @@ struct NodeUnits {
 
 class InProcessCluster {
  public:
+  static constexpr uint64_t kStripeUnitBytes = 64 << 10;
+
   // `nodes` nodes in groups of k + m, stripe units of `stripe_unit_bytes`; with `allow_degraded`,
   // steps commit while nodes are lost (cluster.allow_degraded).
   InProcessCluster(int nodes, int data_units, int parity_units, bool allow_degraded = false,
-                   uint64_t stripe_unit_bytes = 64 << 10);
+                   uint64_t stripe_unit_bytes = kStripeUnitBytes);
   ~InProcessCluster();
 
   NodeUnits& node(uint32_t id) { return *nodes_.at(id); }
