@@ -204,7 +204,13 @@ TEST(DegradedCommitTest, AReplacementRebuildsWhileStepsCommitAndCatchesUpFromThe
     EXPECT_EQ(AbsentOf(*decision), (std::vector<uint32_t>{5})) << "step " << step;
     ASSERT_TRUE(cluster.WaitCommitted(step, {0, 1, 2, 3, 4})) << "step " << step;
   }
-  const v1::NodeReport rebuilding = cluster.node(5).report.Describe();
+  // Node 5 may hear step 7's decision after nodes 0-4 applied it: wait until it has taken it.
+  v1::NodeReport rebuilding = cluster.node(5).report.Describe();
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+       rebuilding.received_steps() < 4 && absl::Now() < deadline;
+       rebuilding = cluster.node(5).report.Describe()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_TRUE(rebuilding.rebuilding());
   EXPECT_EQ(rebuilding.received_steps(), 4u);
   EXPECT_FALSE(rebuilding.has_latest_committed_step());
