@@ -1,7 +1,7 @@
 // ThreadSanitizer builds only (deploy/sanitize.sh): tells TSan about the locking done by Debian's
-// abseil. absl::Mutex and absl::CondVar are compiled into libabsl_synchronization without TSan, so
-// their atomics and futex waits order nothing in TSan's eyes, and every field a Mutex guards would
-// be reported as a race. This file defines the public entry points of Mutex and CondVar in the test
+// abseil. absl::Mutex, absl::CondVar and absl::Notification are compiled into
+// libabsl_synchronization without TSan, so their atomics and futex waits order nothing in TSan's
+// eyes, and every field a Mutex guards, or a Notification hands over, would be reported as a race. This file defines the public entry points of Mutex and CondVar in the test
 // program, which the dynamic linker binds ahead of the library's (for our code, and for the calls
 // that abseil's Notification and gRPC make into the library), and each wraps the library's own
 // function in the annotations abseil itself makes in a TSan build of it: a mutex's lock and unlock
@@ -19,6 +19,7 @@
 
 #include "absl/base/options.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace {
@@ -26,9 +27,12 @@ namespace {
 #define MOESNAP_TSAN_STRINGIFY2(x) #x
 #define MOESNAP_TSAN_STRINGIFY(x) MOESNAP_TSAN_STRINGIFY2(x)
 
-// The mangled name of absl::<rest>, with abseil's inline namespace (Debian's: "debian3") in it.
+// The mangled name of absl::<rest>, with abseil's inline namespace (Debian's: "debian3") in it;
+// `rest` of a const member function starts with "K".
 std::string AbslSymbol(const char* rest) {
-  std::string name = "_ZN4absl";
+  const bool const_member = rest[0] == 'K';
+  if (const_member) ++rest;
+  std::string name = const_member ? "_ZNK4absl" : "_ZN4absl";
 #if ABSL_OPTION_USE_INLINE_NAMESPACE
   const std::string inline_namespace = MOESNAP_TSAN_STRINGIFY(ABSL_OPTION_INLINE_NAMESPACE_NAME);
   name += std::to_string(inline_namespace.size()) + inline_namespace;
@@ -187,6 +191,44 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   static const WaitDeadlineFn next =
       Next<WaitDeadlineFn>("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   return Released(mu, 0, [&] { return next(this, mu, deadline); });
+}
+
+// A Notification hands over what its notifier wrote before Notify to whoever returns from a wait
+// on it. The library's wait returns at once, taking no lock, when the notification came first, so
+// its Mutex alone (seen through the functions above) would not order the two: the notifier
+// releases the object itself and a wait that saw the notification acquires it.
+using NotifyFn = void (*)(Notification*);
+using AwaitNotificationFn = void (*)(const Notification*);
+using AwaitNotificationTimeoutFn = bool (*)(const Notification*, Duration);
+using AwaitNotificationDeadlineFn = bool (*)(const Notification*, Time);
+
+void Notification::Notify() {
+  static const NotifyFn next = Next<NotifyFn>("12Notification6NotifyEv");
+  __tsan_release(this);
+  next(this);
+}
+
+void Notification::WaitForNotification() const {
+  static const AwaitNotificationFn next =
+      Next<AwaitNotificationFn>("K12Notification19WaitForNotificationEv");
+  next(this);
+  __tsan_acquire(const_cast<Notification*>(this));
+}
+
+bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
+  static const AwaitNotificationTimeoutFn next = Next<AwaitNotificationTimeoutFn>(
+      "K12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  const bool notified = next(this, timeout);
+  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  return notified;
+}
+
+bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
+  static const AwaitNotificationDeadlineFn next = Next<AwaitNotificationDeadlineFn>(
+      "K12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  const bool notified = next(this, deadline);
+  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  return notified;
 }
 
 ABSL_NAMESPACE_END
