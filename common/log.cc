@@ -26,62 +26,51 @@ constexpr spdlog::level::level_enum kSpdlogLevels[] = {spdlog::level::debug, spd
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 thread_local const LogFields* t_fields = nullptr;
 
-void AppendJsonString(absl::string_view text, spdlog::memory_buf_t& out) {
-  out.push_back('"');
-  for (const char c : text) {
-    switch (c) {
-      case '"': out.append(std::string_view("\\\"")); break;
-      case '\\': out.append(std::string_view("\\\\")); break;
-      case '\n': out.append(std::string_view("\\n")); break;
-      case '\t': out.append(std::string_view("\\t")); break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          const std::string escaped = absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-          out.append(std::string_view(escaped));
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
-// %j: the message as a JSON string.
-class JsonMessageFlag final : public spdlog::custom_flag_formatter {
- public:
-  void format(const spdlog::details::log_msg& message, const std::tm&,
-              spdlog::memory_buf_t& out) override {
-    AppendJsonString(absl::string_view(message.payload.data(), message.payload.size()), out);
-  }
-  std::unique_ptr<custom_flag_formatter> clone() const override {
-    return std::make_unique<JsonMessageFlag>();
-  }
+// How a message is escaped for the log's format.
+enum class Escaping {
+  kJsonString,  // quoted; ", \ and control characters escaped (\n, \r, \t, \u00NN)
+  kText,        // control characters escaped (\n, \r, \t, \xNN), so that a name a peer or a
+                // trainer chose cannot start a line of its own
 };
 
-// %V: the message with its control characters escaped (\n, \r, \t, \xNN), so that a name a peer or
-// a trainer chose cannot start a line of its own in a text log.
-class EscapedMessageFlag final : public spdlog::custom_flag_formatter {
+void AppendEscaped(absl::string_view text, Escaping escaping, spdlog::memory_buf_t& out) {
+  const bool json = escaping == Escaping::kJsonString;
+  if (json) out.push_back('"');
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    std::string_view named;
+    switch (c) {
+      case '\n': named = "\\n"; break;
+      case '\r': named = "\\r"; break;
+      case '\t': named = "\\t"; break;
+      case '"': if (json) named = "\\\""; break;
+      case '\\': if (json) named = "\\\\"; break;
+      default: break;
+    }
+    if (!named.empty()) {
+      out.append(named);
+    } else if (byte < 0x20 || (!json && byte == 0x7f)) {
+      const std::string escaped =
+          json ? absl::StrFormat("\\u%04x", byte) : absl::StrFormat("\\x%02x", byte);
+      out.append(std::string_view(escaped));
+    } else {
+      out.push_back(c);
+    }
+  }
+  if (json) out.push_back('"');
+}
+
+// %j (a JSON string) and %V (text): the message, escaped.
+template <Escaping kEscaping>
+class MessageFlag final : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& message, const std::tm&,
               spdlog::memory_buf_t& out) override {
-    for (const char c : absl::string_view(message.payload.data(), message.payload.size())) {
-      const auto byte = static_cast<unsigned char>(c);
-      switch (c) {
-        case '\n': out.append(std::string_view("\\n")); break;
-        case '\r': out.append(std::string_view("\\r")); break;
-        case '\t': out.append(std::string_view("\\t")); break;
-        default:
-          if (byte < 0x20 || byte == 0x7f) {
-            const std::string escaped = absl::StrFormat("\\x%02x", byte);
-            out.append(std::string_view(escaped));
-          } else {
-            out.push_back(c);
-          }
-      }
-    }
+    AppendEscaped(absl::string_view(message.payload.data(), message.payload.size()), kEscaping,
+                  out);
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
-    return std::make_unique<EscapedMessageFlag>();
+    return std::make_unique<MessageFlag>();
   }
 };
 
@@ -120,8 +109,8 @@ std::shared_ptr<spdlog::logger> MakeLogger(LogFormat format, std::optional<uint3
   auto formatter = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc,
                                                                std::string("\n"));
   const bool json = format == LogFormat::kJson;
-  formatter->add_flag<JsonMessageFlag>('j');
-  formatter->add_flag<EscapedMessageFlag>('V');
+  formatter->add_flag<MessageFlag<Escaping::kJsonString>>('j');
+  formatter->add_flag<MessageFlag<Escaping::kText>>('V');
   formatter->add_flag<FieldsFlag>('k', json, node);
   formatter->set_pattern(json ? R"({"time":"%Y-%m-%dT%H:%M:%S.%eZ","level":"%l","message":%j%k})"
                               : "%Y-%m-%dT%H:%M:%S.%eZ %l %V%k");

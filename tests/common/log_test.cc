@@ -74,16 +74,18 @@ TEST(LogTest, TextLinesEscapeControlCharacters) {
   EXPECT_TRUE(std::regex_match(text, line)) << text;
 }
 
+// A JSON line is one JSON object whatever the message holds: quotes, backslashes and control
+// characters are escaped.
 TEST(LogTest, JsonLinesCarryNodeStepRankAndDuration) {
   ConfigureLog(LogLevel::kDebug, LogFormat::kJson, 4);
   const std::string text = CaptureStderr([] {
     Log(LogLevel::kError, LogFields{.step = 9, .rank = 1, .duration_seconds = 1.5},
-        "a \"quoted\"\nmessage");
+        "a \"quoted\"\nmessage \\ \r\x01");
     Log(LogLevel::kDebug, LogFields{.node = 2}, "from a peer");
   });
   ConfigureLog(LogLevel::kInfo, LogFormat::kText, std::nullopt);
   const std::regex lines(
-      R"re(\{"time":"([^"]+)","level":"error","message":"a \\"quoted\\"\\nmessage","node":4,"step":9,"rank":1,"duration_seconds":1\.500000\}
+      R"re(\{"time":"([^"]+)","level":"error","message":"a \\"quoted\\"\\nmessage \\\\ \\r\\u0001","node":4,"step":9,"rank":1,"duration_seconds":1\.500000\}
 \{"time":"[^"]+","level":"debug","message":"from a peer","node":2\}
 )re");
   std::smatch match;
