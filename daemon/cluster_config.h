@@ -50,6 +50,10 @@ struct ClusterOptions {
   uint16_t control_port = 7440;  // the Peer service; 0: any free port (advertised as bound)
   uint16_t data_port = 7441;     // the data plane; 0: any free port
   uint32_t max_data_connections = 256;  // data-plane connections served at once
+  // Host memory one elastic restore here fills with fetched (or decoded) bytes before writing
+  // them into the rank: its regions go in batches of this many bytes (a larger region alone).
+  uint64_t restore_buffer_bytes = uint64_t{256} << 20;
+  static constexpr uint64_t kMinRestoreBufferBytes = uint64_t{1} << 20;
   // [tls]: mutual TLS with the job's peers (and etcd, unless the etcd_* files say otherwise).
   // Per node (file paths), so not part of the job's digest.
   TlsOptions tls;

@@ -166,6 +166,12 @@ std::optional<ClusterOptions> ParseCluster(Reader& reader) {
   reader.Integer("cluster", "control_port", 0, 65535, cluster.control_port);
   reader.Integer("cluster", "data_port", 0, 65535, cluster.data_port);
   reader.Integer("cluster", "max_data_connections", 1, 65536, cluster.max_data_connections);
+  reader.Bytes("cluster", "restore_buffer_bytes", cluster.restore_buffer_bytes);
+  if (cluster.restore_buffer_bytes < ClusterOptions::kMinRestoreBufferBytes) {
+    reader.Error("cluster.restore_buffer_bytes",
+                 absl::StrCat("must be at least ", ClusterOptions::kMinRestoreBufferBytes,
+                              " bytes, got ", cluster.restore_buffer_bytes));
+  }
   if (reader.Find("cluster", "nodes") != nullptr) {
     reader.Error("cluster.nodes", "nodes are no longer listed: each daemon finds its peers in etcd; "
                                   "set cluster.node_count and this node's cluster.advertise_host");

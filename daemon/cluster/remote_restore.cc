@@ -125,7 +125,7 @@ void RemoteRestore::ForgetLocation(uint32_t source_rank) {
 }
 
 absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
-                                            std::vector<WantedRegion>& wanted) {
+                                            absl::Span<const WantedRegion> wanted) {
   // The request token makes the keys this fetch's alone, though other restores on this node may
   // fetch some of the same regions at once.
   const int64_t request = transfer_->NewRequest();
@@ -171,7 +171,7 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
 }
 
 absl::Status RemoteRestore::DecodeFromGroup(const v1::JournalCluster& record, int group,
-                                            int position, std::vector<WantedRegion>& wanted) {
+                                            int position, absl::Span<const WantedRegion> wanted) {
   const erasure::StripeLayout& layout = context_.layout();
   // Decode the holder's units that cover the regions from its group's survivors, each once.
   std::set<uint64_t> stripes;
@@ -185,7 +185,7 @@ absl::Status RemoteRestore::DecodeFromGroup(const v1::JournalCluster& record, in
   DecodeTarget target{record, group, position,
                       [&](uint64_t unit, const uint8_t* data, uint64_t length) {
                         const uint64_t unit_start = unit * layout.unit_bytes();
-                        for (WantedRegion& region : wanted) {
+                        for (const WantedRegion& region : wanted) {
                           const uint64_t from = std::max(unit_start, region.start);
                           const uint64_t to = std::min(unit_start + length,
                                                        region.start + region.bytes.size());
@@ -244,39 +244,81 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
   const absl::flat_hash_set<std::string_view> named(names.begin(), names.end());
   std::vector<WantedRegion> wanted;
   uint64_t offset = 0;
-  uint64_t wanted_bytes = 0;
   for (const v1::ImageRegion& region : holder_image.regions()) {
     offset += region.bytes();
     if (region.rank() != source_rank) continue;
     if (!names.empty() && !named.contains(region.region())) continue;
     wanted.push_back({&region, offset - region.bytes(), {}});
-    wanted_bytes += region.bytes();
   }
   if (wanted.empty()) {
     return absl::NotFoundError(
         absl::StrCat("rank ", source_rank, " has none of the regions asked for"));
   }
-  const KeptBuffers::Lease buffer = buffers_.Take(wanted_bytes);
+  // From the holder while it is live; it refuses a step it does not hold (rebuilding, or past it).
+  // Otherwise decoded from the group's survivors, and so for the rest of the restore once a fetch
+  // fails and the location was just asked of every node (a kept one is asked again first).
+  bool holder_failed = !context_.nodes->Live(found.node_id());
+  bool decoded_any = false;
+  // The regions go in batches of at most cluster.restore_buffer_bytes (or one region, when it is
+  // larger), each fetched into host memory and written into the rank before the next: a rank of
+  // many GiB restored here does not take its size again in this daemon's memory.
+  const uint64_t batch_bytes = context_.options().restore_buffer_bytes;
+  for (size_t first = 0; first < wanted.size();) {
+    size_t end = first;
+    uint64_t bytes = 0;
+    while (end < wanted.size() &&
+           (end == first ||
+            (bytes < batch_bytes && wanted[end].region->bytes() <= batch_bytes - bytes))) {
+      bytes += wanted[end++].region->bytes();
+    }
+    const absl::Span<WantedRegion> batch(wanted.data() + first, end - first);
+    absl::StatusOr<bool> decoded = RestoreBatch(rank, source_rank, found, group, position, bytes,
+                                                batch, decode_if_fetch_fails, holder_failed);
+    if (!decoded.ok()) return decoded.status();
+    decoded_any = decoded_any || *decoded;
+    first = end;
+  }
+  v1::RestoreResponse response;
+  response.set_step(step);
+  ReserveRestored(*response.mutable_restored(), static_cast<int>(wanted.size()));
+  response.set_source_node(found.node_id());
+  response.set_decoded(decoded_any);
+  for (const WantedRegion& region : wanted) {
+    AddRestored(*response.mutable_restored(), region.region->region(), region.region->step(),
+                region.region->bytes(),
+                region.region->has_piece() ? &region.region->piece() : nullptr);
+  }
+  Log(LogLevel::kInfo, "restored ", wanted.size(), " regions of rank ", source_rank,
+      " (node ", found.node_id(), decoded_any ? ", decoded from its group" : ", fetched",
+      ") into rank ", rank);
+  return response;
+}
+
+absl::StatusOr<bool> RemoteRestore::RestoreBatch(uint32_t rank, uint32_t source_rank,
+                                                 const v1::LocateRankResponse& found, int group,
+                                                 int position, uint64_t bytes,
+                                                 absl::Span<WantedRegion> batch,
+                                                 bool decode_if_fetch_fails, bool& holder_failed) {
+  const v1::JournalCluster& record = found.record();
+  const KeptBuffers::Lease buffer = buffers_.Take(bytes);
   uint8_t* next = buffer.data();
-  for (WantedRegion& region : wanted) {
+  for (WantedRegion& region : batch) {
     region.bytes = {next, region.region->bytes()};
     next += region.region->bytes();
   }
-  // From the holder while it is live; it refuses a step it does not hold (rebuilding, or past it).
-  // Otherwise decoded from the group's survivors, and so when the fetch fails and the location was
-  // just asked of every node (a kept one is asked again first).
-  bool decoded = !context_.nodes->Live(found.node_id());
+  bool decoded = holder_failed;
   if (!decoded) {
-    const absl::Status fetched = FetchFromHolder(found.node_id(), step, source_rank, wanted);
+    const absl::Status fetched =
+        FetchFromHolder(found.node_id(), record.committed_step(), source_rank, batch);
     if (!fetched.ok()) {
       if (!decode_if_fetch_fails) return fetched;
       Log(LogLevel::kWarning, "rank ", source_rank, "'s regions could not be fetched from node ",
           found.node_id(), " (", fetched.ToString(), "): decoding them from its group");
-      decoded = true;
+      decoded = holder_failed = true;
     }
   }
   if (decoded) {
-    if (absl::Status status = DecodeFromGroup(record, group, position, wanted); !status.ok()) {
+    if (absl::Status status = DecodeFromGroup(record, group, position, batch); !status.ok()) {
       return status;
     }
   }
@@ -284,9 +326,9 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
   // that fail it (damaged on the way, or in the holder's memory) are decoded from the group and
   // written again over them.
   auto write = [&]() -> absl::Status {
-    for (const WantedRegion& region : wanted) {
-      const PoolBytes bytes = PoolBytes::View(region.bytes.data(), region.bytes.size());
-      if (absl::Status status = store_->WriteRegion(rank, *region.region, bytes); !status.ok()) {
+    for (const WantedRegion& region : batch) {
+      const PoolBytes view = PoolBytes::View(region.bytes.data(), region.bytes.size());
+      if (absl::Status status = store_->WriteRegion(rank, *region.region, view); !status.ok()) {
         return status;
       }
     }
@@ -298,26 +340,13 @@ absl::StatusOr<v1::RestoreResponse> RemoteRestore::RestoreLocated(
         found.node_id(), " fail their stored checksums (", written.ToString(),
         "): decoding them from its group");
     decoded = true;
-    if (absl::Status status = DecodeFromGroup(record, group, position, wanted); !status.ok()) {
+    if (absl::Status status = DecodeFromGroup(record, group, position, batch); !status.ok()) {
       return status;
     }
     written = write();
   }
   if (!written.ok()) return written;
-  v1::RestoreResponse response;
-  response.set_step(step);
-  ReserveRestored(*response.mutable_restored(), static_cast<int>(wanted.size()));
-  response.set_source_node(found.node_id());
-  response.set_decoded(decoded);
-  for (const WantedRegion& region : wanted) {
-    AddRestored(*response.mutable_restored(), region.region->region(), region.region->step(),
-                region.region->bytes(),
-                region.region->has_piece() ? &region.region->piece() : nullptr);
-  }
-  Log(LogLevel::kInfo, "restored ", wanted.size(), " regions of rank ", source_rank,
-      " (node ", found.node_id(), decoded ? ", decoded from its group" : ", fetched",
-      ") into rank ", rank);
-  return response;
+  return decoded;
 }
 
 }  // namespace moesnap::daemon::cluster

@@ -46,7 +46,7 @@ class RemoteRestore {
   void ForgetLocation(uint32_t source_rank);
 
   // A region of the source rank asked for: its record in the holder's image, where it starts
-  // there, and where its bytes land once fetched or decoded (in the restore's kept buffer).
+  // there, and where its bytes land once fetched or decoded (in its batch's kept buffer).
   struct WantedRegion {
     const v1::ImageRegion* region;
     uint64_t start;
@@ -56,12 +56,19 @@ class RemoteRestore {
                                                      const std::vector<std::string>& names,
                                                      const v1::LocateRankResponse& found,
                                                      bool decode_if_fetch_fails);
+  // Restores `batch` (of `bytes` in all) into `rank` through one buffer: fetched from the holder
+  // unless `holder_failed`, else (or when the fetch fails and `decode_if_fetch_fails`, which then
+  // sets `holder_failed`) decoded from the group. Whether it was decoded.
+  absl::StatusOr<bool> RestoreBatch(uint32_t rank, uint32_t source_rank,
+                                    const v1::LocateRankResponse& found, int group, int position,
+                                    uint64_t bytes, absl::Span<WantedRegion> batch,
+                                    bool decode_if_fetch_fails, bool& holder_failed);
   // The regions from the live node `holder` that holds them, asked for on the data plane.
   absl::Status FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
-                               std::vector<WantedRegion>& wanted);
+                               absl::Span<const WantedRegion> wanted);
   // The regions decoded from the group's survivors, the node at `position` being lost.
   absl::Status DecodeFromGroup(const v1::JournalCluster& record, int group, int position,
-                               std::vector<WantedRegion>& wanted);
+                               absl::Span<const WantedRegion> wanted);
 
   // Takes `count` of the region requests this node may have in flight to `holder`, all at once,
   // waiting for other restores to release theirs.

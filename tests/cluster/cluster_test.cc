@@ -107,7 +107,9 @@ class ClusterTest : public ::testing::Test {
         "\nparity_units = ", kParityUnits, "\nstripe_unit_bytes = \"256KiB\"\n",
         "lease_ttl_ms = 2000\ncommit_timeout_ms = 10000\netcd_endpoints = [\"",
         absl::StrJoin(etcd_->endpoints(), "\", \""), "\"]\nadvertise_host = \"127.0.0.1\"\n",
-        "control_port = 0\ndata_port = 0\n", cluster_keys_);
+        "control_port = 0\ndata_port = 0\n",
+        // Restores of more than 5 regions of 200000 bytes go in more than one batch.
+        "restore_buffer_bytes = \"1MiB\"\n", cluster_keys_);
     for (int id = 0; id < nodes_; ++id) {
       daemons_.push_back(std::make_unique<TestDaemon>(TestDaemonOptions{
           .pool_bytes = "64MiB",
@@ -716,14 +718,15 @@ TEST_F(ClusterTest, ARegionDamagedInItsHoldersMemoryIsDecodedFromTheGroupInstead
   RestoreOnto(3, 2, {1, 2}, 201, /*decoded=*/false);  // undamaged regions are fetched
 }
 
-// Node 2 paused (SIGSTOP) while it holds the committed step: a region of its rank restored onto
-// node 0 is asked of node 2, which never answers; once node 2's lease ends the fetch gives up and
-// the region is decoded from the group, byte for byte, well before any fetch timeout.
+// Node 2 paused (SIGSTOP) while it holds the committed step: its rank's regions restored onto node 0
+// are asked of node 2, which never answers; once node 2's lease ends the fetch gives up and the
+// regions are decoded from the group, byte for byte, well before any fetch timeout. They go in two
+// batches (restore_buffer_bytes): the second is decoded without asking node 2 again.
 TEST_F(ClusterTest, AnElasticRestoreFromAHolderPausedPastItsLeaseIsDecodedFromTheGroup) {
   TrainAll(5);
   ASSERT_TRUE(daemons_[2]->Pause());
   const auto start = std::chrono::steady_clock::now();
-  RestoreOnto(0, 2, {1, 3}, 300, /*decoded=*/true);
+  RestoreOnto(0, 2, {0, 1, 2, 3, 4, 5}, 300, /*decoded=*/true);
   // A lease (2 s here) and a decode, not the fetch timeout (Transfer::kFetchWait, 30 s).
   EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
   daemons_[2]->Kill(SIGKILL);  // its lease ended: the job has lost it

@@ -91,6 +91,8 @@ TEST(ClusterConfigTest, MalformedClustersAreRefusedByKey) {
        "go together"},
       {"[cluster]\nnode_count = 2\nstripe_unit_bytes = 100\n", "multiple of 64"},
       {"[cluster]\nallow_degraded = \"yes\"\n", "cluster.allow_degraded"},
+      {"[cluster]\nnode_count = 6\nrestore_buffer_bytes = \"64KiB\"\n",
+       "cluster.restore_buffer_bytes: must be at least 1048576 bytes, got 65536"},
       {"[cluster]\nnode_count = 6\nk = 4\n", "unknown key cluster.k"},
       {"[cluster]\nnode_count = 6\nheartbeat_timeout_ms = 2000\n",
        "unknown key cluster.heartbeat_timeout_ms"},
@@ -171,6 +173,8 @@ TEST(ClusterConfigTest, TheDocumentedClusterSectionLoadsWithTheDefaults) {
   EXPECT_EQ(documented.listen_host, defaults.listen_host);
   EXPECT_EQ(documented.control_port, defaults.control_port);
   EXPECT_EQ(documented.data_port, defaults.data_port);
+  EXPECT_EQ(documented.max_data_connections, defaults.max_data_connections);
+  EXPECT_EQ(documented.restore_buffer_bytes, defaults.restore_buffer_bytes);
   EXPECT_EQ(documented.tls.insecure, defaults.tls.insecure);
   EXPECT_FALSE(documented.tls.insecure);
   EXPECT_OK(documented.Validate(0));
