@@ -63,6 +63,9 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
                    "Committed steps whose parity this node received while it rebuilds, not yet "
                    "caught up with",
                    node.received_steps());
+      out.AddGauge("moesnap_restore_buffer_bytes",
+                   "Host memory (not pool) holding elastic restores' fetched bytes, in use or kept",
+                   node.memory().restore_buffer_bytes());
       continue;
     }
     const metrics::Labels peer = {{"peer", absl::StrCat(node.node_id())}};

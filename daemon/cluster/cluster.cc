@@ -156,7 +156,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
       context, store, units->transfer.get(), units->rebuilder.get());
   units->log_forwarding = std::make_unique<cluster::LogForwarding>(context, log);
   units->report = std::make_unique<cluster::LocalReport>(
-      context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get());
+      context, store, units->parity.get(), pool, units->rebuilder.get(), units->participant.get(),
+      units->remote_restore.get());
   units->durable = std::make_unique<cluster::DurableView>(context, store, units->rebuilder.get(),
                                                          units->durable_records.get());
   units->authenticator = std::make_unique<cluster::PeerAuthenticator>(tls);

@@ -33,6 +33,7 @@ KeptBuffers::Lease KeptBuffers::Take(uint64_t bytes) {
       lease.data_ = std::move(fits->data);
       lease.capacity_ = fits->capacity;
       kept_bytes_ -= fits->capacity;
+      leased_bytes_ += fits->capacity;
       kept_.erase(fits);
       return lease;
     }
@@ -44,6 +45,8 @@ KeptBuffers::Lease KeptBuffers::Take(uint64_t bytes) {
                                : (bytes + kGranule - 1) / kGranule * kGranule;
   lease.capacity_ = std::max<uint64_t>(rounded, 1);
   lease.data_ = std::make_unique_for_overwrite<uint8_t[]>(lease.capacity_);
+  absl::MutexLock lock(&mutex_);
+  leased_bytes_ += lease.capacity_;
   return lease;
 }
 
@@ -52,10 +55,16 @@ uint64_t KeptBuffers::kept_bytes() const {
   return kept_bytes_;
 }
 
+uint64_t KeptBuffers::held_bytes() const {
+  absl::MutexLock lock(&mutex_);
+  return kept_bytes_ + leased_bytes_;
+}
+
 void KeptBuffers::Keep(std::unique_ptr<uint8_t[]> data, uint64_t capacity) {
   std::vector<Kept> freed;  // freed outside the lock
   {
     absl::MutexLock lock(&mutex_);
+    leased_bytes_ -= capacity;
     if (capacity > max_kept_bytes_) return;
     // Smaller buffers give way to a larger one: it serves every fetch they would.
     while (kept_bytes_ + capacity > max_kept_bytes_ && !kept_.empty() &&

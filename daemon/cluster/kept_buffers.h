@@ -50,6 +50,8 @@ class KeptBuffers {
 
   // Bytes of the buffers kept and not in use.
   uint64_t kept_bytes() const;
+  // Bytes of every buffer this hands out or keeps: leased now, or kept.
+  uint64_t held_bytes() const;
 
  private:
   struct Kept {
@@ -63,6 +65,7 @@ class KeptBuffers {
   mutable absl::Mutex mutex_;
   std::vector<Kept> kept_ ABSL_GUARDED_BY(mutex_);  // by capacity, smallest first
   uint64_t kept_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t leased_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -1,13 +1,14 @@
-// LocalReport: assembled from the store, the parity store, the rebuilder and the participant.
+// LocalReport: assembled from the store, the parity store, the rebuilder, the participant and the
+// remote restore's buffers.
 #include "daemon/cluster/local_report.h"
 
 namespace moesnap::daemon::cluster {
 
 LocalReport::LocalReport(const ClusterContext& context, const ClusterStore* store,
                          const ParityStore* parity, const Pool* pool, const Rebuilder* rebuilder,
-                         const Participant* participant)
+                         const Participant* participant, const RemoteRestore* remote_restore)
     : context_(context), store_(store), parity_(parity), pool_(pool), rebuilder_(rebuilder),
-      participant_(participant) {}
+      participant_(participant), remote_restore_(remote_restore) {}
 
 v1::NodeMemory LocalReport::Memory() const {
   v1::NodeMemory memory;
@@ -15,6 +16,7 @@ v1::NodeMemory LocalReport::Memory() const {
   memory.set_parity_bytes(parity_->committed_bytes());
   memory.set_in_flight_bytes(store_->InFlightBytes() + parity_->in_flight_bytes());
   memory.set_pool_bytes(pool_->capacity());
+  memory.set_restore_buffer_bytes(remote_restore_->buffer_bytes());
   return memory;
 }
 

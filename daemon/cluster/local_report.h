@@ -6,6 +6,7 @@
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/cluster/rebuild.h"
+#include "daemon/cluster/remote_restore.h"
 #include "daemon/cluster_store.h"
 #include "daemon/parity_store.h"
 #include "daemon/pool.h"
@@ -16,7 +17,8 @@ namespace moesnap::daemon::cluster {
 class LocalReport {
  public:
   LocalReport(const ClusterContext& context, const ClusterStore* store, const ParityStore* parity,
-              const Pool* pool, const Rebuilder* rebuilder, const Participant* participant);
+              const Pool* pool, const Rebuilder* rebuilder, const Participant* participant,
+              const RemoteRestore* remote_restore);
 
   v1::NodeMemory Memory() const;
   v1::NodeReport Describe() const;
@@ -28,6 +30,7 @@ class LocalReport {
   const Pool* const pool_;
   const Rebuilder* const rebuilder_;
   const Participant* const participant_;
+  const RemoteRestore* const remote_restore_;
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -37,6 +37,9 @@ class RemoteRestore {
   // The serving side: which node's committed image holds a rank, from this node's group record.
   v1::LocateRankResponse Locate(const v1::LocateRankRequest& request) const;
 
+  // Host memory holding restores' fetched bytes now: in use, or kept for the next restores.
+  uint64_t buffer_bytes() const { return buffers_.held_bytes(); }
+
  private:
   // Which node holds `source_rank`'s committed image, with its group's record of that step. Unless
   // `ask`: the answer kept from an earlier restore while this node's committed step is still that

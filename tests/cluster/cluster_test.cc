@@ -694,6 +694,12 @@ TEST_F(ClusterTest, ElasticRestoreMovesLostExpertsOntoSurvivorsByteForByte) {
   // Every region of a live rank at once, onto a node that located it before and one that did not.
   RestoreOnto(0, 2, {0, 1, 2, 3, 4, 5}, 201, /*decoded=*/false);
   RestoreOnto(3, 2, {0, 1, 2, 3, 4, 5}, 202, /*decoded=*/false);
+  // Node 0's restores, one after another in batches of at most 1 MiB, left one 1 MiB buffer kept.
+  absl::StatusOr<testing::HttpReply> metrics =
+      testing::HttpGet(daemons_[0]->http_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_restore_buffer_bytes 1048576\n"))
+      << metrics->body;
 
 }
 

@@ -574,7 +574,8 @@ NodeUnits::NodeUnits(uint32_t node_id, const Topology* topology, NodeTable* node
       candidate(election, node_id),
       coordinator(context, &candidate, log->ViewOf(node_id), &store, records,
                   {.forget_every = 4, .campaign_wait = absl::Milliseconds(50)}),
-      report(context, &store, &parity, pool.get(), &rebuilder, &participant) {}
+      remote_restore(context, &store, &transfer, &rebuilder),
+      report(context, &store, &parity, pool.get(), &rebuilder, &participant, &remote_restore) {}
 
 NodeUnits::~NodeUnits() {
   std::filesystem::remove("/dev/shm/" + pool_name + ".data");

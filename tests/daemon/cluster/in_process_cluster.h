@@ -22,6 +22,7 @@
 #include "daemon/cluster/control.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/local_report.h"
+#include "daemon/cluster/remote_restore.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/cluster/peer_client.h"
 #include "daemon/cluster/rebuild.h"
@@ -268,6 +269,7 @@ struct NodeUnits {
   Participant participant;
   FakeElection::Candidate candidate;
   Coordinator coordinator;
+  RemoteRestore remote_restore;
   LocalReport report;
 };
 

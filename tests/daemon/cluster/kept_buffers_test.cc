@@ -65,6 +65,23 @@ TEST(KeptBuffersTest, KeptBytesNeverPassTheBound) {
   }
   // The 5 MiB buffer is freed (above the bound), one 3 MiB buffer kept, the other freed.
   EXPECT_EQ(buffers.kept_bytes(), 3 * kMiB);
+  EXPECT_EQ(buffers.held_bytes(), 3 * kMiB);
+}
+
+// What the buffers hold in all, leased or kept, for the node's memory report.
+TEST(KeptBuffersTest, HeldBytesCountLeasedAndKeptBuffers) {
+  KeptBuffers buffers(4 * kMiB);
+  {
+    const KeptBuffers::Lease a = buffers.Take(3 * kMiB);
+    const KeptBuffers::Lease b = buffers.Take(kMiB / 2);  // a granule: 1 MiB
+    const KeptBuffers::Lease large = buffers.Take(5 * kMiB);
+    EXPECT_EQ(buffers.kept_bytes(), 0u);
+    EXPECT_EQ(buffers.held_bytes(), 9 * kMiB);
+  }
+  EXPECT_EQ(buffers.held_bytes(), 4 * kMiB);  // a and b kept; the large one freed
+  const KeptBuffers::Lease again = buffers.Take(2 * kMiB);  // a's buffer, leased again
+  EXPECT_EQ(buffers.kept_bytes(), kMiB);
+  EXPECT_EQ(buffers.held_bytes(), 4 * kMiB);
 }
 
 TEST(KeptBuffersTest, ALargerBufferDisplacesSmallerOnes) {
