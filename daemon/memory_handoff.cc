@@ -86,9 +86,9 @@ void MemoryHandoff::Serve() {
         Connection& connection = connections_[fd];
         connection.peer = peer;
         if (sessions_->keeps_exited_memory()) {
-          // Taken while the peer holds its end of the connection (a pid that died right after
-          // connecting and was reused gives a watch that never ends: nothing is handed on).
-          connection.process = ProcessExit::Watch(peer.pid);
+          // From the connection itself: the process that connected, even if it died right after
+          // and its pid was reused.
+          connection.process = ProcessExit::WatchPeer(fd, peer.pid);
           if (peer.pid == 0 && !warned_pid_namespace_) {
             warned_pid_namespace_ = true;
             Log(LogLevel::kWarning, "a trainer connected from another pid namespace: the memory "

@@ -1,7 +1,9 @@
-// ProcessExit: pidfd_open(2), and poll(2) on it (readable once the process terminates).
+// ProcessExit: a pidfd from the peer's socket or pidfd_open(2), and poll(2) on it (readable once
+// the process terminates).
 #include "daemon/process_exit.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,6 +18,18 @@ ProcessExit ProcessExit::Watch(pid_t pid) {
   if (pidfd >= 0) return ProcessExit(pid, static_cast<int>(pidfd), false);
   // ESRCH: the process is gone already. Anything else (no pidfds here): never known to exit.
   return ProcessExit(pid, -1, errno == ESRCH);
+}
+
+ProcessExit ProcessExit::WatchPeer(int connection, pid_t pid) {
+  if (pid <= 0) return ProcessExit(pid, -1, false);
+  int pidfd = -1;
+  socklen_t length = sizeof(pidfd);
+  if (getsockopt(connection, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &length) == 0 && pidfd >= 0) {
+    return ProcessExit(pid, pidfd, false);
+  }
+  // ESRCH: the peer is gone already (kernels that give no pidfd of an exited process say so).
+  if (errno == ESRCH) return ProcessExit(pid, -1, true);
+  return Watch(pid);  // ENOPROTOOPT: no SO_PEERPIDFD here
 }
 
 ProcessExit::~ProcessExit() {

@@ -1,9 +1,16 @@
-// Whether a trainer process has exited, asked of the kernel by a pidfd taken while the process held
-// a connection to the daemon, so that a pid reused by another process is never mistaken for it.
+// Whether a trainer process has exited, asked of the kernel by a pidfd: taken from the trainer's
+// connection to the daemon (SO_PEERPIDFD), so that a pid reused by another process is never
+// mistaken for it.
 #ifndef MOESNAP_DAEMON_PROCESS_EXIT_H_
 #define MOESNAP_DAEMON_PROCESS_EXIT_H_
 
+#include <sys/socket.h>
 #include <sys/types.h>
+
+// Linux 6.5's socket option (WatchPeer); older C library headers lack its name.
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
 
 namespace moesnap::daemon {
 
@@ -13,6 +20,11 @@ class ProcessExit {
   // Watches `pid`. A pid the daemon cannot see (0: a peer in another pid namespace) or a kernel
   // without pidfds gives a watch that never says exited: memory is then never handed on.
   static ProcessExit Watch(pid_t pid);
+  // Watches the process that connected the Unix socket `connection`, whose pid (as SO_PEERCRED
+  // gave it) is `pid`: the pidfd comes from the socket (SO_PEERPIDFD, Linux 6.5), so it is that
+  // process's even when it has died and its pid was taken by another since. A kernel without it
+  // watches `pid` (Watch). A pid of 0 gives a watch that never says exited, as for Watch.
+  static ProcessExit WatchPeer(int connection, pid_t pid);
   ProcessExit() = default;
   ~ProcessExit();
   ProcessExit(ProcessExit&& other) noexcept;

@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "tests/testing/status_matchers.h"
 
@@ -379,6 +383,46 @@ TEST(ProcessExitTest, SaysExitedOnlyOnceTheProcessIsGone) {
   waitpid(child, &status, 0);
   EXPECT_TRUE(watch.Exited());
   EXPECT_FALSE(ProcessExit::Watch(0).watching());
+}
+
+// A watch taken from a connection follows the process that connected, not whichever process has
+// its pid: here the pid given is this test's own (as if the trainer's pid had been reused by a
+// process that runs on), and the watch still says exited once the connected child is gone.
+TEST(ProcessExitTest, AWatchFromAConnectionFollowsTheProcessThatConnected) {
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  // An abstract name, unique to this process: nothing to clean up on disk.
+  const std::string name = "moesnap-process-exit-test-" + std::to_string(getpid());
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(bind(listener, reinterpret_cast<const sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    const int connection = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (connect(connection, reinterpret_cast<const sockaddr*>(&address), length) != 0) _exit(1);
+    while (true) pause();
+  }
+  ASSERT_GT(child, 0);
+  const int accepted = accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  int pidfd = -1;
+  socklen_t pidfd_length = sizeof(pidfd);
+  if (getsockopt(accepted, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &pidfd_length) != 0) {
+    KillAndReap(child);
+    GTEST_SKIP() << "this kernel has no SO_PEERPIDFD (Linux 6.5): " << std::strerror(errno);
+  }
+  close(pidfd);
+  const ProcessExit watch = ProcessExit::WatchPeer(accepted, getpid());
+  EXPECT_TRUE(watch.watching());
+  EXPECT_FALSE(watch.Exited());
+  KillAndReap(child);
+  EXPECT_TRUE(watch.Exited());
+  EXPECT_FALSE(ProcessExit::WatchPeer(accepted, 0).watching());  // another pid namespace
+  close(accepted);
+  close(listener);
 }
 
 }  // namespace
