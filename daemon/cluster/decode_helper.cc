@@ -147,7 +147,7 @@ absl::StatusOr<uint64_t> DecodeHelper::FetchSources(int64_t step, int group,
         continue;
       }
       slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, ""},
-                       {work.units[i], bytes, bytes, source}});
+                       {work.units[i], bytes, source}});
       v1::SendUnitsRequest& request = requests[source];
       request.set_to_node(self);
       request.set_step(step);

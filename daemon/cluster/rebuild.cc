@@ -346,7 +346,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
         stripe->set_target(static_cast<uint32_t>(work.mine));
         for (int i : work.chosen) stripe->add_sources(static_cast<uint32_t>(i));
         slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), node, ""},
-                         {received + offset, work.bytes, work.bytes, node}});
+                         {received + offset, work.bytes, node}});
         offset += work.length;
       }
       if (absl::Status fetched = FetchFrom(

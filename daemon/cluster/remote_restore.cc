@@ -140,7 +140,6 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
     const absl::Span<uint8_t> bytes = wanted[i].bytes;
     slots.push_back({keys[i], {.buffer = bytes.data(),
                                .bytes = bytes.size(),
-                               .missing = bytes.size(),
                                .source = holder,
                                .owner_checks = true}});
   }

@@ -398,7 +398,11 @@ absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>&
           absl::StrCat(key.Describe(), " is awaited by another decode on this node already"));
     }
   }
-  for (const auto& [key, slot] : slots) fetches_[key].slot = slot;
+  for (const auto& [key, slot] : slots) {
+    Awaited& awaited = fetches_[key];
+    awaited.slot = slot;
+    awaited.missing = slot.bytes;
+  }
   return absl::OkStatus();
 }
 
@@ -407,7 +411,7 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
   for (const FetchKey& key : keys) {
     // The wait ends when no byte of the key came for kFetchWait (a large region takes longer),
     // and in any case once it took kFetchWait more than at kSlowestFetch bytes per second.
-    uint64_t missing = fetches_[key].slot.missing;
+    uint64_t missing = fetches_[key].missing;
     const absl::Time start = absl::Now();
     const absl::Time ceiling =
         start + kFetchWait + absl::Seconds(static_cast<double>(missing) / kSlowestFetch);
@@ -418,10 +422,10 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
       if (!awaited.failure.empty()) {
         sent = absl::Status(awaited.failure_code,
                             absl::StrCat(key.Describe(), ": ", awaited.failure));
-      } else if (awaited.slot.missing == 0) {
+      } else if (awaited.missing == 0) {
         break;
-      } else if (awaited.slot.missing < missing) {
-        missing = awaited.slot.missing;
+      } else if (awaited.missing < missing) {
+        missing = awaited.missing;
         deadline = std::min(now + kFetchWait, ceiling);
       } else if (now >= deadline) {
         sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
@@ -446,7 +450,7 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
 std::pair<size_t, uint64_t> Transfer::FetchesWaiting() {
   absl::MutexLock lock(&fetch_mutex_);
   uint64_t missing = 0;
-  for (const auto& [key, awaited] : fetches_) missing += awaited.slot.missing;
+  for (const auto& [key, awaited] : fetches_) missing += awaited.missing;
   return {fetches_.size(), missing};
 }
 
@@ -477,10 +481,9 @@ absl::StatusOr<std::optional<FrameSink::InPlace>> Transfer::Reserve(
   if (!awaited.failure.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(key.Describe(), " failed already"));
   }
-  // Bounds from the wire, checked without overflow: the offset may be anything. Bytes being read
-  // in by other frames count as arrived.
-  if (header.offset > slot.bytes || header.length > slot.bytes - header.offset ||
-      header.length > slot.missing - awaited.reserved) {
+  // Bounds from the wire, checked without overflow: the offset may be anything. Frames within the
+  // slot that overlap none before them (below) never bring more bytes than it misses.
+  if (header.offset > slot.bytes || header.length > slot.bytes - header.offset) {
     return absl::InvalidArgumentError(absl::StrCat(key.Describe(), ": more bytes than asked for"));
   }
   // Each byte once: frames that overlap would leave others unwritten yet count them arrived.
@@ -494,7 +497,6 @@ absl::StatusOr<std::optional<FrameSink::InPlace>> Transfer::Reserve(
     }
     awaited.taken.emplace(header.offset, end);
   }
-  awaited.reserved += header.length;
   ++awaited.writers;
   return InPlace{absl::Span<uint8_t>(slot.buffer + header.offset, header.length),
                  slot.owner_checks};
@@ -510,9 +512,8 @@ void Transfer::Filled(const FrameHeader& header, const absl::Status& checked) {
   }
   Awaited& awaited = it->second;
   --awaited.writers;
-  awaited.reserved -= header.length;
   if (checked.ok()) {
-    awaited.slot.missing -= header.length;
+    awaited.missing -= header.length;
   } else if (awaited.failure.empty()) {
     awaited.failure = std::string(checked.message());
     awaited.failure_code = absl::StatusCode::kDataLoss;

@@ -54,7 +54,6 @@ struct FetchKey {
 struct FetchSlot {
   uint8_t* buffer = nullptr;
   uint64_t bytes = 0;
-  uint64_t missing = 0;
   uint32_t source = 0;
   // The slot's owner checks every byte against checksums of its own as it uses them
   // (FrameSink::InPlace::owner_checks): frames into it are not checked as they land.
@@ -215,7 +214,7 @@ class Transfer final : public FrameSink {
   // An expected slot, and the frames being read into it.
   struct Awaited {
     FetchSlot slot;
-    uint64_t reserved = 0;  // bytes of the frames being read in, not counted arrived yet
+    uint64_t missing = 0;   // bytes not arrived (checked, unless the owner checks) yet
     int writers = 0;        // frames being read in
     std::map<uint64_t, uint64_t> taken;  // [offset, end) of every frame read in or being read in
     std::string failure;    // why the fetch failed (empty: it did not)

@@ -169,14 +169,14 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   const FetchKey from_helper{2, 0, 0, 3, ""};
   std::vector<uint8_t> decoded(bytes), held(bytes);
   Transfer& receiver = cluster.node(1).transfer;
-  ASSERT_OK(receiver.Expect({{from_helper, {decoded.data(), bytes, bytes, 3}}}));
+  ASSERT_OK(receiver.Expect({{from_helper, {decoded.data(), bytes, 3}}}));
   absl::StatusOr<v1::DecodeUnitsResponse> served =
       helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}), never);
   ASSERT_OK(receiver.Collect({from_helper}, served.status()));
   EXPECT_EQ(served->sent_bytes(), bytes);
   const uint32_t owner = cluster.node(1).context.topology->NodeAt(0, position);
   const FetchKey from_owner{2, 0, 0, owner, ""};
-  ASSERT_OK(receiver.Expect({{from_owner, {held.data(), bytes, bytes, owner}}}));
+  ASSERT_OK(receiver.Expect({{from_owner, {held.data(), bytes, owner}}}));
   v1::SendUnitsRequest send;
   send.set_to_node(1);
   send.set_step(2);

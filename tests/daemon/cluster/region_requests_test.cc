@@ -44,7 +44,6 @@ absl::Status ExpectRegion(Transfer& transfer, const FetchKey& key, uint32_t hold
                           std::vector<uint8_t>& into) {
   return transfer.Expect({{key, {.buffer = into.data(),
                                  .bytes = into.size(),
-                                 .missing = into.size(),
                                  .source = holder,
                                  .owner_checks = true}}});
 }

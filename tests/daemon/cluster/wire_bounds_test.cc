@@ -50,7 +50,7 @@ TEST(WireBoundsTest, AFetchedUnitNeverLandsOutsideItsBuffer) {
   // 4096 bytes asked for, between 64-byte canaries on either side.
   std::vector<uint8_t> memory(64 + 4096 + 64, kCanary);
   const FetchKey key{1, 0, 0, 0, ""};
-  ASSERT_OK(transfer.Expect({{key, {memory.data() + 64, 4096, 4096}}}));
+  ASSERT_OK(transfer.Expect({{key, {memory.data() + 64, 4096}}}));
   const std::vector<uint8_t> payload(64, 0xee);
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
@@ -102,7 +102,7 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsOnlyUnitsItWasAskedFor) {
   Transfer& transfer = cluster.node(0).transfer;
   std::vector<uint8_t> memory(4096, kCanary);
   const FetchKey key{1, 0, 0, 2, ""};
-  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, 4096, /*source=*/2}}}));
+  ASSERT_OK(transfer.Expect({{key, {memory.data(), 4096, /*source=*/2}}}));
   const std::vector<uint8_t> whole(4096, 0x42);
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
@@ -128,7 +128,7 @@ class WireBoundsSlotTest : public ::testing::Test {
     header_.rank = 2;
   }
   void SetUp() override {
-    ASSERT_OK(transfer_.Expect({{key_, {memory_.data() + 64, 4096, 4096, /*source=*/2}}}));
+    ASSERT_OK(transfer_.Expect({{key_, {memory_.data() + 64, 4096, /*source=*/2}}}));
   }
   uint8_t* unit() { return memory_.data() + 64; }
 
@@ -232,7 +232,7 @@ TEST(WireBoundsTest, PiecesSentWithoutACopyArriveWholeAcrossFrames) {
   std::vector<uint8_t> received(whole.size(), kCanary);
   const FetchKey key{1, 0, 0, 1, ""};
   ASSERT_OK(cluster.node(0).transfer.Expect(
-      {{key, {received.data(), received.size(), received.size(), /*source=*/1}}}));
+      {{key, {received.data(), received.size(), /*source=*/1}}}));
   FrameHeader header;
   header.kind = FrameKind::kFetchedUnit;
   header.step = 1;
@@ -250,7 +250,7 @@ TEST(WireBoundsTest, PiecesSentWithoutACopyArriveWholeAcrossFrames) {
   std::vector<uint8_t> exact_received(exact.size(), kCanary);
   const FetchKey exact_key{1, 1, 0, 1, ""};
   ASSERT_OK(cluster.node(0).transfer.Expect(
-      {{exact_key, {exact_received.data(), exact.size(), exact.size(), 1}}}));
+      {{exact_key, {exact_received.data(), exact.size(), 1}}}));
   header.stripe = 1;
   ASSERT_OK(cluster.node(1).transfer.SendFrames(0, header, two_frames));
   ASSERT_OK(cluster.node(0).transfer.Collect({exact_key}, absl::OkStatus()));
@@ -267,9 +267,9 @@ TEST(WireBoundsTest, AUnitAwaitedAlreadyIsRefusedToASecondDecode) {
   std::vector<uint8_t> first(4096, kCanary), second(4096, kCanary), other(4096, kCanary);
   const FetchKey key{1, 0, 0, 2, ""};
   const FetchKey other_key{1, 1, 0, 2, ""};
-  ASSERT_OK(transfer.Expect({{key, {first.data(), 4096, 4096, /*source=*/2}}}));
+  ASSERT_OK(transfer.Expect({{key, {first.data(), 4096, /*source=*/2}}}));
   const absl::Status refused = transfer.Expect(
-      {{other_key, {other.data(), 4096, 4096, 2}}, {key, {second.data(), 4096, 4096, 2}}});
+      {{other_key, {other.data(), 4096, 2}}, {key, {second.data(), 4096, 2}}});
   EXPECT_STATUS(refused, absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(refused.message(), "awaited by another decode")) << refused;
   const std::vector<uint8_t> whole(4096, 0x42);
