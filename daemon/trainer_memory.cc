@@ -87,7 +87,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
   absl::MutexLock lock(&mutex_);
   if (auto previous = current_.find(rank); previous != current_.end()) {
     State& holder = sessions_.at(previous->second);
-    if (LiveLocked(holder, now) && holder.caller.uid != caller.uid && caller.uid != 0) {
+    if (MayBeLive(holder, now) && holder.caller.uid != caller.uid && caller.uid != 0) {
       return absl::PermissionDeniedError(absl::StrCat(
           "rank ", rank, " is held by a live trainer of uid ", holder.caller.uid, " (pid ",
           holder.caller.pid, "); uid ", caller.uid, " (pid ", caller.pid,
@@ -99,7 +99,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
   std::vector<std::pair<uint32_t, uint64_t>> abandoned;
   if (sessions_.size() >= kMaxSessions) {
     for (auto session = sessions_.begin(); session != sessions_.end();) {
-      if (LiveLocked(session->second, now)) {
+      if (MayBeLive(session->second, now)) {
         ++session;
         continue;
       }
@@ -122,7 +122,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
   return Session{number, token, std::move(abandoned)};
 }
 
-bool TrainerSessions::LiveLocked(const State& session, absl::Time now) const {
+bool TrainerSessions::MayBeLive(const State& session, absl::Time now) const {
   return session.connected || session.bound || now - session.started < connection_grace_;
 }
 

@@ -212,7 +212,7 @@ class TrainerSessions {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // Whether `session` may still be a trainer's: its memory connection open, or its Hello recent.
-  bool LiveLocked(const State& session, absl::Time now) const;
+  bool MayBeLive(const State& session, absl::Time now) const;
 
   const absl::Duration retention_;
   const absl::Duration connection_grace_;
