@@ -62,8 +62,9 @@ class RawTcpStream {
 
 // A raw fetch: the client writes a 64-byte request and reads `answer_bytes` back, which a server
 // thread writes whole for each request. After an idle pause, as between the restores a suite times,
-// the answer costs more than a stream's throughput says (the connection's window and the reading
-// thread start cold): 4 MiB answers took 1.9-2.0 GB/s after 5 ms idle where the stream read 3-4.
+// the answer costs more than a stream's throughput says: 4 MiB answers took 1.9-2.1 GB/s after 5 ms
+// idle where the stream read 3-4 (why is not settled here; TCP's slow start after idle, turned off
+// for one run, was not it).
 class RawTcpFetch {
  public:
   explicit RawTcpFetch(size_t answer_bytes)
