@@ -5,7 +5,7 @@
 //
 //   offset size field
 //   0      4    magic "MSDP"            32     8    offset   byte offset within the unit
-//   4      2    version (2)             40     4    length   payload bytes
+//   4      2    version (3)             40     4    length   payload bytes
 //   6      2    kind (FrameKind)        44     4    payload_crc   CRC-32C of the payload
 //   8      8    step                    48     2    region_bytes  length of the region name
 //   16     4    rank                    50     2    reserved, zero
@@ -16,6 +16,10 @@
 // again under a newer coordinator drops the frames an older one's encode still had on the wire. In
 // a region request, and in the frames and refusal that answer it, it is the asking node's request
 // token, by which that node tells the answers it awaits from late ones.
+//
+// The version changes with the meaning of any frame, so that daemons of different versions refuse
+// each other's frames (a step aborts, saying why) instead of misreading them. 3: a parity delta of a
+// fresh stripe carries the unit itself, and region requests and refusals (kinds 5 and 6) exist.
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
 // (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
@@ -38,7 +42,8 @@ namespace moesnap::daemon {
 enum class FrameKind : uint16_t {
   // 1 is retired (whole parity units are never sent: holders build their own).
   // A data unit's change for a parity holder, old XOR new bytes (the unit itself when the holder
-  // starts from zero parity); the holder adds coefficient * delta to its parity unit.
+  // starts from zero parity: a full encode, or a fresh stripe of StepChanges); the holder adds
+  // coefficient * delta to its parity unit.
   kParityDelta = 2,
   kFetchedUnit = 3,    // a data or parity unit served to a rebuilding or repairing peer
   kFetchedRegion = 4,  // a chunk of a committed region served for an elastic restore
@@ -53,7 +58,7 @@ enum class FrameKind : uint16_t {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x5044534d;  // "MSDP" little-endian
-  static constexpr uint16_t kVersion = 2;
+  static constexpr uint16_t kVersion = 3;
   static constexpr size_t kBytes = 64;
   static constexpr size_t kMaxRegionBytes = 1024;
 

@@ -50,13 +50,19 @@ bool ParityStore::Fits(const std::vector<uint64_t>& image_bytes) const {
 
 absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
                                const std::vector<uint64_t>& image_bytes,
-                               const std::vector<std::vector<bool>>* changed, bool accumulate) {
+                               const StepChanges* changes, bool accumulate) {
   if (static_cast<int>(image_bytes.size()) != layout_->group_size()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", image_bytes.size(),
                                                    " image sizes for a group of ",
                                                    layout_->group_size()));
   }
-  if (accumulate && changed == nullptr) {
+  if (changes != nullptr && static_cast<int>(changes->units.size()) != layout_->group_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": changes of ",
+                                                   changes->units.size(),
+                                                   " positions for a group of ",
+                                                   layout_->group_size()));
+  }
+  if (accumulate && changes == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step, ": an accumulation takes deltas of changed units only"));
   }
@@ -68,16 +74,19 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
     if (!layout_->IsParityPosition(stripe, position_)) continue;
     const uint64_t bytes = layout_->ParityLength(stripe, image_bytes);
     if (bytes == 0) continue;
+    const bool fresh = changes != nullptr && changes->Fresh(stripe);
+    if (fresh && accumulate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step, ": stripe ", stripe, " is encoded afresh, and its parity is accumulated"));
+    }
     uint64_t expected = 0;
     const erasure::StripeMembers members = layout_->Members(stripe);
     for (int position : members.data_positions) {
       const uint64_t unit = layout_->DataUnitOf(position, stripe);
-      if (changed != nullptr && (unit >= (*changed)[position].size() || !(*changed)[position][unit])) {
-        continue;
-      }
+      if (changes != nullptr && !changes->Changed(position, unit)) continue;
       expected += layout_->UnitLength(image_bytes[position], unit);
     }
-    const bool updated = changed != nullptr && !accumulate;
+    const bool updated = changes != nullptr && !accumulate && !fresh;
     std::optional<ParityUnit> committed;
     if (updated) {
       absl::MutexLock lock(&mutex_);

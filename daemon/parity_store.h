@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "daemon/frame.h"
 #include "daemon/pool.h"
+#include "daemon/step_changes.h"
 #include "erasure/reed_solomon.h"
 #include "erasure/stripe_layout.h"
 #include "proto/moesnap.pb.h"
@@ -50,15 +51,16 @@ class ParityStore {
   absl::Status Recover(const v1::JournalCluster& record);
 
   // Opens `step`: a unit for every stripe in which this node is a parity holder and some data node
-  // has bytes, given each group position's image size. Without `changed`, units start at zero and
-  // every data unit is expected (a full encode). With it (a sparse step of an unchanged layout),
-  // units start as copies of the committed ones and only the deltas of units marked changed
-  // (changed[position][unit]) are expected; a stripe none of whose data units changed keeps the
-  // committed unit itself, shared (no frame is taken for it).
+  // has bytes, given each group position's image size. Without `changes`, units start at zero and
+  // every data unit is expected (a full encode). With them (a step of an unchanged layout), units
+  // start as copies of the committed ones and only the deltas of the changed units are expected;
+  // a stripe none of whose data units changed keeps the committed unit itself, shared (no frame is
+  // taken for it); a fresh stripe's unit starts at zero and takes every data unit itself.
   // Opening a step again with a newer `attempt` replaces the older attempt's units. With
-  // `accumulate` (and `changed`), units start at zero: they take the step's change only.
+  // `accumulate` (and `changes`, of which no stripe this node holds may be fresh), units start at
+  // zero: they take the step's change only.
   absl::Status Begin(int64_t step, int64_t attempt, const std::vector<uint64_t>& image_bytes,
-                     const std::vector<std::vector<bool>>* changed, bool accumulate = false);
+                     const StepChanges* changes, bool accumulate = false);
   // The parity bytes this node holds for a group of `image_bytes`, and whether the pool has room
   // for them now.
   uint64_t UnitBytes(const std::vector<uint64_t>& image_bytes) const;

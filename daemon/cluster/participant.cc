@@ -400,7 +400,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
   if (absl::Status status = CatchUp(base, deadline); !status.ok()) return status;
   // A step that keeps every node's layout updates the committed parity with the deltas of the
-  // units it changed; anything else (the first step, a rank registering new regions) encodes whole.
+  // units it changed, and encodes afresh the stripes whose units all changed (StepChanges);
+  // anything else (the first step, a rank registering new regions) encodes whole.
   // Every node of the group decides the same from the same two records, unless the coordinator
   // found that the group's nodes do not hold the same committed step.
   const v1::JournalCluster committed = store_->ClusterRecord();
@@ -435,22 +436,25 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
         "] absent) and a live node's layout changed since step ", committed.committed_step(),
         ": it cannot go as deltas"));
   }
-  std::vector<std::vector<bool>> changed;
+  std::optional<StepChanges> changes;
   if (delta) {
+    std::vector<std::vector<bool>> units;
     for (int position = 0; position < layout.group_size(); ++position) {
-      changed.push_back(ChangedUnits(committed.group_images(position), group_images[position],
-                                     layout.unit_bytes()));
+      units.push_back(ChangedUnits(committed.group_images(position), group_images[position],
+                                   layout.unit_bytes()));
     }
+    changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
   }
-  if (absl::Status status = OpenParity(step, request.token(), image_bytes,
-                                       delta ? &changed : nullptr, /*accumulate=*/false);
+  const StepChanges* step_changes = changes ? &*changes : nullptr;
+  if (absl::Status status =
+          OpenParity(step, request.token(), image_bytes, step_changes, /*accumulate=*/false);
       !status.ok()) {
     return status;
   }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
       step, request.token(), image,
-      delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
-      delta ? &changed[topology.position] : nullptr, absent_nodes);
+      delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt, step_changes,
+      absent_nodes);
   if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
                                            std::move(group_images), "encoded it");
       !status.ok()) {
@@ -470,9 +474,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
 
 absl::Status Participant::OpenParity(int64_t step, int64_t token,
                                      const std::vector<uint64_t>& image_bytes,
-                                     const std::vector<std::vector<bool>>* changed,
-                                     bool accumulate) {
-  if (absl::Status status = parity_->Begin(step, token, image_bytes, changed, accumulate);
+                                     const StepChanges* changes, bool accumulate) {
+  if (absl::Status status = parity_->Begin(step, token, image_bytes, changes, accumulate);
       !status.ok()) {
     return status;
   }
@@ -542,7 +545,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
                                           request.group_images().end());
   for (int position : absent) group_images[position] = base.group_images(position);
   std::vector<uint64_t> image_bytes;
-  std::vector<std::vector<bool>> changed;
+  std::vector<std::vector<bool>> units;
   for (int position = 0; position < layout.group_size(); ++position) {
     if (!SameLayout(base.group_images(position), group_images[position])) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -550,11 +553,13 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
           base.committed_step(), ", so the step cannot go as deltas"));
     }
     image_bytes.push_back(group_images[position].bytes());
-    changed.push_back(ChangedUnits(base.group_images(position), group_images[position],
-                                   layout.unit_bytes()));
+    units.push_back(ChangedUnits(base.group_images(position), group_images[position],
+                                 layout.unit_bytes()));
   }
+  // This node is absent, so none of the stripes whose parity it holds is fresh.
+  const StepChanges changes = ChangesOf(layout, std::move(units), image_bytes, absent);
   if (absl::Status status =
-          OpenParity(step, request.token(), image_bytes, &changed, /*accumulate=*/true);
+          OpenParity(step, request.token(), image_bytes, &changes, /*accumulate=*/true);
       !status.ok()) {
     return status;
   }

@@ -41,6 +41,7 @@
 #include "daemon/cluster/transfer.h"
 #include "daemon/cluster_store.h"
 #include "daemon/parity_store.h"
+#include "daemon/step_changes.h"
 
 namespace moesnap::daemon::cluster {
 
@@ -97,7 +98,7 @@ class Participant {
   // Opens the step's parity units (ParityStore::Begin), then aborts them if the step was decided
   // meanwhile: ABORTED, since no unit would come to end a wait for them.
   absl::Status OpenParity(int64_t step, int64_t token, const std::vector<uint64_t>& image_bytes,
-                          const std::vector<std::vector<bool>>* changed, bool accumulate);
+                          const StepChanges* changes, bool accumulate);
   // Once `sending` (this node's own sends) succeeded, waits for the step's parity to be complete,
   // then records the encode (and the group's images) on the prepared step. The parity goes on
   // failure; ABORTED when the step was decided or prepared again meanwhile (`doing` says what this

@@ -190,7 +190,7 @@ absl::Status Transfer::SendChunks(uint32_t to, FrameHeader header,
 absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
                                                  const NodeImage& image,
                                                  const std::optional<NodeImage>& previous,
-                                                 const std::vector<bool>* changed,
+                                                 const StepChanges* changes,
                                                  const std::set<uint32_t>& absent) {
   const erasure::StripeLayout& layout = context_.layout();
   const int position = context_.topology->position;
@@ -205,7 +205,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
   std::set<uint32_t> holders;
   const uint64_t units = layout.UnitCount(image.bytes());
   for (uint64_t unit = 0; unit < units; ++unit) {
-    if (changed != nullptr && !(*changed)[unit]) continue;
+    if (changes != nullptr && !changes->Changed(position, unit)) continue;
     const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
     UnitSend send{unit, {}};
     for (int holder : layout.Members(location.stripe).parity_positions) {
@@ -220,10 +220,10 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
   std::iota(workers.begin(), workers.end(), 0);
   std::atomic<uint64_t> sent{0};
   std::vector<absl::Status> statuses = InParallel(workers, [&](size_t worker) -> absl::Status {
-    // A whole unit is sent from where it lies. A delta (old XOR new) is computed a frame at a
-    // time into one buffer that stays in cache while the frame is checksummed and sent.
-    const std::unique_ptr<uint8_t[]> delta =
-        previous ? std::make_unique_for_overwrite<uint8_t[]>(kFrameBytes) : nullptr;
+    // A unit sent as itself (a full encode's, or a fresh stripe's) goes from where it lies. A
+    // delta (old XOR new) is computed a frame at a time into one buffer that stays in cache while
+    // the frame is checksummed and sent.
+    std::unique_ptr<uint8_t[]> delta;
     for (size_t i = worker; i < sends.size(); i += workers.size()) {
       const uint64_t unit = sends[i].unit;
       const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
@@ -236,7 +236,8 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
       const uint64_t start = unit * layout.unit_bytes();
-      if (previous) {
+      if (previous && (changes == nullptr || !changes->Fresh(location.stripe))) {
+        if (delta == nullptr) delta = std::make_unique_for_overwrite<uint8_t[]>(kFrameBytes);
         for (uint64_t offset = 0; offset < length; offset += kFrameBytes) {
           const uint64_t bytes = std::min<uint64_t>(kFrameBytes, length - offset);
           image.XorWith(*previous, start + offset, bytes, delta.get());

@@ -26,6 +26,7 @@
 #include "daemon/data_plane.h"
 #include "daemon/node_image.h"
 #include "daemon/parity_store.h"
+#include "daemon/step_changes.h"
 
 namespace moesnap::daemon::cluster {
 
@@ -101,13 +102,13 @@ class Transfer final : public FrameSink {
   absl::Status SendChunks(uint32_t to, FrameHeader header,
                           absl::Span<const absl::Span<const uint8_t>> pieces, uint64_t chunk_bytes,
                           absl::Span<const uint32_t> chunk_crcs);
-  // Sends this node's data units of `step` to their parity holders: all of them, or with
-  // `previous` (the committed image) and `changed`, the deltas of the changed ones, as frames of
-  // `attempt` (the coordinator's token). Parity holders among `absent` (a degraded step's) get
-  // nothing. Returns the bytes sent.
+  // Sends this node's data units of `step` to their parity holders, as frames of `attempt` (the
+  // coordinator's token): all of them, or with `previous` (the committed image) and `changes`, the
+  // changed ones only, each as its delta against `previous` or, in a fresh stripe, as itself.
+  // Parity holders among `absent` (a degraded step's) get nothing. Returns the bytes sent.
   absl::StatusOr<uint64_t> SendDataUnits(int64_t step, int64_t attempt, const NodeImage& image,
                                          const std::optional<NodeImage>& previous,
-                                         const std::vector<bool>* changed,
+                                         const StepChanges* changes,
                                          const std::set<uint32_t>& absent);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
   absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);

@@ -1,5 +1,6 @@
 // ParityStore: a step's parity units opened, filled by the data nodes' frames and committed; a
-// sparse step copies only the units of stripes whose data changed and shares the others.
+// sparse step copies only the units of stripes whose data changed and shares the others, and
+// encodes afresh the stripes whose data all changed.
 #include "daemon/parity_store.h"
 
 #include <gtest/gtest.h>
@@ -81,10 +82,11 @@ TEST_F(ParityStoreTest, ASparseStepSharesTheCommittedUnitsOfStripesWhoseDataDidN
                                              before->extent->data() + before->bytes);
 
   // Step 2 changes one data unit, of `changed_stripe`.
-  std::vector<std::vector<bool>> changed(3, std::vector<bool>(4, false));
+  StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
+                      .fresh_stripes = {}};
   const int data_position = layout_.Members(changed_stripe).data_positions[0];
-  changed[data_position][layout_.DataUnitOf(data_position, changed_stripe)] = true;
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changed));
+  changes.units[data_position][layout_.DataUnitOf(data_position, changed_stripe)] = true;
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
   // Only the changed stripe's unit takes new pool memory.
   EXPECT_EQ(parity_->in_flight_bytes(), kUnitBytes);
   // Nothing is expected of a shared unit: a frame for it is refused and writes nothing.
@@ -118,11 +120,12 @@ TEST_F(ParityStoreTest, ANewerAttemptOfASparseStepSharesTheCommittedUnitsAgain) 
   CommitFirstStep();
   const std::optional<ParityUnit> before = parity_->Committed(held_[1]);
   ASSERT_TRUE(before);
-  std::vector<std::vector<bool>> changed(3, std::vector<bool>(4, false));
+  StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
+                      .fresh_stripes = {}};
   const int data_position = layout_.Members(held_[0]).data_positions[0];
-  changed[data_position][layout_.DataUnitOf(data_position, held_[0])] = true;
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changed));
-  ASSERT_OK(parity_->Begin(2, 2, sizes_, &changed));  // a new coordinator opens it again
+  changes.units[data_position][layout_.DataUnitOf(data_position, held_[0])] = true;
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
+  ASSERT_OK(parity_->Begin(2, 2, sizes_, &changes));  // a new coordinator opens it again
   EXPECT_OK(Send(2, held_[0], 0, 0x11));  // attempt 1's frame: dropped
   FrameHeader header;
   header.kind = FrameKind::kParityDelta;
@@ -146,8 +149,9 @@ TEST_F(ParityStoreTest, AnAbortedSparseStepLeavesTheSharedCommittedUnitsAsTheyWe
   const std::optional<ParityUnit> before = parity_->Committed(held_[1]);
   ASSERT_TRUE(before);
   const uint32_t crc = erasure::Crc32c(before->extent->data(), before->bytes);
-  std::vector<std::vector<bool>> changed(3, std::vector<bool>(4, false));
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changed));  // nothing changed: every unit shared
+  StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
+                      .fresh_stripes = {}};
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));  // nothing changed: every unit shared
   EXPECT_EQ(parity_->in_flight_bytes(), 0u);
   parity_->Discard(2);
   const std::optional<ParityUnit> after = parity_->Committed(held_[1]);
@@ -155,6 +159,58 @@ TEST_F(ParityStoreTest, AnAbortedSparseStepLeavesTheSharedCommittedUnitsAsTheyWe
   EXPECT_EQ(after->extent, before->extent);
   EXPECT_EQ(erasure::Crc32c(after->extent->data(), after->bytes), crc);
   EXPECT_EQ(after->crc, crc);
+}
+
+// A stripe whose data units all changed is encoded afresh: its unit starts at zero and takes the
+// units themselves, while a stripe with one unit changed is the committed unit plus that delta.
+TEST_F(ParityStoreTest, AFreshStripeIsEncodedFromItsNewUnitsAndADeltaStripeFromTheCommittedUnit) {
+  CommitFirstStep();
+  const uint64_t fresh_stripe = held_[0];
+  const uint64_t delta_stripe = held_[1];
+  const std::optional<ParityUnit> committed = parity_->Committed(delta_stripe);
+  ASSERT_TRUE(committed);
+  std::vector<uint8_t> expected_delta(committed->extent->data(),
+                                      committed->extent->data() + committed->bytes);
+  StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
+                      .fresh_stripes = std::vector<bool>(layout_.StripeCount(sizes_), false)};
+  for (int position : layout_.Members(fresh_stripe).data_positions) {
+    changes.units[position][layout_.DataUnitOf(position, fresh_stripe)] = true;
+  }
+  changes.fresh_stripes[fresh_stripe] = true;
+  const int delta_position = layout_.Members(delta_stripe).data_positions[1];
+  changes.units[delta_position][layout_.DataUnitOf(delta_position, delta_stripe)] = true;
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
+
+  std::vector<uint8_t> expected_fresh(kUnitBytes, 0);
+  for (int index = 0; index < layout_.data_units(); ++index) {
+    const uint8_t fill = static_cast<uint8_t>(0xa0 + index);
+    ASSERT_OK(Send(2, fresh_stripe, index, fill));
+    const std::vector<uint8_t> unit(kUnitBytes, fill);
+    ASSERT_OK(codec_->UpdateParityUnit(index, 0, unit.data(), expected_fresh.data(), kUnitBytes));
+  }
+  ASSERT_OK(Send(2, delta_stripe, 1, 0x3c));
+  const std::vector<uint8_t> delta(kUnitBytes, 0x3c);
+  ASSERT_OK(codec_->UpdateParityUnit(1, 0, delta.data(), expected_delta.data(), kUnitBytes));
+  ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
+  parity_->Commit(2);
+
+  auto bytes_of = [&](uint64_t stripe) {
+    const std::optional<ParityUnit> unit = parity_->Committed(stripe);
+    return std::vector<uint8_t>(unit->extent->data(), unit->extent->data() + unit->bytes);
+  };
+  EXPECT_TRUE(bytes_of(fresh_stripe) == expected_fresh);
+  EXPECT_TRUE(bytes_of(delta_stripe) == expected_delta);
+}
+
+// A node that accumulates a step's change (it rebuilds) takes deltas only: a stripe it holds
+// cannot be fresh.
+TEST_F(ParityStoreTest, AnAccumulationRefusesAFreshStripe) {
+  StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, true)),
+                      .fresh_stripes = std::vector<bool>(layout_.StripeCount(sizes_), false)};
+  changes.fresh_stripes[held_[0]] = true;
+  const absl::Status refused = parity_->Begin(2, 1, sizes_, &changes, /*accumulate=*/true);
+  EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "afresh")) << refused;
 }
 
 }  // namespace

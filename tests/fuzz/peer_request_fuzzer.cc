@@ -10,6 +10,7 @@
 #include "daemon/cluster/peer_checks.h"
 #include "daemon/node_image.h"
 #include "daemon/region_limits.h"
+#include "daemon/step_changes.h"
 #include "erasure/stripe_layout.h"
 #include "proto/moesnap.pb.h"
 #include "tests/fuzz/proto_input.h"
@@ -46,11 +47,17 @@ void UseGroup(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images) {
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
     if (Layout().ParityLength(stripe, sizes) > kUnitBytes) std::abort();
   }
-  for (int position = 0; position + 1 < images.size(); ++position) {
-    if (!SameLayout(images[position], images[position + 1])) continue;
-    const std::vector<bool> changed =
-        ChangedUnits(images[position], images[position + 1], kUnitBytes);
-    if (changed.size() != Layout().UnitCount(images[position + 1].bytes())) std::abort();
+  std::vector<std::vector<bool>> units;
+  for (int position = 0; position < images.size(); ++position) {
+    const v1::NodeImage& before = images[position > 0 ? position - 1 : position];
+    units.push_back(SameLayout(before, images[position])
+                        ? ChangedUnits(before, images[position], kUnitBytes)
+                        : std::vector<bool>(Layout().UnitCount(images[position].bytes()), true));
+    if (units.back().size() != Layout().UnitCount(images[position].bytes())) std::abort();
+  }
+  if (static_cast<int>(units.size()) == Layout().group_size()) {
+    const StepChanges changes = ChangesOf(Layout(), std::move(units), sizes, {});
+    if (changes.fresh_stripes.size() != stripes) std::abort();
   }
 }
 

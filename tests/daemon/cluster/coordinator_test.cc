@@ -29,6 +29,8 @@ bool Contains(const std::vector<int64_t>& steps, int64_t step) {
   return std::find(steps.begin(), steps.end(), step) != steps.end();
 }
 
+// Each step captures every byte again, so steps 2 to 5 encode every stripe afresh from the new
+// units (StepChanges); the last one's parity must decode every node's data.
 TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAreDropped) {
   InProcessCluster cluster(6, 4, 2);
   const int64_t token = cluster.election().Elect(0);
@@ -50,20 +52,22 @@ TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAre
 
 // A delta is computed and sent a frame at a time: with stripe units of two and a half frames,
 // each unit's delta goes as two whole frames and a short one (a node's last unit, shorter still,
-// as one short frame), and the parity they update decodes every node's data.
+// as one short frame), and the parity they update decodes every node's data. Every node keeps its
+// first unit, so the stripes holding one take deltas, and those whose units all changed (the
+// last units' stripes) are encoded afresh in the same steps.
 TEST(CoordinatorTest, DeltasOfUnitsLongerThanAFrameUpdateTheParityExactly) {
   constexpr uint64_t kUnit = Transfer::kFrameBytes * 5 / 2;
   constexpr uint64_t kLarge = 2 * kUnit + (300 << 10) + 7;
   InProcessCluster cluster(3, 2, 1, /*allow_degraded=*/false, kUnit);
   cluster.election().Elect(0);
   for (int64_t step = 1; step <= 3; ++step) {
-    cluster.CaptureEverywhere(step, kLarge);
+    cluster.CaptureEverywhere(step, kLarge, /*kept_bytes=*/kUnit);
     ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
   }
   for (uint32_t id = 0; id < 3; ++id) {
     EXPECT_EQ(cluster.node(id).participant.delta_encodes(), 2u) << "node " << id;
   }
-  cluster.ExpectEveryNodeRebuildable(3, kLarge);
+  cluster.ExpectEveryNodeRebuildable(3, kLarge, kUnit);
 }
 
 TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {

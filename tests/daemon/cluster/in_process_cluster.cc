@@ -26,9 +26,15 @@ constexpr absl::Duration kWait = absl::Seconds(20);
 
 }  // namespace
 
-std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes) {
-  return moesnap::testing::DeterministicBytes(uint64_t{node} << 40 ^ static_cast<uint64_t>(step))
-      .Bytes(bytes);
+std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes, uint64_t kept_bytes) {
+  auto bytes_of = [node](int64_t at, uint64_t length) {
+    return moesnap::testing::DeterministicBytes(uint64_t{node} << 40 ^ static_cast<uint64_t>(at))
+        .Bytes(length);
+  };
+  std::vector<uint8_t> state = bytes_of(0, kept_bytes);
+  const std::vector<uint8_t> captured = bytes_of(step, bytes - kept_bytes);
+  state.insert(state.end(), captured.begin(), captured.end());
+  return state;
 }
 
 // --- FakeClusterStore -----------------------------------------------------------------------------
@@ -36,23 +42,29 @@ std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes) {
 FakeClusterStore::FakeClusterStore(Pool* pool, uint32_t node) : pool_(pool), node_(node) {}
 
 void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
-                               const std::vector<v1::ReplicaGroupStep>& layouts) {
-  const std::vector<uint8_t> state = StateOf(node_, step, bytes);
+                               const std::vector<v1::ReplicaGroupStep>& layouts,
+                               uint64_t kept_bytes) {
+  const std::vector<uint8_t> state = StateOf(node_, step, bytes, kept_bytes);
   v1::NodeImage manifest;
   manifest.set_node_id(node_);
   manifest.set_step(step);
   manifest.set_bytes(bytes);
-  v1::ImageRegion* region = manifest.add_regions();
-  region->set_rank(node_);
-  region->set_region("state");
-  region->set_step(step);
-  region->set_bytes(bytes);
-  region->set_dtype("uint8");
-  region->add_shape(static_cast<int64_t>(bytes));
-  region->set_chunk_bytes(kChunkBytes);
-  for (uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
-    region->add_chunk_crcs(erasure::Crc32c(state.data() + offset, std::min(kChunkBytes, bytes - offset)));
-  }
+  auto add_region = [&](const std::string& name, int64_t at, uint64_t offset, uint64_t length) {
+    v1::ImageRegion* region = manifest.add_regions();
+    region->set_rank(node_);
+    region->set_region(name);
+    region->set_step(at);
+    region->set_bytes(length);
+    region->set_dtype("uint8");
+    region->add_shape(static_cast<int64_t>(length));
+    region->set_chunk_bytes(kChunkBytes);
+    for (uint64_t chunk = 0; chunk < length; chunk += kChunkBytes) {
+      region->add_chunk_crcs(
+          erasure::Crc32c(state.data() + offset + chunk, std::min(kChunkBytes, length - chunk)));
+    }
+  };
+  if (kept_bytes > 0) add_region("kept", 0, 0, kept_bytes);
+  add_region("state", step, kept_bytes, bytes - kept_bytes);
   if (!layouts.empty()) {
     v1::JournalRank* record = manifest.add_ranks();
     record->set_rank(node_);
@@ -648,8 +660,8 @@ void InProcessCluster::Lose(uint32_t id) {
   table_.Remove(id);
 }
 
-void InProcessCluster::CaptureEverywhere(int64_t step, uint64_t bytes) {
-  for (auto& [id, units] : nodes_) units->store.Capture(step, bytes);
+void InProcessCluster::CaptureEverywhere(int64_t step, uint64_t bytes, uint64_t kept_bytes) {
+  for (auto& [id, units] : nodes_) units->store.Capture(step, bytes, {}, kept_bytes);
 }
 
 bool InProcessCluster::WaitCommitted(int64_t step, std::vector<uint32_t> nodes) {
@@ -676,12 +688,13 @@ std::optional<v1::StepDecision> InProcessCluster::WaitDecided(int64_t step) {
   return std::nullopt;
 }
 
-void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes) {
+void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes,
+                                                  uint64_t kept_bytes) {
   for (auto& [id, units] : nodes_) {
     absl::StatusOr<v1::RebuildResponse> rebuilt = units->rebuilder.RebuildHere();
     ASSERT_TRUE(rebuilt.ok()) << "node " << id << ": " << rebuilt.status();
     EXPECT_EQ(rebuilt->step(), step) << "node " << id;
-    EXPECT_TRUE(units->store.CommittedBytesOf() == StateOf(id, step, bytes))
+    EXPECT_TRUE(units->store.CommittedBytesOf() == StateOf(id, step, bytes, kept_bytes))
         << "node " << id << "'s data decoded from its group differs from what it captured";
   }
 }

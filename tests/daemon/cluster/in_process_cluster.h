@@ -33,16 +33,20 @@
 
 namespace moesnap::daemon::cluster::testing {
 
-// The bytes node `node`'s trainer holds after step `step`.
-std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes);
+// The bytes node `node`'s trainer holds after step `step`; with `kept_bytes`, the first of them
+// are the same at every step (a part of the state the steps leave as it is).
+std::vector<uint8_t> StateOf(uint32_t node, int64_t step, uint64_t bytes, uint64_t kept_bytes = 0);
 
 class FakeClusterStore final : public ClusterStore {
  public:
   FakeClusterStore(Pool* pool, uint32_t node);
 
-  // The node's trainer captured `step`: one region of `bytes` bytes, StateOf(node, step). With
-  // `layouts`, the image's record of the rank (rank = node) carries them as its replica groups.
-  void Capture(int64_t step, uint64_t bytes, const std::vector<v1::ReplicaGroupStep>& layouts = {});
+  // The node's trainer captured `step`: one region "state" of `bytes` bytes, StateOf(node, step).
+  // With `layouts`, the image's record of the rank (rank = node) carries them as its replica
+  // groups. With `kept_bytes`, a region "kept" of that many bytes comes first, captured at step 0
+  // whatever `step` is (unchanged since), and "state" holds the rest.
+  void Capture(int64_t step, uint64_t bytes, const std::vector<v1::ReplicaGroupStep>& layouts = {},
+               uint64_t kept_bytes = 0);
   // The node's trainer restored `step`: its captures after it are dropped, and it takes the
   // steps after it again.
   void Rewind(int64_t step);
@@ -291,8 +295,9 @@ class InProcessCluster {
   FakeDurableRecords& records() { return records_; }
   NodeTable& table() { return table_; }
 
-  // Every node's trainer captures `step` (`bytes` bytes of state each).
-  void CaptureEverywhere(int64_t step, uint64_t bytes);
+  // Every node's trainer captures `step` (`bytes` bytes of state each, the first `kept_bytes` of
+  // them unchanged at every step).
+  void CaptureEverywhere(int64_t step, uint64_t bytes, uint64_t kept_bytes = 0);
   // Waits until every node in `nodes` (all when empty) has committed `step`.
   bool WaitCommitted(int64_t step, std::vector<uint32_t> nodes = {});
   // Waits until the log holds a decision of `step`.
@@ -305,7 +310,7 @@ class InProcessCluster {
   // Decodes every node's committed data from the others' units (a rebuild of each, by a fresh
   // node in its place, without touching the cluster) and compares it with the node's own bytes.
   // Any difference means parity diverged.
-  void ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes);
+  void ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes, uint64_t kept_bytes = 0);
 
  private:
   std::unique_ptr<const Topology> topology_;
