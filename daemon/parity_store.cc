@@ -66,8 +66,15 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step, ": an accumulation takes deltas of changed units only"));
   }
+  if (changes != nullptr && !changes->fresh_stripes.empty() &&
+      changes->fresh_stripes.size() != layout_->StripeCount(image_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": fresh stripes of ", changes->fresh_stripes.size(), " stripes for ",
+        layout_->StripeCount(image_bytes)));
+  }
   Pending pending;
   pending.attempt = attempt;
+  Openings openings;
   pending.accumulate = accumulate;
   const uint64_t stripes = layout_->StripeCount(image_bytes);
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
@@ -103,6 +110,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       pending.units[stripe] = *std::move(committed);
       pending.expected[stripe] = 0;
       pending.shared.insert(stripe);
+      ++openings.shared;
       continue;
     }
     absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool_->Allocate(bytes);
@@ -115,6 +123,9 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
     } else {
       std::memset((*extent)->data(), 0, bytes);
     }
+    ++(updated ? openings.updated
+               : fresh ? openings.fresh
+                       : accumulate ? openings.accumulated : openings.whole);
     pending.units[stripe] = {stripe, bytes, 0, *std::move(extent)};
     pending.expected[stripe] = expected;
     pending.missing += expected;
@@ -126,8 +137,18 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
                                                       it->second.attempt, ", newer than ", attempt));
   }
   pending_[step] = std::move(pending);
+  openings_.whole += openings.whole;
+  openings_.fresh += openings.fresh;
+  openings_.updated += openings.updated;
+  openings_.shared += openings.shared;
+  openings_.accumulated += openings.accumulated;
   changed_.SignalAll();
   return absl::OkStatus();
+}
+
+ParityStore::Openings ParityStore::openings() const {
+  absl::MutexLock lock(&mutex_);
+  return openings_;
 }
 
 absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {

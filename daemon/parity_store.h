@@ -106,6 +106,17 @@ class ParityStore {
   uint64_t committed_bytes() const;
   uint64_t in_flight_bytes() const;
 
+  // Units Begin opened since this store was made, by how they started (a step opened again by a
+  // newer attempt counts again).
+  struct Openings {
+    uint64_t whole = 0;        // at zero, taking every data unit (a full encode)
+    uint64_t fresh = 0;        // at zero, taking the changed units themselves (a fresh stripe)
+    uint64_t updated = 0;      // a copy of the committed unit, taking deltas
+    uint64_t shared = 0;       // the committed unit itself: no data unit of its stripe changed
+    uint64_t accumulated = 0;  // at zero, taking deltas: the step's change, at a node that rebuilds
+  };
+  Openings openings() const;
+
  private:
   struct Pending {
     int64_t attempt = 0;
@@ -133,6 +144,7 @@ class ParityStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  Openings openings_ ABSL_GUARDED_BY(mutex_);
   std::set<int64_t> discarded_ ABSL_GUARDED_BY(mutex_);  // decided aborted, after the committed step
   std::optional<int64_t> committed_step_ ABSL_GUARDED_BY(mutex_);
   std::map<uint64_t, ParityUnit> committed_ ABSL_GUARDED_BY(mutex_);

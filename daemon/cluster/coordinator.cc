@@ -423,7 +423,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   uint64_t bytes = 0;
   for (const auto& [id, image] : images) bytes += image.bytes();
   Log(LogLevel::kInfo, "step ", step, " committed on ", images.size(), " nodes (", bytes,
-      " bytes of data, ", sent, delta ? " bytes of deltas" : " bytes of units",
+      " bytes of data, ", sent, delta ? " bytes of changed units" : " bytes of units",
       " sent to parity holders) in ", absl::FormatDuration(absl::Now() - started),
       absent.empty()
           ? ""

@@ -1,6 +1,6 @@
 // The coordinator: one node at a time, elected on etcd, runs each proposed step's commit:
 //   prepare  every node reports its image of the step;
-//   encode   every node sends its units (or deltas against the base step) to the parity holders
+//   encode   every node sends its units (or its changes since the base step) to the parity holders
 //            and answers once the parity it holds is complete;
 //   decide   the step's outcome, committed or aborted, is written once to etcd in a transaction
 //            that also requires this coordinator's leader key, so a deposed coordinator's decision
@@ -10,7 +10,8 @@
 // what is decided from etcd and runs again any step nodes propose that has no decision.
 // With cluster.allow_degraded, a step commits while nodes are lost (at most m per group, after a
 // first commit): the lost nodes are absent from it, their data frozen at their last committed
-// image; the live nodes send deltas only, and the decision names the absent nodes.
+// image; the live nodes send their changes only (never a whole encode), and the decision names the
+// absent nodes.
 #ifndef MOESNAP_DAEMON_CLUSTER_COORDINATOR_H_
 #define MOESNAP_DAEMON_CLUSTER_COORDINATOR_H_
 

@@ -4,11 +4,12 @@
 //   Prepare  waits until its trainers captured the step and reports its image (NodeImage);
 //   Encode   checks it has applied every decision up to the coordinator's base step (catching up
 //            from etcd if it missed one), opens its parity units of the step, sends each of its
-//            data units (or, for a step that keeps every node's layout, the deltas of the changed
-//            ones against the base) to the stripe's m parity holders, and answers once every unit
-//            it holds has received all its data. In a degraded step the nodes named absent keep
-//            their images of the base (this node's record has them): they change no unit, get no
-//            delta, and the step must go as deltas.
+//            data units (or, for a step that keeps every node's layout, the changed ones: as their
+//            deltas against the base, or as themselves in a stripe whose units all changed,
+//            StepChanges) to the stripe's m parity holders, and answers once every unit it holds
+//            has received all its data. In a degraded step the nodes named absent keep their
+//            images of the base (this node's record has them): they change no unit, get nothing,
+//            and the step cannot encode whole.
 // With cluster.allow_degraded, a node that rebuilds (it does not hold the latest committed step)
 // answers Prepare as absent instead of refusing, so steps go on committing without it; if its pool
 // has room it is a parity receiver: its Encode (parity_only) sends nothing and accumulates the

@@ -60,6 +60,8 @@ TEST(FrameTest, EveryCorruptionIsRejectedByName) {
   };
   EXPECT_TRUE(absl::StrContains(decode_with(0, 'X').message(), "magic"));
   EXPECT_TRUE(absl::StrContains(decode_with(4, 9).message(), "version 9"));
+  // Version 2 would read a fresh stripe's units as deltas: its frames are refused.
+  EXPECT_TRUE(absl::StrContains(decode_with(4, 2).message(), "version 2"));
   EXPECT_TRUE(absl::StrContains(decode_with(17, 1).message(), "header CRC"));  // a flipped rank bit
   EXPECT_STATUS(decode_with(17, 1), absl::StatusCode::kDataLoss);
   // Every single-bit flip anywhere in the header is caught.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -47,27 +48,55 @@ TEST(CoordinatorTest, EveryStepCommitsEverywhereOnOneFencedDecisionAndOldOnesAre
   EXPECT_EQ(cluster.log().writes(), 5 + 1);
   EXPECT_FALSE(decisions.contains(1));
   EXPECT_TRUE(decisions.contains(5));
+  uint64_t fresh = 0;
+  uint64_t updated = 0;
+  for (uint32_t id = 0; id < 6; ++id) {
+    fresh += cluster.node(id).parity.openings().fresh;
+    updated += cluster.node(id).parity.openings().updated;
+  }
+  EXPECT_GT(fresh, 0u);
+  EXPECT_EQ(updated, 0u);
   cluster.ExpectEveryNodeRebuildable(5, kBytes);
 }
 
-// A delta is computed and sent a frame at a time: with stripe units of two and a half frames,
-// each unit's delta goes as two whole frames and a short one (a node's last unit, shorter still,
-// as one short frame), and the parity they update decodes every node's data. Every node keeps its
-// first unit, so the stripes holding one take deltas, and those whose units all changed (the
-// last units' stripes) are encoded afresh in the same steps.
+// A delta is computed and sent a frame at a time: with stripe units of two and a half frames, a
+// unit's delta goes as two whole frames and a short one (a node's last unit, shorter still, as one
+// short frame), and the parity they update decodes every node's data. The nodes keep different
+// parts of their state, so each step has a stripe of every kind: (2,1) over three units per node,
+// stripe 0 holds two kept units (shared), stripes 1 and 2 a changed whole unit beside a kept one
+// and stripe 3 a changed last unit beside a kept one (deltas), stripe 4 node 0's changed last
+// unit beside nothing (encoded afresh).
 TEST(CoordinatorTest, DeltasOfUnitsLongerThanAFrameUpdateTheParityExactly) {
   constexpr uint64_t kUnit = Transfer::kFrameBytes * 5 / 2;
   constexpr uint64_t kLarge = 2 * kUnit + (300 << 10) + 7;
+  const std::map<uint32_t, uint64_t> kept = {{0, 0}, {1, 2 * kUnit}, {2, kLarge}};
   InProcessCluster cluster(3, 2, 1, /*allow_degraded=*/false, kUnit);
   cluster.election().Elect(0);
+  std::map<uint32_t, ParityStore::Openings> before;
   for (int64_t step = 1; step <= 3; ++step) {
-    cluster.CaptureEverywhere(step, kLarge, /*kept_bytes=*/kUnit);
+    if (step == 2) {
+      for (uint32_t id = 0; id < 3; ++id) before[id] = cluster.node(id).parity.openings();
+    }
+    for (uint32_t id = 0; id < 3; ++id) {
+      cluster.node(id).store.Capture(step, kLarge, {}, kept.at(id));
+    }
     ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
   }
+  ParityStore::Openings opened;
   for (uint32_t id = 0; id < 3; ++id) {
     EXPECT_EQ(cluster.node(id).participant.delta_encodes(), 2u) << "node " << id;
+    const ParityStore::Openings now = cluster.node(id).parity.openings();
+    opened.fresh += now.fresh - before[id].fresh;
+    opened.updated += now.updated - before[id].updated;
+    opened.shared += now.shared - before[id].shared;
+    opened.whole += now.whole - before[id].whole;
   }
-  cluster.ExpectEveryNodeRebuildable(3, kLarge, kUnit);
+  // Two steps of one shared, three updated and one fresh unit each, and nothing encoded whole.
+  EXPECT_EQ(opened.shared, 2u);
+  EXPECT_EQ(opened.updated, 6u);
+  EXPECT_EQ(opened.fresh, 2u);
+  EXPECT_EQ(opened.whole, 0u);
+  cluster.ExpectEveryNodeRebuildable(3, kLarge);
 }
 
 TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {

@@ -64,7 +64,7 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
     }
   };
   if (kept_bytes > 0) add_region("kept", 0, 0, kept_bytes);
-  add_region("state", step, kept_bytes, bytes - kept_bytes);
+  if (kept_bytes < bytes) add_region("state", step, kept_bytes, bytes - kept_bytes);
   if (!layouts.empty()) {
     v1::JournalRank* record = manifest.add_ranks();
     record->set_rank(node_);
@@ -76,6 +76,7 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
   image->Write(0, state.data(), bytes);
   absl::MutexLock lock(&mutex_);
   captured_[step] = *std::move(image);
+  kept_bytes_[step] = kept_bytes;
   offered_.erase(step);
   latest_ = step;
   changed_.SignalAll();
@@ -105,6 +106,12 @@ std::vector<int64_t> FakeClusterStore::aborted() const {
 std::vector<int64_t> FakeClusterStore::commits() const {
   absl::MutexLock lock(&mutex_);
   return commits_;
+}
+
+uint64_t FakeClusterStore::KeptBytesOf(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = kept_bytes_.find(step);
+  return it == kept_bytes_.end() ? 0 : it->second;
 }
 
 std::vector<uint8_t> FakeClusterStore::CommittedBytesOf() const {
@@ -688,13 +695,13 @@ std::optional<v1::StepDecision> InProcessCluster::WaitDecided(int64_t step) {
   return std::nullopt;
 }
 
-void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes,
-                                                  uint64_t kept_bytes) {
+void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes) {
   for (auto& [id, units] : nodes_) {
     absl::StatusOr<v1::RebuildResponse> rebuilt = units->rebuilder.RebuildHere();
     ASSERT_TRUE(rebuilt.ok()) << "node " << id << ": " << rebuilt.status();
     EXPECT_EQ(rebuilt->step(), step) << "node " << id;
-    EXPECT_TRUE(units->store.CommittedBytesOf() == StateOf(id, step, bytes, kept_bytes))
+    EXPECT_TRUE(units->store.CommittedBytesOf() ==
+                StateOf(id, step, bytes, units->store.KeptBytesOf(step)))
         << "node " << id << "'s data decoded from its group differs from what it captured";
   }
 }

@@ -44,7 +44,7 @@ class FakeClusterStore final : public ClusterStore {
   // The node's trainer captured `step`: one region "state" of `bytes` bytes, StateOf(node, step).
   // With `layouts`, the image's record of the rank (rank = node) carries them as its replica
   // groups. With `kept_bytes`, a region "kept" of that many bytes comes first, captured at step 0
-  // whatever `step` is (unchanged since), and "state" holds the rest.
+  // whatever `step` is (unchanged since), and "state" holds the rest, if any.
   void Capture(int64_t step, uint64_t bytes, const std::vector<v1::ReplicaGroupStep>& layouts = {},
                uint64_t kept_bytes = 0);
   // The node's trainer restored `step`: its captures after it are dropped, and it takes the
@@ -54,6 +54,8 @@ class FakeClusterStore final : public ClusterStore {
   std::vector<int64_t> commits() const;
   // The committed region's bytes.
   std::vector<uint8_t> CommittedBytesOf() const;
+  // The bytes `step`'s capture kept from step 0 (Capture's `kept_bytes`).
+  uint64_t KeptBytesOf(int64_t step) const;
 
   absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) override;
   NodeCapture CaptureOf(int64_t step) const override;
@@ -79,6 +81,7 @@ class FakeClusterStore final : public ClusterStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, NodeImage> captured_ ABSL_GUARDED_BY(mutex_);
+  std::map<int64_t, uint64_t> kept_bytes_ ABSL_GUARDED_BY(mutex_);  // by step captured
   std::optional<int64_t> latest_ ABSL_GUARDED_BY(mutex_);  // the step the trainer took last
   std::set<int64_t> offered_ ABSL_GUARDED_BY(mutex_);  // captures WaitNewNodeCapture returned
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
@@ -310,7 +313,7 @@ class InProcessCluster {
   // Decodes every node's committed data from the others' units (a rebuild of each, by a fresh
   // node in its place, without touching the cluster) and compares it with the node's own bytes.
   // Any difference means parity diverged.
-  void ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes, uint64_t kept_bytes = 0);
+  void ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes);
 
  private:
   std::unique_ptr<const Topology> topology_;
