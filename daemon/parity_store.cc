@@ -66,17 +66,17 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step, ": an accumulation takes deltas of changed units only"));
   }
+  const uint64_t stripes = layout_->StripeCount(image_bytes);
   if (changes != nullptr && !changes->fresh_stripes.empty() &&
-      changes->fresh_stripes.size() != layout_->StripeCount(image_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", step, ": fresh stripes of ", changes->fresh_stripes.size(), " stripes for ",
-        layout_->StripeCount(image_bytes)));
+      changes->fresh_stripes.size() != stripes) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": fresh stripes of ",
+                                                   changes->fresh_stripes.size(),
+                                                   " stripes for ", stripes));
   }
   Pending pending;
   pending.attempt = attempt;
-  Openings openings;
   pending.accumulate = accumulate;
-  const uint64_t stripes = layout_->StripeCount(image_bytes);
+  Openings openings;
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
     if (!layout_->IsParityPosition(stripe, position_)) continue;
     const uint64_t bytes = layout_->ParityLength(stripe, image_bytes);
@@ -137,11 +137,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
                                                       it->second.attempt, ", newer than ", attempt));
   }
   pending_[step] = std::move(pending);
-  openings_.whole += openings.whole;
-  openings_.fresh += openings.fresh;
-  openings_.updated += openings.updated;
-  openings_.shared += openings.shared;
-  openings_.accumulated += openings.accumulated;
+  openings_ += openings;
   changed_.SignalAll();
   return absl::OkStatus();
 }

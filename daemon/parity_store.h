@@ -114,6 +114,15 @@ class ParityStore {
     uint64_t updated = 0;      // a copy of the committed unit, taking deltas
     uint64_t shared = 0;       // the committed unit itself: no data unit of its stripe changed
     uint64_t accumulated = 0;  // at zero, taking deltas: the step's change, at a node that rebuilds
+
+    Openings& operator+=(const Openings& other) {
+      whole += other.whole;
+      fresh += other.fresh;
+      updated += other.updated;
+      shared += other.shared;
+      accumulated += other.accumulated;
+      return *this;
+    }
   };
   Openings openings() const;
 
