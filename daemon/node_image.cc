@@ -109,6 +109,17 @@ void NodeImage::Write(uint64_t offset, const uint8_t* in, uint64_t length) const
   });
 }
 
+uint8_t* NodeImage::Contiguous(uint64_t offset, uint64_t length) const {
+  uint8_t* whole = nullptr;
+  ForEachPiece(offset, length,
+               [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+                 if (in_range == 0 && bytes == length) {
+                   whole = stored_[region]->Contiguous(in_region, bytes);
+                 }
+               });
+  return whole;
+}
+
 std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
   std::vector<std::pair<int, uint32_t>> corrupt;
   for (int i = 0; i < manifest_.regions_size(); ++i) {

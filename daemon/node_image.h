@@ -39,6 +39,10 @@ class NodeImage {
   std::vector<absl::Span<const uint8_t>> Spans(uint64_t offset, uint64_t length) const;
   // Writes `length` bytes at `offset`; they must lie within the image.
   void Write(uint64_t offset, const uint8_t* in, uint64_t length) const;
+  // The pool memory of image bytes [offset, offset + length) when they lie in one piece of one
+  // region, else null: for a rebuild to receive a unit straight into its new image. The range must
+  // lie within the image.
+  uint8_t* Contiguous(uint64_t offset, uint64_t length) const;
 
   // Chunks whose CRC-32C differs from the manifest's, as (region index, chunk) pairs.
   std::vector<std::pair<int, uint32_t>> CorruptChunks() const;

@@ -59,6 +59,14 @@ uint32_t PoolBytes::Crc32c(uint64_t offset, uint64_t length) const {
   return crc;
 }
 
+uint8_t* PoolBytes::Contiguous(uint64_t offset, uint64_t length) const {
+  uint8_t* whole = nullptr;
+  ForEach(offset, length, [&whole, length](uint8_t* data, uint64_t bytes, uint64_t position) {
+    if (position == 0 && bytes == length) whole = data;
+  });
+  return whole;
+}
+
 Pool::Pool(SharedMemory memory, bool reattached, int lock_fd)
     : memory_(std::move(memory)), reattached_(reattached), lock_fd_(lock_fd),
       allocator_(memory_.size()) {}

@@ -88,6 +88,9 @@ class PoolBytes {
   void Write(uint64_t offset, const uint8_t* in, uint64_t length) const;
   // CRC-32C of [offset, offset + length).
   uint32_t Crc32c(uint64_t offset, uint64_t length) const;
+  // The memory of [offset, offset + length) when it lies in one piece, else null: to be written in
+  // place. The range must lie within bytes().
+  uint8_t* Contiguous(uint64_t offset, uint64_t length) const;
 
  private:
   PoolBytes() = default;

@@ -1,4 +1,4 @@
-// ReedSolomon: the codec over ISA-L, plus the decode-plan cache keyed by erasure pattern.
+// ReedSolomon: the codec over ISA-L, plus the decode-plan cache keyed by sources and wanted units.
 #include "erasure/reed_solomon.h"
 
 #include <isa-l/erasure_code.h>
@@ -72,15 +72,15 @@ absl::Status CheckOutputsDisjoint(absl::Span<const uint8_t* const> inputs,
 
 }  // namespace
 
-// What a decode of one erasure pattern needs: which k units to read and the expanded tables of the
-// matrix that maps them to the erased units.
+// The expanded tables of the matrix that maps k source units to the wanted ones; cached by the
+// pair (sources, wanted).
 struct ReedSolomon::DecodePlan {
-  std::vector<int> survivors;
   std::vector<uint8_t> tables;
 };
 
-// A bounded LRU map from erasure pattern to decode plan. Plans are shared_ptr so that one evicted
-// while another thread decodes with it stays alive until that decode ends.
+// A bounded LRU map from a decode's pattern (its sources and wanted units) to its plan. Plans are
+// shared_ptr so that one evicted while another thread decodes with it stays alive until that decode
+// ends.
 class ReedSolomon::DecodeCache {
  public:
   explicit DecodeCache(size_t capacity) : capacity_(capacity) {}
@@ -162,42 +162,31 @@ absl::Status ReedSolomon::Encode(absl::Span<const uint8_t* const> data,
 }
 
 absl::StatusOr<std::shared_ptr<const ReedSolomon::DecodePlan>> ReedSolomon::BuildDecodePlan(
-    const std::vector<int>& sorted_erased) const {
+    const std::vector<int>& sources, const std::vector<int>& wanted) const {
   const int k = data_units_;
-  auto plan = std::make_shared<DecodePlan>();
-  for (int unit = 0, next_erased = 0; unit < total_units() && plan->survivors.size() < size_t(k);
-       ++unit) {
-    if (next_erased < static_cast<int>(sorted_erased.size()) && sorted_erased[next_erased] == unit) {
-      ++next_erased;
-      continue;
-    }
-    plan->survivors.push_back(unit);
-  }
-
-  // Rows of the generator matrix that produced the survivors, and their inverse: inverse * survivors
+  // Rows of the generator matrix that produced the sources, and their inverse: inverse * sources
   // gives back the k data units.
-  std::vector<uint8_t> survivor_rows(static_cast<size_t>(k) * k);
+  std::vector<uint8_t> source_rows(static_cast<size_t>(k) * k);
   for (int row = 0; row < k; ++row) {
-    std::memcpy(&survivor_rows[static_cast<size_t>(row) * k],
-                &generator_matrix_[static_cast<size_t>(plan->survivors[row]) * k], k);
+    std::memcpy(&source_rows[static_cast<size_t>(row) * k],
+                &generator_matrix_[static_cast<size_t>(sources[row]) * k], k);
   }
   std::vector<uint8_t> inverse(static_cast<size_t>(k) * k);
-  if (gf_invert_matrix(survivor_rows.data(), inverse.data(), k) != 0) {
+  if (gf_invert_matrix(source_rows.data(), inverse.data(), k) != 0) {
     // Unreachable for a Cauchy matrix; kept as an error rather than a crash should the matrix change.
-    return absl::InternalError(absl::StrCat("decode matrix for erasures {",
-                                            absl::StrJoin(sorted_erased, ","), "} is singular"));
+    return absl::InternalError(absl::StrCat("decode matrix of sources {",
+                                            absl::StrJoin(sources, ","), "} is singular"));
   }
 
-  const size_t erased_count = sorted_erased.size();
-  std::vector<uint8_t> decode_rows(erased_count * k);
-  for (size_t e = 0; e < erased_count; ++e) {
-    const int unit = sorted_erased[e];
-    uint8_t* row = &decode_rows[e * k];
+  std::vector<uint8_t> decode_rows(wanted.size() * k);
+  for (size_t w = 0; w < wanted.size(); ++w) {
+    const int unit = wanted[w];
+    uint8_t* row = &decode_rows[w * k];
     if (unit < k) {
       std::memcpy(row, &inverse[static_cast<size_t>(unit) * k], k);
       continue;
     }
-    // A lost parity unit: its generator row applied to the recovered data, folded into one row.
+    // A parity unit: its generator row applied to the recovered data, folded into one row.
     const uint8_t* generator_row = &generator_matrix_[static_cast<size_t>(unit) * k];
     for (int column = 0; column < k; ++column) {
       uint8_t sum = 0;
@@ -207,8 +196,9 @@ absl::StatusOr<std::shared_ptr<const ReedSolomon::DecodePlan>> ReedSolomon::Buil
       row[column] = sum;
     }
   }
-  plan->tables.resize(kTableBytesPerCoefficient * k * erased_count);
-  ec_init_tables(k, static_cast<int>(erased_count), decode_rows.data(), plan->tables.data());
+  auto plan = std::make_shared<DecodePlan>();
+  plan->tables.resize(kTableBytesPerCoefficient * k * wanted.size());
+  ec_init_tables(k, static_cast<int>(wanted.size()), decode_rows.data(), plan->tables.data());
   return plan;
 }
 
@@ -234,32 +224,79 @@ absl::Status ReedSolomon::Decode(absl::Span<uint8_t* const> units, absl::Span<co
     }
   }
   if (sorted_erased.empty()) return absl::OkStatus();
-
-  std::vector<const uint8_t*> inputs;
-  PointerList outputs;
-  for (int unit = 0, next_erased = 0; unit < total_units(); ++unit) {
+  std::vector<int> sources;
+  for (int unit = 0, next_erased = 0;
+       unit < total_units() && sources.size() < static_cast<size_t>(data_units_); ++unit) {
     if (next_erased < static_cast<int>(sorted_erased.size()) && sorted_erased[next_erased] == unit) {
-      outputs.push_back(units[unit]);
       ++next_erased;
     } else {
-      inputs.push_back(units[unit]);
+      sources.push_back(unit);
     }
   }
+  return DecodeChecked(units, sources, sorted_erased, length);
+}
+
+absl::Status ReedSolomon::DecodeFrom(absl::Span<uint8_t* const> units,
+                                     absl::Span<const int> sources, absl::Span<const int> wanted,
+                                     size_t length) const {
+  if (absl::Status s = CheckLength(length); !s.ok()) return s;
+  if (units.size() != static_cast<size_t>(total_units())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", total_units(), " unit buffers, got ", units.size()));
+  }
+  if (sources.size() != static_cast<size_t>(data_units_)) {
+    return absl::InvalidArgumentError(absl::StrCat("a decode reads k = ", data_units_,
+                                                   " source units, got ", sources.size()));
+  }
+  std::vector<bool> listed(total_units(), false);
+  for (absl::Span<const int> list : {sources, wanted}) {
+    for (int unit : list) {
+      if (unit < 0 || unit >= total_units()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unit ", unit, " is out of range [0, ", total_units(), ")"));
+      }
+      if (listed[unit]) {
+        return absl::InvalidArgumentError(absl::StrCat("unit ", unit, " is listed twice"));
+      }
+      if (units[unit] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("unit buffer ", unit, " is null"));
+      }
+      listed[unit] = true;
+    }
+  }
+  if (wanted.empty()) return absl::OkStatus();
+  std::vector<int> sorted_sources(sources.begin(), sources.end());
+  std::sort(sorted_sources.begin(), sorted_sources.end());
+  std::vector<int> sorted_wanted(wanted.begin(), wanted.end());
+  std::sort(sorted_wanted.begin(), sorted_wanted.end());
+  return DecodeChecked(units, sorted_sources, sorted_wanted, length);
+}
+
+absl::Status ReedSolomon::DecodeChecked(absl::Span<uint8_t* const> units,
+                                        const std::vector<int>& sources,
+                                        const std::vector<int>& wanted, size_t length) const {
+  std::vector<const uint8_t*> inputs;
+  PointerList source_units;
+  for (int unit : sources) {
+    inputs.push_back(units[unit]);
+    source_units.push_back(units[unit]);
+  }
+  PointerList outputs;
+  for (int unit : wanted) outputs.push_back(units[unit]);
   if (absl::Status s = CheckOutputsDisjoint(inputs, outputs, length); !s.ok()) return s;
 
-  const std::string key(sorted_erased.begin(), sorted_erased.end());  // indices < 256 fit a char
+  // k sources, then the wanted units; indices < 256 fit a char, and k is the codec's.
+  std::string key(sources.begin(), sources.end());
+  key.append(wanted.begin(), wanted.end());
   std::shared_ptr<const DecodePlan> plan = decode_cache_->Find(key);
   if (plan == nullptr) {
-    absl::StatusOr<std::shared_ptr<const DecodePlan>> built = BuildDecodePlan(sorted_erased);
+    absl::StatusOr<std::shared_ptr<const DecodePlan>> built = BuildDecodePlan(sources, wanted);
     if (!built.ok()) return built.status();
     plan = *std::move(built);
     decode_cache_->Insert(key, plan);
   }
-
-  PointerList sources;
-  for (int unit : plan->survivors) sources.push_back(units[unit]);
   ec_encode_data(static_cast<int>(length), data_units_, static_cast<int>(outputs.size()),
-                 const_cast<uint8_t*>(plan->tables.data()), sources.data(), outputs.data());
+                 const_cast<uint8_t*>(plan->tables.data()), source_units.data(), outputs.data());
   return absl::OkStatus();
 }
 

@@ -39,8 +39,9 @@ namespace moesnap::erasure {
 //
 // Threads
 //   - All methods are const and safe to call from many threads at once on one codec. Encode tables are
-//     built once in Create; decode tables are built on first use of an erasure pattern and kept in a
-//     bounded LRU cache shared by all threads (a mutex guards only the cache lookup, never the coding).
+//     built once in Create; decode tables are built on first use of a pattern (the units read and
+//     the units wanted) and kept in a bounded LRU cache shared by all threads (a mutex guards only
+//     the cache lookup, never the coding).
 //
 // Errors (absl::Status; the codec's state never changes on error, and no output byte is written)
 //   - INVALID_ARGUMENT: bad shape, wrong number of buffers, a null buffer, a length out of range,
@@ -74,6 +75,14 @@ class ReedSolomon {
   absl::Status Decode(absl::Span<uint8_t* const> units, absl::Span<const int> erased,
                       size_t length) const;
 
+  // Recomputes only the units listed in `wanted` from the k units listed in `sources` (distinct
+  // indices in [0, k + m), none in both lists): a repair that needs one lost unit of two computes
+  // one. `units` holds k + m buffers, of which only those listed are touched (the others may be
+  // null): wanted ones are written in full, sources only read. Decode is this with the first k
+  // units not erased as sources and every erased unit wanted.
+  absl::Status DecodeFrom(absl::Span<uint8_t* const> units, absl::Span<const int> sources,
+                          absl::Span<const int> wanted, size_t length) const;
+
   // Brings parity up to date after data unit `data_index` changed by `delta` (old XOR new bytes),
   // touching no other data unit: parity_j ^= coefficient(j, data_index) * delta. Applying the deltas
   // of any sequence of updates gives the same parity as a full Encode of the final data.
@@ -102,7 +111,10 @@ class ReedSolomon {
 
   ReedSolomon(int data_units, int parity_units, size_t decode_cache_entries);
   absl::StatusOr<std::shared_ptr<const DecodePlan>> BuildDecodePlan(
-      const std::vector<int>& sorted_erased) const;
+      const std::vector<int>& sources, const std::vector<int>& wanted) const;
+  // DecodeFrom once its arguments are checked: `sources` and `wanted` sorted, buffers not null.
+  absl::Status DecodeChecked(absl::Span<uint8_t* const> units, const std::vector<int>& sources,
+                             const std::vector<int>& wanted, size_t length) const;
 
   const int data_units_;
   const int parity_units_;

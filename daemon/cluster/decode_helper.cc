@@ -1,7 +1,6 @@
 // DecodeHelper: a group member decoding a stripe's unit for a rebuilding node.
 #include "daemon/cluster/decode_helper.h"
 
-#include <algorithm>
 #include <cstring>
 #include <set>
 #include <string>
@@ -98,13 +97,10 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
   v1::DecodeUnitsResponse response;
   response.set_fetched_bytes(*fetched);
   for (StripeUnits& work : works) {
-    std::vector<int> erased;
-    for (int i = 0; i < n; ++i) {
-      if (std::find(work.chosen.begin(), work.chosen.end(), i) == work.chosen.end()) {
-        erased.push_back(i);
-      }
-    }
-    if (absl::Status decoded = topology.codec->Decode(work.units, erased, work.length);
+    // The target alone: the stripe's other missing units are nobody's.
+    const int wanted[] = {work.target};
+    if (absl::Status decoded =
+            topology.codec->DecodeFrom(work.units, work.chosen, wanted, work.length);
         !decoded.ok()) {
       return decoded;
     }

@@ -77,11 +77,14 @@ struct DecodeWork {
   uint64_t bytes = 0;            // of the target's unit
   std::vector<int> chosen;       // the k units the helper decodes it from
   ParityUnit* parity = nullptr;  // where a decoded parity unit goes (null: none kept)
+  // Where the unit is received when it goes straight into the target (DecodeTarget::fresh_image),
+  // else null (received in scratch).
+  uint8_t* in_place = nullptr;
 };
 struct HelperRequest {
   std::vector<DecodeWork> works;
   uint64_t helper_bytes = 0;    // what the helper decodes in: n units a stripe
-  uint64_t received_bytes = 0;  // what comes back: one unit a stripe
+  uint64_t received_bytes = 0;  // what comes back into scratch: one unit a stripe not in place
 };
 struct DecodePlan {
   std::map<uint32_t, std::vector<HelperRequest>> requests_of;  // by helper node, in order
@@ -131,6 +134,14 @@ absl::StatusOr<DecodePlan> PlanDecode(const Topology& topology, const DecodeTarg
       plan.unhelped.push_back(std::move(work));
       continue;
     }
+    if (target.fresh_image != nullptr) {
+      work.in_place = work.parity != nullptr ? work.parity->extent->data()
+                      : work.mine < k
+                          ? target.fresh_image->Contiguous(
+                                layout.DataUnitOf(target.position, stripe) * layout.unit_bytes(),
+                                work.bytes)
+                          : nullptr;
+    }
     const int helper = sources->holding[stripe % sources->holding.size()];
     std::vector<HelperRequest>& requests =
         plan.requests_of[topology.NodeAt(target.group, PositionOf(layout, stripe, helper))];
@@ -138,7 +149,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const Topology& topology, const DecodeTarg
       requests.emplace_back();
     }
     requests.back().helper_bytes += work.length * n;
-    requests.back().received_bytes += work.length;
+    if (work.in_place == nullptr) requests.back().received_bytes += work.length;
     plan.fetched_bytes += work.bytes;
     requests.back().works.push_back(std::move(work));
   }
@@ -273,15 +284,20 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   const std::vector<DecodeWork>& unhelped = plan->unhelped;
 
   absl::Mutex stats_mutex;
-  // Writes a decoded unit where the target wants it; called from each helper's thread.
+  // Writes a decoded unit where the target wants it, unless it was received there; called from
+  // each helper's thread.
   auto finish = [&](const DecodeWork& work, const uint8_t* unit) {
+    const bool landed = unit == work.in_place;
     uint64_t data_bytes = 0;
     uint64_t parity_bytes = 0;
+    if (landed) in_place_bytes_ += work.bytes;
     if (work.mine < k) {
-      target.write_data(layout.DataUnitOf(target.position, work.stripe), unit, work.bytes);
+      if (!landed) {
+        target.write_data(layout.DataUnitOf(target.position, work.stripe), unit, work.bytes);
+      }
       data_bytes = work.bytes;
     } else if (work.parity != nullptr) {
-      std::memcpy(work.parity->extent->data(), unit, work.length);
+      if (!landed) std::memcpy(work.parity->extent->data(), unit, work.length);
       work.parity->crc = erasure::Crc32c(work.parity->extent->data(), work.length);
       parity_bytes = work.length;
     }
@@ -339,15 +355,24 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
       call.set_to_node(context_.node_id());
       call.set_step(step);
       std::vector<std::pair<FetchKey, FetchSlot>> slots;
+      // Where each unit lands: in place, or the next unit of scratch.
+      std::vector<uint8_t*> lands;
       uint64_t offset = 0;
       for (const DecodeWork& work : request.works) {
         v1::DecodeStripe* stripe = call.add_stripes();
         stripe->set_stripe(work.stripe);
         stripe->set_target(static_cast<uint32_t>(work.mine));
         for (int i : work.chosen) stripe->add_sources(static_cast<uint32_t>(i));
+        if (work.in_place != nullptr) {
+          lands.push_back(work.in_place);
+        } else {
+          lands.push_back(received + offset);
+          offset += work.length;
+        }
+        // Data in place is checked by the target's chunk CRCs once the image is whole.
         slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), node, ""},
-                         {received + offset, work.bytes, node}});
-        offset += work.length;
+                         {lands.back(), work.bytes, node,
+                          work.in_place != nullptr && work.mine < k}});
       }
       if (absl::Status fetched = FetchFrom(
               transfer_, slots, std::map<uint32_t, v1::DecodeUnitsRequest>{{node, call}},
@@ -362,11 +387,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
         failed = true;
         return fetched;
       }
-      offset = 0;
-      for (const DecodeWork& work : request.works) {
-        finish(work, received + offset);
-        offset += work.length;
-      }
+      for (size_t i = 0; i < request.works.size(); ++i) finish(request.works[i], lands[i]);
     }
     return absl::OkStatus();
   });
@@ -469,14 +490,14 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
                       [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
                         rebuilt.Write(unit * layout.unit_bytes(), bytes, length);
                       },
-                      &parity};
+                      &parity, &rebuilt};
   if (absl::Status status = DecodeLocked(decode, stripes, &stats); !status.ok()) return status;
   if (std::vector<std::pair<int, uint32_t>> corrupt = image->CorruptChunks(); !corrupt.empty()) {
     const v1::ImageRegion& region = image->manifest().regions(corrupt[0].first);
     return absl::DataLossError(absl::StrCat(
         "rebuilt data of step ", step, " fails ", corrupt.size(), " chunk CRCs (first: region '",
         region.region(), "' of rank ", region.rank(), ", chunk ", corrupt[0].second,
-        "): a survivor's units are corrupt"));
+        "): a survivor's units, or the bytes sent from them, are corrupt"));
   }
   if (options_.hold_install_steps) HoldInstall(step + *options_.hold_install_steps);
   v1::JournalCluster installed = *record;

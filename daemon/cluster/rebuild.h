@@ -53,6 +53,12 @@ struct DecodeTarget {
   // several threads at once, each with units of its own.
   std::function<void(uint64_t unit, const uint8_t* bytes, uint64_t length)> write_data;
   std::map<uint64_t, ParityUnit>* parity = nullptr;  // decoded parity goes here (null: none)
+  // A rebuild's new image (the one write_data writes to) and its parity, which nothing reads before
+  // the decode ends: units are received straight into them (a data unit where it lies in one piece
+  // of the image, a parity unit into its extent) instead of copied there after. Data received so
+  // is not checked frame by frame: the caller checks the whole image against its chunk CRCs after
+  // the decode (NodeImage::CorruptChunks). Null: every unit lands in scratch, checked, then copied.
+  const NodeImage* fresh_image = nullptr;
 };
 
 struct RebuildOptions {
@@ -83,6 +89,9 @@ class Rebuilder {
   void NoteBehind(int64_t step);
   // Committed steps this node caught up with from the parity it received while it rebuilt.
   uint64_t caught_up_steps() const { return caught_up_steps_; }
+  // Bytes this node's rebuilds received straight into their new image and parity, in all
+  // (DecodeTarget::fresh_image).
+  uint64_t in_place_bytes() const { return in_place_bytes_; }
 
   // Rebuilds node `node_id` (this one, or asks that node to).
   absl::StatusOr<v1::RebuildResponse> RebuildNode(uint32_t node_id);
@@ -147,6 +156,7 @@ class Rebuilder {
   DecisionLog* const log_;
   const RebuildOptions options_;
   std::atomic<uint64_t> caught_up_steps_{0};
+  std::atomic<uint64_t> in_place_bytes_{0};
 
   DecodeHelper helper_;       // decodes for other nodes
   absl::Mutex decode_mutex_;  // one rebuild, repair or remote decode at a time

@@ -110,9 +110,53 @@ TEST_P(ExhaustiveErasureTest, EveryPatternOfUpToMErasuresDecodesExactly) {
   }
 }
 
+// Every choice of k sources and, for each, every unit outside them alone and all of them at once:
+// the wanted units come back exactly, and the buffers neither read nor wanted stay null (a decode
+// that touched one would crash).
+class ExhaustiveSourcesTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(ExhaustiveSourcesTest, EveryChoiceOfSourcesDecodesOnlyTheWantedUnits) {
+  const auto [k, m] = GetParam();
+  const int n = k + m;
+  absl::StatusOr<std::unique_ptr<ReedSolomon>> codec = ReedSolomon::Create(k, m);
+  ASSERT_OK(codec);
+  for (size_t length : {size_t{1}, size_t{100}, size_t{4097}}) {
+    const Stripe original = EncodedStripe(**codec, length, 7000 * k + m + length);
+    int choices = 0;
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      if (std::popcount(mask) != k) continue;
+      std::vector<int> sources, others;
+      for (int unit = 0; unit < n; ++unit) (mask & (1u << unit) ? sources : others).push_back(unit);
+      std::vector<std::vector<int>> wanted_sets = {others};
+      for (int unit : others) wanted_sets.push_back({unit});
+      for (const std::vector<int>& wanted : wanted_sets) {
+        Stripe decoded = original;
+        std::vector<uint8_t*> units(n, nullptr);
+        for (int unit : sources) units[unit] = decoded.units[unit].data();
+        for (int unit : wanted) {
+          std::fill(decoded.units[unit].begin(), decoded.units[unit].end(), 0xA5);
+          units[unit] = decoded.units[unit].data();
+        }
+        ASSERT_OK((*codec)->DecodeFrom(units, sources, wanted, length));
+        EXPECT_EQ(decoded.units, original.units)
+            << "sources mask " << mask << ", " << wanted.size() << " wanted, length " << length;
+      }
+      ++choices;
+    }
+    int expected = 1;  // C(n, k)
+    for (int i = 1; i <= k; ++i) expected = expected * (n - k + i) / i;
+    EXPECT_EQ(choices, expected);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, ExhaustiveErasureTest,
                          ::testing::Values(Shape{2, 1}, Shape{4, 2}, Shape{6, 3}, Shape{8, 3},
                                            Shape{10, 4}, Shape{12, 4}),
+                         ShapeName);
+
+// C(k + m, k) choices of sources each: the shapes stay small enough to try them all.
+INSTANTIATE_TEST_SUITE_P(Shapes, ExhaustiveSourcesTest,
+                         ::testing::Values(Shape{2, 1}, Shape{4, 2}, Shape{6, 3}, Shape{8, 3}),
                          ShapeName);
 
 // The parity of a fixed input is pinned by files in the tree: a change of matrix, table layout or
@@ -333,6 +377,33 @@ TEST(ReedSolomonErrorTest, RejectsBadBuffersLengthsAndIndices) {
   EXPECT_STATUS(rs.Decode(all, std::vector<int>{6}, 256), absl::StatusCode::kInvalidArgument);
   EXPECT_STATUS(rs.Decode(all, std::vector<int>{-1}, 256), absl::StatusCode::kInvalidArgument);
   EXPECT_STATUS(rs.Decode(all, std::vector<int>{3, 3}, 256), absl::StatusCode::kInvalidArgument);
+
+  // DecodeFrom: k distinct sources, wanted units apart from them, listed buffers not null and
+  // disjoint; nothing is written when any of that fails.
+  const std::vector<int> sources = {0, 2, 3, 4};
+  const std::vector<int> unit_one = {1};
+  EXPECT_STATUS(rs.DecodeFrom(all, std::vector<int>{0, 2, 3}, unit_one, 256),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(rs.DecodeFrom(all, std::vector<int>{0, 2, 2, 4}, unit_one, 256),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(rs.DecodeFrom(all, sources, std::vector<int>{4}, 256),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(rs.DecodeFrom(all, sources, std::vector<int>{6}, 256),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(rs.DecodeFrom(all, std::vector<int>{0, 2, 3, -1}, unit_one, 256),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(rs.DecodeFrom(absl::MakeSpan(all).subspan(1), sources, unit_one, 256),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(rs.DecodeFrom(all, sources, unit_one, 0), absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t*> null_source = all;
+  null_source[3] = nullptr;
+  absl::Status null_source_status = rs.DecodeFrom(null_source, sources, unit_one, 256);
+  EXPECT_STATUS(null_source_status, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(null_source_status.message().find("unit buffer 3 is null"), std::string::npos);
+  std::vector<uint8_t*> wanted_on_source = all;
+  wanted_on_source[1] = all[2] + 8;
+  EXPECT_STATUS(rs.DecodeFrom(wanted_on_source, sources, unit_one, 256),
+                absl::StatusCode::kInvalidArgument);
 
   // Updates.
   std::vector<uint8_t> delta(256, 1);

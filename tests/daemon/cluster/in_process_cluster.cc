@@ -82,6 +82,14 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
   changed_.SignalAll();
 }
 
+void FakeClusterStore::FlipCommittedByte(uint64_t offset) {
+  absl::MutexLock lock(&mutex_);
+  uint8_t byte = 0;
+  committed_.Read(offset, 1, &byte);
+  byte ^= 0xff;
+  committed_.Write(offset, &byte, 1);
+}
+
 void FakeClusterStore::Rewind(int64_t step) {
   absl::MutexLock lock(&mutex_);
   for (auto it = captured_.upper_bound(step); it != captured_.end();) {

@@ -56,6 +56,8 @@ class FakeClusterStore final : public ClusterStore {
   std::vector<uint8_t> CommittedBytesOf() const;
   // The bytes `step`'s capture kept from step 0 (Capture's `kept_bytes`).
   uint64_t KeptBytesOf(int64_t step) const;
+  // Damages the committed image's byte at `offset` (memory gone bad under a held step).
+  void FlipCommittedByte(uint64_t offset);
 
   absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) override;
   NodeCapture CaptureOf(int64_t step) const override;

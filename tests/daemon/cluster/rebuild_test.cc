@@ -76,6 +76,51 @@ TEST(RebuildTest, TheRebuildingNodeReceivesOneUnitPerStripeFromHelpersTakingTurn
   cluster.ExpectEveryNodeRebuildable(2, kLarge);
 }
 
+// A rebuild receives each unit straight into its new image and parity where the unit lies in one
+// piece of memory; a unit across two regions lands in scratch and is copied. Both come out exact.
+TEST(RebuildTest, UnitsLandInTheNewImageInPlaceAndAUnitAcrossRegionsThroughScratch) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  constexpr uint64_t kUnit = InProcessCluster::kStripeUnitBytes;
+  constexpr uint64_t kLarge = 16 * kUnit;
+  constexpr uint64_t kKept = 2 * kUnit + kUnit / 2;  // unit 2 ends "kept" and starts "state"
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, kLarge, kKept);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  const uint64_t before = cluster.node(1).rebuilder.in_place_bytes();
+  absl::StatusOr<v1::RebuildResponse> rebuilt = cluster.node(1).rebuilder.RebuildHere();
+  ASSERT_OK(rebuilt);
+  EXPECT_EQ(rebuilt->data_bytes(), kLarge);
+  EXPECT_EQ(rebuilt->fetched_bytes(), rebuilt->data_bytes() + rebuilt->parity_bytes());
+  EXPECT_EQ(cluster.node(1).rebuilder.in_place_bytes() - before, rebuilt->fetched_bytes() - kUnit)
+      << "every unit but the one across two regions lands in place";
+  EXPECT_TRUE(cluster.node(1).store.CommittedBytesOf() == testing::StateOf(1, 2, kLarge, kKept));
+  cluster.ExpectEveryNodeRebuildable(2, kLarge);
+}
+
+// Data received in place is checked once whole, against the chunk CRCs the trainer's capture
+// recorded: survivors' damaged units fail the rebuild, naming a chunk, and the node keeps the data
+// it held.
+TEST(RebuildTest, SurvivorsDamagedUnitsFailTheRebuildNamingAChunk) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  CommitSteps(cluster, 2);
+  // A byte of every data unit of every other node: each stripe decodes from damaged units.
+  for (uint32_t node : {0u, 2u, 3u, 4u, 5u}) {
+    for (uint64_t at = 7; at < kBytes; at += InProcessCluster::kStripeUnitBytes) {
+      cluster.node(node).store.FlipCommittedByte(at);
+    }
+  }
+  const absl::StatusOr<v1::RebuildResponse> rebuilt = cluster.node(1).rebuilder.RebuildHere();
+  ASSERT_STATUS(rebuilt.status(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(rebuilt.status().message(), "fails")) << rebuilt.status();
+  EXPECT_TRUE(absl::StrContains(rebuilt.status().message(), "chunk CRCs")) << rebuilt.status();
+  EXPECT_GT(cluster.node(1).rebuilder.in_place_bytes(), 0u);
+  EXPECT_OK(cluster.node(1).rebuilder.WaitRestorable(absl::Now()));
+  EXPECT_TRUE(cluster.node(1).store.CommittedBytesOf() == testing::StateOf(1, 2, kBytes));
+}
+
 // Each helper is sent its next request as soon as it has answered the last: one slow helper does
 // not hold the others back (no rebuild-wide batches), and the bytes still come out exact.
 TEST(RebuildTest, EachHelperIsSentItsNextRequestWhileAnotherIsStillDecoding) {
