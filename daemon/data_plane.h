@@ -73,10 +73,11 @@ class FrameSink {
   // Memory of the sink's that a frame's payload is read into.
   struct InPlace {
     absl::Span<uint8_t> bytes;  // exactly header.length bytes
-    // The memory's owner checks every byte read into it against checksums of its own as it uses
-    // them (an elastic restore, against the region's stored chunk CRCs as it writes them into the
-    // rank, decoding the region from its group when they differ): the frame's CRC-32C is not
-    // checked as it lands, a pass over the bytes saved.
+    // The memory's owner checks every byte read into it against checksums of its own (an elastic
+    // restore, against the region's stored chunk CRCs as it writes them into the rank, decoding
+    // the region from its group when they differ; a rebuild, its whole new image against its
+    // chunk CRCs before installing it): the frame's CRC-32C is not checked as it lands, a pass
+    // over the bytes saved.
     bool owner_checks = false;
     // No memory of the sink's (`bytes` empty): the payload is read and dropped unchecked, and
     // neither Filled nor Accept is called. For a frame the sink asked for but no longer awaits.

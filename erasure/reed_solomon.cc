@@ -224,16 +224,17 @@ absl::Status ReedSolomon::Decode(absl::Span<uint8_t* const> units, absl::Span<co
     }
   }
   if (sorted_erased.empty()) return absl::OkStatus();
-  std::vector<int> sources;
-  for (int unit = 0, next_erased = 0;
-       unit < total_units() && sources.size() < static_cast<size_t>(data_units_); ++unit) {
+  // The first k survivors are read; no output may overlap any survivor, read or not.
+  std::vector<int> survivors;
+  for (int unit = 0, next_erased = 0; unit < total_units(); ++unit) {
     if (next_erased < static_cast<int>(sorted_erased.size()) && sorted_erased[next_erased] == unit) {
       ++next_erased;
     } else {
-      sources.push_back(unit);
+      survivors.push_back(unit);
     }
   }
-  return DecodeChecked(units, sources, sorted_erased, length);
+  const std::vector<int> sources(survivors.begin(), survivors.begin() + data_units_);
+  return DecodeChecked(units, sources, sorted_erased, survivors, length);
 }
 
 absl::Status ReedSolomon::DecodeFrom(absl::Span<uint8_t* const> units,
@@ -256,7 +257,8 @@ absl::Status ReedSolomon::DecodeFrom(absl::Span<uint8_t* const> units,
             absl::StrCat("unit ", unit, " is out of range [0, ", total_units(), ")"));
       }
       if (listed[unit]) {
-        return absl::InvalidArgumentError(absl::StrCat("unit ", unit, " is listed twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unit ", unit, " is listed twice in sources and wanted"));
       }
       if (units[unit] == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("unit buffer ", unit, " is null"));
@@ -269,18 +271,17 @@ absl::Status ReedSolomon::DecodeFrom(absl::Span<uint8_t* const> units,
   std::sort(sorted_sources.begin(), sorted_sources.end());
   std::vector<int> sorted_wanted(wanted.begin(), wanted.end());
   std::sort(sorted_wanted.begin(), sorted_wanted.end());
-  return DecodeChecked(units, sorted_sources, sorted_wanted, length);
+  return DecodeChecked(units, sorted_sources, sorted_wanted, sorted_sources, length);
 }
 
 absl::Status ReedSolomon::DecodeChecked(absl::Span<uint8_t* const> units,
                                         const std::vector<int>& sources,
-                                        const std::vector<int>& wanted, size_t length) const {
+                                        const std::vector<int>& wanted,
+                                        const std::vector<int>& kept, size_t length) const {
   std::vector<const uint8_t*> inputs;
+  for (int unit : kept) inputs.push_back(units[unit]);
   PointerList source_units;
-  for (int unit : sources) {
-    inputs.push_back(units[unit]);
-    source_units.push_back(units[unit]);
-  }
+  for (int unit : sources) source_units.push_back(units[unit]);
   PointerList outputs;
   for (int unit : wanted) outputs.push_back(units[unit]);
   if (absl::Status s = CheckOutputsDisjoint(inputs, outputs, length); !s.ok()) return s;

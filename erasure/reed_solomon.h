@@ -27,8 +27,9 @@ namespace moesnap::erasure {
 //     (ISA-L's AVX2/AVX-512 loops take a scalar tail otherwise).
 //
 // Aliasing
-//   - Output buffers (parity on Encode, erased units on Decode, parity on UpdateParity) must not
-//     overlap each other or any input. Overlap is detected and rejected with INVALID_ARGUMENT.
+//   - Output buffers (parity on Encode, erased units on Decode, wanted units on DecodeFrom, parity
+//     on UpdateParity) must not overlap each other or any input (on Decode, any unit not erased).
+//     Overlap is detected and rejected with INVALID_ARGUMENT.
 //
 // Accepted shapes
 //   - 1 <= k, 1 <= m, k + m <= kMaxTotalUnits (256). The bound is the field: the Cauchy matrix
@@ -45,7 +46,8 @@ namespace moesnap::erasure {
 //
 // Errors (absl::Status; the codec's state never changes on error, and no output byte is written)
 //   - INVALID_ARGUMENT: bad shape, wrong number of buffers, a null buffer, a length out of range,
-//     overlapping buffers, an erased index out of range or repeated, more than m erasures.
+//     overlapping buffers, an erased index out of range or repeated, more than m erasures; on
+//     DecodeFrom, sources that are not k, or a unit out of range or listed twice.
 class ReedSolomon {
  public:
   static constexpr int kMaxTotalUnits = 256;
@@ -112,9 +114,11 @@ class ReedSolomon {
   ReedSolomon(int data_units, int parity_units, size_t decode_cache_entries);
   absl::StatusOr<std::shared_ptr<const DecodePlan>> BuildDecodePlan(
       const std::vector<int>& sources, const std::vector<int>& wanted) const;
-  // DecodeFrom once its arguments are checked: `sources` and `wanted` sorted, buffers not null.
+  // DecodeFrom once its arguments are checked (`sources` and `wanted` sorted, their buffers not
+  // null), but for overlaps: no wanted buffer may overlap another or one of `kept`'s.
   absl::Status DecodeChecked(absl::Span<uint8_t* const> units, const std::vector<int>& sources,
-                             const std::vector<int>& wanted, size_t length) const;
+                             const std::vector<int>& wanted, const std::vector<int>& kept,
+                             size_t length) const;
 
   const int data_units_;
   const int parity_units_;

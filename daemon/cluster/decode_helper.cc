@@ -69,7 +69,8 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
                                                      " bytes to decode at once"));
     }
   }
-  // Not zeroed: FetchSources fills every source (padding included), the decode every other unit.
+  // Not zeroed: FetchSources fills every source (padding included) and the decode the target; the
+  // stripe's other units are neither written nor read.
   if (scratch_bytes_ < scratch_bytes) {
     scratch_bytes_ = 0;
     scratch_.reset();

@@ -134,13 +134,11 @@ absl::StatusOr<DecodePlan> PlanDecode(const Topology& topology, const DecodeTarg
       plan.unhelped.push_back(std::move(work));
       continue;
     }
-    if (target.fresh_image != nullptr) {
-      work.in_place = work.parity != nullptr ? work.parity->extent->data()
-                      : work.mine < k
-                          ? target.fresh_image->Contiguous(
-                                layout.DataUnitOf(target.position, stripe) * layout.unit_bytes(),
-                                work.bytes)
-                          : nullptr;
+    if (target.fresh_image != nullptr && work.parity != nullptr) {
+      work.in_place = work.parity->extent->data();
+    } else if (target.fresh_image != nullptr && work.mine < k) {
+      work.in_place = target.fresh_image->Contiguous(
+          layout.DataUnitOf(target.position, stripe) * layout.unit_bytes(), work.bytes);
     }
     const int helper = sources->holding[stripe % sources->holding.size()];
     std::vector<HelperRequest>& requests =
@@ -313,8 +311,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
     for (const DecodeWork& work : unhelped) finish(work, zeros.data());
   }
 
-  // What each helper's answers land in, one request's worth each: from the pool when it has room
-  // (its pages are resident, so no page faults), else from the heap.
+  // What each helper's answers land in when they cannot land in place, one request's worth each:
+  // from the pool when it has room (its pages are resident, so no page faults), else the heap.
   struct Helper {
     uint32_t node = 0;
     uint64_t offset = 0;  // where its answers land in scratch

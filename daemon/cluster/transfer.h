@@ -56,8 +56,9 @@ struct FetchSlot {
   uint8_t* buffer = nullptr;
   uint64_t bytes = 0;
   uint32_t source = 0;
-  // The slot's owner checks every byte against checksums of its own as it uses them
-  // (FrameSink::InPlace::owner_checks): frames into it are not checked as they land.
+  // The slot's owner checks every byte against checksums of its own (FrameSink::InPlace::
+  // owner_checks): as it uses them, or, a rebuild's new image, all at once before it is installed.
+  // Frames into it are not checked as they land.
   bool owner_checks = false;
 };
 

@@ -372,6 +372,11 @@ TEST(ReedSolomonErrorTest, RejectsBadBuffersLengthsAndIndices) {
   std::vector<uint8_t*> aliased_units = all;
   aliased_units[1] = all[2];
   EXPECT_STATUS(rs.Decode(aliased_units, one_lost, 256), absl::StatusCode::kInvalidArgument);
+  // Unit 5 is not among the k survivors read, yet Decode never writes over a survivor.
+  std::vector<uint8_t*> onto_unread_survivor = all;
+  onto_unread_survivor[1] = all[5];
+  EXPECT_STATUS(rs.Decode(onto_unread_survivor, one_lost, 256),
+                absl::StatusCode::kInvalidArgument);
 
   // Erased indices.
   EXPECT_STATUS(rs.Decode(all, std::vector<int>{6}, 256), absl::StatusCode::kInvalidArgument);
@@ -403,6 +408,15 @@ TEST(ReedSolomonErrorTest, RejectsBadBuffersLengthsAndIndices) {
   std::vector<uint8_t*> wanted_on_source = all;
   wanted_on_source[1] = all[2] + 8;
   EXPECT_STATUS(rs.DecodeFrom(wanted_on_source, sources, unit_one, 256),
+                absl::StatusCode::kInvalidArgument);
+  const std::vector<int> two_wanted = {1, 5};
+  std::vector<uint8_t*> null_wanted = all;
+  null_wanted[5] = nullptr;
+  EXPECT_STATUS(rs.DecodeFrom(null_wanted, sources, two_wanted, 256),
+                absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t*> wanted_on_wanted = all;
+  wanted_on_wanted[5] = all[1] + 8;
+  EXPECT_STATUS(rs.DecodeFrom(wanted_on_wanted, sources, two_wanted, 256),
                 absl::StatusCode::kInvalidArgument);
 
   // Updates.
