@@ -124,4 +124,75 @@ absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<uint8_t>> EncodeRegionRequest(
+    uint32_t asking, absl::Span<const absl::string_view> regions) {
+  if (regions.empty() || regions.size() > RegionRequest::kMaxRegions) {
+    return absl::InvalidArgumentError(absl::StrCat("a region request names 1 to ",
+                                                   RegionRequest::kMaxRegions, " regions, not ",
+                                                   regions.size()));
+  }
+  size_t bytes = 6;
+  for (absl::string_view region : regions) {
+    if (region.empty() || region.size() > FrameHeader::kMaxRegionBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a region request names regions of 1 to ", FrameHeader::kMaxRegionBytes,
+          " bytes, not one of ", region.size()));
+    }
+    bytes += 2 + region.size();
+  }
+  std::vector<uint8_t> payload(bytes);
+  Put<uint32_t>(payload.data(), 0, asking);
+  Put<uint16_t>(payload.data(), 4, static_cast<uint16_t>(regions.size()));
+  size_t at = 6;
+  for (absl::string_view region : regions) {
+    Put<uint16_t>(payload.data(), at, static_cast<uint16_t>(region.size()));
+    std::memcpy(payload.data() + at + 2, region.data(), region.size());
+    at += 2 + region.size();
+  }
+  return payload;
+}
+
+absl::StatusOr<RegionRequest> DecodeRegionRequest(absl::Span<const uint8_t> payload) {
+  if (payload.size() < 6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a region request of ", payload.size(), " bytes is shorter than its 6 fixed bytes"));
+  }
+  RegionRequest request;
+  request.asking = Get<uint32_t>(payload.data(), 0);
+  const uint16_t count = Get<uint16_t>(payload.data(), 4);
+  if (count == 0 || count > RegionRequest::kMaxRegions) {
+    return absl::InvalidArgumentError(absl::StrCat("a region request names 1 to ",
+                                                   RegionRequest::kMaxRegions, " regions, not ",
+                                                   count));
+  }
+  size_t at = 6;
+  for (uint16_t i = 0; i < count; ++i) {
+    if (payload.size() - at < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a region request ends within the length of region ", i));
+    }
+    const uint16_t bytes = Get<uint16_t>(payload.data(), at);
+    at += 2;
+    if (bytes == 0 || bytes > FrameHeader::kMaxRegionBytes || bytes > payload.size() - at) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region ", i, " of a region request is ", bytes, " bytes long, with ",
+          payload.size() - at, " left (names are 1 to ", FrameHeader::kMaxRegionBytes, ")"));
+    }
+    std::string region(reinterpret_cast<const char*>(payload.data() + at), bytes);
+    at += bytes;
+    for (const std::string& before : request.regions) {
+      if (before == region) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a region request names region '", region, "' twice"));
+      }
+    }
+    request.regions.push_back(std::move(region));
+  }
+  if (at != payload.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a region request has ", payload.size() - at,
+                                                   " bytes after its last region"));
+  }
+  return request;
+}
+
 }  // namespace moesnap::daemon

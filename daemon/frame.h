@@ -5,7 +5,7 @@
 //
 //   offset size field
 //   0      4    magic "MSDP"            32     8    offset   byte offset within the unit
-//   4      2    version (3)             40     4    length   payload bytes
+//   4      2    version (4)             40     4    length   payload bytes
 //   6      2    kind (FrameKind)        44     4    payload_crc   CRC-32C of the payload
 //   8      8    step                    48     2    region_bytes  length of the region name
 //   16     4    rank                    50     2    reserved, zero
@@ -20,6 +20,7 @@
 // The version changes with the meaning of any frame, so that daemons of different versions refuse
 // each other's frames (a step aborts, saying why) instead of misreading them. 3: a parity delta of a
 // fresh stripe carries the unit itself, and region requests and refusals (kinds 5 and 6) exist.
+// 4: a region request names up to RegionRequest::kMaxRegions regions in its payload.
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
 // (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
@@ -33,8 +34,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace moesnap::daemon {
@@ -47,9 +50,10 @@ enum class FrameKind : uint16_t {
   kParityDelta = 2,
   kFetchedUnit = 3,    // a data or parity unit served to a rebuilding or repairing peer
   kFetchedRegion = 4,  // a chunk of a committed region served for an elastic restore
-  // An elastic restore asks the receiver for region `region` of rank `rank` of its committed step
-  // `step`; the payload is the asking node's id (4 bytes). The receiver answers on its own
-  // connection to that node: the region's kFetchedRegion frames, or one kRegionRefused.
+  // An elastic restore asks the receiver for regions of rank `rank` of its committed step `step`,
+  // named in the payload (RegionRequest; the frame's own region name is empty). The receiver
+  // answers on its own connection to that node, region after region in the order named: each
+  // region's kFetchedRegion frames, or one kRegionRefused.
   kRegionRequest = 5,
   // The holder cannot send a region asked for (step, rank and region as asked); the payload says
   // why, in text.
@@ -58,7 +62,7 @@ enum class FrameKind : uint16_t {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x5044534d;  // "MSDP" little-endian
-  static constexpr uint16_t kVersion = 3;
+  static constexpr uint16_t kVersion = 4;
   static constexpr size_t kBytes = 64;
   static constexpr size_t kMaxRegionBytes = 1024;
 
@@ -87,6 +91,20 @@ absl::Status SealFrame(FrameHeader& header, absl::Span<const absl::Span<const ui
 
 // Checks a received payload against the header's CRC.
 absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload);
+
+// The payload of a kRegionRequest: the asking node's id (4 bytes), the number of regions (2), then
+// each region's name as its length (2) and its bytes. One request names 1 to kMaxRegions distinct
+// regions, each name 1 to FrameHeader::kMaxRegionBytes bytes long.
+struct RegionRequest {
+  static constexpr size_t kMaxRegions = 16;
+  uint32_t asking = 0;
+  std::vector<std::string> regions;
+};
+// INVALID_ARGUMENT when `regions` break the bounds above.
+absl::StatusOr<std::vector<uint8_t>> EncodeRegionRequest(
+    uint32_t asking, absl::Span<const absl::string_view> regions);
+// INVALID_ARGUMENT, naming the fault, when `payload` is not one RegionRequest within its bounds.
+absl::StatusOr<RegionRequest> DecodeRegionRequest(absl::Span<const uint8_t> payload);
 
 }  // namespace moesnap::daemon
 

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "daemon/cluster/parallel.h"
+#include "daemon/frame.h"
 #include "proto/restored_regions.h"
 
 namespace moesnap::daemon::cluster {
@@ -19,8 +20,12 @@ namespace {
 
 // Region requests this node has in flight to one holder, all restores together: half of what a
 // holder serves of one node, so that restores of many ranks at once queue here instead of being
-// refused there. A restore asks for its regions this many at a time.
+// refused there. A restore keeps this many requests in flight.
 constexpr size_t kRequestsInFlight = Transfer::kRegionRequestsPerPeer / 2;
+// A request names up to RegionRequest::kMaxRegions regions (one holder task sends them back to
+// back), of at most this many bytes together unless it names one region: larger regions go in
+// requests of their own, which the holder's threads serve at once.
+constexpr uint64_t kRequestBytes = 1 << 20;
 // Memory kept for the next restores' fetched bytes: 16 experts of 4 MiB. A restore of more takes
 // fresh memory, and gives it back.
 constexpr uint64_t kKeptRestoreBytes = 64 << 20;
@@ -130,41 +135,55 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
   // fetch some of the same regions at once.
   const int64_t request = transfer_->NewRequest();
   std::vector<FetchKey> keys;
+  std::vector<std::pair<FetchKey, FetchSlot>> slots;
   for (const WantedRegion& region : wanted) {
     keys.push_back({step, 0, 0, source_rank, region.region->region(), request});
-  }
-  std::vector<std::pair<FetchKey, FetchSlot>> slots;
-  for (size_t i = 0; i < wanted.size(); ++i) {
     // Every byte is checked against the region's stored chunk CRCs as RestoreLocated writes it
     // into the rank (which decodes the regions from the group when they differ).
-    const absl::Span<uint8_t> bytes = wanted[i].bytes;
-    slots.push_back({keys[i], {.buffer = bytes.data(),
-                               .bytes = bytes.size(),
-                               .source = holder,
-                               .owner_checks = true}});
+    slots.push_back({keys.back(), {.buffer = region.bytes.data(),
+                                   .bytes = region.bytes.size(),
+                                   .source = holder,
+                                   .owner_checks = true}});
   }
+  // The regions in requests: [starts[i], starts[i + 1]) is request i's.
+  std::vector<size_t> starts = {0};
+  uint64_t request_bytes = 0;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const uint64_t bytes = wanted[i].region->bytes();
+    if (i > starts.back() && (i - starts.back() == RegionRequest::kMaxRegions ||
+                              bytes > kRequestBytes - std::min(request_bytes, kRequestBytes))) {
+      starts.push_back(i);
+      request_bytes = 0;
+    }
+    request_bytes += bytes;
+  }
+  starts.push_back(wanted.size());
+  const size_t requests = starts.size() - 1;
   if (absl::Status expected = transfer_->Expect(slots); !expected.ok()) return expected;
-  // Up to kRequestsInFlight regions are asked for at once (the slots taken together, so that
-  // restores never each hold part of what they wait for); each region that arrives makes room for
-  // the next request.
-  const size_t window = std::min(kRequestsInFlight, wanted.size());
+  // Up to kRequestsInFlight requests go out at once (taken together, so that restores never each
+  // hold part of what they wait for); each request answered makes room for the next.
+  const size_t window = std::min(kRequestsInFlight, requests);
   TakeRequests(holder, window);
   auto ask = [&](size_t i) {
-    return transfer_->RequestRegion(holder, step, source_rank, wanted[i].region->region(), request);
+    std::vector<absl::string_view> names;
+    for (size_t r = starts[i]; r < starts[i + 1]; ++r) names.push_back(wanted[r].region->region());
+    return transfer_->RequestRegions(holder, step, source_rank, names, request);
   };
   absl::Status status;
   size_t asked = 0;
   while (asked < window && status.ok()) status = ask(asked++);
   size_t collected = 0;
   while (collected < asked && status.ok()) {
-    status = transfer_->Collect({keys[collected]}, absl::OkStatus());
+    status = transfer_->Collect({keys.begin() + starts[collected],
+                                 keys.begin() + starts[collected + 1]},
+                                absl::OkStatus());
     ++collected;
-    if (status.ok() && asked < wanted.size()) status = ask(asked++);
+    if (status.ok() && asked < requests) status = ask(asked++);
   }
   ReleaseRequests(holder, window);
   // Regions not received after a failure are no longer awaited either.
-  if (collected < wanted.size()) {
-    (void)transfer_->Collect({keys.begin() + collected, keys.end()}, status);
+  if (collected < requests) {
+    (void)transfer_->Collect({keys.begin() + starts[collected], keys.end()}, status);
   }
   return status;
 }

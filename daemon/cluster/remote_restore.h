@@ -1,9 +1,9 @@
-// Remote (elastic) restore: a rank restores a region that another rank snapshotted on another
-// node (an expert moved after failures). The node that holds it sends it when asked over the data
-// plane (Transfer::RequestRegion), or,
-// when that node is lost, the units covering the region are decoded from its group's survivors;
-// every chunk's CRC-32C is checked as the bytes are written into the rank, and fetched bytes that
-// fail it are decoded from the group instead.
+// Remote (elastic) restore: a rank restores regions that another rank snapshotted on another node
+// (an expert moved after failures). The node that holds them sends them when asked over the data
+// plane (Transfer::RequestRegions, many regions a request), or, when that node is lost, the units
+// covering them are decoded from its group's survivors; every chunk's CRC-32C is checked as the
+// bytes are written into the rank, and fetched bytes that fail it are decoded from the group
+// instead.
 #ifndef MOESNAP_DAEMON_CLUSTER_REMOTE_RESTORE_H_
 #define MOESNAP_DAEMON_CLUSTER_REMOTE_RESTORE_H_
 

@@ -564,23 +564,22 @@ absl::Status Transfer::AcceptParityDelta(const FrameHeader& header,
   return parity_->Accept(header, payload);
 }
 
-absl::Status Transfer::RequestRegion(uint32_t holder, int64_t step, uint32_t rank,
-                                    const std::string& region, int64_t request) {
+absl::Status Transfer::RequestRegions(uint32_t holder, int64_t step, uint32_t rank,
+                                      absl::Span<const absl::string_view> regions,
+                                      int64_t request) {
+  absl::StatusOr<std::vector<uint8_t>> payload = EncodeRegionRequest(context_.node_id(), regions);
+  if (!payload.ok()) return payload.status();
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(holder);
   if (!client.ok()) return client.status();
   FrameHeader header;
   header.kind = FrameKind::kRegionRequest;
   header.step = step;
   header.rank = rank;
-  header.region = region;
   header.attempt = request;
-  uint8_t asking[4];
-  const uint32_t self = context_.node_id();
-  for (size_t i = 0; i < sizeof(asking); ++i) asking[i] = static_cast<uint8_t>(self >> (8 * i));
-  if (absl::Status sent = (*client)->Send(std::move(header), absl::Span<const uint8_t>(asking));
+  if (absl::Status sent = (*client)->Send(std::move(header), absl::Span<const uint8_t>(*payload));
       !sent.ok()) {
-    return absl::UnavailableError(absl::StrCat("asking node ", holder, " for region '", region,
-                                               "' of rank ", rank, ": ", sent.message()));
+    return absl::UnavailableError(absl::StrCat("asking node ", holder, " for ", regions.size(),
+                                               " regions of rank ", rank, ": ", sent.message()));
   }
   return absl::OkStatus();
 }
@@ -588,16 +587,16 @@ absl::Status Transfer::RequestRegion(uint32_t holder, int64_t step, uint32_t ran
 absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
                                            absl::Span<const uint8_t> payload,
                                            std::optional<uint32_t> sender) {
-  uint32_t asking = 0;
-  if (payload.size() != sizeof(asking) || header.region.empty()) {
+  if (!header.region.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a region request names a region and carries the asking node's id (4 bytes), not '",
-        header.region, "' and ", payload.size(), " bytes"));
+        "a region request names its regions in its payload, not '", header.region, "'"));
   }
-  for (size_t i = 0; i < sizeof(asking); ++i) asking |= uint32_t{payload[i]} << (8 * i);
+  absl::StatusOr<RegionRequest> request = DecodeRegionRequest(payload);
+  if (!request.ok()) return request.status();
+  const uint32_t asking = request->asking;
   if (sender && *sender != asking) {
-    return absl::PermissionDeniedError(absl::StrCat("node ", *sender, " asked for region '",
-                                                    header.region, "' to be sent to node ", asking));
+    return absl::PermissionDeniedError(absl::StrCat("node ", *sender, " asked for regions of rank ",
+                                                    header.rank, " to be sent to node ", asking));
   }
   if (!context_.options().GroupOf(asking)) {
     return absl::InvalidArgumentError(
@@ -607,19 +606,24 @@ absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
   // Beyond its share, a node's requests are refused (queued still, but answered without a pass
   // over the store): an honest node keeps fewer in flight, yet may leave some behind that a fetch
   // it gave up on made.
-  return region_requests_->Add(asking, [this, asking, header](int ahead) {
-    ServeRegion(asking, header, /*busy=*/ahead >= kRegionRequestsPerPeer);
-  });
+  return region_requests_->Add(
+      asking, [this, asking, header, regions = std::move(request->regions)](int ahead) {
+        for (const std::string& region : regions) {
+          FrameHeader asked = header;
+          asked.region = region;
+          if (!ServeRegion(asking, asked, /*busy=*/ahead >= kRegionRequestsPerPeer)) return;
+        }
+      });
 }
 
-void Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
+bool Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
   const absl::Status sent =
       busy ? absl::ResourceExhaustedError(absl::StrCat("node ", to, " has ",
                                                        kRegionRequestsPerPeer,
                                                        " region requests at node ",
                                                        context_.node_id(), " already"))
            : SendRegion(to, request);
-  if (sent.ok()) return;
+  if (sent.ok()) return true;
   FrameHeader refusal = AnswerTo(request, FrameKind::kRegionRefused);
   const absl::string_view why = sent.message().substr(0, kMaxRefusalBytes);
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> client = Client(to);
@@ -627,14 +631,14 @@ void Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
       client.ok() ? (*client)->Send(std::move(refusal),
                                     {reinterpret_cast<const uint8_t*>(why.data()), why.size()})
                   : client.status();
-  if (!told.ok()) {
-    // The node stopped reading (or is gone): its other requests are dropped rather than each
-    // holding a thread until its send times out.
-    const int dropped = region_requests_->Forget(to);
-    Log(LogLevel::kWarning, "data plane: could not tell node ", to, " why region '",
-        request.region, "' of rank ", request.rank, " was not sent (", sent.ToString(), "): ",
-        told.ToString(), "; its ", dropped, " other queued requests are dropped");
-  }
+  if (told.ok()) return true;
+  // The node stopped reading (or is gone): the rest of this request and its other requests are
+  // dropped rather than each holding a thread until its send times out.
+  const int dropped = region_requests_->Forget(to);
+  Log(LogLevel::kWarning, "data plane: could not tell node ", to, " why region '", request.region,
+      "' of rank ", request.rank, " was not sent (", sent.ToString(), "): ", told.ToString(),
+      "; the rest of its request and its ", dropped, " other queued requests are dropped");
+  return false;
 }
 
 absl::Status Transfer::SendRegion(uint32_t to, const FrameHeader& request) {

@@ -123,15 +123,16 @@ class Transfer final : public FrameSink {
   };
   absl::Status CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies);
 
-  // Asks `holder` for region `region` of rank `rank` of its committed step `step`, on the data
-  // plane: it sends the region's frames back (kFetchedRegion, each chunk with its stored CRC-32C),
-  // or refuses, failing the fetch with its reason. The region's slot is expected before. A holder
-  // serves kRegionRequestsPerPeer requests of one node at once and refuses more (busy); it closes
-  // the connection of a node with kRegionRequestsQueuedPerPeer requests queued.
-  static constexpr int kRegionRequestsPerPeer = 128;
+  // Asks `holder` for regions `regions` (1 to RegionRequest::kMaxRegions) of rank `rank` of its
+  // committed step `step` in one request, on the data plane: it sends them back one after another,
+  // each as its frames (kFetchedRegion, each chunk with its stored CRC-32C) or a refusal that fails
+  // that region's fetch with its reason. The regions' slots are expected before. A holder serves
+  // kRegionRequestsPerPeer requests of one node at once and refuses more (busy); it closes the
+  // connection of a node with kRegionRequestsQueuedPerPeer requests queued.
+  static constexpr int kRegionRequestsPerPeer = 32;
   static constexpr int kRegionRequestsQueuedPerPeer = 4 * kRegionRequestsPerPeer;
-  absl::Status RequestRegion(uint32_t holder, int64_t step, uint32_t rank,
-                             const std::string& region, int64_t request);
+  absl::Status RequestRegions(uint32_t holder, int64_t step, uint32_t rank,
+                              absl::Span<const absl::string_view> regions, int64_t request);
   // A request token for a fetch's regions, new on each call (FetchKey::request). Answers that name
   // a token this node issued and no longer awaits come after their fetch ended: they are read and
   // dropped. Answers naming a token it never issued close the connection. Tokens start from the
@@ -201,8 +202,8 @@ class Transfer final : public FrameSink {
   absl::Status AcceptRefusal(const FrameHeader& header, absl::Span<const uint8_t> payload,
                              std::optional<uint32_t> sender);
   // Sends the committed region `request` names to node `to`, or tells it why not: `busy` when it
-  // asked for more than its share.
-  void ServeRegion(uint32_t to, const FrameHeader& request, bool busy);
+  // asked for more than its share. False when `to` could not be told either.
+  bool ServeRegion(uint32_t to, const FrameHeader& request, bool busy);
   absl::Status SendRegion(uint32_t to, const FrameHeader& request);
 
   const ClusterContext context_;

@@ -328,30 +328,44 @@ TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
   ExpectRestores(2);
 }
 
-// Requests for a committed region whose answer would go to a node outside the job, or that do
-// not carry the asking node's id, and refusals longer than a reason may be: refused, the
-// connection closed. The job goes on committing.
+// Requests for committed regions whose answer would go to a node outside the job, that do not
+// carry the asking node's id, or that name their regions outside a request's bounds, and refusals
+// longer than a reason may be: refused, the connection closed. The job goes on committing.
 TEST_F(HostilePeerTest, HostileRegionRequestsAndRefusalsCloseTheConnection) {
-  auto id = [](uint32_t node) {
-    std::vector<uint8_t> bytes(sizeof(node));
-    std::memcpy(bytes.data(), &node, sizeof(node));
-    return bytes;
+  auto payload = [](uint32_t asking, std::vector<absl::string_view> regions) {
+    absl::StatusOr<std::vector<uint8_t>> bytes = daemon::EncodeRegionRequest(asking, regions);
+    EXPECT_OK(bytes);
+    return bytes.value_or(std::vector<uint8_t>());
   };
   daemon::FrameHeader request;
   request.kind = daemon::FrameKind::kRegionRequest;
   request.step = 1;
-  request.region = "weights";
+  // The asking node's id, 0 regions.
+  const std::vector<uint8_t> none = {0, 0, 0, 0, 0, 0};
+  // One region whose name is longer than the bytes left.
+  const std::vector<uint8_t> overlong = {0, 0, 0, 0, 1, 0, 9, 0, 'w', 'e'};
   for (int node = 0; node < kNodes; ++node) {
-    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, id(1u << 31)))
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, payload(1u << 31, {"weights"})))
         << "node " << node << " took a request answered to a node outside the job";
     EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, {0, 0, 0, 0, 0}))
         << "node " << node << " took a request without the asking node's id";
-    daemon::FrameHeader unnamed = request;
-    unnamed.region.clear();
-    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], unnamed, id(0)))
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, none))
         << "node " << node << " took a request naming no region";
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, overlong))
+        << "node " << node << " took a request naming a region past its end";
+    std::vector<uint8_t> twice = payload(0, {"weights"});
+    const std::vector<uint8_t> name(twice.begin() + 6, twice.end());
+    twice[4] = 2;
+    twice.insert(twice.end(), name.begin(), name.end());
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], request, twice))
+        << "node " << node << " took a request naming a region twice";
+    daemon::FrameHeader named = request;
+    named.region = "weights";
+    EXPECT_TRUE(ClosesTheConnection(data_ports_[node], named, payload(0, {"weights"})))
+        << "node " << node << " took a request naming a region in its header";
     daemon::FrameHeader refusal = request;
     refusal.kind = daemon::FrameKind::kRegionRefused;
+    refusal.region = "weights";
     EXPECT_TRUE(ClosesTheConnection(data_ports_[node], refusal, std::vector<uint8_t>(1025, 'x')))
         << "node " << node << " took a refusal of 1025 bytes";
   }

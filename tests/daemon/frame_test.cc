@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
 #include "tests/testing/status_matchers.h"
 
@@ -108,6 +110,72 @@ TEST(FrameTest, KindAndRegionLengthAreBounded) {
   header.kind = static_cast<FrameKind>(77);
   EncodeFrameHeader(header, bytes);
   EXPECT_TRUE(absl::StrContains(DecodeFrameHeader(bytes, 1 << 20).status().message(), "kind 77"));
+}
+
+TEST(FrameTest, ARegionRequestRoundTrips) {
+  const std::string longest(FrameHeader::kMaxRegionBytes, 'n');
+  const std::vector<absl::string_view> names = {"layer0.weight", longest, "x"};
+  const absl::StatusOr<std::vector<uint8_t>> payload = EncodeRegionRequest(0x01020304, names);
+  ASSERT_OK(payload);
+  EXPECT_EQ(payload->size(), 6 + 3 * 2 + 13 + longest.size() + 1);
+  const absl::StatusOr<RegionRequest> request = DecodeRegionRequest(*payload);
+  ASSERT_OK(request);
+  EXPECT_EQ(request->asking, 0x01020304u);
+  EXPECT_EQ(request->regions, std::vector<std::string>(names.begin(), names.end()));
+
+  std::vector<std::string> distinct;
+  for (size_t i = 0; i < RegionRequest::kMaxRegions; ++i) distinct.push_back(absl::StrCat("r", i));
+  const std::vector<absl::string_view> full(distinct.begin(), distinct.end());
+  const absl::StatusOr<std::vector<uint8_t>> full_payload = EncodeRegionRequest(0, full);
+  ASSERT_OK(full_payload);
+  EXPECT_OK(DecodeRegionRequest(*full_payload));
+}
+
+// What the sender refuses to encode, and every malformed payload, by name.
+TEST(FrameTest, ARegionRequestOutsideItsBoundsIsRejectedByName) {
+  const std::string too_long(FrameHeader::kMaxRegionBytes + 1, 'n');
+  for (const std::vector<absl::string_view>& names :
+       {std::vector<absl::string_view>{}, std::vector<absl::string_view>{""},
+        std::vector<absl::string_view>{too_long},
+        std::vector<absl::string_view>(RegionRequest::kMaxRegions + 1, "r")}) {
+    EXPECT_STATUS(EncodeRegionRequest(0, names).status(), absl::StatusCode::kInvalidArgument)
+        << names.size() << " names";
+  }
+  const absl::StatusOr<std::vector<uint8_t>> good = EncodeRegionRequest(7, {"ab", "cd"});
+  ASSERT_OK(good);
+  auto rejected = [](std::vector<uint8_t> payload, absl::string_view why) {
+    const absl::Status status = DecodeRegionRequest(payload).status();
+    EXPECT_STATUS(status, absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(status.message(), why)) << status << " is not about " << why;
+  };
+  rejected({7, 0, 0, 0, 1}, "shorter than its 6 fixed bytes");
+  std::vector<uint8_t> bad = *good;
+  bad[4] = 0;
+  rejected(bad, "names 1 to 16 regions, not 0");
+  bad[4] = RegionRequest::kMaxRegions + 1;
+  rejected(bad, "not 17");
+  bad = *good;
+  bad[4] = 3;
+  rejected(bad, "ends within the length of region 2");
+  bad = *good;
+  bad[6] = 0;
+  rejected(bad, "region 0 of a region request is 0 bytes long");
+  bad[6] = 7;
+  rejected(bad, "region 0 of a region request is 7 bytes long, with 6 left");
+  bad = *good;
+  bad.push_back(0);
+  rejected(bad, "1 bytes after its last region");
+  bad = *good;
+  bad[12] = 'a';
+  bad[13] = 'b';
+  rejected(bad, "names region 'ab' twice");
+  // A name longer than a region name may be, though the payload holds it.
+  bad = {0, 0, 0, 0, 1, 0};
+  const uint16_t length = FrameHeader::kMaxRegionBytes + 1;
+  bad.push_back(static_cast<uint8_t>(length));
+  bad.push_back(static_cast<uint8_t>(length >> 8));
+  bad.resize(bad.size() + length, 'n');
+  rejected(bad, "1025 bytes long");
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 // connection a node asks only for itself, and only the node asked refuses.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -57,7 +56,7 @@ absl::Status Fetch(InProcessCluster& cluster, uint32_t holder, int64_t step, uin
   if (absl::Status expected = ExpectRegion(transfer, key, holder, into); !expected.ok()) {
     return expected;
   }
-  return transfer.Collect({key}, transfer.RequestRegion(holder, step, rank, region, request));
+  return transfer.Collect({key}, transfer.RequestRegions(holder, step, rank, {region}, request));
 }
 
 TEST(RegionRequestsTest, AHeldRegionIsSentBackWhenAskedOnTheDataPlane) {
@@ -91,6 +90,44 @@ TEST(RegionRequestsTest, ARegionTheHolderCannotSendFailsTheFetchWithItsReason) {
   EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
 }
 
+// One request names several regions: the holder answers each, in the order named, a region it
+// cannot send with its refusal, and the others with their bytes.
+TEST(RegionRequestsTest, ARequestNamingSeveralRegionsIsAnsweredRegionByRegion) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  Transfer& transfer = cluster.node(0).transfer;
+  for (const std::vector<absl::string_view>& names :
+       {std::vector<absl::string_view>{"missing", "state"}, {"state", "missing"}}) {
+    const int64_t request = transfer.NewRequest();
+    std::vector<uint8_t> state(kBytes);
+    std::vector<uint8_t> missing(4096);
+    const FetchKey state_key = RegionKey(1, 1, "state", request);
+    const FetchKey missing_key = RegionKey(1, 1, "missing", request);
+    ASSERT_OK(ExpectRegion(transfer, state_key, 1, state));
+    ASSERT_OK(ExpectRegion(transfer, missing_key, 1, missing));
+    const absl::Status asked = transfer.RequestRegions(1, 1, 1, names, request);
+    ASSERT_OK(transfer.Collect({state_key}, asked)) << names[0] << " first";
+    EXPECT_TRUE(state == testing::StateOf(1, 1, kBytes)) << names[0] << " first";
+    const absl::Status refused = transfer.Collect({missing_key}, asked);
+    EXPECT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(refused.message(), "node 1 holds no region 'missing' of rank 1"))
+        << refused;
+  }
+}
+
+// A request names 1 to RegionRequest::kMaxRegions distinct regions; the asking node refuses to
+// send another.
+TEST(RegionRequestsTest, ARequestOutsideItsBoundsIsNotSent) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  EXPECT_STATUS(transfer.RequestRegions(1, 1, 1, {}, transfer.NewRequest()),
+                absl::StatusCode::kInvalidArgument);
+  const std::vector<absl::string_view> too_many(RegionRequest::kMaxRegions + 1, "state");
+  EXPECT_STATUS(transfer.RequestRegions(1, 1, 1, too_many, transfer.NewRequest()),
+                absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RegionRequestsTest, AFetchFromANodeLostBeforeItSentFailsWithoutWaitingOutItsTimeout) {
   InProcessCluster cluster(3, 2, 1);
   cluster.election().Elect(0);
@@ -111,14 +148,14 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   cluster.election().Elect(0);
   ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
   Transfer& holder = cluster.node(1).transfer;
-  const FrameHeader request = StateFrame(FrameKind::kRegionRequest, 0);
-  uint32_t asking = 0;
-  std::vector<uint8_t> payload(sizeof(asking));
-  std::memcpy(payload.data(), &asking, sizeof(asking));
-  const absl::Status elsewhere = holder.Accept(request, payload, 2);
+  FrameHeader request = StateFrame(FrameKind::kRegionRequest, 0);
+  request.region.clear();  // named in the payload
+  const absl::StatusOr<std::vector<uint8_t>> payload = EncodeRegionRequest(0, {"state"});
+  ASSERT_OK(payload);
+  const absl::Status elsewhere = holder.Accept(request, *payload, 2);
   EXPECT_STATUS(elsewhere, absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(absl::StrContains(elsewhere.message(), "node 2 asked for region 'state' to be sent "
-                                                     "to node 0"))
+  EXPECT_TRUE(absl::StrContains(elsewhere.message(), "node 2 asked for regions of rank 1 to be "
+                                                     "sent to node 0"))
       << elsewhere;
 
   // Node 0 awaits the region from node 1: a refusal from node 2 is refused, and the fetch goes on.
@@ -134,7 +171,7 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   EXPECT_STATUS(forged, absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(absl::StrContains(forged.message(), "node 2 refused region 'state' of rank 1"))
       << forged;
-  ASSERT_OK(transfer.Collect({key}, transfer.RequestRegion(1, 1, 1, "state", token)));
+  ASSERT_OK(transfer.Collect({key}, transfer.RequestRegions(1, 1, 1, {"state"}, token)));
   EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
 }
 
@@ -171,7 +208,7 @@ TEST(RegionRequestsTest, AnswersThatComeAfterTheirFetchEndedAreDropped) {
   const int64_t token = transfer.NewRequest();
   const FetchKey key = RegionKey(1, 1, "state", token);
   ASSERT_OK(ExpectRegion(transfer, key, 1, given_up));
-  ASSERT_OK(transfer.RequestRegion(1, 1, 1, "state", token));
+  ASSERT_OK(transfer.RequestRegions(1, 1, 1, {"state"}, token));
   EXPECT_STATUS(transfer.Collect({key}, absl::CancelledError("given up")),
                 absl::StatusCode::kCancelled);
 
