@@ -160,6 +160,47 @@ TEST_F(DataPlaneTest, AFrameGatheredFromPiecesArrivesAsTheirConcatenation) {
   EXPECT_EQ(sink_.Get(5, 9).second, payload);
 }
 
+// Frames however they are cut on the wire arrive whole: many small ones in one write (headers,
+// names and payloads of 0 to 9 KiB back to back) and one written a byte at a time.
+TEST_F(DataPlaneTest, SmallFramesBackToBackAndAFrameByteByByteArriveWhole) {
+  std::vector<uint8_t> wire;
+  auto append = [&](uint32_t rank, uint64_t stripe, size_t bytes) {
+    const std::vector<uint8_t> payload = PayloadFor(rank, stripe);
+    FrameHeader header = HeaderFor(rank, stripe);
+    if (stripe % 5 == 0) header.region.clear();
+    const absl::Span<const uint8_t> piece(payload.data(), bytes);
+    EXPECT_OK(SealFrame(header, {&piece, 1}));
+    uint8_t encoded[FrameHeader::kBytes];
+    EncodeFrameHeader(header, encoded);
+    wire.insert(wire.end(), encoded, encoded + FrameHeader::kBytes);
+    wire.insert(wire.end(), header.region.begin(), header.region.end());
+    wire.insert(wire.end(), piece.begin(), piece.end());
+  };
+  auto expect = [&](uint32_t rank, uint64_t stripe, size_t bytes) {
+    const auto [region, payload] = sink_.Get(rank, stripe);
+    EXPECT_EQ(region, stripe % 5 == 0 ? "" : HeaderFor(rank, stripe).region);
+    const std::vector<uint8_t> sent = PayloadFor(rank, stripe);
+    EXPECT_EQ(payload, std::vector<uint8_t>(sent.begin(), sent.begin() + bytes))
+        << rank << "/" << stripe;
+  };
+  constexpr uint64_t kFrames = 60;
+  auto bytes_of = [](uint64_t stripe) -> size_t { return stripe * 157 % 9000; };
+  for (uint64_t stripe = 0; stripe < kFrames; ++stripe) append(1, stripe, bytes_of(stripe));
+  tcp::socket together = Raw();
+  asio::write(together, asio::buffer(wire));
+  ASSERT_TRUE(Eventually([&] { return sink_.size() == kFrames; }));
+  for (uint64_t stripe = 0; stripe < kFrames; ++stripe) expect(1, stripe, bytes_of(stripe));
+
+  wire.clear();
+  append(2, 7, 5000);
+  tcp::socket dribbling = Raw();
+  dribbling.set_option(tcp::no_delay(true));
+  for (const uint8_t byte : wire) asio::write(dribbling, asio::buffer(&byte, 1));
+  ASSERT_TRUE(Eventually([&] { return sink_.size() == kFrames + 1; }));
+  expect(2, 7, 5000);
+  EXPECT_EQ(server_->connections_rejected(), 0u);
+}
+
 TEST_F(DataPlaneTest, MalformedCorruptAndTruncatedFramesAreRefused) {
   const std::vector<uint8_t> payload = PayloadFor(1, 1);
   FrameHeader header = HeaderFor(1, 1);
