@@ -36,7 +36,7 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
   const std::vector<uint64_t> sizes = ImageSizes(record);
   const uint64_t stripe_count = layout.StripeCount(sizes);
   // Every stripe once, of the step, holding bytes, with a target that holds bytes and k distinct
-  // other sources; the scratch it takes (n units a stripe) within HelperRequestBound().
+  // other sources; the scratch it takes (HelperStripeBytes) within HelperRequestBound().
   const uint64_t max_scratch = HelperRequestBound(layout, request_bytes_);
   std::set<uint64_t> seen;
   uint64_t scratch_bytes = 0;
@@ -62,15 +62,15 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": unit ", stripe.target(), " holds no bytes to decode"));
     }
-    scratch_bytes += length * n;
+    scratch_bytes += HelperStripeBytes(layout, length);
     if (scratch_bytes > max_scratch) {
       return absl::InvalidArgumentError(absl::StrCat(request.stripes_size(),
                                                      " stripes take more than ", max_scratch,
                                                      " bytes to decode at once"));
     }
   }
-  // Not zeroed: FetchSources fills every source (padding included) and the decode the target; the
-  // stripe's other units are neither written nor read.
+  // Not zeroed: FetchSources fills every source (padding included) and the decode the target. The
+  // stripe's other units are neither written nor read, and have no memory.
   if (scratch_bytes_ < scratch_bytes) {
     scratch_bytes_ = 0;
     scratch_.reset();
@@ -85,9 +85,14 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
     work.stripe = stripe.stripe();
     work.length = layout.ParityLength(work.stripe, sizes);
     work.target = static_cast<int>(stripe.target());
+    work.units.assign(n, nullptr);
     for (uint32_t i : stripe.sources()) work.chosen.push_back(static_cast<int>(i));
-    for (int i = 0; i < n; ++i) work.units.push_back(scratch + used + i * work.length);
-    used += work.length * n;
+    for (int i : work.chosen) {
+      work.units[i] = scratch + used;
+      used += work.length;
+    }
+    work.units[work.target] = scratch + used;
+    used += work.length;
     works.push_back(std::move(work));
   }
   // A caller that gave up (its deadline passed, another helper failed) is not served further.

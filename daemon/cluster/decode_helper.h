@@ -35,7 +35,8 @@ class DecodeHelper {
                                                     const std::function<bool()>& cancelled);
 
  private:
-  // A stripe being decoded: its n units in scratch, `chosen` (k of them) filled by FetchSources.
+  // A stripe being decoded: its n units, of which `chosen` (k of them, filled by FetchSources) and
+  // `target` (decoded) lie in scratch, the others null.
   struct StripeUnits {
     uint64_t stripe = 0;
     uint64_t length = 0;

@@ -83,7 +83,7 @@ struct DecodeWork {
 };
 struct HelperRequest {
   std::vector<DecodeWork> works;
-  uint64_t helper_bytes = 0;    // what the helper decodes in: n units a stripe
+  uint64_t helper_bytes = 0;    // what the helper decodes in (HelperStripeBytes)
   uint64_t received_bytes = 0;  // what comes back into scratch: one unit a stripe not in place
 };
 struct DecodePlan {
@@ -143,10 +143,11 @@ absl::StatusOr<DecodePlan> PlanDecode(const Topology& topology, const DecodeTarg
     const int helper = sources->holding[stripe % sources->holding.size()];
     std::vector<HelperRequest>& requests =
         plan.requests_of[topology.NodeAt(target.group, PositionOf(layout, stripe, helper))];
-    if (requests.empty() || requests.back().helper_bytes + work.length * n > helper_bound) {
+    const uint64_t helper_bytes = HelperStripeBytes(layout, work.length);
+    if (requests.empty() || requests.back().helper_bytes + helper_bytes > helper_bound) {
       requests.emplace_back();
     }
-    requests.back().helper_bytes += work.length * n;
+    requests.back().helper_bytes += helper_bytes;
     if (work.in_place == nullptr) requests.back().received_bytes += work.length;
     plan.fetched_bytes += work.bytes;
     requests.back().works.push_back(std::move(work));

@@ -41,10 +41,16 @@ inline uint64_t UnitBytes(const erasure::StripeLayout& layout, const std::vector
   return layout.UnitLength(sizes[position], layout.DataUnitOf(position, stripe));
 }
 
-// The bytes a request to a helper may take at the helper: `request_bytes`, or one stripe's n units
-// where they take more (RebuildOptions::helper_request_bytes).
+// What decoding a stripe of units of `length` bytes takes at a helper: its k sources and the unit
+// it decodes.
+inline uint64_t HelperStripeBytes(const erasure::StripeLayout& layout, uint64_t length) {
+  return length * static_cast<uint64_t>(layout.data_units() + 1);
+}
+
+// The bytes a request to a helper may take at the helper: `request_bytes`, or one stripe's where
+// it takes more (RebuildOptions::helper_request_bytes).
 inline uint64_t HelperRequestBound(const erasure::StripeLayout& layout, uint64_t request_bytes) {
-  return std::max(request_bytes, layout.unit_bytes() * layout.group_size());
+  return std::max(request_bytes, HelperStripeBytes(layout, layout.unit_bytes()));
 }
 
 // Registers `slots`, has every node of `requests` push its part over the data plane (`call`, all

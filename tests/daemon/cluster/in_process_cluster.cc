@@ -18,9 +18,10 @@ namespace moesnap::daemon::cluster::testing {
 namespace {
 
 constexpr uint64_t kChunkBytes = 16 << 10;
-// Two stripes of a (4,2) group's units of the default size: a rebuild of more than a few stripes
-// sends each helper several requests in turn.
-constexpr uint64_t kHelperRequestBytes = 2 * 6 * InProcessCluster::kStripeUnitBytes;
+// Two stripes of a (4,2) group's units of the default size (each its k = 4 sources and the unit
+// decoded, HelperStripeBytes): a rebuild of more than a few stripes sends each helper several
+// requests in turn.
+constexpr uint64_t kHelperRequestBytes = 2 * 5 * InProcessCluster::kStripeUnitBytes;
 constexpr uint64_t kTestPoolBytes = 64 << 20;
 constexpr absl::Duration kWait = absl::Seconds(20);
 

@@ -203,7 +203,7 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   *twice.add_stripes() = twice.stripes(0);
   refused(twice, absl::StatusCode::kInvalidArgument, "asked for twice");
   v1::DecodeUnitsRequest too_much = request(2, 0, 0, {1, 2, 3, 4});
-  for (uint64_t stripe : {1, 2}) {  // three stripes' n units exceed the cluster's request bound
+  for (uint64_t stripe : {1, 2}) {  // three stripes exceed the cluster's request bound
     *too_much.add_stripes() = too_much.stripes(0);
     too_much.mutable_stripes()->rbegin()->set_stripe(stripe);
   }
