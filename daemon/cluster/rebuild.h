@@ -70,7 +70,7 @@ struct RebuildOptions {
   // committing meanwhile).
   std::optional<int64_t> hold_install_steps;
   // What a helper decodes in at once: a request to it carries stripes of at most this many bytes,
-  // n units a stripe (one stripe at least), and a helper refuses more. The rebuilding node holds
+  // k + 1 units a stripe (HelperStripeBytes; one stripe at least), and a helper refuses more. The rebuilding node holds
   // one unit a stripe of each helper's request in flight, of the units that do not land in place
   // (DecodeTarget::fresh_image). The same on every node of a cluster.
   uint64_t helper_request_bytes = uint64_t{64} << 20;

@@ -24,7 +24,7 @@ namespace {
 constexpr size_t kRequestsInFlight = Transfer::kRegionRequestsPerPeer / 2;
 // A request names up to RegionRequest::kMaxRegions regions (one holder task sends them back to
 // back), of at most this many bytes together unless it names one region: larger regions go in
-// requests of their own, which the holder's threads serve at once.
+// requests of their own, which the holder serves on its threads for this node side by side.
 constexpr uint64_t kRequestBytes = 1 << 20;
 // Memory kept for the next restores' fetched bytes: 16 experts of 4 MiB. A restore of more takes
 // fresh memory, and gives it back.
@@ -133,6 +133,7 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
                                             absl::Span<const WantedRegion> wanted) {
   // The request token makes the keys this fetch's alone, though other restores on this node may
   // fetch some of the same regions at once.
+  if (wanted.empty()) return absl::OkStatus();
   const int64_t request = transfer_->NewRequest();
   std::vector<FetchKey> keys;
   std::vector<std::pair<FetchKey, FetchSlot>> slots;

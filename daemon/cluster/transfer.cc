@@ -93,6 +93,7 @@ Transfer::Transfer(const ClusterContext& context, const ClusterStore* store, Par
 
 Transfer::~Transfer() {
   server_.reset();  // no more requests come in
+  stopping_ = true;  // a request being served sends no more of its regions
   region_requests_.reset();
 }
 
@@ -399,42 +400,69 @@ absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>&
           absl::StrCat(key.Describe(), " is awaited by another decode on this node already"));
     }
   }
-  for (const auto& [key, slot] : slots) {
-    Awaited& awaited = fetches_[key];
-    awaited.slot = slot;
-    awaited.missing = slot.bytes;
+  for (auto it = slots.begin(); it != slots.end(); ++it) {
+    auto [entry, added] = fetches_.try_emplace(it->first);
+    if (!added) {  // named twice in `slots`: one slot would never be filled
+      for (auto before = slots.begin(); before != it; ++before) fetches_.erase(before->first);
+      return absl::InvalidArgumentError(
+          absl::StrCat(it->first.Describe(), " is expected twice in one fetch"));
+    }
+    entry->second.slot = it->second;
+    entry->second.missing = it->second.bytes;
   }
   return absl::OkStatus();
 }
 
 absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status sent) {
   absl::MutexLock lock(&fetch_mutex_);
-  for (const FetchKey& key : keys) {
+  // The first failure of any of the keys, before or while waiting, ends the wait.
+  uint64_t failures_seen = fetch_failures_;
+  auto first_failure = [&]() -> absl::Status {
+    for (const FetchKey& key : keys) {
+      const Awaited& awaited = fetches_[key];
+      if (!awaited.failure.empty()) {
+        return absl::Status(awaited.failure_code,
+                            absl::StrCat(key.Describe(), ": ", awaited.failure));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (sent.ok()) sent = first_failure();
+  // Last key first: a fetch's frames mostly come in the order its keys were asked for, so this
+  // thread is woken once for the keys that came before, not once a frame (a wake-up costs more
+  // than the frame of a small region).
+  for (auto key = keys.rbegin(); key != keys.rend() && sent.ok(); ++key) {
     // The wait ends when no byte of the key came for kFetchWait (a large region takes longer),
     // and in any case once it took kFetchWait more than at kSlowestFetch bytes per second.
-    uint64_t missing = fetches_[key].missing;
+    const Awaited& awaited = fetches_[*key];
+    uint64_t missing = awaited.missing;
     const absl::Time start = absl::Now();
     const absl::Time ceiling =
         start + kFetchWait + absl::Seconds(static_cast<double>(missing) / kSlowestFetch);
     absl::Time deadline = start + kFetchWait;
+    auto progressed = [&]() {
+      fetch_mutex_.AssertReaderHeld();
+      return awaited.missing < missing || fetch_failures_ != failures_seen;
+    };
     while (sent.ok()) {
-      const Awaited& awaited = fetches_[key];
       const absl::Time now = absl::Now();
-      if (!awaited.failure.empty()) {
-        sent = absl::Status(awaited.failure_code,
-                            absl::StrCat(key.Describe(), ": ", awaited.failure));
+      if (fetch_failures_ != failures_seen) {
+        failures_seen = fetch_failures_;
+        sent = first_failure();
       } else if (awaited.missing == 0) {
         break;
       } else if (awaited.missing < missing) {
         missing = awaited.missing;
         deadline = std::min(now + kFetchWait, ceiling);
       } else if (now >= deadline) {
-        sent = absl::DeadlineExceededError(absl::StrCat(key.Describe(), " did not arrive"));
+        sent = absl::DeadlineExceededError(absl::StrCat(key->Describe(), " did not arrive"));
       } else if (!context_.nodes->Live(awaited.slot.source)) {
-        sent = absl::UnavailableError(absl::StrCat(key.Describe(), ": node ", awaited.slot.source,
+        sent = absl::UnavailableError(absl::StrCat(key->Describe(), ": node ",
+                                                   awaited.slot.source,
                                                    " was lost before sending it"));
       } else {
-        fetched_.WaitWithTimeout(&fetch_mutex_, std::min(kSenderCheckInterval, deadline - now));
+        fetch_mutex_.AwaitWithTimeout(absl::Condition(&progressed),
+                                      std::min(kSenderCheckInterval, deadline - now));
       }
     }
   }
@@ -518,6 +546,7 @@ void Transfer::Filled(const FrameHeader& header, const absl::Status& checked) {
   } else if (awaited.failure.empty()) {
     awaited.failure = std::string(checked.message());
     awaited.failure_code = absl::StatusCode::kDataLoss;
+    ++fetch_failures_;
   }
   fetched_.SignalAll();
 }
@@ -609,6 +638,7 @@ absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
   return region_requests_->Add(
       asking, [this, asking, header, regions = std::move(request->regions)](int ahead) {
         for (const std::string& region : regions) {
+          if (stopping_) return;
           FrameHeader asked = header;
           asked.region = region;
           if (!ServeRegion(asking, asked, /*busy=*/ahead >= kRegionRequestsPerPeer)) return;
@@ -699,7 +729,7 @@ absl::Status Transfer::AcceptRefusal(const FrameHeader& header, absl::Span<const
     }
     awaited.failure = absl::StrCat("node ", awaited.slot.source, " refused it: ", why);
     awaited.failure_code = absl::StatusCode::kFailedPrecondition;
-    fetched_.SignalAll();
+    ++fetch_failures_;
   }
   return absl::OkStatus();
 }

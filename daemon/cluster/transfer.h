@@ -129,7 +129,7 @@ class Transfer final : public FrameSink {
   // that region's fetch with its reason. The regions' slots are expected before. A holder serves
   // kRegionRequestsPerPeer requests of one node at once and refuses more (busy); it closes the
   // connection of a node with kRegionRequestsQueuedPerPeer requests queued.
-  static constexpr int kRegionRequestsPerPeer = 32;
+  static constexpr int kRegionRequestsPerPeer = 8;
   static constexpr int kRegionRequestsQueuedPerPeer = 4 * kRegionRequestsPerPeer;
   absl::Status RequestRegions(uint32_t holder, int64_t step, uint32_t rank,
                               absl::Span<const absl::string_view> regions, int64_t request);
@@ -142,7 +142,8 @@ class Transfer final : public FrameSink {
 
   // Expects the frames of `slots` into their buffers; registered before the request that makes a
   // peer send them goes out. UNAVAILABLE, registering none, when a key is expected already (two
-  // decodes on this node wanting the same unit at once: one is tried again).
+  // decodes on this node wanting the same unit at once: one is tried again); INVALID_ARGUMENT,
+  // registering none, when `slots` names a key twice.
   absl::Status Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
   // After the requests that make peers send them returned `sent`: waits until every expected byte
   // arrived (when they succeeded) and forgets the keys either way, returning once no frame is
@@ -228,11 +229,15 @@ class Transfer final : public FrameSink {
   bool AnswersARequestMadeHere(const FrameHeader& header) const;
   std::atomic<int64_t> requests_issued_;
 
+  // Collect waits on fetch_mutex_ for its keys' bytes (a Condition: it is woken only when they
+  // arrive), and on fetched_ for the frames still being read into them.
   absl::Mutex fetch_mutex_;
-  absl::CondVar fetched_;  // a slot's frame was read in, or failed
+  absl::CondVar fetched_;  // a frame was read into a slot
   std::map<FetchKey, Awaited> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
+  uint64_t fetch_failures_ ABSL_GUARDED_BY(fetch_mutex_) = 0;  // fetches failed, ever
 
   // Last: its threads serve requests with the members above, and are joined first.
+  std::atomic<bool> stopping_{false};
   std::unique_ptr<PeerRequests> region_requests_;
 };
 

@@ -90,8 +90,8 @@ TEST(RegionRequestsTest, ARegionTheHolderCannotSendFailsTheFetchWithItsReason) {
   EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
 }
 
-// One request names several regions: the holder answers each, in the order named, a region it
-// cannot send with its refusal, and the others with their bytes.
+// One request names several regions: the holder answers each, a region it cannot send with its
+// refusal and the others with their bytes, whichever comes first.
 TEST(RegionRequestsTest, ARequestNamingSeveralRegionsIsAnsweredRegionByRegion) {
   InProcessCluster cluster(3, 2, 1);
   cluster.election().Elect(0);
@@ -116,6 +116,27 @@ TEST(RegionRequestsTest, ARequestNamingSeveralRegionsIsAnsweredRegionByRegion) {
   }
 }
 
+// Collect waits for the last key first, yet a refusal of an earlier one ends the wait at once: here
+// the last key is never asked for, so only the refusal can end it before the fetch's timeout.
+TEST(RegionRequestsTest, ARefusalOfAnEarlierRegionEndsTheWaitForTheLast) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  Transfer& transfer = cluster.node(0).transfer;
+  const int64_t request = transfer.NewRequest();
+  std::vector<uint8_t> missing(4096), never(4096);
+  const FetchKey missing_key = RegionKey(1, 1, "missing", request);
+  const FetchKey never_key = RegionKey(1, 1, "never", request);
+  ASSERT_OK(ExpectRegion(transfer, missing_key, 1, missing));
+  ASSERT_OK(ExpectRegion(transfer, never_key, 1, never));
+  const absl::Time start = absl::Now();
+  const absl::Status collected = transfer.Collect(
+      {missing_key, never_key}, transfer.RequestRegions(1, 1, 1, {"missing"}, request));
+  EXPECT_STATUS(collected, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(collected.message(), "holds no region 'missing'")) << collected;
+  EXPECT_LT(absl::Now() - start, Transfer::kFetchWait);
+}
+
 // A request names 1 to RegionRequest::kMaxRegions distinct regions; the asking node refuses to
 // send another.
 TEST(RegionRequestsTest, ARequestOutsideItsBoundsIsNotSent) {
@@ -126,6 +147,23 @@ TEST(RegionRequestsTest, ARequestOutsideItsBoundsIsNotSent) {
   const std::vector<absl::string_view> too_many(RegionRequest::kMaxRegions + 1, "state");
   EXPECT_STATUS(transfer.RequestRegions(1, 1, 1, too_many, transfer.NewRequest()),
                 absl::StatusCode::kInvalidArgument);
+}
+
+// A fetch that names a region twice (a damaged record naming it twice) would leave one of its
+// buffers unfilled and its fetch waiting: it is refused at once, registering none of its regions.
+TEST(RegionRequestsTest, AFetchNamingARegionTwiceIsRefusedRegisteringNone) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  const int64_t request = transfer.NewRequest();
+  std::vector<uint8_t> first(4096), second(4096), other(4096);
+  const FetchKey key = RegionKey(1, 1, "state", request);
+  const absl::Status twice = transfer.Expect(
+      {{RegionKey(1, 1, "other", request), {.buffer = other.data(), .bytes = 4096, .source = 1}},
+       {key, {.buffer = first.data(), .bytes = 4096, .source = 1}},
+       {key, {.buffer = second.data(), .bytes = 4096, .source = 1}}});
+  EXPECT_STATUS(twice, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(twice.message(), "is expected twice in one fetch")) << twice;
+  EXPECT_EQ(transfer.FetchesWaiting().first, 0u);
 }
 
 TEST(RegionRequestsTest, AFetchFromANodeLostBeforeItSentFailsWithoutWaitingOutItsTimeout) {
