@@ -131,9 +131,9 @@ void RemoteRestore::ForgetLocation(uint32_t source_rank) {
 
 absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
                                             absl::Span<const WantedRegion> wanted) {
+  if (wanted.empty()) return absl::OkStatus();
   // The request token makes the keys this fetch's alone, though other restores on this node may
   // fetch some of the same regions at once.
-  if (wanted.empty()) return absl::OkStatus();
   const int64_t request = transfer_->NewRequest();
   std::vector<FetchKey> keys;
   std::vector<std::pair<FetchKey, FetchSlot>> slots;

@@ -418,6 +418,7 @@ absl::Status Transfer::Collect(const std::vector<FetchKey>& keys, absl::Status s
   // The first failure of any of the keys, before or while waiting, ends the wait.
   uint64_t failures_seen = fetch_failures_;
   auto first_failure = [&]() -> absl::Status {
+    fetch_mutex_.AssertReaderHeld();
     for (const FetchKey& key : keys) {
       const Awaited& awaited = fetches_[key];
       if (!awaited.failure.empty()) {
