@@ -65,7 +65,21 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
     }
   };
   if (kept_bytes > 0) add_region("kept", 0, 0, kept_bytes);
-  if (kept_bytes < bytes) add_region("state", step, kept_bytes, bytes - kept_bytes);
+  const int state_regions = [&] {
+    absl::MutexLock lock(&mutex_);
+    return state_regions_;
+  }();
+  if (kept_bytes < bytes && state_regions == 1) {
+    add_region("state", step, kept_bytes, bytes - kept_bytes);
+  } else if (kept_bytes < bytes) {
+    const uint64_t each = (bytes - kept_bytes + state_regions - 1) / state_regions;
+    for (int i = 0; i < state_regions; ++i) {
+      const uint64_t offset = kept_bytes + i * each;
+      if (offset < bytes) {
+        add_region(absl::StrCat("state.", i), step, offset, std::min(each, bytes - offset));
+      }
+    }
+  }
   if (!layouts.empty()) {
     v1::JournalRank* record = manifest.add_ranks();
     record->set_rank(node_);
@@ -219,8 +233,42 @@ uint64_t FakeClusterStore::InFlightBytes() const {
   return bytes;
 }
 
-absl::Status FakeClusterStore::WriteRegion(uint32_t, const v1::ImageRegion&, const PoolBytes&) {
-  return absl::UnimplementedError("not in these tests");
+void FakeClusterStore::SplitState(int regions) {
+  absl::MutexLock lock(&mutex_);
+  state_regions_ = regions;
+}
+
+std::vector<uint8_t> FakeClusterStore::WrittenOf(uint32_t rank, const std::string& region) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = written_.find({rank, region});
+  return it == written_.end() ? std::vector<uint8_t>() : it->second;
+}
+
+// As the store does: each chunk is checked against its stored CRC-32C, and a region that fails is
+// not kept.
+absl::Status FakeClusterStore::WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
+                                           const PoolBytes& bytes) {
+  if (bytes.bytes() != stored.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(bytes.bytes(), " bytes for region '",
+                                                   stored.region(), "' of ", stored.bytes()));
+  }
+  if (stored.chunk_bytes() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("region '", stored.region(), "' has no chunks"));
+  }
+  std::vector<uint8_t> copy(stored.bytes());
+  bytes.Read(0, copy.size(), copy.data());
+  for (uint64_t chunk = 0; chunk * stored.chunk_bytes() < copy.size(); ++chunk) {
+    const uint64_t start = chunk * stored.chunk_bytes();
+    const uint64_t length = std::min<uint64_t>(stored.chunk_bytes(), copy.size() - start);
+    if (chunk >= static_cast<uint64_t>(stored.chunk_crcs_size()) ||
+        erasure::Crc32c(copy.data() + start, length) != stored.chunk_crcs(chunk)) {
+      return absl::DataLossError(
+          absl::StrCat("chunk ", chunk, " of region '", stored.region(), "' is damaged"));
+    }
+  }
+  absl::MutexLock lock(&mutex_);
+  written_[{rank, stored.region()}] = std::move(copy);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::RestoreResponse> FakeClusterStore::RestoreFromRank(

@@ -58,6 +58,11 @@ class FakeClusterStore final : public ClusterStore {
   uint64_t KeptBytesOf(int64_t step) const;
   // Damages the committed image's byte at `offset` (memory gone bad under a held step).
   void FlipCommittedByte(uint64_t offset);
+  // From the next Capture on, "state" is recorded as `regions` regions "state.0", "state.1", ...
+  // of equal size (the last shorter) over the same bytes: a rank of many tensors.
+  void SplitState(int regions);
+  // What WriteRegion wrote of rank `rank`'s region `region` (empty: nothing).
+  std::vector<uint8_t> WrittenOf(uint32_t rank, const std::string& region) const;
 
   absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) override;
   NodeCapture CaptureOf(int64_t step) const override;
@@ -90,6 +95,9 @@ class FakeClusterStore final : public ClusterStore {
   v1::JournalCluster record_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
+  int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::map<std::pair<uint32_t, std::string>, std::vector<uint8_t>> written_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 // The decision log every node shares.
