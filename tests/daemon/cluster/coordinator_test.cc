@@ -108,6 +108,7 @@ TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {
     ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
   }
   // Drops at the 4th and 8th commits, each kept from step 2 on.
+  ASSERT_TRUE(cluster.WaitLogWrites(9 + 2));
   EXPECT_EQ(cluster.log().writes(), 9 + 2);
   std::map<int64_t, v1::StepDecision> decisions = cluster.log().decisions();
   EXPECT_FALSE(decisions.contains(1));
@@ -118,6 +119,7 @@ TEST(CoordinatorTest, DecisionsOfStepsRecordedAsDurableAreNotDropped) {
     cluster.CaptureEverywhere(step, kBytes);
     ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
   }
+  ASSERT_TRUE(cluster.WaitLogWrites(12 + 3));  // the drop at the 12th commit
   decisions = cluster.log().decisions();
   EXPECT_FALSE(decisions.contains(2));
   EXPECT_TRUE(decisions.contains(9));

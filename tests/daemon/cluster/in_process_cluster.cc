@@ -752,6 +752,14 @@ std::optional<v1::StepDecision> InProcessCluster::WaitDecided(int64_t step) {
   return std::nullopt;
 }
 
+bool InProcessCluster::WaitLogWrites(int writes) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (log_.writes() < writes && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return log_.writes() >= writes;
+}
+
 void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes) {
   for (auto& [id, units] : nodes_) {
     absl::StatusOr<v1::RebuildResponse> rebuilt = units->rebuilder.RebuildHere();

@@ -315,6 +315,9 @@ class InProcessCluster {
   bool WaitCommitted(int64_t step, std::vector<uint32_t> nodes = {});
   // Waits until the log holds a decision of `step`.
   std::optional<v1::StepDecision> WaitDecided(int64_t step);
+  // Waits until the log has taken `writes` writes (decisions and drops of old ones): a coordinator
+  // drops old decisions after the nodes heard of the step that let it.
+  bool WaitLogWrites(int writes);
   // Replaces node `id` by a fresh one with empty memory (a lost node and its replacement).
   void Replace(uint32_t id);
   // Node `id` is lost: its lease ends (it leaves the node table), no call reaches it or leaves it,
