@@ -69,16 +69,11 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
     absl::MutexLock lock(&mutex_);
     return state_regions_;
   }();
-  if (kept_bytes < bytes && state_regions == 1) {
-    add_region("state", step, kept_bytes, bytes - kept_bytes);
-  } else if (kept_bytes < bytes) {
-    const uint64_t each = (bytes - kept_bytes + state_regions - 1) / state_regions;
-    for (int i = 0; i < state_regions; ++i) {
-      const uint64_t offset = kept_bytes + i * each;
-      if (offset < bytes) {
-        add_region(absl::StrCat("state.", i), step, offset, std::min(each, bytes - offset));
-      }
-    }
+  const uint64_t each = (bytes - std::min(kept_bytes, bytes) + state_regions - 1) / state_regions;
+  for (int i = 0; i < state_regions && kept_bytes + i * each < bytes; ++i) {
+    const uint64_t offset = kept_bytes + i * each;
+    add_region(state_regions == 1 ? "state" : absl::StrCat("state.", i), step, offset,
+               std::min(each, bytes - offset));
   }
   if (!layouts.empty()) {
     v1::JournalRank* record = manifest.add_ranks();
