@@ -94,9 +94,11 @@ absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8
 
 // The payload of a kRegionRequest: the asking node's id (4 bytes), the number of regions (2), then
 // each region's name as its length (2) and its bytes. One request names 1 to kMaxRegions distinct
-// regions, each name 1 to FrameHeader::kMaxRegionBytes bytes long.
+// regions, each name 1 to FrameHeader::kMaxRegionBytes bytes long. The regions of a request naming
+// more than one hold at most kMaxBytes together; the holder refuses those past that bound.
 struct RegionRequest {
   static constexpr size_t kMaxRegions = 16;
+  static constexpr uint64_t kMaxBytes = 1 << 20;
   uint32_t asking = 0;
   std::vector<std::string> regions;
 };

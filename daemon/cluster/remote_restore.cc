@@ -22,10 +22,6 @@ namespace {
 // holder serves of one node, so that restores of many ranks at once queue here instead of being
 // refused there. A restore keeps this many requests in flight.
 constexpr size_t kRequestsInFlight = Transfer::kRegionRequestsPerPeer / 2;
-// A request names up to RegionRequest::kMaxRegions regions (one holder task sends them back to
-// back), of at most this many bytes together unless it names one region: larger regions go in
-// requests of their own, which the holder serves on its threads for this node side by side.
-constexpr uint64_t kRequestBytes = 1 << 20;
 // Memory kept for the next restores' fetched bytes: 16 experts of 4 MiB. A restore of more takes
 // fresh memory, and gives it back.
 constexpr uint64_t kKeptRestoreBytes = 64 << 20;
@@ -146,13 +142,18 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
                                    .source = holder,
                                    .owner_checks = true}});
   }
-  // The regions in requests: [starts[i], starts[i + 1]) is request i's.
+  // The regions in requests: [starts[i], starts[i + 1]) is request i's. A request names up to
+  // RegionRequest::kMaxRegions regions (one holder task sends them back to back) of at most
+  // RegionRequest::kMaxBytes together; a larger region goes alone, and the holder serves such
+  // requests of this node side by side on its threads.
   std::vector<size_t> starts = {0};
   uint64_t request_bytes = 0;
   for (size_t i = 0; i < wanted.size(); ++i) {
     const uint64_t bytes = wanted[i].region->bytes();
-    if (i > starts.back() && (i - starts.back() == RegionRequest::kMaxRegions ||
-                              bytes > kRequestBytes - std::min(request_bytes, kRequestBytes))) {
+    // request_bytes + bytes > kMaxBytes, without overflow.
+    const bool over = bytes > RegionRequest::kMaxBytes ||
+                      request_bytes > RegionRequest::kMaxBytes - bytes;
+    if (i > starts.back() && (i - starts.back() == RegionRequest::kMaxRegions || over)) {
       starts.push_back(i);
       request_bytes = 0;
     }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -638,22 +639,25 @@ absl::Status Transfer::AcceptRegionRequest(const FrameHeader& header,
   // it gave up on made.
   return region_requests_->Add(
       asking, [this, asking, header, regions = std::move(request->regions)](int ahead) {
+        // What the regions of a request naming several may still hold together.
+        uint64_t room = regions.size() > 1 ? RegionRequest::kMaxBytes
+                                           : std::numeric_limits<uint64_t>::max();
         for (const std::string& region : regions) {
           if (stopping_) return;
           FrameHeader asked = header;
           asked.region = region;
-          if (!ServeRegion(asking, asked, /*busy=*/ahead >= kRegionRequestsPerPeer)) return;
+          if (!ServeRegion(asking, asked, /*busy=*/ahead >= kRegionRequestsPerPeer, &room)) return;
         }
       });
 }
 
-bool Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
+bool Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy, uint64_t* room) {
   const absl::Status sent =
       busy ? absl::ResourceExhaustedError(absl::StrCat("node ", to, " has ",
                                                        kRegionRequestsPerPeer,
                                                        " region requests at node ",
                                                        context_.node_id(), " already"))
-           : SendRegion(to, request);
+           : SendRegion(to, request, room);
   if (sent.ok()) return true;
   FrameHeader refusal = AnswerTo(request, FrameKind::kRegionRefused);
   const absl::string_view why = sent.message().substr(0, kMaxRefusalBytes);
@@ -672,7 +676,7 @@ bool Transfer::ServeRegion(uint32_t to, const FrameHeader& request, bool busy) {
   return false;
 }
 
-absl::Status Transfer::SendRegion(uint32_t to, const FrameHeader& request) {
+absl::Status Transfer::SendRegion(uint32_t to, const FrameHeader& request, uint64_t* room) {
   // Found by name, not in the whole committed image: a rank of thousands of regions restored
   // elsewhere asks for each.
   absl::StatusOr<ClusterStore::HeldRegion> held =
@@ -686,6 +690,12 @@ absl::Status Transfer::SendRegion(uint32_t to, const FrameHeader& request) {
                                             request.region, "' of rank ", request.rank));
   }
   const v1::ImageRegion& region = held->record;
+  if (region.bytes() > *room) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "region '", request.region, "' (", region.bytes(), " bytes) would take its request past ",
+        RegionRequest::kMaxBytes, " bytes of regions"));
+  }
+  *room -= region.bytes();
   const FrameHeader header = AnswerTo(request, FrameKind::kFetchedRegion);
   std::vector<absl::Span<const uint8_t>> spans;
   held->stored->ForEach(0, region.bytes(), [&](const uint8_t* data, uint64_t bytes, uint64_t) {

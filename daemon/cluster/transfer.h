@@ -203,9 +203,11 @@ class Transfer final : public FrameSink {
   absl::Status AcceptRefusal(const FrameHeader& header, absl::Span<const uint8_t> payload,
                              std::optional<uint32_t> sender);
   // Sends the committed region `request` names to node `to`, or tells it why not: `busy` when it
-  // asked for more than its share. False when `to` could not be told either.
-  bool ServeRegion(uint32_t to, const FrameHeader& request, bool busy);
-  absl::Status SendRegion(uint32_t to, const FrameHeader& request);
+  // asked for more than its share, or the region holds more than `room` bytes (what is left of its
+  // request's bound; a region sent takes its bytes from it). False when `to` could not be told
+  // either.
+  bool ServeRegion(uint32_t to, const FrameHeader& request, bool busy, uint64_t* room);
+  absl::Status SendRegion(uint32_t to, const FrameHeader& request, uint64_t* room);
 
   const ClusterContext context_;
   const ClusterStore* const store_;

@@ -96,20 +96,25 @@ TEST(RegionRequestsTest, ARegionTheHolderCannotSendFailsTheFetchWithItsReason) {
 TEST(RegionRequestsTest, ARequestNamingSeveralRegionsIsAnsweredRegionByRegion) {
   InProcessCluster cluster(3, 2, 1);
   cluster.election().Elect(0);
+  constexpr int kRegions = 4;  // of 789,519 bytes: one fits a request's bound
+  cluster.node(1).store.SplitState(kRegions);
   ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  const uint64_t each = (kBytes + kRegions - 1) / kRegions;
+  const std::vector<uint8_t> whole = testing::StateOf(1, 1, kBytes);
+  const std::vector<uint8_t> expected(whole.begin() + each, whole.begin() + 2 * each);
   Transfer& transfer = cluster.node(0).transfer;
   for (const std::vector<absl::string_view>& names :
-       {std::vector<absl::string_view>{"missing", "state"}, {"state", "missing"}}) {
+       {std::vector<absl::string_view>{"missing", "state.1"}, {"state.1", "missing"}}) {
     const int64_t request = transfer.NewRequest();
-    std::vector<uint8_t> state(kBytes);
+    std::vector<uint8_t> state(each);
     std::vector<uint8_t> missing(4096);
-    const FetchKey state_key = RegionKey(1, 1, "state", request);
+    const FetchKey state_key = RegionKey(1, 1, "state.1", request);
     const FetchKey missing_key = RegionKey(1, 1, "missing", request);
     ASSERT_OK(ExpectRegion(transfer, state_key, 1, state));
     ASSERT_OK(ExpectRegion(transfer, missing_key, 1, missing));
     const absl::Status asked = transfer.RequestRegions(1, 1, 1, names, request);
     ASSERT_OK(transfer.Collect({state_key}, asked)) << names[0] << " first";
-    EXPECT_TRUE(state == testing::StateOf(1, 1, kBytes)) << names[0] << " first";
+    EXPECT_TRUE(state == expected) << names[0] << " first";
     const absl::Status refused = transfer.Collect({missing_key}, asked);
     EXPECT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
     EXPECT_TRUE(absl::StrContains(refused.message(), "node 1 holds no region 'missing' of rank 1"))
@@ -148,6 +153,55 @@ TEST(RegionRequestsTest, ARequestOutsideItsBoundsIsNotSent) {
   const std::vector<absl::string_view> too_many(RegionRequest::kMaxRegions + 1, "state");
   EXPECT_STATUS(transfer.RequestRegions(1, 1, 1, too_many, transfer.NewRequest()),
                 absl::StatusCode::kInvalidArgument);
+}
+
+// The regions of a request naming several hold at most RegionRequest::kMaxBytes together: the
+// holder sends those within the bound, in the order named, and refuses the rest. A region larger
+// than the bound comes when a request names it alone.
+TEST(RegionRequestsTest, RegionsPastARequestsByteBoundAreRefused) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  constexpr int kRegions = 8;  // of 394,760 bytes: two fit in 1 MiB, three do not
+  cluster.node(1).store.SplitState(kRegions);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  const uint64_t each = (kBytes + kRegions - 1) / kRegions;
+  ASSERT_LE(2 * each, RegionRequest::kMaxBytes);
+  ASSERT_GT(3 * each, RegionRequest::kMaxBytes);
+  const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
+  Transfer& transfer = cluster.node(0).transfer;
+  const int64_t request = transfer.NewRequest();
+  const std::vector<absl::string_view> names = {"state.0", "state.1", "state.2", "state.3"};
+  std::vector<std::vector<uint8_t>> fetched(names.size(), std::vector<uint8_t>(each));
+  std::vector<FetchKey> keys;
+  for (size_t i = 0; i < names.size(); ++i) {
+    keys.push_back(RegionKey(1, 1, std::string(names[i]), request));
+    ASSERT_OK(ExpectRegion(transfer, keys.back(), 1, fetched[i]));
+  }
+  const absl::Status asked = transfer.RequestRegions(1, 1, 1, names, request);
+  ASSERT_OK(transfer.Collect({keys[0], keys[1]}, asked));
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(fetched[i] == std::vector<uint8_t>(state.begin() + i * each,
+                                                    state.begin() + (i + 1) * each))
+        << names[i];
+  }
+  for (size_t i = 2; i < names.size(); ++i) {
+    const absl::Status refused = transfer.Collect({keys[i]}, asked);
+    EXPECT_STATUS(refused, absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(refused.message(),
+                                  absl::StrCat("region '", names[i], "' (", each,
+                                               " bytes) would take its request past 1048576")))
+        << refused;
+  }
+
+  // Split in two, the rank's state is of regions larger than the bound: each comes alone.
+  cluster.node(1).store.SplitState(2);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 2));
+  const uint64_t half = (kBytes + 1) / 2;
+  std::vector<uint8_t> first(half);
+  ASSERT_GT(half, RegionRequest::kMaxBytes);
+  ASSERT_OK(Fetch(cluster, 1, 2, 1, "state.0", first));
+  const std::vector<uint8_t> step2 = testing::StateOf(1, 2, kBytes);
+  EXPECT_TRUE(first == std::vector<uint8_t>(step2.begin(), step2.begin() + half));
 }
 
 // A fetch that names a region twice (a damaged record naming it twice) would leave one of its
