@@ -290,19 +290,21 @@ struct DataPlaneServer::Impl {
         }
       }
       if (!refused.empty()) {
-        Log(LogLevel::kWarning, "data plane: refusing a connection from ", PeerName(*socket), ": ",
-            refused);
+        Log(LogLevel::kWarning, "data plane: refusing a connection from ",
+            PeerName(*socket).first, ": ", refused);
         ++owner->connections_rejected_;
         socket->close(error);
       }
     }
   }
 
-  static std::string PeerName(tcp::socket& socket) {
+  // The peer's address and port, and its address alone ("a peer" and "" when the socket has none).
+  static std::pair<std::string, std::string> PeerName(tcp::socket& socket) {
     boost::system::error_code error;
     const tcp::endpoint remote = socket.remote_endpoint(error);
-    if (error) return "a peer";
-    return absl::StrCat(remote.address().to_string(), ":", remote.port());
+    if (error) return {"a peer", ""};
+    const std::string address = remote.address().to_string();
+    return {absl::StrCat(address, ":", remote.port()), address};
   }
 
   // Refuses a peer: counted in connections_rejected and as a peer refusal.
@@ -339,7 +341,7 @@ struct DataPlaneServer::Impl {
   void Serve(tcp::socket& socket) {
     std::vector<uint8_t> payload;
     uint8_t header_bytes[FrameHeader::kBytes];
-    const std::string peer = PeerName(socket);
+    const auto [peer, peer_address] = PeerName(socket);
     Link link(socket, tls_context.get());
     std::optional<uint32_t> sender;  // known only when the connection is authenticated
     if (link.encrypted()) {
@@ -409,6 +411,7 @@ struct DataPlaneServer::Impl {
         Log(LogLevel::kWarning, "data plane: closing the connection from ", peer, ": ",
             status.ToString());
         ++owner->connections_rejected_;
+        sink->ConnectionClosed(sender, peer_address, status);
         break;
       }
       ++owner->frames_accepted_;

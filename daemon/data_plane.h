@@ -94,6 +94,11 @@ class FrameSink {
   virtual void Filled(const FrameHeader& /*header*/, const absl::Status& /*checked*/) {}
   virtual absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
                               std::optional<uint32_t> sender) = 0;
+  // The server closed a connection over `why` (a frame malformed, damaged, refused or cut short):
+  // whatever the peer wrote on it after that frame is lost. `sender`: the peer's node, known only
+  // on an authenticated connection; `address`: the peer's IP address.
+  virtual void ConnectionClosed(std::optional<uint32_t> /*sender*/,
+                                const std::string& /*address*/, const absl::Status& /*why*/) {}
 };
 
 class DataPlaneServer {

@@ -569,6 +569,29 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
   return absl::InvalidArgumentError("a fetched frame is read into its slot, not accepted");
 }
 
+void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::string& address,
+                                const absl::Status& why) {
+  auto sent_by_peer = [&](uint32_t source) {
+    if (sender) return *sender == source;
+    const std::optional<ClusterNode> node = context_.nodes->Address(source);
+    return node && node->host == address;
+  };
+  absl::MutexLock lock(&fetch_mutex_);
+  bool failed = false;
+  for (auto& [key, awaited] : fetches_) {
+    if (awaited.closed || awaited.missing == 0 || !awaited.failure.empty() ||
+        !sent_by_peer(awaited.slot.source)) {
+      continue;
+    }
+    awaited.failure = absl::StrCat("node ", awaited.slot.source, "'s frames may be lost: ",
+                                   "this node closed a data-plane connection from ", address,
+                                   " over ", why.ToString());
+    awaited.failure_code = absl::StatusCode::kUnavailable;
+    failed = true;
+  }
+  if (failed) ++fetch_failures_;
+}
+
 bool Transfer::AnswersARequestMadeHere(const FrameHeader& header) const {
   return (header.kind == FrameKind::kFetchedRegion || header.kind == FrameKind::kRegionRefused) &&
          header.attempt > 0 && header.attempt <= requests_issued_.load();

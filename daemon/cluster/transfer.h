@@ -169,6 +169,11 @@ class Transfer final : public FrameSink {
   void Filled(const FrameHeader& header, const absl::Status& checked) override;
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload,
                       std::optional<uint32_t> sender) override;
+  // Fails at once the fetches awaiting frames from the peer whose connection was closed (its node
+  // when authenticated, else every node reached at its address): frames it wrote behind the one
+  // refused are lost, and would otherwise be waited for until kFetchWait.
+  void ConnectionClosed(std::optional<uint32_t> sender, const std::string& address,
+                        const absl::Status& why) override;
 
  private:
   struct Connection {

@@ -38,6 +38,21 @@ class CollectingSink : public FrameSink {
     senders_.insert(sender);
     return absl::OkStatus();
   }
+  void ConnectionClosed(std::optional<uint32_t> sender, const std::string& address,
+                        const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_.push_back({sender, address, why});
+  }
+  struct Closed {
+    std::optional<uint32_t> sender;
+    std::string address;
+    absl::Status why;
+  };
+  // The connections the server closed, as it told the sink.
+  std::vector<Closed> closed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return closed_;
+  }
   // The senders the frames were accepted from (nullopt: a plaintext connection).
   std::set<std::optional<uint32_t>> senders() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -61,6 +76,7 @@ class CollectingSink : public FrameSink {
   bool refuse_ = false;
   std::map<std::pair<uint32_t, uint64_t>, std::pair<std::string, std::vector<uint8_t>>> frames_;
   std::set<std::optional<uint32_t>> senders_;
+  std::vector<Closed> closed_;
 };
 
 std::vector<uint8_t> PayloadFor(uint32_t rank, uint64_t stripe) {
@@ -244,6 +260,17 @@ TEST_F(DataPlaneTest, MalformedCorruptAndTruncatedFramesAreRefused) {
   ASSERT_TRUE(Eventually([&] { return server_->connections_rejected() == 4; }))
       << server_->connections_rejected();
   EXPECT_EQ(sink_.size(), 0u) << "a rejected frame reached the sink";
+  // The sink heard of each, so that it stops waiting for frames the peer wrote behind them.
+  const std::vector<CollectingSink::Closed> closed = sink_.closed();
+  ASSERT_EQ(closed.size(), 4u);
+  std::set<std::string> reasons;
+  for (const CollectingSink::Closed& connection : closed) {
+    EXPECT_EQ(connection.sender, std::nullopt) << "a plaintext peer is not known by its node";
+    EXPECT_EQ(connection.address, "127.0.0.1");
+    EXPECT_FALSE(connection.why.ok());
+    reasons.insert(std::string(connection.why.message()).substr(0, 20));
+  }
+  EXPECT_EQ(reasons.size(), 4u) << "the sink was not told why each was closed";
 
   // The server still serves well-formed traffic.
   absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =

@@ -687,7 +687,7 @@ InProcessCluster::~InProcessCluster() {
   nodes_.clear();
 }
 
-void InProcessCluster::Replace(uint32_t id) {
+void InProcessCluster::Replace(uint32_t id, const std::function<uint16_t(uint16_t)>& reached_at) {
   network_.Detach(id);
   table_.Remove(id);
   nodes_.erase(id);
@@ -707,7 +707,8 @@ void InProcessCluster::Replace(uint32_t id) {
   log_.Hear(id);
   network_.Heal(id);
   network_.Attach(id, raw);
-  table_.Set({.id = id, .address = {id, "127.0.0.1", 1, *port}, .hostname = "test",
+  table_.Set({.id = id, .address = {id, "127.0.0.1", 1, reached_at ? reached_at(*port) : *port},
+              .hostname = "test",
               .incarnation = static_cast<int64_t>(topologies_.size())});
   nodes_[id] = std::move(units);
   raw->Start();

@@ -318,8 +318,10 @@ class InProcessCluster {
   // Waits until the log has taken `writes` writes (decisions and drops of old ones): a coordinator
   // drops old decisions after the nodes heard of the step that let it.
   bool WaitLogWrites(int writes);
-  // Replaces node `id` by a fresh one with empty memory (a lost node and its replacement).
-  void Replace(uint32_t id);
+  // Replaces node `id` by a fresh one with empty memory (a lost node and its replacement). With
+  // `reached_at`, the other nodes reach its data plane at the port it returns for the replacement's
+  // own (a proxy in front of it).
+  void Replace(uint32_t id, const std::function<uint16_t(uint16_t)>& reached_at = {});
   // Node `id` is lost: its lease ends (it leaves the node table), no call reaches it or leaves it,
   // and it hears no decision. Its units stay until Replace.
   void Lose(uint32_t id);

@@ -8,10 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "erasure/crc32c.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
+#include "tests/testing/damaging_proxy.h"
 #include "tests/testing/status_matchers.h"
 
 namespace moesnap::daemon::cluster {
@@ -20,6 +24,15 @@ namespace {
 using testing::InProcessCluster;
 
 constexpr uint64_t kBytes = 300000;
+
+// The CRC-32C of the bytes of each parity unit `node` holds, by stripe.
+std::map<uint64_t, uint32_t> ParityCrcs(const testing::NodeUnits& node) {
+  std::map<uint64_t, uint32_t> crcs;
+  for (const ParityUnit& unit : node.parity.CommittedUnits()) {
+    crcs[unit.stripe] = erasure::Crc32c(unit.extent->data(), unit.bytes);
+  }
+  return crcs;
+}
 
 void CommitSteps(InProcessCluster& cluster, int64_t last) {
   for (int64_t step = 1; step <= last; ++step) {
@@ -231,6 +244,47 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   send.add_units()->set_stripe(0);
   ASSERT_OK(receiver.Collect({from_owner}, cluster.node(owner).transfer.ServeUnits(send).status()));
   EXPECT_TRUE(decoded == held) << "the helper decoded another unit than its owner holds";
+}
+
+// A frame to a replacement damaged on the wire (a byte inverted: in a frame's header, or in a
+// payload) fails its checksum: a header's or parity's as it lands, closing the connection it came
+// on with the frames behind it; data's in the whole new image before it is installed. No damaged
+// byte is installed; the rebuild fails at once, not after waiting for the lost frames, and is
+// tried again; the node ends with its data and parity exact.
+TEST(RebuildTest, AFrameDamagedOnTheWireToARebuildingNodeFailsTheAttemptAtOnce) {
+  constexpr uint64_t kLarge = 4 << 20;  // units of 64 KiB: a byte 200,000 into a stream is a payload's
+  for (const uint64_t at : {uint64_t{10}, uint64_t{200000}}) {
+    SCOPED_TRACE(absl::StrCat("byte ", at, " of a connection inverted"));
+    InProcessCluster cluster(6, 4, 2);
+    cluster.election().Elect(0);
+    for (int64_t step = 1; step <= 2; ++step) {
+      cluster.CaptureEverywhere(step, kLarge);
+      ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+    }
+    const std::map<uint64_t, uint32_t> parity = ParityCrcs(cluster.node(2));
+    ASSERT_FALSE(parity.empty());
+    std::unique_ptr<moesnap::testing::DamagingProxy> wire;
+    cluster.Replace(2, [&](uint16_t port) {
+      wire = std::make_unique<moesnap::testing::DamagingProxy>(port, at, 1);
+      return wire->port();
+    });
+    const absl::Time start = absl::Now();
+    bool failed_on_it = false;
+    absl::Status restorable;
+    while (absl::Now() - start < Transfer::kFetchWait) {
+      restorable = cluster.node(2).rebuilder.WaitRestorable(absl::Now() + absl::Milliseconds(50));
+      if (restorable.ok()) break;
+      // A frame's own checksum, or (data landing in place) the new image's chunk CRCs.
+      failed_on_it = failed_on_it || absl::StrContains(restorable.message(), "CRC");
+    }
+    ASSERT_OK(restorable) << "the rebuild waited for frames lost with the damaged one";
+    EXPECT_EQ(wire->damaged(), 1);
+    EXPECT_TRUE(failed_on_it) << "no attempt failed on the damaged frame";
+    EXPECT_EQ(cluster.node(2).participant.CommittedStep(), 2);
+    EXPECT_TRUE(cluster.node(2).store.CommittedBytesOf() == testing::StateOf(2, 2, kLarge));
+    EXPECT_EQ(ParityCrcs(cluster.node(2)), parity) << "the rebuilt parity differs from the lost";
+    cluster.ExpectEveryNodeRebuildable(2, kLarge);
+  }
 }
 
 // The fourth failure, first half: a failed rebuild used to be final until a restart.
