@@ -20,7 +20,9 @@
 // The version changes with the meaning of any frame, so that daemons of different versions refuse
 // each other's frames (a step aborts, saying why) instead of misreading them. 3: a parity delta of a
 // fresh stripe carries the unit itself, and region requests and refusals (kinds 5 and 6) exist.
-// 4: a region request names up to RegionRequest::kMaxRegions regions in its payload.
+// 4: a region request names up to RegionRequest::kMaxRegions regions in its payload. 5: a fetched
+// unit's frame carries the request token of the SendUnits or DecodeUnits call it answers in
+// `attempt`, as a fetched region's does.
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
 // (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
@@ -62,7 +64,7 @@ enum class FrameKind : uint16_t {
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x5044534d;  // "MSDP" little-endian
-  static constexpr uint16_t kVersion = 4;
+  static constexpr uint16_t kVersion = 5;
   static constexpr size_t kBytes = 64;
   static constexpr size_t kMaxRegionBytes = 1024;
 

@@ -116,6 +116,7 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
     header.rank = self;
     header.stripe = work.stripe;
     header.stripe_unit = static_cast<uint32_t>(work.target);
+    header.attempt = request.request();
     const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, work.target, work.length);
     if (absl::Status status =
             transfer_->SendFrames(request.to_node(), header, work.units[work.target], bytes);
@@ -133,6 +134,7 @@ absl::StatusOr<uint64_t> DecodeHelper::FetchSources(int64_t step, int group,
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
   const uint32_t self = context_.node_id();
+  const int64_t token = transfer_->NewRequest();
   std::map<uint32_t, v1::SendUnitsRequest> requests;
   std::vector<std::pair<FetchKey, FetchSlot>> slots;
   std::vector<Transfer::OwnCopy> own;
@@ -148,11 +150,12 @@ absl::StatusOr<uint64_t> DecodeHelper::FetchSources(int64_t step, int group,
         own.push_back({work.stripe, static_cast<uint32_t>(i), work.units[i], bytes});
         continue;
       }
-      slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, ""},
+      slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, "", token},
                        {work.units[i], bytes, source}});
       v1::SendUnitsRequest& request = requests[source];
       request.set_to_node(self);
       request.set_step(step);
+      request.set_request(token);
       v1::UnitRef* ref = request.add_units();
       ref->set_stripe(work.stripe);
       ref->set_unit(static_cast<uint32_t>(i));

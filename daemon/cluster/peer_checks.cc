@@ -82,6 +82,14 @@ absl::Status CheckRegion(const v1::ImageRegion& region, const PeerLimits& limits
   return absl::OkStatus();
 }
 
+absl::Status CheckRequestToken(int64_t request) {
+  if (request <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request token ", request, ": a request names the asking node's token, which is positive"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
@@ -190,6 +198,7 @@ absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimit
   if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
     return status;
   }
+  if (absl::Status status = CheckRequestToken(request.request()); !status.ok()) return status;
   if (request.units_size() > kMaxUnitsPerRequest) {
     return absl::InvalidArgumentError(absl::StrCat(request.units_size(),
                                                    " units asked for at once, above ",
@@ -209,6 +218,7 @@ absl::Status CheckDecodeUnits(const v1::DecodeUnitsRequest& request, const PeerL
   if (absl::Status status = CheckNode("to_node", request.to_node(), limits); !status.ok()) {
     return status;
   }
+  if (absl::Status status = CheckRequestToken(request.request()); !status.ok()) return status;
   if (request.stripes_size() > kMaxUnitsPerRequest / limits.group_size) {
     return absl::InvalidArgumentError(absl::StrCat(request.stripes_size(),
                                                    " stripes asked for at once, above ",

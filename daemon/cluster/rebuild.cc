@@ -353,6 +353,7 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
       v1::DecodeUnitsRequest call;
       call.set_to_node(context_.node_id());
       call.set_step(step);
+      call.set_request(transfer_->NewRequest());
       std::vector<std::pair<FetchKey, FetchSlot>> slots;
       // Where each unit lands: in place, or the next unit of scratch.
       std::vector<uint8_t*> lands;
@@ -369,7 +370,8 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
           offset += work.length;
         }
         // Data in place is checked by the target's chunk CRCs once the image is whole.
-        slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), node, ""},
+        slots.push_back({{step, work.stripe, static_cast<uint32_t>(work.mine), node, "",
+                          call.request()},
                          {lands.back(), work.bytes, node,
                           work.in_place != nullptr && work.mine < k}});
       }

@@ -60,7 +60,8 @@ absl::Status ForEachFrame(FrameParts pieces, uint64_t frame_bytes, Send send) {
 // The slot a fetched frame or a refusal names.
 FetchKey KeyOf(const FrameHeader& header) {
   return header.kind == FrameKind::kFetchedUnit
-             ? FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, ""}
+             ? FetchKey{header.step, header.stripe, header.stripe_unit, header.rank, "",
+                        header.attempt}
              : FetchKey{header.step, 0, 0, header.rank, header.region, header.attempt};
 }
 
@@ -299,6 +300,7 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
     header.rank = self;
     header.stripe = refs[i].first;
     header.stripe_unit = refs[i].second;
+    header.attempt = request.request();
     const std::vector<absl::Span<const uint8_t>> spans = SpansOf(held->units[i], held->image);
     if (absl::Status status = SendFrames(request.to_node(), header, spans); !status.ok()) {
       return status;
@@ -593,7 +595,7 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
 }
 
 bool Transfer::AnswersARequestMadeHere(const FrameHeader& header) const {
-  return (header.kind == FrameKind::kFetchedRegion || header.kind == FrameKind::kRegionRefused) &&
+  return header.kind != FrameKind::kParityDelta && header.kind != FrameKind::kRegionRequest &&
          header.attempt > 0 && header.attempt <= requests_issued_.load();
 }
 

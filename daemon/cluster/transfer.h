@@ -133,7 +133,8 @@ class Transfer final : public FrameSink {
   static constexpr int kRegionRequestsQueuedPerPeer = 4 * kRegionRequestsPerPeer;
   absl::Status RequestRegions(uint32_t holder, int64_t step, uint32_t rank,
                               absl::Span<const absl::string_view> regions, int64_t request);
-  // A request token for a fetch's regions, new on each call (FetchKey::request). Answers that name
+  // A request token for a fetch's regions or units, new on each call (FetchKey::request, carried
+  // in SendUnitsRequest and DecodeUnitsRequest and in the answers' frames). Answers that name
   // a token this node issued and no longer awaits come after their fetch ended: they are read and
   // dropped. Answers naming a token it never issued close the connection. Tokens start from the
   // clock's microseconds, so a restarted daemon takes answers to its former self's requests as
@@ -232,7 +233,7 @@ class Transfer final : public FrameSink {
     absl::StatusCode failure_code = absl::StatusCode::kDataLoss;
     bool closed = false;    // being collected: takes no more frames
   };
-  // Whether a region frame or refusal names a request this node made (awaited or not).
+  // Whether a fetched frame or a refusal names a request this node made (awaited or not).
   bool AnswersARequestMadeHere(const FrameHeader& header) const;
   std::atomic<int64_t> requests_issued_;
 

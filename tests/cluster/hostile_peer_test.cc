@@ -261,6 +261,9 @@ TEST_F(HostilePeerTest, UnboundedRequestsAreRefusedByName) {
   ExpectRefused(Call(1, &v1::Peer::Stub::SendUnits, units), grpc::StatusCode::INVALID_ARGUMENT,
                 "to_node is node 7");
   units.set_to_node(0);
+  ExpectRefused(Call(1, &v1::Peer::Stub::SendUnits, units), grpc::StatusCode::INVALID_ARGUMENT,
+                "request token 0");
+  units.set_request(1);
   for (int i = 0; i < 100000; ++i) {
     v1::UnitRef* unit = units.add_units();
     unit->set_stripe(0);
@@ -313,10 +316,10 @@ TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
       daemon::FrameHeader header;
       header.kind = kind;
       header.step = 1;
-      // A region frame names the request it answers: one the receiver never made.
-      header.attempt = kind == daemon::FrameKind::kFetchedRegion
-                           ? std::numeric_limits<int64_t>::max()
-                           : 1;
+      // A fetched frame names the request it answers: one the receiver never made.
+      header.attempt = kind == daemon::FrameKind::kParityDelta
+                           ? 1
+                           : std::numeric_limits<int64_t>::max();
       header.stripe = 0;
       header.offset = std::numeric_limits<uint64_t>::max() - 63;
       header.region = kind == daemon::FrameKind::kFetchedRegion ? "weights" : "";

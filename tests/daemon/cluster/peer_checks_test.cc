@@ -176,6 +176,10 @@ TEST(PeerChecksTest, UnitListsAreBounded) {
   v1::UnitRef* unit = request.add_units();
   unit->set_stripe(kMax);
   unit->set_unit(2);
+  ExpectRefused(CheckSendUnits(request, Limits()), "request token 0");
+  request.set_request(-5);
+  ExpectRefused(CheckSendUnits(request, Limits()), "request token -5");
+  request.set_request(1);
   EXPECT_OK(CheckSendUnits(request, Limits()));  // the stripe is checked against the record held
   unit->set_unit(3);
   ExpectRefused(CheckSendUnits(request, Limits()), "a stripe has 3 units");
@@ -193,6 +197,8 @@ TEST(PeerChecksTest, DecodeRequestsAreBounded) {
   stripe->set_target(2);
   stripe->add_sources(0);
   stripe->add_sources(1);
+  ExpectRefused(CheckDecodeUnits(request, Limits()), "request token 0");
+  request.set_request(1);
   // The stripe, and whether the sources decode the target, are checked against the step held.
   EXPECT_OK(CheckDecodeUnits(request, Limits()));
   stripe->set_target(3);

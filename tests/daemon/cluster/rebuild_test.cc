@@ -7,9 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -227,23 +230,68 @@ TEST(RebuildTest, AHelperRefusesDecodesThatDoNotFitTheStepItHolds) {
   const erasure::StripeLayout& layout = cluster.node(1).context.layout();
   const int position = layout.Members(0).data_positions[0];
   const uint64_t bytes = layout.UnitLength(kBytes, layout.DataUnitOf(position, 0));
-  const FetchKey from_helper{2, 0, 0, 3, ""};
-  std::vector<uint8_t> decoded(bytes), held(bytes);
+  // Its frames carry the request's token: the receiver awaits them under it.
   Transfer& receiver = cluster.node(1).transfer;
+  v1::DecodeUnitsRequest good = request(2, 0, 0, {1, 2, 3, 4});
+  good.set_request(receiver.NewRequest());
+  const FetchKey from_helper{2, 0, 0, 3, "", good.request()};
+  std::vector<uint8_t> decoded(bytes), held(bytes);
   ASSERT_OK(receiver.Expect({{from_helper, {decoded.data(), bytes, 3}}}));
-  absl::StatusOr<v1::DecodeUnitsResponse> served =
-      helper.DecodeFor(request(2, 0, 0, {1, 2, 3, 4}), never);
+  absl::StatusOr<v1::DecodeUnitsResponse> served = helper.DecodeFor(good, never);
   ASSERT_OK(receiver.Collect({from_helper}, served.status()));
   EXPECT_EQ(served->sent_bytes(), bytes);
   const uint32_t owner = cluster.node(1).context.topology->NodeAt(0, position);
-  const FetchKey from_owner{2, 0, 0, owner, ""};
-  ASSERT_OK(receiver.Expect({{from_owner, {held.data(), bytes, owner}}}));
   v1::SendUnitsRequest send;
   send.set_to_node(1);
   send.set_step(2);
+  send.set_request(receiver.NewRequest());
   send.add_units()->set_stripe(0);
+  const FetchKey from_owner{2, 0, 0, owner, "", send.request()};
+  ASSERT_OK(receiver.Expect({{from_owner, {held.data(), bytes, owner}}}));
   ASSERT_OK(receiver.Collect({from_owner}, cluster.node(owner).transfer.ServeUnits(send).status()));
   EXPECT_TRUE(decoded == held) << "the helper decoded another unit than its owner holds";
+}
+
+// A unit's frames carry the token of the request they answer. Those of a request given up on (a
+// failed rebuild attempt's, still in flight when the next begins) are read and dropped: they
+// neither land in the next attempt's slot for the same unit nor close the connection, which would
+// lose the frames behind them. A token this node never issued still closes it.
+TEST(RebuildTest, AUnitAnsweringARequestGivenUpOnIsDroppedAndLandsNowhere) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  const int64_t given_up = transfer.NewRequest();
+  std::vector<uint8_t> first(4096), second(4096);
+  const FetchKey old_key{1, 0, 0, 1, "", given_up};
+  ASSERT_OK(transfer.Expect({{old_key, {first.data(), first.size(), 1}}}));
+  EXPECT_STATUS(transfer.Collect({old_key}, absl::CancelledError("the attempt failed")),
+                absl::StatusCode::kCancelled);
+  const int64_t again = transfer.NewRequest();
+  const FetchKey new_key{1, 0, 0, 1, "", again};
+  ASSERT_OK(transfer.Expect({{new_key, {second.data(), second.size(), 1}}}));
+
+  FrameHeader late;
+  late.kind = FrameKind::kFetchedUnit;
+  late.step = 1;
+  late.rank = 1;
+  late.length = 4096;
+  late.attempt = given_up;
+  absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer.Reserve(late, 1);
+  ASSERT_OK(into);
+  ASSERT_TRUE(into->has_value());
+  EXPECT_TRUE((*into)->drop) << "a late unit was given the next attempt's memory";
+  FrameHeader never = late;
+  never.attempt = again + 1000;
+  EXPECT_STATUS(transfer.Reserve(never, 1).status(), absl::StatusCode::kInvalidArgument);
+
+  FrameHeader current = late;
+  current.attempt = again;
+  into = transfer.Reserve(current, 1);
+  ASSERT_OK(into);
+  ASSERT_TRUE(into->has_value());
+  EXPECT_EQ((*into)->bytes.data(), second.data());
+  std::fill(second.begin(), second.end(), 0x5a);
+  transfer.Filled(current, absl::OkStatus());
+  EXPECT_OK(transfer.Collect({new_key}, absl::OkStatus()));
 }
 
 // A frame to a replacement damaged on the wire (a byte inverted: in a frame's header, or in a

@@ -304,6 +304,41 @@ TEST(RegionRequestsTest, OnAnAuthenticatedConnectionANodeAsksForItselfAndOnlyThe
   EXPECT_TRUE(fetched == testing::StateOf(1, 1, kBytes));
 }
 
+// A connection the data plane closed loses the frames its peer wrote behind the one refused: the
+// fetches awaiting that peer fail at once, the others wait on. An authenticated peer is known by
+// its node; a plaintext one only by its address, which every node of this cluster shares.
+TEST(RegionRequestsTest, AClosedConnectionFailsTheFetchesAwaitingItsPeerAtOnce) {
+  InProcessCluster cluster(3, 2, 1);
+  Transfer& transfer = cluster.node(0).transfer;
+  const int64_t token = transfer.NewRequest();
+  std::vector<uint8_t> from1(4096), from2(4096);
+  const FetchKey key1 = RegionKey(1, 1, "state", token);
+  const FetchKey key2 = RegionKey(1, 2, "state", token);
+  ASSERT_OK(ExpectRegion(transfer, key1, 1, from1));
+  ASSERT_OK(ExpectRegion(transfer, key2, 2, from2));
+  const absl::Status why = absl::DataLossError("frame header CRC-32C is 1, the header says 2");
+  transfer.ConnectionClosed(2, "127.0.0.1", why);
+  const absl::Status failed = transfer.Collect({key2}, absl::OkStatus());
+  EXPECT_STATUS(failed, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(failed.message(), "node 2's frames may be lost")) << failed;
+  EXPECT_TRUE(absl::StrContains(failed.message(), "frame header CRC-32C")) << failed;
+  transfer.ConnectionClosed(std::nullopt, "10.1.2.3", why);  // no node of the job is there
+
+  // The fetch from node 1 still takes its bytes.
+  FrameHeader answer = StateFrame(FrameKind::kFetchedRegion, token);
+  answer.length = 4096;
+  absl::StatusOr<std::optional<FrameSink::InPlace>> into = transfer.Reserve(answer, 1);
+  ASSERT_OK(into) << "the fetch from node 1 failed too";
+  ASSERT_TRUE(into->has_value());
+  transfer.Filled(answer, absl::OkStatus());
+  EXPECT_OK(transfer.Collect({key1}, absl::OkStatus()));
+
+  const FetchKey again = RegionKey(1, 1, "state", transfer.NewRequest());
+  ASSERT_OK(ExpectRegion(transfer, again, 1, from1));
+  transfer.ConnectionClosed(std::nullopt, "127.0.0.1", why);
+  EXPECT_STATUS(transfer.Collect({again}, absl::OkStatus()), absl::StatusCode::kUnavailable);
+}
+
 // A refusal's reason is bounded, and what the holder wrote reaches logs and errors only as
 // printable text.
 TEST(RegionRequestsTest, ARefusalsReasonIsBoundedAndPrintable) {
