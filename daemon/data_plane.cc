@@ -402,16 +402,20 @@ struct DataPlaneServer::Impl {
       if (status.ok() && !(in_place && (in_place->owner_checks || in_place->drop))) {
         status = CheckFramePayload(*header, into);
       }
+      // A frame that fails in place fails its fetch (Filled), whose owner may at once begin
+      // another: the sink hears of the closed connection first, so that only the fetches that
+      // awaited the frames lost with it fail.
+      if (!status.ok()) sink->ConnectionClosed(sender, peer_address, status);
       if (in_place) {
         if (!in_place->drop) sink->Filled(*header, status);
       } else if (status.ok()) {
         status = sink->Accept(*header, payload, sender);
+        if (!status.ok()) sink->ConnectionClosed(sender, peer_address, status);
       }
       if (!status.ok()) {
         Log(LogLevel::kWarning, "data plane: closing the connection from ", peer, ": ",
             status.ToString());
         ++owner->connections_rejected_;
-        sink->ConnectionClosed(sender, peer_address, status);
         break;
       }
       ++owner->frames_accepted_;

@@ -5,17 +5,18 @@
 //
 //   offset size field
 //   0      4    magic "MSDP"            32     8    offset   byte offset within the unit
-//   4      2    version (4)             40     4    length   payload bytes
+//   4      2    version (5)             40     4    length   payload bytes
 //   6      2    kind (FrameKind)        44     4    payload_crc   CRC-32C of the payload
 //   8      8    step                    48     2    region_bytes  length of the region name
 //   16     4    rank                    50     2    reserved, zero
-//   20     4    stripe_unit (index in stripe)   52     8    attempt   the encode this frame is for
+//   20     4    stripe_unit (index in stripe)   52     8    attempt   encode or request token
 //   24     8    stripe                  60     4    header_crc  CRC-32C of bytes 0..59
 //
 // `attempt` is the fencing token of the coordinator whose Encode sent a parity delta: a step encoded
 // again under a newer coordinator drops the frames an older one's encode still had on the wire. In
-// a region request, and in the frames and refusal that answer it, it is the asking node's request
-// token, by which that node tells the answers it awaits from late ones.
+// a region request, and in the frames and refusal that answer it, and in the frames of units sent
+// for a SendUnits or DecodeUnits call, it is the asking node's request token, by which that node
+// tells the answers it awaits from late ones.
 //
 // The version changes with the meaning of any frame, so that daemons of different versions refuse
 // each other's frames (a step aborts, saying why) instead of misreading them. 3: a parity delta of a

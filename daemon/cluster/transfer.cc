@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -573,13 +574,21 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
 
 void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::string& address,
                                 const absl::Status& why) {
+  // On plaintext, the nodes advertised at the peer's address (a node advertised by host name, or
+  // reached through another address, is not matched: its fetches wait as before).
+  std::map<uint32_t, bool> at_address;
   auto sent_by_peer = [&](uint32_t source) {
     if (sender) return *sender == source;
-    const std::optional<ClusterNode> node = context_.nodes->Address(source);
-    return node && node->host == address;
+    auto [it, added] = at_address.try_emplace(source, false);
+    if (added) {
+      const std::optional<ClusterNode> node = context_.nodes->Address(source);
+      it->second = node && node->host == address;
+    }
+    return it->second;
   };
   absl::MutexLock lock(&fetch_mutex_);
   bool failed = false;
+  ++connections_closed_;
   for (auto& [key, awaited] : fetches_) {
     if (awaited.closed || awaited.missing == 0 || !awaited.failure.empty() ||
         !sent_by_peer(awaited.slot.source)) {
@@ -595,7 +604,8 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
 }
 
 bool Transfer::AnswersARequestMadeHere(const FrameHeader& header) const {
-  return header.kind != FrameKind::kParityDelta && header.kind != FrameKind::kRegionRequest &&
+  return (header.kind == FrameKind::kFetchedUnit || header.kind == FrameKind::kFetchedRegion ||
+          header.kind == FrameKind::kRegionRefused) &&
          header.attempt > 0 && header.attempt <= requests_issued_.load();
 }
 

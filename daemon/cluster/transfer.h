@@ -31,11 +31,11 @@
 namespace moesnap::daemon::cluster {
 
 // What a fetch waits for: unit `unit` of stripe `stripe` sent by node `rank` (kFetchedUnit frames,
-// whose rank field names their sender; no region), or region `region` of rank `rank` asked for by
-// request `request` (kFetchedRegion frames, whose attempt field names the request; stripe and unit
-// 0). Units are keyed by their sender so that decodes on one node fetching the same stripe numbers
-// of different groups never meet; regions by their request, so that restores on one node fetching
-// the same region never meet, nor an answer that comes after its fetch was given up a later fetch.
+// whose rank field names their sender; no region), or region `region` of rank `rank` (kFetchedRegion
+// frames; stripe and unit 0), asked for by request `request` (the frames' attempt field). Units are
+// keyed by their sender so that decodes on one node fetching the same stripe numbers of different
+// groups never meet; both by their request, so that fetches on one node of the same unit or region
+// never meet, nor an answer that comes after its fetch was given up a later fetch.
 struct FetchKey {
   int64_t step = 0;
   uint64_t stripe = 0;
@@ -142,9 +142,8 @@ class Transfer final : public FrameSink {
   int64_t NewRequest() { return ++requests_issued_; }
 
   // Expects the frames of `slots` into their buffers; registered before the request that makes a
-  // peer send them goes out. UNAVAILABLE, registering none, when a key is expected already (two
-  // decodes on this node wanting the same unit at once: one is tried again); INVALID_ARGUMENT,
-  // registering none, when `slots` names a key twice.
+  // peer send them goes out. UNAVAILABLE, registering none, when a key is expected already;
+  // INVALID_ARGUMENT, registering none, when `slots` names a key twice.
   absl::Status Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots);
   // After the requests that make peers send them returned `sent`: waits until every expected byte
   // arrived (when they succeeded) and forgets the keys either way, returning once no frame is
@@ -175,6 +174,11 @@ class Transfer final : public FrameSink {
   // refused are lost, and would otherwise be waited for until kFetchWait.
   void ConnectionClosed(std::optional<uint32_t> sender, const std::string& address,
                         const absl::Status& why) override;
+  // Connections the data plane closed over a frame, ever.
+  uint64_t connections_closed() {
+    absl::MutexLock lock(&fetch_mutex_);
+    return connections_closed_;
+  }
 
  private:
   struct Connection {
@@ -243,6 +247,7 @@ class Transfer final : public FrameSink {
   absl::CondVar fetched_;  // a frame was read into a slot
   std::map<FetchKey, Awaited> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
   uint64_t fetch_failures_ ABSL_GUARDED_BY(fetch_mutex_) = 0;  // fetches failed, ever
+  uint64_t connections_closed_ ABSL_GUARDED_BY(fetch_mutex_) = 0;
 
   // Last: its threads serve requests with the members above, and are joined first.
   std::atomic<bool> stopping_{false};

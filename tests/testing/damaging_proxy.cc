@@ -43,6 +43,7 @@ DamagingProxy::DamagingProxy(uint16_t target_port, uint64_t at, int damages)
   if (listener_ < 0 || bind(listener_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
       listen(listener_, 64) != 0 ||
       getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    if (listener_ >= 0) close(listener_);
     throw std::runtime_error("the damaging proxy cannot listen on 127.0.0.1");
   }
   port_ = ntohs(address.sin_port);
