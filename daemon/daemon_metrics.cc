@@ -96,6 +96,10 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
                  status.delta_encodes(), {{"kind", "delta"}});
   out.AddCounter("moesnap_parity_sent_bytes_total", "Bytes this node sent to parity holders",
                  status.parity_bytes_sent());
+  out.AddCounter("moesnap_data_connections_closed_total",
+                 "Data-plane connections this node closed over a frame malformed, damaged, refused "
+                 "or cut short",
+                 status.data_connections_closed());
   out.AddCounter("moesnap_cluster_degraded_commits_total",
                  "Steps this node committed with nodes absent (cluster.allow_degraded)",
                  status.degraded_commits());

@@ -248,6 +248,11 @@ std::string FormatClusterStatus(const v1::ClusterStatusResponse& cluster) {
   if (!cluster.last_peer_refusal().empty()) {
     absl::StrAppend(&out, "last peer refused: ", cluster.last_peer_refusal(), "\n");
   }
+  if (cluster.data_connections_closed() > 0) {
+    absl::StrAppend(&out, "data connections closed over a bad frame: ",
+                    cluster.data_connections_closed(), " (last: ",
+                    cluster.last_data_connection_closed(), ")\n");
+  }
   if (cluster.absent_nodes_size() > 0) {
     absl::StrAppend(&out, "degraded: nodes [", absl::StrJoin(cluster.absent_nodes(), ", "),
                     "] absent from the latest committed step (their data is their last committed "

@@ -238,6 +238,9 @@ v1::ClusterStatusResponse Cluster::Status() const {
   const PeerRefusalSummary refusals = PeerRefusals();
   response.set_peer_refusals(refusals.total);
   response.set_last_peer_refusal(refusals.last);
+  const auto [closed, last_closed] = units_->transfer->ConnectionsClosed();
+  response.set_data_connections_closed(closed);
+  response.set_last_data_connection_closed(last_closed);
   const std::optional<cluster::LeaderView> leader = units_->nodes->Leader();
   if (leader) response.set_coordinator_token(leader->token);
   const v1::NodeReport mine = units_->report->Describe();

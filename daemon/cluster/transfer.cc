@@ -589,6 +589,9 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
   absl::MutexLock lock(&fetch_mutex_);
   bool failed = false;
   ++connections_closed_;
+  last_connection_closed_ = absl::StrCat(sender ? absl::StrCat("node ", *sender, " at ") : "",
+                                         address.empty() ? "a peer" : address, ": ",
+                                         why.ToString());
   for (auto& [key, awaited] : fetches_) {
     if (awaited.closed || awaited.missing == 0 || !awaited.failure.empty() ||
         !sent_by_peer(awaited.slot.source)) {

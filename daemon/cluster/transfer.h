@@ -174,10 +174,10 @@ class Transfer final : public FrameSink {
   // refused are lost, and would otherwise be waited for until kFetchWait.
   void ConnectionClosed(std::optional<uint32_t> sender, const std::string& address,
                         const absl::Status& why) override;
-  // Connections the data plane closed over a frame, ever.
-  uint64_t connections_closed() {
+  // Connections the data plane closed over a frame, ever, and the last: from where and why.
+  std::pair<uint64_t, std::string> ConnectionsClosed() {
     absl::MutexLock lock(&fetch_mutex_);
-    return connections_closed_;
+    return {connections_closed_, last_connection_closed_};
   }
 
  private:
@@ -248,6 +248,7 @@ class Transfer final : public FrameSink {
   std::map<FetchKey, Awaited> fetches_ ABSL_GUARDED_BY(fetch_mutex_);
   uint64_t fetch_failures_ ABSL_GUARDED_BY(fetch_mutex_) = 0;  // fetches failed, ever
   uint64_t connections_closed_ ABSL_GUARDED_BY(fetch_mutex_) = 0;
+  std::string last_connection_closed_ ABSL_GUARDED_BY(fetch_mutex_);
 
   // Last: its threads serve requests with the members above, and are joined first.
   std::atomic<bool> stopping_{false};

@@ -24,6 +24,7 @@
 #include "moesnap/client.h"
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/http_client.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_daemon.h"
 
@@ -326,6 +327,16 @@ TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
       EXPECT_TRUE(ClosesTheConnection(data_ports_[node], header, payload))
           << "node " << node << " kept a connection with a hostile frame open";
     }
+    // Counted, and the last shown with its reason.
+    const v1::ClusterStatusResponse status = Status(node);
+    EXPECT_EQ(status.data_connections_closed(), 3u) << "node " << node;
+    EXPECT_TRUE(absl::StrContains(status.last_data_connection_closed(), "127.0.0.1: "))
+        << status.last_data_connection_closed();
+    absl::StatusOr<testing::HttpReply> metrics =
+        testing::HttpGet(daemons_[node]->http_port(), "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_data_connections_closed_total 3\n"))
+        << metrics->body;
   }
   ASSERT_NO_FATAL_FAILURE(CommitEverywhere(2));
   ExpectRestores(2);

@@ -331,7 +331,7 @@ TEST(RebuildTest, AFrameDamagedOnTheWireToARebuildingNodeFailsTheAttemptAtOnce) 
     EXPECT_EQ(wire->damaged(), 1);
     // Caught by a frame's own checksums (the connection closed), or, in data landing in place, by
     // the new image's chunk CRCs.
-    EXPECT_TRUE(cluster.node(2).transfer.connections_closed() > 0 || chunk_crcs_failed)
+    EXPECT_TRUE(cluster.node(2).transfer.ConnectionsClosed().first > 0 || chunk_crcs_failed)
         << "nothing caught the damaged frame";
     EXPECT_EQ(cluster.node(2).participant.CommittedStep(), 2);
     EXPECT_TRUE(cluster.node(2).store.CommittedBytesOf() == testing::StateOf(2, 2, kLarge));
