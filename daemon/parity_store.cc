@@ -219,6 +219,14 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   return absl::OkStatus();
 }
 
+void ParityStore::FailIncomplete(const std::string& why) {
+  absl::MutexLock lock(&mutex_);
+  for (auto& [step, pending] : pending_) {
+    if (!pending.complete && pending.failure.empty()) pending.failure = why;
+  }
+  changed_.SignalAll();
+}
+
 absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
   // (stripe, unit) of the step's own units: their extents held, so that a decision applied
   // meanwhile (Discard, Commit of a later step, Begin of a newer attempt) cannot free them here.
@@ -232,6 +240,10 @@ absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
         return absl::AbortedError(absl::StrCat("parity of step ", step, " was aborted"));
       }
       if (it->second.complete) break;
+      if (!it->second.failure.empty()) {
+        return absl::UnavailableError(
+            absl::StrCat("parity of step ", step, ": ", it->second.failure));
+      }
       if (changed_.WaitWithDeadline(&mutex_, deadline)) {
         return absl::DeadlineExceededError(absl::StrCat(
             "parity of step ", step, ": ", it->second.missing,

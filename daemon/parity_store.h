@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -69,8 +70,13 @@ class ParityStore {
   // data node's units can arrive before the coordinator's Encode reaches this node); a frame of an
   // older attempt than the one open is dropped.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
-  // Waits until every expected byte of `step` has arrived, then checksums the units.
+  // Waits until every expected byte of `step` has arrived, then checksums the units. UNAVAILABLE
+  // once a member's connection closed while the step waited (FailIncomplete).
   absl::Status WaitComplete(int64_t step, absl::Time deadline);
+  // A connection from a member of the group closed over a bad frame (`why`), and the deltas it
+  // carried behind it are lost: every step still waiting for data fails at once instead of
+  // waiting out the commit timeout (its step aborts; the next one goes on).
+  void FailIncomplete(const std::string& why);
   // The journal record of one unit.
   static v1::JournalParity RecordOf(const ParityUnit& unit);
   // The journal records of `step`'s complete units.
@@ -135,6 +141,7 @@ class ParityStore {
     uint64_t missing = 0;
     bool complete = false;
     bool accumulate = false;  // started at zero: the step's change only
+    std::string failure;      // why it can no longer complete (empty: it can)
   };
 
   struct Accumulated {

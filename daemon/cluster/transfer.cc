@@ -586,12 +586,24 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
     }
     return it->second;
   };
+  // Parity deltas come from the group's members only: a member's lost deltas fail the steps
+  // still waiting for data.
+  const Topology& topology = *context_.topology;
+  bool member = false;
+  for (uint32_t id : topology.groups[topology.group]) {
+    member = member || (id != context_.node_id() && sent_by_peer(id));
+  }
+  const std::string lost = absl::StrCat(sender ? absl::StrCat("node ", *sender, " at ") : "",
+                                        address.empty() ? "a peer" : address, ": ",
+                                        why.ToString());
+  if (member) {
+    parity_->FailIncomplete(absl::StrCat(
+        "a member's deltas may be lost: this node closed a data-plane connection from ", lost));
+  }
   absl::MutexLock lock(&fetch_mutex_);
   bool failed = false;
   ++connections_closed_;
-  last_connection_closed_ = absl::StrCat(sender ? absl::StrCat("node ", *sender, " at ") : "",
-                                         address.empty() ? "a peer" : address, ": ",
-                                         why.ToString());
+  last_connection_closed_ = lost;
   for (auto& [key, awaited] : fetches_) {
     if (awaited.closed || awaited.missing == 0 || !awaited.failure.empty() ||
         !sent_by_peer(awaited.slot.source)) {

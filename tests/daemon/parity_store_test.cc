@@ -144,6 +144,28 @@ TEST_F(ParityStoreTest, ANewerAttemptOfASparseStepSharesTheCommittedUnitsAgain) 
   EXPECT_EQ(parity_->in_flight_bytes(), 0u);
 }
 
+// A member's connection closed over a bad frame loses the deltas behind it: a step still waiting
+// for data fails at once, with the reason, instead of waiting out its deadline; a complete one is
+// untouched, and a step opened after it waits as usual.
+TEST_F(ParityStoreTest, AStepWaitingForDataFailsAtOnceWhenAMembersConnectionClosed) {
+  ASSERT_OK(parity_->Begin(1, 1, sizes_, nullptr));
+  for (uint64_t stripe : held_) {
+    for (int index = 0; index < layout_.data_units(); ++index) ASSERT_OK(Send(1, stripe, index, 7));
+  }
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, nullptr));
+  ASSERT_OK(Send(2, held_[0], 0, 9));  // the rest is lost
+  parity_->FailIncomplete("node 1's frames were lost");
+  const absl::Status failed = parity_->WaitComplete(2, absl::InfiniteFuture());
+  EXPECT_STATUS(failed, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(failed.message(), "parity of step 2: node 1's frames were lost"))
+      << failed;
+  EXPECT_OK(parity_->WaitComplete(1, absl::Now()));
+  parity_->Discard(2);
+  ASSERT_OK(parity_->Begin(3, 1, sizes_, nullptr));
+  EXPECT_STATUS(parity_->WaitComplete(3, absl::Now() + absl::Milliseconds(1)),
+                absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST_F(ParityStoreTest, AnAbortedSparseStepLeavesTheSharedCommittedUnitsAsTheyWere) {
   CommitFirstStep();
   const std::optional<ParityUnit> before = parity_->Committed(held_[1]);

@@ -16,6 +16,7 @@ namespace moesnap::daemon::cluster {
 namespace {
 
 using testing::InProcessCluster;
+using testing::NodeUnits;
 
 constexpr uint64_t kBytes = (3 << 20) + 12345;  // chunks of several frames, the last shorter
 
@@ -337,6 +338,24 @@ TEST(RegionRequestsTest, AClosedConnectionFailsTheFetchesAwaitingItsPeerAtOnce) 
   ASSERT_OK(ExpectRegion(transfer, again, 1, from1));
   transfer.ConnectionClosed(std::nullopt, "127.0.0.1", why);
   EXPECT_STATUS(transfer.Collect({again}, absl::OkStatus()), absl::StatusCode::kUnavailable);
+}
+
+// Parity deltas come from a node's group only: a member's closed connection fails the parity
+// still waiting for data, another group's does not.
+TEST(RegionRequestsTest, AClosedConnectionFromAMemberFailsTheParityStillWaitingForData) {
+  InProcessCluster cluster(6, 2, 1);  // groups {0, 1, 2} and {3, 4, 5}
+  NodeUnits& node = cluster.node(0);
+  const uint64_t unit = node.context.layout().unit_bytes();
+  ASSERT_OK(node.parity.Begin(1, 1, {unit, unit, unit}, nullptr));
+  const absl::Status why = absl::DataLossError("payload CRC-32C is 1, the frame says 2");
+  node.transfer.ConnectionClosed(4, "127.0.0.1", why);
+  EXPECT_STATUS(node.parity.WaitComplete(1, absl::Now() + absl::Milliseconds(1)),
+                absl::StatusCode::kDeadlineExceeded);
+  node.transfer.ConnectionClosed(1, "127.0.0.1", why);
+  const absl::Status failed = node.parity.WaitComplete(1, absl::InfiniteFuture());
+  EXPECT_STATUS(failed, absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(failed.message(), "node 1 at 127.0.0.1: DATA_LOSS")) << failed;
+  EXPECT_EQ(node.transfer.ConnectionsClosed().first, 2u);
 }
 
 // A refusal's reason is bounded, and what the holder wrote reaches logs and errors only as
