@@ -593,13 +593,12 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
   for (uint32_t id : topology.groups[topology.group]) {
     member = member || (id != context_.node_id() && sent_by_peer(id));
   }
+  // From where and why.
   const std::string lost = absl::StrCat(sender ? absl::StrCat("node ", *sender, " at ") : "",
                                         address.empty() ? "a peer" : address, ": ",
                                         why.ToString());
-  if (member) {
-    parity_->FailIncomplete(absl::StrCat(
-        "a member's deltas may be lost: this node closed a data-plane connection from ", lost));
-  }
+  const std::string closed = absl::StrCat("this node closed a data-plane connection from ", lost);
+  if (member) parity_->FailIncomplete(absl::StrCat("a member's deltas may be lost: ", closed));
   absl::MutexLock lock(&fetch_mutex_);
   bool failed = false;
   ++connections_closed_;
@@ -609,9 +608,7 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
         !sent_by_peer(awaited.slot.source)) {
       continue;
     }
-    awaited.failure = absl::StrCat("node ", awaited.slot.source, "'s frames may be lost: ",
-                                   "this node closed a data-plane connection from ", address,
-                                   " over ", why.ToString());
+    awaited.failure = absl::StrCat("node ", awaited.slot.source, "'s frames may be lost: ", closed);
     awaited.failure_code = absl::StatusCode::kUnavailable;
     failed = true;
   }
