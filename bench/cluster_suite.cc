@@ -10,7 +10,7 @@
 //   - Control cost of a step on 3, 6, 12 and 24 nodes with tiny state (one 64 KiB region per node,
 //     tiny pools): etcd writes per step as etcd's own counters show them (mvcc puts and deletes,
 //     raft proposals), beside the one decision a step needs; Peer calls per step per node beside
-//     prepare + encode; lease keep-alives per node per TTL as etcd's leader counts them, beside
+//     a proposal and an encode; lease keep-alives per node per TTL as etcd's leader counts them, beside
 //     one every third of a TTL; the commit latency, beside one fenced write of etcd measured in the
 //     same run.
 #include <grpcpp/grpcpp.h>
@@ -731,7 +731,7 @@ absl::Status RunClusterSuite(Report& report) {
                 cost->client_writes, "writes", "etcd's mvcc puts + deletes", cost->kv_writes,
                 cost->kv_writes > 0 ? cost->client_writes / cost->kv_writes : 0});
     report.Add({"cluster", absl::StrCat("control messages (Peer calls) per step per node, ", label),
-                cost->peer_calls, "calls", "prepare + encode per node", 2.0,
+                cost->peer_calls, "calls", "a proposal + an encode per node", 2.0,
                 cost->peer_calls / 2.0});
     report.Add({"cluster",
                 absl::StrCat("lease keep-alives per node per TTL (etcd's count), ", label),

@@ -22,6 +22,12 @@ constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
 constexpr absl::Duration kMaxDecideBackoff = absl::Seconds(1);
 // Proposals waiting for a round; legitimate ones are a few steps of each node.
 constexpr size_t kMaxProposals = 4096;
+// The images proposals bring for rounds not begun; beyond, a node is prepared instead.
+constexpr uint64_t kMaxProposedImageBytes = uint64_t{256} << 20;
+// How long a step this node captured waits for the proposals of the other live nodes before its
+// round begins; the round prepares the nodes whose proposal is still missing then (one that has
+// no trainer, or captures later).
+constexpr absl::Duration kProposalWait = absl::Milliseconds(20);
 
 }  // namespace
 
@@ -82,26 +88,75 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     response.set_decided(true);
     return response;
   }
-  if (proposed_.size() >= kMaxProposals && !proposed_.contains(request.step())) {
+  if (proposals_.size() >= kMaxProposals && !proposals_.contains(request.step())) {
     // The furthest ahead give way: the job's next steps are the lowest.
-    if (request.step() > *proposed_.rbegin()) {
+    if (request.step() > proposals_.rbegin()->first) {
       return absl::ResourceExhaustedError(absl::StrCat(
           kMaxProposals, " proposals wait already, all before step ", request.step()));
     }
-    proposed_.erase(std::prev(proposed_.end()));
+    TakeProposalsLocked(proposals_.rbegin()->first);
   }
-  proposed_.insert(request.step());
+  StepProposals& proposals = proposals_[request.step()];
+  if (proposals.proposers.size() <= request.from_node()) {
+    proposals.proposers.resize(request.from_node() + 1);  // a node id of the job (CheckPropose)
+  }
+  proposals.proposers[request.from_node()] = true;
+  if (request.has_image()) KeepProposedImageLocked(request, proposals);
   changed_.SignalAll();
   return response;
 }
 
-std::optional<int64_t> Coordinator::NextRoundLocked() {
-  for (auto it = proposed_.begin(); it != proposed_.end(); ++it) {
-    if (store_->CaptureOf(*it) != NodeCapture::kNotYet) {
-      const int64_t step = *it;
-      proposed_.erase(it);
-      return step;
+void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
+                                          StepProposals& proposals) {
+  if (auto kept = proposals.images.find(request.from_node()); kept != proposals.images.end()) {
+    proposed_image_bytes_ -= kept->second.bytes;
+    proposals.images.erase(kept);
+  }
+  // An image opened under another token, or for a round begun already, stands for nothing.
+  if (request.token() != token_ || (last_round_ && request.step() <= *last_round_)) return;
+  // What the image takes here, with what keeping it costs beside the message.
+  const uint64_t bytes = request.image().ByteSizeLong() + sizeof(ProposedImage) + 64;
+  if (bytes > kMaxProposedImageBytes - proposed_image_bytes_) return;
+  ProposedImage& kept = proposals.images[request.from_node()];
+  if (request.has_committed_step()) kept.committed = request.committed_step();
+  kept.image = request.image();
+  kept.bytes = bytes;
+  proposed_image_bytes_ += bytes;
+}
+
+Coordinator::StepProposals Coordinator::TakeProposalsLocked(int64_t step) {
+  auto it = proposals_.find(step);
+  if (it == proposals_.end()) return {};
+  StepProposals taken = std::move(it->second);
+  proposals_.erase(it);
+  for (const auto& [id, image] : taken.images) proposed_image_bytes_ -= image.bytes;
+  return taken;
+}
+
+void Coordinator::DropProposedImagesLocked() {
+  for (auto& [step, proposals] : proposals_) proposals.images.clear();
+  proposed_image_bytes_ = 0;
+}
+
+std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
+  const absl::Time now = absl::Now();
+  for (auto& [step, proposals] : proposals_) {
+    if (store_->CaptureOf(step) == NodeCapture::kNotYet) continue;
+    // Every live node proposes the steps its trainers capture: the round waits a moment for the
+    // proposals still missing, whose images spare their nodes' Prepare.
+    bool every_live_node = true;
+    for (uint32_t id : context_.nodes->LiveIds()) {
+      if (id >= proposals.proposers.size() || !proposals.proposers[id]) every_live_node = false;
     }
+    if (!every_live_node) {
+      if (!proposals.waiting_since) proposals.waiting_since = now;
+      const absl::Time until = *proposals.waiting_since + kProposalWait;
+      if (now < until) {
+        *wake = std::min(*wake, until);
+        return std::nullopt;
+      }
+    }
+    return step;
   }
   return std::nullopt;
 }
@@ -126,8 +181,9 @@ void Coordinator::Lead(int64_t token) {
       if (decision.committed()) base_ = decision.step();
       last_round_ = decision.step();
     }
-    for (auto it = proposed_.begin(); it != proposed_.end();) {
-      it = decided_.contains(*it) ? proposed_.erase(it) : std::next(it);
+    DropProposedImagesLocked();  // opened under another token
+    for (auto it = proposals_.begin(); it != proposals_.end();) {
+      it = decided_.contains(it->first) ? proposals_.erase(it) : std::next(it);
     }
     token_ = token;
     latest = base_;
@@ -138,10 +194,12 @@ void Coordinator::Lead(int64_t token) {
     std::optional<int64_t> step;
     {
       absl::MutexLock lock(&mutex_);
-      step = NextRoundLocked();
+      absl::Time wake = absl::Now() + kIdleWake;
+      step = NextRoundLocked(&wake);
       if (!step) {
-        changed_.WaitWithTimeout(&mutex_, kIdleWake);
-        step = NextRoundLocked();
+        changed_.WaitWithDeadline(&mutex_, wake);
+        wake = absl::Now() + kIdleWake;
+        step = NextRoundLocked(&wake);
       }
     }
     if (step && !RunRound(*step, token)) break;
@@ -149,6 +207,7 @@ void Coordinator::Lead(int64_t token) {
   Log(LogLevel::kInfo, "node ", context_.node_id(), " no longer coordinates (token ", token, ")");
   absl::MutexLock lock(&mutex_);
   token_ = 0;
+  DropProposedImagesLocked();
 }
 
 bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std::string& reason,
@@ -261,8 +320,10 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   const ClusterOptions& options = context_.options();
   std::optional<int64_t> base;
   std::optional<int64_t> passed_over_by;
+  StepProposals proposed;
   {
     absl::MutexLock lock(&mutex_);
+    proposed = TakeProposalsLocked(step);
     if (decided_.contains(step)) return true;
     if (last_round_ && step <= *last_round_) {
       passed_over_by = last_round_;
@@ -315,7 +376,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     if (!leadership_->Holds(token) || !Decide(step, token, false, reason)) deposed = true;
   };
 
-  Log(LogLevel::kDebug, "step ", step, ": prepare (token ", token, ")");
   std::map<uint32_t, v1::NodeImage> images;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
   // Live nodes that rebuild (absent from the step), and those of them that receive its parity.
@@ -323,6 +383,14 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   std::set<uint32_t> receivers;
   std::vector<std::pair<uint32_t, v1::PrepareRequest>> prepares;
   for (uint32_t id : nodes) {
+    // A node whose proposal brought its image, built on this round's base, opened the step under
+    // this token as a Prepare would have.
+    if (auto found = proposed.images.find(id);
+        found != proposed.images.end() && found->second.committed == base) {
+      held[id] = base;
+      images[id] = std::move(found->second.image);
+      continue;
+    }
     v1::PrepareRequest request;
     request.set_coordinator(context_.node_id());
     request.set_step(step);
@@ -331,7 +399,10 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     if (base) request.set_base_step(*base);
     prepares.emplace_back(id, std::move(request));
   }
-  context_.peers->PrepareEach(
+  Log(LogLevel::kDebug, "step ", step, ": prepare ", prepares.size(), " of ", nodes.size(),
+      " nodes, the others proposed their images (token ", token, ")");
+  if (!prepares.empty()) {
+    context_.peers->PrepareEach(
       prepares, [&](uint32_t id, absl::StatusOr<v1::PrepareResponse> response) {
         if (!response.ok()) {
           abort_once(absl::StrCat("node ", id, " did not prepare: ", response.status().message()));
@@ -346,6 +417,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         if (response->has_committed_step()) held[id] = response->committed_step();
         else held[id] = std::nullopt;
       });
+  }
   if (failed) return !deposed;
   // Nodes that rebuild are absent too: the step commits without them if it could without them lost.
   if (!rebuilding.empty()) {

@@ -1,5 +1,6 @@
 // The coordinator: one node at a time, elected on etcd, runs each proposed step's commit:
-//   prepare  every node reports its image of the step;
+//   prepare  every node reports its image of the step, unless its proposal brought it (a node
+//            that captured the step on the round's base step proposes it with its image);
 //   encode   every node sends its units (or its changes since the base step) to the parity holders
 //            and answers once the parity it holds is complete;
 //   decide   the step's outcome, committed or aborted, is written once to etcd in a transaction
@@ -57,6 +58,9 @@ class Coordinator {
   // trusted: a step this node has not captured yet waits until it has (a commit needs every node's
   // capture), so a step far ahead of the job holds nothing up, and a step this node passed without
   // capturing is aborted at once. Proposals waiting are bounded; the furthest ahead give way.
+  // The image a proposal brings stands for the node's Prepare when it was opened under this
+  // coordinator's token on the round's base step; the images kept are bounded in bytes. A round
+  // waits up to kProposalWait for every live node's proposal.
   // FAILED_PRECONDITION when this node does not coordinate.
   absl::StatusOr<v1::ProposeResponse> Propose(const v1::ProposeRequest& request);
 
@@ -84,8 +88,32 @@ class Coordinator {
   absl::Status CheckDegraded(const std::vector<uint32_t>& lost,
                              const std::optional<int64_t>& base) const;
   bool stopping() const;
-  // The lowest proposed step this node could prepare now (removed from proposed_), if any.
-  std::optional<int64_t> NextRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The lowest proposed step whose round may begin now, if any: this node captured it, and every
+  // live node proposed it or kProposalWait passed since then. Lowers `wake` to when a step waiting
+  // for proposals stops waiting.
+  std::optional<int64_t> NextRoundLocked(absl::Time* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  // A proposal's image of its step, and the step its node had committed when it built it.
+  struct ProposedImage {
+    std::optional<int64_t> committed;
+    v1::NodeImage image;
+    uint64_t bytes = 0;  // counted against the bound
+  };
+  // The proposals of a step whose round has not begun.
+  struct StepProposals {
+    std::vector<bool> proposers;  // by node id
+    // The images the round may take (opened under token_), by node id.
+    std::map<uint32_t, ProposedImage> images;
+    // Since when this node has captured the step while a live node's proposal is missing.
+    std::optional<absl::Time> waiting_since;
+  };
+  // Keeps `request`'s image among `proposals`' (in place of its node's earlier one), within the
+  // bound.
+  void KeepProposedImageLocked(const v1::ProposeRequest& request, StepProposals& proposals)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Removes `step`'s proposals and returns them.
+  StepProposals TakeProposalsLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void DropProposedImagesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterContext context_;
   Leadership* const leadership_;
@@ -100,7 +128,8 @@ class Coordinator {
   absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t token_ ABSL_GUARDED_BY(mutex_) = 0;  // while leading
-  std::set<int64_t> proposed_ ABSL_GUARDED_BY(mutex_);  // awaiting a round
+  std::map<int64_t, StepProposals> proposals_ ABSL_GUARDED_BY(mutex_);  // awaiting a round
+  uint64_t proposed_image_bytes_ ABSL_GUARDED_BY(mutex_) = 0;  // of the images kept there
   std::map<int64_t, bool> decided_ ABSL_GUARDED_BY(mutex_);  // step -> committed, as etcd holds
   std::optional<int64_t> base_ ABSL_GUARDED_BY(mutex_);  // the latest committed step
   std::optional<int64_t> last_round_ ABSL_GUARDED_BY(mutex_);

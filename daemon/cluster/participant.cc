@@ -109,17 +109,22 @@ void Participant::ProposeLoop() {
         it = undecided.erase(it);
         continue;
       }
-      // Proposed once per leader, so that a new coordinator learns of it; its decision comes from
-      // etcd whatever the answer says.
-      if (leader && proposed_to[step] != leader->token) {
-        v1::ProposeRequest request;
-        request.set_from_node(context_.node_id());
-        request.set_step(step);
-        if (context_.peers->Propose(leader->node_id, request).ok()) {
-          proposed_to[step] = leader->token;
-        }
-      }
       ++it;
+    }
+    if (!leader) continue;
+    // Proposed once per leader, so that a new coordinator learns of it; its decision comes from
+    // etcd whatever the answer says. Only a step with none before it undecided comes with its
+    // image: the image holds the step's bytes until the decision, and a step captured before the
+    // one ahead was decided is built on a committed step that is not the round's base anyway.
+    for (const int64_t step : undecided) {
+      if (proposed_to[step] == leader->token) continue;
+      v1::ProposeRequest request;
+      request.set_from_node(context_.node_id());
+      request.set_step(step);
+      if (undecided.size() == 1) OpenProposed(step, *leader, request);
+      if (context_.peers->Propose(leader->node_id, request).ok()) {
+        proposed_to[step] = leader->token;
+      }
     }
   }
 }
@@ -194,22 +199,54 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   response.mutable_image()->set_node_id(context_.node_id());
   PreparedStep prepared;
   prepared.image = *std::move(image);
-  OpenStep(request, std::move(prepared));
+  Open(step, request.token(), request.coordinator(), std::move(prepared));
   return response;
 }
 
-void Participant::OpenStep(const v1::PrepareRequest& request, PreparedStep prepared) {
-  prepared.token = request.token();
-  prepared.coordinator = request.coordinator();
+void Participant::OpenProposed(int64_t step, const LeaderView& leader,
+                               v1::ProposeRequest& proposal) {
+  // A node that rebuilds is absent from the step: the coordinator's Prepare finds out whether it
+  // receives the step's parity. One that has not checked yet is prepared as well.
+  if (rebuilder_->BehindAfterCheck(absl::InfinitePast())) return;
+  {
+    // Opened already (a Propose that failed, or a Prepare): no image is built again.
+    absl::MutexLock lock(&mutex_);
+    if (auto open = open_.find(step); open != open_.end() && open->second.token >= leader.token) {
+      return;
+    }
+  }
+  // The image holds the committed versions of the regions the step did not capture: it is the
+  // coordinator's to take only on the same committed step, which no decision may change meanwhile.
+  const std::optional<int64_t> committed = CommittedStep();
+  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(step, absl::Now());
+  if (!image.ok() || CommittedStep() != committed) return;
+  if (committed && step <= *committed) return;
+  v1::NodeImage manifest = image->manifest();
+  manifest.set_node_id(context_.node_id());
+  PreparedStep prepared;
+  prepared.image = *std::move(image);
+  if (!Open(step, leader.token, leader.node_id, std::move(prepared), /*if_first=*/true)) return;
+  *proposal.mutable_image() = std::move(manifest);
+  if (committed) proposal.set_committed_step(*committed);
+  proposal.set_token(leader.token);
+}
+
+bool Participant::Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared,
+                       bool if_first) {
+  prepared.token = token;
+  prepared.coordinator = coordinator;
   bool reopened = false;
   {
     absl::MutexLock lock(&mutex_);
-    PreparedStep& open = open_[request.step()];
-    reopened = open.token != 0 && open.token != request.token();
+    if (if_first && decided_.contains(step)) return false;
+    PreparedStep& open = open_[step];
+    if (if_first && open.token >= token) return false;
+    reopened = open.token != 0 && open.token != token;
     open = std::move(prepared);
   }
   // Parity an earlier coordinator's encode opened is dropped with its frames.
-  if (reopened) parity_->Abort(request.step());
+  if (reopened) parity_->Abort(step);
+  return true;
 }
 
 v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request,
@@ -241,7 +278,7 @@ v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request
   PreparedStep prepared;
   prepared.receiver = true;
   prepared.base_record = *std::move(base);
-  OpenStep(request, std::move(prepared));
+  Open(step, request.token(), request.coordinator(), std::move(prepared));
   return response;
 }
 

@@ -1,7 +1,9 @@
 // A node's part in every step's commit. Once its trainers have captured a step it proposes the step
 // to the coordinator (the leader etcd names, again whenever that changes); then, asked by the
 // coordinator, each call carrying the coordinator's fencing token:
-//   Prepare  waits until its trainers captured the step and reports its image (NodeImage);
+//   Prepare  waits until its trainers captured the step and reports its image (NodeImage); a
+//            proposal carries that image when this node holds the base already, and the
+//            coordinator then skips this call;
 //   Encode   checks it has applied every decision up to the coordinator's base step (catching up
 //            from etcd if it missed one), opens its parity units of the step, sends each of its
 //            data units (or, for a step that keeps every node's layout, the changed ones: as their
@@ -87,9 +89,16 @@ class Participant {
     bool receiver = false;
     v1::JournalCluster base_record;
   };
-  // Makes `prepared` the step `request` prepares, under its token and coordinator; the parity an
-  // earlier coordinator's encode opened for the step goes.
-  void OpenStep(const v1::PrepareRequest& request, PreparedStep prepared);
+  // Makes `prepared` the step's, under `token` and `coordinator`; the parity an earlier
+  // coordinator's encode opened for the step goes. With `if_first`, a step decided, or opened
+  // already under this token or a later one, is left as it is: false.
+  bool Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared,
+            bool if_first = false);
+  // Opens `step` under `leader`'s token with this node's image of it and puts the image in
+  // `proposal`, so that the coordinator needs no Prepare of this node. Nothing when this node
+  // rebuilds, its capture failed, a decision landed while the image was built, or the step was
+  // opened already under this leader's token or a later one.
+  void OpenProposed(int64_t step, const LeaderView& leader, v1::ProposeRequest& proposal);
   // Prepare of a node that rebuilds: absent from the step, a parity receiver if it can read the
   // base step's group record from a member and its pool has room for the accumulation.
   v1::PrepareResponse PrepareAbsent(const v1::PrepareRequest& request, absl::Time deadline);

@@ -161,7 +161,25 @@ absl::Status CheckGroupRecord(const v1::JournalCluster& record,
 }
 
 absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& limits) {
-  return CheckNode("from_node", request.from_node(), limits);
+  if (absl::Status status = CheckNode("from_node", request.from_node(), limits); !status.ok()) {
+    return status;
+  }
+  if (!request.has_image()) return absl::OkStatus();
+  if (request.token() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a proposal with an image names the token it was opened under; ", request.token(),
+        " is not positive"));
+  }
+  if (request.has_committed_step() && request.committed_step() >= request.step()) {
+    return absl::InvalidArgumentError(absl::StrCat("committed step ", request.committed_step(),
+                                                   " is not before step ", request.step()));
+  }
+  if (request.image().node_id() != request.from_node() || request.image().step() != request.step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", request.from_node(), " proposes step ", request.step(), " with the image of node ",
+        request.image().node_id(), "'s step ", request.image().step()));
+  }
+  return CheckNodeImage(request.image(), limits);
 }
 
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits) {

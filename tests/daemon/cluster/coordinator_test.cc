@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -183,6 +184,132 @@ TEST(CoordinatorTest, AProposalAheadOfThisNodeWaitsForItAndHoldsNoStepUp) {
   }
   EXPECT_FALSE(cluster.log().decisions().contains(far.step()))
       << "a round ran for a step no node captured";
+}
+
+// Waits until node 0 coordinates under `token`: proposals made before are refused.
+bool WaitLeads(InProcessCluster& cluster, int64_t token) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (cluster.node(0).coordinator.token() != token) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// Every node but the coordinator's (node 0) captures `step`; once the coordinator took each one's
+// proposal, node 0 captures it: its round begins with the other nodes' proposals in hand.
+bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step) {
+  for (uint32_t node = 1; node < static_cast<uint32_t>(cluster.size()); ++node) {
+    cluster.node(node).store.Capture(step, kBytes);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (true) {
+    std::set<uint32_t> proposers;
+    for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
+      if (proposal.step() == step) proposers.insert(proposal.from_node());
+    }
+    if (proposers.size() == static_cast<size_t>(cluster.size()) - 1) break;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  cluster.node(0).store.Capture(step, kBytes);
+  return true;
+}
+
+// A node that captured a step on the committed step the round encodes against proposes it with its
+// image: the coordinator takes that in place of the node's Prepare, and the steps commit with
+// parity that decodes.
+TEST(CoordinatorTest, AProposalBringingItsImageOnTheBaseStandsForTheNodesPrepare) {
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitLeads(cluster, cluster.election().Elect(0)));
+  std::atomic<int> prepared{0};  // Prepare calls to the nodes that proposed before the round
+  cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
+    if (name == "Prepare" && to != 0) ++prepared;
+    return absl::OkStatus();
+  });
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(CaptureCoordinatorLast(cluster, step)) << "step " << step;
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  EXPECT_EQ(prepared, 0);
+  for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
+    if (proposal.from_node() == 0) continue;  // its round may have begun before its proposal
+    const std::string what =
+        absl::StrCat("node ", proposal.from_node(), "'s proposal of step ", proposal.step());
+    EXPECT_TRUE(proposal.has_image()) << what;
+    EXPECT_EQ(proposal.image().node_id(), proposal.from_node()) << what;
+    EXPECT_EQ(proposal.has_committed_step(), proposal.step() > 1) << what;
+    if (proposal.has_committed_step()) {
+      EXPECT_EQ(proposal.committed_step(), proposal.step() - 1) << what;
+    }
+  }
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+// A node that missed the decision of the base proposes its image on an older step: the coordinator
+// prepares that node (which catches up from the log first), and only that node.
+TEST(CoordinatorTest, ANodeThatProposedOnAnotherStepThanTheBaseIsPrepared) {
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitLeads(cluster, cluster.election().Elect(0)));
+  cluster.log().Deafen(3);
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 1));
+  ASSERT_TRUE(cluster.WaitCommitted(1, {0, 1, 2, 4, 5}));
+  std::map<uint32_t, int> prepared;  // Prepare calls of step 2 by node, all taken on one thread
+  absl::Mutex mutex;
+  cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
+    absl::MutexLock lock(&mutex);
+    if (name == "Prepare") ++prepared[to];
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 2));
+  ASSERT_TRUE(cluster.WaitCommitted(2, {0, 1, 2, 4, 5}));
+  {
+    absl::MutexLock lock(&mutex);
+    EXPECT_EQ(prepared[3], 1);
+    for (uint32_t node : {1, 2, 4, 5}) EXPECT_EQ(prepared[node], 0) << "node " << node;
+  }
+  cluster.log().Hear(3);
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 3));
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  EXPECT_EQ(cluster.node(3).store.commits(), (std::vector<int64_t>{1, 2, 3}));
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+// A step captured while an earlier one is undecided is proposed without an image (the image would
+// hold the step's bytes until its round, and it is built on a step that will not be the base):
+// the coordinator prepares it, and both steps commit.
+TEST(CoordinatorTest, AStepCapturedBehindAnUndecidedOneIsProposedWithoutItsImageAndPrepared) {
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitLeads(cluster, cluster.election().Elect(0)));
+  std::atomic<int> prepared{0};
+  cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
+    if (name == "Prepare" && to != 0) ++prepared;
+    return absl::OkStatus();
+  });
+  // Step 1's round waits for node 0's capture.
+  for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(1, kBytes);
+  for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(2, kBytes);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::map<int64_t, std::set<uint32_t>> with_image;
+  std::map<int64_t, std::set<uint32_t>> without_image;
+  while (without_image[1].size() + with_image[1].size() < 5 ||
+         without_image[2].size() + with_image[2].size() < 5) {
+    ASSERT_LT(absl::Now(), deadline) << "nodes 1-5 did not propose steps 1 and 2";
+    absl::SleepFor(absl::Milliseconds(5));
+    with_image.clear();
+    without_image.clear();
+    for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
+      (proposal.has_image() ? with_image : without_image)[proposal.step()].insert(
+          proposal.from_node());
+    }
+  }
+  EXPECT_TRUE(with_image[2].empty()) << with_image[2].size() << " nodes sent step 2's image";
+  cluster.node(0).store.Capture(1, kBytes);
+  cluster.node(0).store.Capture(2, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(2));
+  EXPECT_EQ(cluster.node(1).store.commits(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(prepared, static_cast<int>(5 + without_image[1].size()));
+  cluster.ExpectEveryNodeRebuildable(2, kBytes);
 }
 
 TEST(CoordinatorTest, AStepTheCoordinatorsNodePassedWithoutCapturingIsAbortedAtOnce) {

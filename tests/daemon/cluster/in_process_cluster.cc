@@ -505,6 +505,16 @@ void FakeNetwork::UnitsServed(uint32_t from, uint32_t to) {
   if (hook) hook(from, to);
 }
 
+void FakeNetwork::Proposed(const v1::ProposeRequest& request) {
+  absl::MutexLock lock(&mutex_);
+  proposals_.push_back(request);
+}
+
+std::vector<v1::ProposeRequest> FakeNetwork::proposals() const {
+  absl::MutexLock lock(&mutex_);
+  return proposals_;
+}
+
 absl::StatusOr<NodeUnits*> FakeNetwork::Route(uint32_t from, uint32_t to, const std::string& name) {
   std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter;
   {
@@ -538,7 +548,9 @@ absl::StatusOr<v1::ProposeResponse> FakePeerClient::Propose(uint32_t node,
   ++calls_;
   absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Propose");
   if (!to.ok()) return to.status();
-  return (*to)->coordinator.Propose(request);
+  absl::StatusOr<v1::ProposeResponse> response = (*to)->coordinator.Propose(request);
+  if (response.ok()) network_->Proposed(request);
+  return response;
 }
 
 absl::StatusOr<v1::PrepareResponse> FakePeerClient::Prepare(uint32_t node,

@@ -226,14 +226,18 @@ class FakeNetwork {
   // before its answer reaches the caller: a test holds it there (a slow transfer).
   void SetUnitsServed(std::function<void(uint32_t from, uint32_t to)> hook);
   void UnitsServed(uint32_t from, uint32_t to);
+  // The proposals a coordinator took (answered without an error), in order, as sent.
+  void Proposed(const v1::ProposeRequest& request);
+  std::vector<v1::ProposeRequest> proposals() const;
 
  private:
-  absl::Mutex mutex_;
+  mutable absl::Mutex mutex_;
   std::map<uint32_t, NodeUnits*> nodes_ ABSL_GUARDED_BY(mutex_);
   std::set<uint32_t> cut_ ABSL_GUARDED_BY(mutex_);
   std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter_
       ABSL_GUARDED_BY(mutex_);
   std::function<void(uint32_t, uint32_t)> units_served_ ABSL_GUARDED_BY(mutex_);
+  std::vector<v1::ProposeRequest> proposals_ ABSL_GUARDED_BY(mutex_);
 };
 
 class FakePeerClient final : public PeerClient {

@@ -70,6 +70,11 @@ TEST(PeerChecksTest, WhatARealPeerSendsPasses) {
   propose.set_from_node(5);
   propose.set_step(std::numeric_limits<int64_t>::max());  // judged by the coordinator's state
   EXPECT_OK(CheckPropose(propose, Limits()));
+  propose.set_step(7);
+  *propose.mutable_image() = Image(5);
+  propose.set_committed_step(6);
+  propose.set_token(12);
+  EXPECT_OK(CheckPropose(propose, Limits()));
   v1::JournalCluster record;
   EXPECT_OK(CheckGroupRecord(record, {3, 4, 5}, Limits()));  // a node that holds no step
   *record.mutable_group_images() = Encode().group_images();
@@ -88,6 +93,33 @@ TEST(PeerChecksTest, NodesOutsideTheJobAreRefused) {
   v1::EncodeRequest encode = Encode();
   encode.set_coordinator(6);
   ExpectRefused(CheckEncode(encode, Limits()), "coordinator");
+}
+
+TEST(PeerChecksTest, AProposalsImageIsTheProposersOwnOfTheStepOnAnEarlierStep) {
+  auto proposal = [] {
+    v1::ProposeRequest request;
+    request.set_from_node(5);
+    request.set_step(7);
+    *request.mutable_image() = Image(5);
+    request.set_committed_step(6);
+    request.set_token(12);
+    return request;
+  };
+  v1::ProposeRequest request = proposal();
+  request.set_from_node(4);
+  ExpectRefused(CheckPropose(request, Limits()), "node 4 proposes step 7 with the image of node 5");
+  request = proposal();
+  request.set_step(8);
+  ExpectRefused(CheckPropose(request, Limits()), "with the image of node 5's step 7");
+  request = proposal();
+  request.set_committed_step(7);
+  ExpectRefused(CheckPropose(request, Limits()), "committed step 7 is not before step 7");
+  request = proposal();
+  request.set_token(0);
+  ExpectRefused(CheckPropose(request, Limits()), "0 is not positive");
+  request = proposal();
+  request.mutable_image()->set_bytes(request.image().bytes() + 1);
+  ExpectRefused(CheckPropose(request, Limits()), "regions add up to");
 }
 
 TEST(PeerChecksTest, CoordinatorCallsAreBoundedInTimeTokenAndBase) {
