@@ -25,8 +25,8 @@ constexpr size_t kMaxProposals = 4096;
 // The images proposals bring for rounds not begun; beyond, a node is prepared instead.
 constexpr uint64_t kMaxProposedImageBytes = uint64_t{256} << 20;
 // How long a step this node captured waits for the proposals of the other live nodes before its
-// round begins; the round prepares the nodes whose proposal is still missing then (one that has
-// no trainer, or captures later).
+// round begins; the round prepares the nodes whose proposal is still missing then (one that
+// captures later, or one without trainers that proposed none since the round before).
 constexpr absl::Duration kProposalWait = absl::Milliseconds(20);
 
 }  // namespace
@@ -116,6 +116,14 @@ void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
   if (request.token() != token_ || (last_round_ && request.step() <= *last_round_)) return;
   // What the image takes here, with what keeping it costs beside the message.
   const uint64_t bytes = request.image().ByteSizeLong() + sizeof(ProposedImage) + 64;
+  // The images of the steps furthest ahead give way: the job's next steps are the lowest.
+  for (auto it = proposals_.rbegin();
+       bytes > kMaxProposedImageBytes - proposed_image_bytes_ && it != proposals_.rend() &&
+       it->first > request.step();
+       ++it) {
+    for (const auto& [id, image] : it->second.images) proposed_image_bytes_ -= image.bytes;
+    it->second.images.clear();
+  }
   if (bytes > kMaxProposedImageBytes - proposed_image_bytes_) return;
   ProposedImage& kept = proposals.images[request.from_node()];
   if (request.has_committed_step()) kept.committed = request.committed_step();
@@ -142,13 +150,20 @@ std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Time now = absl::Now();
   for (auto& [step, proposals] : proposals_) {
     if (store_->CaptureOf(step) == NodeCapture::kNotYet) continue;
-    // Every live node proposes the steps its trainers capture: the round waits a moment for the
-    // proposals still missing, whose images spare their nodes' Prepare.
-    bool every_live_node = true;
+    // A node proposes the steps its trainers capture: the round waits a moment for the live
+    // nodes' proposals still missing, whose images spare their nodes' Prepare. A node that did not
+    // propose the last round's step (one without trainers) is not waited for.
+    auto proposed = [](const std::vector<bool>& proposers, uint32_t id) {
+      return id < proposers.size() && proposers[id];
+    };
+    bool every_expected = true;
     for (uint32_t id : context_.nodes->LiveIds()) {
-      if (id >= proposals.proposers.size() || !proposals.proposers[id]) every_live_node = false;
+      if ((!last_proposers_ || proposed(*last_proposers_, id)) &&
+          !proposed(proposals.proposers, id)) {
+        every_expected = false;
+      }
     }
-    if (!every_live_node) {
+    if (!every_expected) {
       if (!proposals.waiting_since) proposals.waiting_since = now;
       const absl::Time until = *proposals.waiting_since + kProposalWait;
       if (now < until) {
@@ -181,9 +196,17 @@ void Coordinator::Lead(int64_t token) {
       if (decision.committed()) base_ = decision.step();
       last_round_ = decision.step();
     }
-    DropProposedImagesLocked();  // opened under another token
+    // Proposals made to an earlier leadership of this node: each node proposes again to this one.
+    DropProposedImagesLocked();
+    last_proposers_.reset();
     for (auto it = proposals_.begin(); it != proposals_.end();) {
-      it = decided_.contains(it->first) ? proposals_.erase(it) : std::next(it);
+      if (decided_.contains(it->first)) {
+        it = proposals_.erase(it);
+        continue;
+      }
+      it->second.proposers.clear();
+      it->second.waiting_since.reset();
+      ++it;
     }
     token_ = token;
     latest = base_;
@@ -325,6 +348,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     absl::MutexLock lock(&mutex_);
     proposed = TakeProposalsLocked(step);
     if (decided_.contains(step)) return true;
+    last_proposers_ = proposed.proposers;
     if (last_round_ && step <= *last_round_) {
       passed_over_by = last_round_;
     } else {
@@ -356,8 +380,8 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       return Decide(step, token, false, reason);
     }
   }
-  // The nodes that prepare: every node but the lost ones, whose data stays at their last
-  // committed image in this step (a degraded step).
+  // The nodes in the step (prepared, or their proposals' images taken): every node but the lost
+  // ones, whose data stays at their last committed image in this step (a degraded step).
   std::set<uint32_t> absent(lost.begin(), lost.end());
   std::vector<uint32_t> nodes;
   for (uint32_t id : all_nodes) {
@@ -428,8 +452,8 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       return !deposed;
     }
   }
-  // Every node prepared: the step holds each rank's state, but a replica group's only when every
-  // member captured its shard at this step.
+  // Every node's image is in: the step holds each rank's state, but a replica group's only when
+  // every member captured its shard at this step.
   if (absl::Status shards = CheckGroupShards(step, images); !shards.ok()) {
     abort_once(std::string(shards.message()));
     return !deposed;

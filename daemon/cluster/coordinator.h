@@ -59,8 +59,9 @@ class Coordinator {
   // capture), so a step far ahead of the job holds nothing up, and a step this node passed without
   // capturing is aborted at once. Proposals waiting are bounded; the furthest ahead give way.
   // The image a proposal brings stands for the node's Prepare when it was opened under this
-  // coordinator's token on the round's base step; the images kept are bounded in bytes. A round
-  // waits up to kProposalWait for every live node's proposal.
+  // coordinator's token on the round's base step; the images kept are bounded in bytes, those of
+  // the steps furthest ahead giving way. A round waits up to kProposalWait for the proposals of
+  // the live nodes that proposed the last round's step.
   // FAILED_PRECONDITION when this node does not coordinate.
   absl::StatusOr<v1::ProposeResponse> Propose(const v1::ProposeRequest& request);
 
@@ -89,8 +90,8 @@ class Coordinator {
                              const std::optional<int64_t>& base) const;
   bool stopping() const;
   // The lowest proposed step whose round may begin now, if any: this node captured it, and every
-  // live node proposed it or kProposalWait passed since then. Lowers `wake` to when a step waiting
-  // for proposals stops waiting.
+  // live node that proposed the last round's step proposed it, or kProposalWait passed since
+  // then. Lowers `wake` to when a step waiting for proposals stops waiting.
   std::optional<int64_t> NextRoundLocked(absl::Time* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // A proposal's image of its step, and the step its node had committed when it built it.
@@ -130,6 +131,8 @@ class Coordinator {
   int64_t token_ ABSL_GUARDED_BY(mutex_) = 0;  // while leading
   std::map<int64_t, StepProposals> proposals_ ABSL_GUARDED_BY(mutex_);  // awaiting a round
   uint64_t proposed_image_bytes_ ABSL_GUARDED_BY(mutex_) = 0;  // of the images kept there
+  // The nodes that proposed the last round's step by the time it began (none yet: every node).
+  std::optional<std::vector<bool>> last_proposers_ ABSL_GUARDED_BY(mutex_);
   std::map<int64_t, bool> decided_ ABSL_GUARDED_BY(mutex_);  // step -> committed, as etcd holds
   std::optional<int64_t> base_ ABSL_GUARDED_BY(mutex_);  // the latest committed step
   std::optional<int64_t> last_round_ ABSL_GUARDED_BY(mutex_);

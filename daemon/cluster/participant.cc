@@ -209,44 +209,45 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   // receives the step's parity. One that has not checked yet is prepared as well.
   if (rebuilder_->BehindAfterCheck(absl::InfinitePast())) return;
   {
-    // Opened already (a Propose that failed, or a Prepare): no image is built again.
+    // Only a step never opened: one a coordinator prepared, or a proposal opened, is reopened by
+    // a fenced Prepare alone (the step may be decided already under the token it was opened under).
     absl::MutexLock lock(&mutex_);
-    if (auto open = open_.find(step); open != open_.end() && open->second.token >= leader.token) {
-      return;
-    }
+    if (open_.contains(step)) return;
   }
   // The image holds the committed versions of the regions the step did not capture: it is the
-  // coordinator's to take only on the same committed step, which no decision may change meanwhile.
+  // coordinator's to take only on the same committed step, so no decision is applied meanwhile.
+  absl::MutexLock apply_lock(&apply_mutex_);
   const std::optional<int64_t> committed = CommittedStep();
-  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(step, absl::Now());
-  if (!image.ok() || CommittedStep() != committed) return;
   if (committed && step <= *committed) return;
+  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(step, absl::Now());
+  if (!image.ok()) return;
   v1::NodeImage manifest = image->manifest();
   manifest.set_node_id(context_.node_id());
-  PreparedStep prepared;
-  prepared.image = *std::move(image);
-  if (!Open(step, leader.token, leader.node_id, std::move(prepared), /*if_first=*/true)) return;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (decided_.contains(step) || open_.contains(step)) return;
+    PreparedStep& open = open_[step];
+    open.token = leader.token;
+    open.coordinator = leader.node_id;
+    open.image = *std::move(image);
+  }
   *proposal.mutable_image() = std::move(manifest);
   if (committed) proposal.set_committed_step(*committed);
   proposal.set_token(leader.token);
 }
 
-bool Participant::Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared,
-                       bool if_first) {
+void Participant::Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared) {
   prepared.token = token;
   prepared.coordinator = coordinator;
   bool reopened = false;
   {
     absl::MutexLock lock(&mutex_);
-    if (if_first && decided_.contains(step)) return false;
     PreparedStep& open = open_[step];
-    if (if_first && open.token >= token) return false;
     reopened = open.token != 0 && open.token != token;
     open = std::move(prepared);
   }
   // Parity an earlier coordinator's encode opened is dropped with its frames.
   if (reopened) parity_->Abort(step);
-  return true;
 }
 
 v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request,

@@ -64,7 +64,7 @@ class Participant {
   void Apply(const v1::StepDecision& decision);
 
   std::optional<int64_t> CommittedStep() const;
-  // The newest step prepared here and not decided yet.
+  // The newest step opened here (prepared, or proposed with its image) and not decided yet.
   std::optional<int64_t> OpenStep() const;
   // The highest fencing token this node has seen.
   int64_t highest_token() const;
@@ -89,15 +89,13 @@ class Participant {
     bool receiver = false;
     v1::JournalCluster base_record;
   };
-  // Makes `prepared` the step's, under `token` and `coordinator`; the parity an earlier
-  // coordinator's encode opened for the step goes. With `if_first`, a step decided, or opened
-  // already under this token or a later one, is left as it is: false.
-  bool Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared,
-            bool if_first = false);
+  // Makes `prepared` the step's, under `token` and `coordinator` (a Prepare's); the parity an
+  // earlier coordinator's encode opened for the step goes.
+  void Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared);
   // Opens `step` under `leader`'s token with this node's image of it and puts the image in
   // `proposal`, so that the coordinator needs no Prepare of this node. Nothing when this node
-  // rebuilds, its capture failed, a decision landed while the image was built, or the step was
-  // opened already under this leader's token or a later one.
+  // rebuilds, its capture failed, the step is decided, or it was opened already (by a Prepare or
+  // a proposal, under any token).
   void OpenProposed(int64_t step, const LeaderView& leader, v1::ProposeRequest& proposal);
   // Prepare of a node that rebuilds: absent from the step, a parity receiver if it can read the
   // base step's group record from a member and its pool has room for the accumulation.

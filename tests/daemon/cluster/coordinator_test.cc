@@ -186,33 +186,44 @@ TEST(CoordinatorTest, AProposalAheadOfThisNodeWaitsForItAndHoldsNoStepUp) {
       << "a round ran for a step no node captured";
 }
 
-// Waits until node 0 coordinates under `token`: proposals made before are refused.
-bool WaitLeads(InProcessCluster& cluster, int64_t token) {
+// Waits until `coordinator` coordinates under `token` (proposals made before are refused) and
+// every node has checked whether it is behind (until then, it proposes no image).
+bool WaitReady(InProcessCluster& cluster, int64_t token, uint32_t coordinator = 0) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (cluster.node(0).coordinator.token() != token) {
+  while (cluster.node(coordinator).coordinator.token() != token) {
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (uint32_t node = 0; node < static_cast<uint32_t>(cluster.size()); ++node) {
+    if (cluster.node(node).rebuilder.BehindAfterCheck(deadline)) return false;
   }
   return true;
 }
 
-// Every node but the coordinator's (node 0) captures `step`; once the coordinator took each one's
-// proposal, node 0 captures it: its round begins with the other nodes' proposals in hand.
-bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step) {
-  for (uint32_t node = 1; node < static_cast<uint32_t>(cluster.size()); ++node) {
-    cluster.node(node).store.Capture(step, kBytes);
+// The proposals of `step` the coordinator took from `node`.
+std::vector<v1::ProposeRequest> ProposalsOf(InProcessCluster& cluster, int64_t step,
+                                            uint32_t node) {
+  std::vector<v1::ProposeRequest> found;
+  for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
+    if (proposal.step() == step && proposal.from_node() == node) found.push_back(proposal);
+  }
+  return found;
+}
+
+// Every node but `coordinator`'s captures `step`; once the coordinator took each one's proposal,
+// the coordinator's node captures it: its round begins with the other nodes' proposals in hand.
+bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step, uint32_t coordinator = 0) {
+  for (uint32_t node = 0; node < static_cast<uint32_t>(cluster.size()); ++node) {
+    if (node != coordinator) cluster.node(node).store.Capture(step, kBytes);
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (true) {
-    std::set<uint32_t> proposers;
-    for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
-      if (proposal.step() == step) proposers.insert(proposal.from_node());
+  for (uint32_t node = 0; node < static_cast<uint32_t>(cluster.size()); ++node) {
+    while (node != coordinator && ProposalsOf(cluster, step, node).empty()) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
     }
-    if (proposers.size() == static_cast<size_t>(cluster.size()) - 1) break;
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
   }
-  cluster.node(0).store.Capture(step, kBytes);
+  cluster.node(coordinator).store.Capture(step, kBytes);
   return true;
 }
 
@@ -221,7 +232,7 @@ bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step) {
 // parity that decodes.
 TEST(CoordinatorTest, AProposalBringingItsImageOnTheBaseStandsForTheNodesPrepare) {
   InProcessCluster cluster(6, 4, 2);
-  ASSERT_TRUE(WaitLeads(cluster, cluster.election().Elect(0)));
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(0)));
   std::atomic<int> prepared{0};  // Prepare calls to the nodes that proposed before the round
   cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
     if (name == "Prepare" && to != 0) ++prepared;
@@ -246,14 +257,16 @@ TEST(CoordinatorTest, AProposalBringingItsImageOnTheBaseStandsForTheNodesPrepare
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
-// A node that missed the decision of the base proposes its image on an older step: the coordinator
-// prepares that node (which catches up from the log first), and only that node.
-TEST(CoordinatorTest, ANodeThatProposedOnAnotherStepThanTheBaseIsPrepared) {
+// An image built on another committed step than the round's base is not taken, even under the
+// coordinator's token: here node 3's proposal of step 2 is replaced by one whose image differs
+// from what node 3 holds, on no committed step. The coordinator prepares node 3, and only node 3,
+// and the step commits with node 3's own image.
+TEST(CoordinatorTest, AProposalsImageOnAnotherStepThanTheBaseIsNotTakenAndItsNodeIsPrepared) {
   InProcessCluster cluster(6, 4, 2);
-  ASSERT_TRUE(WaitLeads(cluster, cluster.election().Elect(0)));
-  cluster.log().Deafen(3);
+  const int64_t token = cluster.election().Elect(0);
+  ASSERT_TRUE(WaitReady(cluster, token));
   ASSERT_TRUE(CaptureCoordinatorLast(cluster, 1));
-  ASSERT_TRUE(cluster.WaitCommitted(1, {0, 1, 2, 4, 5}));
+  ASSERT_TRUE(cluster.WaitCommitted(1));
   std::map<uint32_t, int> prepared;  // Prepare calls of step 2 by node, all taken on one thread
   absl::Mutex mutex;
   cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
@@ -261,15 +274,52 @@ TEST(CoordinatorTest, ANodeThatProposedOnAnotherStepThanTheBaseIsPrepared) {
     if (name == "Prepare") ++prepared[to];
     return absl::OkStatus();
   });
-  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 2));
-  ASSERT_TRUE(cluster.WaitCommitted(2, {0, 1, 2, 4, 5}));
+  for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(2, kBytes);
+  for (uint32_t node = 1; node < 6; ++node) {
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+         ProposalsOf(cluster, 2, node).empty();) {
+      ASSERT_LT(absl::Now(), deadline) << "node " << node << " did not propose step 2";
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  v1::ProposeRequest stale = ProposalsOf(cluster, 2, 3).front();
+  ASSERT_TRUE(stale.has_image());
+  ASSERT_EQ(stale.committed_step(), 1);
+  stale.clear_committed_step();
+  stale.mutable_image()->mutable_regions(0)->set_chunk_crcs(
+      0, stale.image().regions(0).chunk_crcs(0) ^ 1);
+  ASSERT_EQ(stale.token(), token);
+  ASSERT_OK(cluster.node(0).coordinator.Propose(stale));
+  cluster.node(0).store.Capture(2, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(2));
   {
     absl::MutexLock lock(&mutex);
     EXPECT_EQ(prepared[3], 1);
     for (uint32_t node : {1, 2, 4, 5}) EXPECT_EQ(prepared[node], 0) << "node " << node;
   }
+  cluster.ExpectEveryNodeRebuildable(2, kBytes);
+}
+
+// A node that encoded a step and hears of a new coordinator before it hears the step's decision
+// proposes the step again, to the new coordinator, without reopening it: the step it encoded stays
+// open under the token it was decided under, and it commits that step itself (no rebuild).
+TEST(CoordinatorTest, ANodeThatHearsOfANewCoordinatorBeforeADecisionKeepsTheStepItEncoded) {
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(0)));
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 1));
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.log().Deafen(3);
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 2));
+  ASSERT_TRUE(cluster.WaitCommitted(2, {0, 1, 2, 4, 5}));
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(1), 1));
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+       ProposalsOf(cluster, 2, 3).size() < 2;) {
+    ASSERT_LT(absl::Now(), deadline) << "node 3 did not propose step 2 to node 1";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_FALSE(ProposalsOf(cluster, 2, 3).back().has_image());
   cluster.log().Hear(3);
-  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 3));
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 3, 1));
   ASSERT_TRUE(cluster.WaitCommitted(3));
   EXPECT_EQ(cluster.node(3).store.commits(), (std::vector<int64_t>{1, 2, 3}));
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
@@ -280,7 +330,7 @@ TEST(CoordinatorTest, ANodeThatProposedOnAnotherStepThanTheBaseIsPrepared) {
 // the coordinator prepares it, and both steps commit.
 TEST(CoordinatorTest, AStepCapturedBehindAnUndecidedOneIsProposedWithoutItsImageAndPrepared) {
   InProcessCluster cluster(6, 4, 2);
-  ASSERT_TRUE(WaitLeads(cluster, cluster.election().Elect(0)));
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(0)));
   std::atomic<int> prepared{0};
   cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
     if (name == "Prepare" && to != 0) ++prepared;
