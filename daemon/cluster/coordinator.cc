@@ -121,8 +121,7 @@ void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
        bytes > kMaxProposedImageBytes - proposed_image_bytes_ && it != proposals_.rend() &&
        it->first > request.step();
        ++it) {
-    for (const auto& [id, image] : it->second.images) proposed_image_bytes_ -= image.bytes;
-    it->second.images.clear();
+    ClearImagesLocked(it->second);
   }
   if (bytes > kMaxProposedImageBytes - proposed_image_bytes_) return;
   ProposedImage& kept = proposals.images[request.from_node()];
@@ -141,9 +140,13 @@ Coordinator::StepProposals Coordinator::TakeProposalsLocked(int64_t step) {
   return taken;
 }
 
+void Coordinator::ClearImagesLocked(StepProposals& proposals) {
+  for (const auto& [id, image] : proposals.images) proposed_image_bytes_ -= image.bytes;
+  proposals.images.clear();
+}
+
 void Coordinator::DropProposedImagesLocked() {
-  for (auto& [step, proposals] : proposals_) proposals.images.clear();
-  proposed_image_bytes_ = 0;
+  for (auto& [step, proposals] : proposals_) ClearImagesLocked(proposals);
 }
 
 std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {

@@ -114,6 +114,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Removes `step`'s proposals and returns them.
   StepProposals TakeProposalsLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Drops `proposals`' images from the count and from memory.
+  void ClearImagesLocked(StepProposals& proposals) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void DropProposedImagesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ClusterContext context_;
