@@ -126,7 +126,8 @@ void RemoteRestore::ForgetLocation(uint32_t source_rank) {
 }
 
 absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
-                                            absl::Span<const WantedRegion> wanted) {
+                                            absl::Span<const WantedRegion> wanted,
+                                            Collected collected) {
   if (wanted.empty()) return absl::OkStatus();
   // The request token makes the keys this fetch's alone, though other restores on this node may
   // fetch some of the same regions at once.
@@ -174,18 +175,23 @@ absl::Status RemoteRestore::FetchFromHolder(uint32_t holder, int64_t step, uint3
   absl::Status status;
   size_t asked = 0;
   while (asked < window && status.ok()) status = ask(asked++);
-  size_t collected = 0;
-  while (collected < asked && status.ok()) {
-    status = transfer_->Collect({keys.begin() + starts[collected],
-                                 keys.begin() + starts[collected + 1]},
-                                absl::OkStatus());
-    ++collected;
-    if (status.ok() && asked < requests) status = ask(asked++);
+  size_t finished = 0;  // requests collected (their keys forgotten), whether or not they arrived
+  while (finished < asked && status.ok()) {
+    const size_t first = starts[finished];
+    const size_t end = starts[finished + 1];
+    status = transfer_->Collect({keys.begin() + first, keys.begin() + end}, absl::OkStatus());
+    ++finished;
+    if (!status.ok()) break;
+    // The next request goes out first, so that the holder sends it while these are taken.
+    if (asked < requests) status = ask(asked++);
+    if (absl::Status taken = collected(wanted.subspan(first, end - first)); status.ok()) {
+      status = taken;
+    }
   }
   ReleaseRequests(holder, window);
   // Regions not received after a failure are no longer awaited either.
-  if (collected < requests) {
-    (void)transfer_->Collect({keys.begin() + starts[collected], keys.end()}, status);
+  if (finished < requests) {
+    (void)transfer_->Collect({keys.begin() + starts[finished], keys.end()}, status);
   }
   return status;
 }
@@ -326,47 +332,57 @@ absl::StatusOr<bool> RemoteRestore::RestoreBatch(uint32_t rank, uint32_t source_
     region.bytes = {next, region.region->bytes()};
     next += region.region->bytes();
   }
-  bool decoded = holder_failed;
-  if (!decoded) {
-    const absl::Status fetched =
-        FetchFromHolder(found.node_id(), record.committed_step(), source_rank, batch);
+  // Each chunk is checked against its stored CRC-32C as it is written into the rank.
+  auto write = [&](const WantedRegion& region) {
+    return store_->WriteRegion(rank, *region.region,
+                               PoolBytes::View(region.bytes.data(), region.bytes.size()));
+  };
+  // The regions to decode from the group: fetched ones that fail their check (damaged on the way,
+  // or in the holder's memory), and those the holder did not send.
+  std::vector<WantedRegion> from_group;
+  if (holder_failed) {
+    from_group.assign(batch.begin(), batch.end());
+  } else {
+    size_t received = 0;
+    absl::Status write_failed;
+    const absl::Status fetched = FetchFromHolder(
+        found.node_id(), record.committed_step(), source_rank, batch,
+        [&](absl::Span<const WantedRegion> regions) {
+          received += regions.size();
+          for (const WantedRegion& region : regions) {
+            absl::Status written = write(region);
+            if (absl::IsDataLoss(written)) {
+              if (from_group.empty()) {
+                Log(LogLevel::kWarning, "rank ", source_rank, "'s region fetched from node ",
+                    found.node_id(), " fails its stored checksums (", written.ToString(),
+                    "): decoding it from its group");
+              }
+              from_group.push_back(region);
+            } else if (!written.ok()) {
+              write_failed = written;
+              return written;
+            }
+          }
+          return absl::OkStatus();
+        });
+    if (!write_failed.ok()) return write_failed;
     if (!fetched.ok()) {
       if (!decode_if_fetch_fails) return fetched;
       Log(LogLevel::kWarning, "rank ", source_rank, "'s regions could not be fetched from node ",
-          found.node_id(), " (", fetched.ToString(), "): decoding them from its group");
-      decoded = holder_failed = true;
+          found.node_id(), " (", fetched.ToString(), "): decoding ", batch.size() - received,
+          " of them from its group");
+      holder_failed = true;
+      from_group.insert(from_group.end(), batch.begin() + received, batch.end());
     }
   }
-  if (decoded) {
-    if (absl::Status status = DecodeFromGroup(record, group, position, batch); !status.ok()) {
-      return status;
-    }
+  if (from_group.empty()) return false;
+  if (absl::Status status = DecodeFromGroup(record, group, position, from_group); !status.ok()) {
+    return status;
   }
-  // Each chunk is checked against its stored CRC-32C as it is written into the rank. Fetched bytes
-  // that fail it (damaged on the way, or in the holder's memory) are decoded from the group and
-  // written again over them.
-  auto write = [&]() -> absl::Status {
-    for (const WantedRegion& region : batch) {
-      const PoolBytes view = PoolBytes::View(region.bytes.data(), region.bytes.size());
-      if (absl::Status status = store_->WriteRegion(rank, *region.region, view); !status.ok()) {
-        return status;
-      }
-    }
-    return absl::OkStatus();
-  };
-  absl::Status written = write();
-  if (!decoded && absl::IsDataLoss(written)) {
-    Log(LogLevel::kWarning, "rank ", source_rank, "'s regions fetched from node ",
-        found.node_id(), " fail their stored checksums (", written.ToString(),
-        "): decoding them from its group");
-    decoded = true;
-    if (absl::Status status = DecodeFromGroup(record, group, position, batch); !status.ok()) {
-      return status;
-    }
-    written = write();
+  for (const WantedRegion& region : from_group) {
+    if (absl::Status status = write(region); !status.ok()) return status;
   }
-  if (!written.ok()) return written;
-  return decoded;
+  return true;
 }
 
 }  // namespace moesnap::daemon::cluster

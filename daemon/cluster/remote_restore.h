@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -60,15 +61,20 @@ class RemoteRestore {
                                                      const v1::LocateRankResponse& found,
                                                      bool decode_if_fetch_fails);
   // Restores `batch` (of `bytes` in all) into `rank` through one buffer: fetched from the holder
-  // unless `holder_failed`, else (or when the fetch fails and `decode_if_fetch_fails`, which then
-  // sets `holder_failed`) decoded from the group. Whether it was decoded.
+  // unless `holder_failed`, each request's regions written into the rank while the next ones are
+  // fetched. The regions the holder did not send (the fetch failed and `decode_if_fetch_fails`,
+  // which then sets `holder_failed`; all of them once it is set) and those whose fetched bytes
+  // fail their stored checksums are decoded from the group. Whether any was decoded.
   absl::StatusOr<bool> RestoreBatch(uint32_t rank, uint32_t source_rank,
                                     const v1::LocateRankResponse& found, int group, int position,
                                     uint64_t bytes, absl::Span<WantedRegion> batch,
                                     bool decode_if_fetch_fails, bool& holder_failed);
-  // The regions from the live node `holder` that holds them, asked for on the data plane.
+  // The regions from the live node `holder` that holds them, asked for on the data plane. Each
+  // request's regions go to `collected` as soon as they are all in (in the order of `wanted`, on
+  // this thread, while later requests are in flight); its error ends the fetch and is returned.
+  using Collected = absl::FunctionRef<absl::Status(absl::Span<const WantedRegion>)>;
   absl::Status FetchFromHolder(uint32_t holder, int64_t step, uint32_t source_rank,
-                               absl::Span<const WantedRegion> wanted);
+                               absl::Span<const WantedRegion> wanted, Collected collected);
   // The regions decoded from the group's survivors, the node at `position` being lost.
   absl::Status DecodeFromGroup(const v1::JournalCluster& record, int group, int position,
                                absl::Span<const WantedRegion> wanted);

@@ -236,13 +236,30 @@ void FakeClusterStore::SplitState(int regions) {
 std::vector<uint8_t> FakeClusterStore::WrittenOf(uint32_t rank, const std::string& region) const {
   absl::MutexLock lock(&mutex_);
   auto it = written_.find({rank, region});
-  return it == written_.end() ? std::vector<uint8_t>() : it->second;
+  return it == written_.end() ? std::vector<uint8_t>() : it->second.bytes;
+}
+
+int FakeClusterStore::WritesOf(uint32_t rank, const std::string& region) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = written_.find({rank, region});
+  return it == written_.end() ? 0 : it->second.writes;
+}
+
+void FakeClusterStore::BeforeWrite(std::function<void()> hook) {
+  absl::MutexLock lock(&mutex_);
+  before_write_ = std::move(hook);
 }
 
 // As the store does: each chunk is checked against its stored CRC-32C, and a region that fails is
 // not kept.
 absl::Status FakeClusterStore::WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
                                            const PoolBytes& bytes) {
+  std::function<void()> hook;
+  {
+    absl::MutexLock lock(&mutex_);
+    hook = before_write_;
+  }
+  if (hook) hook();
   if (bytes.bytes() != stored.bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(bytes.bytes(), " bytes for region '",
                                                    stored.region(), "' of ", stored.bytes()));
@@ -262,7 +279,9 @@ absl::Status FakeClusterStore::WriteRegion(uint32_t rank, const v1::ImageRegion&
     }
   }
   absl::MutexLock lock(&mutex_);
-  written_[{rank, stored.region()}] = std::move(copy);
+  Written& written = written_[{rank, stored.region()}];
+  written.bytes = std::move(copy);
+  ++written.writes;
   return absl::OkStatus();
 }
 

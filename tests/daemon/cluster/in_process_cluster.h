@@ -61,8 +61,12 @@ class FakeClusterStore final : public ClusterStore {
   // From the next Capture on, "state" is recorded as `regions` regions "state.0", "state.1", ...
   // of equal size (the last shorter) over the same bytes: a rank of many tensors.
   void SplitState(int regions);
-  // What WriteRegion wrote of rank `rank`'s region `region` (empty: nothing).
+  // What WriteRegion wrote of rank `rank`'s region `region` (empty: nothing), and how many times
+  // it wrote it (checked: a write that fails its CRCs does not count).
   std::vector<uint8_t> WrittenOf(uint32_t rank, const std::string& region) const;
+  int WritesOf(uint32_t rank, const std::string& region) const;
+  // Runs as each WriteRegion starts, on its caller's thread: a test looks at the node from there.
+  void BeforeWrite(std::function<void()> hook);
 
   absl::StatusOr<int64_t> WaitNewNodeCapture(absl::Time deadline) override;
   NodeCapture CaptureOf(int64_t step) const override;
@@ -96,8 +100,12 @@ class FakeClusterStore final : public ClusterStore {
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
   int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;
-  std::map<std::pair<uint32_t, std::string>, std::vector<uint8_t>> written_
-      ABSL_GUARDED_BY(mutex_);
+  struct Written {
+    std::vector<uint8_t> bytes;
+    int writes = 0;
+  };
+  std::map<std::pair<uint32_t, std::string>, Written> written_ ABSL_GUARDED_BY(mutex_);
+  std::function<void()> before_write_ ABSL_GUARDED_BY(mutex_);
 };
 
 // The decision log every node shares.

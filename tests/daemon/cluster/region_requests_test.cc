@@ -258,6 +258,41 @@ TEST(RegionRequestsTest, ARankOfManyRegionsIsRestoredElsewhereInManyRequests) {
   EXPECT_EQ(cluster.node(0).transfer.FetchesWaiting().first, 0u) << "a fetch left keys behind";
 }
 
+// A restore writes each request's regions into the rank while later requests are in flight, and
+// decodes from the group only the regions whose fetched bytes fail their stored checksums: every
+// region is written once.
+TEST(RegionRequestsTest, RegionsAreWrittenAsTheirRequestsArriveAndOnlyDamagedOnesAreDecoded) {
+  InProcessCluster cluster(3, 2, 1);
+  cluster.election().Elect(0);
+  constexpr int kRegions = 100;  // of 31,581 bytes: 7 requests
+  cluster.node(1).store.SplitState(kRegions);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+  const uint64_t each = (kBytes + kRegions - 1) / kRegions;
+  cluster.node(1).store.FlipCommittedByte(37 * each + 5);
+  Transfer& transfer = cluster.node(0).transfer;
+  std::optional<size_t> awaited_at_first_write;
+  cluster.node(0).store.BeforeWrite([&] {
+    if (!awaited_at_first_write) awaited_at_first_write = transfer.FetchesWaiting().first;
+  });
+
+  absl::StatusOr<v1::RestoreResponse> restored =
+      cluster.node(0).remote_restore.RestoreFrom(100, 1, {});
+  ASSERT_OK(restored);
+  EXPECT_TRUE(restored->decoded());
+  ASSERT_TRUE(awaited_at_first_write.has_value());
+  EXPECT_GT(*awaited_at_first_write, 0u) << "the first region was written once all had arrived";
+  const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
+  for (int i = 0; i < kRegions; ++i) {
+    const std::string region = absl::StrCat("state.", i);
+    const uint64_t from = i * each;
+    const std::vector<uint8_t> expected(state.begin() + from,
+                                        state.begin() + std::min(from + each, kBytes));
+    EXPECT_TRUE(cluster.node(0).store.WrittenOf(100, region) == expected) << region;
+    EXPECT_EQ(cluster.node(0).store.WritesOf(100, region), 1) << region;
+  }
+  EXPECT_EQ(transfer.FetchesWaiting().first, 0u) << "a fetch left keys behind";
+}
+
 TEST(RegionRequestsTest, AFetchFromANodeLostBeforeItSentFailsWithoutWaitingOutItsTimeout) {
   InProcessCluster cluster(3, 2, 1);
   cluster.election().Elect(0);
