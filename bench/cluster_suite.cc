@@ -692,8 +692,9 @@ absl::Status RunClusterSuite(Report& report) {
     if (absl::StatusOr<double> first = (*cluster)->CommitStep(1, {}); !first.ok()) {
       return first.status();
     }
+    // Nine restores: the median of three moved by a fifth between runs of one build.
     std::vector<double> restores;
-    for (uint32_t attempt = 0; attempt < 3; ++attempt) {
+    for (uint32_t attempt = 0; attempt < 9; ++attempt) {
       absl::StatusOr<double> seconds = (*cluster)->RestoreRankElsewhere(0, 1, 300 + attempt);
       if (!seconds.ok()) return seconds.status();
       restores.push_back(*seconds);
@@ -704,7 +705,7 @@ absl::Status RunClusterSuite(Report& report) {
       const double limit = bytes / (best.tcp_gbps * 1e9);
       report.Add({"cluster",
                   "a rank of 2,048 tensors (64 MiB) restored onto another node, from its holder, "
-                  "median of 3",
+                  "median of 9",
                   bytes / seconds / 1e9, "GB/s", "raw TCP of the bytes", bytes / limit / 1e9,
                   limit / seconds});
     });
