@@ -4,6 +4,7 @@
 // connection a node asks only for itself, and only the node asked refuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -222,24 +223,34 @@ TEST(RegionRequestsTest, AFetchNamingARegionTwiceIsRefusedRegisteringNone) {
   EXPECT_EQ(transfer.FetchesWaiting().first, 0u);
 }
 
+// Node 1's rank 1 commits step 1 as kManyRegions regions "state.0", "state.1", ... of
+// kManyRegionBytes (the last shorter).
+constexpr int kManyRegions = 100;  // of 31,581 bytes, 16 a request: 7 requests
+constexpr uint64_t kManyRegionBytes = (kBytes + kManyRegions - 1) / kManyRegions;
+void CommitManyRegions(InProcessCluster& cluster) {
+  cluster.election().Elect(0);
+  cluster.node(1).store.SplitState(kManyRegions);
+  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
+}
+
+// What region "state.`i`" of CommitManyRegions holds.
+std::vector<uint8_t> ManyRegionBytes(int i) {
+  const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
+  const uint64_t from = i * kManyRegionBytes;
+  return {state.begin() + from, state.begin() + std::min(from + kManyRegionBytes, kBytes)};
+}
+
 // A rank of many small regions restored onto another node from its live holder: the regions go in
 // many requests (16 regions a request here, 4 requests in flight), and each lands in the rank byte
 // for byte. Fetched bytes damaged in the holder's memory fail their chunk CRCs as they are
 // written, and the regions are decoded from the group instead.
 TEST(RegionRequestsTest, ARankOfManyRegionsIsRestoredElsewhereInManyRequests) {
   InProcessCluster cluster(3, 2, 1);
-  cluster.election().Elect(0);
-  constexpr int kRegions = 100;  // of 31,581 bytes: 7 requests
-  cluster.node(1).store.SplitState(kRegions);
-  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
-  const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
-  const uint64_t each = (kBytes + kRegions - 1) / kRegions;
+  ASSERT_NO_FATAL_FAILURE(CommitManyRegions(cluster));
   auto expect_restored = [&](uint32_t rank) {
-    for (int i = 0; i < kRegions; ++i) {
-      const uint64_t from = i * each;
-      const std::vector<uint8_t> expected(state.begin() + from,
-                                          state.begin() + std::min(from + each, kBytes));
-      EXPECT_TRUE(cluster.node(0).store.WrittenOf(rank, absl::StrCat("state.", i)) == expected)
+    for (int i = 0; i < kManyRegions; ++i) {
+      EXPECT_TRUE(cluster.node(0).store.WrittenOf(rank, absl::StrCat("state.", i)) ==
+                  ManyRegionBytes(i))
           << "region " << i << " of rank " << rank;
     }
   };
@@ -250,7 +261,7 @@ TEST(RegionRequestsTest, ARankOfManyRegionsIsRestoredElsewhereInManyRequests) {
   EXPECT_FALSE(fetched->decoded());
   expect_restored(100);
 
-  cluster.node(1).store.FlipCommittedByte(37 * each + 5);
+  cluster.node(1).store.FlipCommittedByte(37 * kManyRegionBytes + 5);
   absl::StatusOr<v1::RestoreResponse> decoded = restore.RestoreFrom(101, 1, {});
   ASSERT_OK(decoded);
   EXPECT_TRUE(decoded->decoded());
@@ -263,12 +274,8 @@ TEST(RegionRequestsTest, ARankOfManyRegionsIsRestoredElsewhereInManyRequests) {
 // region is written once.
 TEST(RegionRequestsTest, RegionsAreWrittenAsTheirRequestsArriveAndOnlyDamagedOnesAreDecoded) {
   InProcessCluster cluster(3, 2, 1);
-  cluster.election().Elect(0);
-  constexpr int kRegions = 100;  // of 31,581 bytes: 7 requests
-  cluster.node(1).store.SplitState(kRegions);
-  ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
-  const uint64_t each = (kBytes + kRegions - 1) / kRegions;
-  cluster.node(1).store.FlipCommittedByte(37 * each + 5);
+  ASSERT_NO_FATAL_FAILURE(CommitManyRegions(cluster));
+  cluster.node(1).store.FlipCommittedByte(37 * kManyRegionBytes + 5);
   Transfer& transfer = cluster.node(0).transfer;
   std::optional<size_t> awaited_at_first_write;
   cluster.node(0).store.BeforeWrite([&] {
@@ -281,13 +288,9 @@ TEST(RegionRequestsTest, RegionsAreWrittenAsTheirRequestsArriveAndOnlyDamagedOne
   EXPECT_TRUE(restored->decoded());
   ASSERT_TRUE(awaited_at_first_write.has_value());
   EXPECT_GT(*awaited_at_first_write, 0u) << "the first region was written once all had arrived";
-  const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
-  for (int i = 0; i < kRegions; ++i) {
+  for (int i = 0; i < kManyRegions; ++i) {
     const std::string region = absl::StrCat("state.", i);
-    const uint64_t from = i * each;
-    const std::vector<uint8_t> expected(state.begin() + from,
-                                        state.begin() + std::min(from + each, kBytes));
-    EXPECT_TRUE(cluster.node(0).store.WrittenOf(100, region) == expected) << region;
+    EXPECT_TRUE(cluster.node(0).store.WrittenOf(100, region) == ManyRegionBytes(i)) << region;
     EXPECT_EQ(cluster.node(0).store.WritesOf(100, region), 1) << region;
   }
   EXPECT_EQ(transfer.FetchesWaiting().first, 0u) << "a fetch left keys behind";
