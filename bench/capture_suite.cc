@@ -278,7 +278,9 @@ absl::Status RunCaptureSuite(Report& report) {
         "step reported (and the median step). Capture and restore run on the daemon's capture "
         "threads and compute or check the CRC-32C of every 4 MiB chunk in the same pass as the "
         "copy (",
-        erasure::CopyCrcKernelAvailable(erasure::CopyCrcKernel::kInterleaved)
+        erasure::OnePassKernel() == erasure::CopyCrcKernel::kInterleavedWide
+            ? "the crc32 instruction, three interleaved streams, 64-byte loads and stores"
+        : erasure::CopyCrcKernelAvailable(erasure::CopyCrcKernel::kInterleaved)
             ? "the crc32 instruction, three interleaved streams"
             : "no SSE4.2: memcpy and ISA-L per 64 KiB block",
         ")."));

@@ -6,6 +6,8 @@
 // them. Lanes are long because the hardware prefetchers follow long streams: measured here, lanes
 // of 4 KiB copied at 0.6 of memcpy, lanes of 64 KiB at 1.0-1.2. Copies too small for one block of
 // lanes run as memcpy of a cache-sized block followed by ISA-L's CRC over it while it is in cache.
+// With AVX-512, the lanes go a cache line at a time: one 64-byte load and one whole-line store,
+// the CRC fed from the register (CopyLanesWide).
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -95,9 +97,57 @@ __attribute__((target("sse4.2"))) uint32_t CopyLanes(uint8_t* to, const uint8_t*
   return state;
 }
 
+// Two 8-byte words of `quarter`, in order, into the crc32 instruction's `state`.
+__attribute__((target("sse4.2"))) inline uint64_t Crc32cOfQuarter(uint64_t state,
+                                                                  __m128i quarter) {
+  state = _mm_crc32_u64(state, static_cast<uint64_t>(_mm_cvtsi128_si64(quarter)));
+  return _mm_crc32_u64(state, static_cast<uint64_t>(_mm_extract_epi64(quarter, 1)));
+}
+
+// The eight 8-byte words of `line`, in order, into the crc32 instruction's `state`. The quarters
+// are taken with zero-masked extracts: GCC 12's unmasked ones start from an undefined register and
+// warn that it is uninitialized.
+__attribute__((target("avx512f,avx512dq,sse4.2"))) inline uint64_t Crc32cOfLine(uint64_t state,
+                                                                               __m512i line) {
+  state = Crc32cOfQuarter(state, _mm512_maskz_extracti64x2_epi64(0x3, line, 0));
+  state = Crc32cOfQuarter(state, _mm512_maskz_extracti64x2_epi64(0x3, line, 1));
+  state = Crc32cOfQuarter(state, _mm512_maskz_extracti64x2_epi64(0x3, line, 2));
+  return Crc32cOfQuarter(state, _mm512_maskz_extracti64x2_epi64(0x3, line, 3));
+}
+
+// CopyLanes a cache line at a time: each line is loaded once into a register that is stored
+// whole (non-temporal) and checksummed from the register. One store a line instead of eight: on
+// the Intel Xeon measured, 1.1-1.2x CopyLanes' rate.
+__attribute__((target("avx512f,avx512dq,sse4.2"))) uint32_t CopyLanesWide(uint8_t* to,
+                                                                         const uint8_t* from,
+                                                                         size_t blocks,
+                                                                         uint32_t state) {
+  for (; blocks > 0; --blocks, from += 3 * kLane, to += 3 * kLane) {
+    uint64_t first = state, second = 0, third = 0;
+    for (size_t at = 0; at < kLane; at += kCacheLineBytes) {
+      const __m512i a = _mm512_loadu_si512(from + at);
+      const __m512i b = _mm512_loadu_si512(from + kLane + at);
+      const __m512i c = _mm512_loadu_si512(from + 2 * kLane + at);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(to + at), a);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(to + kLane + at), b);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(to + 2 * kLane + at), c);
+      first = Crc32cOfLine(first, a);
+      second = Crc32cOfLine(second, b);
+      third = Crc32cOfLine(third, c);
+    }
+    state = kLaneShift(kLaneShift(static_cast<uint32_t>(first)) ^ static_cast<uint32_t>(second)) ^
+            static_cast<uint32_t>(third);
+  }
+  _mm_sfence();  // the streamed bytes are ordered before whatever publishes the copy
+  return state;
+}
+
+using Lanes = uint32_t (*)(uint8_t* to, const uint8_t* from, size_t blocks, uint32_t state);
+
 // A head up to the destination's next cache line and a tail of less than one block go blocked;
 // streaming stores combine into whole lines, so the lanes start on a line boundary.
-uint32_t CopyInterleaved(void* destination, const void* source, size_t length, uint32_t crc) {
+uint32_t CopyInterleaved(void* destination, const void* source, size_t length, uint32_t crc,
+                         Lanes lanes) {
   auto* to = static_cast<uint8_t*>(destination);
   const auto* from = static_cast<const uint8_t*>(source);
   const size_t misalignment = reinterpret_cast<uintptr_t>(to) % kCacheLineBytes;
@@ -106,7 +156,7 @@ uint32_t CopyInterleaved(void* destination, const void* source, size_t length, u
                           : kCacheLineBytes - misalignment;
   crc = CopyBlocked(to, from, head, crc);
   const size_t blocks = (length - head) / (3 * kLane);
-  crc = ~CopyLanes(to + head, from + head, blocks, ~crc);
+  crc = ~lanes(to + head, from + head, blocks, ~crc);
   const size_t done = head + blocks * 3 * kLane;
   return CopyBlocked(to + done, from + done, length - done, crc);
 }
@@ -118,6 +168,10 @@ uint32_t CopyInterleaved(void* destination, const void* source, size_t length, u
 bool CopyCrcKernelAvailable(CopyCrcKernel kernel) {
 #if defined(__x86_64__)
   if (kernel == CopyCrcKernel::kInterleaved) return __builtin_cpu_supports("sse4.2");
+  if (kernel == CopyCrcKernel::kInterleavedWide) {
+    return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512dq");
+  }
 #endif
   return kernel == CopyCrcKernel::kBlocked;
 }
@@ -125,17 +179,27 @@ bool CopyCrcKernelAvailable(CopyCrcKernel kernel) {
 uint32_t CopyWithCrc32cUsing(CopyCrcKernel kernel, void* destination, const void* source,
                              size_t length, uint32_t crc) {
 #if defined(__x86_64__)
-  if (kernel == CopyCrcKernel::kInterleaved && CopyCrcKernelAvailable(kernel)) {
-    return CopyInterleaved(destination, source, length, crc);
+  if (kernel != CopyCrcKernel::kBlocked && CopyCrcKernelAvailable(kernel)) {
+    return CopyInterleaved(destination, source, length, crc,
+                           kernel == CopyCrcKernel::kInterleavedWide ? CopyLanesWide : CopyLanes);
   }
 #endif
   return CopyBlocked(destination, source, length, crc);
 }
 
+CopyCrcKernel OnePassKernel() {
+#if defined(__x86_64__)
+  // Measured faster on an Intel Xeon only; AMD's Zen 4 runs 512-bit operations as two halves.
+  if (CopyCrcKernelAvailable(CopyCrcKernel::kInterleavedWide) && __builtin_cpu_is("intel")) {
+    return CopyCrcKernel::kInterleavedWide;
+  }
+#endif
+  return CopyCrcKernel::kInterleaved;
+}
+
 uint32_t CopyWithCrc32c(void* destination, const void* source, size_t length, uint32_t crc) {
-  return CopyWithCrc32cUsing(
-      length >= kOnePassBytes ? CopyCrcKernel::kInterleaved : CopyCrcKernel::kBlocked, destination,
-      source, length, crc);
+  return CopyWithCrc32cUsing(length >= kOnePassBytes ? OnePassKernel() : CopyCrcKernel::kBlocked,
+                             destination, source, length, crc);
 }
 
 }  // namespace moesnap::erasure

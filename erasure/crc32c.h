@@ -32,14 +32,19 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 // more write around the cache (non-temporal stores), as memcpy does for large copies. Thread-safe.
 uint32_t CopyWithCrc32c(void* destination, const void* source, size_t length, uint32_t crc);
 
-// The two ways CopyWithCrc32c runs, named so that tests and benchmarks can run each at any length.
+// The ways CopyWithCrc32c runs, named so that tests and benchmarks can run each at any length.
 // kInterleaved (x86-64 with SSE4.2; CopyWithCrc32c's choice from 192 KiB on): one pass, each 8
 // bytes loaded once into a register that is both stored, around the cache, and fed to the crc32
 // instruction, three streams of 64 KiB at a time, the bytes that do not fill one such block
-// blocked. kBlocked (any CPU; CopyWithCrc32c's choice below 192 KiB): memcpy of 64 KiB blocks, each
-// checksummed by ISA-L from the destination while it is in cache.
-enum class CopyCrcKernel { kInterleaved, kBlocked };
+// blocked. kInterleavedWide (x86-64 with AVX-512F and DQ; CopyWithCrc32c's choice from 192 KiB on
+// on Intel CPUs that have it): the same a cache line at a time, each 64 bytes loaded once into a
+// register stored whole and fed to the crc32 instruction from there. kBlocked (any CPU;
+// CopyWithCrc32c's choice below 192 KiB): memcpy of 64 KiB blocks, each checksummed by ISA-L from
+// the destination while it is in cache.
+enum class CopyCrcKernel { kInterleaved, kInterleavedWide, kBlocked };
 bool CopyCrcKernelAvailable(CopyCrcKernel kernel);
+// The kernel CopyWithCrc32c takes from 192 KiB on, on this CPU.
+CopyCrcKernel OnePassKernel();
 // CopyWithCrc32c through `kernel`; an unavailable kernel falls back to kBlocked.
 uint32_t CopyWithCrc32cUsing(CopyCrcKernel kernel, void* destination, const void* source,
                              size_t length, uint32_t crc);

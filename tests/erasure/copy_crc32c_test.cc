@@ -21,7 +21,15 @@ constexpr size_t kSlack = 128;  // bytes around every destination that must stay
 constexpr uint8_t kFence = 0xa5;
 
 std::string KernelName(CopyCrcKernel kernel) {
-  return kernel == CopyCrcKernel::kInterleaved ? "Interleaved" : "Blocked";
+  switch (kernel) {
+    case CopyCrcKernel::kInterleaved:
+      return "Interleaved";
+    case CopyCrcKernel::kInterleavedWide:
+      return "InterleavedWide";
+    case CopyCrcKernel::kBlocked:
+      return "Blocked";
+  }
+  return "Unknown";
 }
 
 class CopyCrc32cTest : public ::testing::TestWithParam<CopyCrcKernel> {
@@ -146,7 +154,9 @@ TEST_P(CopyCrc32cTest, ASourceRewrittenDuringTheCopyGivesTheCrcOfTheBytesStored)
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CopyCrc32cTest,
-                         ::testing::Values(CopyCrcKernel::kInterleaved, CopyCrcKernel::kBlocked),
+                         ::testing::Values(CopyCrcKernel::kInterleaved,
+                                           CopyCrcKernel::kInterleavedWide,
+                                           CopyCrcKernel::kBlocked),
                          [](const ::testing::TestParamInfo<CopyCrcKernel>& kernel) {
                            return KernelName(kernel.param);
                          });
@@ -165,6 +175,12 @@ TEST(CopyCrc32cDispatchTest, EitherSideOfTheKernelSwitchGivesTheSameBytesAndCrc)
 #if defined(__x86_64__)
   EXPECT_EQ(CopyCrcKernelAvailable(CopyCrcKernel::kInterleaved),
             __builtin_cpu_supports("sse4.2") != 0);
+  EXPECT_EQ(CopyCrcKernelAvailable(CopyCrcKernel::kInterleavedWide),
+            __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512dq"));
+  if (__builtin_cpu_supports("sse4.2")) {
+    EXPECT_TRUE(CopyCrcKernelAvailable(OnePassKernel())) << KernelName(OnePassKernel());
+  }
 #endif
   EXPECT_TRUE(CopyCrcKernelAvailable(CopyCrcKernel::kBlocked));
 }
