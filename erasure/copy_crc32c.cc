@@ -117,7 +117,8 @@ __attribute__((target("avx512f,avx512dq,sse4.2"))) inline uint64_t Crc32cOfLine(
 
 // CopyLanes a cache line at a time: each line is loaded once into a register that is stored
 // whole (non-temporal) and checksummed from the register. One store a line instead of eight: on
-// the Intel Xeon measured, 1.1-1.2x CopyLanes' rate.
+// the Intel Xeon measured, about 1.08x CopyLanes' rate alone (1.0-1.16), and a capture's median
+// 0.97 of memcpy against 0.87.
 __attribute__((target("avx512f,avx512dq,sse4.2"))) uint32_t CopyLanesWide(uint8_t* to,
                                                                          const uint8_t* from,
                                                                          size_t blocks,
