@@ -233,9 +233,9 @@ void CommitManyRegions(InProcessCluster& cluster) {
   ASSERT_NO_FATAL_FAILURE(CommitStep(cluster, 1));
 }
 
-// What region "state.`i`" of CommitManyRegions holds.
+// What region "state.`i`" of CommitManyRegions holds (the state is made once, not per region).
 std::vector<uint8_t> ManyRegionBytes(int i) {
-  const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
+  static const std::vector<uint8_t> state = testing::StateOf(1, 1, kBytes);
   const uint64_t from = i * kManyRegionBytes;
   return {state.begin() + from, state.begin() + std::min(from + kManyRegionBytes, kBytes)};
 }
