@@ -101,6 +101,7 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     proposals.proposers.resize(request.from_node() + 1);  // a node id of the job (CheckPropose)
   }
   proposals.proposers[request.from_node()] = true;
+  if (request.token() != 0 && request.token() < token_) proposals.opened_earlier = true;
   if (request.has_image()) KeepProposedImageLocked(request, proposals);
   changed_.SignalAll();
   return response;
@@ -152,7 +153,11 @@ void Coordinator::DropProposedImagesLocked() {
 std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Time now = absl::Now();
   for (auto& [step, proposals] : proposals_) {
-    if (store_->CaptureOf(step) == NodeCapture::kNotYet) continue;
+    // A round begins once this node captured the step (or passed it), so that its Prepare does not
+    // wait out the commit timeout for a trainer still training towards it. Not so a step a node
+    // holds open under an earlier coordinator: that one may have died with the job's trainers
+    // (this node's would never capture it), and the node's restores wait for the decision.
+    if (store_->CaptureOf(step) == NodeCapture::kNotYet && !proposals.opened_earlier) continue;
     // A node proposes the steps its trainers capture: the round waits a moment for the live
     // nodes' proposals still missing, whose images spare their nodes' Prepare. A node that did not
     // propose the last round's step (one without trainers) is not waited for.
@@ -209,6 +214,7 @@ void Coordinator::Lead(int64_t token) {
       }
       it->second.proposers.clear();
       it->second.waiting_since.reset();
+      it->second.opened_earlier = false;
       ++it;
     }
     token_ = token;
@@ -359,7 +365,12 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       base = base_;
     }
   }
-  if (store_->CaptureOf(step) == NodeCapture::kPassed) {
+  const NodeCapture capture = store_->CaptureOf(step);
+  if (capture == NodeCapture::kNotYet) {
+    Log(LogLevel::kInfo, "step ", step, " is open under an earlier coordinator: its round begins "
+        "before node ", context_.node_id(), " (this coordinator's) captured it");
+  }
+  if (capture == NodeCapture::kPassed) {
     return Decide(step, token, false,
                   absl::StrCat("node ", context_.node_id(), " (the coordinator's) captured a later "
                                "step and never this one"));

@@ -122,6 +122,7 @@ void Participant::ProposeLoop() {
       request.set_from_node(context_.node_id());
       request.set_step(step);
       if (undecided.size() == 1) OpenProposed(step, *leader, request);
+      if (!request.has_image()) request.set_token(OpenTokenOf(step));
       if (context_.peers->Propose(leader->node_id, request).ok()) {
         proposed_to[step] = leader->token;
       }
@@ -234,6 +235,12 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   *proposal.mutable_image() = std::move(manifest);
   if (committed) proposal.set_committed_step(*committed);
   proposal.set_token(leader.token);
+}
+
+int64_t Participant::OpenTokenOf(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = open_.find(step);
+  return it == open_.end() ? 0 : it->second.token;
 }
 
 void Participant::Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared) {

@@ -97,6 +97,8 @@ class Participant {
   // rebuilds, its capture failed, the step is decided, or it was opened already (by a Prepare or
   // a proposal, under any token).
   void OpenProposed(int64_t step, const LeaderView& leader, v1::ProposeRequest& proposal);
+  // The token `step` is open under here; 0 when it is not open.
+  int64_t OpenTokenOf(int64_t step) const;
   // Prepare of a node that rebuilds: absent from the step, a parity receiver if it can read the
   // base step's group record from a member and its pool has room for the accumulation.
   v1::PrepareResponse PrepareAbsent(const v1::PrepareRequest& request, absl::Time deadline);

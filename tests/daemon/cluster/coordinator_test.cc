@@ -3,8 +3,9 @@
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
 // node aborts steps and is named, one node's failure aborts a step at once, and an unreachable log
 // pauses commits without losing a step. A proposal is only a hint: one far ahead holds nothing up,
-// one this node passed is aborted at once. Deltas of units longer than a frame update parity
-// exactly.
+// one this node passed is aborted at once; but a step nodes hold open under a dead coordinator is
+// decided by the next one even though its own node never captures it. Deltas of units longer than
+// a frame update parity exactly.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -373,6 +374,42 @@ TEST(CoordinatorTest, AStepTheCoordinatorsNodePassedWithoutCapturingIsAbortedAtO
   EXPECT_TRUE(absl::StrContains(skipped->reason(), "captured a later step and never this one"))
       << skipped->reason();
   ASSERT_TRUE(cluster.WaitCommitted(2));
+}
+
+// Nodes 2-5 capture step 2 and open it with their proposals to node 0, which dies before its round:
+// its lease ends and node 1 leads. Node 1's trainers are gone with the job's, so its node never
+// captures step 2, yet the nodes holding it open wait for its decision (their restores too). Node
+// 1 runs its round at once and aborts it, naming the lost node.
+TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsDecidedByTheNextOneWithoutItsCapture) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t first = cluster.election().Elect(0);
+  ASSERT_TRUE(WaitReady(cluster, first));
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  // Node 0 takes the proposals and leaves step 2's round for its own capture, which never comes.
+  for (uint32_t node = 2; node < 6; ++node) cluster.node(node).store.Capture(2, kBytes);
+  for (uint32_t node = 2; node < 6; ++node) {
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+         ProposalsOf(cluster, 2, node).empty();) {
+      ASSERT_LT(absl::Now(), deadline) << "node " << node << " did not propose step 2";
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_TRUE(ProposalsOf(cluster, 2, node).front().has_image()) << "node " << node;
+  }
+  cluster.table().Remove(0);
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(1), 1));
+  const std::optional<v1::StepDecision> decision = cluster.WaitDecided(2);
+  ASSERT_TRUE(decision.has_value()) << "step 2 was never decided";
+  EXPECT_FALSE(decision->committed());
+  EXPECT_EQ(decision->coordinator(), 1u);
+  EXPECT_TRUE(absl::StrContains(decision->reason(), "node 0 of group 0 is lost")) << decision->reason();
+  for (uint32_t node = 2; node < 6; ++node) {
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+         !Contains(cluster.node(node).store.aborted(), 2);) {
+      ASSERT_LT(absl::Now(), deadline) << "node " << node << " never applied the abort of step 2";
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
 }
 
 TEST(CoordinatorTest, AStepTakenAgainAfterItsAbortIsDroppedAtOnce) {
