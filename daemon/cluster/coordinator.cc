@@ -102,6 +102,7 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
   }
   proposals.proposers[request.from_node()] = true;
   if (request.token() != 0 && request.token() < token_) proposals.opened_earlier = true;
+  if (request.token() == token_ && !proposals.open_since) proposals.open_since = absl::Now();
   if (request.has_image()) KeepProposedImageLocked(request, proposals);
   changed_.SignalAll();
   return response;
@@ -152,12 +153,22 @@ void Coordinator::DropProposedImagesLocked() {
 
 std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Time now = absl::Now();
+  const absl::Duration commit_timeout = absl::Milliseconds(context_.options().commit_timeout_ms);
   for (auto& [step, proposals] : proposals_) {
     // A round begins once this node captured the step (or passed it), so that its Prepare does not
-    // wait out the commit timeout for a trainer still training towards it. Not so a step a node
-    // holds open under an earlier coordinator: that one may have died with the job's trainers
-    // (this node's would never capture it), and the node's restores wait for the decision.
-    if (store_->CaptureOf(step) == NodeCapture::kNotYet && !proposals.opened_earlier) continue;
+    // wait out the commit timeout for a trainer still training towards it. A step other nodes hold
+    // open waits for their decision, and so do their restores: when this node's trainers are gone
+    // or restarting, it would wait forever. So a step opened under an earlier coordinator (one
+    // that may have died with the job's trainers) begins at once, and one opened under this
+    // coordinator once the commit timeout has passed since.
+    if (store_->CaptureOf(step) == NodeCapture::kNotYet && !proposals.opened_earlier) {
+      if (!proposals.open_since) continue;
+      const absl::Time until = *proposals.open_since + commit_timeout;
+      if (now < until) {
+        *wake = std::min(*wake, until);
+        continue;
+      }
+    }
     // A node proposes the steps its trainers capture: the round waits a moment for the live
     // nodes' proposals still missing, whose images spare their nodes' Prepare. A node that did not
     // propose the last round's step (one without trainers) is not waited for.
@@ -215,6 +226,7 @@ void Coordinator::Lead(int64_t token) {
       it->second.proposers.clear();
       it->second.waiting_since.reset();
       it->second.opened_earlier = false;
+      it->second.open_since.reset();
       ++it;
     }
     token_ = token;
@@ -366,7 +378,15 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     }
   }
   const NodeCapture capture = store_->CaptureOf(step);
-  if (capture == NodeCapture::kNotYet) {
+  if (capture == NodeCapture::kNotYet && !proposed.opened_earlier && proposed.open_since &&
+      absl::Now() >= *proposed.open_since + absl::Milliseconds(options.commit_timeout_ms)) {
+    return Decide(step, token, false,
+                  absl::StrCat("node ", context_.node_id(), " (the coordinator's) did not capture "
+                               "it within the commit timeout (", options.commit_timeout_ms,
+                               " ms) of the proposal that opened it: its trainers are behind, "
+                               "restarting or gone"));
+  }
+  if (capture == NodeCapture::kNotYet && proposed.opened_earlier) {
     Log(LogLevel::kInfo, "step ", step, " is open under an earlier coordinator: its round begins "
         "before node ", context_.node_id(), " (this coordinator's) captured it");
   }

@@ -109,6 +109,8 @@ class Coordinator {
     std::optional<absl::Time> waiting_since;
     // A proposer holds the step open under an earlier coordinator's token.
     bool opened_earlier = false;
+    // Since when a proposer holds the step open under this coordinator's token (its image).
+    std::optional<absl::Time> open_since;
   };
   // Keeps `request`'s image among `proposals`' (in place of its node's earlier one), within the
   // bound.

@@ -412,6 +412,34 @@ TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsDecidedByTheNextOneWitho
   }
 }
 
+// Nodes 1-5 capture step 2 and open it with their proposals; the coordinator's own trainers are
+// gone (or restarting), so its node does not capture it. Once the commit timeout has passed since
+// the first proposal opened it, the coordinator aborts it, naming itself, instead of holding the
+// nodes (and their restores) forever; the next step commits.
+TEST(CoordinatorTest, AStepOpenedElsewhereThatTheCoordinatorsNodeDoesNotCaptureIsAbortedInTime) {
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(0)));
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  const absl::Time opened = absl::Now();
+  for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(2, kBytes);
+  const std::optional<v1::StepDecision> decision = cluster.WaitDecided(2);
+  ASSERT_TRUE(decision.has_value()) << "step 2 was never decided";
+  EXPECT_GE(absl::Now() - opened, absl::Milliseconds(InProcessCluster::kCommitTimeoutMs));
+  EXPECT_FALSE(decision->committed());
+  EXPECT_TRUE(absl::StrContains(decision->reason(), "node 0 (the coordinator's) did not capture"))
+      << decision->reason();
+  for (uint32_t node = 1; node < 6; ++node) {
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
+         !Contains(cluster.node(node).store.aborted(), 2);) {
+      ASSERT_LT(absl::Now(), deadline) << "node " << node << " never applied the abort of step 2";
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  cluster.CaptureEverywhere(3, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+}
+
 TEST(CoordinatorTest, AStepTakenAgainAfterItsAbortIsDroppedAtOnce) {
   InProcessCluster cluster(6, 4, 2);
   cluster.election().Elect(0);

@@ -699,7 +699,7 @@ InProcessCluster::InProcessCluster(int nodes, int data_units, int parity_units,
   options.data_units = data_units;
   options.parity_units = parity_units;
   options.stripe_unit_bytes = stripe_unit_bytes;
-  options.commit_timeout_ms = 5000;
+  options.commit_timeout_ms = kCommitTimeoutMs;
   options.advertise_host = "127.0.0.1";
   options.tls.insecure = true;  // units in one process, over loopback
   absl::StatusOr<std::unique_ptr<const Topology>> topology =

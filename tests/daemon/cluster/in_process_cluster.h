@@ -305,6 +305,7 @@ struct NodeUnits {
 class InProcessCluster {
  public:
   static constexpr uint64_t kStripeUnitBytes = 64 << 10;
+  static constexpr uint32_t kCommitTimeoutMs = 5000;  // cluster.commit_timeout_ms
 
   // `nodes` nodes in groups of k + m, stripe units of `stripe_unit_bytes`; with `allow_degraded`,
   // steps commit while nodes are lost (cluster.allow_degraded).
