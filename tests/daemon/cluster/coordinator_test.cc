@@ -211,6 +211,30 @@ std::vector<v1::ProposeRequest> ProposalsOf(InProcessCluster& cluster, int64_t s
   return found;
 }
 
+// Waits until each of nodes [first, end) has proposed `step`.
+bool WaitProposed(InProcessCluster& cluster, int64_t step, uint32_t first, uint32_t end) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (uint32_t node = first; node < end; ++node) {
+    while (ProposalsOf(cluster, step, node).empty()) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  return true;
+}
+
+// Waits until each of nodes [first, end) has applied the abort of `step`.
+bool WaitAborted(InProcessCluster& cluster, int64_t step, uint32_t first, uint32_t end) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (uint32_t node = first; node < end; ++node) {
+    while (!Contains(cluster.node(node).store.aborted(), step)) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  return true;
+}
+
 // Every node but `coordinator`'s captures `step`; once the coordinator took each one's proposal,
 // the coordinator's node captures it: its round begins with the other nodes' proposals in hand.
 bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step, uint32_t coordinator = 0) {
@@ -276,13 +300,7 @@ TEST(CoordinatorTest, AProposalsImageOnAnotherStepThanTheBaseIsNotTakenAndItsNod
     return absl::OkStatus();
   });
   for (uint32_t node = 1; node < 6; ++node) cluster.node(node).store.Capture(2, kBytes);
-  for (uint32_t node = 1; node < 6; ++node) {
-    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
-         ProposalsOf(cluster, 2, node).empty();) {
-      ASSERT_LT(absl::Now(), deadline) << "node " << node << " did not propose step 2";
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
+  ASSERT_TRUE(WaitProposed(cluster, 2, 1, 6)) << "nodes 1-5 did not all propose step 2";
   v1::ProposeRequest stale = ProposalsOf(cluster, 2, 3).front();
   ASSERT_TRUE(stale.has_image());
   ASSERT_EQ(stale.committed_step(), 1);
@@ -388,12 +406,8 @@ TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsDecidedByTheNextOneWitho
   ASSERT_TRUE(cluster.WaitCommitted(1));
   // Node 0 takes the proposals and leaves step 2's round for its own capture, which never comes.
   for (uint32_t node = 2; node < 6; ++node) cluster.node(node).store.Capture(2, kBytes);
+  ASSERT_TRUE(WaitProposed(cluster, 2, 2, 6)) << "nodes 2-5 did not all propose step 2";
   for (uint32_t node = 2; node < 6; ++node) {
-    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
-         ProposalsOf(cluster, 2, node).empty();) {
-      ASSERT_LT(absl::Now(), deadline) << "node " << node << " did not propose step 2";
-      absl::SleepFor(absl::Milliseconds(5));
-    }
     ASSERT_TRUE(ProposalsOf(cluster, 2, node).front().has_image()) << "node " << node;
   }
   cluster.table().Remove(0);
@@ -403,13 +417,7 @@ TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsDecidedByTheNextOneWitho
   EXPECT_FALSE(decision->committed());
   EXPECT_EQ(decision->coordinator(), 1u);
   EXPECT_TRUE(absl::StrContains(decision->reason(), "node 0 of group 0 is lost")) << decision->reason();
-  for (uint32_t node = 2; node < 6; ++node) {
-    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
-         !Contains(cluster.node(node).store.aborted(), 2);) {
-      ASSERT_LT(absl::Now(), deadline) << "node " << node << " never applied the abort of step 2";
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
+  EXPECT_TRUE(WaitAborted(cluster, 2, 2, 6)) << "nodes 2-5 did not all apply the abort of step 2";
 }
 
 // Nodes 1-5 capture step 2 and open it with their proposals; the coordinator's own trainers are
@@ -429,13 +437,7 @@ TEST(CoordinatorTest, AStepOpenedElsewhereThatTheCoordinatorsNodeDoesNotCaptureI
   EXPECT_FALSE(decision->committed());
   EXPECT_TRUE(absl::StrContains(decision->reason(), "node 0 (the coordinator's) did not capture"))
       << decision->reason();
-  for (uint32_t node = 1; node < 6; ++node) {
-    for (const absl::Time deadline = absl::Now() + absl::Seconds(20);
-         !Contains(cluster.node(node).store.aborted(), 2);) {
-      ASSERT_LT(absl::Now(), deadline) << "node " << node << " never applied the abort of step 2";
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
+  EXPECT_TRUE(WaitAborted(cluster, 2, 1, 6)) << "nodes 1-5 did not all apply the abort of step 2";
   cluster.CaptureEverywhere(3, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(3));
 }
@@ -508,11 +510,8 @@ TEST(CoordinatorTest, AStepWhileANodeIsLostIsAbortedAndTheNodeNamed) {
   ASSERT_TRUE(decision.has_value());
   EXPECT_FALSE(decision->committed());
   EXPECT_TRUE(absl::StrContains(decision->reason(), "node 5 of group 0 is lost")) << decision->reason();
+  EXPECT_TRUE(WaitAborted(cluster, 1, 0, 5)) << "nodes 0-4 did not all apply the abort of step 1";
   for (int node = 0; node < 5; ++node) {
-    for (int attempt = 0; attempt < 1000 && !Contains(cluster.node(node).store.aborted(), 1); ++attempt) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    EXPECT_TRUE(Contains(cluster.node(node).store.aborted(), 1)) << "node " << node;
     EXPECT_EQ(cluster.node(node).participant.CommittedStep(), std::nullopt) << "node " << node;
   }
 }
