@@ -1,12 +1,14 @@
 // ParityStore: a step's parity units opened, filled by the data nodes' frames and committed; a
 // sparse step copies only the units of stripes whose data changed and shares the others, and
-// encodes afresh the stripes whose data all changed.
+// encodes afresh the stripes whose data all changed; deltas in frames of any length update every
+// byte of a unit of several frames.
 #include "daemon/parity_store.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -233,6 +235,121 @@ TEST_F(ParityStoreTest, AnAccumulationRefusesAFreshStripe) {
   const absl::Status refused = parity_->Begin(2, 1, sizes_, &changes, /*accumulate=*/true);
   EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(refused.message(), "afresh")) << refused;
+}
+
+// Units of 1 MiB, a data unit of the stripe 300,000 bytes short: step 2 changes the short one only
+// (the parity past its end stays the committed bytes), step 3 changes both (two deltas add up in
+// the same bytes). The deltas go in frames of odd lengths; every byte must be the committed parity
+// plus the deltas, and the unchanged stripes keep their committed units.
+TEST(ParityStoreDeltaTest, DeltasInFramesOfOddLengthsUpdateEveryByteOfTheCommittedUnit) {
+  constexpr uint64_t kUnit = 1 << 20;
+  const testing::TestPool pool(16 << 20);
+  absl::StatusOr<std::unique_ptr<erasure::ReedSolomon>> codec = erasure::ReedSolomon::Create(2, 1);
+  ASSERT_OK(codec);
+  const erasure::StripeLayout layout = *erasure::StripeLayout::Create(2, 1, kUnit);
+  // Position 2's last unit is 300,000 bytes short of a whole one.
+  const std::vector<uint64_t> sizes = {4 * kUnit, 4 * kUnit, 4 * kUnit - 300000};
+  std::optional<uint64_t> stripe;
+  for (uint64_t candidate = 0; candidate < layout.StripeCount(sizes) && !stripe; ++candidate) {
+    for (int position : layout.Members(candidate).data_positions) {
+      if (layout.UnitLength(sizes[position], layout.DataUnitOf(position, candidate)) < kUnit) {
+        stripe = candidate;
+      }
+    }
+  }
+  ASSERT_TRUE(stripe.has_value()) << "no stripe holds the short unit";
+  const erasure::StripeMembers members = layout.Members(*stripe);
+  ParityStore parity(pool.get(), codec->get(), &layout, members.parity_positions[0],
+                     absl::Seconds(5));
+  std::mt19937 random(7);
+  // Sends `bytes` as data unit `index` of stripe `on` in frames of the lengths given in turn
+  // (the last repeated).
+  auto send = [&](int64_t step, uint64_t on, int index, const std::vector<uint8_t>& bytes,
+                  const std::vector<uint64_t>& lengths) -> absl::Status {
+    FrameHeader header;
+    header.kind = FrameKind::kParityDelta;
+    header.step = step;
+    header.attempt = 1;
+    header.stripe = on;
+    header.stripe_unit = static_cast<uint32_t>(index);
+    for (size_t i = 0; header.offset < bytes.size(); ++i) {
+      const uint64_t length =
+          std::min<uint64_t>(lengths[std::min(i, lengths.size() - 1)], bytes.size() - header.offset);
+      header.length = static_cast<uint32_t>(length);
+      if (absl::Status status = parity.Accept(
+              header, absl::MakeConstSpan(bytes.data() + header.offset, length));
+          !status.ok()) {
+        return status;
+      }
+      header.offset += length;
+    }
+    return absl::OkStatus();
+  };
+  auto random_bytes = [&](uint64_t length) {
+    std::vector<uint8_t> bytes(length);
+    for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(random());
+    return bytes;
+  };
+  auto length_of = [&](int index) {
+    const int position = members.data_positions[index];
+    return layout.UnitLength(sizes[position], layout.DataUnitOf(position, *stripe));
+  };
+
+  // Step 1 encodes every stripe this node holds whole.
+  ASSERT_OK(parity.Begin(1, 1, sizes, nullptr));
+  std::vector<uint64_t> held;
+  for (uint64_t each = 0; each < layout.StripeCount(sizes); ++each) {
+    if (!layout.IsParityPosition(each, members.parity_positions[0])) continue;
+    held.push_back(each);
+    const erasure::StripeMembers of = layout.Members(each);
+    for (int index = 0; index < layout.data_units(); ++index) {
+      const int position = of.data_positions[index];
+      const uint64_t length = layout.UnitLength(sizes[position], layout.DataUnitOf(position, each));
+      if (length > 0) {
+        ASSERT_OK(send(1, each, index, random_bytes(length), {kUnit}));
+      }
+    }
+  }
+  ASSERT_OK(parity.WaitComplete(1, absl::Now() + absl::Seconds(5)));
+  parity.Commit(1);
+  std::map<uint64_t, std::vector<uint8_t>> before;
+  for (uint64_t each : held) {
+    const std::optional<ParityUnit> unit = parity.Committed(each);
+    ASSERT_TRUE(unit.has_value()) << "stripe " << each;
+    before[each].assign(unit->extent->data(), unit->extent->data() + unit->bytes);
+  }
+
+  // Step 2 changes the short data unit only, step 3 both.
+  const int short_index = length_of(0) < kUnit ? 0 : 1;
+  const std::vector<uint64_t> frames[] = {{100000, 300001}, {262151, 524287}};
+  for (const std::vector<int>& changed : {std::vector<int>{short_index}, std::vector<int>{0, 1}}) {
+    const int64_t step = changed.size() == 1 ? 2 : 3;
+    StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
+                        .fresh_stripes = {}};
+    for (int index : changed) {
+      const int position = members.data_positions[index];
+      changes.units[position][layout.DataUnitOf(position, *stripe)] = true;
+    }
+    ASSERT_OK(parity.Begin(step, 1, sizes, &changes));
+    std::vector<uint8_t> expected = before[*stripe];
+    for (int index : changed) {
+      const std::vector<uint8_t> delta = random_bytes(length_of(index));
+      ASSERT_OK(send(step, *stripe, index, delta, frames[index]));
+      ASSERT_OK(codec->get()->UpdateParityUnit(index, 0, delta.data(), expected.data(),
+                                               delta.size()));
+    }
+    ASSERT_OK(parity.WaitComplete(step, absl::Now() + absl::Seconds(5)));
+    parity.Commit(step);
+    before[*stripe] = expected;
+    for (uint64_t each : held) {
+      const std::optional<ParityUnit> unit = parity.Committed(each);
+      ASSERT_TRUE(unit.has_value()) << "stripe " << each;
+      const std::vector<uint8_t> after(unit->extent->data(), unit->extent->data() + unit->bytes);
+      EXPECT_TRUE(after == before[each]) << "step " << step << ", stripe " << each;
+      EXPECT_EQ(unit->crc, erasure::Crc32c(after.data(), after.size()))
+          << "step " << step << ", stripe " << each;
+    }
+  }
 }
 
 }  // namespace
