@@ -22,6 +22,17 @@ namespace {
 
 constexpr uint64_t kUnitBytes = 4096;
 
+// The header of a frame of data unit `index` of `stripe` (its delta in a delta step), from offset 0.
+FrameHeader DataHeader(int64_t step, uint64_t stripe, int index) {
+  FrameHeader header;
+  header.kind = FrameKind::kParityDelta;
+  header.step = step;
+  header.attempt = 1;
+  header.stripe = stripe;
+  header.stripe_unit = static_cast<uint32_t>(index);
+  return header;
+}
+
 class ParityStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -42,12 +53,7 @@ class ParityStoreTest : public ::testing::Test {
   // Unit `index` of `stripe` (its delta in a delta step) as a data node sends it.
   absl::Status Send(int64_t step, uint64_t stripe, int index, uint8_t fill) {
     const std::vector<uint8_t> payload(kUnitBytes, fill);
-    FrameHeader header;
-    header.kind = FrameKind::kParityDelta;
-    header.step = step;
-    header.attempt = 1;
-    header.stripe = stripe;
-    header.stripe_unit = static_cast<uint32_t>(index);
+    FrameHeader header = DataHeader(step, stripe, index);
     header.length = static_cast<uint32_t>(payload.size());
     return parity_->Accept(header, payload);
   }
@@ -129,11 +135,8 @@ TEST_F(ParityStoreTest, ANewerAttemptOfASparseStepSharesTheCommittedUnitsAgain) 
   ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
   ASSERT_OK(parity_->Begin(2, 2, sizes_, &changes));  // a new coordinator opens it again
   EXPECT_OK(Send(2, held_[0], 0, 0x11));  // attempt 1's frame: dropped
-  FrameHeader header;
-  header.kind = FrameKind::kParityDelta;
-  header.step = 2;
+  FrameHeader header = DataHeader(2, held_[0], 0);
   header.attempt = 2;
-  header.stripe = held_[0];
   const std::vector<uint8_t> delta(kUnitBytes, 0x5a);
   header.length = static_cast<uint32_t>(delta.size());
   ASSERT_OK(parity_->Accept(header, delta));
@@ -266,12 +269,7 @@ TEST(ParityStoreDeltaTest, DeltasInFramesOfOddLengthsUpdateEveryByteOfTheCommitt
   // (the last repeated).
   auto send = [&](int64_t step, uint64_t on, int index, const std::vector<uint8_t>& bytes,
                   const std::vector<uint64_t>& lengths) -> absl::Status {
-    FrameHeader header;
-    header.kind = FrameKind::kParityDelta;
-    header.step = step;
-    header.attempt = 1;
-    header.stripe = on;
-    header.stripe_unit = static_cast<uint32_t>(index);
+    FrameHeader header = DataHeader(step, on, index);
     for (size_t i = 0; header.offset < bytes.size(); ++i) {
       const uint64_t length =
           std::min<uint64_t>(lengths[std::min(i, lengths.size() - 1)], bytes.size() - header.offset);
