@@ -101,8 +101,7 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     proposals.proposers.resize(request.from_node() + 1);  // a node id of the job (CheckPropose)
   }
   proposals.proposers[request.from_node()] = true;
-  if (request.token() != 0 && request.token() < token_) proposals.opened_earlier = true;
-  if (request.token() == token_ && !proposals.open_since) proposals.open_since = absl::Now();
+  if (request.token() != 0 && !proposals.open_since) proposals.open_since = absl::Now();
   if (request.has_image()) KeepProposedImageLocked(request, proposals);
   changed_.SignalAll();
   return response;
@@ -156,12 +155,12 @@ std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Duration commit_timeout = absl::Milliseconds(context_.options().commit_timeout_ms);
   for (auto& [step, proposals] : proposals_) {
     // A round begins once this node captured the step (or passed it), so that its Prepare does not
-    // wait out the commit timeout for a trainer still training towards it. A step other nodes hold
-    // open waits for their decision, and so do their restores: when this node's trainers are gone
-    // or restarting, it would wait forever. So a step opened under an earlier coordinator (one
-    // that may have died with the job's trainers) begins at once, and one opened under this
-    // coordinator once the commit timeout has passed since.
-    if (store_->CaptureOf(step) == NodeCapture::kNotYet && !proposals.opened_earlier) {
+    // wait out the commit timeout for a trainer still training towards it. But the nodes holding a
+    // step open wait for its decision, and so do their restores: when this node's trainers are
+    // gone or restarting (the old coordinator may have died with the job's), it would wait
+    // forever. So such a step waits for this node's capture at most the commit timeout, then
+    // RunRound aborts it.
+    if (store_->CaptureOf(step) == NodeCapture::kNotYet) {
       if (!proposals.open_since) continue;
       const absl::Time until = *proposals.open_since + commit_timeout;
       if (now < until) {
@@ -225,7 +224,6 @@ void Coordinator::Lead(int64_t token) {
       }
       it->second.proposers.clear();
       it->second.waiting_since.reset();
-      it->second.opened_earlier = false;
       it->second.open_since.reset();
       ++it;
     }
@@ -364,31 +362,32 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   const ClusterOptions& options = context_.options();
   std::optional<int64_t> base;
   std::optional<int64_t> passed_over_by;
+  NodeCapture capture;
   StepProposals proposed;
   {
     absl::MutexLock lock(&mutex_);
     proposed = TakeProposalsLocked(step);
     if (decided_.contains(step)) return true;
-    last_proposers_ = proposed.proposers;
-    if (last_round_ && step <= *last_round_) {
-      passed_over_by = last_round_;
-    } else {
-      last_round_ = step;
-      base = base_;
+    capture = store_->CaptureOf(step);
+    // Not captured here: begun because the wait for this node's capture ran out (NextRoundLocked).
+    // It is aborted without a round, so that no step after it is held back and no earlier one
+    // passed over by it (a proposal far ahead stands for nothing).
+    if (capture != NodeCapture::kNotYet) {
+      last_proposers_ = proposed.proposers;
+      if (last_round_ && step <= *last_round_) {
+        passed_over_by = last_round_;
+      } else {
+        last_round_ = step;
+        base = base_;
+      }
     }
   }
-  const NodeCapture capture = store_->CaptureOf(step);
-  if (capture == NodeCapture::kNotYet && !proposed.opened_earlier && proposed.open_since &&
-      absl::Now() >= *proposed.open_since + absl::Milliseconds(options.commit_timeout_ms)) {
+  if (capture == NodeCapture::kNotYet) {
     return Decide(step, token, false,
                   absl::StrCat("node ", context_.node_id(), " (the coordinator's) did not capture "
                                "it within the commit timeout (", options.commit_timeout_ms,
-                               " ms) of the proposal that opened it: its trainers are behind, "
+                               " ms) of a proposal that held it open: its trainers are behind, "
                                "restarting or gone"));
-  }
-  if (capture == NodeCapture::kNotYet && proposed.opened_earlier) {
-    Log(LogLevel::kInfo, "step ", step, " is open under an earlier coordinator: its round begins "
-        "before node ", context_.node_id(), " (this coordinator's) captured it");
   }
   if (capture == NodeCapture::kPassed) {
     return Decide(step, token, false,

@@ -107,9 +107,7 @@ class Coordinator {
     std::map<uint32_t, ProposedImage> images;
     // Since when this node has captured the step while a live node's proposal is missing.
     std::optional<absl::Time> waiting_since;
-    // A proposer holds the step open under an earlier coordinator's token.
-    bool opened_earlier = false;
-    // Since when a proposer holds the step open under this coordinator's token (its image).
+    // Since when this coordinator knows a proposer holds the step open (under any token).
     std::optional<absl::Time> open_since;
   };
   // Keeps `request`'s image among `proposals`' (in place of its node's earlier one), within the

@@ -3,9 +3,9 @@
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
 // node aborts steps and is named, one node's failure aborts a step at once, and an unreachable log
 // pauses commits without losing a step. A proposal is only a hint: one far ahead holds nothing up,
-// one this node passed is aborted at once; but a step nodes hold open under a dead coordinator is
-// decided by the next one even though its own node never captures it. Deltas of units longer than
-// a frame update parity exactly.
+// one this node passed is aborted at once; but a step nodes hold open (under this coordinator or a
+// dead one) is aborted once the commit timeout passes if this node never captures it, and passes
+// no earlier step over. Deltas of units longer than a frame update parity exactly.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -396,9 +396,10 @@ TEST(CoordinatorTest, AStepTheCoordinatorsNodePassedWithoutCapturingIsAbortedAtO
 
 // Nodes 2-5 capture step 2 and open it with their proposals to node 0, which dies before its round:
 // its lease ends and node 1 leads. Node 1's trainers are gone with the job's, so its node never
-// captures step 2, yet the nodes holding it open wait for its decision (their restores too). Node
-// 1 runs its round at once and aborts it, naming the lost node.
-TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsDecidedByTheNextOneWithoutItsCapture) {
+// captures step 2, yet the nodes holding it open wait for its decision (their restores too). They
+// propose it again to node 1 naming the token they hold it open under, and node 1 aborts it once
+// the commit timeout has passed.
+TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsAbortedByTheNextOneOnceTheTimeoutPasses) {
   InProcessCluster cluster(6, 4, 2);
   const int64_t first = cluster.election().Elect(0);
   ASSERT_TRUE(WaitReady(cluster, first));
@@ -411,12 +412,18 @@ TEST(CoordinatorTest, AStepOpenedUnderADeadCoordinatorIsDecidedByTheNextOneWitho
     ASSERT_TRUE(ProposalsOf(cluster, 2, node).front().has_image()) << "node " << node;
   }
   cluster.table().Remove(0);
+  const absl::Time elected = absl::Now();
   ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(1), 1));
   const std::optional<v1::StepDecision> decision = cluster.WaitDecided(2);
   ASSERT_TRUE(decision.has_value()) << "step 2 was never decided";
+  EXPECT_GE(absl::Now() - elected, absl::Milliseconds(InProcessCluster::kCommitTimeoutMs));
   EXPECT_FALSE(decision->committed());
   EXPECT_EQ(decision->coordinator(), 1u);
-  EXPECT_TRUE(absl::StrContains(decision->reason(), "node 0 of group 0 is lost")) << decision->reason();
+  EXPECT_TRUE(absl::StrContains(decision->reason(), "node 1 (the coordinator's) did not capture"))
+      << decision->reason();
+  for (uint32_t node = 2; node < 6; ++node) {
+    EXPECT_NE(ProposalsOf(cluster, 2, node).back().token(), 0) << "node " << node;
+  }
   EXPECT_TRUE(WaitAborted(cluster, 2, 2, 6)) << "nodes 2-5 did not all apply the abort of step 2";
 }
 
@@ -440,6 +447,28 @@ TEST(CoordinatorTest, AStepOpenedElsewhereThatTheCoordinatorsNodeDoesNotCaptureI
   EXPECT_TRUE(WaitAborted(cluster, 2, 1, 6)) << "nodes 1-5 did not all apply the abort of step 2";
   cluster.CaptureEverywhere(3, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(3));
+}
+
+// A proposal far ahead of every node that claims to hold its step open is aborted once the commit
+// timeout has passed, and passes no step before it over: those still commit.
+TEST(CoordinatorTest, AProposalFarAheadHoldingItsStepOpenIsAbortedAndPassesNoStepOver) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  ASSERT_TRUE(WaitReady(cluster, token));
+  v1::ProposeRequest far;
+  far.set_from_node(3);
+  far.set_step(int64_t{1} << 62);
+  far.set_token(token);
+  const absl::Time proposed = absl::Now();
+  ASSERT_OK(cluster.node(0).coordinator.Propose(far));
+  const std::optional<v1::StepDecision> decision = cluster.WaitDecided(far.step());
+  ASSERT_TRUE(decision.has_value()) << "the far step was never decided";
+  EXPECT_FALSE(decision->committed());
+  EXPECT_GE(absl::Now() - proposed, absl::Milliseconds(InProcessCluster::kCommitTimeoutMs));
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, kBytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
 }
 
 TEST(CoordinatorTest, AStepTakenAgainAfterItsAbortIsDroppedAtOnce) {
