@@ -150,9 +150,13 @@ void Coordinator::DropProposedImagesLocked() {
   for (auto& [step, proposals] : proposals_) ClearImagesLocked(proposals);
 }
 
+std::optional<absl::Time> Coordinator::OwnCaptureDeadline(const StepProposals& proposals) const {
+  if (!proposals.open_since) return std::nullopt;
+  return *proposals.open_since + absl::Milliseconds(context_.options().commit_timeout_ms);
+}
+
 std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Time now = absl::Now();
-  const absl::Duration commit_timeout = absl::Milliseconds(context_.options().commit_timeout_ms);
   for (auto& [step, proposals] : proposals_) {
     // A round begins once this node captured the step (or passed it), so that its Prepare does not
     // wait out the commit timeout for a trainer still training towards it. But the nodes holding a
@@ -161,10 +165,10 @@ std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
     // forever. So such a step waits for this node's capture at most the commit timeout, then
     // RunRound aborts it.
     if (store_->CaptureOf(step) == NodeCapture::kNotYet) {
-      if (!proposals.open_since) continue;
-      const absl::Time until = *proposals.open_since + commit_timeout;
-      if (now < until) {
-        *wake = std::min(*wake, until);
+      const std::optional<absl::Time> until = OwnCaptureDeadline(proposals);
+      if (!until) continue;
+      if (now < *until) {
+        *wake = std::min(*wake, *until);
         continue;
       }
     }
@@ -383,11 +387,18 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     }
   }
   if (capture == NodeCapture::kNotYet) {
+    // Or its capture went between NextRoundLocked and here (the rank restored an earlier step).
+    const std::optional<absl::Time> until = OwnCaptureDeadline(proposed);
+    const bool timed_out = until && absl::Now() >= *until;
     return Decide(step, token, false,
-                  absl::StrCat("node ", context_.node_id(), " (the coordinator's) did not capture "
-                               "it within the commit timeout (", options.commit_timeout_ms,
-                               " ms) of a proposal that held it open: its trainers are behind, "
-                               "restarting or gone"));
+                  timed_out
+                      ? absl::StrCat("node ", context_.node_id(), " (the coordinator's) did not "
+                                     "capture it within the commit timeout (",
+                                     options.commit_timeout_ms, " ms) of a proposal that held it "
+                                     "open: its trainers are behind, restarting or gone")
+                      : absl::StrCat("node ", context_.node_id(), " (the coordinator's) no longer "
+                                     "holds its capture of it (its rank restored an earlier "
+                                     "step)"));
   }
   if (capture == NodeCapture::kPassed) {
     return Decide(step, token, false,

@@ -110,6 +110,9 @@ class Coordinator {
     // Since when this coordinator knows a proposer holds the step open (under any token).
     std::optional<absl::Time> open_since;
   };
+  // Until when a step some node holds open waits for this node's capture (the commit timeout
+  // after this coordinator learned it is open); none when no node holds it open.
+  std::optional<absl::Time> OwnCaptureDeadline(const StepProposals& proposals) const;
   // Keeps `request`'s image among `proposals`' (in place of its node's earlier one), within the
   // bound.
   void KeepProposedImageLocked(const v1::ProposeRequest& request, StepProposals& proposals)
