@@ -101,7 +101,12 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     proposals.proposers.resize(request.from_node() + 1);  // a node id of the job (CheckPropose)
   }
   proposals.proposers[request.from_node()] = true;
-  if (request.token() != 0 && !proposals.open_since) proposals.open_since = absl::Now();
+  if (request.token() != 0) {
+    if (proposals.holders.size() <= request.from_node()) {
+      proposals.holders.resize(request.from_node() + 1);
+    }
+    proposals.holders[request.from_node()] = true;
+  }
   if (request.has_image()) KeepProposedImageLocked(request, proposals);
   changed_.SignalAll();
   return response;
@@ -157,7 +162,17 @@ std::optional<absl::Time> Coordinator::OwnCaptureDeadline(const StepProposals& p
 
 std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Time now = absl::Now();
+  std::map<uint32_t, int> held_lower;  // by holder, the steps before this one it holds open
   for (auto& [step, proposals] : proposals_) {
+    bool timed = false;
+    for (uint32_t id = 0; id < proposals.holders.size(); ++id) {
+      if (proposals.holders[id] && held_lower[id]++ < kTimedOpenStepsPerNode) timed = true;
+    }
+    if (!timed) {
+      proposals.open_since.reset();
+    } else if (!proposals.open_since) {
+      proposals.open_since = now;
+    }
     // A round begins once this node captured the step (or passed it), so that its Prepare does not
     // wait out the commit timeout for a trainer still training towards it. But the nodes holding a
     // step open wait for its decision, and so do their restores: when this node's trainers are
@@ -227,6 +242,7 @@ void Coordinator::Lead(int64_t token) {
         continue;
       }
       it->second.proposers.clear();
+      it->second.holders.clear();
       it->second.waiting_since.reset();
       it->second.open_since.reset();
       ++it;

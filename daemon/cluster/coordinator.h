@@ -44,6 +44,13 @@ struct CoordinatorOptions {
 // Thread-safe.
 class Coordinator {
  public:
+  // A node holds open at most the step it proposed with its image and the steps the rounds of
+  // coordinators that died before deciding them prepared. So of the steps a node claims it holds
+  // open, only its lowest this many wait for this node's capture at most the commit timeout (the
+  // others wait their turn): a peer that claims steps far ahead open makes no more decisions than
+  // an honest one whose coordinator's trainers are gone.
+  static constexpr int kTimedOpenStepsPerNode = 4;
+
   // `store` is this node's: a proposed step's round waits until this node could prepare it.
   // `records` (null: none) are the nodes' durable records, whose steps' decisions are kept.
   Coordinator(const ClusterContext& context, Leadership* leadership, DecisionLog* log,
@@ -89,9 +96,10 @@ class Coordinator {
   absl::Status CheckDegraded(const std::vector<uint32_t>& lost,
                              const std::optional<int64_t>& base) const;
   bool stopping() const;
-  // The lowest proposed step whose round may begin now, if any: this node captured it, and every
-  // live node that proposed the last round's step proposed it, or kProposalWait passed since
-  // then. Lowers `wake` to when a step waiting for proposals stops waiting.
+  // The lowest proposed step whose round may begin now, if any: this node captured it (or a node
+  // holds it open and its wait for this node's capture ran out), and every live node that
+  // proposed the last round's step proposed it, or kProposalWait passed since then. Lowers `wake`
+  // to when a step waiting for proposals or for this node's capture stops waiting.
   std::optional<int64_t> NextRoundLocked(absl::Time* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // A proposal's image of its step, and the step its node had committed when it built it.
@@ -103,15 +111,17 @@ class Coordinator {
   // The proposals of a step whose round has not begun.
   struct StepProposals {
     std::vector<bool> proposers;  // by node id
+    std::vector<bool> holders;    // the proposers that hold it open (under any token), by node id
     // The images the round may take (opened under token_), by node id.
     std::map<uint32_t, ProposedImage> images;
     // Since when this node has captured the step while a live node's proposal is missing.
     std::optional<absl::Time> waiting_since;
-    // Since when this coordinator knows a proposer holds the step open (under any token).
+    // Since when the step has been among the lowest kTimedOpenStepsPerNode that one of its holders
+    // holds open (NextRoundLocked).
     std::optional<absl::Time> open_since;
   };
   // Until when a step some node holds open waits for this node's capture (the commit timeout
-  // after this coordinator learned it is open); none when no node holds it open.
+  // after it became one of its holder's lowest); none when it does not wait so.
   std::optional<absl::Time> OwnCaptureDeadline(const StepProposals& proposals) const;
   // Keeps `request`'s image among `proposals`' (in place of its node's earlier one), within the
   // bound.

@@ -471,6 +471,49 @@ TEST(CoordinatorTest, AProposalFarAheadHoldingItsStepOpenIsAbortedAndPassesNoSte
   }
 }
 
+TEST(CoordinatorTest, APeerClaimingManyStepsOpenGetsTheCommitTimeoutForItsLowestFewOnly) {
+  InProcessCluster cluster(6, 4, 2);
+  const int64_t token = cluster.election().Elect(0);
+  ASSERT_TRUE(WaitReady(cluster, token));
+  const absl::Duration timeout = absl::Milliseconds(InProcessCluster::kCommitTimeoutMs);
+  // Node 3 claims more steps open, far ahead of the job, than a node can hold open; node 4 claims
+  // one above all of them.
+  constexpr int kTimed = Coordinator::kTimedOpenStepsPerNode;
+  constexpr int kClaims = kTimed + 2;
+  const int64_t far = int64_t{1} << 40;
+  const absl::Time proposed = absl::Now();
+  v1::ProposeRequest claim;
+  claim.set_token(token);
+  claim.set_from_node(3);
+  for (int i = kClaims - 1; i >= 0; --i) {
+    claim.set_step(far + i);
+    ASSERT_OK(cluster.node(0).coordinator.Propose(claim));
+  }
+  claim.set_from_node(4);
+  claim.set_step(far + kClaims);
+  ASSERT_OK(cluster.node(0).coordinator.Propose(claim));
+  // The lowest few of node 3's, and node 4's, are aborted once the commit timeout passed...
+  for (int64_t step : {far, far + kTimed - 1, far + kClaims}) {
+    const std::optional<v1::StepDecision> decision = cluster.WaitDecided(step);
+    ASSERT_TRUE(decision.has_value()) << "step " << step << " was never decided";
+    EXPECT_FALSE(decision->committed());
+  }
+  EXPECT_GE(absl::Now() - proposed, timeout);
+  const std::map<int64_t, v1::StepDecision> decisions = cluster.log().decisions();
+  EXPECT_EQ(decisions.size(), kTimed + 1);
+  EXPECT_FALSE(decisions.contains(far + kTimed));
+  // ...the job's steps commit meanwhile...
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  // ...and node 3's next ones wait a commit timeout from when they became its lowest.
+  for (int64_t step = far + kTimed; step < far + kClaims; ++step) {
+    const std::optional<v1::StepDecision> decision = cluster.WaitDecided(step);
+    ASSERT_TRUE(decision.has_value()) << "step " << step << " was never decided";
+    EXPECT_FALSE(decision->committed());
+  }
+  EXPECT_GE(absl::Now() - proposed, 2 * timeout);
+}
+
 TEST(CoordinatorTest, AStepTakenAgainAfterItsAbortIsDroppedAtOnce) {
   InProcessCluster cluster(6, 4, 2);
   cluster.election().Elect(0);
