@@ -94,9 +94,6 @@ void CollectCluster(Cluster& cluster, metrics::Collection& out) {
                  status.full_encodes(), {{"kind", "full"}});
   out.AddCounter("moesnap_encodes_total", "Steps this node encoded, by how they were sent",
                  status.delta_encodes(), {{"kind", "delta"}});
-  out.AddCounter("moesnap_encodes_sent_early_total",
-                 "Delta encodes whose deltas this node sent before the coordinator's Encode came",
-                 status.early_encodes());
   out.AddCounter("moesnap_parity_sent_bytes_total", "Bytes this node sent to parity holders",
                  status.parity_bytes_sent());
   out.AddCounter("moesnap_data_connections_closed_total",

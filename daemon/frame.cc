@@ -64,7 +64,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes, u
   FrameHeader header;
   const uint16_t kind = Get<uint16_t>(in, 6);
   if (kind < static_cast<uint16_t>(FrameKind::kParityDelta) ||
-      kind > static_cast<uint16_t>(FrameKind::kParityDeltaEarly)) {
+      kind > static_cast<uint16_t>(FrameKind::kRegionRefused)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown frame kind ", kind));
   }
   header.kind = static_cast<FrameKind>(kind);

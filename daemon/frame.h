@@ -12,8 +12,7 @@
 //   20     4    stripe_unit (index in stripe)   52     8    attempt   encode or request token
 //   24     8    stripe                  60     4    header_crc  CRC-32C of bytes 0..59
 //
-// `attempt` is the fencing token of the coordinator whose Encode sent a parity delta (or under whom
-// its sender proposed the step, for one sent before the Encode): a step encoded
+// `attempt` is the fencing token of the coordinator whose Encode sent a parity delta: a step encoded
 // again under a newer coordinator drops the frames an older one's encode still had on the wire. In
 // a region request, and in the frames and refusal that answer it, and in the frames of units sent
 // for a SendUnits or DecodeUnits call, it is the asking node's request token, by which that node
@@ -24,7 +23,7 @@
 // fresh stripe carries the unit itself, and region requests and refusals (kinds 5 and 6) exist.
 // 4: a region request names up to RegionRequest::kMaxRegions regions in its payload. 5: a fetched
 // unit's frame carries the request token of the SendUnits or DecodeUnits call it answers in
-// `attempt`, as a fetched region's does. 6: parity deltas sent before the Encode (kind 7) exist.
+// `attempt`, as a fetched region's does.
 //
 // All integers little-endian. A frame is accepted only if magic, version, kind, the reserved field
 // (zero), every length bound and both CRCs hold; anything else is rejected with the reason and the
@@ -62,15 +61,11 @@ enum class FrameKind : uint16_t {
   // The holder cannot send a region asked for (step, rank and region as asked); the payload says
   // why, in text.
   kRegionRefused = 6,
-  // A parity delta (old XOR new) a member sent before any Encode reached it (ProposeRequest.
-  // deltas_sent), under the token it proposed the step under: the holder takes it only if the
-  // step's encode names its sender (EncodeRequest.deltas_sent_by), and drops it otherwise.
-  kParityDeltaEarly = 7,
 };
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x5044534d;  // "MSDP" little-endian
-  static constexpr uint16_t kVersion = 6;
+  static constexpr uint16_t kVersion = 5;
   static constexpr size_t kBytes = 64;
   static constexpr size_t kMaxRegionBytes = 1024;
 

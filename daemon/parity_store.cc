@@ -76,7 +76,6 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
   Pending pending;
   pending.attempt = attempt;
   pending.accumulate = accumulate;
-  if (changes != nullptr) pending.sent_early = changes->sent_early;
   Openings openings;
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
     if (!layout_->IsParityPosition(stripe, position_)) continue;
@@ -149,19 +148,6 @@ ParityStore::Openings ParityStore::openings() const {
 }
 
 absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
-  // Bounds from the wire that hold whatever the step, checked without overflow before any wait.
-  if (header.stripe_unit >= static_cast<uint32_t>(layout_->data_units()) ||
-      header.offset > layout_->unit_bytes() ||
-      header.length > layout_->unit_bytes() - header.offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", header.step, ", stripe ", header.stripe, ": data unit ", header.stripe_unit,
-        " (of ", layout_->data_units(), ") bytes [", header.offset, ", +", header.length,
-        ") do not fit a unit of ", layout_->unit_bytes(), " bytes"));
-  }
-  // A delta sent before the encode counts only if the encode names its sender; one that cannot
-  // count is dropped, never failing the connection, since its sender then sends it again.
-  const bool early = header.kind == FrameKind::kParityDeltaEarly;
-  const int sender = layout_->Members(header.stripe).data_positions[header.stripe_unit];
   std::shared_ptr<PoolExtent> extent;
   {
     absl::MutexLock lock(&mutex_);
@@ -173,27 +159,16 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
     while (!open()) {
       if (discarded_.contains(header.step)) return absl::OkStatus();  // aborted: dropped
       if (committed_step_ && header.step <= *committed_step_) {
-        if (early) return absl::OkStatus();  // committed without counting it
         return absl::FailedPreconditionError(
             absl::StrCat("parity data for step ", header.step, ", which is already committed"));
       }
-      // A node without committed parity (it rebuilds) takes no part in a step whose deltas went
-      // early: its connection is not held up by a wait for an encode that will not come.
-      if (early && !committed_step_) return absl::OkStatus();
       if (changed_.WaitWithDeadline(&mutex_, deadline)) {
-        if (early) return absl::OkStatus();
         return absl::FailedPreconditionError(
             absl::StrCat("parity data for step ", header.step, ", which this node has not opened"));
       }
     }
     Pending& pending = pending_[header.step];
     if (pending.attempt != header.attempt) return absl::OkStatus();  // an older attempt's: dropped
-    if (early != pending.sent_early.contains(sender)) {
-      if (early) return absl::OkStatus();  // not counted: its sender sends it with the encode
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", header.step, ": the member at position ", sender, " sent its deltas before the "
-          "encode, and this one of stripe ", header.stripe, " with it"));
-    }
     auto unit = pending.units.find(header.stripe);
     if (unit == pending.units.end()) {
       return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ": this node holds no "

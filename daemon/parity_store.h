@@ -68,10 +68,7 @@ class ParityStore {
   bool Fits(const std::vector<uint64_t>& image_bytes) const;
   // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin of its attempt (a fast
   // data node's units can arrive before the coordinator's Encode reaches this node); a frame of an
-  // older attempt than the one open is dropped. A kParityDeltaEarly frame counts only from a
-  // position in the step's `changes->sent_early`, and is dropped otherwise: when the step is open
-  // without its sender among them, is decided, waited for longer than `begin_wait`, or when this
-  // node holds no committed parity (it takes no part then, so it does not wait).
+  // older attempt than the one open is dropped.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
   // Waits until every expected byte of `step` has arrived, then checksums the units. UNAVAILABLE
   // once a member's connection closed while the step waited (FailIncomplete).
@@ -144,7 +141,6 @@ class ParityStore {
     uint64_t missing = 0;
     bool complete = false;
     bool accumulate = false;  // started at zero: the step's change only
-    std::set<int> sent_early;  // positions whose deltas come as kParityDeltaEarly frames
     std::string failure;      // why it can no longer complete (empty: it can)
   };
 

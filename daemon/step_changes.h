@@ -20,9 +20,6 @@ struct StepChanges {
   // new units, not updated with deltas: the holders start from zero and the members send their
   // units, so no member reads its old unit and no holder copies its old parity.
   std::vector<bool> fresh_stripes;
-  // The positions whose deltas were sent before the encode (EncodeRequest.deltas_sent_by): their
-  // changed units go as deltas, in kParityDeltaEarly frames, so no stripe with one is fresh.
-  std::set<int> sent_early;
 
   bool Changed(int position, uint64_t unit) const {
     return unit < units[position].size() && units[position][unit];
@@ -35,10 +32,9 @@ struct StepChanges {
 // The changes of a step whose data units `units` ([position][unit], ChangedUnits of each position)
 // changed, of a group whose images hold `image_bytes` by position. No stripe is fresh of which a
 // position in `absent` holds parity: an absent node that receives the step's parity (a node that
-// rebuilds) accumulates deltas only, nor one with a changed unit of a position in `sent_early`.
+// rebuilds) accumulates deltas only.
 StepChanges ChangesOf(const erasure::StripeLayout& layout, std::vector<std::vector<bool>> units,
-                      const std::vector<uint64_t>& image_bytes, const std::set<int>& absent,
-                      std::set<int> sent_early = {});
+                      const std::vector<uint64_t>& image_bytes, const std::set<int>& absent);
 
 }  // namespace moesnap::daemon
 

@@ -223,7 +223,6 @@ v1::ClusterStatusResponse Cluster::Status() const {
   }
   response.set_full_encodes(units_->participant->full_encodes());
   response.set_delta_encodes(units_->participant->delta_encodes());
-  response.set_early_encodes(units_->participant->early_encodes());
   response.set_parity_bytes_sent(units_->participant->parity_bytes_sent());
   response.mutable_shape()->set_data_units(options.data_units);
   response.mutable_shape()->set_parity_units(options.parity_units);

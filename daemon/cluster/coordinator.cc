@@ -133,7 +133,6 @@ void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
   ProposedImage& kept = proposals.images[request.from_node()];
   if (request.has_committed_step()) kept.committed = request.committed_step();
   kept.image = request.image();
-  kept.deltas_sent = request.deltas_sent();
   kept.bytes = bytes;
   proposed_image_bytes_ += bytes;
 }
@@ -466,8 +465,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   // Live nodes that rebuild (absent from the step), and those of them that receive its parity.
   std::set<uint32_t> rebuilding;
   std::set<uint32_t> receivers;
-  // Nodes that sent their deltas against this round's base under this token before any encode.
-  std::set<uint32_t> sent_early;
   std::vector<std::pair<uint32_t, v1::PrepareRequest>> prepares;
   for (uint32_t id : nodes) {
     // A node whose proposal brought its image, built on this round's base, opened the step under
@@ -476,7 +473,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         found != proposed.images.end() && found->second.committed == base) {
       held[id] = base;
       images[id] = std::move(found->second.image);
-      if (found->second.deltas_sent) sent_early.insert(id);
       continue;
     }
     v1::PrepareRequest request;
@@ -504,7 +500,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         images[id] = response->image();
         if (response->has_committed_step()) held[id] = response->committed_step();
         else held[id] = std::nullopt;
-        if (response->deltas_sent() && held[id] == base) sent_early.insert(id);
       });
   }
   if (failed) return !deposed;
@@ -563,12 +558,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
           "committed step ", base ? absl::StrCat(*base) : "(none)",
           ", so the step cannot go as deltas; it commits once the absent nodes are rebuilt"));
       return !deposed;
-    }
-    // Deltas sent early stand in a group whose members all take part, against the common base.
-    if (!request.whole() && request.absent_nodes_size() == 0) {
-      for (uint32_t member : group) {
-        if (sent_early.contains(member)) request.add_deltas_sent_by(member);
-      }
     }
     encodes.emplace_back(id, std::move(request));
   }

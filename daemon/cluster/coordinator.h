@@ -106,8 +106,7 @@ class Coordinator {
   struct ProposedImage {
     std::optional<int64_t> committed;
     v1::NodeImage image;
-    bool deltas_sent = false;  // its node sent its deltas already (ProposeRequest.deltas_sent)
-    uint64_t bytes = 0;        // counted against the bound
+    uint64_t bytes = 0;  // counted against the bound
   };
   // The proposals of a step whose round has not begun.
   struct StepProposals {

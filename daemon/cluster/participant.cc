@@ -48,12 +48,6 @@ Participant::~Participant() {
     changed_.SignalAll();
   }
   if (proposer_.joinable()) proposer_.join();
-  std::thread early_sender;
-  {
-    absl::MutexLock lock(&mutex_);
-    early_sender = std::move(early_sender_);
-  }
-  if (early_sender.joinable()) early_sender.join();
 }
 
 void Participant::Start() {
@@ -207,14 +201,6 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   PreparedStep prepared;
   prepared.image = *std::move(image);
   Open(step, request.token(), request.coordinator(), std::move(prepared));
-  {
-    absl::MutexLock lock(&mutex_);
-    if (auto it = open_.find(step); it != open_.end() && it->second.sent_early &&
-                                    response.has_committed_step() &&
-                                    it->second.early_base == response.committed_step()) {
-      response.set_deltas_sent(true);
-    }
-  }
   return response;
 }
 
@@ -238,90 +224,17 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   if (!image.ok()) return;
   v1::NodeImage manifest = image->manifest();
   manifest.set_node_id(context_.node_id());
-  std::optional<StepChanges> early;
-  std::optional<NodeImage> previous;
-  if (committed) early = EarlyChanges(manifest, store_->ClusterRecord());
-  // The committed image is the base's: no decision is applied while apply_mutex_ is held.
-  if (early) previous = store_->CommittedImage();
   {
     absl::MutexLock lock(&mutex_);
     if (decided_.contains(step) || open_.contains(step)) return;
     PreparedStep& open = open_[step];
     open.token = leader.token;
     open.coordinator = leader.node_id;
-    open.image = *image;
-    if (early && !sending_early_ && !stopping_) {
-      if (early_sender_.joinable()) early_sender_.join();  // it ended: sending_early_ is false
-      sending_early_ = true;
-      open.sent_early = true;
-      open.early_base = committed;
-      early_sender_ = std::thread(&Participant::SendEarly, this, step, leader.token,
-                                  *std::move(image), *std::move(previous), *std::move(early));
-      proposal.set_deltas_sent(true);
-    }
+    open.image = *std::move(image);
   }
   *proposal.mutable_image() = std::move(manifest);
   if (committed) proposal.set_committed_step(*committed);
   proposal.set_token(leader.token);
-}
-
-std::optional<StepChanges> Participant::EarlyChanges(const v1::NodeImage& manifest,
-                                                     const v1::JournalCluster& record) const {
-  const erasure::StripeLayout& layout = context_.layout();
-  const Topology& topology = *context_.topology;
-  if (record.group_images_size() != layout.group_size() ||
-      !SameLayout(record.group_images(topology.position), manifest)) {
-    return std::nullopt;
-  }
-  std::vector<bool> changed =
-      ChangedUnits(record.group_images(topology.position), manifest, layout.unit_bytes());
-  const auto count = std::count(changed.begin(), changed.end(), true);
-  if (count == 0 || count == static_cast<std::ptrdiff_t>(changed.size())) return std::nullopt;
-  for (uint32_t id : topology.groups[topology.group]) {
-    if (!context_.nodes->Live(id)) return std::nullopt;
-  }
-  {
-    absl::MutexLock lock(&mutex_);
-    if (!latest_absent_.empty()) return std::nullopt;
-  }
-  StepChanges changes;
-  changes.units.resize(layout.group_size());
-  changes.units[topology.position] = std::move(changed);
-  changes.sent_early = {topology.position};
-  return changes;
-}
-
-void Participant::SendEarly(int64_t step, int64_t token, NodeImage image, NodeImage previous,
-                            StepChanges changes) {
-  absl::StatusOr<uint64_t> sent =
-      transfer_->SendDataUnits(step, token, image, std::move(previous), &changes, {});
-  if (!sent.ok()) {
-    Log(LogLevel::kWarning, "node ", context_.node_id(), ": the deltas of step ", step,
-        " sent before its encode did not all go: ", sent.status().message());
-  }
-  absl::MutexLock lock(&mutex_);
-  sending_early_ = false;
-  if (auto it = open_.find(step); it != open_.end() && it->second.token == token) {
-    it->second.early_sent = std::move(sent);
-  }
-  changed_.SignalAll();
-}
-
-absl::StatusOr<uint64_t> Participant::WaitSentEarly(int64_t step, int64_t token,
-                                                    absl::Time deadline) {
-  absl::MutexLock lock(&mutex_);
-  while (true) {
-    auto it = open_.find(step);
-    if (it == open_.end() || it->second.token != token) {
-      return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
-                                             "its deltas went before the encode"));
-    }
-    if (it->second.early_sent) return *it->second.early_sent;
-    if (changed_.WaitWithDeadline(&mutex_, deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the deltas of step ", step, " sent before the encode are still going"));
-    }
-  }
 }
 
 int64_t Participant::OpenTokenOf(int64_t step) const {
@@ -338,11 +251,6 @@ void Participant::Open(int64_t step, int64_t token, uint32_t coordinator, Prepar
     absl::MutexLock lock(&mutex_);
     PreparedStep& open = open_[step];
     reopened = open.token != 0 && open.token != token;
-    if (!reopened && open.sent_early) {  // the deltas it sent early still stand under this token
-      prepared.sent_early = true;
-      prepared.early_base = open.early_base;
-      prepared.early_sent = std::move(open.early_sent);
-    }
     open = std::move(prepared);
   }
   // Parity an earlier coordinator's encode opened is dropped with its frames.
@@ -450,24 +358,6 @@ absl::Status Participant::CatchUp(std::optional<int64_t> base, absl::Time deadli
         committed && base && *committed > *base ? " (the coordinator is behind)" : ""));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::set<int>> Participant::SentEarlyPositions(
-    const v1::EncodeRequest& request) const {
-  const Topology& topology = *context_.topology;
-  const std::vector<uint32_t>& group = topology.groups[topology.group];
-  std::set<int> positions;
-  for (uint32_t id : request.deltas_sent_by()) {
-    const auto found = std::find(group.begin(), group.end(), id);
-    if (found == group.end() || !positions.insert(static_cast<int>(found - group.begin())).second ||
-        request.whole() || request.absent_nodes_size() > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", request.step(), ": node ", id, " is named as having sent its deltas early, "
-          "but it is not in group ", topology.group, ", is named twice, or the step is ",
-          request.whole() ? "whole" : "degraded"));
-    }
-  }
-  return positions;
 }
 
 absl::StatusOr<std::set<int>> Participant::AbsentPositions(
@@ -591,8 +481,6 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
         "] absent) and a live node's layout changed since step ", committed.committed_step(),
         ": it cannot go as deltas"));
   }
-  absl::StatusOr<std::set<int>> sent_early = SentEarlyPositions(request);
-  if (!sent_early.ok()) return sent_early.status();
   std::optional<StepChanges> changes;
   if (delta) {
     std::vector<std::vector<bool>> units;
@@ -600,25 +488,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       units.push_back(ChangedUnits(committed.group_images(position), group_images[position],
                                    layout.unit_bytes()));
     }
-    changes = ChangesOf(layout, std::move(units), image_bytes, *absent, *std::move(sent_early));
-  }
-  // Deltas sent early stand only in a delta step (every member decides that alike): in a whole
-  // one the holders drop them, and their senders send their units as usual.
-  const bool mine_went_early = changes && changes->sent_early.contains(topology.position);
-  if (mine_went_early) {
-    absl::MutexLock lock(&mutex_);
-    auto it = open_.find(step);
-    if (it == open_.end() || it->second.token != request.token()) {
-      return absl::AbortedError(absl::StrCat("step ", step, " was decided or prepared again while "
-                                             "this node encoded it"));
-    }
-    if (!it->second.sent_early || it->second.early_base != base) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, ": the encode counts deltas node ", context_.node_id(),
-          " sent early against ", StepText(base), ", and it sent ",
-          it->second.sent_early ? absl::StrCat("them against ", StepText(it->second.early_base))
-                                : "none"));
-    }
+    changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
   }
   const StepChanges* step_changes = changes ? &*changes : nullptr;
   if (absl::Status status =
@@ -626,13 +496,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       !status.ok()) {
     return status;
   }
-  absl::StatusOr<uint64_t> sent =
-      mine_went_early
-          ? WaitSentEarly(step, request.token(), deadline)
-          : transfer_->SendDataUnits(
-                step, request.token(), image,
-                delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt,
-                step_changes, absent_nodes);
+  absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
+      step, request.token(), image,
+      delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt, step_changes,
+      absent_nodes);
   if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
                                            std::move(group_images), "encoded it");
       !status.ok()) {
@@ -641,7 +508,6 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   {
     absl::MutexLock lock(&mutex_);
     (delta ? delta_encodes_ : full_encodes_)++;
-    if (mine_went_early) ++early_encodes_;
     parity_bytes_sent_ += *sent;
   }
   v1::EncodeResponse response;

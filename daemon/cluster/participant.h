@@ -76,7 +76,6 @@ class Participant {
   uint64_t degraded_commits() const { return degraded_commits_; }
   uint64_t full_encodes() const { return full_encodes_; }
   uint64_t delta_encodes() const { return delta_encodes_; }
-  uint64_t early_encodes() const { return early_encodes_; }  // of them, with deltas sent early
   uint64_t parity_bytes_sent() const { return parity_bytes_sent_; }
 
  private:
@@ -89,31 +88,14 @@ class Participant {
     // A parity receiver (this node rebuilds): no image; the group record of the base step.
     bool receiver = false;
     v1::JournalCluster base_record;
-    // This node sent its deltas against committed step `early_base` under `token` before any
-    // encode (ProposeRequest.deltas_sent); `early_sent` is how that went, once it ended.
-    bool sent_early = false;
-    std::optional<int64_t> early_base;
-    std::optional<absl::StatusOr<uint64_t>> early_sent;
   };
-  // The changes a step that `manifest` images brings to this node's units against the committed
-  // `record`, to send before the encode (only this node's, as deltas): none unless the step keeps
-  // this node's layout and changes some of its units but not all (a dense step goes afresh), every
-  // member of the group is live and the last commit left none absent.
-  std::optional<StepChanges> EarlyChanges(const v1::NodeImage& manifest,
-                                          const v1::JournalCluster& record) const;
-  // Sends `changes` of `step` (opened under `token`) against `previous` on the early sender thread
-  // and records how it went on the open step.
-  void SendEarly(int64_t step, int64_t token, NodeImage image, NodeImage previous,
-                 StepChanges changes);
-  // Waits until the deltas of `step` sent early under `token` are sent: the bytes sent.
-  absl::StatusOr<uint64_t> WaitSentEarly(int64_t step, int64_t token, absl::Time deadline);
   // Makes `prepared` the step's, under `token` and `coordinator` (a Prepare's); the parity an
   // earlier coordinator's encode opened for the step goes.
   void Open(int64_t step, int64_t token, uint32_t coordinator, PreparedStep prepared);
   // Opens `step` under `leader`'s token with this node's image of it and puts the image in
-  // `proposal`, so that the coordinator needs no Prepare of this node; starts sending the step's
-  // deltas when it can (EarlyChanges). Nothing when this node rebuilds, its capture failed, the
-  // step is decided, or it was opened already (by a Prepare or a proposal, under any token).
+  // `proposal`, so that the coordinator needs no Prepare of this node. Nothing when this node
+  // rebuilds, its capture failed, the step is decided, or it was opened already (by a Prepare or
+  // a proposal, under any token).
   void OpenProposed(int64_t step, const LeaderView& leader, v1::ProposeRequest& proposal);
   // The token `step` is open under here; 0 when it is not open.
   int64_t OpenTokenOf(int64_t step) const;
@@ -153,10 +135,6 @@ class Participant {
   // with an empty image in the request, this node among them only in a parity_only encode, and
   // the parity receivers among them; INVALID_ARGUMENT when they are not so.
   absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request) const;
-  // The positions in this node's group of the members an encode names as having sent their deltas
-  // early; INVALID_ARGUMENT when one is not a member, is named twice, or the step is whole or
-  // degraded.
-  absl::StatusOr<std::set<int>> SentEarlyPositions(const v1::EncodeRequest& request) const;
   void ProposeLoop();
   bool stopping() const;
 
@@ -169,7 +147,6 @@ class Participant {
 
   std::atomic<uint64_t> full_encodes_{0};
   std::atomic<uint64_t> delta_encodes_{0};
-  std::atomic<uint64_t> early_encodes_{0};
   std::atomic<uint64_t> parity_bytes_sent_{0};
   std::atomic<uint64_t> degraded_commits_{0};
 
@@ -185,10 +162,6 @@ class Participant {
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
   std::vector<uint32_t> latest_absent_ ABSL_GUARDED_BY(mutex_);
   std::thread proposer_;
-  // One step's deltas sent before its encode at a time, on their own thread: a holder takes them
-  // only once the encode opened the step there, so they may wait that long.
-  bool sending_early_ ABSL_GUARDED_BY(mutex_) = false;
-  std::thread early_sender_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace moesnap::daemon::cluster

@@ -207,9 +207,6 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
   };
   std::vector<UnitSend> sends;
   std::set<uint32_t> holders;
-  const FrameKind kind = changes != nullptr && changes->sent_early.contains(position)
-                             ? FrameKind::kParityDeltaEarly
-                             : FrameKind::kParityDelta;
   const uint64_t units = layout.UnitCount(image.bytes());
   for (uint64_t unit = 0; unit < units; ++unit) {
     if (changes != nullptr && !changes->Changed(position, unit)) continue;
@@ -236,7 +233,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       const erasure::UnitLocation location = layout.DataUnitLocation(position, unit);
       const uint64_t length = layout.UnitLength(image.bytes(), unit);
       FrameHeader header;
-      header.kind = kind;
+      header.kind = FrameKind::kParityDelta;
       header.step = step;
       header.attempt = attempt;
       header.rank = context_.node_id();
@@ -563,7 +560,6 @@ absl::Status Transfer::Accept(const FrameHeader& header, absl::Span<const uint8_
                               std::optional<uint32_t> sender) {
   switch (header.kind) {
     case FrameKind::kParityDelta:
-    case FrameKind::kParityDeltaEarly:
       return AcceptParityDelta(header, payload, sender);
     case FrameKind::kRegionRequest:
       return AcceptRegionRequest(header, payload, sender);

@@ -106,9 +106,7 @@ class Transfer final : public FrameSink {
   // Sends this node's data units of `step` to their parity holders, as frames of `attempt` (the
   // coordinator's token): all of them, or with `previous` (the committed image) and `changes`, the
   // changed ones only, each as its delta against `previous` or, in a fresh stripe, as itself.
-  // Parity holders among `absent` (a degraded step's) get nothing. The deltas go as
-  // kParityDeltaEarly frames when `changes->sent_early` holds this node's position (sent before the
-  // encode). Returns the bytes sent.
+  // Parity holders among `absent` (a degraded step's) get nothing. Returns the bytes sent.
   absl::StatusOr<uint64_t> SendDataUnits(int64_t step, int64_t attempt, const NodeImage& image,
                                          const std::optional<NodeImage>& previous,
                                          const StepChanges* changes,

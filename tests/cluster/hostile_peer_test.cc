@@ -312,15 +312,13 @@ TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
   const std::vector<uint8_t> payload(64, 0xab);
   for (int node = 0; node < kNodes; ++node) {
     for (daemon::FrameKind kind : {daemon::FrameKind::kParityDelta,
-                                   daemon::FrameKind::kParityDeltaEarly,
                                    daemon::FrameKind::kFetchedUnit,
                                    daemon::FrameKind::kFetchedRegion}) {
       daemon::FrameHeader header;
       header.kind = kind;
       header.step = 1;
       // A fetched frame names the request it answers: one the receiver never made.
-      header.attempt = kind == daemon::FrameKind::kParityDelta ||
-                               kind == daemon::FrameKind::kParityDeltaEarly
+      header.attempt = kind == daemon::FrameKind::kParityDelta
                            ? 1
                            : std::numeric_limits<int64_t>::max();
       header.stripe = 0;
@@ -331,13 +329,13 @@ TEST_F(HostilePeerTest, HostileFramesNeverReachStoredData) {
     }
     // Counted, and the last shown with its reason.
     const v1::ClusterStatusResponse status = Status(node);
-    EXPECT_EQ(status.data_connections_closed(), 4u) << "node " << node;
+    EXPECT_EQ(status.data_connections_closed(), 3u) << "node " << node;
     EXPECT_TRUE(absl::StrContains(status.last_data_connection_closed(), "127.0.0.1: "))
         << status.last_data_connection_closed();
     absl::StatusOr<testing::HttpReply> metrics =
         testing::HttpGet(daemons_[node]->http_port(), "/metrics");
     ASSERT_TRUE(metrics.ok()) << metrics.status();
-    EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_data_connections_closed_total 4\n"))
+    EXPECT_TRUE(absl::StrContains(metrics->body, "\nmoesnap_data_connections_closed_total 3\n"))
         << metrics->body;
   }
   ASSERT_NO_FATAL_FAILURE(CommitEverywhere(2));

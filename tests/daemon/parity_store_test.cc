@@ -6,13 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include <limits>
 #include <map>
 #include <optional>
 #include <random>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -230,114 +227,6 @@ TEST_F(ParityStoreTest, AFreshStripeIsEncodedFromItsNewUnitsAndADeltaStripeFromT
   };
   EXPECT_TRUE(bytes_of(fresh_stripe) == expected_fresh);
   EXPECT_TRUE(bytes_of(delta_stripe) == expected_delta);
-}
-
-// Deltas a member sent before the encode: counted once the encode opens the step naming the member,
-// dropped (never failing the connection) when it does not name it, and a usual frame from a member
-// named so refused.
-class ParityStoreEarlyTest : public ParityStoreTest {
- protected:
-  // Step 2 changes data unit `index` of stripe held_[0]: the changes, naming `sent_early`.
-  StepChanges OneUnitChanged(int index, std::set<int> sent_early) const {
-    StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
-                        .fresh_stripes = {},
-                        .sent_early = std::move(sent_early)};
-    const int position = layout_.Members(held_[0]).data_positions[index];
-    changes.units[position][layout_.DataUnitOf(position, held_[0])] = true;
-    return changes;
-  }
-  int PositionOf(int index) const { return layout_.Members(held_[0]).data_positions[index]; }
-  absl::Status SendEarly(int64_t step, int index, uint8_t fill) {
-    const std::vector<uint8_t> payload(kUnitBytes, fill);
-    FrameHeader header = DataHeader(step, held_[0], index);
-    header.kind = FrameKind::kParityDeltaEarly;
-    header.length = static_cast<uint32_t>(payload.size());
-    return parity_->Accept(header, payload);
-  }
-  // The committed parity of held_[0] plus the delta of unit `index` filled with `fill`.
-  std::vector<uint8_t> CommittedPlusDelta(int index, uint8_t fill) const {
-    const std::optional<ParityUnit> unit = parity_->Committed(held_[0]);
-    std::vector<uint8_t> bytes(unit->extent->data(), unit->extent->data() + unit->bytes);
-    const std::vector<uint8_t> delta(kUnitBytes, fill);
-    EXPECT_OK(codec_->UpdateParityUnit(index, 0, delta.data(), bytes.data(), kUnitBytes));
-    return bytes;
-  }
-  std::vector<uint8_t> CommittedBytes() const {
-    const std::optional<ParityUnit> unit = parity_->Committed(held_[0]);
-    return std::vector<uint8_t>(unit->extent->data(), unit->extent->data() + unit->bytes);
-  }
-};
-
-TEST_F(ParityStoreEarlyTest, DeltasSentBeforeTheEncodeCountOnceItOpensTheStepNamingTheirSender) {
-  CommitFirstStep();
-  const std::vector<uint8_t> expected = CommittedPlusDelta(1, 0x6d);
-  // The frame waits for the encode's Begin, as the sender's connection would.
-  absl::Status accepted = absl::UnknownError("not returned");
-  std::thread receiver([&] { accepted = SendEarly(2, 1, 0x6d); });
-  const StepChanges changes = OneUnitChanged(1, {PositionOf(1)});
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
-  receiver.join();
-  ASSERT_OK(accepted);
-  ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
-  parity_->Commit(2);
-  EXPECT_TRUE(CommittedBytes() == expected);
-}
-
-TEST_F(ParityStoreEarlyTest, DeltasSentEarlyByAMemberTheEncodeDoesNotNameAreDropped) {
-  CommitFirstStep();
-  const std::vector<uint8_t> expected = CommittedPlusDelta(1, 0x42);
-  const StepChanges changes = OneUnitChanged(1, {});
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
-  ASSERT_OK(SendEarly(2, 1, 0x99));  // dropped: not an error, the connection stays
-  EXPECT_STATUS(parity_->WaitComplete(2, absl::Now() + absl::Milliseconds(1)),
-                absl::StatusCode::kDeadlineExceeded);
-  ASSERT_OK(Send(2, held_[0], 1, 0x42));  // the member sends it with the encode
-  ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
-  parity_->Commit(2);
-  EXPECT_TRUE(CommittedBytes() == expected);
-}
-
-TEST_F(ParityStoreEarlyTest, AUsualDeltaFromAMemberNamedAsSendingEarlyIsRefused) {
-  CommitFirstStep();
-  const StepChanges changes = OneUnitChanged(1, {PositionOf(1)});
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
-  const absl::Status refused = Send(2, held_[0], 1, 0x42);
-  EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(refused.message(), "before the encode")) << refused;
-}
-
-TEST_F(ParityStoreEarlyTest, AnEarlyDeltaWaitingForItsStepIsDroppedWhenTheStepIsAborted) {
-  // Were the wait not ended by the abort, it would last the store's hour.
-  parity_ = std::make_unique<ParityStore>(pool_.get(), codec_.get(), &layout_, position_,
-                                          absl::Hours(1));
-  v1::JournalCluster record;
-  record.set_committed_step(1);
-  ASSERT_OK(parity_->Recover(record));
-  absl::Status accepted = absl::UnknownError("not returned");
-  std::thread receiver([&] { accepted = SendEarly(2, 1, 0x6d); });
-  parity_->Discard(2);
-  receiver.join();
-  EXPECT_OK(accepted);
-}
-
-TEST_F(ParityStoreEarlyTest, ANodeWithoutCommittedParityDropsEarlyDeltasWithoutWaiting) {
-  // A node that rebuilds takes no part in such a step: were it to wait, it would wait an hour.
-  parity_ = std::make_unique<ParityStore>(pool_.get(), codec_.get(), &layout_, position_,
-                                          absl::Hours(1));
-  EXPECT_OK(SendEarly(2, 1, 0x6d));
-}
-
-TEST_F(ParityStoreEarlyTest, AFrameOutsideAnyUnitIsRefusedBeforeAnyWait) {
-  parity_ = std::make_unique<ParityStore>(pool_.get(), codec_.get(), &layout_, position_,
-                                          absl::Hours(1));
-  for (FrameKind kind : {FrameKind::kParityDelta, FrameKind::kParityDeltaEarly}) {
-    const std::vector<uint8_t> payload(64, 1);
-    FrameHeader header = DataHeader(2, held_[0], 0);
-    header.kind = kind;
-    header.offset = std::numeric_limits<uint64_t>::max() - 63;
-    header.length = static_cast<uint32_t>(payload.size());
-    EXPECT_STATUS(parity_->Accept(header, payload), absl::StatusCode::kInvalidArgument);
-  }
 }
 
 // A node that accumulates a step's change (it rebuilds) takes deltas only: a stripe it holds

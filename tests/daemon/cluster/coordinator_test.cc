@@ -451,59 +451,6 @@ TEST(CoordinatorTest, AStepOpenedElsewhereThatTheCoordinatorsNodeDoesNotCaptureI
 
 // A proposal far ahead of every node that claims to hold its step open is aborted once the commit
 // timeout has passed, and passes no step before it over: those still commit.
-// A node whose step changes some of its units but not all sends their deltas as soon as it has
-// captured it, before the coordinator's Encode: its proposal says so, the encode counts them, and
-// the parity they update decodes every node's data.
-TEST(CoordinatorTest, ASparseStepsDeltasGoBeforeTheEncodeAndUpdateTheParityExactly) {
-  constexpr uint64_t kKept = 2 * InProcessCluster::kStripeUnitBytes;  // of about 4.6 units
-  InProcessCluster cluster(3, 2, 1);
-  cluster.election().Elect(0);
-  for (int64_t step = 1; step <= 3; ++step) {
-    cluster.CaptureEverywhere(step, kBytes, kKept);
-    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
-  }
-  for (uint32_t id = 0; id < 3; ++id) {
-    EXPECT_EQ(cluster.node(id).participant.delta_encodes(), 2u) << "node " << id;
-    EXPECT_EQ(cluster.node(id).participant.early_encodes(), 2u) << "node " << id;
-    for (int64_t step = 2; step <= 3; ++step) {
-      const std::vector<v1::ProposeRequest> proposals = ProposalsOf(cluster, step, id);
-      ASSERT_EQ(proposals.size(), 1u) << "node " << id << ", step " << step;
-      EXPECT_TRUE(proposals[0].deltas_sent()) << "node " << id << ", step " << step;
-    }
-  }
-  cluster.ExpectEveryNodeRebuildable(3, kBytes);
-}
-
-// The deltas a node sent early stand for nothing when the step must encode whole (another member's
-// layout changed): the holders drop them, every node sends its units, and the step commits.
-TEST(CoordinatorTest, DeltasSentEarlyAreDroppedWhenAnotherMembersLayoutMakesTheStepWhole) {
-  constexpr uint64_t kKept = 2 * InProcessCluster::kStripeUnitBytes;
-  InProcessCluster cluster(3, 2, 1);
-  cluster.election().Elect(0);
-  for (int64_t step = 1; step <= 2; ++step) {
-    cluster.CaptureEverywhere(step, kBytes, kKept);
-    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
-  }
-  cluster.node(2).store.SplitState(3);  // its rank registers its state as three tensors
-  cluster.CaptureEverywhere(3, kBytes, kKept);
-  ASSERT_TRUE(cluster.WaitCommitted(3));
-  for (uint32_t id = 0; id < 3; ++id) {
-    EXPECT_EQ(cluster.node(id).participant.full_encodes(), 2u) << "node " << id;  // steps 1, 3
-    EXPECT_EQ(cluster.node(id).participant.early_encodes(), 1u) << "node " << id;  // step 2
-    const std::vector<v1::ProposeRequest> proposals = ProposalsOf(cluster, 3, id);
-    ASSERT_EQ(proposals.size(), 1u) << "node " << id;
-    EXPECT_EQ(proposals[0].deltas_sent(), id != 2) << "node " << id;
-  }
-  cluster.ExpectEveryNodeRebuildable(3, kBytes);
-  // The next step goes early again.
-  cluster.CaptureEverywhere(4, kBytes, kKept);
-  ASSERT_TRUE(cluster.WaitCommitted(4));
-  for (uint32_t id = 0; id < 3; ++id) {
-    EXPECT_EQ(cluster.node(id).participant.early_encodes(), 2u) << "node " << id;
-  }
-  cluster.ExpectEveryNodeRebuildable(4, kBytes);
-}
-
 TEST(CoordinatorTest, AProposalFarAheadHoldingItsStepOpenIsAbortedAndPassesNoStepOver) {
   InProcessCluster cluster(6, 4, 2);
   const int64_t token = cluster.election().Elect(0);
