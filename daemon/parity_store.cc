@@ -148,6 +148,16 @@ ParityStore::Openings ParityStore::openings() const {
 }
 
 absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
+  // Bounds from the wire that hold whatever the step, checked without overflow before any wait: a
+  // frame no unit can hold is refused at once, not after a wait for its step to open.
+  if (header.stripe_unit >= static_cast<uint32_t>(layout_->data_units()) ||
+      header.offset > layout_->unit_bytes() ||
+      header.length > layout_->unit_bytes() - header.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", header.step, ", stripe ", header.stripe, ": data unit ", header.stripe_unit,
+        " (of ", layout_->data_units(), ") bytes [", header.offset, ", +", header.length,
+        ") do not fit a unit of ", layout_->unit_bytes(), " bytes"));
+  }
   std::shared_ptr<PoolExtent> extent;
   {
     absl::MutexLock lock(&mutex_);

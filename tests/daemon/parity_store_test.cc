@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -227,6 +228,25 @@ TEST_F(ParityStoreTest, AFreshStripeIsEncodedFromItsNewUnitsAndADeltaStripeFromT
   };
   EXPECT_TRUE(bytes_of(fresh_stripe) == expected_fresh);
   EXPECT_TRUE(bytes_of(delta_stripe) == expected_delta);
+}
+
+// A frame that fits no unit is refused before any wait for its step: were it to wait, it would
+// wait the store's hour.
+TEST_F(ParityStoreTest, AFrameOutsideAnyUnitIsRefusedBeforeAnyWaitForItsStep) {
+  parity_ = std::make_unique<ParityStore>(pool_.get(), codec_.get(), &layout_, position_,
+                                          absl::Hours(1));
+  const std::vector<uint8_t> payload(64, 1);
+  for (uint64_t offset : {std::numeric_limits<uint64_t>::max() - 63, kUnitBytes - 32}) {
+    FrameHeader header = DataHeader(2, held_[0], 0);
+    header.offset = offset;
+    header.length = static_cast<uint32_t>(payload.size());
+    const absl::Status refused = parity_->Accept(header, payload);
+    EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(refused.message(), "do not fit a unit")) << refused;
+  }
+  FrameHeader header = DataHeader(2, held_[0], layout_.data_units());
+  header.length = static_cast<uint32_t>(payload.size());
+  EXPECT_STATUS(parity_->Accept(header, payload), absl::StatusCode::kInvalidArgument);
 }
 
 // A node that accumulates a step's change (it rebuilds) takes deltas only: a stripe it holds
