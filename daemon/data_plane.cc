@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
 
@@ -37,6 +38,8 @@ constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 constexpr int kAcceptWakeMs = 1000;
 // A sender's connection (TCP, and TLS with the server's acceptance) must be made within this time.
 constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
+// A payload checked on arrival is read and checksummed this much at a time (well within L2).
+constexpr size_t kCheckedSliceBytes = 256 << 10;
 
 int PollMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
@@ -337,6 +340,23 @@ struct DataPlaneServer::Impl {
     return identity->node_id;
   }
 
+  // Reads `into` from `link` by `deadline`; with `crc`, computes the bytes' CRC-32C into it a slice
+  // at a time as each lands, while the slice is still in cache, instead of in a second pass over
+  // the whole payload from memory.
+  static absl::Status ReadPayload(Link& link, absl::Span<uint8_t> into, absl::Time deadline,
+                                  uint32_t* crc) {
+    if (crc == nullptr) return link.Read(asio::buffer(into.data(), into.size()), deadline);
+    for (size_t offset = 0; offset < into.size(); offset += kCheckedSliceBytes) {
+      const size_t bytes = std::min(kCheckedSliceBytes, into.size() - offset);
+      if (absl::Status status = link.Read(asio::buffer(into.data() + offset, bytes), deadline);
+          !status.ok()) {
+        return status;
+      }
+      *crc = erasure::Crc32cExtend(*crc, into.data() + offset, bytes);
+    }
+    return absl::OkStatus();
+  }
+
   // Reads frames until the peer closes, sends something malformed or stalls.
   void Serve(tcp::socket& socket) {
     std::vector<uint8_t> payload;
@@ -385,6 +405,9 @@ struct DataPlaneServer::Impl {
         }
       }
       absl::Span<uint8_t> into;
+      // The payload is checked here unless the sink checks it as it uses it, or drops it.
+      const bool check_here = !(in_place && (in_place->owner_checks || in_place->drop));
+      uint32_t crc = 0;
       if (status.ok()) {
         if (in_place && !in_place->drop) {
           into = in_place->bytes;
@@ -392,16 +415,14 @@ struct DataPlaneServer::Impl {
           payload.resize(header->length);
           into = absl::MakeSpan(payload);
         }
-        status = link.Read(asio::buffer(into.data(), into.size()), frame_deadline);
+        status = ReadPayload(link, into, frame_deadline, check_here ? &crc : nullptr);
       }
       if (!status.ok() && (absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status))) {
         status = absl::DataLossError(absl::StrCat("a frame did not arrive whole within ",
                                                   absl::FormatDuration(options.frame_timeout),
                                                   ": ", status.message()));
       }
-      if (status.ok() && !(in_place && (in_place->owner_checks || in_place->drop))) {
-        status = CheckFramePayload(*header, into);
-      }
+      if (status.ok() && check_here) status = CheckFramePayloadCrc(*header, into.size(), crc);
       // A frame that fails in place fails its fetch (Filled), whose owner may at once begin
       // another: the sink hears of the closed connection first, so that only the fetches that
       // awaited the frames lost with it fail.

@@ -112,14 +112,21 @@ absl::Status SealFrame(FrameHeader& header, absl::Span<const absl::Span<const ui
 
 absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload) {
   if (payload.size() != header.length) {
-    return absl::DataLossError(absl::StrCat("frame payload is ", payload.size(), " bytes, the header says ",
+    return CheckFramePayloadCrc(header, payload.size(), 0);
+  }
+  return CheckFramePayloadCrc(header, payload.size(),
+                              erasure::Crc32c(payload.data(), payload.size()));
+}
+
+absl::Status CheckFramePayloadCrc(const FrameHeader& header, uint64_t length, uint32_t crc) {
+  if (length != header.length) {
+    return absl::DataLossError(absl::StrCat("frame payload is ", length, " bytes, the header says ",
                                             header.length));
   }
-  if (const uint32_t actual = erasure::Crc32c(payload.data(), payload.size());
-      actual != header.payload_crc) {
+  if (crc != header.payload_crc) {
     return absl::DataLossError(absl::StrFormat(
         "payload CRC-32C of step %d stripe %d unit %d is %08x, the frame says %08x", header.step,
-        header.stripe, header.stripe_unit, actual, header.payload_crc));
+        header.stripe, header.stripe_unit, crc, header.payload_crc));
   }
   return absl::OkStatus();
 }

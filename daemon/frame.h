@@ -94,6 +94,9 @@ absl::Status SealFrame(FrameHeader& header, absl::Span<const absl::Span<const ui
 
 // Checks a received payload against the header's CRC.
 absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload);
+// The same for a payload of `length` bytes whose CRC-32C (`crc`) the receiver computed as it read
+// it.
+absl::Status CheckFramePayloadCrc(const FrameHeader& header, uint64_t length, uint32_t crc);
 
 // The payload of a kRegionRequest: the asking node's id (4 bytes), the number of regions (2), then
 // each region's name as its length (2) and its bytes. One request names 1 to kMaxRegions distinct

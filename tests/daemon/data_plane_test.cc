@@ -281,6 +281,39 @@ TEST_F(DataPlaneTest, MalformedCorruptAndTruncatedFramesAreRefused) {
   EXPECT_EQ(sink_.Get(1, 1).second, payload);
 }
 
+// A payload is checksummed a slice at a time as it lands: a byte damaged in the first, a middle
+// or the last (short) slice of a payload of many is caught, and an intact one arrives whole.
+TEST_F(DataPlaneTest, ADamagedByteInAnySliceOfALargePayloadIsCaught) {
+  constexpr size_t kSlice = 256 << 10;  // the server's slice
+  const std::vector<uint8_t> payload = testing::DeterministicBytes(77).Bytes(3 * kSlice + 12345);
+  FrameHeader header = HeaderFor(2, 9);
+  header.length = static_cast<uint32_t>(payload.size());
+  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  uint8_t encoded[FrameHeader::kBytes];
+  EncodeFrameHeader(header, encoded);
+  const std::vector<size_t> offsets = {0, kSlice - 1, kSlice, 2 * kSlice + 5, payload.size() - 1};
+  for (size_t offset : offsets) {
+    tcp::socket socket = Raw();
+    std::vector<uint8_t> damaged = payload;
+    damaged[offset] ^= 0x10;
+    asio::write(socket, std::array<asio::const_buffer, 3>{asio::buffer(encoded),
+                                                          asio::buffer(header.region),
+                                                          asio::buffer(damaged)});
+    EXPECT_TRUE(Closed(socket)) << "a byte damaged at " << offset << " was not caught";
+  }
+  ASSERT_TRUE(Eventually([&] { return server_->connections_rejected() == offsets.size(); }));
+  EXPECT_EQ(sink_.size(), 0u);
+  for (const CollectingSink::Closed& connection : sink_.closed()) {
+    EXPECT_TRUE(absl::StrContains(connection.why.message(), "payload CRC-32C")) << connection.why;
+  }
+  tcp::socket socket = Raw();
+  asio::write(socket, std::array<asio::const_buffer, 3>{asio::buffer(encoded),
+                                                        asio::buffer(header.region),
+                                                        asio::buffer(payload)});
+  ASSERT_TRUE(Eventually([&] { return sink_.size() == 1; }));
+  EXPECT_EQ(sink_.Get(2, 9).second, payload);
+}
+
 TEST_F(DataPlaneTest, ASinkErrorClosesTheConnectionAndTheClientReconnects) {
   absl::StatusOr<std::unique_ptr<DataPlaneClient>> client =
       DataPlaneClient::Connect("127.0.0.1", server_->port(), 1);
