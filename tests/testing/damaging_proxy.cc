@@ -71,7 +71,12 @@ void DamagingProxy::AcceptLoop() {
     pollfd ready{listener_, POLLIN, 0};
     if (poll(&ready, 1, kPollMs) <= 0) continue;
     const int client = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
+    if (client < 0) {
+      // Out of descriptors or memory, the connection stays queued and the listener readable: back
+      // off instead of spinning on it.
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) poll(nullptr, 0, kPollMs);
+      continue;
+    }
     const int target = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const sockaddr_in address = Loopback(target_port_);
     if (target < 0 ||
