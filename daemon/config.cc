@@ -238,6 +238,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
   int64_t retention_seconds = absl::ToInt64Seconds(options.exited_trainer_memory_retention);
   reader.Integer("agent", "exited_trainer_memory_seconds", 0, 24 * 3600, retention_seconds);
   options.exited_trainer_memory_retention = absl::Seconds(retention_seconds);
+  if (reader.Find("agent", "exited_trainer_memory_max_bytes") != nullptr) {
+    uint64_t max_bytes = 0;
+    reader.Bytes("agent", "exited_trainer_memory_max_bytes", max_bytes);
+    options.exited_trainer_memory_max_bytes = max_bytes;
+  }
 
   reader.String("access", "group", options.access.group);
   if (const toml::node* uids = reader.Find("access", "allowed_uids")) {

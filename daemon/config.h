@@ -47,6 +47,9 @@ struct DaemonOptions {
   // How long the larger shared-memory files of a trainer that exited are kept for its rank's next
   // process, which takes them instead of allocating (TrainerSessions); zero: released at once.
   absl::Duration exited_trainer_memory_retention = absl::Minutes(5);
+  // At most this much of it is kept at once, the memory kept longest released first to make room;
+  // none: half the host's memory.
+  std::optional<uint64_t> exited_trainer_memory_max_bytes;
   // The admin socket (operators): it drops steps and exports every rank's state, so trainers'
   // group is not let in; [admin] group names the operators' group, if any.
   AccessOptions admin_access;

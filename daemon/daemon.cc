@@ -1,6 +1,8 @@
 // Daemon::Start: the start-up sequence, with page-locking by the best backend available.
 #include "daemon/daemon.h"
 
+#include <unistd.h>
+
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +39,14 @@ std::map<std::string, HttpServer::Handler> OperationsRoutes(HealthMonitor* healt
   };
 }
 
+// The default bound on exited trainers' kept memory: half of what the host has.
+uint64_t HalfTheHostsMemory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return UINT64_MAX;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes) / 2;
+}
+
 }  // namespace
 
 
@@ -48,7 +58,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<AccessPolicy> admin_policy =
       AccessPolicy::FromOptions(options.admin_access, "admin.group");
   if (!admin_policy.ok()) return admin_policy.status();
-  daemon->sessions_ = std::make_unique<TrainerSessions>(options.exited_trainer_memory_retention);
+  daemon->sessions_ = std::make_unique<TrainerSessions>(
+      options.exited_trainer_memory_retention, TrainerSessions::kMemoryConnectionGrace,
+      options.exited_trainer_memory_max_bytes.value_or(HalfTheHostsMemory()));
   daemon->host_backend_ = CreateHostCopyBackend(daemon->sessions_.get());
   absl::StatusOr<std::unique_ptr<CopyBackend>> device = CreateCudaCopyBackend();
   if (device.ok()) {

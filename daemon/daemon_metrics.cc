@@ -23,6 +23,10 @@ void CollectRetention(const TrainerSessions::Retention& retention, metrics::Coll
   out.AddCounter("moesnap_exited_trainer_memory_adopted_bytes_total",
                  "Bytes of kept shared memory a restarted trainer took instead of allocating",
                  retention.adopted_bytes_total);
+  out.AddCounter("moesnap_exited_trainer_memory_bound_released_bytes_total",
+                 "Bytes of exited trainers' memory released before their time to stay within "
+                 "agent.exited_trainer_memory_max_bytes",
+                 retention.bound_released_bytes_total);
 }
 
 void CollectStore(Store& store, metrics::Collection& out) {

@@ -83,7 +83,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
     if (got > 0) filled += static_cast<size_t>(got);
   }
   const absl::Time now = absl::Now();
-  Kept replaced;  // unmapped after the lock is released
+  std::vector<Kept> released;  // unmapped after the lock is released
   absl::MutexLock lock(&mutex_);
   if (auto previous = current_.find(rank); previous != current_.end()) {
     State& holder = sessions_.at(previous->second);
@@ -93,7 +93,7 @@ absl::StatusOr<TrainerSessions::Session> TrainerSessions::Start(uint32_t rank,
           holder.caller.pid, "); uid ", caller.uid, " (pid ", caller.pid,
           ") may take the rank once that trainer disconnects"));
     }
-    RetireLocked(previous->second, holder, replaced);
+    RetireLocked(previous->second, holder, released);
     sessions_.erase(previous->second);
   }
   std::vector<std::pair<uint32_t, uint64_t>> abandoned;
@@ -196,8 +196,14 @@ absl::Status TrainerSessions::Bind(const std::string& token, ProcessExit process
   return absl::OkStatus();
 }
 
-uint64_t TrainerSessions::RetireLocked(const std::string& token, State& session, Kept& replaced) {
+uint64_t TrainerSessions::RetireLocked(const std::string& token, State& session,
+                                       std::vector<Kept>& released) {
   if (!keeps_exited_memory() || !session.process.watching()) return 0;
+  // What the rank kept from an earlier process goes: its next process takes this one's.
+  if (auto previous = kept_.find(session.rank); previous != kept_.end()) {
+    released.push_back(std::move(previous->second));
+    kept_.erase(previous);
+  }
   Kept kept;
   kept.token = token;
   kept.until = absl::Now() + retention_;
@@ -209,17 +215,40 @@ uint64_t TrainerSessions::RetireLocked(const std::string& token, State& session,
   std::sort(kept.memories.begin(), kept.memories.end(),
             [](const auto& a, const auto& b) { return a->bytes() > b->bytes(); });
   if (kept.memories.size() > kMaxKeptFilesPerRank) kept.memories.resize(kMaxKeptFilesPerRank);
-  if (kept.memories.empty()) return 0;
+  // Its largest files that cannot fit the bound even alone go at once.
   uint64_t kept_bytes = 0;
-  for (const auto& memory : kept.memories) kept_bytes += memory->bytes();
-  auto [previous, fresh] = kept_.try_emplace(session.rank);
-  if (!fresh) replaced = std::move(previous->second);
-  previous->second = std::move(kept);
+  for (auto memory = kept.memories.begin(); memory != kept.memories.end();) {
+    if ((*memory)->bytes() > max_kept_bytes_ - kept_bytes) {
+      bound_released_bytes_ += (*memory)->bytes();
+      memory = kept.memories.erase(memory);
+    } else {
+      kept_bytes += (*memory)->bytes();
+      ++memory;
+    }
+  }
+  if (kept.memories.empty()) return 0;
+  // Room for the rest: the memory kept longest goes first.
+  uint64_t others = 0;
+  for (const auto& [rank, earlier] : kept_) {
+    for (const auto& memory : earlier.memories) others += memory->bytes();
+  }
+  while (others > max_kept_bytes_ - kept_bytes) {
+    auto oldest = std::min_element(kept_.begin(), kept_.end(), [](const auto& a, const auto& b) {
+      return a.second.until < b.second.until;
+    });
+    for (const auto& memory : oldest->second.memories) {
+      others -= memory->bytes();
+      bound_released_bytes_ += memory->bytes();
+    }
+    released.push_back(std::move(oldest->second));
+    kept_.erase(oldest);
+  }
+  kept_[session.rank] = std::move(kept);
   return kept_bytes;
 }
 
 std::optional<TrainerSessions::Ended> TrainerSessions::End(const std::string& token) {
-  Kept replaced;  // unmapped after the lock is released
+  std::vector<Kept> released;  // unmapped after the lock is released
   absl::MutexLock lock(&mutex_);
   auto session = sessions_.find(token);
   if (session == sessions_.end()) {
@@ -232,7 +261,7 @@ std::optional<TrainerSessions::Ended> TrainerSessions::End(const std::string& to
   State& state = session->second;
   state.bound = false;
   const Ended ended{.rank = state.rank, .number = state.number,
-                    .kept_bytes = RetireLocked(token, state, replaced)};
+                    .kept_bytes = RetireLocked(token, state, released)};
   current_.erase(ended.rank);
   sessions_.erase(session);
   return ended;
@@ -307,7 +336,8 @@ absl::Time TrainerSessions::ReleaseExpired(absl::Time now) {
 
 TrainerSessions::Retention TrainerSessions::retention() const {
   absl::MutexLock lock(&mutex_);
-  Retention retention{.adopted_bytes_total = adopted_bytes_};
+  Retention retention{.adopted_bytes_total = adopted_bytes_,
+                      .bound_released_bytes_total = bound_released_bytes_};
   for (const auto& [rank, kept] : kept_) {
     for (const std::shared_ptr<TrainerMemory>& memory : kept.memories) {
       retention.kept_bytes += memory->bytes();

@@ -115,9 +115,14 @@ class TrainerSessions {
     pid_t pid = 0;
   };
 
+  // Kept memory of exited trainers stays within `max_kept_bytes`: a trainer that exits makes room
+  // for its files by releasing the memory kept longest (its own largest files that still do not
+  // fit are released).
   explicit TrainerSessions(absl::Duration retention = absl::ZeroDuration(),
-                           absl::Duration connection_grace = kMemoryConnectionGrace)
-      : retention_(retention), connection_grace_(connection_grace) {}
+                           absl::Duration connection_grace = kMemoryConnectionGrace,
+                           uint64_t max_kept_bytes = UINT64_MAX)
+      : retention_(retention), connection_grace_(connection_grace),
+        max_kept_bytes_(max_kept_bytes) {}
   // Whether memory of exited trainers is kept (the retention is not zero).
   bool keeps_exited_memory() const { return retention_ > absl::ZeroDuration(); }
 
@@ -175,6 +180,7 @@ class TrainerSessions {
     uint64_t kept_bytes = 0;  // of exited trainers, waiting for their ranks' next processes
     uint64_t kept_files = 0;
     uint64_t adopted_bytes_total = 0;
+    uint64_t bound_released_bytes_total = 0;  // released early to stay within max_kept_bytes
   };
   Retention retention() const;
 
@@ -206,9 +212,10 @@ class TrainerSessions {
   absl::StatusOr<uint64_t> AddLocked(State& session,
                                      std::vector<std::shared_ptr<TrainerMemory>> memories)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Keeps what `session` (of `token`) can hand on for its rank's next process; returns the bytes
-  // kept. What the rank kept before goes to `replaced`, to be released after the lock.
-  uint64_t RetireLocked(const std::string& token, State& session, Kept& replaced)
+  // Keeps what `session` (of `token`) can hand on for its rank's next process, within
+  // max_kept_bytes_; returns the bytes kept. What the rank kept before, and what goes to make room,
+  // goes to `released`, to be unmapped after the lock.
+  uint64_t RetireLocked(const std::string& token, State& session, std::vector<Kept>& released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   // Whether `session` may still be a trainer's: its memory connection open, or its Hello recent.
@@ -216,9 +223,11 @@ class TrainerSessions {
 
   const absl::Duration retention_;
   const absl::Duration connection_grace_;
+  const uint64_t max_kept_bytes_;
   mutable absl::Mutex mutex_;
   std::map<uint32_t, Kept> kept_ ABSL_GUARDED_BY(mutex_);  // by rank
   uint64_t adopted_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t bound_released_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t next_session_ ABSL_GUARDED_BY(mutex_) = 1;
   uint64_t next_memory_ ABSL_GUARDED_BY(mutex_) = 1;
   std::map<std::string, State> sessions_ ABSL_GUARDED_BY(mutex_);   // by token

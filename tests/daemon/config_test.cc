@@ -20,6 +20,7 @@ TEST(ConfigTest, EmptyFileTakesEveryDefault) {
   EXPECT_EQ(options->capture.max_in_flight_steps, 0);
   EXPECT_EQ(options->pool.lock, PoolLockMode::kAuto);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(options->exited_trainer_memory_max_bytes, std::nullopt);  // half the host's memory
 }
 
 TEST(ConfigTest, ReadsEveryKey) {
@@ -28,6 +29,7 @@ TEST(ConfigTest, ReadsEveryKey) {
 id = 7
 [agent]
 socket = "/tmp/a.sock"
+exited_trainer_memory_max_bytes = "64GiB"
 [admin]
 socket = "/tmp/b.sock"
 group = "operators"
@@ -62,6 +64,7 @@ format = "json"
   ASSERT_OK(options);
   EXPECT_EQ(options->node_id, 7u);
   EXPECT_EQ(options->admin_socket, "/tmp/b.sock");
+  EXPECT_EQ(options->exited_trainer_memory_max_bytes, uint64_t{64} << 30);
   EXPECT_EQ(options->access.group, "moesnap");
   EXPECT_EQ(options->access.allowed_uids, (std::vector<uid_t>{1000, 1001}));
   EXPECT_EQ(options->admin_access.group, "operators");
@@ -104,6 +107,8 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[durable]\nkeep = 0\n", "site.toml: durable.keep"},
       {"[durable]\nevery_steps = -2\n", "site.toml: durable.every_steps"},
       {"[durable]\nbytes_per_second = \"fast\"\n", "site.toml: durable.bytes_per_second"},
+      {"[agent]\nexited_trainer_memory_max_bytes = -1\n",
+       "site.toml: agent.exited_trainer_memory_max_bytes"},
       {"[durable]\nevery = 2\n", "unknown key durable.every"},
       {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
       {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},

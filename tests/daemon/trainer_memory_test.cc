@@ -340,6 +340,44 @@ TEST(TrainerSessionsTest, ARankKeepsItsLargestFilesUntilItsNextProcessSnapshots)
   EXPECT_EQ(sessions.retention().kept_files, 0u);
 }
 
+// Kept memory stays within its bound: a trainer that exits makes room by releasing the memory
+// kept longest, and a file larger than the bound is released at once.
+TEST(TrainerSessionsTest, KeptMemoryStaysWithinItsBoundTheMemoryKeptLongestGoingFirst) {
+  TrainerSessions sessions(absl::Minutes(5), TrainerSessions::kMemoryConnectionGrace,
+                           2 * kHandedOn);
+  const TrainerSessions::Caller trainer{.uid = geteuid(), .pid = 4242};
+  const pid_t child = RunningChild();
+  // A trainer of `rank` that handed over `bytes` exits: the bytes kept for its next process.
+  auto exits = [&](uint32_t rank, uint64_t bytes) -> uint64_t {
+    absl::StatusOr<TrainerSessions::Session> session = sessions.Start(rank, trainer);
+    EXPECT_OK(session);
+    EXPECT_OK(sessions.Add(session->token, {FixedMemory(bytes, "weights")}));
+    EXPECT_OK(sessions.Bind(session->token, ProcessExit::Watch(child)));
+    std::optional<TrainerSessions::Ended> ended = sessions.End(session->token);
+    EXPECT_TRUE(ended.has_value());
+    return ended ? ended->kept_bytes : 0;
+  };
+  EXPECT_EQ(exits(1, kHandedOn), kHandedOn);
+  EXPECT_EQ(exits(2, kHandedOn), kHandedOn);
+  EXPECT_EQ(sessions.retention().kept_bytes, 2 * kHandedOn);
+  EXPECT_EQ(sessions.retention().bound_released_bytes_total, 0u);
+  EXPECT_EQ(exits(3, kHandedOn), kHandedOn);  // rank 1's, kept longest, makes room
+  EXPECT_EQ(sessions.retention().kept_bytes, 2 * kHandedOn);
+  EXPECT_EQ(sessions.retention().bound_released_bytes_total, kHandedOn);
+  EXPECT_EQ(exits(4, 3 * kHandedOn), 0u);  // larger than the bound: released at once
+  EXPECT_EQ(sessions.retention().kept_bytes, 2 * kHandedOn);
+  EXPECT_EQ(sessions.retention().bound_released_bytes_total, 4 * kHandedOn);
+  KillAndReap(child);
+  auto adopts = [&](uint32_t rank) {
+    absl::StatusOr<TrainerSessions::Session> next = sessions.Start(rank, trainer);
+    EXPECT_OK(next);
+    return sessions.Adopt(next->token, kHandedOn, geteuid(), kNoCopyInFlight).ok();
+  };
+  EXPECT_FALSE(adopts(1));
+  EXPECT_TRUE(adopts(2));
+  EXPECT_TRUE(adopts(3));
+}
+
 TEST(TrainerSessionsTest, HellosThatNeverConnectTheirMemoryCannotFillTheDaemon) {
   // No grace: a session without its memory connection is not live at once.
   TrainerSessions sessions(absl::ZeroDuration(), absl::ZeroDuration());
