@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"

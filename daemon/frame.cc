@@ -111,11 +111,10 @@ absl::Status SealFrame(FrameHeader& header, absl::Span<const absl::Span<const ui
 }
 
 absl::Status CheckFramePayload(const FrameHeader& header, absl::Span<const uint8_t> payload) {
-  if (payload.size() != header.length) {
-    return CheckFramePayloadCrc(header, payload.size(), 0);
-  }
-  return CheckFramePayloadCrc(header, payload.size(),
-                              erasure::Crc32c(payload.data(), payload.size()));
+  // A payload of another length fails on that; its CRC is not needed.
+  const uint32_t crc =
+      payload.size() == header.length ? erasure::Crc32c(payload.data(), payload.size()) : 0;
+  return CheckFramePayloadCrc(header, payload.size(), crc);
 }
 
 absl::Status CheckFramePayloadCrc(const FrameHeader& header, uint64_t length, uint32_t crc) {

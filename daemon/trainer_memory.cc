@@ -199,11 +199,6 @@ absl::Status TrainerSessions::Bind(const std::string& token, ProcessExit process
 uint64_t TrainerSessions::RetireLocked(const std::string& token, State& session,
                                        std::vector<Kept>& released) {
   if (!keeps_exited_memory() || !session.process.watching()) return 0;
-  // What the rank kept from an earlier process goes: its next process takes this one's.
-  if (auto previous = kept_.find(session.rank); previous != kept_.end()) {
-    released.push_back(std::move(previous->second));
-    kept_.erase(previous);
-  }
   Kept kept;
   kept.token = token;
   kept.until = absl::Now() + retention_;
@@ -227,6 +222,11 @@ uint64_t TrainerSessions::RetireLocked(const std::string& token, State& session,
     }
   }
   if (kept.memories.empty()) return 0;
+  // What the rank kept from an earlier process goes: its next process takes this one's.
+  if (auto previous = kept_.find(session.rank); previous != kept_.end()) {
+    released.push_back(std::move(previous->second));
+    kept_.erase(previous);
+  }
   // Room for the rest: the memory kept longest goes first.
   uint64_t others = 0;
   for (const auto& [rank, earlier] : kept_) {

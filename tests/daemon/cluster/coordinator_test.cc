@@ -471,6 +471,9 @@ TEST(CoordinatorTest, AProposalFarAheadHoldingItsStepOpenIsAbortedAndPassesNoSte
   }
 }
 
+// Only a node's lowest few steps held open get the commit-timeout abort; the next ones theirs only
+// once they became its lowest: a peer claiming many steps open makes no more decisions per commit
+// timeout than an honest node would.
 TEST(CoordinatorTest, APeerClaimingManyStepsOpenGetsTheCommitTimeoutForItsLowestFewOnly) {
   InProcessCluster cluster(6, 4, 2);
   const int64_t token = cluster.election().Elect(0);
