@@ -184,9 +184,9 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
       return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ": this node holds no "
                                                      "parity of stripe ", header.stripe));
     }
-    // Bounds from the wire, checked without overflow: the offset may be anything.
-    if (header.stripe_unit >= static_cast<uint32_t>(layout_->data_units()) ||
-        header.offset > unit->second.bytes || header.length > unit->second.bytes - header.offset) {
+    // This stripe's unit may be shorter than a whole one (checked above); without overflow, since
+    // offset + length fit a whole unit.
+    if (header.offset > unit->second.bytes || header.length > unit->second.bytes - header.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", header.step, ", stripe ", header.stripe, ": data unit ", header.stripe_unit,
           " bytes [", header.offset, ", ", header.offset + header.length, ") do not fit a unit of ",
