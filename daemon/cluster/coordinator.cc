@@ -164,6 +164,8 @@ std::optional<int64_t> Coordinator::NextRoundLocked(absl::Time* wake) {
   const absl::Time now = absl::Now();
   std::map<uint32_t, int> held_lower;  // by holder, the steps before this one it holds open
   for (auto& [step, proposals] : proposals_) {
+    // Timed while among the lowest kTimedOpenStepsPerNode steps of one of its holders; a step
+    // that leaves that window (a lower claim came) starts again when it is back in.
     bool timed = false;
     for (uint32_t id = 0; id < proposals.holders.size(); ++id) {
       if (proposals.holders[id] && held_lower[id]++ < kTimedOpenStepsPerNode) timed = true;
