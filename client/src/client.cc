@@ -500,20 +500,20 @@ absl::Status Client::Commit(int64_t step) {
   const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
   std::chrono::milliseconds retry_pause(10);
   while (true) {
-    std::optional<int64_t> taken;
-    {
+    const std::optional<int64_t> last_taken = [&] {
       std::lock_guard<std::mutex> lock(state_->mutex);
-      taken = state_->last_taken;
-    }
-    if (taken == step) {
+      return state_->last_taken;
+    }();
+    if (last_taken == step) {
       absl::Status committed = WaitCommitted(step);
       // Taken here but lost with a daemon that went away: take it again. A step the cluster
       // aborted cannot be taken again (its decision is final): that is the answer.
       if (!absl::IsUnavailable(committed)) return committed;
       std::lock_guard<std::mutex> lock(state_->mutex);
       if (state_->last_taken == step) state_->last_taken.reset();
-      taken.reset();
     }
+    // A step taken before this try, other than `step` itself (lost with its daemon).
+    const bool earlier_taken = last_taken && *last_taken != step;
     // Committed already: this process restored `step` and took nothing after it.
     if (absl::StatusOr<std::optional<int64_t>> latest = LatestCommitted();
         latest.ok() && *latest == step) {
@@ -525,12 +525,16 @@ absl::Status Client::Commit(int64_t step) {
           state_->options.wait_timeout.count(), " ms (see TakeSkippedSteps for why)"));
     }
     // Earlier steps settle (committed, superseded or aborted) before the step is taken again.
-    if (taken) (void)WaitCommitted(*taken);
+    if (earlier_taken) (void)WaitCommitted(*last_taken);
     absl::StatusOr<uint64_t> snapshot = Snapshot(step);
     // The daemon restarting: it will be back (the deadline bounds how long this waits for it).
     if (!snapshot.ok() && !absl::IsUnavailable(snapshot.status())) return snapshot.status();
     std::lock_guard<std::mutex> lock(state_->mutex);
-    if (!snapshot.ok() || state_->last_taken == taken) {
+    // Taken now: the rank's latest taken step is no longer the one before this try (none when that
+    // was `step`, lost with its daemon).
+    const bool took = last_taken == step ? state_->last_taken.has_value()
+                                         : state_->last_taken != last_taken;
+    if (!snapshot.ok() || !took) {
       // Skipped again with nothing of the rank in flight: the pool is short of room until the
       // cluster commits (or an operator frees some), or the daemon is not back yet. Ask again
       // a little later.
