@@ -33,7 +33,7 @@ constexpr int kMeasuredSteps = 50;
 constexpr int kManyRegions = 16000;
 constexpr size_t kManyRegionBytes = 4096;
 constexpr size_t kManyStateBytes = kManyRegions * kManyRegionBytes;  // 62.5 MiB
-constexpr int kManyMeasuredSteps = 20;
+constexpr int kManyMeasuredSteps = 100;
 // Timed whole-rank restores, and rounds of the memcpy beside them: as many, so that the best of
 // each is taken from as many tries.
 constexpr int kRestores = 20;

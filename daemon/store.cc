@@ -321,7 +321,8 @@ v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, i
   job->selection = selection.regions;
   job->plan = selection.plan;
   job->reservation = std::move(reservation);
-  job->versions.resize(selection.regions->size());
+  job->versions = std::exchange(rank_state.spare_versions, {});
+  job->versions.assign(selection.regions->size(), nullptr);
   for (uint32_t position : plan.large) {  // copied by several parts: made before any of them runs
     job->versions[position] = NewVersion(*job, position);
   }
@@ -616,6 +617,9 @@ void Store::CommitRecord(RankState& rank_state, uint32_t rank, StepRecord& recor
     hint = std::next(rank_state.committed.insert_or_assign(hint, region, std::move(version)));
   }  // each frees the older version of its region
   record.versions.clear();
+  if (record.versions.capacity() > rank_state.spare_versions.capacity()) {
+    rank_state.spare_versions = std::move(record.versions);
+  }
   CommitReplicaGroups(record, &rank_state.committed, &rank_state.replica_groups);
   record.state = v1::STEP_STATE_COMMITTED;
   if (record.captured_time != absl::Time()) {  // captured by this process, not recovered
