@@ -604,6 +604,44 @@ TEST_F(StoreTest, ADamagedRegionInARunOfSmallOnesIsNamedAndTheRestAreRestoredExa
   }
 }
 
+// Steps of every region and of some alternate, each capture reusing the per-region table of the
+// step committed before it (larger or smaller than it needs): every restore gives back each
+// region's bytes of the latest step that took it.
+TEST_F(StoreTest, StepsOfAllAndOfSomeRegionsRestoreEachRegionsLatestBytes) {
+  constexpr int kRegions = 3;
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal, 16 << 20));
+  ASSERT_NO_FATAL_FAILURE(Connect(0, kRegions));
+  Trainer& trainer = trainers_.at(0);
+  struct Step {
+    int64_t step;
+    std::vector<std::string> regions;  // empty: all
+  };
+  std::vector<int> latest(kRegions, 0);  // the step whose bytes each region holds
+  for (const Step& taken : {Step{1, {}}, Step{2, {"region1"}}, Step{3, {}},
+                            Step{4, {"region0", "region2"}}, Step{5, {"region2"}}}) {
+    std::memset(trainer.data, static_cast<int>(taken.step), trainer.bytes);
+    ASSERT_OK(store_->Snapshot(0, taken.step, taken.regions));
+    ASSERT_OK(store_->WaitCommitted(0, taken.step, absl::Now() + absl::Seconds(30),
+                                    [] { return false; }));
+    for (int region = 0; region < kRegions; ++region) {
+      if (taken.regions.empty() ||
+          std::find(taken.regions.begin(), taken.regions.end(),
+                    absl::StrCat("region", region)) != taken.regions.end()) {
+        latest[region] = static_cast<int>(taken.step);
+      }
+    }
+    std::memset(trainer.data, 0, trainer.bytes);
+    ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+    for (int region = 0; region < kRegions; ++region) {
+      const std::vector<uint8_t> expected(kRegionBytes, static_cast<uint8_t>(latest[region]));
+      EXPECT_EQ(std::vector<uint8_t>(trainer.data + region * kRegionBytes,
+                                     trainer.data + (region + 1) * kRegionBytes),
+                expected)
+          << "region" << region << " after step " << taken.step;
+    }
+  }
+}
+
 TEST_F(StoreTest, ARegionLargerThanAChunkAmongSmallOnesIsCopiedChunkByChunk) {
   Open(CommitMode::kLocal, 16 << 20);
   Connect(0, 3, 5 * 64 * 1024 + 17);  // five chunks and a bit, three times
