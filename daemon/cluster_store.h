@@ -55,12 +55,14 @@ class ClusterStore {
                                                      const std::string& region) const = 0;
   // Commits `step` for every rank that captured it, with the cluster's record, in one journal
   // write; older captured steps are aborted as superseded.
-  virtual absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) = 0;
+  virtual absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster) = 0;
   virtual void AbortNodeStep(int64_t step, const absl::Status& why) = 0;
   // Replaces every committed version by a rebuilt image and journals it with `cluster`.
-  virtual absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) = 0;
-  // The cluster record of the committed step (empty on a fresh pool).
-  virtual v1::JournalCluster ClusterRecord() const = 0;
+  virtual absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) = 0;
+  // The cluster record of the committed step (empty on a fresh pool). It holds every group
+  // member's image, region by region, so it is shared rather than copied: a commit replaces it,
+  // and the record a caller holds never changes.
+  virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
   virtual uint64_t CommittedBytes() const = 0;
   // Bytes of captures not committed yet.
   virtual uint64_t InFlightBytes() const = 0;

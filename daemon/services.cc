@@ -256,7 +256,7 @@ grpc::Status AdminService::InspectStep(grpc::ServerContext*, const v1::InspectSt
                         "step " + std::to_string(request->step()) + " is not stored");
   }
   if (cluster_ != nullptr && response->replica_groups_size() > 0) {
-    const std::map<uint32_t, uint32_t> holders = cluster::RankHolders(store_->ClusterRecord());
+    const std::map<uint32_t, uint32_t> holders = cluster::RankHolders(*store_->ClusterRecord());
     for (v1::RankReplicaGroup& group : *response->mutable_replica_groups()) {
       for (uint32_t member : group.layout().group().ranks()) {
         if (auto holder = holders.find(member); holder != holders.end()) {

@@ -121,7 +121,7 @@ absl::Status Store::Recover() {
     RankState& rank_state = ranks_[saved.rank()];
     LoadRankRecord(saved, &rank_state);
   }
-  cluster_ = state.cluster();
+  cluster_ = std::make_shared<const v1::JournalCluster>(state.cluster());
   notified_step_ = NodeCommittedStep();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
@@ -385,7 +385,7 @@ std::shared_ptr<Store::Version> Store::NewVersion(const CaptureJob& job, uint32_
 uint64_t Store::ParityReserveLocked() {
   if (options_.parity_share <= 0) return 0;
   uint64_t committed = 0;  // the largest image of the group's committed step
-  for (const v1::NodeImage& image : cluster_.group_images()) {
+  for (const v1::NodeImage& image : cluster_->group_images()) {
     committed = std::max(committed, image.bytes());
   }
   uint64_t here = 0;  // what a whole step of every rank of this node captures
@@ -556,7 +556,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   // last of them has captured it.
   std::map<uint32_t, const StepRecord*> committing{{rank, &record}};
   if (!record.table->groups.empty() && !GroupCaptured(rank, record.step, &committing)) return;
-  if (absl::Status status = WriteJournal(committing, cluster_); !status.ok()) {
+  if (absl::Status status = WriteJournal(committing, *cluster_); !status.ok()) {
     for (const auto& [member, member_record] : committing) {
       RankState& member_state = ranks_[member];
       AbortStep(member_state, member_state.steps[member_record->step], status);

@@ -152,14 +152,14 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.
-  absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
+  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
-  absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) override;
+  absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
                            const PoolBytes& bytes) override;
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
-  v1::JournalCluster ClusterRecord() const override;
+  std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
 
@@ -336,7 +336,8 @@ class Store final : public ClusterStore, public DurableStore {
   uint64_t steps_superseded_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t snapshots_skipped_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_skip_ ABSL_GUARDED_BY(mutex_);
-  v1::JournalCluster cluster_ ABSL_GUARDED_BY(mutex_);
+  std::shared_ptr<const v1::JournalCluster> cluster_ ABSL_GUARDED_BY(mutex_) =
+      std::make_shared<const v1::JournalCluster>();
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts

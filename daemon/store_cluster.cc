@@ -211,7 +211,7 @@ NodeImage Store::CommittedImage() const {
 absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, uint32_t rank,
                                                                 const std::string& region) const {
   absl::MutexLock lock(&mutex_);
-  if (!cluster_.has_committed_step() || cluster_.committed_step() != step) {
+  if (!cluster_->has_committed_step() || cluster_->committed_step() != step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not the committed step"));
   }
   if (auto rank_it = ranks_.find(rank); rank_it != ranks_.end()) {
@@ -227,7 +227,7 @@ absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, ui
 
 NodeImage Store::CommittedImageLocked() const {
   v1::NodeImage manifest;
-  if (cluster_.has_committed_step()) manifest.set_step(cluster_.committed_step());
+  if (cluster_->has_committed_step()) manifest.set_step(cluster_->committed_step());
   std::vector<std::shared_ptr<PoolBytes>> stored;
   for (const auto& [rank, rank_state] : ranks_) {
     for (const auto& [name, version] : rank_state.committed) {
@@ -243,7 +243,7 @@ NodeImage Store::CommittedImageLocked() const {
 
 std::optional<int64_t> Store::NodeCommittedStep() const {
   if (mode_ == CommitMode::kCluster) {
-    return cluster_.has_committed_step() ? std::optional<int64_t>(cluster_.committed_step())
+    return cluster_->has_committed_step() ? std::optional<int64_t>(cluster_->committed_step())
                                          : std::nullopt;
   }
   std::optional<int64_t> lowest;
@@ -312,8 +312,9 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   LoadRankRecord(record, &rank_state);
   // In a cluster the group's parity covers the committed step this node had, not the loaded one:
   // the record goes, so that the next step is encoded whole.
-  const v1::JournalCluster kept = mode_ == CommitMode::kCluster ? v1::JournalCluster() : cluster_;
-  if (absl::Status status = WriteJournal({}, kept); !status.ok()) {
+  const std::shared_ptr<const v1::JournalCluster> kept =
+      mode_ == CommitMode::kCluster ? std::make_shared<const v1::JournalCluster>() : cluster_;
+  if (absl::Status status = WriteJournal({}, *kept); !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
     rank_state.latest_snapshot = previous.latest_committed;
@@ -327,7 +328,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
 }
 
 
-absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
+absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
   absl::MutexLock lock(&mutex_);
   std::map<uint32_t, const StepRecord*> committing;
   for (auto& [rank, rank_state] : ranks_) {
@@ -339,7 +340,7 @@ absl::Status Store::CommitNodeStep(int64_t step, const v1::JournalCluster& clust
   if (absl::Status status = WriteJournal(committing, cluster); !status.ok()) {
     return status;
   }
-  cluster_ = cluster;
+  cluster_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
   prepared_steps_.erase(prepared_steps_.begin(), prepared_steps_.upper_bound(step));
   for (auto& [rank, record] : committing) {
     RankState& rank_state = ranks_[rank];
@@ -372,7 +373,7 @@ void Store::AbortNodeStep(int64_t step, const absl::Status& why) {
   }
 }
 
-absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) {
+absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster cluster) {
   std::map<uint32_t, RankState> rebuilt;
   for (int i = 0; i < image.manifest().regions_size(); ++i) {
     const v1::ImageRegion& region = image.manifest().regions(i);
@@ -396,13 +397,13 @@ absl::Status Store::InstallImage(const NodeImage& image, const v1::JournalCluste
     for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = rank_state.regions;
     return status;
   }
-  cluster_ = cluster;
+  cluster_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
   notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
 }
 
-v1::JournalCluster Store::ClusterRecord() const {
+std::shared_ptr<const v1::JournalCluster> Store::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return cluster_;
 }

@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
   units->parity = std::make_unique<ParityStore>(
       pool, units->topology->codec.get(), &units->topology->layout, units->topology->position,
       absl::Milliseconds(options.commit_timeout_ms));
-  if (absl::Status status = units->parity->Recover(store->ClusterRecord()); !status.ok()) {
+  if (absl::Status status = units->parity->Recover(*store->ClusterRecord()); !status.ok()) {
     return status;
   }
   units->transfer = std::make_unique<cluster::Transfer>(context, store, units->parity.get());

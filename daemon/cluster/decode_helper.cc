@@ -23,7 +23,8 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
   const uint32_t self = context_.node_id();
   const int k = layout.data_units();
   const int n = layout.group_size();
-  const v1::JournalCluster record = store_->ClusterRecord();
+  const std::shared_ptr<const v1::JournalCluster> held = store_->ClusterRecord();
+  const v1::JournalCluster& record = *held;
   if (!record.has_committed_step() || record.committed_step() != request.step()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", self, " does not hold step ", request.step()));

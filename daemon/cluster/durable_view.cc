@@ -29,9 +29,9 @@ absl::StatusOr<v1::DurableStateResponse> DurableView::Local() const {
   // Settled once the rebuild at start has ended; its memory serves when that found nothing to
   // rebuild or rebuilt it, and a step is committed.
   response.set_settled(!rebuilder_->rebuilding());
-  const v1::JournalCluster record = store_->ClusterRecord();
-  if (!rebuilder_->behind() && record.has_committed_step()) {
-    response.set_memory_step(record.committed_step());
+  const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+  if (!rebuilder_->behind() && record->has_committed_step()) {
+    response.set_memory_step(record->committed_step());
   }
   return response;
 }

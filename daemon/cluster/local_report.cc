@@ -23,8 +23,8 @@ v1::NodeMemory LocalReport::Memory() const {
 v1::NodeReport LocalReport::Describe() const {
   v1::NodeReport report;
   report.set_node_id(context_.node_id());
-  const v1::JournalCluster record = store_->ClusterRecord();
-  if (record.has_committed_step()) report.set_latest_committed_step(record.committed_step());
+  const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+  if (record->has_committed_step()) report.set_latest_committed_step(record->committed_step());
   *report.mutable_memory() = Memory();
   report.set_rebuilding(rebuilder_->behind());
   if (report.rebuilding()) {

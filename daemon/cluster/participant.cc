@@ -2,7 +2,8 @@
 // the decisions etcd holds.
 #include "daemon/cluster/participant.h"
 
-#include <google/protobuf/util/message_differencer.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
 
@@ -34,6 +35,19 @@ std::string StepText(const std::optional<int64_t>& step) {
   return step ? absl::StrCat("step ", *step) : "no step";
 }
 
+// `image` serialized deterministically: NodeImage has no map fields, so two images are equal
+// field for field exactly when these bytes are, and comparing them is one pass over memory.
+std::string ImageBytes(const v1::NodeImage& image) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    image.SerializeToCodedStream(&coded);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Participant::Participant(const ClusterContext& context, ClusterStore* store, ParityStore* parity,
@@ -60,9 +74,9 @@ bool Participant::stopping() const {
 }
 
 std::optional<int64_t> Participant::CommittedStep() const {
-  const v1::JournalCluster record = store_->ClusterRecord();
-  if (!record.has_committed_step()) return std::nullopt;
-  return record.committed_step();
+  const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+  if (!record->has_committed_step()) return std::nullopt;
+  return record->committed_step();
 }
 
 bool Participant::DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const {
@@ -194,12 +208,13 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   if (!image.ok()) return image.status();
   v1::PrepareResponse response;
   *response.mutable_image() = image->manifest();
-  if (const v1::JournalCluster committed = store_->ClusterRecord(); committed.has_committed_step()) {
-    response.set_committed_step(committed.committed_step());
+  if (const std::optional<int64_t> committed = CommittedStep()) {
+    response.set_committed_step(*committed);
   }
   response.mutable_image()->set_node_id(context_.node_id());
   PreparedStep prepared;
-  prepared.image = *std::move(image);
+  prepared.image = std::make_shared<const NodeImage>(*std::move(image));
+  prepared.reported = ImageBytes(response.image());
   Open(step, request.token(), request.coordinator(), std::move(prepared));
   return response;
 }
@@ -224,13 +239,15 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   if (!image.ok()) return;
   v1::NodeImage manifest = image->manifest();
   manifest.set_node_id(context_.node_id());
+  std::string reported = ImageBytes(manifest);
   {
     absl::MutexLock lock(&mutex_);
     if (decided_.contains(step) || open_.contains(step)) return;
     PreparedStep& open = open_[step];
     open.token = leader.token;
     open.coordinator = leader.node_id;
-    open.image = *std::move(image);
+    open.image = std::make_shared<const NodeImage>(*std::move(image));
+    open.reported = std::move(reported);
   }
   *proposal.mutable_image() = std::move(manifest);
   if (committed) proposal.set_committed_step(*committed);
@@ -263,8 +280,8 @@ v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request
   v1::PrepareResponse response;
   response.set_rebuilding(true);
   response.mutable_image()->set_node_id(context_.node_id());
-  if (const v1::JournalCluster committed = store_->ClusterRecord(); committed.has_committed_step()) {
-    response.set_committed_step(committed.committed_step());
+  if (const std::optional<int64_t> committed = CommittedStep()) {
+    response.set_committed_step(*committed);
   }
   // Without a base there is nothing to take deltas against (and no degraded step either).
   if (!request.has_base_step()) return response;
@@ -293,11 +310,12 @@ v1::PrepareResponse Participant::PrepareAbsent(const v1::PrepareRequest& request
 absl::StatusOr<v1::JournalCluster> Participant::BaseRecord(int64_t base, absl::Time deadline) {
   const Topology& topology = *context_.topology;
   const std::vector<uint32_t>& group = topology.groups[topology.group];
-  v1::JournalCluster record = store_->ClusterRecord();
-  if (record.has_committed_step() && record.committed_step() == base &&
-      record.group_images_size() == static_cast<int>(group.size())) {
-    record.clear_parity();
-    return record;
+  if (const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+      record->has_committed_step() && record->committed_step() == base &&
+      record->group_images_size() == static_cast<int>(group.size())) {
+    v1::JournalCluster without_parity = *record;
+    without_parity.clear_parity();
+    return without_parity;
   }
   // The members apply the base's decision as they prepare this step: one may be a moment behind.
   const absl::Time until = std::min(deadline, absl::Now() + kBaseWait);
@@ -417,7 +435,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   absl::StatusOr<std::set<int>> absent = AbsentPositions(request);
   if (!absent.ok()) return absent.status();
   if (request.parity_only()) return EncodeReceived(request, *absent);
-  NodeImage image;
+  const std::string requested = ImageBytes(request.group_images(topology.position));
+  std::shared_ptr<const NodeImage> image;
   {
     absl::MutexLock lock(&mutex_);
     auto it = open_.find(step);
@@ -426,17 +445,14 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
           "step ", step, " was not prepared here by node ", request.coordinator(), " under token ",
           request.token()));
     }
+    // This node's own image must be the one it reported, field for field: its regions decide
+    // which units are sent and, once committed, how a rebuild lays them out.
+    if (it->second.reported != requested) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step, ": the image of node ", context_.node_id(),
+          " in the request differs from the one it prepared"));
+    }
     image = it->second.image;
-  }
-  // This node's own image must be the one it reported in Prepare, field for field: its regions
-  // decide which units are sent and, once committed, how a rebuild lays them out.
-  v1::NodeImage prepared = image.manifest();
-  prepared.set_node_id(context_.node_id());
-  if (!google::protobuf::util::MessageDifferencer::Equals(
-          prepared, request.group_images(topology.position))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", step, ": the image of node ", context_.node_id(),
-        " in the request differs from the one it prepared"));
   }
   const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
   // Parity follows the decided sequence: this node's committed step must be the base every node
@@ -449,7 +465,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // anything else (the first step, a rank registering new regions) encodes whole.
   // Every node of the group decides the same from the same two records, unless the coordinator
   // found that the group's nodes do not hold the same committed step.
-  const v1::JournalCluster committed = store_->ClusterRecord();
+  const std::shared_ptr<const v1::JournalCluster> held = store_->ClusterRecord();
+  const v1::JournalCluster& committed = *held;
   std::vector<v1::NodeImage> group_images(request.group_images().begin(),
                                           request.group_images().end());
   std::set<uint32_t> absent_nodes;  // those that get nothing from this node
@@ -497,7 +514,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
     return status;
   }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
-      step, request.token(), image,
+      step, request.token(), *image,
       delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt, step_changes,
       absent_nodes);
   if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
@@ -633,7 +650,11 @@ void Participant::Apply(const v1::StepDecision& decision) {
       highest_token_ = decision.token();
       highest_coordinator_ = decision.coordinator();
     }
-    if (auto it = open_.find(step); it != open_.end()) open = it->second;
+    // Taken out, not copied: it holds every group member's image, and the decision ends it.
+    if (auto it = open_.find(step); it != open_.end()) {
+      open = std::move(it->second);
+      open_.erase(it);
+    }
   }
   if (!decision.committed()) {
     store_->AbortNodeStep(step, absl::AbortedError(absl::StrCat(
@@ -682,11 +703,11 @@ void Participant::Apply(const v1::StepDecision& decision) {
   } else {
     v1::JournalCluster record;
     record.set_committed_step(step);
-    for (const v1::NodeImage& image : open->group_images) *record.add_group_images() = image;
+    for (v1::NodeImage& image : open->group_images) *record.add_group_images() = std::move(image);
     for (v1::JournalParity& parity : parity_->Records(step)) {
       *record.add_parity() = std::move(parity);
     }
-    status = store_->CommitNodeStep(step, record);
+    status = store_->CommitNodeStep(step, std::move(record));
     if (status.ok()) parity_->Commit(step);
   }
   if (!status.ok()) {

@@ -82,7 +82,11 @@ class Participant {
   struct PreparedStep {
     int64_t token = 0;
     uint32_t coordinator = 0;
-    NodeImage image;
+    // Shared, not copied, by the calls that read it: it lists every region of the node.
+    std::shared_ptr<const NodeImage> image;
+    // The image as this node reported it (with its node id), serialized: an Encode's copy of it
+    // must be the same bytes.
+    std::string reported;
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
     // A parity receiver (this node rebuilds): no image; the group record of the base step.

@@ -215,7 +215,7 @@ int Rebuilder::CatchUpLocked() {
   if (steps > 0) {
     Log(LogLevel::kInfo, "node ", context_.node_id(), " caught up with ", steps,
         " committed step", steps > 1 ? "s" : "", " from the parity it received, to step ",
-        store_->ClusterRecord().committed_step());
+        store_->ClusterRecord()->committed_step());
   }
   return steps;
 }
@@ -436,7 +436,7 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
     if (response->rebuilding() || !held.has_committed_step()) continue;
     if (!record || held.committed_step() > record->committed_step()) record = held;
   }
-  const v1::JournalCluster mine = store_->ClusterRecord();
+  const std::shared_ptr<const v1::JournalCluster> mine = store_->ClusterRecord();
   v1::RebuildResponse stats;
   if (target && (!record || record->committed_step() < *target)) {
     if (lost.size() > static_cast<size_t>(layout.group_size() - layout.data_units())) {
@@ -452,9 +452,9 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
         record ? absl::StrCat("; the newest a member holds is step ", record->committed_step())
                : ""));
   }
-  if (!record || (mine.has_committed_step() && mine.committed_step() >= record->committed_step() &&
-                  !force)) {
-    if (mine.has_committed_step()) stats.set_step(mine.committed_step());
+  if (!record || (mine->has_committed_step() &&
+                  mine->committed_step() >= record->committed_step() && !force)) {
+    if (mine->has_committed_step()) stats.set_step(mine->committed_step());
     return stats;  // nothing newer in the group: this node is current
   }
   const int64_t step = record->committed_step();
@@ -511,7 +511,7 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   if (absl::Status status = store_->InstallImage(*image, installed); !status.ok()) return status;
   parity_->Install(step, std::move(units));
   // Steps committed during the decode whose parity this node received follow at once.
-  if (CatchUpLocked() > 0) stats.set_step(store_->ClusterRecord().committed_step());
+  if (CatchUpLocked() > 0) stats.set_step(store_->ClusterRecord()->committed_step());
   stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
   Log(LogLevel::kInfo, LogFields{.step = step, .duration_seconds = stats.seconds()},
       "rebuilt step ", step, ": ", stats.stripes(), " stripes, ", stats.data_bytes(),
@@ -537,9 +537,9 @@ void Rebuilder::Run() {
       CatchUpLocked();
     }
     // The latest committed step is what etcd holds, whatever the group has applied so far.
-    const v1::JournalCluster mine = store_->ClusterRecord();
+    const std::shared_ptr<const v1::JournalCluster> mine = store_->ClusterRecord();
     const std::optional<int64_t> committed =
-        mine.has_committed_step() ? std::optional<int64_t>(mine.committed_step()) : std::nullopt;
+        mine->has_committed_step() ? std::optional<int64_t>(mine->committed_step()) : std::nullopt;
     absl::StatusOr<std::vector<v1::StepDecision>> newer = log_->DecisionsAfter(committed);
     std::optional<int64_t> target = noted;
     absl::Status status = newer.status();
@@ -695,9 +695,9 @@ absl::Status Rebuilder::last_failure() const {
 
 v1::GroupStateResponse Rebuilder::GroupState() const {
   v1::GroupStateResponse response;
-  v1::JournalCluster record = store_->ClusterRecord();
-  record.clear_parity();
-  *response.mutable_cluster() = std::move(record);
+  v1::JournalCluster* record = response.mutable_cluster();
+  *record = *store_->ClusterRecord();
+  record->clear_parity();
   response.set_rebuilding(behind());
   return response;
 }
@@ -723,7 +723,8 @@ absl::StatusOr<v1::VerifyResponse> Rebuilder::Verify(std::optional<int64_t> step
     return response;
   }
   absl::MutexLock decode_lock(&decode_mutex_);
-  const v1::JournalCluster record = store_->ClusterRecord();
+  const std::shared_ptr<const v1::JournalCluster> held = store_->ClusterRecord();
+  const v1::JournalCluster& record = *held;
   const NodeImage image = store_->CommittedImage();
   if (!record.has_committed_step() || record.group_images_size() != layout.group_size()) {
     return absl::FailedPreconditionError("this node has no committed step recorded for its group");

@@ -27,15 +27,15 @@ constexpr size_t kRequestsInFlight = Transfer::kRegionRequestsPerPeer / 2;
 constexpr uint64_t kKeptRestoreBytes = 64 << 20;
 
 // Which member of the group `record` describes holds `rank`, with the record (without parity).
-v1::LocateRankResponse FindRank(v1::JournalCluster record, uint32_t rank) {
+v1::LocateRankResponse FindRank(const v1::JournalCluster& record, uint32_t rank) {
   v1::LocateRankResponse response;
-  record.clear_parity();
   for (const v1::NodeImage& image : record.group_images()) {
     for (const v1::ImageRegion& region : image.regions()) {
       if (region.rank() != rank) continue;
       response.set_found(true);
       response.set_node_id(image.node_id());
-      *response.mutable_record() = std::move(record);
+      *response.mutable_record() = record;
+      response.mutable_record()->clear_parity();
       return response;
     }
   }
@@ -53,7 +53,7 @@ RemoteRestore::RemoteRestore(const ClusterContext& context, ClusterStore* store,
       buffers_(kKeptRestoreBytes) {}
 
 v1::LocateRankResponse RemoteRestore::Locate(const v1::LocateRankRequest& request) const {
-  return FindRank(store_->ClusterRecord(), request.rank());
+  return FindRank(*store_->ClusterRecord(), request.rank());
 }
 
 void RemoteRestore::TakeRequests(uint32_t holder, size_t count) {
@@ -73,8 +73,8 @@ void RemoteRestore::ReleaseRequests(uint32_t holder, size_t count) {
 absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_rank, bool ask,
                                                                bool* asked) {
   *asked = false;
-  v1::JournalCluster own = store_->ClusterRecord();
-  const int64_t committed = own.committed_step();
+  const std::shared_ptr<const v1::JournalCluster> own = store_->ClusterRecord();
+  const int64_t committed = own->committed_step();
   if (!ask) {
     {
       absl::MutexLock lock(&located_mutex_);
@@ -88,7 +88,7 @@ absl::StatusOr<v1::LocateRankResponse> RemoteRestore::Located(uint32_t source_ra
     }
     // A rank of this node's group: this node's own record says which member holds it.
     if (!rebuilder_->behind()) {
-      v1::LocateRankResponse here = FindRank(std::move(own), source_rank);
+      v1::LocateRankResponse here = FindRank(*own, source_rank);
       if (here.found()) return here;
     }
   }

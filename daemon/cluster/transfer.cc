@@ -269,7 +269,8 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
 absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRequest& request) {
   const erasure::StripeLayout& layout = context_.layout();
   const uint32_t self = context_.node_id();
-  const v1::JournalCluster record = store_->ClusterRecord();
+  const std::shared_ptr<const v1::JournalCluster> committed = store_->ClusterRecord();
+  const v1::JournalCluster& record = *committed;
   if (!record.has_committed_step() || record.committed_step() != request.step()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", self, " does not hold step ", request.step()));
@@ -322,8 +323,8 @@ absl::StatusOr<Transfer::HeldUnits> Transfer::HoldOwnUnits(
     if (!own.ok()) return own.status();
     held.units.push_back(*std::move(own));
   }
-  if (const v1::JournalCluster now = store_->ClusterRecord();
-      !now.has_committed_step() || now.committed_step() != step) {
+  if (const std::shared_ptr<const v1::JournalCluster> now = store_->ClusterRecord();
+      !now->has_committed_step() || now->committed_step() != step) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", context_.node_id(), " committed another step while reading units of step ", step));
   }
@@ -368,8 +369,8 @@ std::vector<absl::Span<const uint8_t>> Transfer::SpansOf(const OwnUnit& own,
 }
 
 absl::Status Transfer::CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies) {
-  if (const v1::JournalCluster record = store_->ClusterRecord();
-      !record.has_committed_step() || record.committed_step() != step) {
+  if (const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+      !record->has_committed_step() || record->committed_step() != step) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", context_.node_id(), " does not hold step ", step));
   }

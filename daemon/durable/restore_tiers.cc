@@ -273,7 +273,7 @@ v1::ListDurableResponse RestoreTiers::ListDurable() {
 absl::Status RestoreTiers::Export(const v1::ExportRequest& request,
                                   const std::function<bool(const v1::ExportChunk&)>& send) {
   const NodeImage image = store_->CommittedImage();  // holds the versions while they are sent
-  const std::optional<int64_t> memory_step = ImageStep(image.manifest(), store_->ClusterRecord());
+  const std::optional<int64_t> memory_step = ImageStep(image.manifest(), *store_->ClusterRecord());
   bool from_memory = false;
   if (request.tier() == v1::TIER_MEMORY || request.tier() == v1::TIER_UNSPECIFIED) {
     from_memory = memory_step && (!request.has_step() || request.step() == *memory_step);

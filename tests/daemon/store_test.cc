@@ -1197,7 +1197,7 @@ TEST_F(StoreTest, ANodeWithoutTrainersTakesPartInStepsOnlyWhenParityOnly) {
   v1::JournalCluster record;
   record.set_committed_step(1);
   ASSERT_OK(store_->CommitNodeStep(1, record));
-  EXPECT_EQ(store_->ClusterRecord().committed_step(), 1);
+  EXPECT_EQ(store_->ClusterRecord()->committed_step(), 1);
 }
 
 TEST_F(ReplicaGroupStoreTest, DeclarationsThatCannotBeCutAreRefused) {

@@ -170,7 +170,7 @@ NodeImage FakeClusterStore::CommittedImage() const {
 absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
     int64_t step, uint32_t rank, const std::string& region) const {
   absl::MutexLock lock(&mutex_);
-  if (!record_.has_committed_step() || record_.committed_step() != step) {
+  if (!record_->has_committed_step() || record_->committed_step() != step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not the committed step"));
   }
   for (int i = 0; i < committed_.manifest().regions_size(); ++i) {
@@ -182,7 +182,7 @@ absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
   return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
 }
 
-absl::Status FakeClusterStore::CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) {
+absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
   absl::MutexLock lock(&mutex_);
   auto it = captured_.find(step);
   if (it == captured_.end()) {
@@ -190,7 +190,7 @@ absl::Status FakeClusterStore::CommitNodeStep(int64_t step, const v1::JournalClu
   }
   committed_ = it->second;
   captured_.erase(captured_.begin(), std::next(it));
-  record_ = cluster;
+  record_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
   commits_.push_back(step);
   changed_.SignalAll();
   return absl::OkStatus();
@@ -202,16 +202,15 @@ void FakeClusterStore::AbortNodeStep(int64_t step, const absl::Status&) {
   changed_.SignalAll();
 }
 
-absl::Status FakeClusterStore::InstallImage(const NodeImage& image,
-                                            const v1::JournalCluster& cluster) {
+absl::Status FakeClusterStore::InstallImage(const NodeImage& image, v1::JournalCluster cluster) {
   absl::MutexLock lock(&mutex_);
   committed_ = image;
-  record_ = cluster;
+  record_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
   changed_.SignalAll();
   return absl::OkStatus();
 }
 
-v1::JournalCluster FakeClusterStore::ClusterRecord() const {
+std::shared_ptr<const v1::JournalCluster> FakeClusterStore::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return record_;
 }
@@ -524,6 +523,23 @@ void FakeNetwork::UnitsServed(uint32_t from, uint32_t to) {
   if (hook) hook(from, to);
 }
 
+void FakeNetwork::SetEncodeRewrite(EncodeRewrite rewrite) {
+  absl::MutexLock lock(&mutex_);
+  encode_rewrite_ = std::move(rewrite);
+}
+
+v1::EncodeRequest FakeNetwork::Rewritten(uint32_t from, uint32_t to,
+                                         const v1::EncodeRequest& request) {
+  EncodeRewrite rewrite;
+  {
+    absl::MutexLock lock(&mutex_);
+    rewrite = encode_rewrite_;
+  }
+  v1::EncodeRequest rewritten = request;
+  if (rewrite) rewrite(from, to, rewritten);
+  return rewritten;
+}
+
 void FakeNetwork::Proposed(const v1::ProposeRequest& request) {
   absl::MutexLock lock(&mutex_);
   proposals_.push_back(request);
@@ -585,7 +601,7 @@ absl::StatusOr<v1::EncodeResponse> FakePeerClient::Encode(uint32_t node,
   ++calls_;
   absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Encode");
   if (!to.ok()) return to.status();
-  return (*to)->participant.Encode(request);
+  return (*to)->participant.Encode(network_->Rewritten(self_, node, request));
 }
 
 absl::StatusOr<v1::GroupStateResponse> FakePeerClient::GroupState(uint32_t node) {

@@ -74,10 +74,10 @@ class FakeClusterStore final : public ClusterStore {
   NodeImage CommittedImage() const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
-  absl::Status CommitNodeStep(int64_t step, const v1::JournalCluster& cluster) override;
+  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
-  absl::Status InstallImage(const NodeImage& image, const v1::JournalCluster& cluster) override;
-  v1::JournalCluster ClusterRecord() const override;
+  absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
+  std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
@@ -96,7 +96,8 @@ class FakeClusterStore final : public ClusterStore {
   std::optional<int64_t> latest_ ABSL_GUARDED_BY(mutex_);  // the step the trainer took last
   std::set<int64_t> offered_ ABSL_GUARDED_BY(mutex_);  // captures WaitNewNodeCapture returned
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
-  v1::JournalCluster record_ ABSL_GUARDED_BY(mutex_);
+  std::shared_ptr<const v1::JournalCluster> record_ ABSL_GUARDED_BY(mutex_) =
+      std::make_shared<const v1::JournalCluster>();
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
   int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;
@@ -234,6 +235,11 @@ class FakeNetwork {
   // before its answer reaches the caller: a test holds it there (a slow transfer).
   void SetUnitsServed(std::function<void(uint32_t from, uint32_t to)> hook);
   void UnitsServed(uint32_t from, uint32_t to);
+  // Rewrites every Encode request from `from` to `to` before it is served (a coordinator that
+  // sends a node something other than what it reported).
+  using EncodeRewrite = std::function<void(uint32_t from, uint32_t to, v1::EncodeRequest&)>;
+  void SetEncodeRewrite(EncodeRewrite rewrite);
+  v1::EncodeRequest Rewritten(uint32_t from, uint32_t to, const v1::EncodeRequest& request);
   // The proposals a coordinator took (answered without an error), in order, as sent.
   void Proposed(const v1::ProposeRequest& request);
   std::vector<v1::ProposeRequest> proposals() const;
@@ -245,6 +251,7 @@ class FakeNetwork {
   std::function<absl::Status(uint32_t, uint32_t, const std::string&)> filter_
       ABSL_GUARDED_BY(mutex_);
   std::function<void(uint32_t, uint32_t)> units_served_ ABSL_GUARDED_BY(mutex_);
+  EncodeRewrite encode_rewrite_ ABSL_GUARDED_BY(mutex_);
   std::vector<v1::ProposeRequest> proposals_ ABSL_GUARDED_BY(mutex_);
 };
 

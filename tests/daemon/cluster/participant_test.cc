@@ -1,8 +1,8 @@
 // The participant, in-process with real coordinators, parity and data planes, and fakes at the
 // store, peer-client, decision-log and election seams: it acts only on decisions the log holds,
 // catches up on one it missed before it takes part in the next step, refuses to encode against any
-// base but the decided one (so parity cannot diverge), refuses a deposed coordinator's token, and
-// rebuilds rather than journal a commit it did not encode.
+// base but the decided one (so parity cannot diverge), refuses a deposed coordinator's token and an
+// image of itself it did not report, and rebuilds rather than journal a commit it did not encode.
 #include "daemon/cluster/participant.h"
 
 #include <gtest/gtest.h>
@@ -104,6 +104,38 @@ TEST(ParticipantTest, ATokenNoLeaderHoldsIsRefusedAndTheRealCoordinatorGoesOn) {
   ASSERT_STATUS(cluster.node(2).participant.Prepare(forged), absl::StatusCode::kFailedPrecondition);
   cluster.CaptureEverywhere(1, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(1));
+}
+
+// A coordinator that sends a node an image of itself other than the one it reported (here one
+// chunk checksum altered) is refused: the node encodes nothing, the step aborts naming why, and
+// the next step commits everywhere with parity that decodes.
+TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefused) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.network().SetEncodeRewrite([](uint32_t, uint32_t to, v1::EncodeRequest& request) {
+    for (v1::NodeImage& image : *request.mutable_group_images()) {
+      if (image.node_id() == to && image.regions_size() > 0 &&
+          image.regions(0).chunk_crcs_size() > 0) {
+        v1::ImageRegion& region = *image.mutable_regions(0);
+        region.set_chunk_crcs(0, region.chunk_crcs(0) ^ 1);
+      }
+    }
+  });
+  cluster.CaptureEverywhere(2, kBytes);
+  std::optional<v1::StepDecision> second = cluster.WaitDecided(2);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_FALSE(second->committed());
+  EXPECT_TRUE(absl::StrContains(second->reason(), "differs from the one it prepared"))
+      << second->reason();
+  cluster.network().SetEncodeRewrite(nullptr);
+  cluster.CaptureEverywhere(3, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  for (int node = 0; node < cluster.size(); ++node) {
+    EXPECT_EQ(cluster.node(node).store.commits(), (std::vector<int64_t>{1, 3})) << "node " << node;
+  }
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
 // A commit this node cannot take (decided under a token it did not encode under) is never
