@@ -529,8 +529,12 @@ absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& co
       *state->add_ranks() = *std::move(saved);
     }
   }
-  *state->mutable_cluster() = cluster;
-  return journal_->Write(*state);
+  // The cluster record lists every group member's image, region by region: it is lent to the
+  // state for the write, not copied, and the state (on the arena) never frees it.
+  state->unsafe_arena_set_allocated_cluster(const_cast<v1::JournalCluster*>(&cluster));
+  absl::Status written = journal_->Write(*state);
+  state->unsafe_arena_release_cluster();
+  return written;
 }
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {

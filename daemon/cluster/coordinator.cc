@@ -1,6 +1,7 @@
 // Coordinator: the campaign, what is decided, rounds, and fenced decisions.
 #include "daemon/cluster/coordinator.h"
 
+#include <google/protobuf/arena.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -523,11 +524,15 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
 
   Log(LogLevel::kDebug, "step ", step, ": encode against ", base ? absl::StrCat(*base) : "none");
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;
-  // The nodes that encode: those that prepared an image, and the parity receivers.
-  std::vector<std::pair<uint32_t, v1::EncodeRequest>> encodes;
+  // The nodes that encode: those that prepared an image, and the parity receivers. Each request
+  // of a group carries every member's image, region by region: the requests live on an arena and
+  // borrow the images from `images`, which outlives them, instead of copying them each.
+  google::protobuf::Arena arena;
+  std::vector<std::pair<uint32_t, const v1::EncodeRequest*>> encodes;
   for (uint32_t id : nodes) {
     if (absent.contains(id) && !receivers.contains(id)) continue;
-    v1::EncodeRequest request;
+    v1::EncodeRequest& request =
+        *google::protobuf::Arena::CreateMessage<v1::EncodeRequest>(&arena);
     request.set_coordinator(context_.node_id());
     request.set_step(step);
     request.set_timeout_ms(options.commit_timeout_ms);
@@ -546,7 +551,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         if (receivers.contains(member)) request.add_parity_receivers(member);
         continue;
       }
-      *request.add_group_images() = images[member];
+      request.mutable_group_images()->UnsafeArenaAddAllocated(&images[member]);
       if (!first_present) first_present = member;
       if (!held[member] || held[member] != held[*first_present]) {
         request.set_whole(true);
@@ -561,7 +566,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
           ", so the step cannot go as deltas; it commits once the absent nodes are rebuilt"));
       return !deposed;
     }
-    encodes.emplace_back(id, std::move(request));
+    encodes.emplace_back(id, &request);
   }
   uint64_t sent = 0;
   bool delta = true;

@@ -64,18 +64,28 @@ absl::Duration RoundTimeout(const Request& request) {
   return absl::Milliseconds(request.timeout_ms()) + kControlDeadline;
 }
 
+// A round's request, held in its list of calls or lent to it.
+template <typename Request>
+const Request& RequestOf(const Request& request) {
+  return request;
+}
+template <typename Request>
+const Request& RequestOf(const Request* request) {
+  return *request;
+}
+
 // PeerClient's rounds: each call on a thread of its own, the answers handed to the calling
 // thread as they come.
-template <typename Request, typename Response, typename Call>
-void EachOnThreads(absl::Span<const std::pair<uint32_t, Request>> calls, Call call,
+template <typename Held, typename Response, typename Call>
+void EachOnThreads(absl::Span<const std::pair<uint32_t, Held>> calls, Call call,
                    const PeerClient::Answered<Response>& done) {
   absl::Mutex mutex;
   std::deque<std::pair<uint32_t, absl::StatusOr<Response>>> answers;
   std::vector<std::thread> threads;
   threads.reserve(calls.size());
-  for (const std::pair<uint32_t, Request>& node_call : calls) {
+  for (const std::pair<uint32_t, Held>& node_call : calls) {
     threads.emplace_back([&] {
-      absl::StatusOr<Response> answer = call(node_call.first, node_call.second);
+      absl::StatusOr<Response> answer = call(node_call.first, RequestOf(node_call.second));
       absl::MutexLock lock(&mutex);
       answers.emplace_back(node_call.first, std::move(answer));
     });
@@ -125,7 +135,7 @@ class GrpcPeerClient final : public PeerClient {
                    const Answered<v1::PrepareResponse>& done) override {
     CallEach<v1::PrepareResponse>("Prepare", &v1::Peer::Stub::AsyncPrepare, calls, done);
   }
-  void EncodeEach(absl::Span<const std::pair<uint32_t, v1::EncodeRequest>> calls,
+  void EncodeEach(absl::Span<const std::pair<uint32_t, const v1::EncodeRequest*>> calls,
                   const Answered<v1::EncodeResponse>& done) override {
     CallEach<v1::EncodeResponse>("Encode", &v1::Peer::Stub::AsyncEncode, calls, done);
   }
@@ -188,9 +198,9 @@ class GrpcPeerClient final : public PeerClient {
 
   // A round's calls, all started from this thread and waited on together (one completion queue),
   // so that a round of a thousand nodes starts no thread.
-  template <typename Response, typename Request, typename AsyncMethod>
+  template <typename Response, typename Held, typename AsyncMethod>
   void CallEach(const char* name, AsyncMethod method,
-                absl::Span<const std::pair<uint32_t, Request>> calls,
+                absl::Span<const std::pair<uint32_t, Held>> calls,
                 const Answered<Response>& done) {
     struct InFlight {
       uint32_t node = 0;
@@ -202,7 +212,8 @@ class GrpcPeerClient final : public PeerClient {
     grpc::CompletionQueue queue;
     std::vector<std::unique_ptr<InFlight>> in_flight;
     std::vector<std::pair<uint32_t, absl::Status>> not_called;
-    for (const auto& [node, request] : calls) {
+    for (const auto& [node, held] : calls) {
+      const auto& request = RequestOf(held);
       absl::StatusOr<v1::Peer::Stub*> stub = Stub(node);
       if (!stub.ok()) {
         not_called.emplace_back(node, stub.status());
@@ -299,9 +310,10 @@ void PeerClient::PrepareEach(absl::Span<const std::pair<uint32_t, v1::PrepareReq
       }, done);
 }
 
-void PeerClient::EncodeEach(absl::Span<const std::pair<uint32_t, v1::EncodeRequest>> calls,
-                            const Answered<v1::EncodeResponse>& done) {
-  EachOnThreads<v1::EncodeRequest, v1::EncodeResponse>(
+void PeerClient::EncodeEach(
+    absl::Span<const std::pair<uint32_t, const v1::EncodeRequest*>> calls,
+    const Answered<v1::EncodeResponse>& done) {
+  EachOnThreads<const v1::EncodeRequest*, v1::EncodeResponse>(
       calls, [this](uint32_t node, const v1::EncodeRequest& request) {
         return Encode(node, request);
       }, done);

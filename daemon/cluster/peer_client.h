@@ -39,12 +39,13 @@ class PeerClient {
   // once, and `done` runs on the calling thread for each answer as it comes, in that order; a
   // node that cannot be called answers first. Returns once every call has answered. This
   // implementation makes each call on a thread of its own; a client that can wait on many calls
-  // from one thread does so.
+  // from one thread does so. An Encode round's requests are lent (they carry every group member's
+  // image, the same in each request of a group) and need live only until the round returns.
   template <typename Response>
   using Answered = std::function<void(uint32_t node, absl::StatusOr<Response> answer)>;
   virtual void PrepareEach(absl::Span<const std::pair<uint32_t, v1::PrepareRequest>> calls,
                            const Answered<v1::PrepareResponse>& done);
-  virtual void EncodeEach(absl::Span<const std::pair<uint32_t, v1::EncodeRequest>> calls,
+  virtual void EncodeEach(absl::Span<const std::pair<uint32_t, const v1::EncodeRequest*>> calls,
                           const Answered<v1::EncodeResponse>& done);
   virtual absl::StatusOr<v1::GroupStateResponse> GroupState(uint32_t node) = 0;
   virtual absl::StatusOr<v1::SendUnitsResponse> SendUnits(uint32_t node,

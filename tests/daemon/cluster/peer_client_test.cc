@@ -202,12 +202,13 @@ TEST_F(PeerClientTest, ARoundOfCallsMadeOneAtATimeHandsEachAnswerToTheCallerAsIt
 
 TEST_F(PeerClientTest, AnEncodeRoundPassesThePeersOwnRefusalUnchanged) {
   for (int64_t step : {1, 2, 3}) peer_.Release(step);
-  std::vector<std::pair<uint32_t, v1::EncodeRequest>> calls;
+  std::vector<v1::EncodeRequest> requests(3);
+  std::vector<std::pair<uint32_t, const v1::EncodeRequest*>> calls;
   for (uint32_t id : {1, 2, 3}) {
-    v1::EncodeRequest request;
+    v1::EncodeRequest& request = requests[id - 1];
     request.set_step(id);
     request.set_timeout_ms(5000);
-    calls.emplace_back(id, request);
+    calls.emplace_back(id, &request);
   }
   std::map<uint32_t, absl::StatusOr<v1::EncodeResponse>> answers;
   client_->EncodeEach(calls, [&](uint32_t id, absl::StatusOr<v1::EncodeResponse> answer) {
