@@ -329,6 +329,8 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
 
 
 absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
+  // The record replaced lists every group member's image: it is freed after the lock is released.
+  std::shared_ptr<const v1::JournalCluster> replaced;
   absl::MutexLock lock(&mutex_);
   std::map<uint32_t, const StepRecord*> committing;
   for (auto& [rank, rank_state] : ranks_) {
@@ -340,7 +342,8 @@ absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
   if (absl::Status status = WriteJournal(committing, cluster); !status.ok()) {
     return status;
   }
-  cluster_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
+  replaced =
+      std::exchange(cluster_, std::make_shared<const v1::JournalCluster>(std::move(cluster)));
   prepared_steps_.erase(prepared_steps_.begin(), prepared_steps_.upper_bound(step));
   for (auto& [rank, record] : committing) {
     RankState& rank_state = ranks_[rank];
@@ -382,6 +385,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
     LoadRankRecord(rank, &rebuilt[rank.rank()]);
   }
+  std::shared_ptr<const v1::JournalCluster> replaced;  // freed, as `rebuilt`, after the lock
   absl::MutexLock lock(&mutex_);
   prepared_steps_.clear();  // the installed state decides from here
   // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.
@@ -397,7 +401,8 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
     for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = rank_state.regions;
     return status;
   }
-  cluster_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
+  replaced =
+      std::exchange(cluster_, std::make_shared<const v1::JournalCluster>(std::move(cluster)));
   notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
