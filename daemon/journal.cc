@@ -68,14 +68,17 @@ void Journal::Recover() {
   }
 }
 
+absl::Status Journal::Room(uint64_t payload_bytes) const {
+  if (payload_bytes <= slot_bytes() - sizeof(SlotHeader)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the journal state is ", payload_bytes, " bytes but a slot of /dev/shm/", memory_.name(),
+      " holds ", slot_bytes() - sizeof(SlotHeader), ": raise pool.journal_bytes to at least ",
+      2 * (payload_bytes + sizeof(SlotHeader))));
+}
+
 absl::Status Journal::Write(const v1::JournalState& state) {
   const std::string payload = state.SerializeAsString();
-  if (payload.size() > slot_bytes() - sizeof(SlotHeader)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the journal state is ", payload.size(), " bytes but a slot of /dev/shm/", memory_.name(),
-        " holds ", slot_bytes() - sizeof(SlotHeader), ": raise pool.journal_bytes to at least ",
-        2 * (payload.size() + sizeof(SlotHeader))));
-  }
+  if (absl::Status room = Room(payload.size()); !room.ok()) return room;
   const int64_t next = sequence_ + 1;
   // Odd sequences go to slot 1, even to slot 0: the newest intact slot is never the one written.
   uint8_t* base = memory_.data() + (next % 2) * slot_bytes();

@@ -35,6 +35,9 @@ class Journal {
 
   // Makes `state` the journal's state. RESOURCE_EXHAUSTED when it does not fit a slot.
   absl::Status Write(const v1::JournalState& state);
+  // OK when a state of `payload_bytes` fits a slot; else RESOURCE_EXHAUSTED, saying how large the
+  // journal must be.
+  absl::Status Room(uint64_t payload_bytes) const;
 
   // Fault injection for the crash tests: SIGKILL this process half-way through the payload of the
   // write that would produce sequence number `sequence` (0: never), proving a torn slot is never

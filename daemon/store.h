@@ -160,6 +160,8 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
+  absl::Status JournalRoomFor(const std::vector<v1::NodeImage>& group_images, int position,
+                              uint64_t stripes) const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
 

@@ -5,12 +5,14 @@
 #include "daemon/store_types.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/copy_plan.h"
 #include "proto/restored_regions.h"
 #include "proto/step_state_name.h"
 
@@ -406,6 +408,39 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
+}
+
+uint64_t CommitJournalBound(const std::vector<v1::NodeImage>& group_images, int position,
+                            uint64_t stripes) {
+  // A version is its region's image entry and up to this many bytes more: its pool extents (two
+  // varints and their tags each, a region rarely spans more than two) and its field's tag.
+  constexpr uint64_t kVersionExtraBytes = 64;
+  // A parity record: four fields of at most ten bytes each, its tag and length.
+  constexpr uint64_t kParityRecordBytes = 48;
+  constexpr uint64_t kFieldBytes = 16;  // a message field's tag and length
+  // The images come from a peer: sizes are summed without wrapping.
+  auto times = [](uint64_t count, uint64_t each) {
+    return count > std::numeric_limits<uint64_t>::max() / each
+               ? std::numeric_limits<uint64_t>::max()
+               : count * each;
+  };
+  uint64_t bytes = kFieldBytes;
+  for (const v1::NodeImage& image : group_images) {
+    bytes = SaturatingAdd(bytes, image.ByteSizeLong() + kFieldBytes);
+  }
+  if (position >= 0 && position < static_cast<int>(group_images.size())) {
+    const v1::NodeImage& own = group_images[position];
+    bytes = SaturatingAdd(bytes, own.ByteSizeLong());
+    bytes = SaturatingAdd(bytes,
+                          times(static_cast<uint64_t>(own.regions_size()), kVersionExtraBytes));
+  }
+  return SaturatingAdd(bytes, times(stripes, kParityRecordBytes));
+}
+
+absl::Status Store::JournalRoomFor(const std::vector<v1::NodeImage>& group_images, int position,
+                                   uint64_t stripes) const {
+  absl::MutexLock lock(&mutex_);
+  return journal_->Room(CommitJournalBound(group_images, position, stripes));
 }
 
 std::shared_ptr<const v1::JournalCluster> Store::ClusterRecord() const {

@@ -486,6 +486,14 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   std::vector<uint64_t> image_bytes;
   for (const v1::NodeImage& member : group_images) image_bytes.push_back(member.bytes());
+  // The commit journals every member's image: a step this node's journal could not hold aborts
+  // here, before any parity moves, instead of being committed by the group and lost by this node.
+  if (absl::Status room = store_->JournalRoomFor(group_images, topology.position,
+                                                 layout.StripeCount(image_bytes));
+      !room.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("step ", step, ": node ", context_.node_id(),
+                                                     " cannot journal it: ", room.message()));
+  }
   bool delta = !request.whole() && committed.has_committed_step() &&
                committed.group_images_size() == layout.group_size();
   for (int position = 0; delta && position < layout.group_size(); ++position) {

@@ -7,6 +7,7 @@
 
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
 #include "daemon/journal.h"
@@ -214,6 +215,28 @@ TEST_F(JournalTest, StateLargerThanASlotIsRefusedWithTheSizeNeeded) {
   ASSERT_STATUS(status, absl::StatusCode::kResourceExhausted);
   EXPECT_NE(status.message().find("pool.journal_bytes"), std::string::npos);
   EXPECT_EQ((*journal)->sequence(), 1);
+}
+
+// Room answers before a write as the write would: a journal of the size it names holds the state.
+TEST_F(JournalTest, RoomForAStateNamesTheJournalSizeThatHoldsIt) {
+  v1::JournalState huge = StateAtStep(2);
+  for (int i = 0; i < 20000; ++i) huge.mutable_versions(0)->add_chunk_crcs(i);
+  uint64_t needed = 0;
+  {
+    auto small = Journal::OpenOrCreate(name_, 64 * 1024);
+    ASSERT_OK(small);
+    const absl::Status room = (*small)->Room(huge.ByteSizeLong());
+    ASSERT_STATUS(room, absl::StatusCode::kResourceExhausted);
+    const std::string::size_type at = room.message().find("to at least ");
+    ASSERT_NE(at, std::string::npos) << room;
+    ASSERT_TRUE(absl::SimpleAtoi(room.message().substr(at + 12), &needed)) << room;
+    EXPECT_OK((*small)->Room(1000));
+  }
+  ASSERT_OK(SharedMemory::Unlink(name_ + ".journal"));
+  auto large = Journal::OpenOrCreate(name_, needed);
+  ASSERT_OK(large);
+  EXPECT_OK((*large)->Room(huge.ByteSizeLong()));
+  EXPECT_OK((*large)->Write(huge));
 }
 
 // The pool and journal hold every rank's state: created private to the daemon's user, and a file

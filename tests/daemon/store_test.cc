@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <thread>
 
@@ -301,6 +302,42 @@ class StoreTest : public ::testing::Test {
   std::unique_ptr<Store> store_;
   std::map<uint32_t, Trainer> trainers_;
 };
+
+// The bound a node checks before it encodes a step holds the state its commit then writes: 300
+// small regions, the group's record three images of them and a parity record per stripe, each
+// record's numbers as wide as they come.
+TEST_F(StoreTest, TheJournalBoundCheckedBeforeAnEncodeHoldsTheStateTheCommitWrites) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 16 << 20));
+  ASSERT_NO_FATAL_FAILURE(Connect(0, 300, 1000));
+  EXPECT_TRUE(Take(0, 1).skipped().empty());
+  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(image);
+  v1::JournalCluster record;
+  record.set_committed_step(1);
+  std::vector<v1::NodeImage> group;
+  for (uint32_t node = 0; node < 3; ++node) {
+    group.push_back(image->manifest());
+    group.back().set_node_id(node);
+    *record.add_group_images() = group.back();
+  }
+  constexpr uint64_t kStripes = 40;
+  for (uint64_t stripe = 0; stripe < kStripes; ++stripe) {
+    v1::JournalParity* parity = record.add_parity();
+    parity->set_stripe(std::numeric_limits<uint64_t>::max() - stripe);
+    parity->set_pool_offset(std::numeric_limits<uint64_t>::max());
+    parity->set_bytes(std::numeric_limits<uint64_t>::max());
+    parity->set_crc(0xffffffff);
+  }
+  const uint64_t bound = CommitJournalBound(group, 0, kStripes);
+  ASSERT_OK(store_->JournalRoomFor(group, 0, kStripes));
+  ASSERT_OK(store_->CommitNodeStep(1, record));
+  absl::StatusOr<std::unique_ptr<Journal>> written = Journal::OpenOrCreate(name_, 1 << 20);
+  ASSERT_OK(written);
+  const uint64_t state_bytes = (*written)->recovered_state().ByteSizeLong();
+  EXPECT_EQ((*written)->recovered_state().cluster().committed_step(), 1);
+  EXPECT_LE(state_bytes, bound);
+  EXPECT_GT(state_bytes, bound / 2) << "a bound this loose refuses journals that would hold it";
+}
 
 TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) {
   CaptureOptions options;

@@ -227,6 +227,20 @@ uint64_t FakeClusterStore::InFlightBytes() const {
   return bytes;
 }
 
+absl::Status FakeClusterStore::JournalRoomFor(const std::vector<v1::NodeImage>& group_images,
+                                              int position, uint64_t stripes) const {
+  absl::MutexLock lock(&mutex_);
+  const uint64_t bound = CommitJournalBound(group_images, position, stripes);
+  if (!journal_bytes_ || bound <= *journal_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("the journal state is ", bound,
+                                                   " bytes: raise pool.journal_bytes"));
+}
+
+void FakeClusterStore::SetJournalBytes(std::optional<uint64_t> bytes) {
+  absl::MutexLock lock(&mutex_);
+  journal_bytes_ = bytes;
+}
+
 void FakeClusterStore::SplitState(int regions) {
   absl::MutexLock lock(&mutex_);
   state_regions_ = regions;

@@ -80,6 +80,11 @@ class FakeClusterStore final : public ClusterStore {
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
+  // RESOURCE_EXHAUSTED once CommitJournalBound passes the journal size the test set (none: room
+  // for any step).
+  absl::Status JournalRoomFor(const std::vector<v1::NodeImage>& group_images, int position,
+                              uint64_t stripes) const override;
+  void SetJournalBytes(std::optional<uint64_t> bytes);
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
                            const PoolBytes& bytes) override;
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
@@ -101,6 +106,7 @@ class FakeClusterStore final : public ClusterStore {
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
   int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::optional<uint64_t> journal_bytes_ ABSL_GUARDED_BY(mutex_);
   struct Written {
     std::vector<uint8_t> bytes;
     int writes = 0;

@@ -1,8 +1,9 @@
 // The participant, in-process with real coordinators, parity and data planes, and fakes at the
 // store, peer-client, decision-log and election seams: it acts only on decisions the log holds,
 // catches up on one it missed before it takes part in the next step, refuses to encode against any
-// base but the decided one (so parity cannot diverge), refuses a deposed coordinator's token and an
-// image of itself it did not report, and rebuilds rather than journal a commit it did not encode.
+// base but the decided one (so parity cannot diverge), refuses a deposed coordinator's token, an
+// image of itself it did not report and a step its journal could not hold, and rebuilds rather
+// than journal a commit it did not encode.
 #include "daemon/cluster/participant.h"
 
 #include <gtest/gtest.h>
@@ -130,6 +131,30 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
   EXPECT_TRUE(absl::StrContains(second->reason(), "differs from the one it prepared"))
       << second->reason();
   cluster.network().SetEncodeRewrite(nullptr);
+  cluster.CaptureEverywhere(3, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  for (int node = 0; node < cluster.size(); ++node) {
+    EXPECT_EQ(cluster.node(node).store.commits(), (std::vector<int64_t>{1, 3})) << "node " << node;
+  }
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+// A step whose commit one node's journal could not hold aborts before any parity moves, naming
+// the node and the setting to raise, instead of committing everywhere but there; once the
+// journal is large enough the next step commits everywhere.
+TEST(ParticipantTest, AStepANodesJournalCannotHoldAbortsNamingTheNodeAndTheSetting) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  cluster.node(3).store.SetJournalBytes(1000);
+  cluster.CaptureEverywhere(2, kBytes);
+  std::optional<v1::StepDecision> second = cluster.WaitDecided(2);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_FALSE(second->committed());
+  EXPECT_TRUE(absl::StrContains(second->reason(), "node 3 cannot journal it")) << second->reason();
+  EXPECT_TRUE(absl::StrContains(second->reason(), "pool.journal_bytes")) << second->reason();
+  cluster.node(3).store.SetJournalBytes(std::nullopt);
   cluster.CaptureEverywhere(3, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(3));
   for (int node = 0; node < cluster.size(); ++node) {
