@@ -22,6 +22,13 @@ using testing::InProcessCluster;
 
 constexpr uint64_t kBytes = 300000;
 
+// Every node committed exactly `steps`, in order.
+void ExpectCommittedEverywhere(InProcessCluster& cluster, const std::vector<int64_t>& steps) {
+  for (int node = 0; node < cluster.size(); ++node) {
+    EXPECT_EQ(cluster.node(node).store.commits(), steps) << "node " << node;
+  }
+}
+
 // The second failure: a node that never heard that step 1 committed (a lost commit
 // message, a watch that lagged). It learns it from the log before it prepares step 2, so both steps
 // commit everywhere and every node's parity decodes.
@@ -59,10 +66,7 @@ TEST(ParticipantTest, ANodeRefusesToEncodeAgainstABaseItHasNotAppliedSoParityCan
   cluster.log().CutOff(3, false);
   cluster.CaptureEverywhere(3, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(3));
-  for (int node = 0; node < cluster.size(); ++node) {
-    const std::vector<int64_t> commits = cluster.node(node).store.commits();
-    EXPECT_EQ(commits, (std::vector<int64_t>{1, 3})) << "node " << node;
-  }
+  ExpectCommittedEverywhere(cluster, {1, 3});
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
@@ -133,9 +137,7 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
   cluster.network().SetEncodeRewrite(nullptr);
   cluster.CaptureEverywhere(3, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(3));
-  for (int node = 0; node < cluster.size(); ++node) {
-    EXPECT_EQ(cluster.node(node).store.commits(), (std::vector<int64_t>{1, 3})) << "node " << node;
-  }
+  ExpectCommittedEverywhere(cluster, {1, 3});
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
@@ -157,9 +159,7 @@ TEST(ParticipantTest, AStepANodesJournalCannotHoldAbortsNamingTheNodeAndTheSetti
   cluster.node(3).store.SetJournalBytes(std::nullopt);
   cluster.CaptureEverywhere(3, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(3));
-  for (int node = 0; node < cluster.size(); ++node) {
-    EXPECT_EQ(cluster.node(node).store.commits(), (std::vector<int64_t>{1, 3})) << "node " << node;
-  }
+  ExpectCommittedEverywhere(cluster, {1, 3});
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
