@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,28 @@ void ExpectCommittedEverywhere(InProcessCluster& cluster, const std::vector<int6
   for (int node = 0; node < cluster.size(); ++node) {
     EXPECT_EQ(cluster.node(node).store.commits(), steps) << "node " << node;
   }
+}
+
+// `step`, captured everywhere, is aborted for a reason that names each of `named`.
+void ExpectAbortedNaming(InProcessCluster& cluster, int64_t step,
+                         const std::vector<std::string>& named) {
+  cluster.CaptureEverywhere(step, kBytes);
+  std::optional<v1::StepDecision> decision = cluster.WaitDecided(step);
+  ASSERT_TRUE(decision.has_value());
+  EXPECT_FALSE(decision->committed());
+  for (const std::string& words : named) {
+    EXPECT_TRUE(absl::StrContains(decision->reason(), words)) << decision->reason();
+  }
+}
+
+// `step`, captured everywhere, commits everywhere, where every node has then committed
+// `committed`, and every node's parity decodes.
+void ExpectCommitsEverywhere(InProcessCluster& cluster, int64_t step,
+                             const std::vector<int64_t>& committed) {
+  cluster.CaptureEverywhere(step, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(step));
+  ExpectCommittedEverywhere(cluster, committed);
+  cluster.ExpectEveryNodeRebuildable(step, kBytes);
 }
 
 // The second failure: a node that never heard that step 1 committed (a lost commit
@@ -57,17 +81,9 @@ TEST(ParticipantTest, ANodeRefusesToEncodeAgainstABaseItHasNotAppliedSoParityCan
   cluster.log().CutOff(3, true);
   cluster.CaptureEverywhere(1, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(1, {0, 1, 2, 4, 5}));
-  cluster.CaptureEverywhere(2, kBytes);
-  std::optional<v1::StepDecision> second = cluster.WaitDecided(2);
-  ASSERT_TRUE(second.has_value());
-  EXPECT_FALSE(second->committed());
-  EXPECT_TRUE(absl::StrContains(second->reason(), "node 3")) << second->reason();
-  EXPECT_TRUE(absl::StrContains(second->reason(), "encodes against step 1")) << second->reason();
+  ASSERT_NO_FATAL_FAILURE(ExpectAbortedNaming(cluster, 2, {"node 3", "encodes against step 1"}));
   cluster.log().CutOff(3, false);
-  cluster.CaptureEverywhere(3, kBytes);
-  ASSERT_TRUE(cluster.WaitCommitted(3));
-  ExpectCommittedEverywhere(cluster, {1, 3});
-  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}));
 }
 
 TEST(ParticipantTest, ATokenLowerThanOneSeenIsRefusedNamingTheNewerCoordinator) {
@@ -128,17 +144,9 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
       }
     }
   });
-  cluster.CaptureEverywhere(2, kBytes);
-  std::optional<v1::StepDecision> second = cluster.WaitDecided(2);
-  ASSERT_TRUE(second.has_value());
-  EXPECT_FALSE(second->committed());
-  EXPECT_TRUE(absl::StrContains(second->reason(), "differs from the one it prepared"))
-      << second->reason();
+  ASSERT_NO_FATAL_FAILURE(ExpectAbortedNaming(cluster, 2, {"differs from the one it prepared"}));
   cluster.network().SetEncodeRewrite(nullptr);
-  cluster.CaptureEverywhere(3, kBytes);
-  ASSERT_TRUE(cluster.WaitCommitted(3));
-  ExpectCommittedEverywhere(cluster, {1, 3});
-  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}));
 }
 
 // A step whose commit one node's journal could not hold aborts before any parity moves, naming
@@ -150,17 +158,10 @@ TEST(ParticipantTest, AStepANodesJournalCannotHoldAbortsNamingTheNodeAndTheSetti
   cluster.CaptureEverywhere(1, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(1));
   cluster.node(3).store.SetJournalBytes(1000);
-  cluster.CaptureEverywhere(2, kBytes);
-  std::optional<v1::StepDecision> second = cluster.WaitDecided(2);
-  ASSERT_TRUE(second.has_value());
-  EXPECT_FALSE(second->committed());
-  EXPECT_TRUE(absl::StrContains(second->reason(), "node 3 cannot journal it")) << second->reason();
-  EXPECT_TRUE(absl::StrContains(second->reason(), "pool.journal_bytes")) << second->reason();
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectAbortedNaming(cluster, 2, {"node 3 cannot journal it", "pool.journal_bytes"}));
   cluster.node(3).store.SetJournalBytes(std::nullopt);
-  cluster.CaptureEverywhere(3, kBytes);
-  ASSERT_TRUE(cluster.WaitCommitted(3));
-  ExpectCommittedEverywhere(cluster, {1, 3});
-  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}));
 }
 
 // A commit this node cannot take (decided under a token it did not encode under) is never
