@@ -63,12 +63,13 @@ class ClusterStore {
   // member's image, region by region, so it is shared rather than copied: a commit replaces it,
   // and the record a caller holds never changes.
   virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
-  // OK when this node's journal can hold the commit of a step whose group images are
-  // `group_images` (this node's at `position`) with parity records for `stripes` stripes;
+  // OK when this node's journal can hold the commit of the step this node captured as `own`,
+  // whose group images are `group_images`, with parity records for `stripes` stripes;
   // RESOURCE_EXHAUSTED, saying how large the journal must be, when it cannot. Checked before the
   // node encodes, so that a step no journal here could hold aborts instead of committing.
-  virtual absl::Status JournalRoomFor(const std::vector<v1::NodeImage>& group_images,
-                                      int position, uint64_t stripes) const = 0;
+  virtual absl::Status JournalRoomFor(const NodeImage& own,
+                                      const std::vector<v1::NodeImage>& group_images,
+                                      uint64_t stripes) const = 0;
   virtual uint64_t CommittedBytes() const = 0;
   // Bytes of captures not committed yet.
   virtual uint64_t InFlightBytes() const = 0;
@@ -85,10 +86,10 @@ class ClusterStore {
   virtual v1::VerifyResponse Verify(std::optional<int64_t> step) const = 0;
 };
 
-// An upper bound of the journal state a node writes when it commits such a step: a version per
-// region of its own image (the region's entry, its pool extents, the rank records the image
+// An upper bound of the journal state a node writes when it commits such a step: its own image
+// as versions (each region's entry with its pool extents, and the rank records the image
 // carries), every member's image and a parity record per stripe.
-uint64_t CommitJournalBound(const std::vector<v1::NodeImage>& group_images, int position,
+uint64_t CommitJournalBound(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
                             uint64_t stripes);
 
 }  // namespace moesnap::daemon

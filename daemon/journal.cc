@@ -71,9 +71,9 @@ void Journal::Recover() {
 absl::Status Journal::Room(uint64_t payload_bytes) const {
   if (payload_bytes <= slot_bytes() - sizeof(SlotHeader)) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the journal state is ", payload_bytes, " bytes but a slot of /dev/shm/", memory_.name(),
-      " holds ", slot_bytes() - sizeof(SlotHeader), ": raise pool.journal_bytes to at least ",
-      2 * (payload_bytes + sizeof(SlotHeader))));
+      "a journal state of ", payload_bytes, " bytes does not fit a slot of /dev/shm/",
+      memory_.name(), " (", slot_bytes() - sizeof(SlotHeader),
+      " bytes): raise pool.journal_bytes to at least ", 2 * (payload_bytes + sizeof(SlotHeader))));
 }
 
 absl::Status Journal::Write(const v1::JournalState& state) {

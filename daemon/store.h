@@ -160,7 +160,7 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
-  absl::Status JournalRoomFor(const std::vector<v1::NodeImage>& group_images, int position,
+  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
                               uint64_t stripes) const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;

@@ -410,11 +410,12 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   return absl::OkStatus();
 }
 
-uint64_t CommitJournalBound(const std::vector<v1::NodeImage>& group_images, int position,
+uint64_t CommitJournalBound(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
                             uint64_t stripes) {
-  // A version is its region's image entry and up to this many bytes more: its pool extents (two
-  // varints and their tags each, a region rarely spans more than two) and its field's tag.
-  constexpr uint64_t kVersionExtraBytes = 64;
+  // A version is its region's image entry and its pool extents (a PoolSpan of two varints, with
+  // tags and length, each), in a field of its own.
+  constexpr uint64_t kVersionFieldBytes = 8;
+  constexpr uint64_t kExtentBytes = 24;
   // A parity record: four fields of at most ten bytes each, its tag and length.
   constexpr uint64_t kParityRecordBytes = 48;
   constexpr uint64_t kFieldBytes = 16;  // a message field's tag and length
@@ -424,23 +425,23 @@ uint64_t CommitJournalBound(const std::vector<v1::NodeImage>& group_images, int 
                ? std::numeric_limits<uint64_t>::max()
                : count * each;
   };
-  uint64_t bytes = kFieldBytes;
-  for (const v1::NodeImage& image : group_images) {
-    bytes = SaturatingAdd(bytes, image.ByteSizeLong() + kFieldBytes);
+  uint64_t bytes = SaturatingAdd(kFieldBytes, own.manifest().ByteSizeLong());
+  for (const std::shared_ptr<PoolBytes>& stored : own.stored()) {
+    bytes = SaturatingAdd(
+        bytes, SaturatingAdd(kVersionFieldBytes, times(stored->extents().size(), kExtentBytes)));
   }
-  if (position >= 0 && position < static_cast<int>(group_images.size())) {
-    const v1::NodeImage& own = group_images[position];
-    bytes = SaturatingAdd(bytes, own.ByteSizeLong());
-    bytes = SaturatingAdd(bytes,
-                          times(static_cast<uint64_t>(own.regions_size()), kVersionExtraBytes));
+  for (const v1::NodeImage& image : group_images) {
+    bytes = SaturatingAdd(bytes, SaturatingAdd(image.ByteSizeLong(), kFieldBytes));
   }
   return SaturatingAdd(bytes, times(stripes, kParityRecordBytes));
 }
 
-absl::Status Store::JournalRoomFor(const std::vector<v1::NodeImage>& group_images, int position,
+absl::Status Store::JournalRoomFor(const NodeImage& own,
+                                   const std::vector<v1::NodeImage>& group_images,
                                    uint64_t stripes) const {
+  const uint64_t bound = CommitJournalBound(own, group_images, stripes);
   absl::MutexLock lock(&mutex_);
-  return journal_->Room(CommitJournalBound(group_images, position, stripes));
+  return journal_->Room(bound);
 }
 
 std::shared_ptr<const v1::JournalCluster> Store::ClusterRecord() const {

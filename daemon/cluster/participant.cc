@@ -488,8 +488,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   for (const v1::NodeImage& member : group_images) image_bytes.push_back(member.bytes());
   // The commit journals every member's image: a step this node's journal could not hold aborts
   // here, before any parity moves, instead of being committed by the group and lost by this node.
-  if (absl::Status room = store_->JournalRoomFor(group_images, topology.position,
-                                                 layout.StripeCount(image_bytes));
+  if (absl::Status room =
+          store_->JournalRoomFor(*image, group_images, layout.StripeCount(image_bytes));
       !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("step ", step, ": node ", context_.node_id(),
                                                      " cannot journal it: ", room.message()));

@@ -328,8 +328,8 @@ TEST_F(StoreTest, TheJournalBoundCheckedBeforeAnEncodeHoldsTheStateTheCommitWrit
     parity->set_bytes(std::numeric_limits<uint64_t>::max());
     parity->set_crc(0xffffffff);
   }
-  const uint64_t bound = CommitJournalBound(group, 0, kStripes);
-  ASSERT_OK(store_->JournalRoomFor(group, 0, kStripes));
+  const uint64_t bound = CommitJournalBound(*image, group, kStripes);
+  ASSERT_OK(store_->JournalRoomFor(*image, group, kStripes));
   ASSERT_OK(store_->CommitNodeStep(1, record));
   absl::StatusOr<std::unique_ptr<Journal>> written = Journal::OpenOrCreate(name_, 1 << 20);
   ASSERT_OK(written);

@@ -227,13 +227,14 @@ uint64_t FakeClusterStore::InFlightBytes() const {
   return bytes;
 }
 
-absl::Status FakeClusterStore::JournalRoomFor(const std::vector<v1::NodeImage>& group_images,
-                                              int position, uint64_t stripes) const {
+absl::Status FakeClusterStore::JournalRoomFor(const NodeImage& own,
+                                              const std::vector<v1::NodeImage>& group_images,
+                                              uint64_t stripes) const {
+  const uint64_t bound = CommitJournalBound(own, group_images, stripes);
   absl::MutexLock lock(&mutex_);
-  const uint64_t bound = CommitJournalBound(group_images, position, stripes);
   if (!journal_bytes_ || bound <= *journal_bytes_) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("the journal state is ", bound,
-                                                   " bytes: raise pool.journal_bytes"));
+  return absl::ResourceExhaustedError(absl::StrCat("a journal state of ", bound,
+                                                   " bytes does not fit: raise pool.journal_bytes"));
 }
 
 void FakeClusterStore::SetJournalBytes(std::optional<uint64_t> bytes) {

@@ -82,7 +82,7 @@ class FakeClusterStore final : public ClusterStore {
   uint64_t InFlightBytes() const override;
   // RESOURCE_EXHAUSTED once CommitJournalBound passes the journal size the test set (none: room
   // for any step).
-  absl::Status JournalRoomFor(const std::vector<v1::NodeImage>& group_images, int position,
+  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
                               uint64_t stripes) const override;
   void SetJournalBytes(std::optional<uint64_t> bytes);
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
