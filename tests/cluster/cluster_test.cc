@@ -113,6 +113,7 @@ class ClusterTest : public ::testing::Test {
     for (int id = 0; id < nodes_; ++id) {
       daemons_.push_back(std::make_unique<TestDaemon>(TestDaemonOptions{
           .pool_bytes = "64MiB",
+          .journal_bytes = journal_bytes_,
           .node_id = static_cast<uint32_t>(id),
           .extra_config = cluster + certificates_->TlsSection() + extra_config_}));
     }
@@ -293,6 +294,7 @@ class ClusterTest : public ::testing::Test {
 
   const int nodes_;
   std::string extra_config_;  // a derived fixture may set it in its constructor
+  std::string journal_bytes_ = "1MiB";  // so may it this
   const std::string cluster_keys_;
   std::unique_ptr<testing::JobCertificates> certificates_;
   std::unique_ptr<testing::EtcdCluster> etcd_;
@@ -469,6 +471,44 @@ TEST_F(DurableClusterTest, MoreThanMLossesTakeEveryNodeBackToTheNewestDurableSte
     std::string tier;
     EXPECT_EQ(VerifiedStep(node, &tier), 9) << "node " << node;
     EXPECT_EQ(tier, "memory") << "node " << node;
+  }
+}
+
+// A node's journal holds its whole committed state, every group member's image in it. Steps of
+// 600 tensors per node are more than 64 KiB journals hold: the nodes refuse them before they
+// encode, each step aborts at once naming the setting to raise, every trainer's commit ends with
+// that reason instead of waiting out its timeout, and the daemons serve on.
+class SmallJournalClusterTest : public ClusterTest {
+ protected:
+  SmallJournalClusterTest() { journal_bytes_ = "64KiB"; }
+};
+
+TEST_F(SmallJournalClusterTest, AStepNoJournalCanHoldAbortsAtOnceNamingTheSetting) {
+  std::vector<std::unique_ptr<ChildProcess>> trainers;
+  for (int node = 0; node < nodes_; ++node) {
+    trainers.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+        BinaryPath("moesnap-test-trainer"), "--socket", daemons_[node]->agent_socket(), "--rank",
+        std::to_string(node), "--mode", "train", "--regions", "600", "--region-bytes", "1000",
+        "--steps", "2"}));
+  }
+  for (int node = 0; node < nodes_; ++node) {
+    std::string last, output;
+    while (std::optional<std::string> line = trainers[node]->ReadLine(120s)) {
+      last = *line;
+      absl::StrAppend(&output, *line, "\n");
+    }
+    EXPECT_TRUE(absl::StartsWith(last, "error commit:")) << "trainer of node " << node << ":\n"
+                                                          << output;
+    EXPECT_TRUE(absl::StrContains(last, "cannot journal it")) << last;
+    EXPECT_TRUE(absl::StrContains(last, "raise pool.journal_bytes to at least")) << last;
+    EXPECT_EQ(trainers[node]->Wait(10s), 3) << "trainer of node " << node;
+  }
+  for (int node = 0; node < nodes_; ++node) {
+    EXPECT_TRUE(daemons_[node]->running()) << "node " << node;
+    const v1::ClusterStatusResponse status = Status(node);
+    EXPECT_FALSE(status.has_latest_committed_step()) << "node " << node;
+    EXPECT_TRUE(absl::StrContains(status.last_abort(), "pool.journal_bytes"))
+        << "node " << node << ": " << status.last_abort();
   }
 }
 
