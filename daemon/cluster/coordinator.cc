@@ -14,6 +14,8 @@
 #include "common/log.h"
 #include "daemon/cluster/durable_records.h"
 #include "daemon/cluster/group_shards.h"
+#include "daemon/cluster/image_patch.h"
+#include "daemon/cluster/peer_checks.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
@@ -134,6 +136,7 @@ void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
   ProposedImage& kept = proposals.images[request.from_node()];
   if (request.has_committed_step()) kept.committed = request.committed_step();
   kept.image = request.image();
+  if (request.has_patch()) kept.patch = request.patch();
   kept.bytes = bytes;
   proposed_image_bytes_ += bytes;
 }
@@ -270,6 +273,9 @@ void Coordinator::Lead(int64_t token) {
     if (step && !RunRound(*step, token)) break;
   }
   Log(LogLevel::kInfo, "node ", context_.node_id(), " no longer coordinates (token ", token, ")");
+  // Every node's image, which a coordinator that is not one needs not hold.
+  committed_images_.clear();
+  committed_images_step_.reset();
   absl::MutexLock lock(&mutex_);
   token_ = 0;
   DropProposedImagesLocked();
@@ -459,11 +465,17 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   auto abort_once = [&](const std::string& reason) {
     if (failed) return;
     failed = true;
+    // The next round sends whole images: one a receiver could not build from its record (the
+    // records differ) would fail every round patched against it.
+    committed_images_.clear();
+    committed_images_step_.reset();
     Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
     if (!leadership_->Holds(token) || !Decide(step, token, false, reason)) deposed = true;
   };
 
   std::map<uint32_t, v1::NodeImage> images;
+  // The images that came as patches on the base: the Encode requests send them as they came.
+  std::map<uint32_t, ImagePatchOf> proposed_patches;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
   // Live nodes that rebuild (absent from the step), and those of them that receive its parity.
   std::set<uint32_t> rebuilding;
@@ -474,9 +486,35 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     // this token as a Prepare would have.
     if (auto found = proposed.images.find(id);
         found != proposed.images.end() && found->second.committed == base) {
-      held[id] = base;
-      images[id] = std::move(found->second.image);
-      continue;
+      ProposedImage& proposal = found->second;
+      if (!proposal.patch) {
+        held[id] = base;
+        images[id] = std::move(proposal.image);
+        continue;
+      }
+      // Its changes since the base, built on the image this coordinator committed then; a node
+      // whose image this coordinator cannot build is prepared.
+      const auto cached = committed_images_step_ == base ? committed_images_.find(id)
+                                                         : committed_images_.end();
+      if (cached != committed_images_.end()) {
+        absl::StatusOr<v1::NodeImage> built =
+            PatchedImage(cached->second, proposal.image, *proposal.patch);
+        if (built.ok()) {
+          if (absl::Status checked = CheckNodeImage(*built, context_.topology->limits);
+              !checked.ok()) {
+            built = checked;
+          }
+        }
+        if (built.ok()) {
+          held[id] = base;
+          images[id] = *std::move(built);
+          proposed_patches.emplace(id, ImagePatchOf{*std::move(proposal.patch),
+                                                    std::move(proposal.image)});
+          continue;
+        }
+        Log(LogLevel::kWarning, "step ", step, ": node ", id, "'s proposal: ",
+            built.status().message(), "; it is prepared");
+      }
     }
     v1::PrepareRequest request;
     request.set_coordinator(context_.node_id());
@@ -528,6 +566,19 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   // of a group carries every member's image, region by region: the requests live on an arena and
   // borrow the images from `images`, which outlives them, instead of copying them each.
   google::protobuf::Arena arena;
+  // Each member's image as its changes since the base step, where this coordinator committed the
+  // base (and so holds the image every member's record has of it) and the member lists as many
+  // regions as then.
+  std::map<uint32_t, ImagePatchOf> patches = std::move(proposed_patches);
+  if (base && committed_images_step_ == base) {
+    for (const auto& [id, image] : images) {
+      const auto found = committed_images_.find(id);
+      if (found == committed_images_.end() || patches.contains(id)) continue;
+      if (std::optional<ImagePatchOf> patch = PatchOf(found->second, image, ImageCrc(image))) {
+        patches.emplace(id, *std::move(patch));
+      }
+    }
+  }
   std::vector<std::pair<uint32_t, const v1::EncodeRequest*>> encodes;
   for (uint32_t id : nodes) {
     if (absent.contains(id) && !receivers.contains(id)) continue;
@@ -544,6 +595,14 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     const std::vector<uint32_t>& group = groups[options.GroupOf(id)->first];
     std::optional<uint32_t> first_present;
     for (uint32_t member : group) {
+      if (absent.contains(member)) continue;
+      if (!first_present) first_present = member;
+      if (!held[member] || held[member] != held[*first_present]) request.set_whole(true);
+    }
+    // A receiver builds patched images on its record of the base step, which a whole encode's
+    // receivers do not all hold, nor a parity receiver (it reads the record from a member).
+    const bool patch = !request.whole() && !request.parity_only();
+    for (uint32_t member : group) {
       if (absent.contains(member)) {
         // Frozen at its last committed image, which the receiver's own record holds.
         request.add_group_images()->set_node_id(member);
@@ -551,11 +610,12 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         if (receivers.contains(member)) request.add_parity_receivers(member);
         continue;
       }
-      request.mutable_group_images()->UnsafeArenaAddAllocated(&images[member]);
-      if (!first_present) first_present = member;
-      if (!held[member] || held[member] != held[*first_present]) {
-        request.set_whole(true);
+      if (const auto patched = patches.find(member); patch && patched != patches.end()) {
+        request.mutable_group_images()->UnsafeArenaAddAllocated(&patched->second.changes);
+        request.mutable_patches()->UnsafeArenaAddAllocated(&patched->second.patch);
+        continue;
       }
+      request.mutable_group_images()->UnsafeArenaAddAllocated(&images[member]);
     }
     if (request.whole() && request.absent_nodes_size() > 0) {
       // A whole encode needs every data unit of a stripe, the absent nodes' too.
@@ -597,6 +657,17 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
                              : absl::StrCat(" (rebuilding: [", absl::StrJoin(rebuilding, ", "),
                                             "], receiving its parity: [",
                                             absl::StrJoin(receivers, ", "), "])")));
+  // The next round patches against this step's images; an absent node's is still its image of the
+  // base step.
+  if (committed_images_step_ == base) {
+    for (uint32_t id : absent) {
+      if (auto frozen = committed_images_.find(id); frozen != committed_images_.end()) {
+        images[id] = std::move(frozen->second);
+      }
+    }
+  }
+  committed_images_ = std::move(images);
+  committed_images_step_ = step;
   return true;
 }
 

@@ -105,7 +105,8 @@ class Coordinator {
   // A proposal's image of its step, and the step its node had committed when it built it.
   struct ProposedImage {
     std::optional<int64_t> committed;
-    v1::NodeImage image;
+    v1::NodeImage image;  // with `patch`: the changes since `committed` it carries
+    std::optional<v1::ImagePatch> patch;
     uint64_t bytes = 0;  // counted against the bound
   };
   // The proposals of a step whose round has not begun.
@@ -154,6 +155,11 @@ class Coordinator {
   std::optional<int64_t> base_ ABSL_GUARDED_BY(mutex_);  // the latest committed step
   std::optional<int64_t> last_round_ ABSL_GUARDED_BY(mutex_);
   int commits_since_forget_ ABSL_GUARDED_BY(mutex_) = 0;
+  // The images of the last step this coordinator committed, by node, and that step: what the
+  // next round's Encode requests patch (every member's record holds them alike). Used by the
+  // leading thread only.
+  std::map<uint32_t, v1::NodeImage> committed_images_;
+  std::optional<int64_t> committed_images_step_;
   std::thread loop_;
 };
 

@@ -2,16 +2,15 @@
 // the decisions etcd holds.
 #include "daemon/cluster/participant.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "daemon/cluster/image_patch.h"
 #include "daemon/cluster/peer_checks.h"
+#include "erasure/crc32c.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
@@ -33,19 +32,6 @@ namespace {
 
 std::string StepText(const std::optional<int64_t>& step) {
   return step ? absl::StrCat("step ", *step) : "no step";
-}
-
-// `image` serialized deterministically: NodeImage has no map fields, so two images are equal
-// field for field exactly when these bytes are, and comparing them is one pass over memory.
-std::string ImageBytes(const v1::NodeImage& image) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    image.SerializeToCodedStream(&coded);
-  }
-  return bytes;
 }
 
 }  // namespace
@@ -240,6 +226,15 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   v1::NodeImage manifest = image->manifest();
   manifest.set_node_id(context_.node_id());
   std::string reported = ImageBytes(manifest);
+  // Sent as its changes since this node's image in the record of the committed step, which the
+  // coordinator that committed it holds too.
+  std::optional<ImagePatchOf> patch;
+  if (const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+      committed && record->committed_step() == *committed &&
+      context_.topology->position < record->group_images_size()) {
+    patch = PatchOf(record->group_images(context_.topology->position), manifest,
+                    erasure::Crc32c(reported.data(), reported.size()));
+  }
   {
     absl::MutexLock lock(&mutex_);
     if (decided_.contains(step) || open_.contains(step)) return;
@@ -249,7 +244,12 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
     open.image = std::make_shared<const NodeImage>(*std::move(image));
     open.reported = std::move(reported);
   }
-  *proposal.mutable_image() = std::move(manifest);
+  if (patch) {
+    *proposal.mutable_image() = std::move(patch->changes);
+    *proposal.mutable_patch() = std::move(patch->patch);
+  } else {
+    *proposal.mutable_image() = std::move(manifest);
+  }
   if (committed) proposal.set_committed_step(*committed);
   proposal.set_token(leader.token);
 }
@@ -420,6 +420,55 @@ absl::StatusOr<std::set<int>> Participant::AbsentPositions(
   return positions;
 }
 
+absl::StatusOr<std::vector<v1::NodeImage>> Participant::GroupImagesOf(
+    const v1::EncodeRequest& request, const v1::JournalCluster& committed,
+    const std::set<int>& absent) const {
+  const Topology& topology = *context_.topology;
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  const int64_t step = request.step();
+  std::map<int, const v1::ImagePatch*> patches;  // by position
+  for (const v1::ImagePatch& patch : request.patches()) {
+    const auto found = std::find(group.begin(), group.end(), patch.node_id());
+    const int position = static_cast<int>(found - group.begin());
+    if (found == group.end() || absent.contains(position) ||
+        !patches.emplace(position, &patch).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step, ": the patch of node ", patch.node_id(),
+          " is for a node not in group ", topology.group, ", an absent one, or one patched twice"));
+    }
+  }
+  // Absent members' images and patched ones' regions come from the record of the base step.
+  if (!absent.empty() || !patches.empty()) {
+    if (!committed.has_committed_step() || !request.has_base_step() ||
+        committed.committed_step() != request.base_step() ||
+        committed.group_images_size() != static_cast<int>(group.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " is ", absent.empty() ? "sent as patches" : "degraded", ", and node ",
+          context_.node_id(), " holds no committed record of its group at the base step to take ",
+          absent.empty() ? "the images' other regions" : "the absent nodes' images", " from"));
+    }
+  }
+  std::vector<v1::NodeImage> images;
+  images.reserve(group.size());
+  for (int position = 0; position < static_cast<int>(group.size()); ++position) {
+    if (absent.contains(position)) {
+      // Frozen at its last committed image, which every live member's record holds alike.
+      images.push_back(committed.group_images(position));
+    } else if (auto patch = patches.find(position); patch != patches.end()) {
+      absl::StatusOr<v1::NodeImage> image = PatchedImage(
+          committed.group_images(position), request.group_images(position), *patch->second);
+      if (!image.ok()) {
+        return absl::Status(image.status().code(),
+                            absl::StrCat("step ", step, ": ", image.status().message()));
+      }
+      images.push_back(*std::move(image));
+    } else {
+      images.push_back(request.group_images(position));
+    }
+  }
+  return images;
+}
+
 absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& request) {
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
@@ -427,31 +476,27 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
     return status;
   }
-  if (absl::Status status = CheckGroupImages(request.group_images(),
-                                             topology.groups[topology.group], topology.limits);
-      !status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
-  }
   absl::StatusOr<std::set<int>> absent = AbsentPositions(request);
   if (!absent.ok()) return absent.status();
-  if (request.parity_only()) return EncodeReceived(request, *absent);
-  const std::string requested = ImageBytes(request.group_images(topology.position));
+  if (request.parity_only()) {
+    if (absl::Status status = CheckGroupImages(request.group_images(),
+                                               topology.groups[topology.group], topology.limits);
+        !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
+    }
+    return EncodeReceived(request, *absent);
+  }
+  auto not_prepared = [&] {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step,
+                                                      " was not prepared here by node ",
+                                                      request.coordinator(), " under token ",
+                                                      request.token()));
+  };
   std::shared_ptr<const NodeImage> image;
   {
     absl::MutexLock lock(&mutex_);
     auto it = open_.find(step);
-    if (it == open_.end() || it->second.token != request.token()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, " was not prepared here by node ", request.coordinator(), " under token ",
-          request.token()));
-    }
-    // This node's own image must be the one it reported, field for field: its regions decide
-    // which units are sent and, once committed, how a rebuild lays them out.
-    if (it->second.reported != requested) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step, ": the image of node ", context_.node_id(),
-          " in the request differs from the one it prepared"));
-    }
+    if (it == open_.end() || it->second.token != request.token()) return not_prepared();
     image = it->second.image;
   }
   const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
@@ -467,23 +512,30 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // found that the group's nodes do not hold the same committed step.
   const std::shared_ptr<const v1::JournalCluster> held = store_->ClusterRecord();
   const v1::JournalCluster& committed = *held;
-  std::vector<v1::NodeImage> group_images(request.group_images().begin(),
-                                          request.group_images().end());
-  std::set<uint32_t> absent_nodes;  // those that get nothing from this node
-  if (!absent->empty()) {
-    // A degraded step: the absent nodes' data is their last committed image, which every live
-    // member's record of the base step holds alike.
-    if (!committed.has_committed_step() || committed.group_images_size() != layout.group_size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, " is degraded, and node ", context_.node_id(),
-          " holds no committed record of its group to take the absent nodes' images from"));
-    }
-    for (int position : *absent) {
-      group_images[position] = committed.group_images(position);
-      absent_nodes.insert(topology.NodeAt(position));
-    }
-    for (uint32_t id : request.parity_receivers()) absent_nodes.erase(id);
+  absl::StatusOr<std::vector<v1::NodeImage>> images = GroupImagesOf(request, committed, *absent);
+  if (!images.ok()) return images.status();
+  std::vector<v1::NodeImage>& group_images = *images;
+  if (absl::Status status =
+          CheckGroupImages(group_images, topology.groups[topology.group], topology.limits);
+      !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
   }
+  const std::string requested = ImageBytes(group_images[topology.position]);
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = open_.find(step);
+    if (it == open_.end() || it->second.token != request.token()) return not_prepared();
+    // This node's own image must be the one it reported, field for field: its regions decide
+    // which units are sent and, once committed, how a rebuild lays them out.
+    if (it->second.reported != requested) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step, ": the image of node ", context_.node_id(),
+          " in the request differs from the one it prepared"));
+    }
+  }
+  std::set<uint32_t> absent_nodes;  // those that get nothing from this node
+  for (int position : *absent) absent_nodes.insert(topology.NodeAt(position));
+  for (uint32_t id : request.parity_receivers()) absent_nodes.erase(id);
   std::vector<uint64_t> image_bytes;
   for (const v1::NodeImage& member : group_images) image_bytes.push_back(member.bytes());
   // The commit journals every member's image: a step this node's journal could not hold aborts

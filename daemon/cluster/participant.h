@@ -120,6 +120,12 @@ class Participant {
   absl::Status CompleteEncode(const v1::EncodeRequest& request, absl::Status sending,
                               absl::Time deadline, std::vector<v1::NodeImage> group_images,
                               absl::string_view doing);
+  // The group's images of the step an Encode carries, by position: as sent, built from their
+  // patches on `committed` (the record of the base step), or, for the absent members, their images
+  // there.
+  absl::StatusOr<std::vector<v1::NodeImage>> GroupImagesOf(const v1::EncodeRequest& request,
+                                                           const v1::JournalCluster& committed,
+                                                           const std::set<int>& absent) const;
   // Encode of a parity receiver (parity_only).
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
                                                     const std::set<int>& absent);

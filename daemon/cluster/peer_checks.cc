@@ -90,9 +90,9 @@ absl::Status CheckRequestToken(int64_t request) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
+// Every field of `image` but the sum of its regions' sizes: a patch's image lists only the regions
+// it changed.
+absl::Status CheckImageFields(const v1::NodeImage& image, const PeerLimits& limits) {
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("image of node ", image.node_id(), ": ", what));
   };
@@ -107,37 +107,30 @@ absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits
     return invalid(absl::StrCat(image.ranks_size(), " ranks, above ",
                                 PeerLimits::kMaxRanksPerImage));
   }
-  uint64_t total = 0;
   for (const v1::ImageRegion& region : image.regions()) {
     if (absl::Status status = CheckRegion(region, limits); !status.ok()) {
       return invalid(std::string(status.message()));
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
+  if (absl::Status status = CheckImageFields(image, limits); !status.ok()) return status;
+  uint64_t total = 0;
+  for (const v1::ImageRegion& region : image.regions()) {
     // Each region is at most max_image_bytes (checked above), so this sum cannot wrap before the
     // comparison stops it.
     total += region.bytes();
     if (total > image.bytes()) break;
   }
   if (total != image.bytes()) {
-    return invalid(absl::StrCat("its regions add up to ", total > image.bytes() ? "more than " : "",
-                                total, " bytes, not the ", image.bytes(), " it says"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckGroupImages(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images,
-                              const std::vector<uint32_t>& group_ids, const PeerLimits& limits) {
-  if (static_cast<size_t>(images.size()) != group_ids.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(images.size(), " images for a group of ",
-                                                   group_ids.size()));
-  }
-  for (size_t position = 0; position < group_ids.size(); ++position) {
-    const v1::NodeImage& image = images[static_cast<int>(position)];
-    if (image.node_id() != group_ids[position]) {
-      return absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ",
-                                                     image.node_id(), "'s, not node ",
-                                                     group_ids[position], "'s"));
-    }
-    if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image of node ", image.node_id(), ": its regions add up to ",
+        total > image.bytes() ? "more than " : "", total, " bytes, not the ", image.bytes(),
+        " it says"));
   }
   return absl::OkStatus();
 }
@@ -179,7 +172,22 @@ absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& l
         "node ", request.from_node(), " proposes step ", request.step(), " with the image of node ",
         request.image().node_id(), "'s step ", request.image().step()));
   }
-  return CheckNodeImage(request.image(), limits);
+  if (!request.has_patch()) return CheckNodeImage(request.image(), limits);
+  // The image the patch builds is checked whole once built (CheckNodeImage, by the Encode's
+  // receivers; the coordinator builds it only on the image it committed).
+  if (!request.has_committed_step() || request.patch().node_id() != request.from_node()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", request.from_node(), " proposes a patch of node ", request.patch().node_id(),
+        "'s image", request.has_committed_step() ? "" : " on no committed step"));
+  }
+  if (absl::Status status = CheckImageFields(request.image(), limits); !status.ok()) return status;
+  if (request.patch().changed_size() != request.image().regions_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the patch of node ", request.from_node(), "'s image names ",
+        request.patch().changed_size(), " changed regions and its image carries ",
+        request.image().regions_size()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits) {
@@ -206,8 +214,30 @@ absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& lim
     return absl::InvalidArgumentError(absl::StrCat(request.group_images_size(),
                                                    " images for a group of ", limits.group_size));
   }
+  if (request.patches_size() > request.group_images_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(request.patches_size(),
+                                                   " image patches for a group of ",
+                                                   request.group_images_size()));
+  }
+  if (request.patches_size() > 0 && (request.whole() || request.parity_only())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", request.whole() ? "whole" : "parity-only", " encode comes with image patches"));
+  }
   for (const v1::NodeImage& image : request.group_images()) {
-    if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
+    const auto patch =
+        std::find_if(request.patches().begin(), request.patches().end(),
+                     [&](const v1::ImagePatch& each) { return each.node_id() == image.node_id(); });
+    if (patch == request.patches().end()) {
+      if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
+      continue;
+    }
+    // The image the patch builds is checked whole once built (Participant::GroupImagesOf).
+    if (absl::Status status = CheckImageFields(image, limits); !status.ok()) return status;
+    if (patch->changed_size() != image.regions_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the patch of node ", image.node_id(), "'s image names ", patch->changed_size(),
+          " changed regions and its image carries ", image.regions_size()));
+    }
   }
   return absl::OkStatus();
 }

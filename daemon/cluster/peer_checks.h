@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon::cluster {
@@ -32,9 +33,26 @@ struct PeerLimits {
 // One node's image: regions back to back whose sizes add up to `bytes` without overflow, each
 // region's chunk CRCs matching its size and chunk size, names, dtypes and shapes bounded.
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits);
-// A group's images by position: one per position of `group_ids`, each of that node, each valid.
-absl::Status CheckGroupImages(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images,
-                              const std::vector<uint32_t>& group_ids, const PeerLimits& limits);
+// A group's images by position (a RepeatedPtrField or a std::vector of them): one per position of
+// `group_ids`, each of that node, each valid.
+template <typename Images>
+absl::Status CheckGroupImages(const Images& images, const std::vector<uint32_t>& group_ids,
+                              const PeerLimits& limits) {
+  if (static_cast<size_t>(images.size()) != group_ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(images.size(), " images for a group of ",
+                                                   group_ids.size()));
+  }
+  for (size_t position = 0; position < group_ids.size(); ++position) {
+    const v1::NodeImage& image = images[static_cast<int>(position)];
+    if (image.node_id() != group_ids[position]) {
+      return absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ",
+                                                     image.node_id(), "'s, not node ",
+                                                     group_ids[position], "'s"));
+    }
+    if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 // A group record another node holds (GroupState, LocateRank): no images, or a full group of
 // `group_ids`; without its parity units (peers never send pool offsets).
 absl::Status CheckGroupRecord(const v1::JournalCluster& record,

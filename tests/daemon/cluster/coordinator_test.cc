@@ -237,9 +237,10 @@ bool WaitAborted(InProcessCluster& cluster, int64_t step, uint32_t first, uint32
 
 // Every node but `coordinator`'s captures `step`; once the coordinator took each one's proposal,
 // the coordinator's node captures it: its round begins with the other nodes' proposals in hand.
-bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step, uint32_t coordinator = 0) {
+bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step, uint32_t coordinator = 0,
+                            uint64_t kept_bytes = 0) {
   for (uint32_t node = 0; node < static_cast<uint32_t>(cluster.size()); ++node) {
-    if (node != coordinator) cluster.node(node).store.Capture(step, kBytes);
+    if (node != coordinator) cluster.node(node).store.Capture(step, kBytes, {}, kept_bytes);
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   for (uint32_t node = 0; node < static_cast<uint32_t>(cluster.size()); ++node) {
@@ -248,7 +249,7 @@ bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step, uint32_t co
       absl::SleepFor(absl::Milliseconds(5));
     }
   }
-  cluster.node(coordinator).store.Capture(step, kBytes);
+  cluster.node(coordinator).store.Capture(step, kBytes, {}, kept_bytes);
   return true;
 }
 
@@ -280,6 +281,46 @@ TEST(CoordinatorTest, AProposalBringingItsImageOnTheBaseStandsForTheNodesPrepare
     }
   }
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+// After a committed step, a proposal carries the proposer's changes since it (here the one of its
+// two regions the trainer captured anew): the coordinator builds the image on the one it committed
+// and prepares nobody. A new coordinator, which committed none of them, prepares the nodes whose
+// proposals it cannot build, and takes their changes again from the step it commits.
+TEST(CoordinatorTest, ProposalsAfterACommitCarryTheirChangesAndStandForThePrepare) {
+  constexpr uint64_t kKept = 200000;
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(0)));
+  std::atomic<uint32_t> coordinator{0};
+  std::atomic<int> prepared{0};  // Prepare calls to the nodes that proposed before the round
+  cluster.network().SetFilter([&](uint32_t, uint32_t to, const std::string& name) {
+    if (name == "Prepare" && to != coordinator) ++prepared;
+    return absl::OkStatus();
+  });
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(CaptureCoordinatorLast(cluster, step, 0, kKept)) << "step " << step;
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  EXPECT_EQ(prepared, 0);
+  for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
+    if (proposal.from_node() == 0) continue;  // its round may have begun before its proposal
+    const std::string what =
+        absl::StrCat("node ", proposal.from_node(), "'s proposal of step ", proposal.step());
+    EXPECT_EQ(proposal.has_patch(), proposal.step() > 1) << what;
+    if (proposal.has_patch()) {
+      EXPECT_EQ(proposal.patch().changed_size(), 1) << what;
+      EXPECT_EQ(proposal.image().regions_size(), 1) << what;
+    }
+  }
+  coordinator = 1;
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(1), 1));
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 4, 1, kKept));
+  ASSERT_TRUE(cluster.WaitCommitted(4));
+  EXPECT_EQ(prepared, 5);
+  ASSERT_TRUE(CaptureCoordinatorLast(cluster, 5, 1, kKept));
+  ASSERT_TRUE(cluster.WaitCommitted(5));
+  EXPECT_EQ(prepared, 5);
+  cluster.ExpectEveryNodeRebuildable(5, kBytes);
 }
 
 // An image built on another committed step than the round's base is not taken, even under the

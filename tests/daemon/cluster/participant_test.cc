@@ -8,12 +8,15 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/cluster/image_patch.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -23,6 +26,9 @@ namespace {
 using testing::InProcessCluster;
 
 constexpr uint64_t kBytes = 300000;
+// Captured with this much of kBytes unchanged, a node's image holds two regions, one of them
+// changed at each step: Encode requests carry it as a patch.
+constexpr uint64_t kKept = 200000;
 
 // Every node committed exactly `steps`, in order.
 void ExpectCommittedEverywhere(InProcessCluster& cluster, const std::vector<int64_t>& steps) {
@@ -31,10 +37,11 @@ void ExpectCommittedEverywhere(InProcessCluster& cluster, const std::vector<int6
   }
 }
 
-// `step`, captured everywhere, is aborted for a reason that names each of `named`.
+// `step`, captured everywhere (the first `kept_bytes` unchanged), is aborted for a reason that
+// names each of `named`.
 void ExpectAbortedNaming(InProcessCluster& cluster, int64_t step,
-                         const std::vector<std::string>& named) {
-  cluster.CaptureEverywhere(step, kBytes);
+                         const std::vector<std::string>& named, uint64_t kept_bytes = 0) {
+  cluster.CaptureEverywhere(step, kBytes, kept_bytes);
   std::optional<v1::StepDecision> decision = cluster.WaitDecided(step);
   ASSERT_TRUE(decision.has_value());
   EXPECT_FALSE(decision->committed());
@@ -43,11 +50,11 @@ void ExpectAbortedNaming(InProcessCluster& cluster, int64_t step,
   }
 }
 
-// `step`, captured everywhere, commits everywhere, where every node has then committed
-// `committed`, and every node's parity decodes.
+// `step`, captured everywhere (the first `kept_bytes` unchanged), commits everywhere, where every
+// node has then committed `committed`, and every node's parity decodes.
 void ExpectCommitsEverywhere(InProcessCluster& cluster, int64_t step,
-                             const std::vector<int64_t>& committed) {
-  cluster.CaptureEverywhere(step, kBytes);
+                             const std::vector<int64_t>& committed, uint64_t kept_bytes = 0) {
+  cluster.CaptureEverywhere(step, kBytes, kept_bytes);
   ASSERT_TRUE(cluster.WaitCommitted(step));
   ExpectCommittedEverywhere(cluster, committed);
   cluster.ExpectEveryNodeRebuildable(step, kBytes);
@@ -135,18 +142,105 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
   cluster.election().Elect(0);
   cluster.CaptureEverywhere(1, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(1));
-  cluster.network().SetEncodeRewrite([](uint32_t, uint32_t to, v1::EncodeRequest& request) {
-    for (v1::NodeImage& image : *request.mutable_group_images()) {
-      if (image.node_id() == to && image.regions_size() > 0 &&
-          image.regions(0).chunk_crcs_size() > 0) {
-        v1::ImageRegion& region = *image.mutable_regions(0);
-        region.set_chunk_crcs(0, region.chunk_crcs(0) ^ 1);
+  const auto rewrite = [&cluster](uint32_t, uint32_t to, v1::EncodeRequest& request) {
+    // The coordinator holds this image of the receiver, and sends it as it sends any: as a patch
+    // on the base step where it has one, else whole.
+    const std::shared_ptr<const v1::JournalCluster> record = cluster.node(to).store.ClusterRecord();
+    for (int position = 0; position < request.group_images_size(); ++position) {
+      v1::NodeImage& image = *request.mutable_group_images(position);
+      if (image.node_id() != to) continue;
+      v1::ImagePatch* patch = nullptr;
+      for (v1::ImagePatch& each : *request.mutable_patches()) {
+        if (each.node_id() == to) patch = &each;
       }
+      v1::NodeImage whole = image;
+      if (patch != nullptr) {
+        whole = PatchedImage(record->group_images(position), image, *patch).value();
+      }
+      // The region the step changed: a patch still names only it.
+      v1::ImageRegion& region = *whole.mutable_regions(whole.regions_size() - 1);
+      region.set_chunk_crcs(0, region.chunk_crcs(0) ^ 1);
+      if (patch == nullptr) {
+        image = whole;
+        continue;
+      }
+      ImagePatchOf altered =
+          PatchOf(record->group_images(position), whole, ImageCrc(whole)).value();
+      image = altered.changes;
+      *patch = altered.patch;
     }
-  });
+  };
+  cluster.network().SetEncodeRewrite(rewrite);
+  // Sent whole: each node's image is one region, changed.
   ASSERT_NO_FATAL_FAILURE(ExpectAbortedNaming(cluster, 2, {"differs from the one it prepared"}));
   cluster.network().SetEncodeRewrite(nullptr);
   ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}));
+  // Sent as a patch: two regions, one changed since step 4.
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 4, {1, 3, 4}, kKept));
+  cluster.network().SetEncodeRewrite(rewrite);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectAbortedNaming(cluster, 5, {"differs from the one it prepared"}, kKept));
+  cluster.network().SetEncodeRewrite(nullptr);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 6, {1, 3, 4, 6}, kKept));
+}
+
+// After a step its coordinator committed, each Encode request carries every member's image as the
+// regions it changed since (here the one of two regions each node's trainer captured anew), and
+// every node builds the same images from its record: the step commits and every node's parity
+// decodes. A new coordinator, which committed no base, sends them whole.
+TEST(ParticipantTest, EncodesAfterACommitCarryEachMembersChangedRegionsOnly) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes, kKept);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  absl::Mutex mutex;
+  std::map<int64_t, std::vector<std::pair<int, int>>> seen;  // step -> (patches, regions sent)
+  cluster.network().SetEncodeRewrite([&](uint32_t, uint32_t, v1::EncodeRequest& request) {
+    int regions = 0;
+    for (const v1::NodeImage& image : request.group_images()) regions += image.regions_size();
+    absl::MutexLock lock(&mutex);
+    seen[request.step()].emplace_back(request.patches_size(), regions);
+  });
+  cluster.CaptureEverywhere(2, kBytes, kKept);
+  ASSERT_TRUE(cluster.WaitCommitted(2));
+  cluster.election().Elect(1);
+  cluster.CaptureEverywhere(3, kBytes, kKept);
+  ASSERT_TRUE(cluster.WaitCommitted(3));
+  cluster.network().SetEncodeRewrite(nullptr);
+  absl::MutexLock lock(&mutex);
+  using Sent = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(seen[2], Sent(6, {6, 6}));
+  EXPECT_EQ(seen[3], Sent(6, {0, 12}));
+  ExpectCommittedEverywhere(cluster, {1, 2, 3});
+  cluster.ExpectEveryNodeRebuildable(3, kBytes);
+}
+
+// A receiver whose record of the base step is not its coordinator's (here: the CRC the patch
+// names differs) builds nothing on it: the step aborts naming why, the coordinator sends the next
+// step's images whole, and that step commits everywhere with parity that decodes.
+TEST(ParticipantTest, APatchThatDoesNotBuildTheCoordinatorsImageAbortsAndTheNextStepGoesWhole) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes, kKept);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  absl::Mutex mutex;
+  std::map<int64_t, int> patches;  // by step
+  cluster.network().SetEncodeRewrite([&](uint32_t, uint32_t to, v1::EncodeRequest& request) {
+    absl::MutexLock lock(&mutex);
+    patches[request.step()] += request.patches_size();
+    if (request.step() == 2 && to == 3 && request.patches_size() > 0) {
+      request.mutable_patches(0)->set_image_crc(request.patches(0).image_crc() ^ 1);
+    }
+  });
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectAbortedNaming(cluster, 2, {"node 3", "is not the coordinator's"}, kKept));
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}, kKept));
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 4, {1, 3, 4}, kKept));
+  cluster.network().SetEncodeRewrite(nullptr);
+  absl::MutexLock lock(&mutex);
+  EXPECT_GT(patches[2], 0);
+  EXPECT_EQ(patches[3], 0);
+  EXPECT_EQ(patches[4], 36);
 }
 
 // A step whose commit one node's journal could not hold aborts before any parity moves, naming

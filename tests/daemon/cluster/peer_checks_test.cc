@@ -178,6 +178,64 @@ TEST(PeerChecksTest, ImageSizesMustAddUpWithoutWrapping) {
   ExpectRefused(CheckNodeImage(image, Limits()), "above the");
 }
 
+TEST(PeerChecksTest, APatchedImageListsItsChangedRegionsEachChecked) {
+  // Node 4's image as a patch of its second region: the image need not add up (it lists one
+  // region of two), but its regions are checked and the patch names as many as it carries.
+  v1::EncodeRequest request = Encode();
+  v1::NodeImage& changes = *request.mutable_group_images(1);
+  changes.mutable_regions()->DeleteSubrange(0, 1);
+  v1::ImagePatch& patch = *request.add_patches();
+  patch.set_node_id(4);
+  patch.add_changed(1);
+  EXPECT_OK(CheckEncode(request, Limits()));
+  patch.add_changed(0);
+  ExpectRefused(CheckEncode(request, Limits()), "names 2 changed regions");
+  patch.mutable_changed()->RemoveLast();
+  changes.mutable_regions(0)->set_chunk_bytes(0);
+  ExpectRefused(CheckEncode(request, Limits()), "chunk size");
+  changes.mutable_regions(0)->set_chunk_bytes(1024);
+  changes.set_bytes(kMax);
+  ExpectRefused(CheckEncode(request, Limits()), "above the");
+  changes.set_bytes(8192);
+  // Unpatched images still add up.
+  request.mutable_group_images(0)->set_bytes(1);
+  ExpectRefused(CheckEncode(request, Limits()), "add up");
+  request.mutable_group_images(0)->set_bytes(8192);
+  // Receivers of a whole or parity-only encode hold no common record to build on.
+  request.set_whole(true);
+  ExpectRefused(CheckEncode(request, Limits()), "whole encode comes with image patches");
+  request.set_whole(false);
+  request.set_parity_only(true);
+  ExpectRefused(CheckEncode(request, Limits()), "parity-only encode comes with image patches");
+  request.set_parity_only(false);
+  for (int i = 0; i < 3; ++i) *request.add_patches() = patch;
+  ExpectRefused(CheckEncode(request, Limits()), "4 image patches for a group of 3");
+}
+
+TEST(PeerChecksTest, AProposedPatchIsTheProposersOwnOnItsCommittedStep) {
+  v1::ProposeRequest propose;
+  propose.set_from_node(5);
+  propose.set_step(7);
+  propose.set_token(12);
+  propose.set_committed_step(6);
+  *propose.mutable_image() = Image(5);
+  propose.mutable_image()->mutable_regions()->DeleteSubrange(0, 1);
+  propose.mutable_patch()->set_node_id(5);
+  propose.mutable_patch()->add_changed(1);
+  EXPECT_OK(CheckPropose(propose, Limits()));
+  propose.mutable_patch()->add_changed(0);
+  ExpectRefused(CheckPropose(propose, Limits()), "names 2 changed regions");
+  propose.mutable_patch()->mutable_changed()->RemoveLast();
+  propose.mutable_patch()->set_node_id(4);
+  ExpectRefused(CheckPropose(propose, Limits()), "a patch of node 4's image");
+  propose.mutable_patch()->set_node_id(5);
+  propose.clear_committed_step();
+  ExpectRefused(CheckPropose(propose, Limits()), "on no committed step");
+  propose.set_committed_step(6);
+  propose.mutable_image()->mutable_regions(0)->set_region("");
+  ExpectRefused(CheckPropose(propose, Limits()), "its name");
+}
+
 TEST(PeerChecksTest, RegionFieldsAreBounded) {
   auto with = [](auto change) {
     v1::NodeImage image = Image(1);

@@ -1,0 +1,49 @@
+// Image patches: a member's image of a step sent as the regions it changed since the base step.
+// Every member of a group holds the same record of the base step, so an Encode request need not
+// carry every member's whole image: the coordinator sends each member's changed regions and the
+// CRC of the whole image, and each receiver builds the image from its record and checks the CRC.
+// A sparse step of a rank with thousands of tensors then sends, parses and frees its changed
+// entries only.
+#ifndef MOESNAP_DAEMON_CLUSTER_IMAGE_PATCH_H_
+#define MOESNAP_DAEMON_CLUSTER_IMAGE_PATCH_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon::cluster {
+
+// `image` serialized deterministically: NodeImage has no map fields, so two images are equal
+// field for field exactly when these bytes are, and comparing them is one pass over memory.
+std::string ImageBytes(const v1::NodeImage& image);
+// CRC-32C of ImageBytes(image).
+uint32_t ImageCrc(const v1::NodeImage& image);
+
+// What the coordinator sends of a member's image.
+struct ImagePatchOf {
+  v1::ImagePatch patch;
+  v1::NodeImage changes;  // node id, step, bytes, ranks, and the changed regions in patch order
+};
+
+// `image` as its changes since `base` (the same node's image in the base step's record); none when
+// the two do not list the same number of regions (a rank registered or dropped regions) or more
+// than half of them changed (a dense step), so the image goes whole.
+// `image_crc` is ImageCrc(image), which a caller holding the image's bytes has at hand.
+std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeImage& image,
+                                    uint32_t image_crc);
+
+// The image `patch` and `changes` describe, built on `base` (the receiver's record of the node at
+// the base step). INVALID_ARGUMENT when they do not fit `base` (another node's, positions out of
+// order or beyond its regions); FAILED_PRECONDITION when the image built has another CRC than the
+// coordinator's: the receiver's record of the base step is not the coordinator's (or the patch
+// was altered).
+absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
+                                           const v1::NodeImage& changes,
+                                           const v1::ImagePatch& patch);
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_IMAGE_PATCH_H_

@@ -1,0 +1,155 @@
+// Image patches: what a coordinator sends of a member's image builds, on the receiver's record of
+// the base step, exactly the image it holds; anything else is refused, never built wrong.
+#include "daemon/cluster/image_patch.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+// Node 2's image at `step` of `regions` regions of 4 KiB, region i captured at `steps[i]` (every
+// region at `step` when `steps` is empty).
+v1::NodeImage Image(int64_t step, int regions, const std::vector<int64_t>& steps = {}) {
+  v1::NodeImage image;
+  image.set_node_id(2);
+  image.set_step(step);
+  image.set_bytes(uint64_t{4096} * regions);
+  for (int i = 0; i < regions; ++i) {
+    v1::ImageRegion& region = *image.add_regions();
+    region.set_rank(i / 100);
+    region.set_region(absl::StrCat("layers.", i, ".adam.exp_avg"));
+    region.set_step(steps.empty() ? step : steps[i]);
+    region.set_bytes(4096);
+    region.set_dtype("float32");
+    region.add_shape(1024);
+    region.set_chunk_bytes(4096);
+    region.add_chunk_crcs(static_cast<uint32_t>(7 * i + region.step()));
+  }
+  v1::JournalRank& rank = *image.add_ranks();
+  rank.set_rank(0);
+  rank.set_latest_committed_step(step);
+  return image;
+}
+
+std::optional<ImagePatchOf> Patch(const v1::NodeImage& base, const v1::NodeImage& image) {
+  return PatchOf(base, image, ImageCrc(image));
+}
+
+TEST(ImagePatchTest, ASparseStepSendsItsChangedRegionsAndBuildsTheWholeImage) {
+  const v1::NodeImage base = Image(6, 1000);
+  std::vector<int64_t> steps(1000, 6);
+  steps[3] = steps[999] = 7;
+  const v1::NodeImage next = Image(7, 1000, steps);
+  const std::optional<ImagePatchOf> of = Patch(base, next);
+  ASSERT_TRUE(of.has_value());
+  EXPECT_EQ(std::vector<uint32_t>(of->patch.changed().begin(), of->patch.changed().end()),
+            (std::vector<uint32_t>{3, 999}));
+  EXPECT_EQ(of->changes.regions_size(), 2);
+  EXPECT_EQ(of->changes.ranks(0).latest_committed_step(), 7);
+  absl::StatusOr<v1::NodeImage> built = PatchedImage(base, of->changes, of->patch);
+  ASSERT_OK(built.status());
+  EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
+  // An unchanged image is a patch of nothing.
+  const std::optional<ImagePatchOf> same = Patch(next, next);
+  ASSERT_TRUE(same.has_value());
+  EXPECT_EQ(same->patch.changed_size(), 0);
+}
+
+TEST(ImagePatchTest, EveryFieldOfARegionCountsAsAChange) {
+  // SameEntry compares each field by name: a field added to ImageRegion must be added there.
+  EXPECT_EQ(v1::ImageRegion::descriptor()->field_count(), 9);
+  EXPECT_EQ(v1::RegionPiece::descriptor()->field_count(), 3);
+  const v1::NodeImage base = Image(6, 3);
+  const std::vector<std::function<void(v1::ImageRegion&)>> edits = {
+      [](v1::ImageRegion& r) { r.set_rank(9); },
+      [](v1::ImageRegion& r) { r.set_region("other"); },
+      [](v1::ImageRegion& r) { r.set_step(1); },
+      [](v1::ImageRegion& r) { r.set_bytes(8192); },
+      [](v1::ImageRegion& r) { r.set_dtype("bfloat16"); },
+      [](v1::ImageRegion& r) { r.add_shape(2); },
+      [](v1::ImageRegion& r) { r.set_chunk_bytes(1024); },
+      [](v1::ImageRegion& r) { r.set_chunk_crcs(0, 1); },
+      [](v1::ImageRegion& r) { r.mutable_piece(); },
+      [](v1::ImageRegion& r) { r.mutable_piece()->set_replica_group("g"); },
+      [](v1::ImageRegion& r) { r.mutable_piece()->set_offset(4); },
+      [](v1::ImageRegion& r) { r.mutable_piece()->set_region_bytes(4); },
+  };
+  for (size_t edit = 0; edit < edits.size(); ++edit) {
+    v1::NodeImage next = base;
+    edits[edit](*next.mutable_regions(1));
+    const std::optional<ImagePatchOf> of = Patch(base, next);
+    ASSERT_TRUE(of.has_value());
+    EXPECT_EQ(of->patch.changed_size(), 1) << "edit " << edit;
+    absl::StatusOr<v1::NodeImage> built = PatchedImage(base, of->changes, of->patch);
+    ASSERT_OK(built.status());
+    EXPECT_EQ(ImageBytes(*built), ImageBytes(next)) << "edit " << edit;
+  }
+}
+
+TEST(ImagePatchTest, ARegionListOfAnotherLengthOrADenseStepGoesWhole) {
+  EXPECT_FALSE(Patch(Image(6, 10), Image(7, 11)).has_value());
+  v1::NodeImage other = Image(7, 10);
+  other.set_node_id(3);
+  EXPECT_FALSE(Patch(Image(6, 10), other).has_value());
+  // Half the regions changed go as a patch, more go whole.
+  std::vector<int64_t> steps(10, 6);
+  for (int i = 0; i < 5; ++i) steps[2 * i] = 7;
+  EXPECT_EQ(Patch(Image(6, 10), Image(7, 10, steps))->patch.changed_size(), 5);
+  steps[1] = 7;
+  EXPECT_FALSE(Patch(Image(6, 10), Image(7, 10, steps)).has_value());
+  EXPECT_FALSE(Patch(Image(6, 10), Image(7, 10)).has_value());
+}
+
+TEST(ImagePatchTest, APatchThatDoesNotFitTheBaseIsRefused) {
+  const v1::NodeImage base = Image(6, 10);
+  std::vector<int64_t> steps(10, 6);
+  steps[2] = steps[5] = 7;
+  const ImagePatchOf of = *Patch(base, Image(7, 10, steps));
+  auto refused = [&](const v1::NodeImage& on, const v1::NodeImage& changes,
+                     const v1::ImagePatch& patch, const std::string& mentions) {
+    const absl::Status status = PatchedImage(on, changes, patch).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), mentions)) << status;
+  };
+  v1::ImagePatch patch = of.patch;
+  patch.set_changed(1, 2);  // twice the same position
+  refused(base, of.changes, patch, "does not follow");
+  patch.set_changed(0, 5);  // out of order
+  patch.set_changed(1, 2);
+  refused(base, of.changes, patch, "does not follow");
+  patch.set_changed(0, 2);
+  patch.set_changed(1, 10);  // beyond the base's regions
+  refused(base, of.changes, patch, "within the base image's 10 regions");
+  patch = of.patch;
+  patch.add_changed(9);
+  refused(base, of.changes, patch, "names 3 changed regions and carries 2");
+  v1::NodeImage other = base;
+  other.set_node_id(3);
+  refused(other, of.changes, of.patch, "node 3's image");
+}
+
+TEST(ImagePatchTest, ABaseThatDiffersFromTheCoordinatorsIsNeverBuiltOn) {
+  // The receiver's record of the base step differs in a region the patch does not name: the image
+  // it would build is not the coordinator's, and the CRC says so.
+  const v1::NodeImage base = Image(6, 10);
+  std::vector<int64_t> steps(10, 6);
+  steps[2] = 7;
+  const ImagePatchOf of = *Patch(base, Image(7, 10, steps));
+  v1::NodeImage differs = base;
+  differs.mutable_regions(8)->set_chunk_crcs(0, 12345);
+  const absl::Status status = PatchedImage(differs, of.changes, of.patch).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "is not the coordinator's")) << status;
+}
+
+}  // namespace
+}  // namespace moesnap::daemon::cluster
