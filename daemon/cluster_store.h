@@ -61,7 +61,9 @@ class ClusterStore {
   virtual absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) = 0;
   // The cluster record of the committed step (empty on a fresh pool). It holds every group
   // member's image, region by region, so it is shared rather than copied: a commit replaces it,
-  // and the record a caller holds never changes.
+  // and the record a caller holds never changes while another holds it too. (A record is made
+  // mutable and shared as const: the participant, once the only holder of one a commit replaced,
+  // builds the next step's images in its memory.)
   virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
   // OK when this node's journal can hold the commit of the step this node captured as `own`,
   // whose group images are `group_images`, with parity records for `stripes` stripes;

@@ -121,7 +121,7 @@ absl::Status Store::Recover() {
     RankState& rank_state = ranks_[saved.rank()];
     LoadRankRecord(saved, &rank_state);
   }
-  cluster_ = std::make_shared<const v1::JournalCluster>(state.cluster());
+  cluster_ = std::make_shared<v1::JournalCluster>(state.cluster());
   notified_step_ = NodeCommittedStep();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",

@@ -339,7 +339,7 @@ class Store final : public ClusterStore, public DurableStore {
   uint64_t snapshots_skipped_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_skip_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<const v1::JournalCluster> cluster_ ABSL_GUARDED_BY(mutex_) =
-      std::make_shared<const v1::JournalCluster>();
+      std::make_shared<v1::JournalCluster>();
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts

@@ -315,7 +315,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   // In a cluster the group's parity covers the committed step this node had, not the loaded one:
   // the record goes, so that the next step is encoded whole.
   const std::shared_ptr<const v1::JournalCluster> kept =
-      mode_ == CommitMode::kCluster ? std::make_shared<const v1::JournalCluster>() : cluster_;
+      mode_ == CommitMode::kCluster ? std::make_shared<v1::JournalCluster>() : cluster_;
   if (absl::Status status = WriteJournal({}, *kept); !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
@@ -345,7 +345,7 @@ absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
     return status;
   }
   replaced =
-      std::exchange(cluster_, std::make_shared<const v1::JournalCluster>(std::move(cluster)));
+      std::exchange(cluster_, std::make_shared<v1::JournalCluster>(std::move(cluster)));
   prepared_steps_.erase(prepared_steps_.begin(), prepared_steps_.upper_bound(step));
   for (auto& [rank, record] : committing) {
     RankState& rank_state = ranks_[rank];
@@ -404,7 +404,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
     return status;
   }
   replaced =
-      std::exchange(cluster_, std::make_shared<const v1::JournalCluster>(std::move(cluster)));
+      std::exchange(cluster_, std::make_shared<v1::JournalCluster>(std::move(cluster)));
   notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
@@ -73,7 +74,7 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
 
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
                                            const v1::NodeImage& changes,
-                                           const v1::ImagePatch& patch) {
+                                           const v1::ImagePatch& patch, v1::NodeImage memory) {
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat("the patch of node ", patch.node_id(), "'s image: ", what));
@@ -86,7 +87,8 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
     return invalid(absl::StrCat("it names ", patch.changed_size(), " changed regions and carries ",
                                 changes.regions_size()));
   }
-  v1::NodeImage image = base;
+  v1::NodeImage image = std::move(memory);
+  image.CopyFrom(base);
   image.set_step(changes.step());
   image.set_bytes(changes.bytes());
   *image.mutable_ranks() = changes.ranks();

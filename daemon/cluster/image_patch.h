@@ -40,9 +40,11 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
 // order or beyond its regions); FAILED_PRECONDITION when the image built has another CRC than the
 // coordinator's: the receiver's record of the base step is not the coordinator's (or the patch
 // was altered).
+// The image is built in `memory` (an image whose allocations it reuses; its contents go).
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
                                            const v1::NodeImage& changes,
-                                           const v1::ImagePatch& patch);
+                                           const v1::ImagePatch& patch,
+                                           v1::NodeImage memory = {});
 
 }  // namespace moesnap::daemon::cluster
 

@@ -3,6 +3,7 @@
 #include "daemon/cluster/participant.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -422,7 +423,7 @@ absl::StatusOr<std::set<int>> Participant::AbsentPositions(
 
 absl::StatusOr<std::vector<v1::NodeImage>> Participant::GroupImagesOf(
     const v1::EncodeRequest& request, const v1::JournalCluster& committed,
-    const std::set<int>& absent) const {
+    const std::set<int>& absent) {
   const Topology& topology = *context_.topology;
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   const int64_t step = request.step();
@@ -448,22 +449,38 @@ absl::StatusOr<std::vector<v1::NodeImage>> Participant::GroupImagesOf(
           absent.empty() ? "the images' other regions" : "the absent nodes' images", " from"));
     }
   }
+  // Each image is built in the memory of a replaced record's, when one is spare.
+  std::shared_ptr<v1::JournalCluster> spare;
+  {
+    absl::MutexLock lock(&mutex_);
+    spare = std::move(spare_record_);
+  }
+  auto memory = [&](int position) {
+    v1::NodeImage image;
+    if (spare && position < spare->group_images_size()) {
+      image.Swap(spare->mutable_group_images(position));
+    }
+    return image;
+  };
   std::vector<v1::NodeImage> images;
   images.reserve(group.size());
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
     if (absent.contains(position)) {
       // Frozen at its last committed image, which every live member's record holds alike.
-      images.push_back(committed.group_images(position));
+      images.push_back(memory(position));
+      images.back().CopyFrom(committed.group_images(position));
     } else if (auto patch = patches.find(position); patch != patches.end()) {
-      absl::StatusOr<v1::NodeImage> image = PatchedImage(
-          committed.group_images(position), request.group_images(position), *patch->second);
+      absl::StatusOr<v1::NodeImage> image =
+          PatchedImage(committed.group_images(position), request.group_images(position),
+                       *patch->second, memory(position));
       if (!image.ok()) {
         return absl::Status(image.status().code(),
                             absl::StrCat("step ", step, ": ", image.status().message()));
       }
       images.push_back(*std::move(image));
     } else {
-      images.push_back(request.group_images(position));
+      images.push_back(memory(position));
+      images.back().CopyFrom(request.group_images(position));
     }
   }
   return images;
@@ -767,8 +784,17 @@ void Participant::Apply(const v1::StepDecision& decision) {
     for (v1::JournalParity& parity : parity_->Records(step)) {
       *record.add_parity() = std::move(parity);
     }
+    std::shared_ptr<const v1::JournalCluster> replaced = store_->ClusterRecord();
     status = store_->CommitNodeStep(step, std::move(record));
     if (status.ok()) parity_->Commit(step);
+    // Once nobody else holds the record this commit replaced, its images' memory builds the next
+    // step's (GroupImagesOf) instead of being freed, region by region, and allocated again.
+    if (status.ok() && replaced.use_count() == 1) {
+      std::shared_ptr<v1::JournalCluster> dropped;  // freed after the lock
+      absl::MutexLock lock(&mutex_);
+      dropped = std::exchange(spare_record_,
+                              std::const_pointer_cast<v1::JournalCluster>(std::move(replaced)));
+    }
   }
   if (!status.ok()) {
     // The group committed the step without this node holding its part of it: rebuild it.

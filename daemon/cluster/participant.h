@@ -125,7 +125,7 @@ class Participant {
   // there.
   absl::StatusOr<std::vector<v1::NodeImage>> GroupImagesOf(const v1::EncodeRequest& request,
                                                            const v1::JournalCluster& committed,
-                                                           const std::set<int>& absent) const;
+                                                           const std::set<int>& absent);
   // Encode of a parity receiver (parity_only).
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
                                                     const std::set<int>& absent);
@@ -171,6 +171,8 @@ class Participant {
   uint32_t highest_coordinator_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
   std::vector<uint32_t> latest_absent_ ABSL_GUARDED_BY(mutex_);
+  // The record the last commit replaced, held by nobody else: memory for the next step's images.
+  std::shared_ptr<v1::JournalCluster> spare_record_ ABSL_GUARDED_BY(mutex_);
   std::thread proposer_;
 };
 

@@ -64,6 +64,20 @@ TEST(ImagePatchTest, ASparseStepSendsItsChangedRegionsAndBuildsTheWholeImage) {
   EXPECT_EQ(same->patch.changed_size(), 0);
 }
 
+TEST(ImagePatchTest, AnImageBuiltInAnotherImagesMemoryKeepsNothingOfIt) {
+  const v1::NodeImage base = Image(6, 10);
+  std::vector<int64_t> steps(10, 6);
+  steps[4] = 7;
+  const v1::NodeImage next = Image(7, 10, steps);
+  const ImagePatchOf of = *Patch(base, next);
+  v1::NodeImage memory = Image(3, 40);
+  memory.set_node_id(9);
+  memory.mutable_regions(2)->mutable_piece()->set_replica_group("g");
+  absl::StatusOr<v1::NodeImage> built = PatchedImage(base, of.changes, of.patch, std::move(memory));
+  ASSERT_OK(built.status());
+  EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
+}
+
 TEST(ImagePatchTest, EveryFieldOfARegionCountsAsAChange) {
   // SameEntry compares each field by name: a field added to ImageRegion must be added there.
   EXPECT_EQ(v1::ImageRegion::descriptor()->field_count(), 9);

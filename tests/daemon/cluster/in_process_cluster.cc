@@ -190,7 +190,7 @@ absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster c
   }
   committed_ = it->second;
   captured_.erase(captured_.begin(), std::next(it));
-  record_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
+  record_ = std::make_shared<v1::JournalCluster>(std::move(cluster));
   commits_.push_back(step);
   changed_.SignalAll();
   return absl::OkStatus();
@@ -205,7 +205,7 @@ void FakeClusterStore::AbortNodeStep(int64_t step, const absl::Status&) {
 absl::Status FakeClusterStore::InstallImage(const NodeImage& image, v1::JournalCluster cluster) {
   absl::MutexLock lock(&mutex_);
   committed_ = image;
-  record_ = std::make_shared<const v1::JournalCluster>(std::move(cluster));
+  record_ = std::make_shared<v1::JournalCluster>(std::move(cluster));
   changed_.SignalAll();
   return absl::OkStatus();
 }

@@ -102,7 +102,7 @@ class FakeClusterStore final : public ClusterStore {
   std::set<int64_t> offered_ ABSL_GUARDED_BY(mutex_);  // captures WaitNewNodeCapture returned
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<const v1::JournalCluster> record_ ABSL_GUARDED_BY(mutex_) =
-      std::make_shared<const v1::JournalCluster>();
+      std::make_shared<v1::JournalCluster>();
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
   int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;
