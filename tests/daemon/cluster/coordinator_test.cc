@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -253,6 +254,18 @@ bool CaptureCoordinatorLast(InProcessCluster& cluster, int64_t step, uint32_t co
   return true;
 }
 
+// Runs `check` on each proposal node 0 (the coordinator) took from another node, with words naming
+// it: node 0's own round may have begun before its proposal.
+void ForEachProposalOfTheOtherNodes(
+    InProcessCluster& cluster,
+    const std::function<void(const v1::ProposeRequest&, const std::string&)>& check) {
+  for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
+    if (proposal.from_node() == 0) continue;
+    check(proposal,
+          absl::StrCat("node ", proposal.from_node(), "'s proposal of step ", proposal.step()));
+  }
+}
+
 // A node that captured a step on the committed step the round encodes against proposes it with its
 // image: the coordinator takes that in place of the node's Prepare, and the steps commit with
 // parity that decodes.
@@ -269,17 +282,15 @@ TEST(CoordinatorTest, AProposalBringingItsImageOnTheBaseStandsForTheNodesPrepare
     ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
   }
   EXPECT_EQ(prepared, 0);
-  for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
-    if (proposal.from_node() == 0) continue;  // its round may have begun before its proposal
-    const std::string what =
-        absl::StrCat("node ", proposal.from_node(), "'s proposal of step ", proposal.step());
+  ForEachProposalOfTheOtherNodes(cluster, [](const v1::ProposeRequest& proposal,
+                                             const std::string& what) {
     EXPECT_TRUE(proposal.has_image()) << what;
     EXPECT_EQ(proposal.image().node_id(), proposal.from_node()) << what;
     EXPECT_EQ(proposal.has_committed_step(), proposal.step() > 1) << what;
     if (proposal.has_committed_step()) {
       EXPECT_EQ(proposal.committed_step(), proposal.step() - 1) << what;
     }
-  }
+  });
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
 
@@ -302,16 +313,14 @@ TEST(CoordinatorTest, ProposalsAfterACommitCarryTheirChangesAndStandForThePrepar
     ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
   }
   EXPECT_EQ(prepared, 0);
-  for (const v1::ProposeRequest& proposal : cluster.network().proposals()) {
-    if (proposal.from_node() == 0) continue;  // its round may have begun before its proposal
-    const std::string what =
-        absl::StrCat("node ", proposal.from_node(), "'s proposal of step ", proposal.step());
+  ForEachProposalOfTheOtherNodes(cluster, [](const v1::ProposeRequest& proposal,
+                                             const std::string& what) {
     EXPECT_EQ(proposal.has_patch(), proposal.step() > 1) << what;
     if (proposal.has_patch()) {
       EXPECT_EQ(proposal.patch().changed_size(), 1) << what;
       EXPECT_EQ(proposal.image().regions_size(), 1) << what;
     }
-  }
+  });
   coordinator = 1;
   ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(1), 1));
   ASSERT_TRUE(CaptureCoordinatorLast(cluster, 4, 1, kKept));

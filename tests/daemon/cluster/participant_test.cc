@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -59,6 +60,40 @@ void ExpectCommitsEverywhere(InProcessCluster& cluster, int64_t step,
   ExpectCommittedEverywhere(cluster, committed);
   cluster.ExpectEveryNodeRebuildable(step, kBytes);
 }
+
+// What each step's Encode requests carried, as (image patches, regions sent) per request, while it
+// lives; `alter` may rewrite a request to node `to` before it is served.
+class EncodesSent {
+ public:
+  using Sent = std::vector<std::pair<int, int>>;
+  static Sent Each(int requests, std::pair<int, int> sent) { return Sent(requests, sent); }
+
+  explicit EncodesSent(InProcessCluster& cluster,
+                       std::function<void(uint32_t, v1::EncodeRequest&)> alter = {})
+      : cluster_(cluster) {
+    cluster_.network().SetEncodeRewrite([this, alter](uint32_t, uint32_t to,
+                                                      v1::EncodeRequest& request) {
+      int regions = 0;
+      for (const v1::NodeImage& image : request.group_images()) regions += image.regions_size();
+      {
+        absl::MutexLock lock(&mutex_);
+        sent_[request.step()].emplace_back(request.patches_size(), regions);
+      }
+      if (alter) alter(to, request);
+    });
+  }
+  ~EncodesSent() { cluster_.network().SetEncodeRewrite(nullptr); }
+
+  Sent Of(int64_t step) {
+    absl::MutexLock lock(&mutex_);
+    return sent_[step];
+  }
+
+ private:
+  InProcessCluster& cluster_;
+  absl::Mutex mutex_;
+  std::map<int64_t, Sent> sent_;
+};
 
 // The second failure: a node that never heard that step 1 committed (a lost commit
 // message, a watch that lagged). It learns it from the log before it prepares step 2, so both steps
@@ -193,24 +228,14 @@ TEST(ParticipantTest, EncodesAfterACommitCarryEachMembersChangedRegionsOnly) {
   cluster.election().Elect(0);
   cluster.CaptureEverywhere(1, kBytes, kKept);
   ASSERT_TRUE(cluster.WaitCommitted(1));
-  absl::Mutex mutex;
-  std::map<int64_t, std::vector<std::pair<int, int>>> seen;  // step -> (patches, regions sent)
-  cluster.network().SetEncodeRewrite([&](uint32_t, uint32_t, v1::EncodeRequest& request) {
-    int regions = 0;
-    for (const v1::NodeImage& image : request.group_images()) regions += image.regions_size();
-    absl::MutexLock lock(&mutex);
-    seen[request.step()].emplace_back(request.patches_size(), regions);
-  });
+  EncodesSent sent(cluster);
   cluster.CaptureEverywhere(2, kBytes, kKept);
   ASSERT_TRUE(cluster.WaitCommitted(2));
   cluster.election().Elect(1);
   cluster.CaptureEverywhere(3, kBytes, kKept);
   ASSERT_TRUE(cluster.WaitCommitted(3));
-  cluster.network().SetEncodeRewrite(nullptr);
-  absl::MutexLock lock(&mutex);
-  using Sent = std::vector<std::pair<int, int>>;
-  EXPECT_EQ(seen[2], Sent(6, {6, 6}));
-  EXPECT_EQ(seen[3], Sent(6, {0, 12}));
+  EXPECT_EQ(sent.Of(2), EncodesSent::Each(6, {6, 6}));
+  EXPECT_EQ(sent.Of(3), EncodesSent::Each(6, {0, 12}));
   ExpectCommittedEverywhere(cluster, {1, 2, 3});
   cluster.ExpectEveryNodeRebuildable(3, kBytes);
 }
@@ -223,11 +248,7 @@ TEST(ParticipantTest, APatchThatDoesNotBuildTheCoordinatorsImageAbortsAndTheNext
   cluster.election().Elect(0);
   cluster.CaptureEverywhere(1, kBytes, kKept);
   ASSERT_TRUE(cluster.WaitCommitted(1));
-  absl::Mutex mutex;
-  std::map<int64_t, int> patches;  // by step
-  cluster.network().SetEncodeRewrite([&](uint32_t, uint32_t to, v1::EncodeRequest& request) {
-    absl::MutexLock lock(&mutex);
-    patches[request.step()] += request.patches_size();
+  EncodesSent sent(cluster, [](uint32_t to, v1::EncodeRequest& request) {
     if (request.step() == 2 && to == 3 && request.patches_size() > 0) {
       request.mutable_patches(0)->set_image_crc(request.patches(0).image_crc() ^ 1);
     }
@@ -236,11 +257,9 @@ TEST(ParticipantTest, APatchThatDoesNotBuildTheCoordinatorsImageAbortsAndTheNext
       ExpectAbortedNaming(cluster, 2, {"node 3", "is not the coordinator's"}, kKept));
   ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}, kKept));
   ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 4, {1, 3, 4}, kKept));
-  cluster.network().SetEncodeRewrite(nullptr);
-  absl::MutexLock lock(&mutex);
-  EXPECT_GT(patches[2], 0);
-  EXPECT_EQ(patches[3], 0);
-  EXPECT_EQ(patches[4], 36);
+  EXPECT_FALSE(sent.Of(2).empty());
+  EXPECT_EQ(sent.Of(3), EncodesSent::Each(6, {0, 12}));
+  EXPECT_EQ(sent.Of(4), EncodesSent::Each(6, {6, 6}));
 }
 
 // A step whose commit one node's journal could not hold aborts before any parity moves, naming
