@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/region_limits.h"
@@ -90,9 +91,9 @@ absl::Status CheckRequestToken(int64_t request) {
   return absl::OkStatus();
 }
 
-// Every field of `image` but the sum of its regions' sizes: a patch's image lists only the regions
-// it changed.
-absl::Status CheckImageFields(const v1::NodeImage& image, const PeerLimits& limits) {
+// Every field of `image`, and the sum of its regions' sizes (which a patch's image, listing only
+// the regions it changed, need not match).
+absl::StatusOr<uint64_t> CheckImageFields(const v1::NodeImage& image, const PeerLimits& limits) {
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("image of node ", image.node_id(), ": ", what));
   };
@@ -107,29 +108,27 @@ absl::Status CheckImageFields(const v1::NodeImage& image, const PeerLimits& limi
     return invalid(absl::StrCat(image.ranks_size(), " ranks, above ",
                                 PeerLimits::kMaxRanksPerImage));
   }
+  uint64_t total = 0;
   for (const v1::ImageRegion& region : image.regions()) {
     if (absl::Status status = CheckRegion(region, limits); !status.ok()) {
       return invalid(std::string(status.message()));
     }
+    // The image and each region are at most max_image_bytes (checked above), so a sum no longer
+    // added to once past the image's bytes cannot wrap.
+    if (total <= image.bytes()) total += region.bytes();
   }
-  return absl::OkStatus();
+  return total;
 }
 
 }  // namespace
 
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
-  if (absl::Status status = CheckImageFields(image, limits); !status.ok()) return status;
-  uint64_t total = 0;
-  for (const v1::ImageRegion& region : image.regions()) {
-    // Each region is at most max_image_bytes (checked above), so this sum cannot wrap before the
-    // comparison stops it.
-    total += region.bytes();
-    if (total > image.bytes()) break;
-  }
-  if (total != image.bytes()) {
+  absl::StatusOr<uint64_t> total = CheckImageFields(image, limits);
+  if (!total.ok()) return total.status();
+  if (*total != image.bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "image of node ", image.node_id(), ": its regions add up to ",
-        total > image.bytes() ? "more than " : "", total, " bytes, not the ", image.bytes(),
+        *total > image.bytes() ? "more than " : "", *total, " bytes, not the ", image.bytes(),
         " it says"));
   }
   return absl::OkStatus();
@@ -180,7 +179,9 @@ absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& l
         "node ", request.from_node(), " proposes a patch of node ", request.patch().node_id(),
         "'s image", request.has_committed_step() ? "" : " on no committed step"));
   }
-  if (absl::Status status = CheckImageFields(request.image(), limits); !status.ok()) return status;
+  if (absl::Status status = CheckImageFields(request.image(), limits).status(); !status.ok()) {
+    return status;
+  }
   if (request.patch().changed_size() != request.image().regions_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the patch of node ", request.from_node(), "'s image names ",
@@ -232,7 +233,9 @@ absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& lim
       continue;
     }
     // The image the patch builds is checked whole once built (Participant::GroupImagesOf).
-    if (absl::Status status = CheckImageFields(image, limits); !status.ok()) return status;
+    if (absl::Status status = CheckImageFields(image, limits).status(); !status.ok()) {
+      return status;
+    }
     if (patch->changed_size() != image.regions_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the patch of node ", image.node_id(), "'s image names ", patch->changed_size(),
