@@ -499,21 +499,17 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       if (cached != committed_images_.end()) {
         absl::StatusOr<v1::NodeImage> built =
             PatchedImage(cached->second, proposal.image, *proposal.patch);
-        if (built.ok()) {
-          if (absl::Status checked = CheckNodeImage(*built, context_.topology->limits);
-              !checked.ok()) {
-            built = checked;
-          }
-        }
-        if (built.ok()) {
+        const absl::Status usable =
+            built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
+        if (usable.ok()) {
           held[id] = base;
           images[id] = *std::move(built);
           proposed_patches.emplace(id, ImagePatchOf{*std::move(proposal.patch),
                                                     std::move(proposal.image)});
           continue;
         }
-        Log(LogLevel::kWarning, "step ", step, ": node ", id, "'s proposal: ",
-            built.status().message(), "; it is prepared");
+        Log(LogLevel::kWarning, "step ", step, ": node ", id, "'s proposal: ", usable.message(),
+            "; it is prepared");
       }
     }
     v1::PrepareRequest request;
