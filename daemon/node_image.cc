@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
@@ -10,14 +11,63 @@
 
 namespace moesnap::daemon {
 
-NodeImage::NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolBytes>> stored)
-    : manifest_(std::move(manifest)), stored_(std::move(stored)) {
+namespace {
+
+// Blocks of the manifest's arena: a manifest of a few regions takes one small block; one of
+// thousands takes blocks of 64 KiB, below the size glibc maps and unmaps afresh each time.
+std::unique_ptr<google::protobuf::Arena> ManifestArena() {
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 1024;
+  options.max_block_size = 64 << 10;
+  return std::make_unique<google::protobuf::Arena>(options);
+}
+
+}  // namespace
+
+NodeImage::NodeImage()
+    : arena_(ManifestArena()),
+      manifest_(google::protobuf::Arena::CreateMessage<v1::NodeImage>(arena_.get())) {}
+
+NodeImage::NodeImage(const v1::NodeImage& manifest, std::vector<std::shared_ptr<PoolBytes>> stored)
+    : NodeImage() {
+  manifest_->CopyFrom(manifest);
+  stored_ = std::move(stored);
+  MapRegions();
+}
+
+NodeImage::NodeImage(const NodeImage& other) : NodeImage(*other.manifest_, other.stored_) {}
+
+NodeImage& NodeImage::operator=(const NodeImage& other) {
+  if (this != &other) *this = NodeImage(other);
+  return *this;
+}
+
+NodeImage::NodeImage(NodeImage&& other) noexcept
+    : arena_(std::move(other.arena_)),
+      manifest_(std::exchange(other.manifest_, nullptr)),
+      stored_(std::move(other.stored_)),
+      starts_(std::move(other.starts_)) {}
+
+NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
+  if (this != &other) {
+    // The manifest goes with its arena, before the other's takes their place.
+    manifest_ = std::exchange(other.manifest_, nullptr);
+    arena_ = std::move(other.arena_);
+    stored_ = std::move(other.stored_);
+    starts_ = std::move(other.starts_);
+  }
+  return *this;
+}
+
+void NodeImage::MapRegions() {
+  starts_.clear();
+  starts_.reserve(manifest_->regions_size());
   uint64_t offset = 0;
-  for (const v1::ImageRegion& region : manifest_.regions()) {
+  for (const v1::ImageRegion& region : manifest_->regions()) {
     starts_.push_back(offset);
     offset += region.bytes();
   }
-  manifest_.set_bytes(offset);
+  manifest_->set_bytes(offset);
 }
 
 absl::StatusOr<NodeImage> NodeImage::Allocate(Pool* pool, const v1::NodeImage& manifest) {
@@ -42,7 +92,7 @@ void NodeImage::ForEachPiece(uint64_t offset, uint64_t length, Visit visit) cons
   size_t i = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin();
   i = i == 0 ? 0 : i - 1;
   for (; i < starts_.size() && starts_[i] < end; ++i) {
-    const uint64_t region_end = starts_[i] + manifest_.regions(static_cast<int>(i)).bytes();
+    const uint64_t region_end = starts_[i] + manifest_->regions(static_cast<int>(i)).bytes();
     const uint64_t from = std::max(offset, starts_[i]);
     const uint64_t to = std::min(end, region_end);
     if (from < to) visit(static_cast<int>(i), from - starts_[i], from - offset, to - from);
@@ -122,8 +172,8 @@ uint8_t* NodeImage::Contiguous(uint64_t offset, uint64_t length) const {
 
 std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
   std::vector<std::pair<int, uint32_t>> corrupt;
-  for (int i = 0; i < manifest_.regions_size(); ++i) {
-    const v1::ImageRegion& region = manifest_.regions(i);
+  for (int i = 0; i < manifest_->regions_size(); ++i) {
+    const v1::ImageRegion& region = manifest_->regions(i);
     for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
       const uint64_t begin = uint64_t(chunk) * region.chunk_bytes();
       const uint64_t bytes = std::min(region.chunk_bytes(), region.bytes() - begin);
@@ -136,7 +186,7 @@ std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
 }
 
 std::pair<uint64_t, uint64_t> NodeImage::ChunkRange(int region, uint32_t chunk) const {
-  const v1::ImageRegion& info = manifest_.regions(region);
+  const v1::ImageRegion& info = manifest_->regions(region);
   const uint64_t begin = uint64_t{chunk} * info.chunk_bytes();
   return {starts_[region] + begin, std::min(info.chunk_bytes(), info.bytes() - begin)};
 }

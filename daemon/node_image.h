@@ -7,7 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
+
+#include <google/protobuf/arena.h>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -16,18 +19,39 @@
 
 namespace moesnap::daemon {
 
+// The manifest lives on an arena the image owns: a store builds a manifest of every region of the
+// node each step (thousands of entries of a few allocations each), and the arena allocates them in
+// a few blocks and frees them at once with the image instead of entry by entry.
 class NodeImage {
  public:
-  NodeImage() = default;
+  NodeImage();
   // `stored[i]` holds region i of `manifest` (at least its bytes).
-  NodeImage(v1::NodeImage manifest, std::vector<std::shared_ptr<PoolBytes>> stored);
+  NodeImage(const v1::NodeImage& manifest, std::vector<std::shared_ptr<PoolBytes>> stored);
+  // An image whose manifest `build` writes in place, adding for each region it adds to the
+  // manifest the pool bytes that hold it to `stored`. The manifest's `bytes` is then set to the
+  // sum of its regions'.
+  template <typename Build>
+  static NodeImage Built(Build build) {
+    NodeImage image;
+    build(*image.manifest_, image.stored_);
+    image.MapRegions();
+    return image;
+  }
+  // A copy copies the manifest onto an arena of its own; a moved-from image holds no manifest.
+  NodeImage(const NodeImage& other);
+  NodeImage& operator=(const NodeImage& other);
+  NodeImage(NodeImage&& other) noexcept;
+  NodeImage& operator=(NodeImage&& other) noexcept;
 
   // Allocates pool bytes per region of `manifest`, for a rebuild to fill.
   static absl::StatusOr<NodeImage> Allocate(Pool* pool, const v1::NodeImage& manifest);
 
-  const v1::NodeImage& manifest() const { return manifest_; }
+  const v1::NodeImage& manifest() const { return *manifest_; }
+  // Names the node the image is of (a store's image leaves it unset), in place of copying the
+  // manifest to name it.
+  void set_node_id(uint32_t node_id) { manifest_->set_node_id(node_id); }
   const std::vector<std::shared_ptr<PoolBytes>>& stored() const { return stored_; }
-  uint64_t bytes() const { return manifest_.bytes(); }
+  uint64_t bytes() const { return manifest_->bytes(); }
 
   // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
   void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
@@ -58,7 +82,11 @@ class NodeImage {
   template <typename Visit>
   void ForEachSpan(uint64_t offset, uint64_t length, Visit visit) const;
 
-  v1::NodeImage manifest_;
+  // Sets starts_ and the manifest's byte count from its regions.
+  void MapRegions();
+
+  std::unique_ptr<google::protobuf::Arena> arena_;  // before manifest_, which lives on it
+  v1::NodeImage* manifest_;                          // on arena_
   std::vector<std::shared_ptr<PoolBytes>> stored_;
   std::vector<uint64_t> starts_;  // image offset of each region
 };

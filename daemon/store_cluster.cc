@@ -187,22 +187,24 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
       }
     }
   }
-  v1::NodeImage manifest;
-  manifest.set_step(step);
-  std::vector<std::shared_ptr<PoolBytes>> stored;
-  for (const auto& [rank, rank_state] : ranks_) {
-    const StepRecord* record = nullptr;
-    if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) record = &it->second;
-    ForEachVersionAfter(rank_state, record, [&](const Version& version) {
-      AddToImage(version, &manifest);
-      stored.push_back(version.stored);
-    });
-    if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
-      *manifest.add_ranks() = *std::move(saved);
+  NodeImage image = NodeImage::Built([&](v1::NodeImage& manifest,
+                                         std::vector<std::shared_ptr<PoolBytes>>& stored)
+                                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    manifest.set_step(step);
+    for (const auto& [rank, rank_state] : ranks_) {
+      const StepRecord* record = nullptr;
+      if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) record = &it->second;
+      ForEachVersionAfter(rank_state, record, [&](const Version& version) {
+        AddToImage(version, &manifest);
+        stored.push_back(version.stored);
+      });
+      if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
+        *manifest.add_ranks() = *std::move(saved);
+      }
     }
-  }
+  });
   prepared_steps_.insert(step);
-  return NodeImage(std::move(manifest), std::move(stored));
+  return image;
 }
 
 NodeImage Store::CommittedImage() const {
@@ -228,19 +230,20 @@ absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, ui
 }
 
 NodeImage Store::CommittedImageLocked() const {
-  v1::NodeImage manifest;
-  if (cluster_->has_committed_step()) manifest.set_step(cluster_->committed_step());
-  std::vector<std::shared_ptr<PoolBytes>> stored;
-  for (const auto& [rank, rank_state] : ranks_) {
-    for (const auto& [name, version] : rank_state.committed) {
-      AddToImage(*version, &manifest);
-      stored.push_back(version->stored);
+  return NodeImage::Built([&](v1::NodeImage& manifest,
+                              std::vector<std::shared_ptr<PoolBytes>>& stored)
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (cluster_->has_committed_step()) manifest.set_step(cluster_->committed_step());
+    for (const auto& [rank, rank_state] : ranks_) {
+      for (const auto& [name, version] : rank_state.committed) {
+        AddToImage(*version, &manifest);
+        stored.push_back(version->stored);
+      }
+      if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, nullptr)) {
+        *manifest.add_ranks() = *std::move(saved);
+      }
     }
-    if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, nullptr)) {
-      *manifest.add_ranks() = *std::move(saved);
-    }
-  }
-  return NodeImage(std::move(manifest), std::move(stored));
+  });
 }
 
 std::optional<int64_t> Store::NodeCommittedStep() const {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <numeric>
+#include <utility>
 
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_pool.h"
@@ -100,6 +102,48 @@ TEST(NodeImageTest, SpansAreThePoolBytesOfARangeInOrderWithAdjacentOnesMerged) {
     gathered.insert(gathered.end(), span.begin(), span.end());
   }
   EXPECT_TRUE(std::equal(gathered.begin(), gathered.end(), bytes.begin() + 150));
+}
+
+// An image built in place maps its regions as one given its manifest, and a copy is whole and
+// independent: its manifest lives on an arena of its own, so it outlives the original (and an
+// image assigned over drops its old manifest with its old arena).
+TEST(NodeImageTest, AnImageBuiltInPlaceAndItsCopiesHoldTheirManifestsWhole) {
+  const testing::TestPool pool(1 << 20);
+  absl::StatusOr<NodeImage> allocated =
+      NodeImage::Allocate(pool.get(), Manifest({{"layer0.weight", 100}, {"b", 7}}, {3, 4}));
+  ASSERT_OK(allocated);
+  std::vector<uint8_t> bytes(107);
+  std::iota(bytes.begin(), bytes.end(), 0);
+  allocated->Write(0, bytes.data(), bytes.size());
+
+  auto built = std::make_unique<NodeImage>(NodeImage::Built(
+      [&](v1::NodeImage& manifest, std::vector<std::shared_ptr<PoolBytes>>& stored) {
+        manifest.set_step(4);
+        for (int i = 0; i < allocated->manifest().regions_size(); ++i) {
+          *manifest.add_regions() = allocated->manifest().regions(i);
+          stored.push_back(allocated->stored()[i]);
+        }
+      }));
+  EXPECT_EQ(built->bytes(), 107u);  // set from the regions
+  EXPECT_EQ(built->manifest().step(), 4);
+  EXPECT_EQ(built->ChunkRange(1, 0), (std::pair<uint64_t, uint64_t>{100, 7}));  // offset, length
+
+  NodeImage copy = *built;
+  NodeImage assigned = NodeImage::Built([](v1::NodeImage& manifest, auto&) {
+    manifest.add_regions()->set_region("replaced");
+  });
+  assigned = copy;
+  NodeImage moved = std::move(*built);
+  built.reset();
+  for (const NodeImage* image : {&copy, &assigned, &moved}) {
+    ASSERT_EQ(image->manifest().regions_size(), 2);
+    EXPECT_EQ(image->manifest().regions(0).region(), "layer0.weight");
+    EXPECT_EQ(image->manifest().regions(1).step(), 4);
+    EXPECT_EQ(image->bytes(), 107u);
+    std::vector<uint8_t> read(107);
+    image->Read(0, read.size(), read.data());
+    EXPECT_EQ(read, bytes);
+  }
 }
 
 TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
