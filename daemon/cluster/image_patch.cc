@@ -5,8 +5,11 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
+#include <array>
+#include <string_view>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
 
@@ -31,6 +34,49 @@ bool SameEntry(const v1::ImageRegion& a, const v1::ImageRegion& b) {
          SamePiece(a, b);
 }
 
+// Hands the serializer one buffer after another and each filled one to `consume`, so that a
+// serialization is consumed in pieces that are still in cache.
+class PieceStream final : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  explicit PieceStream(absl::FunctionRef<void(std::string_view)> consume) : consume_(consume) {}
+
+  bool Next(void** data, int* size) override {
+    Pass();
+    *data = buffer_.data();
+    *size = static_cast<int>(buffer_.size());
+    filled_ = buffer_.size();
+    return true;
+  }
+  void BackUp(int count) override { filled_ -= static_cast<size_t>(count); }
+  int64_t ByteCount() const override { return static_cast<int64_t>(passed_ + filled_); }
+
+  // Consumes what the serializer wrote in the current buffer.
+  void Pass() {
+    if (filled_ == 0) return;
+    consume_(std::string_view(buffer_.data(), filled_));
+    passed_ += filled_;
+    filled_ = 0;
+  }
+
+ private:
+  absl::FunctionRef<void(std::string_view)> consume_;
+  std::array<char, 16 << 10> buffer_;
+  size_t filled_ = 0;  // of buffer_, not yet consumed
+  uint64_t passed_ = 0;
+};
+
+// ImageBytes(image), consumed in pieces.
+void SerializeInPieces(const v1::NodeImage& image,
+                       absl::FunctionRef<void(std::string_view)> consume) {
+  PieceStream stream(consume);
+  {
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    image.SerializeToCodedStream(&coded);
+  }  // the coded stream hands back what it did not fill
+  stream.Pass();
+}
+
 }  // namespace
 
 std::string ImageBytes(const v1::NodeImage& image) {
@@ -45,8 +91,21 @@ std::string ImageBytes(const v1::NodeImage& image) {
 }
 
 uint32_t ImageCrc(const v1::NodeImage& image) {
-  const std::string bytes = ImageBytes(image);
-  return erasure::Crc32c(bytes.data(), bytes.size());
+  uint32_t crc = 0;
+  SerializeInPieces(image, [&](std::string_view piece) {
+    crc = erasure::Crc32cExtend(crc, piece.data(), piece.size());
+  });
+  return crc;
+}
+
+bool ImageHasBytes(const v1::NodeImage& image, std::string_view bytes) {
+  size_t compared = 0;
+  bool same = true;
+  SerializeInPieces(image, [&](std::string_view piece) {
+    same = same && piece == bytes.substr(compared, piece.size());
+    compared += piece.size();
+  });
+  return same && compared == bytes.size();
 }
 
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeImage& image,

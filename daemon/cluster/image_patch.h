@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "proto/moesnap.pb.h"
@@ -19,8 +20,11 @@ namespace moesnap::daemon::cluster {
 // `image` serialized deterministically: NodeImage has no map fields, so two images are equal
 // field for field exactly when these bytes are, and comparing them is one pass over memory.
 std::string ImageBytes(const v1::NodeImage& image);
-// CRC-32C of ImageBytes(image).
+// CRC-32C of ImageBytes(image), and whether ImageBytes(image) == `bytes`: each taken piece by
+// piece as the image serializes, in cache, without holding the bytes of an image of thousands of
+// regions whole.
 uint32_t ImageCrc(const v1::NodeImage& image);
+bool ImageHasBytes(const v1::NodeImage& image, std::string_view bytes);
 
 // What the coordinator sends of a member's image.
 struct ImagePatchOf {

@@ -193,15 +193,15 @@ absl::StatusOr<v1::PrepareResponse> Participant::Prepare(const v1::PrepareReques
   }
   absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(step, deadline);
   if (!image.ok()) return image.status();
+  image->set_node_id(context_.node_id());
   v1::PrepareResponse response;
   *response.mutable_image() = image->manifest();
   if (const std::optional<int64_t> committed = CommittedStep()) {
     response.set_committed_step(*committed);
   }
-  response.mutable_image()->set_node_id(context_.node_id());
   PreparedStep prepared;
   prepared.image = std::make_shared<const NodeImage>(*std::move(image));
-  prepared.reported = ImageBytes(response.image());
+  prepared.reported = std::make_shared<const std::string>(ImageBytes(response.image()));
   Open(step, request.token(), request.coordinator(), std::move(prepared));
   return response;
 }
@@ -222,11 +222,12 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   absl::MutexLock apply_lock(&apply_mutex_);
   const std::optional<int64_t> committed = CommittedStep();
   if (committed && step <= *committed) return;
-  absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(step, absl::Now());
-  if (!image.ok()) return;
-  v1::NodeImage manifest = image->manifest();
-  manifest.set_node_id(context_.node_id());
-  std::string reported = ImageBytes(manifest);
+  absl::StatusOr<NodeImage> captured = store_->WaitNodeCaptured(step, absl::Now());
+  if (!captured.ok()) return;
+  captured->set_node_id(context_.node_id());
+  const auto image = std::make_shared<const NodeImage>(*std::move(captured));
+  const v1::NodeImage& manifest = image->manifest();
+  auto reported = std::make_shared<const std::string>(ImageBytes(manifest));
   // Sent as its changes since this node's image in the record of the committed step, which the
   // coordinator that committed it holds too.
   std::optional<ImagePatchOf> patch;
@@ -234,7 +235,7 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
       committed && record->committed_step() == *committed &&
       context_.topology->position < record->group_images_size()) {
     patch = PatchOf(record->group_images(context_.topology->position), manifest,
-                    erasure::Crc32c(reported.data(), reported.size()));
+                    erasure::Crc32c(reported->data(), reported->size()));
   }
   {
     absl::MutexLock lock(&mutex_);
@@ -242,14 +243,14 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
     PreparedStep& open = open_[step];
     open.token = leader.token;
     open.coordinator = leader.node_id;
-    open.image = std::make_shared<const NodeImage>(*std::move(image));
+    open.image = image;
     open.reported = std::move(reported);
   }
   if (patch) {
     *proposal.mutable_image() = std::move(patch->changes);
     *proposal.mutable_patch() = std::move(patch->patch);
   } else {
-    *proposal.mutable_image() = std::move(manifest);
+    *proposal.mutable_image() = manifest;
   }
   if (committed) proposal.set_committed_step(*committed);
   proposal.set_token(leader.token);
@@ -537,18 +538,19 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
   }
-  const std::string requested = ImageBytes(group_images[topology.position]);
+  std::shared_ptr<const std::string> reported;
   {
     absl::MutexLock lock(&mutex_);
     auto it = open_.find(step);
     if (it == open_.end() || it->second.token != request.token()) return not_prepared();
-    // This node's own image must be the one it reported, field for field: its regions decide
-    // which units are sent and, once committed, how a rebuild lays them out.
-    if (it->second.reported != requested) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step, ": the image of node ", context_.node_id(),
-          " in the request differs from the one it prepared"));
-    }
+    reported = it->second.reported;
+  }
+  // This node's own image must be the one it reported, field for field: its regions decide which
+  // units are sent and, once committed, how a rebuild lays them out.
+  if (reported == nullptr || !ImageHasBytes(group_images[topology.position], *reported)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, ": the image of node ", context_.node_id(),
+        " in the request differs from the one it prepared"));
   }
   std::set<uint32_t> absent_nodes;  // those that get nothing from this node
   for (int position : *absent) absent_nodes.insert(topology.NodeAt(position));

@@ -85,8 +85,8 @@ class Participant {
     // Shared, not copied, by the calls that read it: it lists every region of the node.
     std::shared_ptr<const NodeImage> image;
     // The image as this node reported it (with its node id), serialized: an Encode's copy of it
-    // must be the same bytes.
-    std::string reported;
+    // must be the same bytes. Shared, for the comparison to run outside the lock.
+    std::shared_ptr<const std::string> reported;
     std::vector<v1::NodeImage> group_images;
     bool encoded = false;
     // A parity receiver (this node rebuilds): no image; the group record of the base step.
