@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <utility>
 #include <map>
 #include <set>
 
@@ -276,6 +277,7 @@ void Coordinator::Lead(int64_t token) {
   // Every node's image, which a coordinator that is not one needs not hold.
   committed_images_.clear();
   committed_images_step_.reset();
+  spare_images_.clear();
   absl::MutexLock lock(&mutex_);
   token_ = 0;
   DropProposedImagesLocked();
@@ -497,8 +499,12 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       const auto cached = committed_images_step_ == base ? committed_images_.find(id)
                                                          : committed_images_.end();
       if (cached != committed_images_.end()) {
+        v1::NodeImage memory;
+        if (auto spare = spare_images_.find(id); spare != spare_images_.end()) {
+          memory = std::move(spare->second);
+        }
         absl::StatusOr<v1::NodeImage> built =
-            PatchedImage(cached->second, proposal.image, *proposal.patch);
+            PatchedImage(cached->second, proposal.image, *proposal.patch, std::move(memory));
         const absl::Status usable =
             built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
         if (usable.ok()) {
@@ -662,7 +668,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       }
     }
   }
-  committed_images_ = std::move(images);
+  spare_images_ = std::exchange(committed_images_, std::move(images));
   committed_images_step_ = step;
   return true;
 }

@@ -160,6 +160,9 @@ class Coordinator {
   // leading thread only.
   std::map<uint32_t, v1::NodeImage> committed_images_;
   std::optional<int64_t> committed_images_step_;
+  // The images the last commit replaced there, whose memory the next round builds its patched
+  // images in: a node of thousands of regions then allocates no entry anew each step.
+  std::map<uint32_t, v1::NodeImage> spare_images_;
   std::thread loop_;
 };
 
