@@ -50,7 +50,7 @@ NodeImage::NodeImage(NodeImage&& other) noexcept
 
 NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
   if (this != &other) {
-    // The manifest goes with its arena, before the other's takes their place.
+    // This image's manifest is freed with its arena, which the other's replaces.
     manifest_ = std::exchange(other.manifest_, nullptr);
     arena_ = std::move(other.arena_);
     stored_ = std::move(other.stored_);

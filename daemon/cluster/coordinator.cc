@@ -5,9 +5,9 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <utility>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

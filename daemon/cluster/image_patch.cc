@@ -102,6 +102,7 @@ bool ImageHasBytes(const v1::NodeImage& image, std::string_view bytes) {
   size_t compared = 0;
   bool same = true;
   SerializeInPieces(image, [&](std::string_view piece) {
+    // While the pieces match, `compared` lies within `bytes`.
     same = same && piece == bytes.substr(compared, piece.size());
     compared += piece.size();
   });
