@@ -65,15 +65,21 @@ class PieceStream final : public google::protobuf::io::ZeroCopyOutputStream {
   uint64_t passed_ = 0;
 };
 
+// Writes `image` to `stream` deterministically: the one serialization ImageBytes, ImageCrc and
+// ImageHasBytes all take. On return the stream holds all of it (the coded stream, destroyed,
+// has handed back what it did not fill).
+void SerializeDeterministically(const v1::NodeImage& image,
+                                google::protobuf::io::ZeroCopyOutputStream* stream) {
+  google::protobuf::io::CodedOutputStream coded(stream);
+  coded.SetSerializationDeterministic(true);
+  image.SerializeToCodedStream(&coded);
+}
+
 // ImageBytes(image), consumed in pieces.
 void SerializeInPieces(const v1::NodeImage& image,
                        absl::FunctionRef<void(std::string_view)> consume) {
   PieceStream stream(consume);
-  {
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    image.SerializeToCodedStream(&coded);
-  }  // the coded stream hands back what it did not fill
+  SerializeDeterministically(image, &stream);
   stream.Pass();
 }
 
@@ -83,9 +89,7 @@ std::string ImageBytes(const v1::NodeImage& image) {
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    image.SerializeToCodedStream(&coded);
+    SerializeDeterministically(image, &stream);
   }
   return bytes;
 }
