@@ -11,6 +11,42 @@
 namespace moesnap::daemon {
 namespace {
 
+// Calls `piece(begin, end, written)` for the pieces of [begin, end) in order, each one either
+// inside a range of `written` or outside all of them.
+template <typename Piece>
+void ForEachPiece(const std::map<uint64_t, uint64_t>& written, uint64_t begin, uint64_t end,
+                  Piece piece) {
+  auto range = written.upper_bound(begin);
+  if (range != written.begin() && std::prev(range)->second > begin) --range;
+  for (uint64_t at = begin; at < end;) {
+    if (range != written.end() && range->first <= at) {
+      const uint64_t until = std::min(range->second, end);
+      piece(at, until, true);
+      at = until;
+      ++range;
+    } else {
+      const uint64_t until = range == written.end() ? end : std::min(range->first, end);
+      piece(at, until, false);
+      at = until;
+    }
+  }
+}
+
+// Adds [begin, end) to `written`, merging the ranges it overlaps or touches.
+void AddWritten(std::map<uint64_t, uint64_t>& written, uint64_t begin, uint64_t end) {
+  if (begin == end) return;
+  auto range = written.upper_bound(begin);
+  if (range != written.begin() && std::prev(range)->second >= begin) {
+    --range;
+    begin = range->first;
+  }
+  while (range != written.end() && range->first <= end) {
+    end = std::max(end, range->second);
+    range = written.erase(range);
+  }
+  written.emplace(begin, end);
+}
+
 }  // namespace
 
 ParityStore::ParityStore(Pool* pool, const erasure::ReedSolomon* codec,
@@ -118,11 +154,8 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       return absl::ResourceExhaustedError(absl::StrCat("parity of step ", step, ", stripe ", stripe,
                                                        ": ", extent.status().message()));
     }
-    if (updated) {
-      std::memcpy((*extent)->data(), committed->extent->data(), bytes);
-    } else {
-      std::memset((*extent)->data(), 0, bytes);
-    }
+    pending.writes[stripe] = std::make_shared<UnitWrites>(
+        UnitWrites{.start = updated ? committed->extent : nullptr, .written = {}});
     ++(updated ? openings.updated
                : fresh ? openings.fresh
                        : accumulate ? openings.accumulated : openings.whole);
@@ -150,6 +183,11 @@ ParityStore::Openings ParityStore::openings() const {
 absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uint8_t> payload) {
   // Bounds from the wire that hold whatever the step, checked without overflow before any wait: a
   // frame no unit can hold is refused at once, not after a wait for its step to open.
+  if (header.length == 0 || payload.size() != header.length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", header.step, ", stripe ", header.stripe, ": a data frame of ", payload.size(),
+        " bytes (its header says ", header.length, "); every data frame carries bytes"));
+  }
   if (header.stripe_unit >= static_cast<uint32_t>(layout_->data_units()) ||
       header.offset > layout_->unit_bytes() ||
       header.length > layout_->unit_bytes() - header.offset) {
@@ -159,6 +197,7 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
         ") do not fit a unit of ", layout_->unit_bytes(), " bytes"));
   }
   std::shared_ptr<PoolExtent> extent;
+  std::shared_ptr<UnitWrites> writes;
   {
     absl::MutexLock lock(&mutex_);
     const absl::Time deadline = absl::Now() + begin_wait_;
@@ -197,8 +236,15 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
       return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ", stripe ",
                                                      header.stripe, ": more data than its units hold"));
     }
+    const auto unit_writes = pending.writes.find(header.stripe);
+    if (unit_writes == pending.writes.end()) {  // shared: nothing is expected (refused above)
+      return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ", stripe ",
+                                                     header.stripe, ": its parity is the committed "
+                                                     "unit, and no data is expected for it"));
+    }
     expected -= header.length;  // reserved now; a failed addition below aborts the whole step anyway
     extent = unit->second.extent;
+    writes = unit_writes->second;
   }
   const int parity_index = [&] {
     const std::vector<int> holders = layout_->Members(header.stripe).parity_positions;
@@ -208,11 +254,9 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
     return -1;
   }();
   {
-    absl::MutexLock lock(&stripe_locks_[header.stripe % kStripeLocks]);
-    if (absl::Status status = codec_->UpdateParityUnit(static_cast<int>(header.stripe_unit),
-                                                       parity_index, payload.data(),
-                                                       extent->data() + header.offset,
-                                                       payload.size());
+    absl::MutexLock lock(&StripeLock(header.stripe));
+    if (absl::Status status = AddFrame(*writes, static_cast<int>(header.stripe_unit), parity_index,
+                                       header.offset, payload, extent->data());
         !status.ok()) {
       return status;
     }
@@ -229,6 +273,38 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   return absl::OkStatus();
 }
 
+absl::Status ParityStore::AddFrame(UnitWrites& writes, int data_index, int parity_index,
+                                  uint64_t offset, absl::Span<const uint8_t> payload,
+                                  uint8_t* parity) const {
+  absl::Status status;
+  ForEachPiece(writes.written, offset, offset + payload.size(),
+               [&](uint64_t begin, uint64_t end, bool written) {
+                 if (!status.ok()) return;
+                 const uint8_t* delta = payload.data() + (begin - offset);
+                 status = written ? codec_->UpdateParityUnit(data_index, parity_index, delta,
+                                                             parity + begin, end - begin)
+                                  : codec_->UpdatedParityUnit(
+                                        data_index, parity_index,
+                                        writes.start ? writes.start->data() + begin : nullptr,
+                                        delta, parity + begin, end - begin);
+               });
+  if (status.ok()) AddWritten(writes.written, offset, offset + payload.size());
+  return status;
+}
+
+void ParityStore::FillUnwritten(UnitWrites& writes, const ParityUnit& unit) {
+  uint8_t* parity = unit.extent->data();
+  ForEachPiece(writes.written, 0, unit.bytes, [&](uint64_t begin, uint64_t end, bool written) {
+    if (written) return;
+    if (writes.start) {
+      std::memcpy(parity + begin, writes.start->data() + begin, end - begin);
+    } else {
+      std::memset(parity + begin, 0, end - begin);
+    }
+  });
+  AddWritten(writes.written, 0, unit.bytes);
+}
+
 void ParityStore::FailIncomplete(const std::string& why) {
   absl::MutexLock lock(&mutex_);
   for (auto& [step, pending] : pending_) {
@@ -241,6 +317,7 @@ absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
   // (stripe, unit) of the step's own units: their extents held, so that a decision applied
   // meanwhile (Discard, Commit of a later step, Begin of a newer attempt) cannot free them here.
   std::vector<std::pair<uint64_t, ParityUnit>> units;
+  std::vector<std::shared_ptr<UnitWrites>> writes;  // of each of `units`
   int64_t attempt = 0;
   {
     absl::MutexLock lock(&mutex_);
@@ -263,11 +340,21 @@ absl::Status ParityStore::WaitComplete(int64_t step, absl::Time deadline) {
     const Pending& pending = pending_[step];
     attempt = pending.attempt;
     for (const auto& [stripe, unit] : pending.units) {
-      if (!pending.shared.contains(stripe)) units.emplace_back(stripe, unit);
+      if (!pending.shared.contains(stripe)) {
+        units.emplace_back(stripe, unit);
+        writes.push_back(pending.writes.at(stripe));
+      }
     }
   }
-  // Complete units are no longer written; checksum them outside the lock.
-  for (auto& [stripe, unit] : units) unit.crc = erasure::Crc32c(unit.extent->data(), unit.bytes);
+  // No frame writes a complete unit any more: fill and checksum them outside the lock.
+  for (size_t i = 0; i < units.size(); ++i) {
+    ParityUnit& unit = units[i].second;
+    {
+      absl::MutexLock lock(&StripeLock(unit.stripe));
+      FillUnwritten(*writes[i], unit);
+    }
+    unit.crc = erasure::Crc32c(unit.extent->data(), unit.bytes);
+  }
   absl::MutexLock lock(&mutex_);
   auto it = pending_.find(step);
   if (it == pending_.end() || it->second.attempt != attempt) {

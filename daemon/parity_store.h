@@ -1,7 +1,9 @@
-// The parity units this node holds for its group, per step. A step's units are opened (zeroed) when
-// the coordinator tells the node every image size of the group, filled as the data nodes' units
-// arrive over the data plane (each added with its Reed-Solomon coefficient), and are complete when
-// every expected byte has arrived. The committed step's units stay until the next step commits.
+// The parity units this node holds for its group, per step. A step's units are opened when the
+// coordinator tells the node every image size of the group, filled as the data nodes' units arrive
+// over the data plane (each added with its Reed-Solomon coefficient), and are complete when every
+// expected byte has arrived. A unit starts from zeros or from the committed unit without a pass of
+// its own: the first frame to reach a byte writes it from its starting value, and the bytes no
+// frame reached are filled in once the step is complete. The committed step's units stay until the next step commits.
 // Each opening is one attempt (the coordinator's fencing token): a step opened again by a newer
 // coordinator starts afresh, and frames of an older attempt are dropped.
 // A node that rebuilds while steps commit without it (cluster.allow_degraded) accumulates instead:
@@ -54,7 +56,7 @@ class ParityStore {
   // Opens `step`: a unit for every stripe in which this node is a parity holder and some data node
   // has bytes, given each group position's image size. Without `changes`, units start at zero and
   // every data unit is expected (a full encode). With them (a step of an unchanged layout), units
-  // start as copies of the committed ones and only the deltas of the changed units are expected;
+  // start from the committed ones and only the deltas of the changed units are expected;
   // a stripe none of whose data units changed keeps the committed unit itself, shared (no frame is
   // taken for it); a fresh stripe's unit starts at zero and takes every data unit itself.
   // Opening a step again with a newer `attempt` replaces the older attempt's units. With
@@ -70,7 +72,8 @@ class ParityStore {
   // data node's units can arrive before the coordinator's Encode reaches this node); a frame of an
   // older attempt than the one open is dropped.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
-  // Waits until every expected byte of `step` has arrived, then checksums the units. UNAVAILABLE
+  // Waits until every expected byte of `step` has arrived, then fills in what no frame wrote and
+  // checksums the units. UNAVAILABLE
   // once a member's connection closed while the step waited (FailIncomplete).
   absl::Status WaitComplete(int64_t step, absl::Time deadline);
   // A connection from a member of the group closed over a bad frame (`why`), and the deltas it
@@ -117,7 +120,7 @@ class ParityStore {
   struct Openings {
     uint64_t whole = 0;        // at zero, taking every data unit (a full encode)
     uint64_t fresh = 0;        // at zero, taking the changed units themselves (a fresh stripe)
-    uint64_t updated = 0;      // a copy of the committed unit, taking deltas
+    uint64_t updated = 0;      // from the committed unit, taking deltas
     uint64_t shared = 0;       // the committed unit itself: no data unit of its stripe changed
     uint64_t accumulated = 0;  // at zero, taking deltas: the step's change, at a node that rebuilds
 
@@ -133,9 +136,16 @@ class ParityStore {
   Openings openings() const;
 
  private:
+  // What frames have written of an open unit so far. Guarded by the unit's stripe lock.
+  struct UnitWrites {
+    std::shared_ptr<PoolExtent> start;     // the committed unit it starts from; null: zeros
+    std::map<uint64_t, uint64_t> written;  // disjoint, non-adjacent byte ranges: begin -> end
+  };
+
   struct Pending {
     int64_t attempt = 0;
     std::map<uint64_t, ParityUnit> units;
+    std::map<uint64_t, std::shared_ptr<UnitWrites>> writes;  // of every unit not shared
     std::map<uint64_t, uint64_t> expected;  // stripe -> data bytes still to arrive
     std::set<uint64_t> shared;  // stripes none of whose data units changed: the committed unit
     uint64_t missing = 0;
@@ -165,9 +175,17 @@ class ParityStore {
   std::optional<int64_t> committed_step_ ABSL_GUARDED_BY(mutex_);
   std::map<uint64_t, ParityUnit> committed_ ABSL_GUARDED_BY(mutex_);
   std::map<int64_t, Accumulated> accumulated_ ABSL_GUARDED_BY(mutex_);  // step ->
+  // Adds a frame's payload (data unit `data_index`'s bytes or delta) into the unit at `parity`:
+  // bytes no frame wrote yet are written from the unit's start in the same pass.
+  absl::Status AddFrame(UnitWrites& writes, int data_index, int parity_index, uint64_t offset,
+                        absl::Span<const uint8_t> payload, uint8_t* parity) const;
+  // Writes the unit's start into the bytes of `unit` no frame wrote.
+  static void FillUnwritten(UnitWrites& writes, const ParityUnit& unit);
+  absl::Mutex& StripeLock(uint64_t stripe) const { return stripe_locks_[stripe % kStripeLocks]; }
+
   // Serializes additions into one unit; one lock per stripe residue keeps contention low.
   static constexpr int kStripeLocks = 64;
-  absl::Mutex stripe_locks_[kStripeLocks];
+  mutable absl::Mutex stripe_locks_[kStripeLocks];
 };
 
 }  // namespace moesnap::daemon

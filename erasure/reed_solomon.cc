@@ -345,9 +345,7 @@ absl::Status ReedSolomon::UpdateParity(int data_index, const uint8_t* old_data,
   return absl::OkStatus();
 }
 
-absl::Status ReedSolomon::UpdateParityUnit(int data_index, int parity_index, const uint8_t* delta,
-                                           uint8_t* parity, size_t length) const {
-  if (absl::Status s = CheckLength(length); !s.ok()) return s;
+absl::Status ReedSolomon::CheckUnitIndices(int data_index, int parity_index) const {
   if (data_index < 0 || data_index >= data_units_) {
     return absl::InvalidArgumentError(absl::StrCat("data unit index ", data_index,
                                                    " is out of range [0, ", data_units_, ")"));
@@ -356,6 +354,13 @@ absl::Status ReedSolomon::UpdateParityUnit(int data_index, int parity_index, con
     return absl::InvalidArgumentError(absl::StrCat("parity unit index ", parity_index,
                                                    " is out of range [0, ", parity_units_, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ReedSolomon::UpdateParityUnit(int data_index, int parity_index, const uint8_t* delta,
+                                           uint8_t* parity, size_t length) const {
+  if (absl::Status s = CheckLength(length); !s.ok()) return s;
+  if (absl::Status s = CheckUnitIndices(data_index, parity_index); !s.ok()) return s;
   if (delta == nullptr || parity == nullptr) return absl::InvalidArgumentError("a buffer is null");
   const uint8_t* const inputs[] = {delta};
   uint8_t* const outputs[] = {parity};
@@ -367,6 +372,34 @@ absl::Status ReedSolomon::UpdateParityUnit(int data_index, int parity_index, con
   uint8_t* row_outputs[] = {parity};
   ec_encode_data_update(static_cast<int>(length), data_units_, 1, data_index, row_tables,
                         const_cast<uint8_t*>(delta), row_outputs);
+  return absl::OkStatus();
+}
+
+absl::Status ReedSolomon::UpdatedParityUnit(int data_index, int parity_index, const uint8_t* base,
+                                            const uint8_t* delta, uint8_t* parity,
+                                            size_t length) const {
+  if (absl::Status s = CheckLength(length); !s.ok()) return s;
+  if (absl::Status s = CheckUnitIndices(data_index, parity_index); !s.ok()) return s;
+  if (delta == nullptr || parity == nullptr) return absl::InvalidArgumentError("a buffer is null");
+  const uint8_t* const inputs[] = {delta, base};
+  uint8_t* const outputs[] = {parity};
+  if (absl::Status s = CheckOutputsDisjoint(
+          absl::MakeConstSpan(inputs, base == nullptr ? 1 : 2), outputs, length);
+      !s.ok()) {
+    return s;
+  }
+  // A dot product of the sources (base, delta) with the coefficients (1, c): ec_init_tables
+  // expands each coefficient into its 32 bytes of tables.
+  const uint8_t coefficient =
+      generator_matrix_[static_cast<size_t>(data_units_ + parity_index) * data_units_ + data_index];
+  uint8_t coefficients[] = {1, coefficient};
+  uint8_t tables[2 * 32];
+  uint8_t* sources[] = {const_cast<uint8_t*>(base), const_cast<uint8_t*>(delta)};
+  const int count = base == nullptr ? 1 : 2;
+  uint8_t* const* from = base == nullptr ? sources + 1 : sources;
+  ec_init_tables(count, 1, base == nullptr ? coefficients + 1 : coefficients, tables);
+  uint8_t* to[] = {parity};
+  ec_encode_data(static_cast<int>(length), count, 1, tables, const_cast<uint8_t**>(from), to);
   return absl::OkStatus();
 }
 

@@ -101,6 +101,13 @@ class ReedSolomon {
   absl::Status UpdateParityUnit(int data_index, int parity_index, const uint8_t* delta,
                                 uint8_t* parity, size_t length) const;
 
+  // The same out of place, for a holder whose new unit starts from the committed one:
+  // parity = base ^ coefficient(parity_index, data_index) * delta, in one pass where a copy of
+  // `base` and an update would take two. A null `base` is a unit at zero (parity = coefficient *
+  // delta). `parity` must not overlap `base` or `delta`.
+  absl::Status UpdatedParityUnit(int data_index, int parity_index, const uint8_t* base,
+                                 const uint8_t* delta, uint8_t* parity, size_t length) const;
+
   // The (k + m) x k generator matrix, row-major: identity on top, Cauchy rows below.
   const std::vector<uint8_t>& generator_matrix() const { return generator_matrix_; }
 
@@ -112,6 +119,8 @@ class ReedSolomon {
   struct DecodePlan;
 
   ReedSolomon(int data_units, int parity_units, size_t decode_cache_entries);
+  // INVALID_ARGUMENT unless data_index names a data unit and parity_index a parity unit.
+  absl::Status CheckUnitIndices(int data_index, int parity_index) const;
   absl::StatusOr<std::shared_ptr<const DecodePlan>> BuildDecodePlan(
       const std::vector<int>& sources, const std::vector<int>& wanted) const;
   // DecodeFrom once its arguments are checked (`sources` and `wanted` sorted, their buffers not

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -228,6 +230,71 @@ TEST_F(ParityStoreTest, AFreshStripeIsEncodedFromItsNewUnitsAndADeltaStripeFromT
   };
   EXPECT_TRUE(bytes_of(fresh_stripe) == expected_fresh);
   EXPECT_TRUE(bytes_of(delta_stripe) == expected_delta);
+}
+
+// A unit is written only by its frames, from zeros or from the committed unit, so its bytes must
+// not depend on what the pool held before: frames that overlap add twice where they overlap, and
+// the bytes no frame reached keep the unit's start, in a pool first filled with other bytes.
+TEST_F(ParityStoreTest, OverlappingFramesAndBytesNoFrameReachedGiveTheUnitAsAddedInPlace) {
+  {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> all = pool_.get()->Allocate(
+        pool_.get()->free_bytes());
+    ASSERT_OK(all);
+    std::memset((*all)->data(), 0xa5, (*all)->bytes());
+  }
+  const uint64_t stripe = held_[0];
+  struct Frame {
+    int index;
+    uint64_t offset, length;
+    uint8_t fill;
+  };
+  // Sends the frames and adds them in place into `expected`, as a copy of the start would take them.
+  auto send = [&](int64_t step, const std::vector<Frame>& frames, std::vector<uint8_t>& expected) {
+    for (const Frame& frame : frames) {
+      const std::vector<uint8_t> payload(frame.length, frame.fill);
+      FrameHeader header = DataHeader(step, stripe, frame.index);
+      header.offset = frame.offset;
+      header.length = static_cast<uint32_t>(frame.length);
+      ASSERT_OK(parity_->Accept(header, payload));
+      ASSERT_OK(codec_->UpdateParityUnit(frame.index, 0, payload.data(),
+                                         expected.data() + frame.offset, frame.length));
+    }
+  };
+  auto committed_bytes = [&] {
+    const std::optional<ParityUnit> unit = parity_->Committed(stripe);
+    EXPECT_TRUE(unit.has_value());
+    if (!unit) return std::vector<uint8_t>();
+    EXPECT_EQ(unit->crc, erasure::Crc32c(unit->extent->data(), unit->bytes));
+    return std::vector<uint8_t>(unit->extent->data(), unit->extent->data() + unit->bytes);
+  };
+
+  // A whole encode: each data unit's first half twice, its second half never. A frame of no bytes
+  // reaches nothing and is refused.
+  ASSERT_OK(parity_->Begin(1, 1, sizes_, nullptr));
+  EXPECT_STATUS(parity_->Accept(DataHeader(1, stripe, 0), {}), absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> expected(kUnitBytes, 0);
+  send(1, {{0, 0, 2048, 0x11}, {1, 0, 2048, 0x22}, {0, 0, 2048, 0x33}, {1, 0, 2048, 0x44}},
+       expected);
+  for (uint64_t other : held_) {
+    if (other == stripe) continue;
+    for (int index = 0; index < layout_.data_units(); ++index) ASSERT_OK(Send(1, other, index, 7));
+  }
+  ASSERT_OK(parity_->WaitComplete(1, absl::Now() + absl::Seconds(5)));
+  parity_->Commit(1);
+  EXPECT_TRUE(committed_bytes() == expected);
+  EXPECT_TRUE(std::all_of(expected.begin() + 2048, expected.end(), [](uint8_t b) { return b == 0; }));
+
+  // A delta of one data unit in two frames that overlap by 1,000 bytes; the last 1,000 bytes of
+  // the unit are reached by neither and keep the committed bytes.
+  StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
+                      .fresh_stripes = {}};
+  const int position = layout_.Members(stripe).data_positions[1];
+  changes.units[position][layout_.DataUnitOf(position, stripe)] = true;
+  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
+  send(2, {{1, 1000, 2048, 0x5a}, {1, 48, 2048, 0xc3}}, expected);
+  ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
+  parity_->Commit(2);
+  EXPECT_TRUE(committed_bytes() == expected);
 }
 
 // A frame that fits no unit is refused before any wait for its step: were it to wait, it would

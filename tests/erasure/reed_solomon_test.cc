@@ -254,6 +254,52 @@ TEST(ReedSolomonUpdateTest, OneParityUnitBuiltFromDataUnitsInAnyOrder) {
   }
 }
 
+// The out-of-place update gives the bytes of a copy of the base updated in place, for every
+// (data, parity) pair and lengths about ISA-L's 32- and 64-byte loops; without a base, those of a
+// unit at zero updated. Bad indices and a parity buffer over an input are refused.
+TEST(ReedSolomonUpdateTest, AnUpdateOutOfPlaceEqualsACopyUpdatedInPlace) {
+  for (Shape shape : {Shape{2, 1}, Shape{4, 2}, Shape{10, 4}}) {
+    absl::StatusOr<std::unique_ptr<ReedSolomon>> codec = ReedSolomon::Create(shape.k, shape.m);
+    ASSERT_OK(codec);
+    for (size_t length : {size_t{1}, size_t{31}, size_t{64}, size_t{65}, size_t{4096 + 33}}) {
+      DeterministicBytes random(length);
+      std::vector<uint8_t> base(length), delta(length);
+      random.Fill(base.data(), length);
+      random.Fill(delta.data(), length);
+      for (int i = 0; i < shape.k; ++i) {
+        for (int j = 0; j < shape.m; ++j) {
+          std::vector<uint8_t> expected = base;
+          ASSERT_OK((*codec)->UpdateParityUnit(i, j, delta.data(), expected.data(), length));
+          std::vector<uint8_t> parity(length, 0xee);
+          ASSERT_OK((*codec)->UpdatedParityUnit(i, j, base.data(), delta.data(), parity.data(),
+                                                length));
+          EXPECT_EQ(parity, expected) << "(" << i << ", " << j << ") of (" << shape.k << ","
+                                      << shape.m << "), " << length << " bytes";
+          std::vector<uint8_t> from_zero(length, 0);
+          ASSERT_OK((*codec)->UpdateParityUnit(i, j, delta.data(), from_zero.data(), length));
+          std::fill(parity.begin(), parity.end(), 0xee);
+          ASSERT_OK((*codec)->UpdatedParityUnit(i, j, nullptr, delta.data(), parity.data(),
+                                                length));
+          EXPECT_EQ(parity, from_zero) << "(" << i << ", " << j << ") from zero, " << length
+                                       << " bytes";
+        }
+      }
+    }
+    std::vector<uint8_t> base(128, 1), delta(128, 2), parity(128);
+    EXPECT_STATUS((*codec)->UpdatedParityUnit(shape.k, 0, base.data(), delta.data(),
+                                              parity.data(), 128),
+                  absl::StatusCode::kInvalidArgument);
+    EXPECT_STATUS((*codec)->UpdatedParityUnit(0, shape.m, nullptr, delta.data(), parity.data(),
+                                              128),
+                  absl::StatusCode::kInvalidArgument);
+    EXPECT_STATUS((*codec)->UpdatedParityUnit(0, 0, base.data(), delta.data(), base.data() + 32,
+                                              64),
+                  absl::StatusCode::kInvalidArgument);
+    EXPECT_STATUS((*codec)->UpdatedParityUnit(0, 0, base.data(), delta.data(), delta.data(), 128),
+                  absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(ReedSolomonTest, LargestShapesRoundTrip) {
   for (Shape shape : {Shape{1, 255}, Shape{255, 1}, Shape{200, 56}}) {
     absl::StatusOr<std::unique_ptr<ReedSolomon>> codec = ReedSolomon::Create(shape.k, shape.m);
