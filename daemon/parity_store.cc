@@ -1,4 +1,4 @@
-// ParityStore: zeroed units, coefficient-weighted accumulation of arriving data, completion.
+// ParityStore: units opened unwritten, coefficient-weighted addition of arriving data, completion.
 #include "daemon/parity_store.h"
 
 #include <cstring>

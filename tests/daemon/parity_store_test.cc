@@ -248,7 +248,7 @@ TEST_F(ParityStoreTest, OverlappingFramesAndBytesNoFrameReachedGiveTheUnitAsAdde
     uint64_t offset, length;
     uint8_t fill;
   };
-  // Sends the frames and adds them in place into `expected`, as a copy of the start would take them.
+  // Sends the frames, and adds them in place into `expected` as a copy of the start takes them.
   auto send = [&](int64_t step, const std::vector<Frame>& frames, std::vector<uint8_t>& expected) {
     for (const Frame& frame : frames) {
       const std::vector<uint8_t> payload(frame.length, frame.fill);
@@ -282,7 +282,8 @@ TEST_F(ParityStoreTest, OverlappingFramesAndBytesNoFrameReachedGiveTheUnitAsAdde
   ASSERT_OK(parity_->WaitComplete(1, absl::Now() + absl::Seconds(5)));
   parity_->Commit(1);
   EXPECT_TRUE(committed_bytes() == expected);
-  EXPECT_TRUE(std::all_of(expected.begin() + 2048, expected.end(), [](uint8_t b) { return b == 0; }));
+  EXPECT_TRUE(
+      std::all_of(expected.begin() + 2048, expected.end(), [](uint8_t b) { return b == 0; }));
 
   // A delta of one data unit in two frames that overlap by 1,000 bytes; the last 1,000 bytes of
   // the unit are reached by neither and keep the committed bytes.
