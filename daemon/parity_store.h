@@ -3,7 +3,8 @@
 // over the data plane (each added with its Reed-Solomon coefficient), and are complete when every
 // expected byte has arrived. A unit starts from zeros or from the committed unit without a pass of
 // its own: the first frame to reach a byte writes it from its starting value, and the bytes no
-// frame reached are filled in once the step is complete. The committed step's units stay until the next step commits.
+// frame reached are filled in once the step is complete. The committed step's units stay until
+// the next step commits.
 // Each opening is one attempt (the coordinator's fencing token): a step opened again by a newer
 // coordinator starts afresh, and frames of an older attempt are dropped.
 // A node that rebuilds while steps commit without it (cluster.allow_degraded) accumulates instead:
@@ -73,8 +74,8 @@ class ParityStore {
   // older attempt than the one open is dropped.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
   // Waits until every expected byte of `step` has arrived, then fills in what no frame wrote and
-  // checksums the units. UNAVAILABLE
-  // once a member's connection closed while the step waited (FailIncomplete).
+  // checksums the units. UNAVAILABLE once a member's connection closed while the step waited
+  // (FailIncomplete).
   absl::Status WaitComplete(int64_t step, absl::Time deadline);
   // A connection from a member of the group closed over a bad frame (`why`), and the deltas it
   // carried behind it are lost: every step still waiting for data fails at once instead of

@@ -381,25 +381,25 @@ absl::Status ReedSolomon::UpdatedParityUnit(int data_index, int parity_index, co
   if (absl::Status s = CheckLength(length); !s.ok()) return s;
   if (absl::Status s = CheckUnitIndices(data_index, parity_index); !s.ok()) return s;
   if (delta == nullptr || parity == nullptr) return absl::InvalidArgumentError("a buffer is null");
-  const uint8_t* const inputs[] = {delta, base};
+  // A dot product of the sources (base, delta) with the coefficients (1, c), or of delta alone
+  // with c where there is no base; ec_init_tables expands each coefficient into 32 bytes of tables.
+  const uint8_t* sources[] = {base, delta};
+  uint8_t coefficients[] = {
+      1, generator_matrix_[static_cast<size_t>(data_units_ + parity_index) * data_units_ +
+                           data_index]};
+  const int first = base == nullptr ? 1 : 0;
+  const int count = 2 - first;
   uint8_t* const outputs[] = {parity};
-  if (absl::Status s = CheckOutputsDisjoint(
-          absl::MakeConstSpan(inputs, base == nullptr ? 1 : 2), outputs, length);
+  if (absl::Status s =
+          CheckOutputsDisjoint(absl::MakeConstSpan(sources + first, count), outputs, length);
       !s.ok()) {
     return s;
   }
-  // A dot product of the sources (base, delta) with the coefficients (1, c): ec_init_tables
-  // expands each coefficient into its 32 bytes of tables.
-  const uint8_t coefficient =
-      generator_matrix_[static_cast<size_t>(data_units_ + parity_index) * data_units_ + data_index];
-  uint8_t coefficients[] = {1, coefficient};
   uint8_t tables[2 * 32];
-  uint8_t* sources[] = {const_cast<uint8_t*>(base), const_cast<uint8_t*>(delta)};
-  const int count = base == nullptr ? 1 : 2;
-  uint8_t* const* from = base == nullptr ? sources + 1 : sources;
-  ec_init_tables(count, 1, base == nullptr ? coefficients + 1 : coefficients, tables);
+  ec_init_tables(count, 1, coefficients + first, tables);
   uint8_t* to[] = {parity};
-  ec_encode_data(static_cast<int>(length), count, 1, tables, const_cast<uint8_t**>(from), to);
+  ec_encode_data(static_cast<int>(length), count, 1, tables,
+                 const_cast<uint8_t**>(sources + first), to);
   return absl::OkStatus();
 }
 
