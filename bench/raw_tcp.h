@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/whole_transfer.h"
+
 namespace moesnap::bench {
 
 class RawTcpStream {
@@ -28,7 +30,7 @@ class RawTcpStream {
       std::vector<uint8_t> buffer(chunk_bytes_);
       boost::system::error_code error;
       while (true) {
-        boost::asio::read(socket, boost::asio::buffer(buffer), error);
+        boost::asio::read(socket, boost::asio::buffer(buffer), WholeTransfer(), error);
         if (error) return;
         received_ += chunk_bytes_;
       }
@@ -44,7 +46,7 @@ class RawTcpStream {
   // Writes `chunks` chunks of `chunk` and waits until the receiver has read them all.
   void Send(const uint8_t* chunk, int chunks) {
     for (int i = 0; i < chunks; ++i) {
-      boost::asio::write(socket_, boost::asio::buffer(chunk, chunk_bytes_));
+      boost::asio::write(socket_, boost::asio::buffer(chunk, chunk_bytes_), WholeTransfer());
     }
     sent_ += chunk_bytes_ * chunks;
     while (received_.load(std::memory_order_acquire) < sent_) std::this_thread::yield();
@@ -82,7 +84,7 @@ class RawTcpFetch {
       boost::system::error_code error;
       while (true) {
         boost::asio::read(socket, boost::asio::buffer(request), error);
-        if (!error) boost::asio::write(socket, boost::asio::buffer(answer), error);
+        if (!error) boost::asio::write(socket, boost::asio::buffer(answer), WholeTransfer(), error);
         if (error) return;
       }
     });
@@ -103,7 +105,7 @@ class RawTcpFetch {
       std::this_thread::sleep_for(idle);
       const auto start = std::chrono::steady_clock::now();
       boost::asio::write(socket_, boost::asio::buffer(request));
-      boost::asio::read(socket_, boost::asio::buffer(answer_));
+      boost::asio::read(socket_, boost::asio::buffer(answer_), WholeTransfer());
       if (i >= 2) {
         seconds.push_back(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/whole_transfer.h"
 #include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
@@ -135,9 +136,9 @@ class Link {
     transport_.set_deadline(deadline);
     boost::system::error_code error;
     if (stream_) {
-      asio::read(*stream_, buffer, error);
+      asio::read(*stream_, buffer, WholeTransfer(), error);
     } else {
-      asio::read(transport_, buffer, error);
+      asio::read(transport_, buffer, WholeTransfer(), error);
     }
     return error ? FromAsio(error, "read") : absl::OkStatus();
   }
@@ -145,9 +146,9 @@ class Link {
     transport_.set_deadline(deadline);
     boost::system::error_code error;
     if (stream_) {
-      asio::write(*stream_, buffers, error);
+      asio::write(*stream_, buffers, WholeTransfer(), error);
     } else {
-      asio::write(transport_, buffers, error);
+      asio::write(transport_, buffers, WholeTransfer(), error);
     }
     if (error == asio::error::timed_out) {
       return absl::DeadlineExceededError("the peer took nothing more in time (not reading)");
