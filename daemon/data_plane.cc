@@ -16,6 +16,7 @@
 #include <list>
 #include <optional>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -65,7 +66,7 @@ absl::Status Await(tcp::socket& socket, short events, absl::Time deadline) {
 
 // A non-blocking TCP socket whose reads and writes wait (poll) until a deadline, then fail with
 // timed_out: the next layer of a TLS stream, so that a handshake and every record are bounded in
-// time as plaintext reads and writes are.
+// time as plaintext reads and writes are. It gathers a TLS write's records into fewer sends.
 class DeadlineSocket {
  public:
   using executor_type = tcp::socket::executor_type;
@@ -80,11 +81,35 @@ class DeadlineSocket {
 
   template <typename Buffers>
   size_t read_some(const Buffers& buffers, boost::system::error_code& error) {
+    // What was gathered goes first: the peer may be waiting for it before it answers.
+    if (!gathered_.empty()) {
+      SendGathered(error);
+      if (error) return 0;
+    }
     return Transfer(POLLIN, error, [&] { return socket_.read_some(buffers, error); });
   }
   template <typename Buffers>
   size_t write_some(const Buffers& buffers, boost::system::error_code& error) {
-    return Transfer(POLLOUT, error, [&] { return socket_.write_some(buffers, error); });
+    if (!gathering_) {
+      return Transfer(POLLOUT, error, [&] { return socket_.write_some(buffers, error); });
+    }
+    const size_t bytes = asio::buffer_size(buffers);
+    const size_t at = gathered_.size();
+    gathered_.resize(at + bytes);
+    asio::buffer_copy(asio::buffer(gathered_.data() + at, bytes), buffers);
+    error = {};
+    if (gathered_.size() >= kGatheredBytes) SendGathered(error);
+    return error ? 0 : bytes;
+  }
+
+  // Between Gather and Flush, writes are kept and sent kGatheredBytes at a time: a TLS stream
+  // writes one record (at most 16 KiB) a call, a system call (and a wait for room) each. Flush
+  // sends what is kept unless `error` is set already, and stops gathering.
+  void Gather() { gathering_ = true; }
+  void Flush(boost::system::error_code& error) {
+    gathering_ = false;
+    if (!error && !gathered_.empty()) SendGathered(error);
+    gathered_.clear();
   }
 
  private:
@@ -100,8 +125,22 @@ class DeadlineSocket {
     }
   }
 
+  // Sends every gathered byte by the deadline.
+  void SendGathered(boost::system::error_code& error) {
+    for (size_t sent = 0; sent < gathered_.size() && !error;) {
+      sent += Transfer(POLLOUT, error, [&] {
+        return socket_.write_some(asio::buffer(gathered_.data() + sent, gathered_.size() - sent),
+                                  error);
+      });
+    }
+    gathered_.clear();
+  }
+
+  static constexpr size_t kGatheredBytes = 512 << 10;
   tcp::socket& socket_;
   absl::Time deadline_ = absl::InfinitePast();
+  bool gathering_ = false;
+  std::vector<uint8_t> gathered_;  // keeps its capacity between writes
 };
 
 absl::Status FromAsio(const boost::system::error_code& error, absl::string_view what) {
@@ -146,7 +185,9 @@ class Link {
     transport_.set_deadline(deadline);
     boost::system::error_code error;
     if (stream_) {
+      transport_.Gather();
       asio::write(*stream_, buffers, WholeTransfer(), error);
+      transport_.Flush(error);
     } else {
       asio::write(transport_, buffers, WholeTransfer(), error);
     }

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include <map>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -676,6 +677,64 @@ TEST_F(DataPlaneTlsTest, FramesArriveByteForByte) {
   // The sink is told the node the client's certificate names.
   EXPECT_EQ(sink_.senders(), std::set<std::optional<uint32_t>>{1u});
   EXPECT_EQ(server_->connections_rejected(), 0u);
+}
+
+// A TLS write's records go out gathered, 512 KiB a send: frames shorter than a record, across a
+// record, just under and over one send, and several sends long all arrive as they were sent.
+TEST_F(DataPlaneTlsTest, FramesShorterAndLongerThanOneGatheredSendArriveByteForByte) {
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client = DataPlaneClient::Connect(
+      "127.0.0.1", server_->port(), 1, absl::Seconds(30), {tls_[1], 0});
+  ASSERT_OK(client);
+  const std::vector<size_t> sizes = {1,          16383,           16385, (512 << 10) - 40,
+                                     512 << 10,  (512 << 10) + 1, (3 << 20) + 17};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_OK((*client)->Send(HeaderFor(1, i), testing::DeterministicBytes(i).Bytes(sizes[i])));
+  }
+  ASSERT_TRUE(Eventually([&] { return sink_.size() == sizes.size(); }));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(sink_.Get(1, i).second, testing::DeterministicBytes(i).Bytes(sizes[i])) << sizes[i];
+  }
+  EXPECT_EQ(server_->connections_rejected(), 0u);
+}
+
+// A sink that holds the connection's thread in Accept until released: the server stops reading.
+class HoldingSink : public FrameSink {
+ public:
+  absl::Status Accept(const FrameHeader&, absl::Span<const uint8_t>,
+                      std::optional<uint32_t>) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    released_.wait(lock, [&] { return released; });
+    return absl::OkStatus();
+  }
+  void ConnectionClosed(std::optional<uint32_t>, const std::string&,
+                        const absl::Status&) override {}
+  void Release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released = true;
+    released_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool released = false;
+};
+
+// Gathered records wait for room by the send's deadline as plaintext writes do: a TLS send to a
+// peer that stopped reading fails in time.
+TEST_F(DataPlaneTlsTest, ASendToAPeerThatStopsReadingFailsInTime) {
+  HoldingSink holding;
+  std::unique_ptr<DataPlaneServer> server = StartServer({.tls = tls_[0]}, &holding);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<std::unique_ptr<DataPlaneClient>> client = DataPlaneClient::Connect(
+      "127.0.0.1", server->port(), 1, absl::Milliseconds(300), {tls_[1], 0});
+  ASSERT_OK(client);
+  const std::vector<uint8_t> payload(4 << 20, 0x5a);
+  absl::Status sent;
+  for (int frame = 0; frame < 64 && sent.ok(); ++frame) sent = (*client)->Send(HeaderFor(1, 1), payload);
+  holding.Release();
+  ASSERT_FALSE(sent.ok()) << "64 frames of 4 MiB went into a connection no one reads";
+  EXPECT_TRUE(absl::StrContains(sent.message(), "in time")) << sent;
 }
 
 TEST_F(DataPlaneTlsTest, AClientRefusesAServerNamingAnotherNode) {
