@@ -25,27 +25,18 @@ class RecordingStream {
   template <typename Buffers>
   size_t write_some(const Buffers& buffers, boost::system::error_code& error) {
     if (Fails(buffers, error)) return 0;
-    size_t taken = 0;
-    for (auto buffer = asio::buffer_sequence_begin(buffers);
-         buffer != asio::buffer_sequence_end(buffers) && taken < per_call_; ++buffer) {
-      const auto* bytes = static_cast<const uint8_t*>(buffer->data());
-      const size_t take = std::min(buffer->size(), per_call_ - taken);
-      written_.insert(written_.end(), bytes, bytes + take);
-      taken += take;
-    }
-    return taken;
+    return Take(buffers, [&](const void* data, size_t bytes) {
+      const auto* from = static_cast<const uint8_t*>(data);
+      written_.insert(written_.end(), from, from + bytes);
+    });
   }
   template <typename Buffers>
   size_t read_some(const Buffers& buffers, boost::system::error_code& error) {
     if (Fails(buffers, error)) return 0;
-    size_t given = 0;
-    for (auto buffer = asio::buffer_sequence_begin(buffers);
-         buffer != asio::buffer_sequence_end(buffers) && given < per_call_; ++buffer) {
-      const size_t give = std::min(buffer->size(), per_call_ - given);
-      std::fill_n(static_cast<uint8_t*>(buffer->data()), give, static_cast<uint8_t>(calls() - 1));
-      given += give;
-    }
-    return given;
+    // Each call's bytes hold its number (0 for the first).
+    return Take(buffers, [&](void* data, size_t bytes) {
+      std::fill_n(static_cast<uint8_t*>(data), bytes, static_cast<uint8_t>(calls() - 1));
+    });
   }
 
   // The bytes each call was offered, in order.
@@ -54,6 +45,19 @@ class RecordingStream {
   const std::vector<uint8_t>& written() const { return written_; }
 
  private:
+  // Hands `each` the buffers in order, up to per_call_ bytes in all; returns how many.
+  template <typename Buffers, typename Each>
+  size_t Take(const Buffers& buffers, Each each) {
+    size_t taken = 0;
+    for (auto buffer = asio::buffer_sequence_begin(buffers);
+         buffer != asio::buffer_sequence_end(buffers) && taken < per_call_; ++buffer) {
+      const size_t bytes = std::min(buffer->size(), per_call_ - taken);
+      each(buffer->data(), bytes);
+      taken += bytes;
+    }
+    return taken;
+  }
+  // Records what a call is offered; from call fail_at on, fails it.
   template <typename Buffers>
   bool Fails(const Buffers& buffers, boost::system::error_code& error) {
     offered_.push_back(asio::buffer_size(buffers));
