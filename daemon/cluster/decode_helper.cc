@@ -98,7 +98,9 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
   }
   // A caller that gave up (its deadline passed, another helper failed) is not served further.
   if (cancelled()) return absl::CancelledError("the rebuilding node no longer waits");
-  absl::StatusOr<uint64_t> fetched = FetchSources(request.step(), topology.group, sizes, works);
+  Transfer::HeldUnits own;  // read by the decode below
+  absl::StatusOr<uint64_t> fetched =
+      FetchSources(request.step(), topology.group, sizes, works, &own);
   if (!fetched.ok()) return fetched.status();
   if (cancelled()) return absl::CancelledError("the rebuilding node no longer waits");
   v1::DecodeUnitsResponse response;
@@ -131,26 +133,34 @@ absl::StatusOr<v1::DecodeUnitsResponse> DecodeHelper::DecodeFor(
 
 absl::StatusOr<uint64_t> DecodeHelper::FetchSources(int64_t step, int group,
                                                  const std::vector<uint64_t>& sizes,
-                                                 std::vector<StripeUnits>& works) {
+                                                 std::vector<StripeUnits>& works,
+                                                 Transfer::HeldUnits* own) {
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
   const uint32_t self = context_.node_id();
   const int64_t token = transfer_->NewRequest();
   std::map<uint32_t, v1::SendUnitsRequest> requests;
   std::vector<std::pair<FetchKey, FetchSlot>> slots;
-  std::vector<Transfer::OwnCopy> own;
+  // This node's own units: read where they lie when they lie in one piece and need no padding,
+  // else copied into their scratch.
+  std::vector<std::pair<uint64_t, uint32_t>> own_refs;
+  std::vector<uint8_t**> own_units;
   uint64_t fetched = 0;
   for (StripeUnits& work : works) {
     for (int i : work.chosen) {
       const uint64_t bytes = UnitBytes(layout, sizes, work.stripe, i, work.length);
-      // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
-      std::memset(work.units[i] + bytes, 0, work.length - bytes);
-      if (bytes == 0) continue;
-      const uint32_t source = topology.NodeAt(group, PositionOf(layout, work.stripe, i));
-      if (source == self) {
-        own.push_back({work.stripe, static_cast<uint32_t>(i), work.units[i], bytes});
+      if (bytes == 0) {
+        std::memset(work.units[i], 0, work.length);
         continue;
       }
+      const uint32_t source = topology.NodeAt(group, PositionOf(layout, work.stripe, i));
+      if (source == self) {
+        own_refs.emplace_back(work.stripe, static_cast<uint32_t>(i));
+        own_units.push_back(&work.units[i]);
+        continue;
+      }
+      // Inputs read as zero past the unit's own bytes (virtually padded); outputs need no fill.
+      std::memset(work.units[i] + bytes, 0, work.length - bytes);
       slots.push_back({{step, work.stripe, static_cast<uint32_t>(i), source, "", token},
                        {work.units[i], bytes, source}});
       v1::SendUnitsRequest& request = requests[source];
@@ -163,7 +173,36 @@ absl::StatusOr<uint64_t> DecodeHelper::FetchSources(int64_t step, int group,
       fetched += bytes;
     }
   }
-  if (absl::Status copied = transfer_->CopyOwnUnits(step, own); !copied.ok()) return copied;
+  absl::StatusOr<Transfer::HeldUnits> held = transfer_->HoldOwnUnits(step, own_refs);
+  if (!held.ok()) return held.status();
+  for (size_t i = 0; i < own_refs.size(); ++i) {
+    const auto& [stripe, unit] = own_refs[i];
+    const std::vector<absl::Span<const uint8_t>>& spans = held->spans[i];
+    const uint64_t length = layout.ParityLength(stripe, sizes);
+    const uint64_t bytes = UnitBytes(layout, sizes, stripe, static_cast<int>(unit), length);
+    uint64_t held_bytes = 0;
+    for (absl::Span<const uint8_t> span : spans) held_bytes += span.size();
+    if (held_bytes != bytes) {
+      return absl::InternalError(absl::StrCat("node ", self, ": unit ", unit, " of stripe ",
+                                              stripe, " is ", held_bytes, " bytes, not ", bytes));
+    }
+    // Decoded from here, it is checked here.
+    if (absl::Status checked = held->CheckParity(i); !checked.ok()) {
+      return absl::Status(checked.code(), absl::StrCat("node ", self, ": ", checked.message()));
+    }
+    if (spans.size() == 1 && bytes == length) {
+      // Only read by the decode.
+      *own_units[i] = const_cast<uint8_t*>(spans[0].data());
+      continue;
+    }
+    uint8_t* out = *own_units[i];
+    for (absl::Span<const uint8_t> span : spans) {
+      std::memcpy(out, span.data(), span.size());
+      out += span.size();
+    }
+    std::memset(out, 0, length - bytes);
+  }
+  *own = *std::move(held);
   if (absl::Status status = FetchFrom(transfer_, slots, requests,
                                      [&](uint32_t id, const v1::SendUnitsRequest& request) {
                                        return context_.peers->SendUnits(id, request).status();

@@ -36,7 +36,8 @@ class DecodeHelper {
 
  private:
   // A stripe being decoded: its n units, of which `chosen` (k of them, filled by FetchSources) and
-  // `target` (decoded) lie in scratch, the others null.
+  // `target` (decoded) have memory (in scratch, or this node's own unit where it lies), the others
+  // null.
   struct StripeUnits {
     uint64_t stripe = 0;
     uint64_t length = 0;
@@ -44,11 +45,12 @@ class DecodeHelper {
     std::vector<int> chosen;
     std::vector<uint8_t*> units;
   };
-  // Fills each stripe's chosen units of `step` (group `group`, images of `sizes`): this node's
-  // own copied, the others' fetched. Returns the bytes fetched.
+  // Fills each stripe's chosen units of `step` (group `group`, images of `sizes`): the others'
+  // fetched into scratch, this node's own pointed to where they lie (held in `own` meanwhile) or,
+  // when they do not lie in one piece or need padding, copied. Returns the bytes fetched.
   absl::StatusOr<uint64_t> FetchSources(int64_t step, int group,
                                         const std::vector<uint64_t>& sizes,
-                                        std::vector<StripeUnits>& works);
+                                        std::vector<StripeUnits>& works, Transfer::HeldUnits* own);
 
   const ClusterContext context_;
   const ClusterStore* const store_;

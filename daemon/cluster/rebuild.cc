@@ -236,24 +236,30 @@ void Rebuilder::HoldInstall(int64_t until) {
   }
 }
 
-std::vector<bool> Rebuilder::HoldersOf(int group, int64_t step, int excluded) {
+std::vector<absl::StatusOr<v1::GroupStateResponse>> Rebuilder::GroupStates(int group,
+                                                                            int excluded) {
   const int size = context_.layout().group_size();
   std::vector<int> positions(size);
   for (int position = 0; position < size; ++position) positions[position] = position;
-  std::vector<absl::Status> holds = InParallel(positions, [&](int position) -> absl::Status {
-    if (position == excluded) return absl::NotFoundError("being rebuilt");
-    absl::StatusOr<v1::GroupStateResponse> response =
-        context_.peers->GroupState(context_.topology->NodeAt(group, position));
-    if (!response.ok()) return response.status();
-    if (response->rebuilding() || !response->cluster().has_committed_step() ||
-        response->cluster().committed_step() != step) {
-      return absl::NotFoundError("does not hold the step");
+  std::vector<absl::StatusOr<v1::GroupStateResponse>> states(
+      size, absl::NotFoundError("not asked"));
+  InParallel(positions, [&](int position) -> absl::Status {
+    if (position != excluded) {
+      states[position] = context_.peers->GroupState(context_.topology->NodeAt(group, position));
     }
     return absl::OkStatus();
   });
-  std::vector<bool> result;
-  for (const absl::Status& status : holds) result.push_back(status.ok());
-  return result;
+  return states;
+}
+
+std::vector<bool> Rebuilder::HoldersIn(
+    const std::vector<absl::StatusOr<v1::GroupStateResponse>>& states, int64_t step) {
+  std::vector<bool> holds;
+  for (const absl::StatusOr<v1::GroupStateResponse>& state : states) {
+    holds.push_back(state.ok() && !state->rebuilding() && state->cluster().has_committed_step() &&
+                    state->cluster().committed_step() == step);
+  }
+  return holds;
 }
 
 absl::Status Rebuilder::Decode(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
@@ -272,7 +278,9 @@ absl::Status Rebuilder::DecodeLocked(const DecodeTarget& target,
   OperationProgress progress = ProgressBoard::Default().Begin("rebuild", stripes.size(), "stripes");
   const std::vector<uint64_t> sizes = ImageSizes(target.record);
   // Asked now, not taken from what membership last heard: a peer may have committed since.
-  const std::vector<bool> holds = HoldersOf(target.group, step, target.position);
+  const std::vector<bool> holds =
+      target.holders.empty() ? HoldersIn(GroupStates(target.group, target.position), step)
+                             : target.holders;
 
   absl::StatusOr<DecodePlan> plan =
       PlanDecode(topology, target, stripes, sizes, holds,
@@ -418,9 +426,11 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
   // memory, or a step loaded from the durable tier), and those that rebuild and hold an older one.
   // A member that holds an older step without rebuilding is only applying the decision late.
   std::vector<uint32_t> lost = {self};
-  for (uint32_t id : topology.groups[topology.group]) {
-    if (id == self) continue;
-    absl::StatusOr<v1::GroupStateResponse> response = context_.peers->GroupState(id);
+  const std::vector<absl::StatusOr<v1::GroupStateResponse>> states =
+      GroupStates(topology.group, position);
+  for (int member = 0; member < layout.group_size(); ++member) {
+    const uint32_t id = topology.NodeAt(topology.group, member);
+    const absl::StatusOr<v1::GroupStateResponse>& response = states[member];
     if (!response.ok()) continue;
     const v1::JournalCluster& held = response->cluster();
     if (absl::Status checked =
@@ -491,7 +501,7 @@ absl::StatusOr<v1::RebuildResponse> Rebuilder::RebuildSelf(bool force,
                       [&](uint64_t unit, const uint8_t* bytes, uint64_t length) {
                         rebuilt.Write(unit * layout.unit_bytes(), bytes, length);
                       },
-                      &parity, &rebuilt};
+                      &parity, &rebuilt, HoldersIn(states, step)};
   if (absl::Status status = DecodeLocked(decode, stripes, &stats); !status.ok()) return status;
   if (std::vector<std::pair<int, uint32_t>> corrupt = image->CorruptChunks(); !corrupt.empty()) {
     const v1::ImageRegion& region = image->manifest().regions(corrupt[0].first);

@@ -59,6 +59,8 @@ struct DecodeTarget {
   // is not checked frame by frame: the caller checks the whole image against its chunk CRCs after
   // the decode (NodeImage::CorruptChunks). Null: every unit lands in scratch, checked, then copied.
   const NodeImage* fresh_image = nullptr;
+  // Which positions of the group hold the step whole, asked just before; empty: the decode asks.
+  std::vector<bool> holders = {};
 };
 
 struct RebuildOptions {
@@ -109,9 +111,6 @@ class Rebuilder {
   // time on this node, apart from its own decodes.
   absl::StatusOr<v1::DecodeUnitsResponse> DecodeFor(
       const v1::DecodeUnitsRequest& request, const std::function<bool()>& cancelled);
-  // Which positions of `group` hold `step` whole now (live, not rebuilding, committed it); the
-  // position `excluded` never counts.
-  std::vector<bool> HoldersOf(int group, int64_t step, int excluded);
 
   // Waits for the first check; then OK while this node holds the latest committed step, or why it
   // does not (still rebuilding, or the last attempt's failure).
@@ -139,6 +138,12 @@ class Rebuilder {
   // given (UNAVAILABLE while no member holds it yet). Without `force`, nothing happens when this
   // node holds that step already.
   absl::StatusOr<v1::RebuildResponse> RebuildSelf(bool force, std::optional<int64_t> target);
+  // What each member of `group` says of its state now, asked all at once; the position
+  // `excluded` is not asked (NOT_FOUND).
+  std::vector<absl::StatusOr<v1::GroupStateResponse>> GroupStates(int group, int excluded);
+  // Which positions hold `step` whole by `states` (answered, not rebuilding, committed it).
+  static std::vector<bool> HoldersIn(
+      const std::vector<absl::StatusOr<v1::GroupStateResponse>>& states, int64_t step);
   absl::Status DecodeLocked(const DecodeTarget& target, const std::vector<uint64_t>& stripes,
                             v1::RebuildResponse* stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(decode_mutex_);
   void Run();

@@ -183,8 +183,11 @@ absl::Status Transfer::SendChunks(uint32_t to, FrameHeader header,
     header.length = static_cast<uint32_t>(bytes);  // at most kMaxFrameBytes
     header.payload_crc = chunk_crcs[chunk++];
     if (absl::Status status = (*client)->SendSealed(header, frame); !status.ok()) {
-      return absl::UnavailableError(absl::StrCat("sending region '", header.region, "' to node ",
-                                                 to, ": ", status.message()));
+      return absl::UnavailableError(
+          absl::StrCat("sending ",
+                       header.region.empty() ? absl::StrCat("stripe ", header.stripe)
+                                             : absl::StrCat("region '", header.region, "'"),
+                       " to node ", to, ": ", status.message()));
     }
     header.offset += bytes;
     return absl::OkStatus();
@@ -295,6 +298,7 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
   absl::StatusOr<HeldUnits> held = HoldOwnUnits(request.step(), refs);
   if (!held.ok()) return held.status();
   v1::SendUnitsResponse response;
+  std::vector<uint32_t> frame_crcs;
   for (size_t i = 0; i < refs.size(); ++i) {
     FrameHeader header;
     header.kind = FrameKind::kFetchedUnit;
@@ -303,32 +307,81 @@ absl::StatusOr<v1::SendUnitsResponse> Transfer::ServeUnits(const v1::SendUnitsRe
     header.stripe = refs[i].first;
     header.stripe_unit = refs[i].second;
     header.attempt = request.request();
-    const std::vector<absl::Span<const uint8_t>> spans = SpansOf(held->units[i], held->image);
-    if (absl::Status status = SendFrames(request.to_node(), header, spans); !status.ok()) {
-      return status;
+    const std::vector<absl::Span<const uint8_t>>& spans = held->spans[i];
+    uint64_t bytes = 0;
+    for (absl::Span<const uint8_t> span : spans) bytes += span.size();
+    // A parity unit is checked against its stored CRC-32C before any of it goes, in the pass that
+    // checksums its frames.
+    absl::Status sent;
+    if (held->parity_crcs[i] && bytes > 0) {
+      if (absl::Status checked = held->CheckParity(i, kFrameBytes, &frame_crcs); !checked.ok()) {
+        return absl::Status(checked.code(), absl::StrCat("node ", self, ": ", checked.message()));
+      }
+      sent = SendChunks(request.to_node(), header, spans, kFrameBytes, frame_crcs);
+    } else {
+      sent = SendFrames(request.to_node(), header, spans);
     }
-    for (absl::Span<const uint8_t> span : spans) response.set_bytes(response.bytes() + span.size());
+    if (!sent.ok()) return sent;
+    response.set_bytes(response.bytes() + bytes);
   }
   return response;
 }
 
 absl::StatusOr<Transfer::HeldUnits> Transfer::HoldOwnUnits(
     int64_t step, const std::vector<std::pair<uint64_t, uint32_t>>& refs) const {
+  auto not_held = [&](absl::string_view while_reading) {
+    return absl::FailedPreconditionError(absl::StrCat("node ", context_.node_id(), while_reading,
+                                                      " step ", step));
+  };
+  if (const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
+      !record->has_committed_step() || record->committed_step() != step) {
+    return not_held(" does not hold");
+  }
   // Steps commit while a peer rebuilds (it is absent from them): what is read must be all of one
   // step. The image and parity units are held before the record is looked at again; committed
   // units are never written, so they stay the step's while held.
-  HeldUnits held{store_->CommittedImage(), {}};
+  const erasure::StripeLayout& layout = context_.layout();
+  HeldUnits held{refs, store_->CommittedImage(), {}, {}, {}};
   for (const auto& [stripe, unit] : refs) {
     absl::StatusOr<OwnUnit> own = FindOwnUnit(step, stripe, unit);
     if (!own.ok()) return own.status();
-    held.units.push_back(*std::move(own));
+    if (own->parity) {
+      held.spans.push_back({{own->parity->extent->data(), own->parity->bytes}});
+      held.parity_crcs.push_back(own->parity->crc);
+      held.extents.push_back(std::move(own->parity->extent));
+    } else {
+      held.spans.push_back(held.image.Spans(own->data_unit * layout.unit_bytes(),
+                                            layout.UnitLength(held.image.bytes(), own->data_unit)));
+      held.parity_crcs.push_back(std::nullopt);
+    }
   }
   if (const std::shared_ptr<const v1::JournalCluster> now = store_->ClusterRecord();
       !now->has_committed_step() || now->committed_step() != step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", context_.node_id(), " committed another step while reading units of step ", step));
+    return not_held(" committed another step while reading units of");
   }
   return held;
+}
+
+absl::Status Transfer::HeldUnits::CheckParity(size_t i, uint64_t frame_bytes,
+                                              std::vector<uint32_t>* frame_crcs) const {
+  if (!parity_crcs[i]) return absl::OkStatus();
+  const absl::Span<const uint8_t> unit = spans[i][0];
+  uint32_t crc = 0;
+  if (frame_crcs == nullptr) {
+    crc = erasure::Crc32c(unit.data(), unit.size());
+  } else {
+    frame_crcs->clear();
+    for (uint64_t offset = 0; offset < unit.size(); offset += frame_bytes) {
+      const uint64_t bytes = std::min<uint64_t>(frame_bytes, unit.size() - offset);
+      frame_crcs->push_back(erasure::Crc32c(unit.data() + offset, bytes));
+      crc = erasure::Crc32cCombine(crc, frame_crcs->back(), bytes);
+    }
+  }
+  if (crc != *parity_crcs[i]) {
+    return absl::DataLossError(absl::StrCat("parity of stripe ", refs[i].first,
+                                            " fails its CRC-32C (moesnapctl verify --repair)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Transfer::OwnUnit> Transfer::FindOwnUnit(int64_t step, uint64_t stripe,
@@ -350,51 +403,10 @@ absl::StatusOr<Transfer::OwnUnit> Transfer::FindOwnUnit(int64_t step, uint64_t s
       return absl::NotFoundError(
           absl::StrCat("node ", self, " holds no parity of stripe ", stripe, " of step ", step));
     }
-    if (erasure::Crc32c(own.parity->extent->data(), own.parity->bytes) != own.parity->crc) {
-      return absl::DataLossError(absl::StrCat("node ", self, ": parity of stripe ", stripe,
-                                              " fails its CRC-32C (moesnapctl verify --repair)"));
-    }
     return own;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("node ", self, " holds no unit ", unit, " of stripe ", stripe));
-}
-
-std::vector<absl::Span<const uint8_t>> Transfer::SpansOf(const OwnUnit& own,
-                                                         const NodeImage& image) const {
-  if (own.parity) return {{own.parity->extent->data(), own.parity->bytes}};
-  const erasure::StripeLayout& layout = context_.layout();
-  return image.Spans(own.data_unit * layout.unit_bytes(),
-                     layout.UnitLength(image.bytes(), own.data_unit));
-}
-
-absl::Status Transfer::CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies) {
-  if (const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
-      !record->has_committed_step() || record->committed_step() != step) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node ", context_.node_id(), " does not hold step ", step));
-  }
-  std::vector<std::pair<uint64_t, uint32_t>> refs;
-  for (const OwnCopy& copy : copies) refs.emplace_back(copy.stripe, copy.unit);
-  absl::StatusOr<HeldUnits> held = HoldOwnUnits(step, refs);
-  if (!held.ok()) return held.status();
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const OwnCopy& copy = copies[i];
-    const std::vector<absl::Span<const uint8_t>> spans = SpansOf(held->units[i], held->image);
-    uint64_t bytes = 0;
-    for (absl::Span<const uint8_t> span : spans) bytes += span.size();
-    if (bytes != copy.bytes) {
-      return absl::InternalError(absl::StrCat("node ", context_.node_id(), ": unit ", copy.unit,
-                                              " of stripe ", copy.stripe, " is ", bytes,
-                                              " bytes, not ", copy.bytes));
-    }
-    uint8_t* out = copy.out;
-    for (absl::Span<const uint8_t> span : spans) {
-      std::memcpy(out, span.data(), span.size());
-      out += span.size();
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status Transfer::Expect(const std::vector<std::pair<FetchKey, FetchSlot>>& slots) {

@@ -113,15 +113,26 @@ class Transfer final : public FrameSink {
                                          const std::set<uint32_t>& absent);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
   absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);
-  // Copies units of this node of the committed step `step`, each `bytes` long, to `out` (a helper
-  // decoding for a rebuilding node reads its own units so), all of that one step.
-  struct OwnCopy {
-    uint64_t stripe = 0;
-    uint32_t unit = 0;
-    uint8_t* out = nullptr;
-    uint64_t bytes = 0;
+  // This node's units `refs` ((stripe, unit index) pairs) of the committed step `step`, held: the
+  // memory they lie in (`spans[i]` for refs[i], in order) stays that step's while the result
+  // exists, since committed units are never written. A helper decoding for a rebuilding node reads
+  // its own units from there.
+  struct HeldUnits {
+    std::vector<std::pair<uint64_t, uint32_t>> refs;
+    NodeImage image;
+    std::vector<std::shared_ptr<PoolExtent>> extents;  // of the parity units among them
+    std::vector<std::vector<absl::Span<const uint8_t>>> spans;
+    // A parity unit's CRC-32C as stored, not checked here; none for a data unit (its regions'
+    // chunk CRCs check it where it is used).
+    std::vector<std::optional<uint32_t>> parity_crcs;
+    // OK unless refs[i] is a parity unit whose bytes fail its stored CRC-32C: a pass over them,
+    // which with `frame_crcs` also gives the CRC-32C of each of the unit's frames of `frame_bytes`
+    // (the last shorter), so that sending it needs no second pass.
+    absl::Status CheckParity(size_t i, uint64_t frame_bytes = 0,
+                             std::vector<uint32_t>* frame_crcs = nullptr) const;
   };
-  absl::Status CopyOwnUnits(int64_t step, const std::vector<OwnCopy>& copies);
+  absl::StatusOr<HeldUnits> HoldOwnUnits(
+      int64_t step, const std::vector<std::pair<uint64_t, uint32_t>>& refs) const;
 
   // Asks `holder` for regions `regions` (1 to RegionRequest::kMaxRegions) of rank `rank` of its
   // committed step `step` in one request, on the data plane: it sends them back one after another,
@@ -189,22 +200,12 @@ class Transfer final : public FrameSink {
   absl::StatusOr<std::shared_ptr<DataPlaneClient>> Client(uint32_t id);
 
   // This node's unit `unit` of `stripe` of the committed step `step`: its data unit's index in
-  // `image`, or its parity unit (CRC checked).
+  // the image, or its parity unit.
   struct OwnUnit {
     uint64_t data_unit = 0;  // when `parity` is empty
     std::optional<ParityUnit> parity;
   };
   absl::StatusOr<OwnUnit> FindOwnUnit(int64_t step, uint64_t stripe, uint32_t unit) const;
-  // This node's units (stripe, unit index) of `step`, with the image its data units are read from,
-  // checked to be all of that step. The caller checked before that `step` was committed.
-  struct HeldUnits {
-    NodeImage image;
-    std::vector<OwnUnit> units;
-  };
-  absl::StatusOr<HeldUnits> HoldOwnUnits(
-      int64_t step, const std::vector<std::pair<uint64_t, uint32_t>>& refs) const;
-  // Where its bytes lie: the parity unit's extent, or the data unit's pieces of `image`.
-  std::vector<absl::Span<const uint8_t>> SpansOf(const OwnUnit& own, const NodeImage& image) const;
 
   absl::Status AcceptParityDelta(const FrameHeader& header, absl::Span<const uint8_t> payload,
                                  std::optional<uint32_t> sender);

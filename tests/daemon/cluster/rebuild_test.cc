@@ -141,6 +141,85 @@ TEST(RebuildTest, SurvivorsDamagedUnitsFailTheRebuildNamingAChunk) {
   EXPECT_TRUE(cluster.node(1).store.CommittedBytesOf() == testing::StateOf(1, 2, kBytes));
 }
 
+// A survivor's damaged parity fails the rebuild (DATA_LOSS naming the parity) wherever it is read:
+// its holder checks it before sending any of it (in the pass that checksums its frames), a helper
+// that holds it before decoding from it. The node keeps the data it held. Units of one frame and of
+// several.
+class DamagedParityTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(DamagedParityTest, FailsTheRebuildNamingTheParity) {
+  const uint64_t unit_bytes = GetParam();
+  InProcessCluster cluster(6, 4, 2, /*allow_degraded=*/false, unit_bytes);
+  cluster.election().Elect(0);
+  const uint64_t bytes = 3 * unit_bytes / 2;  // two stripes, parity of a whole unit in the first
+  for (int64_t step = 1; step <= 2; ++step) {
+    cluster.CaptureEverywhere(step, bytes);
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  const erasure::StripeLayout& layout = cluster.node(0).context.layout();
+  std::optional<std::pair<uint32_t, v1::UnitRef>> served;  // a damaged unit, its holder not node 1
+  for (uint64_t stripe = 0; stripe < 2; ++stripe) {
+    const std::vector<int>& holders = layout.Members(stripe).parity_positions;
+    for (size_t j = 0; j < holders.size(); ++j) {
+      const uint32_t node = cluster.node(0).context.topology->NodeAt(holders[j]);
+      if (node == 1) continue;
+      std::optional<ParityUnit> unit = cluster.node(node).parity.CommittedOf(2, stripe);
+      ASSERT_TRUE(unit.has_value()) << "node " << node << ", stripe " << stripe;
+      unit->extent->data()[unit->bytes - 1 - node] ^= 0x10;
+      v1::UnitRef ref;
+      ref.set_stripe(stripe);
+      ref.set_unit(static_cast<uint32_t>(layout.data_units() + j));
+      served = {node, ref};
+    }
+  }
+  ASSERT_TRUE(served.has_value());
+
+  const absl::StatusOr<v1::RebuildResponse> rebuilt = cluster.node(1).rebuilder.RebuildHere();
+  ASSERT_STATUS(rebuilt.status(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(rebuilt.status().message(),
+                                "fails its CRC-32C (moesnapctl verify --repair)"))
+      << rebuilt.status();
+  EXPECT_OK(cluster.node(1).rebuilder.WaitRestorable(absl::Now()));
+  EXPECT_TRUE(cluster.node(1).store.CommittedBytesOf() == testing::StateOf(1, 2, bytes));
+
+  // Its holder refuses to send it.
+  v1::SendUnitsRequest request;
+  request.set_to_node(1);
+  request.set_step(2);
+  request.set_request(cluster.node(1).transfer.NewRequest());
+  *request.add_units() = served->second;
+  const absl::StatusOr<v1::SendUnitsResponse> sent =
+      cluster.node(served->first).transfer.ServeUnits(request);
+  ASSERT_STATUS(sent.status(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(
+      sent.status().message(), absl::StrCat("parity of stripe ", served->second.stripe())))
+      << sent.status();
+
+  // And decodes nothing from it: data unit 0 of its stripe from data units 1 to 3 and it.
+  v1::DecodeUnitsRequest decode;
+  decode.set_to_node(1);
+  decode.set_step(2);
+  decode.set_request(cluster.node(1).transfer.NewRequest());
+  v1::DecodeStripe* stripe = decode.add_stripes();
+  stripe->set_stripe(served->second.stripe());
+  stripe->set_target(0);
+  for (uint32_t source : {1u, 2u, 3u, served->second.unit()}) stripe->add_sources(source);
+  const absl::StatusOr<v1::DecodeUnitsResponse> decoded =
+      cluster.node(served->first).rebuilder.DecodeFor(decode, [] { return false; });
+  ASSERT_STATUS(decoded.status(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(
+      decoded.status().message(), absl::StrCat("parity of stripe ", served->second.stripe())))
+      << decoded.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(UnitSizes, DamagedParityTest,
+                         ::testing::Values(InProcessCluster::kStripeUnitBytes,
+                                           uint64_t{5} * Transfer::kFrameBytes / 2),
+                         [](const ::testing::TestParamInfo<uint64_t>& param) {
+                           return param.param <= Transfer::kFrameBytes ? "OneFrame"
+                                                                       : "SeveralFrames";
+                         });
+
 // Each helper is sent its next request as soon as it has answered the last: one slow helper does
 // not hold the others back (no rebuild-wide batches), and the bytes still come out exact.
 TEST(RebuildTest, EachHelperIsSentItsNextRequestWhileAnotherIsStillDecoding) {
