@@ -54,8 +54,12 @@ class ClusterStore {
   virtual absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                                      const std::string& region) const = 0;
   // Commits `step` for every rank that captured it, with the cluster's record, in one journal
-  // write; older captured steps are aborted as superseded.
-  virtual absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster) = 0;
+  // write; older captured steps are aborted as superseded. `image_bytes` holds the record's group
+  // images serialized, in order (the caller serialized them already, to check them): the journal
+  // copies them instead of serializing every region again. INVALID_ARGUMENT when they are not one
+  // per image.
+  virtual absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
+                                      std::vector<std::string> image_bytes) = 0;
   virtual void AbortNodeStep(int64_t step, const absl::Status& why) = 0;
   // Replaces every committed version by a rebuilt image and journals it with `cluster`.
   virtual absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) = 0;
@@ -66,11 +70,11 @@ class ClusterStore {
   // builds the next step's images in its memory.)
   virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
   // OK when this node's journal can hold the commit of the step this node captured as `own`,
-  // whose group images are `group_images`, with parity records for `stripes` stripes;
+  // whose group images serialized are `group_images`, with parity records for `stripes` stripes;
   // RESOURCE_EXHAUSTED, saying how large the journal must be, when it cannot. Checked before the
   // node encodes, so that a step no journal here could hold aborts instead of committing.
   virtual absl::Status JournalRoomFor(const NodeImage& own,
-                                      const std::vector<v1::NodeImage>& group_images,
+                                      const std::vector<std::string>& group_images,
                                       uint64_t stripes) const = 0;
   virtual uint64_t CommittedBytes() const = 0;
   // Bytes of captures not committed yet.
@@ -91,7 +95,7 @@ class ClusterStore {
 // An upper bound of the journal state a node writes when it commits such a step: its own image
 // as versions (each region's entry with its pool extents, and the rank records the image
 // carries), every member's image and a parity record per stripe.
-uint64_t CommitJournalBound(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
+uint64_t CommitJournalBound(const NodeImage& own, const std::vector<std::string>& group_images,
                             uint64_t stripes);
 
 }  // namespace moesnap::daemon

@@ -28,10 +28,14 @@ struct SlotHeader {
 };
 static_assert(sizeof(SlotHeader) == 32);
 
+// The slot's CRC before its payload: over the sequence and the payload's size.
+uint32_t HeaderCrc(const SlotHeader& header) {
+  const uint32_t crc = erasure::Crc32c(&header.sequence, sizeof(header.sequence));
+  return erasure::Crc32cExtend(crc, &header.payload_bytes, sizeof(header.payload_bytes));
+}
+
 uint32_t SlotCrc(const SlotHeader& header, const uint8_t* payload) {
-  uint32_t crc = erasure::Crc32c(&header.sequence, sizeof(header.sequence));
-  crc = erasure::Crc32cExtend(crc, &header.payload_bytes, sizeof(header.payload_bytes));
-  return erasure::Crc32cExtend(crc, payload, header.payload_bytes);
+  return erasure::Crc32cExtend(HeaderCrc(header), payload, header.payload_bytes);
 }
 
 }  // namespace
@@ -76,23 +80,33 @@ absl::Status Journal::Room(uint64_t payload_bytes) const {
       " bytes): raise pool.journal_bytes to at least ", 2 * (payload_bytes + sizeof(SlotHeader))));
 }
 
-absl::Status Journal::Write(const v1::JournalState& state) {
-  const std::string payload = state.SerializeAsString();
-  if (absl::Status room = Room(payload.size()); !room.ok()) return room;
+absl::Status Journal::Write(absl::Span<const std::string_view> payload) {
+  uint64_t payload_bytes = 0;
+  for (std::string_view piece : payload) payload_bytes += piece.size();
+  if (absl::Status room = Room(payload_bytes); !room.ok()) return room;
   const int64_t next = sequence_ + 1;
   // Odd sequences go to slot 1, even to slot 0: the newest intact slot is never the one written.
   uint8_t* base = memory_.data() + (next % 2) * slot_bytes();
-  SlotHeader header{kMagic, next, payload.size(), 0, 0};
-  header.crc = SlotCrc(header, reinterpret_cast<const uint8_t*>(payload.data()));
-  std::memcpy(base, &header, sizeof(header));
-  if (next == crash_in_write_) {
-    std::memcpy(base + sizeof(header), payload.data(), payload.size() / 2);
-    std::raise(SIGKILL);
+  SlotHeader header{kMagic, next, payload_bytes, 0, 0};
+  // The payload is copied and checksummed in one pass, and the header written last: a write cut
+  // short leaves the slot's older header, whose CRC no longer matches, and the slot is passed over.
+  uint32_t crc = HeaderCrc(header);
+  const uint64_t crash_at = next == crash_in_write_ ? payload_bytes / 2 : payload_bytes + 1;
+  uint64_t copied = 0;
+  for (std::string_view piece : payload) {
+    if (copied + piece.size() >= crash_at) {
+      std::memcpy(base + sizeof(header) + copied, piece.data(), crash_at - copied);
+      std::raise(SIGKILL);
+    }
+    crc = erasure::CopyWithCrc32c(base + sizeof(header) + copied, piece.data(), piece.size(), crc);
+    copied += piece.size();
   }
-  std::memcpy(base + sizeof(header), payload.data(), payload.size());
+  if (next == crash_in_write_) std::raise(SIGKILL);  // an empty payload: before its header
+  header.crc = crc;
+  std::memcpy(base, &header, sizeof(header));
   sequence_ = next;
   journal_writes.Add();
-  journal_written_bytes.Add(payload.size());
+  journal_written_bytes.Add(payload_bytes);
   return absl::OkStatus();
 }
 

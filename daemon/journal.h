@@ -12,8 +12,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/shared_memory.h"
 #include "proto/moesnap.pb.h"
 
@@ -33,8 +35,10 @@ class Journal {
   const v1::JournalState& recovered_state() const { return recovered_; }
   int64_t sequence() const { return sequence_; }
 
-  // Makes `state` the journal's state. RESOURCE_EXHAUSTED when it does not fit a slot.
-  absl::Status Write(const v1::JournalState& state);
+  // Makes the journal's state the JournalState serialized as `payload`, the pieces' concatenation
+  // (a caller that holds parts of it serialized passes them as they are). RESOURCE_EXHAUSTED when
+  // it does not fit a slot.
+  absl::Status Write(absl::Span<const std::string_view> payload);
   // OK when a state of `payload_bytes` fits a slot; else RESOURCE_EXHAUSTED, saying how large the
   // journal must be.
   absl::Status Room(uint64_t payload_bytes) const;

@@ -18,6 +18,7 @@
 #include "daemon/shard_layout.h"
 #include "daemon/task_transfers.h"
 #include "google/protobuf/arena.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
@@ -54,7 +55,27 @@ struct StepMetrics {
 constexpr size_t kFinishedStepsKept = 64;
 constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
 
+// The tag and length that put `length` bytes of a message in field `field` of its parent.
+std::string MessageFieldHeader(int field, uint64_t length) {
+  using google::protobuf::io::CodedOutputStream;
+  constexpr uint32_t kLengthDelimited = 2;  // the wire type of a message field
+  constexpr int kMaxVarintBytes = 10;       // of a 64-bit varint
+  uint8_t header[2 * kMaxVarintBytes];
+  uint8_t* end = CodedOutputStream::WriteVarint32ToArray(
+      static_cast<uint32_t>(field) << 3 | kLengthDelimited, header);
+  end = CodedOutputStream::WriteVarint64ToArray(length, end);
+  return std::string(reinterpret_cast<const char*>(header), end - header);
+}
+
 }  // namespace
+
+std::vector<std::string> SerializedImages(const v1::JournalCluster& cluster) {
+  std::vector<std::string> bytes;
+  for (const v1::NodeImage& image : cluster.group_images()) {
+    bytes.push_back(image.SerializeAsString());
+  }
+  return bytes;
+}
 
 void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
   v1::ImageRegion* region = manifest->add_regions();
@@ -100,7 +121,7 @@ absl::Status Store::Recover() {
     Log(LogLevel::kWarning, "the pool /dev/shm/", pool_->file_name(),
         " was created anew, so the ", state.versions_size(),
         " versions in the journal are gone; starting empty");
-    return journal_->Write(v1::JournalState());
+    return journal_->Write({});
   }
   for (const v1::JournalVersion& saved : state.versions()) {
     std::vector<ExtentAllocator::Range> extents;
@@ -122,6 +143,7 @@ absl::Status Store::Recover() {
     LoadRankRecord(saved, &rank_state);
   }
   cluster_ = std::make_shared<v1::JournalCluster>(state.cluster());
+  cluster_image_bytes_ = SerializedImages(*cluster_);
   notified_step_ = NodeCommittedStep();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
@@ -501,7 +523,13 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
 }
 
 absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& committing,
-                                 const v1::JournalCluster& cluster) const {
+                                 const v1::JournalCluster& cluster,
+                                 const std::vector<std::string>& image_bytes) const {
+  if (image_bytes.size() != static_cast<size_t>(cluster.group_images_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(image_bytes.size(),
+                                                   " serialized images for a group record of ",
+                                                   cluster.group_images_size()));
+  }
   google::protobuf::Arena arena;
   auto* state = google::protobuf::Arena::CreateMessage<v1::JournalState>(&arena);
   auto add = [state](const Version& version) {
@@ -529,12 +557,29 @@ absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& co
       *state->add_ranks() = *std::move(saved);
     }
   }
-  // The cluster record lists every group member's image, region by region: it is lent to the
-  // state for the write, not copied, and the state (on the arena) never frees it.
-  state->unsafe_arena_set_allocated_cluster(const_cast<v1::JournalCluster*>(&cluster));
-  absl::Status written = journal_->Write(*state);
-  state->unsafe_arena_release_cluster();
-  return written;
+  // The cluster record lists every group member's image, region by region: the record follows
+  // the versions and ranks as field 3 of the same state, its images as the bytes kept beside it
+  // (fields of a message may come in any order, and a repeated field's keep theirs).
+  v1::JournalCluster& head = *google::protobuf::Arena::CreateMessage<v1::JournalCluster>(&arena);
+  if (cluster.has_committed_step()) head.set_committed_step(cluster.committed_step());
+  *head.mutable_parity() = cluster.parity();
+  const std::string versions_and_ranks = state->SerializeAsString();
+  const std::string head_bytes = head.SerializeAsString();
+  constexpr int kClusterField = v1::JournalState::kClusterFieldNumber;
+  constexpr int kImagesField = v1::JournalCluster::kGroupImagesFieldNumber;
+  std::vector<std::string> image_headers;
+  uint64_t cluster_bytes = head_bytes.size();
+  for (const std::string& image : image_bytes) {
+    image_headers.push_back(MessageFieldHeader(kImagesField, image.size()));
+    cluster_bytes += image_headers.back().size() + image.size();
+  }
+  const std::string cluster_header = MessageFieldHeader(kClusterField, cluster_bytes);
+  std::vector<std::string_view> payload = {versions_and_ranks, cluster_header, head_bytes};
+  for (size_t i = 0; i < image_bytes.size(); ++i) {
+    payload.push_back(image_headers[i]);
+    payload.push_back(image_bytes[i]);
+  }
+  return journal_->Write(payload);
 }
 
 void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record) {
@@ -560,7 +605,8 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   // last of them has captured it.
   std::map<uint32_t, const StepRecord*> committing{{rank, &record}};
   if (!record.table->groups.empty() && !GroupCaptured(rank, record.step, &committing)) return;
-  if (absl::Status status = WriteJournal(committing, *cluster_); !status.ok()) {
+  if (absl::Status status = WriteJournal(committing, *cluster_, cluster_image_bytes_);
+      !status.ok()) {
     for (const auto& [member, member_record] : committing) {
       RankState& member_state = ranks_[member];
       AbortStep(member_state, member_state.steps[member_record->step], status);

@@ -152,7 +152,8 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.
-  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster) override;
+  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
+                              std::vector<std::string> image_bytes) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
@@ -160,7 +161,7 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
-  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
+  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<std::string>& group_images,
                               uint64_t stripes) const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
@@ -309,9 +310,11 @@ class Store final : public ClusterStore, public DurableStore {
                             const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Writes the journal state once the records in `committing` (rank -> step) commit, with
-  // `cluster`. The state is built in an arena: a record per version, freed at once.
+  // `cluster`, whose group images serialized are `image_bytes`. The versions are built in an
+  // arena: a record per version, freed at once.
   absl::Status WriteJournal(const std::map<uint32_t, const StepRecord*>& committing,
-                            const v1::JournalCluster& cluster) const
+                            const v1::JournalCluster& cluster,
+                            const std::vector<std::string>& image_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The node's committed step: the cluster's, or on a single node the lowest latest committed
   // step of the ranks that committed one.
@@ -340,6 +343,8 @@ class Store final : public ClusterStore, public DurableStore {
   std::string last_skip_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<const v1::JournalCluster> cluster_ ABSL_GUARDED_BY(mutex_) =
       std::make_shared<v1::JournalCluster>();
+  // cluster_'s group images serialized, in order: what each journal write copies of them.
+  std::vector<std::string> cluster_image_bytes_ ABSL_GUARDED_BY(mutex_);
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts

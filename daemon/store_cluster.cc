@@ -317,9 +317,12 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   LoadRankRecord(record, &rank_state);
   // In a cluster the group's parity covers the committed step this node had, not the loaded one:
   // the record goes, so that the next step is encoded whole.
+  const bool record_goes = mode_ == CommitMode::kCluster;
   const std::shared_ptr<const v1::JournalCluster> kept =
-      mode_ == CommitMode::kCluster ? std::make_shared<v1::JournalCluster>() : cluster_;
-  if (absl::Status status = WriteJournal({}, *kept); !status.ok()) {
+      record_goes ? std::make_shared<v1::JournalCluster>() : cluster_;
+  if (absl::Status status =
+          WriteJournal({}, *kept, record_goes ? std::vector<std::string>() : cluster_image_bytes_);
+      !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
     rank_state.latest_snapshot = previous.latest_committed;
@@ -327,15 +330,19 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
     return status;
   }
   cluster_ = kept;
+  if (record_goes) cluster_image_bytes_.clear();
   notified_step_ = NodeCommittedStep();  // loaded, not committed anew: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
 }
 
 
-absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
-  // The record replaced lists every group member's image: it is freed after the lock is released.
+absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
+                                   std::vector<std::string> image_bytes) {
+  // The record replaced lists every group member's image: it is freed after the lock is released,
+  // as are its images' bytes.
   std::shared_ptr<const v1::JournalCluster> replaced;
+  std::vector<std::string> replaced_bytes;
   absl::MutexLock lock(&mutex_);
   std::map<uint32_t, const StepRecord*> committing;
   for (auto& [rank, rank_state] : ranks_) {
@@ -344,11 +351,12 @@ absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
       committing[rank] = &it->second;
     }
   }
-  if (absl::Status status = WriteJournal(committing, cluster); !status.ok()) {
+  if (absl::Status status = WriteJournal(committing, cluster, image_bytes); !status.ok()) {
     return status;
   }
   replaced =
       std::exchange(cluster_, std::make_shared<v1::JournalCluster>(std::move(cluster)));
+  replaced_bytes = std::exchange(cluster_image_bytes_, std::move(image_bytes));
   prepared_steps_.erase(prepared_steps_.begin(), prepared_steps_.upper_bound(step));
   for (auto& [rank, record] : committing) {
     RankState& rank_state = ranks_[rank];
@@ -390,6 +398,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
     LoadRankRecord(rank, &rebuilt[rank.rank()]);
   }
+  std::vector<std::string> image_bytes = SerializedImages(cluster);
   std::shared_ptr<const v1::JournalCluster> replaced;  // freed, as `rebuilt`, after the lock
   absl::MutexLock lock(&mutex_);
   prepared_steps_.clear();  // the installed state decides from here
@@ -401,19 +410,20 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
     installed.replay_through = rank_state.replay_through;
   }
   std::swap(ranks_, rebuilt);
-  if (absl::Status status = WriteJournal({}, cluster); !status.ok()) {
+  if (absl::Status status = WriteJournal({}, cluster, image_bytes); !status.ok()) {
     std::swap(ranks_, rebuilt);
     for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = rank_state.regions;
     return status;
   }
   replaced =
       std::exchange(cluster_, std::make_shared<v1::JournalCluster>(std::move(cluster)));
+  std::swap(cluster_image_bytes_, image_bytes);  // the replaced bytes, freed after the lock
   notified_step_ = NodeCommittedStep();  // a rebuilt step is not a new commit: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
 }
 
-uint64_t CommitJournalBound(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
+uint64_t CommitJournalBound(const NodeImage& own, const std::vector<std::string>& group_images,
                             uint64_t stripes) {
   // A version is its region's image entry and its pool extents (a PoolSpan of two varints, with
   // tags and length, each), in a field of its own.
@@ -433,14 +443,14 @@ uint64_t CommitJournalBound(const NodeImage& own, const std::vector<v1::NodeImag
     bytes = SaturatingAdd(
         bytes, SaturatingAdd(kVersionFieldBytes, times(stored->extents().size(), kExtentBytes)));
   }
-  for (const v1::NodeImage& image : group_images) {
-    bytes = SaturatingAdd(bytes, SaturatingAdd(image.ByteSizeLong(), kFieldBytes));
+  for (const std::string& image : group_images) {
+    bytes = SaturatingAdd(bytes, SaturatingAdd(image.size(), kFieldBytes));
   }
   return SaturatingAdd(bytes, times(stripes, kParityRecordBytes));
 }
 
 absl::Status Store::JournalRoomFor(const NodeImage& own,
-                                   const std::vector<v1::NodeImage>& group_images,
+                                   const std::vector<std::string>& group_images,
                                    uint64_t stripes) const {
   const uint64_t bound = CommitJournalBound(own, group_images, stripes);
   absl::MutexLock lock(&mutex_);

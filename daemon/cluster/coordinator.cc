@@ -503,8 +503,9 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         if (auto spare = spare_images_.find(id); spare != spare_images_.end()) {
           memory = std::move(spare->second);
         }
-        absl::StatusOr<v1::NodeImage> built =
-            PatchedImage(cached->second, proposal.image, *proposal.patch, std::move(memory));
+        std::string bytes;
+        absl::StatusOr<v1::NodeImage> built = PatchedImage(cached->second, proposal.image,
+                                                           *proposal.patch, bytes, std::move(memory));
         const absl::Status usable =
             built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
         if (usable.ok()) {

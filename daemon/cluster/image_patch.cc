@@ -65,8 +65,8 @@ class PieceStream final : public google::protobuf::io::ZeroCopyOutputStream {
   uint64_t passed_ = 0;
 };
 
-// Writes `image` to `stream` deterministically: the one serialization ImageBytes, ImageCrc and
-// ImageHasBytes all take. On return the stream holds all of it (the coded stream, destroyed,
+// Writes `image` to `stream` deterministically: the one serialization ImageBytes and ImageCrc
+// both take. On return the stream holds all of it (the coded stream, destroyed,
 // has handed back what it did not fill).
 void SerializeDeterministically(const v1::NodeImage& image,
                                 google::protobuf::io::ZeroCopyOutputStream* stream) {
@@ -87,11 +87,14 @@ void SerializeInPieces(const v1::NodeImage& image,
 
 std::string ImageBytes(const v1::NodeImage& image) {
   std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    SerializeDeterministically(image, &stream);
-  }
+  ImageBytesInto(image, bytes);
   return bytes;
+}
+
+void ImageBytesInto(const v1::NodeImage& image, std::string& bytes) {
+  bytes.clear();
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  SerializeDeterministically(image, &stream);
 }
 
 uint32_t ImageCrc(const v1::NodeImage& image) {
@@ -100,17 +103,6 @@ uint32_t ImageCrc(const v1::NodeImage& image) {
     crc = erasure::Crc32cExtend(crc, piece.data(), piece.size());
   });
   return crc;
-}
-
-bool ImageHasBytes(const v1::NodeImage& image, std::string_view bytes) {
-  size_t compared = 0;
-  bool same = true;
-  SerializeInPieces(image, [&](std::string_view piece) {
-    // While the pieces match, `compared` lies within `bytes`.
-    same = same && piece == bytes.substr(compared, piece.size());
-    compared += piece.size();
-  });
-  return same && compared == bytes.size();
 }
 
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeImage& image,
@@ -138,7 +130,8 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
 
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
                                            const v1::NodeImage& changes,
-                                           const v1::ImagePatch& patch, v1::NodeImage memory) {
+                                           const v1::ImagePatch& patch, std::string& bytes,
+                                           v1::NodeImage memory) {
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat("the patch of node ", patch.node_id(), "'s image: ", what));
@@ -167,7 +160,8 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
     *image.mutable_regions(static_cast<int>(position)) = changes.regions(i);
     previous = position;
   }
-  if (const uint32_t crc = ImageCrc(image); crc != patch.image_crc()) {
+  ImageBytesInto(image, bytes);
+  if (const uint32_t crc = erasure::Crc32c(bytes.data(), bytes.size()); crc != patch.image_crc()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the image of node ", patch.node_id(), " built from its patch on this node's record of ",
         "the base step has CRC ", crc, ", the coordinator's ", patch.image_crc(),

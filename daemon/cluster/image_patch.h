@@ -20,11 +20,11 @@ namespace moesnap::daemon::cluster {
 // `image` serialized deterministically: NodeImage has no map fields, so two images are equal
 // field for field exactly when these bytes are, and comparing them is one pass over memory.
 std::string ImageBytes(const v1::NodeImage& image);
-// CRC-32C of ImageBytes(image), and whether ImageBytes(image) == `bytes`: each taken piece by
-// piece as the image serializes, in cache, without holding the bytes of an image of thousands of
-// regions whole.
+// The same, written into `bytes` (its contents go; its capacity is kept).
+void ImageBytesInto(const v1::NodeImage& image, std::string& bytes);
+// CRC-32C of ImageBytes(image), taken piece by piece as the image serializes, in cache, without
+// holding the bytes of an image of thousands of regions whole.
 uint32_t ImageCrc(const v1::NodeImage& image);
-bool ImageHasBytes(const v1::NodeImage& image, std::string_view bytes);
 
 // What the coordinator sends of a member's image.
 struct ImagePatchOf {
@@ -44,10 +44,12 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
 // order or beyond its regions); FAILED_PRECONDITION when the image built has another CRC than the
 // coordinator's: the receiver's record of the base step is not the coordinator's (or the patch
 // was altered).
-// The image is built in `memory` (an image whose allocations it reuses; its contents go).
+// The image is built in `memory` (an image whose allocations it reuses; its contents go), and
+// `bytes` receives ImageBytes of it, over which the CRC is taken: a caller that keeps the image
+// keeps its serialization too (the journal writes it) without serializing it again.
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
                                            const v1::NodeImage& changes,
-                                           const v1::ImagePatch& patch,
+                                           const v1::ImagePatch& patch, std::string& bytes,
                                            v1::NodeImage memory = {});
 
 }  // namespace moesnap::daemon::cluster

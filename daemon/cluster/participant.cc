@@ -422,7 +422,7 @@ absl::StatusOr<std::set<int>> Participant::AbsentPositions(
   return positions;
 }
 
-absl::StatusOr<std::vector<v1::NodeImage>> Participant::GroupImagesOf(
+absl::StatusOr<Participant::GroupImages> Participant::GroupImagesOf(
     const v1::EncodeRequest& request, const v1::JournalCluster& committed,
     const std::set<int>& absent) {
   const Topology& topology = *context_.topology;
@@ -463,25 +463,29 @@ absl::StatusOr<std::vector<v1::NodeImage>> Participant::GroupImagesOf(
     }
     return image;
   };
-  std::vector<v1::NodeImage> images;
-  images.reserve(group.size());
+  GroupImages images;
+  images.images.reserve(group.size());
+  images.bytes.resize(group.size());
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
+    std::string& bytes = images.bytes[position];
     if (absent.contains(position)) {
       // Frozen at its last committed image, which every live member's record holds alike.
-      images.push_back(memory(position));
-      images.back().CopyFrom(committed.group_images(position));
+      images.images.push_back(memory(position));
+      images.images.back().CopyFrom(committed.group_images(position));
+      ImageBytesInto(images.images.back(), bytes);
     } else if (auto patch = patches.find(position); patch != patches.end()) {
       absl::StatusOr<v1::NodeImage> image =
           PatchedImage(committed.group_images(position), request.group_images(position),
-                       *patch->second, memory(position));
+                       *patch->second, bytes, memory(position));
       if (!image.ok()) {
         return absl::Status(image.status().code(),
                             absl::StrCat("step ", step, ": ", image.status().message()));
       }
-      images.push_back(*std::move(image));
+      images.images.push_back(*std::move(image));
     } else {
-      images.push_back(memory(position));
-      images.back().CopyFrom(request.group_images(position));
+      images.images.push_back(memory(position));
+      images.images.back().CopyFrom(request.group_images(position));
+      ImageBytesInto(images.images.back(), bytes);
     }
   }
   return images;
@@ -530,9 +534,9 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // found that the group's nodes do not hold the same committed step.
   const std::shared_ptr<const v1::JournalCluster> held = store_->ClusterRecord();
   const v1::JournalCluster& committed = *held;
-  absl::StatusOr<std::vector<v1::NodeImage>> images = GroupImagesOf(request, committed, *absent);
+  absl::StatusOr<GroupImages> images = GroupImagesOf(request, committed, *absent);
   if (!images.ok()) return images.status();
-  std::vector<v1::NodeImage>& group_images = *images;
+  const std::vector<v1::NodeImage>& group_images = images->images;
   if (absl::Status status =
           CheckGroupImages(group_images, topology.groups[topology.group], topology.limits);
       !status.ok()) {
@@ -547,7 +551,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   // This node's own image must be the one it reported, field for field: its regions decide which
   // units are sent and, once committed, how a rebuild lays them out.
-  if (reported == nullptr || !ImageHasBytes(group_images[topology.position], *reported)) {
+  if (reported == nullptr || images->bytes[topology.position] != *reported) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", step, ": the image of node ", context_.node_id(),
         " in the request differs from the one it prepared"));
@@ -560,7 +564,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // The commit journals every member's image: a step this node's journal could not hold aborts
   // here, before any parity moves, instead of being committed by the group and lost by this node.
   if (absl::Status room =
-          store_->JournalRoomFor(*image, group_images, layout.StripeCount(image_bytes));
+          store_->JournalRoomFor(*image, images->bytes, layout.StripeCount(image_bytes));
       !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("step ", step, ": node ", context_.node_id(),
                                                      " cannot journal it: ", room.message()));
@@ -597,7 +601,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt, step_changes,
       absent_nodes);
   if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
-                                           std::move(group_images), "encoded it");
+                                           *std::move(images), "encoded it");
       !status.ok()) {
     return status;
   }
@@ -638,7 +642,7 @@ absl::Status Participant::OpenParity(int64_t step, int64_t token,
 
 absl::Status Participant::CompleteEncode(const v1::EncodeRequest& request, absl::Status sending,
                                          absl::Time deadline,
-                                         std::vector<v1::NodeImage> group_images,
+                                         GroupImages group_images,
                                          absl::string_view doing) {
   const int64_t step = request.step();
   absl::Status status = std::move(sending);
@@ -682,9 +686,11 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
                                          : std::nullopt)));
   }
   // The live members' new images, the absent ones' of the base step: the senders' own view.
-  std::vector<v1::NodeImage> group_images(request.group_images().begin(),
-                                          request.group_images().end());
-  for (int position : absent) group_images[position] = base.group_images(position);
+  GroupImages images;
+  images.images.assign(request.group_images().begin(), request.group_images().end());
+  for (int position : absent) images.images[position] = base.group_images(position);
+  for (const v1::NodeImage& image : images.images) images.bytes.push_back(ImageBytes(image));
+  const std::vector<v1::NodeImage>& group_images = images.images;
   std::vector<uint64_t> image_bytes;
   std::vector<std::vector<bool>> units;
   for (int position = 0; position < layout.group_size(); ++position) {
@@ -706,7 +712,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
   }
   const absl::Time deadline = absl::Now() + CappedWait(request.timeout_ms());
   if (absl::Status status = CompleteEncode(request, absl::OkStatus(), deadline,
-                                           std::move(group_images), "received its parity");
+                                           std::move(images), "received its parity");
       !status.ok()) {
     return status;
   }
@@ -757,7 +763,7 @@ void Participant::Apply(const v1::StepDecision& decision) {
                                      context_.node_id()) != decision.absent().end();
   if (absent_here && open && open->receiver && open->encoded && open->token == decision.token() &&
       parity_->KeepAccumulated(step, decision.token(), open->base_record.committed_step(),
-                               open->group_images)) {
+                               open->group_images.images)) {
     // Committed while this node rebuilt, its parity change received: the rebuilder folds it in.
     Log(LogLevel::kInfo, "node ", context_.node_id(), " received the parity of step ", step,
         ", committed while it rebuilds");
@@ -782,12 +788,14 @@ void Participant::Apply(const v1::StepDecision& decision) {
   } else {
     v1::JournalCluster record;
     record.set_committed_step(step);
-    for (v1::NodeImage& image : open->group_images) *record.add_group_images() = std::move(image);
+    for (v1::NodeImage& image : open->group_images.images) {
+      *record.add_group_images() = std::move(image);
+    }
     for (v1::JournalParity& parity : parity_->Records(step)) {
       *record.add_parity() = std::move(parity);
     }
     std::shared_ptr<const v1::JournalCluster> replaced = store_->ClusterRecord();
-    status = store_->CommitNodeStep(step, std::move(record));
+    status = store_->CommitNodeStep(step, std::move(record), std::move(open->group_images.bytes));
     if (status.ok()) parity_->Commit(step);
     // Once nobody else holds the record this commit replaced, its images' memory builds the next
     // step's (GroupImagesOf) instead of being freed, region by region, and allocated again.

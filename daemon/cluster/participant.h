@@ -79,6 +79,13 @@ class Participant {
   uint64_t parity_bytes_sent() const { return parity_bytes_sent_; }
 
  private:
+  // A step's group images by position, each with its serialization (ImageBytes), made once: it
+  // checks a patch's CRC, is compared with the image this node reported, sizes the journal record
+  // and is what the journal writes.
+  struct GroupImages {
+    std::vector<v1::NodeImage> images;
+    std::vector<std::string> bytes;
+  };
   struct PreparedStep {
     int64_t token = 0;
     uint32_t coordinator = 0;
@@ -87,7 +94,7 @@ class Participant {
     // The image as this node reported it (with its node id), serialized: an Encode's copy of it
     // must be the same bytes. Shared, for the comparison to run outside the lock.
     std::shared_ptr<const std::string> reported;
-    std::vector<v1::NodeImage> group_images;
+    GroupImages group_images;
     bool encoded = false;
     // A parity receiver (this node rebuilds): no image; the group record of the base step.
     bool receiver = false;
@@ -118,14 +125,14 @@ class Participant {
   // failure; ABORTED when the step was decided or prepared again meanwhile (`doing` says what this
   // node was doing then).
   absl::Status CompleteEncode(const v1::EncodeRequest& request, absl::Status sending,
-                              absl::Time deadline, std::vector<v1::NodeImage> group_images,
+                              absl::Time deadline, GroupImages group_images,
                               absl::string_view doing);
   // The group's images of the step an Encode carries, by position: as sent, built from their
   // patches on `committed` (the record of the base step), or, for the absent members, their images
   // there.
-  absl::StatusOr<std::vector<v1::NodeImage>> GroupImagesOf(const v1::EncodeRequest& request,
-                                                           const v1::JournalCluster& committed,
-                                                           const std::set<int>& absent);
+  absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
+                                            const v1::JournalCluster& committed,
+                                            const std::set<int>& absent);
   // Encode of a parity receiver (parity_only).
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
                                                     const std::set<int>& absent);

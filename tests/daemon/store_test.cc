@@ -278,12 +278,40 @@ class StoreTest : public ::testing::Test {
     return dropped;
   }
 
+  // The record of a group of three nodes whose images are all `image` at `step`, with a parity
+  // record for each of `stripes` stripes, each record's numbers as wide as they come.
+  static v1::JournalCluster GroupRecord(const NodeImage& image, int64_t step, uint64_t stripes) {
+    v1::JournalCluster record;
+    record.set_committed_step(step);
+    for (uint32_t node = 0; node < 3; ++node) {
+      v1::NodeImage& member = *record.add_group_images();
+      member = image.manifest();
+      member.set_node_id(node);
+      member.set_step(step);
+    }
+    for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
+      v1::JournalParity* parity = record.add_parity();
+      parity->set_stripe(std::numeric_limits<uint64_t>::max() - stripe);
+      parity->set_pool_offset(std::numeric_limits<uint64_t>::max());
+      parity->set_bytes(std::numeric_limits<uint64_t>::max());
+      parity->set_crc(0xffffffff);
+    }
+    return record;
+  }
+  static std::vector<std::string> SerializedImages(const v1::JournalCluster& record) {
+    std::vector<std::string> bytes;
+    for (const v1::NodeImage& image : record.group_images()) {
+      bytes.push_back(image.SerializeAsString());
+    }
+    return bytes;
+  }
+
   // Waits until `step` is captured on the node and commits it, as the cluster would.
   void CommitInCluster(int64_t step) {
     ASSERT_OK(store_->WaitNodeCaptured(step, absl::Now() + absl::Seconds(30)));
     v1::JournalCluster record;
     record.set_committed_step(step);
-    ASSERT_OK(store_->CommitNodeStep(step, record));
+    ASSERT_OK(store_->CommitNodeStep(step, record, {}));
   }
 
   struct Trainer {
@@ -312,31 +340,64 @@ TEST_F(StoreTest, TheJournalBoundCheckedBeforeAnEncodeHoldsTheStateTheCommitWrit
   EXPECT_TRUE(Take(0, 1).skipped().empty());
   absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30));
   ASSERT_OK(image);
-  v1::JournalCluster record;
-  record.set_committed_step(1);
-  std::vector<v1::NodeImage> group;
-  for (uint32_t node = 0; node < 3; ++node) {
-    group.push_back(image->manifest());
-    group.back().set_node_id(node);
-    *record.add_group_images() = group.back();
-  }
   constexpr uint64_t kStripes = 40;
-  for (uint64_t stripe = 0; stripe < kStripes; ++stripe) {
-    v1::JournalParity* parity = record.add_parity();
-    parity->set_stripe(std::numeric_limits<uint64_t>::max() - stripe);
-    parity->set_pool_offset(std::numeric_limits<uint64_t>::max());
-    parity->set_bytes(std::numeric_limits<uint64_t>::max());
-    parity->set_crc(0xffffffff);
-  }
+  const v1::JournalCluster record = GroupRecord(*image, 1, kStripes);
+  const std::vector<std::string> group = SerializedImages(record);
   const uint64_t bound = CommitJournalBound(*image, group, kStripes);
   ASSERT_OK(store_->JournalRoomFor(*image, group, kStripes));
-  ASSERT_OK(store_->CommitNodeStep(1, record));
+  ASSERT_OK(store_->CommitNodeStep(1, record, group));
   absl::StatusOr<std::unique_ptr<Journal>> written = Journal::OpenOrCreate(name_, 1 << 20);
   ASSERT_OK(written);
   const uint64_t state_bytes = (*written)->recovered_state().ByteSizeLong();
   EXPECT_EQ((*written)->recovered_state().cluster().committed_step(), 1);
   EXPECT_LE(state_bytes, bound);
   EXPECT_GT(state_bytes, bound / 2) << "a bound this loose refuses journals that would hold it";
+}
+
+// The journal writes a group record's images as the serialized bytes the commit hands it: a
+// restarted daemon reads back the record it committed, field for field, and a later write keeps
+// it. Bytes that are not one per image are refused before anything is written.
+TEST_F(StoreTest, AGroupRecordCommittedWithItsImagesBytesIsReadBackWhole) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 16 << 20));
+  ASSERT_NO_FATAL_FAILURE(Connect(0, 300, 1000));
+  EXPECT_TRUE(Take(0, 1).skipped().empty());
+  v1::JournalCluster record;
+  {
+    // The image holds its pool bytes: it goes before the pool does.
+    absl::StatusOr<NodeImage> image =
+        store_->WaitNodeCaptured(1, absl::Now() + absl::Seconds(30));
+    ASSERT_OK(image);
+    record = GroupRecord(*image, 1, 7);
+  }
+  std::vector<std::string> too_few = SerializedImages(record);
+  too_few.pop_back();
+  const int64_t sequence = journal_->sequence();
+  EXPECT_STATUS(store_->CommitNodeStep(1, record, too_few), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(journal_->sequence(), sequence);
+  ASSERT_OK(store_->CommitNodeStep(1, record, SerializedImages(record)));
+  auto same = [](const v1::JournalCluster& a, const v1::JournalCluster& b) {
+    return a.SerializeAsString() == b.SerializeAsString();
+  };
+  EXPECT_TRUE(same(journal_->recovered_state().cluster(), v1::JournalCluster()));
+  // Restarted on a single node, the daemon commits a step of its own: that journal write keeps
+  // the record, its images written from the bytes the restarted store made of the journal's.
+  int64_t latest = 1;
+  for (CommitMode mode : {CommitMode::kLocal, CommitMode::kCluster}) {
+    store_.reset();
+    journal_.reset();
+    pool_.reset();
+    ASSERT_NO_FATAL_FAILURE(Open(mode, 16 << 20));
+    EXPECT_TRUE(same(journal_->recovered_state().cluster(), record)) << "after step " << latest;
+    EXPECT_TRUE(same(*store_->ClusterRecord(), record)) << "after step " << latest;
+    EXPECT_EQ(store_->LatestCommitted(0), latest);
+    if (mode == CommitMode::kLocal) {
+      ASSERT_NO_FATAL_FAILURE(Connect(0, 300, 1000));
+      EXPECT_TRUE(Take(0, 2).skipped().empty());
+      ASSERT_OK(
+          store_->WaitCommitted(0, 2, absl::Now() + absl::Seconds(30), [] { return false; }));
+      latest = 2;
+    }
+  }
 }
 
 TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) {
@@ -826,7 +887,7 @@ TEST_F(StoreTest, ARestoreWaitsForTheDecisionOfAStepTheNodePrepared) {
   });
   v1::JournalCluster record;
   record.set_committed_step(2);
-  ASSERT_OK(store_->CommitNodeStep(2, record));
+  ASSERT_OK(store_->CommitNodeStep(2, record, {}));
   restore.join();
   ASSERT_OK(restored);
   EXPECT_EQ(restored->step(), 2);
@@ -902,7 +963,7 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
   EXPECT_TRUE(absl::StrContains(dropped[1], "capture.idle_rank_timeout_ms")) << dropped[1];
   v1::JournalCluster record;
   record.set_committed_step(1);
-  ASSERT_OK(store_->CommitNodeStep(1, record));
+  ASSERT_OK(store_->CommitNodeStep(1, record, {}));
   // Its next snapshot brings it back: step 2 waits for it again.
   Take(1, 2);
   EXPECT_FALSE(Dropped().contains(1));
@@ -1165,7 +1226,7 @@ TEST_F(ReplicaGroupStoreTest, InACommitRoundTheImageCarriesPiecesAndAMissingShar
   EXPECT_EQ(image_bytes, ShardStart(Total(kReplicatedSizes), 3, 2));  // shards 0 and 1
   v1::JournalCluster record;
   record.set_committed_step(1);
-  ASSERT_OK(store_->CommitNodeStep(1, record));
+  ASSERT_OK(store_->CommitNodeStep(1, record, {}));
   const absl::StatusOr<v1::RestoreResponse> restored =
       store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
   ASSERT_STATUS(restored, absl::StatusCode::kUnavailable);
@@ -1233,7 +1294,7 @@ TEST_F(StoreTest, ANodeWithoutTrainersTakesPartInStepsOnlyWhenParityOnly) {
   EXPECT_EQ(image->manifest().regions_size(), 0);
   v1::JournalCluster record;
   record.set_committed_step(1);
-  ASSERT_OK(store_->CommitNodeStep(1, record));
+  ASSERT_OK(store_->CommitNodeStep(1, record, {}));
   EXPECT_EQ(store_->ClusterRecord()->committed_step(), 1);
 }
 

@@ -182,7 +182,19 @@ absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
   return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
 }
 
-absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster cluster) {
+absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
+                                              std::vector<std::string> image_bytes) {
+  // The store journals the images as these bytes without reading them: here they are checked.
+  if (image_bytes.size() != static_cast<size_t>(cluster.group_images_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(image_bytes.size(), " serialized images for ",
+                                                   cluster.group_images_size()));
+  }
+  for (int i = 0; i < cluster.group_images_size(); ++i) {
+    if (cluster.group_images(i).SerializeAsString() != image_bytes[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": image ", i,
+                                                     " is not the bytes given for it"));
+    }
+  }
   absl::MutexLock lock(&mutex_);
   auto it = captured_.find(step);
   if (it == captured_.end()) {
@@ -228,7 +240,7 @@ uint64_t FakeClusterStore::InFlightBytes() const {
 }
 
 absl::Status FakeClusterStore::JournalRoomFor(const NodeImage& own,
-                                              const std::vector<v1::NodeImage>& group_images,
+                                              const std::vector<std::string>& group_images,
                                               uint64_t stripes) const {
   const uint64_t bound = CommitJournalBound(own, group_images, stripes);
   absl::MutexLock lock(&mutex_);

@@ -74,7 +74,8 @@ class FakeClusterStore final : public ClusterStore {
   NodeImage CommittedImage() const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
-  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster) override;
+  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
+                              std::vector<std::string> image_bytes) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
@@ -82,7 +83,7 @@ class FakeClusterStore final : public ClusterStore {
   uint64_t InFlightBytes() const override;
   // RESOURCE_EXHAUSTED once CommitJournalBound passes the journal size the test set (none: room
   // for any step).
-  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<v1::NodeImage>& group_images,
+  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<std::string>& group_images,
                               uint64_t stripes) const override;
   void SetJournalBytes(std::optional<uint64_t> bytes);
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
