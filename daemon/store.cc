@@ -5,6 +5,7 @@
 #include "daemon/store_types.h"
 
 #include <algorithm>
+#include <cstring>
 #include <span>
 #include <utility>
 #include <vector>
@@ -75,6 +76,33 @@ std::vector<std::string> SerializedImages(const v1::JournalCluster& cluster) {
     bytes.push_back(image.SerializeAsString());
   }
   return bytes;
+}
+
+const std::string& Store::JournalFieldOf(const Version& version, v1::JournalVersion& scratch) {
+  if (!version.journal_field.empty()) return version.journal_field;
+  scratch.Clear();
+  scratch.set_rank(version.rank);
+  scratch.set_region(version.region);
+  scratch.set_step(version.step);
+  for (const std::shared_ptr<PoolExtent>& extent : version.stored->extents()) {
+    v1::PoolSpan* span = scratch.add_extents();
+    span->set_offset(extent->offset());
+    span->set_bytes(extent->bytes());
+  }
+  scratch.set_bytes(version.bytes);
+  scratch.set_dtype(version.dtype);
+  scratch.mutable_shape()->Add(version.shape.begin(), version.shape.end());
+  scratch.set_chunk_bytes(version.chunk_bytes);
+  scratch.mutable_chunk_crcs()->Add(version.chunk_crcs.begin(), version.chunk_crcs.end());
+  version.SavePiece(&scratch);
+  const size_t entry_bytes = scratch.ByteSizeLong();
+  const std::string header =
+      MessageFieldHeader(v1::JournalState::kVersionsFieldNumber, entry_bytes);
+  std::string& field = version.journal_field;
+  field.resize(header.size() + entry_bytes);
+  std::memcpy(field.data(), header.data(), header.size());
+  scratch.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(field.data()) + header.size());
+  return field;
 }
 
 void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
@@ -532,23 +560,12 @@ absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& co
   }
   google::protobuf::Arena arena;
   auto* state = google::protobuf::Arena::CreateMessage<v1::JournalState>(&arena);
-  auto add = [state](const Version& version) {
-    v1::JournalVersion* saved = state->add_versions();
-    saved->set_rank(version.rank);
-    saved->set_region(version.region);
-    saved->set_step(version.step);
-    for (const std::shared_ptr<PoolExtent>& extent : version.stored->extents()) {
-      v1::PoolSpan* span = saved->add_extents();
-      span->set_offset(extent->offset());
-      span->set_bytes(extent->bytes());
-    }
-    saved->set_bytes(version.bytes);
-    saved->set_dtype(version.dtype);
-    saved->mutable_shape()->Add(version.shape.begin(), version.shape.end());
-    saved->set_chunk_bytes(version.chunk_bytes);
-    saved->mutable_chunk_crcs()->Add(version.chunk_crcs.begin(), version.chunk_crcs.end());
-    version.SavePiece(saved);
-  };
+  // Each version's entry is serialized at its first write and copied by every later one: a step
+  // that changed a few of a rank's thousands of regions serializes those few.
+  std::string versions;
+  v1::JournalVersion& scratch =
+      *google::protobuf::Arena::CreateMessage<v1::JournalVersion>(&arena);
+  auto add = [&](const Version& version) { versions += JournalFieldOf(version, scratch); };
   for (const auto& [rank_id, rank_state] : ranks_) {
     const StepRecord* record = nullptr;
     if (auto it = committing.find(rank_id); it != committing.end()) record = it->second;
@@ -563,7 +580,7 @@ absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& co
   v1::JournalCluster& head = *google::protobuf::Arena::CreateMessage<v1::JournalCluster>(&arena);
   if (cluster.has_committed_step()) head.set_committed_step(cluster.committed_step());
   *head.mutable_parity() = cluster.parity();
-  const std::string versions_and_ranks = state->SerializeAsString();
+  const std::string ranks = state->SerializeAsString();
   const std::string head_bytes = head.SerializeAsString();
   constexpr int kClusterField = v1::JournalState::kClusterFieldNumber;
   constexpr int kImagesField = v1::JournalCluster::kGroupImagesFieldNumber;
@@ -574,7 +591,7 @@ absl::Status Store::WriteJournal(const std::map<uint32_t, const StepRecord*>& co
     cluster_bytes += image_headers.back().size() + image.size();
   }
   const std::string cluster_header = MessageFieldHeader(kClusterField, cluster_bytes);
-  std::vector<std::string_view> payload = {versions_and_ranks, cluster_header, head_bytes};
+  std::vector<std::string_view> payload = {versions, ranks, cluster_header, head_bytes};
   for (size_t i = 0; i < image_bytes.size(); ++i) {
     payload.push_back(image_headers[i]);
     payload.push_back(image_bytes[i]);

@@ -198,6 +198,9 @@ class Store final : public ClusterStore, public DurableStore {
   static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
+  // `version`'s entry in the journal state (its field's tag and length, then the entry), made at
+  // its first journal write in `scratch`, whose allocations the next one reuses.
+  static const std::string& JournalFieldOf(const Version& version, v1::JournalVersion& scratch);
   CopyBackend* BackendFor(v1::Device device) const;
   // A step of the rank, captured and not decided, that this node voted to commit.
   std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
@@ -310,8 +313,8 @@ class Store final : public ClusterStore, public DurableStore {
                             const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Writes the journal state once the records in `committing` (rank -> step) commit, with
-  // `cluster`, whose group images serialized are `image_bytes`. The versions are built in an
-  // arena: a record per version, freed at once.
+  // `cluster`, whose group images serialized are `image_bytes`: copies of bytes serialized before
+  // (the images, each version's entry) around the few records serialized here.
   absl::Status WriteJournal(const std::map<uint32_t, const StepRecord*>& committing,
                             const v1::JournalCluster& cluster,
                             const std::vector<std::string>& image_bytes) const

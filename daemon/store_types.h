@@ -39,6 +39,9 @@ struct Store::Version {
   std::string replica_group;  // empty: the whole region
   uint64_t piece_offset = 0;
   uint64_t region_bytes = 0;
+  // Its entry in the journal state, serialized by its first journal write (under the store's
+  // lock, once its capture has filled its CRCs: nothing of a version changes after that).
+  mutable std::string journal_field;
 
   bool is_piece() const { return !replica_group.empty(); }
   uint64_t RegionBytes() const { return is_piece() ? region_bytes : bytes; }
