@@ -320,8 +320,9 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   const bool record_goes = mode_ == CommitMode::kCluster;
   const std::shared_ptr<const v1::JournalCluster> kept =
       record_goes ? std::make_shared<v1::JournalCluster>() : cluster_;
+  const std::vector<std::string> no_images;
   if (absl::Status status =
-          WriteJournal({}, *kept, record_goes ? std::vector<std::string>() : cluster_image_bytes_);
+          WriteJournal({}, *kept, record_goes ? no_images : cluster_image_bytes_);
       !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
