@@ -69,6 +69,13 @@ class ClusterStore {
   // mutable and shared as const: the participant, once the only holder of one a commit replaced,
   // builds the next step's images in its memory.)
   virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
+  // The same with its group images serialized, as its journal holds them, taken together:
+  // (*image_bytes)[i] serializes record->group_images(i).
+  struct RecordWithBytes {
+    std::shared_ptr<const v1::JournalCluster> record;
+    std::shared_ptr<const std::vector<std::string>> image_bytes;
+  };
+  virtual RecordWithBytes ClusterRecordWithBytes() const = 0;
   // OK when this node's journal can hold the commit of the step this node captured as `own`,
   // whose group images serialized are `group_images`, with parity records for `stripes` stripes;
   // RESOURCE_EXHAUSTED, saying how large the journal must be, when it cannot. Checked before the

@@ -171,7 +171,8 @@ absl::Status Store::Recover() {
     LoadRankRecord(saved, &rank_state);
   }
   cluster_ = std::make_shared<v1::JournalCluster>(state.cluster());
-  cluster_image_bytes_ = SerializedImages(*cluster_);
+  cluster_image_bytes_ =
+      std::make_shared<const std::vector<std::string>>(SerializedImages(*cluster_));
   notified_step_ = NodeCommittedStep();
   if (state.versions_size() > 0) {
     Log(LogLevel::kInfo, "recovered ", state.versions_size(), " committed versions of ",
@@ -622,7 +623,7 @@ void Store::FinishStep(RankState& rank_state, uint32_t rank, StepRecord& record)
   // last of them has captured it.
   std::map<uint32_t, const StepRecord*> committing{{rank, &record}};
   if (!record.table->groups.empty() && !GroupCaptured(rank, record.step, &committing)) return;
-  if (absl::Status status = WriteJournal(committing, *cluster_, cluster_image_bytes_);
+  if (absl::Status status = WriteJournal(committing, *cluster_, *cluster_image_bytes_);
       !status.ok()) {
     for (const auto& [member, member_record] : committing) {
       RankState& member_state = ranks_[member];

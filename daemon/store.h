@@ -161,6 +161,7 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
+  RecordWithBytes ClusterRecordWithBytes() const override;
   absl::Status JournalRoomFor(const NodeImage& own, const std::vector<std::string>& group_images,
                               uint64_t stripes) const override;
   uint64_t CommittedBytes() const override;
@@ -346,8 +347,10 @@ class Store final : public ClusterStore, public DurableStore {
   std::string last_skip_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<const v1::JournalCluster> cluster_ ABSL_GUARDED_BY(mutex_) =
       std::make_shared<v1::JournalCluster>();
-  // cluster_'s group images serialized, in order: what each journal write copies of them.
-  std::vector<std::string> cluster_image_bytes_ ABSL_GUARDED_BY(mutex_);
+  // cluster_'s group images serialized, in order: what each journal write copies of them, and
+  // what a participant builds the next step's images' bytes from.
+  std::shared_ptr<const std::vector<std::string>> cluster_image_bytes_ ABSL_GUARDED_BY(mutex_) =
+      std::make_shared<std::vector<std::string>>();
   CommitObserver* commit_observer_ ABSL_GUARDED_BY(mutex_) = nullptr;
   std::optional<int64_t> notified_step_ ABSL_GUARDED_BY(mutex_);  // the committed step last told
   absl::CondVar step_changed_;  // signalled when a step commits or aborts

@@ -322,7 +322,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
       record_goes ? std::make_shared<v1::JournalCluster>() : cluster_;
   const std::vector<std::string> no_images;
   if (absl::Status status =
-          WriteJournal({}, *kept, record_goes ? no_images : cluster_image_bytes_);
+          WriteJournal({}, *kept, record_goes ? no_images : *cluster_image_bytes_);
       !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
@@ -331,7 +331,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
     return status;
   }
   cluster_ = kept;
-  if (record_goes) cluster_image_bytes_.clear();
+  if (record_goes) cluster_image_bytes_ = std::make_shared<std::vector<std::string>>();
   notified_step_ = NodeCommittedStep();  // loaded, not committed anew: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();
@@ -343,7 +343,7 @@ absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
   // The record replaced lists every group member's image: it is freed after the lock is released,
   // as are its images' bytes.
   std::shared_ptr<const v1::JournalCluster> replaced;
-  std::vector<std::string> replaced_bytes;
+  std::shared_ptr<const std::vector<std::string>> replaced_bytes;
   absl::MutexLock lock(&mutex_);
   std::map<uint32_t, const StepRecord*> committing;
   for (auto& [rank, rank_state] : ranks_) {
@@ -357,7 +357,8 @@ absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
   }
   replaced =
       std::exchange(cluster_, std::make_shared<v1::JournalCluster>(std::move(cluster)));
-  replaced_bytes = std::exchange(cluster_image_bytes_, std::move(image_bytes));
+  replaced_bytes = std::exchange(
+      cluster_image_bytes_, std::make_shared<std::vector<std::string>>(std::move(image_bytes)));
   prepared_steps_.erase(prepared_steps_.begin(), prepared_steps_.upper_bound(step));
   for (auto& [rank, record] : committing) {
     RankState& rank_state = ranks_[rank];
@@ -399,7 +400,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   for (const v1::JournalRank& rank : image.manifest().ranks()) {
     LoadRankRecord(rank, &rebuilt[rank.rank()]);
   }
-  std::vector<std::string> image_bytes = SerializedImages(cluster);
+  auto image_bytes = std::make_shared<const std::vector<std::string>>(SerializedImages(cluster));
   std::shared_ptr<const v1::JournalCluster> replaced;  // freed, as `rebuilt`, after the lock
   absl::MutexLock lock(&mutex_);
   prepared_steps_.clear();  // the installed state decides from here
@@ -411,7 +412,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
     installed.replay_through = rank_state.replay_through;
   }
   std::swap(ranks_, rebuilt);
-  if (absl::Status status = WriteJournal({}, cluster, image_bytes); !status.ok()) {
+  if (absl::Status status = WriteJournal({}, cluster, *image_bytes); !status.ok()) {
     std::swap(ranks_, rebuilt);
     for (auto& [rank, rank_state] : rebuilt) ranks_[rank].regions = rank_state.regions;
     return status;
@@ -461,6 +462,11 @@ absl::Status Store::JournalRoomFor(const NodeImage& own,
 std::shared_ptr<const v1::JournalCluster> Store::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return cluster_;
+}
+
+ClusterStore::RecordWithBytes Store::ClusterRecordWithBytes() const {
+  absl::MutexLock lock(&mutex_);
+  return {cluster_, cluster_image_bytes_};
 }
 
 uint64_t Store::InFlightBytes() const {

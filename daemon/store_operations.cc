@@ -175,7 +175,7 @@ absl::StatusOr<v1::DropStepResponse> Store::DropStep(int64_t step, std::optional
     }
     rank_state.latest_committed = latest;
   }
-  if (absl::Status status = WriteJournal({}, *cluster_, cluster_image_bytes_); !status.ok()) {
+  if (absl::Status status = WriteJournal({}, *cluster_, *cluster_image_bytes_); !status.ok()) {
     for (auto& [rank_id, regions] : removed) {
       RankState& rank_state = ranks_[rank_id];
       for (auto& [region, version] : regions) rank_state.committed[region] = std::move(version);

@@ -504,8 +504,9 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
           memory = std::move(spare->second);
         }
         std::string bytes;
-        absl::StatusOr<v1::NodeImage> built = PatchedImage(cached->second, proposal.image,
-                                                           *proposal.patch, bytes, std::move(memory));
+        absl::StatusOr<v1::NodeImage> built =
+            PatchedImage(cached->second, /*base_bytes=*/{}, proposal.image, *proposal.patch, bytes,
+                         std::move(memory));
         const absl::Status usable =
             built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
         if (usable.ok()) {

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -83,6 +85,83 @@ void SerializeInPieces(const v1::NodeImage& image,
   stream.Pass();
 }
 
+// Wire types of the fields a NodeImage serializes.
+constexpr uint32_t kVarint = 0;
+constexpr uint32_t kLengthDelimited = 2;
+
+// Where each region's entry (its tag and length first) lies in `bytes`, ImageBytes of an image of
+// `regions` regions: none when the bytes do not lie out so (fields 1 to 3, then `regions` entries
+// of field 4, then field 5 only).
+std::optional<std::vector<std::pair<size_t, size_t>>> EntriesOf(std::string_view bytes,
+                                                                int regions) {
+  using google::protobuf::io::CodedInputStream;
+  CodedInputStream input(reinterpret_cast<const uint8_t*>(bytes.data()),
+                         static_cast<int>(bytes.size()));
+  std::vector<std::pair<size_t, size_t>> entries;
+  entries.reserve(regions);
+  while (true) {
+    const size_t start = static_cast<size_t>(input.CurrentPosition());
+    const uint32_t tag = input.ReadTag();
+    if (tag == 0) break;
+    const uint32_t field = tag >> 3, wire = tag & 7;
+    if (field < v1::NodeImage::kRegionsFieldNumber && wire == kVarint && entries.empty()) {
+      uint64_t ignored;
+      if (!input.ReadVarint64(&ignored)) return std::nullopt;
+    } else if (field == v1::NodeImage::kRegionsFieldNumber && wire == kLengthDelimited) {
+      uint32_t length;
+      if (!input.ReadVarint32(&length) || !input.Skip(static_cast<int>(length))) return std::nullopt;
+      entries.emplace_back(start, static_cast<size_t>(input.CurrentPosition()));
+    } else if (field == v1::NodeImage::kRanksFieldNumber && wire == kLengthDelimited) {
+      break;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (static_cast<int>(entries.size()) != regions) return std::nullopt;
+  return entries;
+}
+
+// ImageBytes(image), where `image` is `base` with the regions `patch` names changed and its other
+// fields set anew, spliced from `base_bytes` (ImageBytes(base)): false, with nothing promised of
+// `bytes`, when the base's bytes do not lie out as expected or the base carries fields this build
+// does not know.
+bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
+                  const v1::NodeImage& image, const v1::ImagePatch& patch, std::string& bytes) {
+  if (base.regions_size() == 0 || !base.GetReflection()->GetUnknownFields(base).empty()) {
+    return false;
+  }
+  const std::optional<std::vector<std::pair<size_t, size_t>>> entries =
+      EntriesOf(base_bytes, base.regions_size());
+  if (!entries) return false;
+  v1::NodeImage head;  // the fields before the regions
+  head.set_node_id(image.node_id());
+  head.set_step(image.step());
+  head.set_bytes(image.bytes());
+  v1::NodeImage tail;  // and after them
+  *tail.mutable_ranks() = image.ranks();
+  bytes.clear();
+  bytes.reserve(base_bytes.size() + 64 * static_cast<size_t>(patch.changed_size()));
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    head.SerializeToCodedStream(&coded);
+    size_t copied = (*entries)[0].first;  // base entries are copied from here on
+    for (uint32_t position : patch.changed()) {
+      const auto [start, end] = (*entries)[position];
+      coded.WriteRaw(base_bytes.data() + copied, static_cast<int>(start - copied));
+      const v1::ImageRegion& region = image.regions(static_cast<int>(position));
+      coded.WriteTag(v1::NodeImage::kRegionsFieldNumber << 3 | kLengthDelimited);
+      coded.WriteVarint32(static_cast<uint32_t>(region.ByteSizeLong()));
+      region.SerializeWithCachedSizes(&coded);
+      copied = end;
+    }
+    coded.WriteRaw(base_bytes.data() + copied, static_cast<int>(entries->back().second - copied));
+    tail.SerializeToCodedStream(&coded);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string ImageBytes(const v1::NodeImage& image) {
@@ -128,7 +207,7 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
   return of;
 }
 
-absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
+absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::string_view base_bytes,
                                            const v1::NodeImage& changes,
                                            const v1::ImagePatch& patch, std::string& bytes,
                                            v1::NodeImage memory) {
@@ -160,7 +239,9 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
     *image.mutable_regions(static_cast<int>(position)) = changes.regions(i);
     previous = position;
   }
-  ImageBytesInto(image, bytes);
+  if (base_bytes.empty() || !SplicedBytes(base, base_bytes, image, patch, bytes)) {
+    ImageBytesInto(image, bytes);
+  }
   if (const uint32_t crc = erasure::Crc32c(bytes.data(), bytes.size()); crc != patch.image_crc()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the image of node ", patch.node_id(), " built from its patch on this node's record of ",

@@ -46,8 +46,10 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
 // was altered).
 // The image is built in `memory` (an image whose allocations it reuses; its contents go), and
 // `bytes` receives ImageBytes of it, over which the CRC is taken: a caller that keeps the image
-// keeps its serialization too (the journal writes it) without serializing it again.
-absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base,
+// keeps its serialization too (the journal writes it) without serializing it again. Given
+// `base_bytes`, ImageBytes(base), the bytes are spliced from its unchanged entries and the
+// changed ones: a copy instead of a serialization of every region.
+absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::string_view base_bytes,
                                            const v1::NodeImage& changes,
                                            const v1::ImagePatch& patch, std::string& bytes,
                                            v1::NodeImage memory = {});

@@ -423,8 +423,14 @@ absl::StatusOr<std::set<int>> Participant::AbsentPositions(
 }
 
 absl::StatusOr<Participant::GroupImages> Participant::GroupImagesOf(
-    const v1::EncodeRequest& request, const v1::JournalCluster& committed,
+    const v1::EncodeRequest& request, const ClusterStore::RecordWithBytes& record,
     const std::set<int>& absent) {
+  const v1::JournalCluster& committed = *record.record;
+  // The record's images as the store holds them serialized, where it holds one per image.
+  auto committed_bytes = [&](int position) -> std::string_view {
+    if (record.image_bytes->size() != static_cast<size_t>(committed.group_images_size())) return {};
+    return (*record.image_bytes)[position];
+  };
   const Topology& topology = *context_.topology;
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   const int64_t step = request.step();
@@ -472,11 +478,15 @@ absl::StatusOr<Participant::GroupImages> Participant::GroupImagesOf(
       // Frozen at its last committed image, which every live member's record holds alike.
       images.images.push_back(memory(position));
       images.images.back().CopyFrom(committed.group_images(position));
-      ImageBytesInto(images.images.back(), bytes);
+      if (const std::string_view kept = committed_bytes(position); !kept.empty()) {
+        bytes.assign(kept);
+      } else {
+        ImageBytesInto(images.images.back(), bytes);
+      }
     } else if (auto patch = patches.find(position); patch != patches.end()) {
       absl::StatusOr<v1::NodeImage> image =
-          PatchedImage(committed.group_images(position), request.group_images(position),
-                       *patch->second, bytes, memory(position));
+          PatchedImage(committed.group_images(position), committed_bytes(position),
+                       request.group_images(position), *patch->second, bytes, memory(position));
       if (!image.ok()) {
         return absl::Status(image.status().code(),
                             absl::StrCat("step ", step, ": ", image.status().message()));
@@ -532,9 +542,9 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // anything else (the first step, a rank registering new regions) encodes whole.
   // Every node of the group decides the same from the same two records, unless the coordinator
   // found that the group's nodes do not hold the same committed step.
-  const std::shared_ptr<const v1::JournalCluster> held = store_->ClusterRecord();
-  const v1::JournalCluster& committed = *held;
-  absl::StatusOr<GroupImages> images = GroupImagesOf(request, committed, *absent);
+  const ClusterStore::RecordWithBytes held = store_->ClusterRecordWithBytes();
+  const v1::JournalCluster& committed = *held.record;
+  absl::StatusOr<GroupImages> images = GroupImagesOf(request, held, *absent);
   if (!images.ok()) return images.status();
   const std::vector<v1::NodeImage>& group_images = images->images;
   if (absl::Status status =

@@ -128,10 +128,10 @@ class Participant {
                               absl::Time deadline, GroupImages group_images,
                               absl::string_view doing);
   // The group's images of the step an Encode carries, by position: as sent, built from their
-  // patches on `committed` (the record of the base step), or, for the absent members, their images
-  // there.
+  // patches on `committed` (the record of the base step, with its images' bytes), or, for the
+  // absent members, their images there.
   absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
-                                            const v1::JournalCluster& committed,
+                                            const ClusterStore::RecordWithBytes& committed,
                                             const std::set<int>& absent);
   // Encode of a parity receiver (parity_only).
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,

@@ -71,7 +71,7 @@ TEST(ImagePatchTest, ASparseStepSendsItsChangedRegionsAndBuildsTheWholeImage) {
   EXPECT_EQ(of->changes.regions_size(), 2);
   EXPECT_EQ(of->changes.ranks(0).latest_committed_step(), 7);
   std::string bytes;
-  absl::StatusOr<v1::NodeImage> built = PatchedImage(base, of->changes, of->patch, bytes);
+  absl::StatusOr<v1::NodeImage> built = PatchedImage(base, {}, of->changes, of->patch, bytes);
   ASSERT_OK(built.status());
   EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
   EXPECT_EQ(bytes, ImageBytes(next));
@@ -92,7 +92,7 @@ TEST(ImagePatchTest, AnImageBuiltInAnotherImagesMemoryKeepsNothingOfIt) {
   memory.mutable_regions(2)->mutable_piece()->set_replica_group("g");
   std::string bytes = ImageBytes(memory);
   absl::StatusOr<v1::NodeImage> built =
-      PatchedImage(base, of.changes, of.patch, bytes, std::move(memory));
+      PatchedImage(base, {}, of.changes, of.patch, bytes, std::move(memory));
   ASSERT_OK(built.status());
   EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
   EXPECT_EQ(bytes, ImageBytes(next));
@@ -124,10 +124,64 @@ TEST(ImagePatchTest, EveryFieldOfARegionCountsAsAChange) {
     ASSERT_TRUE(of.has_value());
     EXPECT_EQ(of->patch.changed_size(), 1) << "edit " << edit;
     std::string bytes;
-    absl::StatusOr<v1::NodeImage> built = PatchedImage(base, of->changes, of->patch, bytes);
+    absl::StatusOr<v1::NodeImage> built = PatchedImage(base, {}, of->changes, of->patch, bytes);
     ASSERT_OK(built.status());
     EXPECT_EQ(bytes, ImageBytes(next)) << "edit " << edit;
   }
+}
+
+// Given the base's bytes, the patched image's bytes are spliced from them: the same bytes as the
+// image serialized whole, whichever regions changed (the first, the last, several, every field of
+// one), with pieces and rank records; a base carrying fields this build does not know is
+// serialized whole, and base bytes that are not the base's never pass the CRC.
+TEST(ImagePatchTest, BytesSplicedFromTheBasesAreTheWholeImagesBytes) {
+  v1::NodeImage base = Image(6, 50);
+  base.mutable_regions(7)->mutable_piece()->set_replica_group("g");
+  base.mutable_regions(7)->mutable_piece()->set_offset(4096);
+  base.add_ranks()->set_rank(1);
+  for (const std::vector<int>& changed :
+       std::vector<std::vector<int>>{{0}, {49}, {0, 7, 49}, {3, 4, 5, 6, 7, 8, 9, 10}}) {
+    v1::NodeImage next = base;
+    next.set_step(7);
+    next.set_bytes(base.bytes() + 1);
+    next.mutable_ranks(0)->set_latest_committed_step(7);
+    for (int position : changed) {
+      v1::ImageRegion& region = *next.mutable_regions(position);
+      region.set_step(7);
+      region.set_chunk_crcs(0, 99);
+      region.set_region(region.region() + "-longer-name");
+      region.add_shape(3);
+    }
+    const std::optional<ImagePatchOf> of = Patch(base, next);
+    ASSERT_TRUE(of.has_value());
+    std::string bytes = "left over";
+    absl::StatusOr<v1::NodeImage> built =
+        PatchedImage(base, ImageBytes(base), of->changes, of->patch, bytes);
+    ASSERT_OK(built.status());
+    EXPECT_EQ(bytes, ImageBytes(next)) << changed.size() << " changed";
+    EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
+  }
+  std::vector<int64_t> steps(50, 6);
+  steps[2] = 7;
+  const v1::NodeImage next = Image(7, 50, steps);
+  const v1::NodeImage plain = Image(6, 50);
+  const ImagePatchOf of = *Patch(plain, next);
+  v1::NodeImage unknown = plain;
+  unknown.GetReflection()->MutableUnknownFields(&unknown)->AddVarint(99, 1);
+  v1::NodeImage unknown_next = next;
+  unknown_next.GetReflection()->MutableUnknownFields(&unknown_next)->AddVarint(99, 1);
+  const ImagePatchOf of_unknown = *Patch(unknown, unknown_next);
+  std::string bytes;
+  absl::StatusOr<v1::NodeImage> built = PatchedImage(unknown, ImageBytes(unknown),
+                                                     of_unknown.changes, of_unknown.patch, bytes);
+  ASSERT_OK(built.status());
+  EXPECT_EQ(bytes, ImageBytes(unknown_next));
+  v1::NodeImage other = plain;
+  other.mutable_regions(30)->set_chunk_crcs(0, 5);
+  EXPECT_EQ(PatchedImage(plain, ImageBytes(other), of.changes, of.patch, bytes).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PatchedImage(plain, "not an image", of.changes, of.patch, bytes).status().code(),
+            absl::StatusCode::kOk);
 }
 
 TEST(ImagePatchTest, ARegionListOfAnotherLengthOrADenseStepGoesWhole) {
@@ -152,7 +206,7 @@ TEST(ImagePatchTest, APatchThatDoesNotFitTheBaseIsRefused) {
   auto refused = [&](const v1::NodeImage& on, const v1::NodeImage& changes,
                      const v1::ImagePatch& patch, const std::string& mentions) {
     std::string bytes;
-    const absl::Status status = PatchedImage(on, changes, patch, bytes).status();
+    const absl::Status status = PatchedImage(on, ImageBytes(on), changes, patch, bytes).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_TRUE(absl::StrContains(status.message(), mentions)) << status;
   };
@@ -183,7 +237,7 @@ TEST(ImagePatchTest, ABaseThatDiffersFromTheCoordinatorsIsNeverBuiltOn) {
   v1::NodeImage differs = base;
   differs.mutable_regions(8)->set_chunk_crcs(0, 12345);
   std::string bytes;
-  const absl::Status status = PatchedImage(differs, of.changes, of.patch, bytes).status();
+  const absl::Status status = PatchedImage(differs, ImageBytes(differs), of.changes, of.patch, bytes).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "is not the coordinator's")) << status;
 }

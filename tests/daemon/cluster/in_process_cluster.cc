@@ -203,6 +203,7 @@ absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster c
   committed_ = it->second;
   captured_.erase(captured_.begin(), std::next(it));
   record_ = std::make_shared<v1::JournalCluster>(std::move(cluster));
+  record_bytes_ = std::make_shared<std::vector<std::string>>(std::move(image_bytes));
   commits_.push_back(step);
   changed_.SignalAll();
   return absl::OkStatus();
@@ -217,7 +218,12 @@ void FakeClusterStore::AbortNodeStep(int64_t step, const absl::Status&) {
 absl::Status FakeClusterStore::InstallImage(const NodeImage& image, v1::JournalCluster cluster) {
   absl::MutexLock lock(&mutex_);
   committed_ = image;
+  auto bytes = std::make_shared<std::vector<std::string>>();
+  for (const v1::NodeImage& member : cluster.group_images()) {
+    bytes->push_back(member.SerializeAsString());
+  }
   record_ = std::make_shared<v1::JournalCluster>(std::move(cluster));
+  record_bytes_ = std::move(bytes);
   changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -225,6 +231,11 @@ absl::Status FakeClusterStore::InstallImage(const NodeImage& image, v1::JournalC
 std::shared_ptr<const v1::JournalCluster> FakeClusterStore::ClusterRecord() const {
   absl::MutexLock lock(&mutex_);
   return record_;
+}
+
+ClusterStore::RecordWithBytes FakeClusterStore::ClusterRecordWithBytes() const {
+  absl::MutexLock lock(&mutex_);
+  return {record_, record_bytes_};
 }
 
 uint64_t FakeClusterStore::CommittedBytes() const {

@@ -79,6 +79,7 @@ class FakeClusterStore final : public ClusterStore {
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
+  RecordWithBytes ClusterRecordWithBytes() const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;
   // RESOURCE_EXHAUSTED once CommitJournalBound passes the journal size the test set (none: room
@@ -104,6 +105,8 @@ class FakeClusterStore final : public ClusterStore {
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
   std::shared_ptr<const v1::JournalCluster> record_ ABSL_GUARDED_BY(mutex_) =
       std::make_shared<v1::JournalCluster>();
+  std::shared_ptr<const std::vector<std::string>> record_bytes_ ABSL_GUARDED_BY(mutex_) =
+      std::make_shared<std::vector<std::string>>();
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
   int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;

@@ -191,7 +191,7 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
       v1::NodeImage whole = image;
       if (patch != nullptr) {
         std::string bytes;
-        whole = PatchedImage(record->group_images(position), image, *patch, bytes).value();
+        whole = PatchedImage(record->group_images(position), {}, image, *patch, bytes).value();
       }
       // The region the step changed: a patch still names only it.
       v1::ImageRegion& region = *whole.mutable_regions(whole.regions_size() - 1);
