@@ -99,6 +99,9 @@ class ClusterStore {
   virtual v1::VerifyResponse Verify(std::optional<int64_t> step) const = 0;
 };
 
+// The group images of `cluster`, each serialized: the bytes CommitNodeStep takes with it.
+std::vector<std::string> SerializedImages(const v1::JournalCluster& cluster);
+
 // An upper bound of the journal state a node writes when it commits such a step: its own image
 // as versions (each region's entry with its pool extents, and the rank records the image
 // carries), every member's image and a parity record per stripe.

@@ -320,10 +320,9 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   const bool record_goes = mode_ == CommitMode::kCluster;
   const std::shared_ptr<const v1::JournalCluster> kept =
       record_goes ? std::make_shared<v1::JournalCluster>() : cluster_;
-  const std::vector<std::string> no_images;
-  if (absl::Status status =
-          WriteJournal({}, *kept, record_goes ? no_images : *cluster_image_bytes_);
-      !status.ok()) {
+  const std::shared_ptr<const std::vector<std::string>> kept_bytes =
+      record_goes ? std::make_shared<std::vector<std::string>>() : cluster_image_bytes_;
+  if (absl::Status status = WriteJournal({}, *kept, *kept_bytes); !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
     rank_state.latest_snapshot = previous.latest_committed;
@@ -331,7 +330,7 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
     return status;
   }
   cluster_ = kept;
-  if (record_goes) cluster_image_bytes_ = std::make_shared<std::vector<std::string>>();
+  cluster_image_bytes_ = kept_bytes;
   notified_step_ = NodeCommittedStep();  // loaded, not committed anew: nothing to drain
   step_changed_.SignalAll();
   return absl::OkStatus();

@@ -268,9 +268,6 @@ void Store::ForEachVersionAfter(const RankState& rank_state, const StepRecord* c
   }
 }
 
-// The group images of `cluster`, each serialized: the bytes its journal writes copy.
-std::vector<std::string> SerializedImages(const v1::JournalCluster& cluster);
-
 }  // namespace moesnap::daemon
 
 #endif  // MOESNAP_DAEMON_STORE_TYPES_H_

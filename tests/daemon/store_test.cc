@@ -298,13 +298,6 @@ class StoreTest : public ::testing::Test {
     }
     return record;
   }
-  static std::vector<std::string> SerializedImages(const v1::JournalCluster& record) {
-    std::vector<std::string> bytes;
-    for (const v1::NodeImage& image : record.group_images()) {
-      bytes.push_back(image.SerializeAsString());
-    }
-    return bytes;
-  }
 
   // Waits until `step` is captured on the node and commits it, as the cluster would.
   void CommitInCluster(int64_t step) {

@@ -218,10 +218,7 @@ void FakeClusterStore::AbortNodeStep(int64_t step, const absl::Status&) {
 absl::Status FakeClusterStore::InstallImage(const NodeImage& image, v1::JournalCluster cluster) {
   absl::MutexLock lock(&mutex_);
   committed_ = image;
-  auto bytes = std::make_shared<std::vector<std::string>>();
-  for (const v1::NodeImage& member : cluster.group_images()) {
-    bytes->push_back(member.SerializeAsString());
-  }
+  auto bytes = std::make_shared<std::vector<std::string>>(SerializedImages(cluster));
   record_ = std::make_shared<v1::JournalCluster>(std::move(cluster));
   record_bytes_ = std::move(bytes);
   changed_.SignalAll();
