@@ -44,6 +44,12 @@ class ClusterStore {
   virtual absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) = 0;
   // The committed image (what parity of the committed step covers).
   virtual NodeImage CommittedImage() const = 0;
+  // The committed bytes of each region of `image`, an image of this node in the committed step's
+  // layout, in its order: what a unit's delta against the committed step XORs with
+  // (NodeImage::XorWith), found without building the committed image. FAILED_PRECONDITION when
+  // the committed step does not hold the same regions (rank, name, size) in that order.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesLike(
+      const v1::NodeImage& image) const = 0;
   // One region of the committed image, found without building the image: its record and its
   // bytes (held while the result lives). FAILED_PRECONDITION when the committed step is not
   // `step`; NOT_FOUND when this node holds no such region of `rank`.

@@ -122,23 +122,20 @@ void NodeImage::Read(uint64_t offset, uint64_t length, uint8_t* out) const {
   std::memset(out + filled, 0, length - filled);
 }
 
-void NodeImage::XorWith(const NodeImage& other, uint64_t offset, uint64_t length,
-                        uint8_t* out) const {
-  // Spans come in order; where this image has no bytes, out is the other's.
-  uint64_t filled = 0;
-  ForEachSpan(offset, length, [&](const uint8_t* mine, uint64_t bytes, uint64_t in_range) {
-    other.Read(offset + filled, in_range - filled, out + filled);
-    uint64_t done = 0;  // of this span
-    other.ForEachSpan(offset + in_range, bytes, [&](const uint8_t* theirs, uint64_t piece,
-                                                    uint64_t at) {
-      std::memcpy(out + in_range + done, mine + done, at - done);
-      erasure::XorOf(out + in_range + at, mine + at, theirs, piece);
-      done = at + piece;
-    });
-    std::memcpy(out + in_range + done, mine + done, bytes - done);  // past the other's end
-    filled = in_range + bytes;
-  });
-  other.Read(offset + filled, length - filled, out + filled);  // past this image's end
+void NodeImage::XorWith(absl::Span<const std::shared_ptr<PoolBytes>> other, uint64_t offset,
+                        uint64_t length, uint8_t* out) const {
+  ForEachPiece(offset, length,
+               [&](int region, uint64_t in_region, uint64_t in_range, uint64_t bytes) {
+                 const PoolBytes& theirs = *other[region];
+                 stored_[region]->ForEach(
+                     in_region, bytes, [&](const uint8_t* mine, uint64_t piece, uint64_t at) {
+                       theirs.ForEach(in_region + at, piece,
+                                      [&](const uint8_t* data, uint64_t part, uint64_t within) {
+                                        erasure::XorOf(out + in_range + at + within, mine + within,
+                                                       data, part);
+                                      });
+                     });
+               });
 }
 
 std::vector<absl::Span<const uint8_t>> NodeImage::Spans(uint64_t offset, uint64_t length) const {

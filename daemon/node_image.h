@@ -54,9 +54,13 @@ class NodeImage {
 
   // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
   void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
-  // Writes to `out` this image's bytes [offset, offset + length) XOR `other`'s, each read as Read
-  // does (zero past its end): a unit's delta against another image, in one pass.
-  void XorWith(const NodeImage& other, uint64_t offset, uint64_t length, uint8_t* out) const;
+  // Writes to `out` this image's bytes [offset, offset + length) XOR the same bytes at another
+  // step of the same layout: `other[i]` holds region i then, as stored()[i] does now (what
+  // ClusterStore::CommittedBytesLike gives). A unit's delta against the committed step, in one
+  // pass, with no image of that step built. The range must lie within the image, and `other` hold
+  // a region's bytes for each of its regions.
+  void XorWith(absl::Span<const std::shared_ptr<PoolBytes>> other, uint64_t offset,
+               uint64_t length, uint8_t* out) const;
   // The pool memory holding image bytes [offset, offset + length), in order, pieces adjacent in
   // memory merged: to send them without a copy. The range must lie within the image.
   std::vector<absl::Span<const uint8_t>> Spans(uint64_t offset, uint64_t length) const;

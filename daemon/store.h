@@ -149,6 +149,8 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   // The committed image (what parity of the committed step covers), with each rank's record.
   NodeImage CommittedImage() const override;
+  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesLike(
+      const v1::NodeImage& image) const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.

@@ -212,6 +212,38 @@ NodeImage Store::CommittedImage() const {
   return CommittedImageLocked();
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLike(
+    const v1::NodeImage& image) const {
+  absl::MutexLock lock(&mutex_);
+  // The committed image's regions come in this order (CommittedImageLocked), as an image's do.
+  std::vector<std::shared_ptr<PoolBytes>> stored;
+  stored.reserve(image.regions_size());
+  for (const auto& [rank, rank_state] : ranks_) {
+    for (const auto& [name, version] : rank_state.committed) {
+      const int i = static_cast<int>(stored.size());
+      if (i == image.regions_size() || image.regions(i).rank() != rank ||
+          image.regions(i).region() != name || image.regions(i).bytes() != version->bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the committed step holds region '", name, "' of rank ", rank, " (", version->bytes,
+            " bytes) at position ", i, " of its image, where the image of step ", image.step(),
+            " holds ",
+            i == image.regions_size()
+                ? std::string("none")
+                : absl::StrCat("'", image.regions(i).region(), "' of rank ",
+                               image.regions(i).rank(), " (", image.regions(i).bytes(),
+                               " bytes)")));
+      }
+      stored.push_back(version->stored);
+    }
+  }
+  if (static_cast<int>(stored.size()) != image.regions_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the committed step holds ", stored.size(), " regions, the image of step ", image.step(),
+        " ", image.regions_size()));
+  }
+  return stored;
+}
+
 absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, uint32_t rank,
                                                                 const std::string& region) const {
   absl::MutexLock lock(&mutex_);

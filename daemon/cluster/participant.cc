@@ -606,9 +606,19 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
       !status.ok()) {
     return status;
   }
+  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> committed_bytes;
+  if (delta) {
+    committed_bytes = store_->CommittedBytesLike(image->manifest());
+    if (!committed_bytes.ok()) {
+      // The record and the store disagree on this node's committed step: deltas against it
+      // would corrupt the group's parity.
+      return absl::Status(committed_bytes.status().code(),
+                          absl::StrCat("step ", step, " cannot go as deltas: ",
+                                       committed_bytes.status().message()));
+    }
+  }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
-      step, request.token(), *image,
-      delta ? std::optional<NodeImage>(store_->CommittedImage()) : std::nullopt, step_changes,
+      step, request.token(), *image, delta ? &*committed_bytes : nullptr, step_changes,
       absent_nodes);
   if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
                                            *std::move(images), "encoded it");

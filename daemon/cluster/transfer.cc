@@ -194,11 +194,16 @@ absl::Status Transfer::SendChunks(uint32_t to, FrameHeader header,
   });
 }
 
-absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
-                                                 const NodeImage& image,
-                                                 const std::optional<NodeImage>& previous,
-                                                 const StepChanges* changes,
-                                                 const std::set<uint32_t>& absent) {
+absl::StatusOr<uint64_t> Transfer::SendDataUnits(
+    int64_t step, int64_t attempt, const NodeImage& image,
+    const std::vector<std::shared_ptr<PoolBytes>>* committed, const StepChanges* changes,
+    const std::set<uint32_t>& absent) {
+  if (committed != nullptr &&
+      committed->size() != static_cast<size_t>(image.manifest().regions_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", committed->size(),
+                                                   " committed regions for an image of ",
+                                                   image.manifest().regions_size()));
+  }
   const erasure::StripeLayout& layout = context_.layout();
   const int position = context_.topology->position;
   // Each unit's delta is computed once, and each of its frames checksummed once, for all of its
@@ -243,11 +248,11 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(int64_t step, int64_t attempt,
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
       const uint64_t start = unit * layout.unit_bytes();
-      if (previous && (changes == nullptr || !changes->Fresh(location.stripe))) {
+      if (committed != nullptr && (changes == nullptr || !changes->Fresh(location.stripe))) {
         if (delta == nullptr) delta = std::make_unique_for_overwrite<uint8_t[]>(kFrameBytes);
         for (uint64_t offset = 0; offset < length; offset += kFrameBytes) {
           const uint64_t bytes = std::min<uint64_t>(kFrameBytes, length - offset);
-          image.XorWith(*previous, start + offset, bytes, delta.get());
+          image.XorWith(*committed, start + offset, bytes, delta.get());
           header.offset = offset;
           if (absl::Status status = SendFrames(sends[i].holders, header, delta.get(), bytes);
               !status.ok()) {

@@ -104,13 +104,14 @@ class Transfer final : public FrameSink {
                           absl::Span<const absl::Span<const uint8_t>> pieces, uint64_t chunk_bytes,
                           absl::Span<const uint32_t> chunk_crcs);
   // Sends this node's data units of `step` to their parity holders, as frames of `attempt` (the
-  // coordinator's token): all of them, or with `previous` (the committed image) and `changes`, the
-  // changed ones only, each as its delta against `previous` or, in a fresh stripe, as itself.
-  // Parity holders among `absent` (a degraded step's) get nothing. Returns the bytes sent.
-  absl::StatusOr<uint64_t> SendDataUnits(int64_t step, int64_t attempt, const NodeImage& image,
-                                         const std::optional<NodeImage>& previous,
-                                         const StepChanges* changes,
-                                         const std::set<uint32_t>& absent);
+  // coordinator's token): all of them, or with `committed` (the committed bytes of each of
+  // `image`'s regions, ClusterStore::CommittedBytesLike) and `changes`, the changed ones only,
+  // each as its delta against the committed step or, in a fresh stripe, as itself. Parity holders
+  // among `absent` (a degraded step's) get nothing. Returns the bytes sent.
+  absl::StatusOr<uint64_t> SendDataUnits(
+      int64_t step, int64_t attempt, const NodeImage& image,
+      const std::vector<std::shared_ptr<PoolBytes>>* committed, const StepChanges* changes,
+      const std::set<uint32_t>& absent);
   // Pushes units of the committed step to a rebuilding or repairing node (SendUnits).
   absl::StatusOr<v1::SendUnitsResponse> ServeUnits(const v1::SendUnitsRequest& request);
   // This node's units `refs` ((stripe, unit index) pairs) of the committed step `step`, held: the

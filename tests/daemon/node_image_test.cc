@@ -28,7 +28,7 @@ v1::NodeImage Manifest(const std::vector<std::pair<std::string, uint64_t>>& regi
   return manifest;
 }
 
-TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
+TEST(NodeImageTest, ReadsAndWritesSpanRegionsAndReadZerosPastTheEnd) {
   const testing::TestPool pool(1 << 20);
   absl::StatusOr<NodeImage> image =
       NodeImage::Allocate(pool.get(), Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {1, 1, 1}));
@@ -43,29 +43,51 @@ TEST(NodeImageTest, ReadsWritesAndXorsSpanRegionsAndReadZerosPastTheEnd) {
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), read.begin()));
   EXPECT_TRUE(std::all_of(read.begin() + 5107, read.end(), [](uint8_t b) { return b == 0; }));
   EXPECT_EQ(image->stored()[1]->pieces()[0].data[0], bytes[100]);  // region b starts at image offset 100
-  // A read from inside the image past its end, and XOR into a buffer (a unit's delta): the bytes
-  // past the end read as zero, and leave what they are XORed into as it was.
+  // A read from inside the image past its end: the bytes past the end read as zero.
   std::vector<uint8_t> tail(200, 0xff);
   image->Read(5000, tail.size(), tail.data());
   EXPECT_TRUE(std::equal(bytes.begin() + 5000, bytes.end(), tail.begin()));
   EXPECT_TRUE(std::all_of(tail.begin() + 107, tail.end(), [](uint8_t b) { return b == 0; }));
-  // XOR with another image of other regions, shorter and longer (a unit's delta): the pieces of
-  // the two do not line up, and bytes past either's end read as zero.
-  for (uint64_t other_bytes : {uint64_t{3000}, uint64_t{5107}, uint64_t{5900}}) {
-    absl::StatusOr<NodeImage> other = NodeImage::Allocate(
-        pool.get(), Manifest({{"x", 33}, {"y", 1000}, {"z", other_bytes - 1033}}, {1, 1, 1}));
-    ASSERT_OK(other);
-    std::vector<uint8_t> theirs(other_bytes);
-    for (size_t i = 0; i < theirs.size(); ++i) theirs[i] = static_cast<uint8_t>(i * 13 + 5);
-    other->Write(0, theirs.data(), theirs.size());
-    for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{0, 6000}, {90, 20}, {2990, 30}}) {
-      std::vector<uint8_t> expected(length), mine(length), delta(length, 0xee);
-      image->Read(offset, length, expected.data());
-      other->Read(offset, length, mine.data());
-      for (size_t i = 0; i < length; ++i) expected[i] ^= mine[i];
-      image->XorWith(*other, offset, length, delta.data());
-      EXPECT_EQ(delta, expected) << other_bytes << " bytes, [" << offset << ", +" << length << ")";
-    }
+}
+
+// A region's bytes held in extents of the given sizes, one after another.
+std::shared_ptr<PoolBytes> HeldIn(const testing::TestPool& pool,
+                                  const std::vector<uint64_t>& extent_bytes) {
+  PoolBytes::Extents extents;
+  uint64_t bytes = 0;
+  for (uint64_t each : extent_bytes) {
+    absl::StatusOr<std::shared_ptr<PoolExtent>> extent = pool.get()->Allocate(each);
+    EXPECT_OK(extent);
+    extents.push_back(*std::move(extent));
+    bytes += each;
+  }
+  return std::make_shared<PoolBytes>(std::move(extents), bytes);
+}
+
+// A unit's delta against the committed step: this image's bytes XOR those of the same regions at
+// another step, each side held in pieces that do not line up with the other's.
+TEST(NodeImageTest, XorWithTheLayoutsBytesAtAnotherStepIsTheDeltaOfAnyRange) {
+  const testing::TestPool pool(1 << 20);
+  const NodeImage image(Manifest({{"a", 100}, {"b", 7}, {"c", 5000}}, {2, 2, 2}),
+                        {HeldIn(pool, {100}), HeldIn(pool, {7}), HeldIn(pool, {2500, 2500})});
+  const std::vector<std::shared_ptr<PoolBytes>> other = {
+      HeldIn(pool, {60, 40}), HeldIn(pool, {7}), HeldIn(pool, {1000, 3000, 1000})};
+  ASSERT_EQ(image.stored()[2]->pieces().size(), 2u);
+  ASSERT_EQ(other[2]->pieces().size(), 3u);
+  std::vector<uint8_t> mine(image.bytes());
+  std::iota(mine.begin(), mine.end(), 0);
+  image.Write(0, mine.data(), mine.size());
+  std::vector<uint8_t> theirs(mine.size());
+  for (size_t i = 0; i < theirs.size(); ++i) theirs[i] = static_cast<uint8_t>(i * 13 + 5);
+  other[0]->Write(0, theirs.data(), 100);
+  other[1]->Write(0, theirs.data() + 100, 7);
+  other[2]->Write(0, theirs.data() + 107, 5000);
+  for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{0, 5107}, {50, 60}, {90, 20},
+                                {1100, 3010}, {2990, 30}, {5100, 7}}) {
+    std::vector<uint8_t> expected(length), delta(length, 0xee);
+    for (uint64_t i = 0; i < length; ++i) expected[i] = mine[offset + i] ^ theirs[offset + i];
+    image.XorWith(other, offset, length, delta.data());
+    EXPECT_EQ(delta, expected) << "[" << offset << ", +" << length << ")";
   }
 }
 

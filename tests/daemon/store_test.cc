@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <span>
 #include <thread>
@@ -922,6 +923,53 @@ TEST_F(StoreTest, ACommittedRegionIsFoundAsTheCommittedImageHoldsIt) {
   EXPECT_STATUS(store_->CommittedRegion(2, 0, "region0"), absl::StatusCode::kFailedPrecondition);
   EXPECT_STATUS(store_->CommittedRegion(1, 0, "region9"), absl::StatusCode::kNotFound);
   EXPECT_STATUS(store_->CommittedRegion(1, 7, "region0"), absl::StatusCode::kNotFound);
+}
+
+// A delta's committed side: the committed bytes of each region of a later step's image are the
+// committed image's, found by walking the versions; an image of another layout is refused, since
+// XORing it with the committed bytes would send some other region's delta.
+TEST_F(StoreTest, TheCommittedBytesOfALaterStepsImageAreTheCommittedImagesRegionByRegion) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  Take(1, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  Take(1, 2);
+  absl::StatusOr<NodeImage> next = store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(next);
+  const NodeImage committed = store_->CommittedImage();
+  ASSERT_EQ(next->manifest().regions_size(), 4);
+  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> bytes =
+      store_->CommittedBytesLike(next->manifest());
+  ASSERT_OK(bytes);
+  ASSERT_EQ(bytes->size(), 4u);
+  for (size_t i = 0; i < bytes->size(); ++i) {
+    EXPECT_EQ((*bytes)[i].get(), committed.stored()[i].get()) << i;
+    EXPECT_NE((*bytes)[i].get(), next->stored()[i].get()) << i;  // step 2 captured it anew
+  }
+
+  auto refused = [&](const std::function<void(v1::NodeImage&)>& change) {
+    v1::NodeImage other = next->manifest();
+    change(other);
+    return store_->CommittedBytesLike(other).status();
+  };
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions()->RemoveLast(); }),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { *image.add_regions() = image.regions(3); }),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(refused([](v1::NodeImage& image) {
+                  image.mutable_regions(1)->set_bytes(image.regions(1).bytes() + 1);
+                }),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); }),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(3)->set_rank(7); }),
+                absl::StatusCode::kFailedPrecondition);
+  const absl::Status named =
+      refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); });
+  EXPECT_TRUE(absl::StrContains(named.message(), "'x'")) << named;
 }
 
 TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneStarted) {

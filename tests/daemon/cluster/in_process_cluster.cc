@@ -167,6 +167,17 @@ NodeImage FakeClusterStore::CommittedImage() const {
   return committed_;
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> FakeClusterStore::CommittedBytesLike(
+    const v1::NodeImage& image) const {
+  absl::MutexLock lock(&mutex_);
+  if (!SameLayout(committed_.manifest(), image)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node_, "'s committed step has another layout than step ",
+                     image.step()));
+  }
+  return committed_.stored();
+}
+
 absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
     int64_t step, uint32_t rank, const std::string& region) const {
   absl::MutexLock lock(&mutex_);

@@ -72,6 +72,8 @@ class FakeClusterStore final : public ClusterStore {
   NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   NodeImage CommittedImage() const override;
+  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesLike(
+      const v1::NodeImage& image) const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
