@@ -276,8 +276,10 @@ void Coordinator::Lead(int64_t token) {
   Log(LogLevel::kInfo, "node ", context_.node_id(), " no longer coordinates (token ", token, ")");
   // Every node's image, which a coordinator that is not one needs not hold.
   committed_images_.clear();
+  committed_image_bytes_.clear();
   committed_images_step_.reset();
   spare_images_.clear();
+  spare_image_bytes_.clear();
   absl::MutexLock lock(&mutex_);
   token_ = 0;
   DropProposedImagesLocked();
@@ -470,12 +472,15 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     // The next round sends whole images: one a receiver could not build from its record (the
     // records differ) would fail every round patched against it.
     committed_images_.clear();
+    committed_image_bytes_.clear();
     committed_images_step_.reset();
     Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
     if (!leadership_->Holds(token) || !Decide(step, token, false, reason)) deposed = true;
   };
 
   std::map<uint32_t, v1::NodeImage> images;
+  // ImageBytes of those of them built from patches here.
+  std::map<uint32_t, std::string> image_bytes;
   // The images that came as patches on the base: the Encode requests send them as they came.
   std::map<uint32_t, ImagePatchOf> proposed_patches;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
@@ -504,14 +509,21 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
           memory = std::move(spare->second);
         }
         std::string bytes;
-        absl::StatusOr<v1::NodeImage> built =
-            PatchedImage(cached->second, /*base_bytes=*/{}, proposal.image, *proposal.patch, bytes,
-                         std::move(memory));
+        if (auto spare = spare_image_bytes_.find(id); spare != spare_image_bytes_.end()) {
+          bytes = std::move(spare->second);
+        }
+        const auto base_bytes = committed_image_bytes_.find(id);
+        absl::StatusOr<v1::NodeImage> built = PatchedImage(
+            cached->second,
+            base_bytes != committed_image_bytes_.end() ? std::string_view(base_bytes->second)
+                                                       : std::string_view(),
+            proposal.image, *proposal.patch, bytes, std::move(memory));
         const absl::Status usable =
             built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
         if (usable.ok()) {
           held[id] = base;
           images[id] = *std::move(built);
+          image_bytes[id] = std::move(bytes);
           proposed_patches.emplace(id, ImagePatchOf{*std::move(proposal.patch),
                                                     std::move(proposal.image)});
           continue;
@@ -668,9 +680,13 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       if (auto frozen = committed_images_.find(id); frozen != committed_images_.end()) {
         images[id] = std::move(frozen->second);
       }
+      if (auto frozen = committed_image_bytes_.find(id); frozen != committed_image_bytes_.end()) {
+        image_bytes[id] = std::move(frozen->second);
+      }
     }
   }
   spare_images_ = std::exchange(committed_images_, std::move(images));
+  spare_image_bytes_ = std::exchange(committed_image_bytes_, std::move(image_bytes));
   committed_images_step_ = step;
   return true;
 }
