@@ -590,7 +590,12 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     for (const auto& [id, image] : images) {
       const auto found = committed_images_.find(id);
       if (found == committed_images_.end() || patches.contains(id)) continue;
-      if (std::optional<ImagePatchOf> patch = PatchOf(found->second, image, ImageCrc(image))) {
+      const auto base_bytes = committed_image_bytes_.find(id);
+      if (std::optional<ImagePatchOf> patch = PatchOf(
+              found->second,
+              base_bytes != committed_image_bytes_.end() ? std::string_view(base_bytes->second)
+                                                         : std::string_view(),
+              image, image_bytes[id])) {
         patches.emplace(id, *std::move(patch));
       }
     }

@@ -5,13 +5,11 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
-#include <array>
 #include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "erasure/crc32c.h"
 
@@ -34,55 +32,6 @@ bool SameEntry(const v1::ImageRegion& a, const v1::ImageRegion& b) {
          std::equal(a.chunk_crcs().begin(), a.chunk_crcs().end(), b.chunk_crcs().begin(),
                     b.chunk_crcs().end()) &&
          SamePiece(a, b);
-}
-
-// Hands the serializer one buffer after another and each filled one to `consume`, so that a
-// serialization is consumed in pieces that are still in cache.
-class PieceStream final : public google::protobuf::io::ZeroCopyOutputStream {
- public:
-  explicit PieceStream(absl::FunctionRef<void(std::string_view)> consume) : consume_(consume) {}
-
-  bool Next(void** data, int* size) override {
-    Pass();
-    *data = buffer_.data();
-    *size = static_cast<int>(buffer_.size());
-    filled_ = buffer_.size();
-    return true;
-  }
-  void BackUp(int count) override { filled_ -= static_cast<size_t>(count); }
-  int64_t ByteCount() const override { return static_cast<int64_t>(passed_ + filled_); }
-
-  // Consumes what the serializer wrote in the current buffer.
-  void Pass() {
-    if (filled_ == 0) return;
-    consume_(std::string_view(buffer_.data(), filled_));
-    passed_ += filled_;
-    filled_ = 0;
-  }
-
- private:
-  absl::FunctionRef<void(std::string_view)> consume_;
-  std::array<char, 16 << 10> buffer_;
-  size_t filled_ = 0;  // of buffer_, not yet consumed
-  uint64_t passed_ = 0;
-};
-
-// Writes `image` to `stream` deterministically: the one serialization ImageBytes and ImageCrc
-// both take. On return the stream holds all of it (the coded stream, destroyed,
-// has handed back what it did not fill).
-void SerializeDeterministically(const v1::NodeImage& image,
-                                google::protobuf::io::ZeroCopyOutputStream* stream) {
-  google::protobuf::io::CodedOutputStream coded(stream);
-  coded.SetSerializationDeterministic(true);
-  image.SerializeToCodedStream(&coded);
-}
-
-// ImageBytes(image), consumed in pieces.
-void SerializeInPieces(const v1::NodeImage& image,
-                       absl::FunctionRef<void(std::string_view)> consume) {
-  PieceStream stream(consume);
-  SerializeDeterministically(image, &stream);
-  stream.Pass();
 }
 
 // Wire types of the fields a NodeImage serializes.
@@ -121,15 +70,23 @@ std::optional<std::vector<std::pair<size_t, size_t>>> EntriesOf(std::string_view
   return entries;
 }
 
-// ImageBytes(image), where `image` is `base` with the regions `patch` names changed and its other
-// fields set anew, spliced from `base_bytes` (ImageBytes(base)): false, with nothing promised of
-// `bytes`, when the base's bytes do not lie out as expected or the base carries fields this build
-// does not know.
+// Whether `image` or any of its entries carries fields this build does not know: a spliced copy
+// of such an entry's bytes is not what serializing an equal entry made here gives.
+bool HasUnknownFields(const v1::NodeImage& image) {
+  auto carries = [](const google::protobuf::Message& message) {
+    return !message.GetReflection()->GetUnknownFields(message).empty();
+  };
+  return carries(image) ||
+         std::any_of(image.regions().begin(), image.regions().end(),
+                     [&](const v1::ImageRegion& region) {
+                       return carries(region) || (region.has_piece() && carries(region.piece()));
+                     });
+}
+
+// PatchedImageBytes by splicing: false, with nothing promised of `bytes`, when it cannot.
 bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
                   const v1::NodeImage& image, const v1::ImagePatch& patch, std::string& bytes) {
-  if (base.regions_size() == 0 || !base.GetReflection()->GetUnknownFields(base).empty()) {
-    return false;
-  }
+  if (base.regions_size() == 0 || HasUnknownFields(base)) return false;
   const std::optional<std::vector<std::pair<size_t, size_t>>> entries =
       EntriesOf(base_bytes, base.regions_size());
   if (!entries) return false;
@@ -162,36 +119,13 @@ bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
   return true;
 }
 
-}  // namespace
-
-std::string ImageBytes(const v1::NodeImage& image) {
-  std::string bytes;
-  ImageBytesInto(image, bytes);
-  return bytes;
-}
-
-void ImageBytesInto(const v1::NodeImage& image, std::string& bytes) {
-  bytes.clear();
-  google::protobuf::io::StringOutputStream stream(&bytes);
-  SerializeDeterministically(image, &stream);
-}
-
-uint32_t ImageCrc(const v1::NodeImage& image) {
-  uint32_t crc = 0;
-  SerializeInPieces(image, [&](std::string_view piece) {
-    crc = erasure::Crc32cExtend(crc, piece.data(), piece.size());
-  });
-  return crc;
-}
-
-std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeImage& image,
-                                    uint32_t image_crc) {
+// PatchOf's patch, but for its CRC.
+std::optional<ImagePatchOf> ChangesOf(const v1::NodeImage& base, const v1::NodeImage& image) {
   if (base.node_id() != image.node_id() || base.regions_size() != image.regions_size()) {
     return std::nullopt;
   }
   ImagePatchOf of;
   of.patch.set_node_id(image.node_id());
-  of.patch.set_image_crc(image_crc);
   of.changes.set_node_id(image.node_id());
   of.changes.set_step(image.step());
   of.changes.set_bytes(image.bytes());
@@ -203,6 +137,42 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeIma
     if (2 * (of.patch.changed_size() + 1) > image.regions_size()) return std::nullopt;
     of.patch.add_changed(static_cast<uint32_t>(position));
     *of.changes.add_regions() = image.regions(position);
+  }
+  return of;
+}
+
+}  // namespace
+
+std::string ImageBytes(const v1::NodeImage& image) {
+  std::string bytes;
+  ImageBytesInto(image, bytes);
+  return bytes;
+}
+
+void ImageBytesInto(const v1::NodeImage& image, std::string& bytes) {
+  bytes.clear();
+  google::protobuf::io::StringOutputStream stream(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  image.SerializeToCodedStream(&coded);
+}
+
+void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
+                       const v1::NodeImage& image, const v1::ImagePatch& patch,
+                       std::string& bytes) {
+  if (base_bytes.empty() || !SplicedBytes(base, base_bytes, image, patch, bytes)) {
+    ImageBytesInto(image, bytes);
+  }
+}
+
+std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
+                                    const v1::NodeImage& image, std::string& bytes) {
+  std::optional<ImagePatchOf> of = ChangesOf(base, image);
+  if (of) {
+    PatchedImageBytes(base, base_bytes, image, of->patch, bytes);
+    of->patch.set_image_crc(erasure::Crc32c(bytes.data(), bytes.size()));
+  } else {
+    ImageBytesInto(image, bytes);
   }
   return of;
 }
@@ -239,9 +209,7 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::strin
     *image.mutable_regions(static_cast<int>(position)) = changes.regions(i);
     previous = position;
   }
-  if (base_bytes.empty() || !SplicedBytes(base, base_bytes, image, patch, bytes)) {
-    ImageBytesInto(image, bytes);
-  }
+  PatchedImageBytes(base, base_bytes, image, patch, bytes);
   if (const uint32_t crc = erasure::Crc32c(bytes.data(), bytes.size()); crc != patch.image_crc()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the image of node ", patch.node_id(), " built from its patch on this node's record of ",

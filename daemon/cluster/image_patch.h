@@ -22,9 +22,6 @@ namespace moesnap::daemon::cluster {
 std::string ImageBytes(const v1::NodeImage& image);
 // The same, written into `bytes` (its contents go; its capacity is kept).
 void ImageBytesInto(const v1::NodeImage& image, std::string& bytes);
-// CRC-32C of ImageBytes(image), taken piece by piece as the image serializes, in cache, without
-// holding the bytes of an image of thousands of regions whole.
-uint32_t ImageCrc(const v1::NodeImage& image);
 
 // What the coordinator sends of a member's image.
 struct ImagePatchOf {
@@ -35,9 +32,20 @@ struct ImagePatchOf {
 // `image` as its changes since `base` (the same node's image in the base step's record); none when
 // the two do not list the same number of regions (a rank registered or dropped regions) or more
 // than half of them changed (a dense step), so the image goes whole.
-// `image_crc` is ImageCrc(image), which a caller holding the image's bytes has at hand.
-std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, const v1::NodeImage& image,
-                                    uint32_t image_crc);
+// Either way `bytes` receives ImageBytes(image), over which the patch's CRC is taken: given
+// `base_bytes`, ImageBytes(base), a patched image's bytes are spliced from its unchanged entries
+// (PatchedImageBytes).
+std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
+                                    const v1::NodeImage& image, std::string& bytes);
+
+// ImageBytes(image), where `image` is `base` with the regions `patch` names changed and its other
+// fields set anew (PatchOf's image, or PatchedImage's): the unchanged entries' bytes are copied
+// from `base_bytes`, ImageBytes(base), and only the changed entries and the fields around them
+// serialized. Serialized whole when `base_bytes` do not lie out as ImageBytes(base) does or
+// `base` carries fields this build does not know (which a fresh image would not).
+void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
+                       const v1::NodeImage& image, const v1::ImagePatch& patch,
+                       std::string& bytes);
 
 // The image `patch` and `changes` describe, built on `base` (the receiver's record of the node at
 // the base step). INVALID_ARGUMENT when they do not fit `base` (another node's, positions out of

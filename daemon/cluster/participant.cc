@@ -227,16 +227,23 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   captured->set_node_id(context_.node_id());
   const auto image = std::make_shared<const NodeImage>(*std::move(captured));
   const v1::NodeImage& manifest = image->manifest();
-  auto reported = std::make_shared<const std::string>(ImageBytes(manifest));
   // Sent as its changes since this node's image in the record of the committed step, which the
-  // coordinator that committed it holds too.
+  // coordinator that committed it holds too; the image's bytes are then spliced from that image's.
   std::optional<ImagePatchOf> patch;
-  if (const std::shared_ptr<const v1::JournalCluster> record = store_->ClusterRecord();
-      committed && record->committed_step() == *committed &&
-      context_.topology->position < record->group_images_size()) {
-    patch = PatchOf(record->group_images(context_.topology->position), manifest,
-                    erasure::Crc32c(reported->data(), reported->size()));
+  std::string bytes;
+  const int position = context_.topology->position;
+  if (const ClusterStore::RecordWithBytes held = store_->ClusterRecordWithBytes();
+      committed && held.record->committed_step() == *committed &&
+      position < held.record->group_images_size()) {
+    patch = PatchOf(held.record->group_images(position),
+                    static_cast<size_t>(position) < held.image_bytes->size()
+                        ? std::string_view((*held.image_bytes)[position])
+                        : std::string_view(),
+                    manifest, bytes);
+  } else {
+    ImageBytesInto(manifest, bytes);
   }
+  auto reported = std::make_shared<const std::string>(std::move(bytes));
   {
     absl::MutexLock lock(&mutex_);
     if (decided_.contains(step) || open_.contains(step)) return;

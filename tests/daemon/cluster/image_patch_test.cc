@@ -41,22 +41,71 @@ v1::NodeImage Image(int64_t step, int regions, const std::vector<int64_t>& steps
   return image;
 }
 
+// PatchOf with the base's bytes at hand, as a proposing node calls it; the image's bytes it makes
+// are checked to be the image's.
 std::optional<ImagePatchOf> Patch(const v1::NodeImage& base, const v1::NodeImage& image) {
-  return PatchOf(base, image, ImageCrc(image));
+  std::string bytes;
+  std::optional<ImagePatchOf> of = PatchOf(base, ImageBytes(base), image, bytes);
+  EXPECT_EQ(bytes, ImageBytes(image));
+  if (of) {
+    EXPECT_EQ(of->patch.image_crc(), erasure::Crc32c(bytes.data(), bytes.size()));
+  }
+  return of;
 }
 
-// The CRC takes an image's serialization piece by piece: across every size from one piece to many
-// (an image of 1,000 regions serializes to about 60 KiB), it agrees with the bytes taken whole.
 // Bytes written into a string that held others are the image's alone.
-TEST(ImagePatchTest, TheCrcInPiecesAndTheBytesInReusedMemoryAgreeWithTheWholeBytes) {
+TEST(ImagePatchTest, BytesInReusedMemoryAreTheImagesAlone) {
   std::string memory(200000, 'x');
   for (int regions : {0, 1, 100, 1000}) {
     const v1::NodeImage image = Image(6, regions);
-    const std::string bytes = ImageBytes(image);
-    EXPECT_EQ(ImageCrc(image), erasure::Crc32c(bytes.data(), bytes.size())) << regions;
     ImageBytesInto(image, memory);
-    EXPECT_EQ(memory, bytes) << regions;
+    EXPECT_EQ(memory, ImageBytes(image)) << regions;
   }
+}
+
+// A proposing node makes its image's bytes with its patch, spliced from its record's bytes of the
+// base: whatever bytes it is given of the base, serialized whole where a splice could not be
+// exact, they are the image's and the patch's CRC is theirs.
+TEST(ImagePatchTest, TheBytesAPatchComesWithAreTheImagesSplicedOrNot) {
+  const v1::NodeImage base = Image(6, 50);
+  std::vector<int64_t> steps(50, 6);
+  steps[0] = steps[17] = steps[49] = 7;
+  const v1::NodeImage next = Image(7, 50, steps);
+  const std::string expected = ImageBytes(next);
+  const uint32_t crc = erasure::Crc32c(expected.data(), expected.size());
+  for (const std::string& base_bytes : {ImageBytes(base), std::string(), std::string("junk")}) {
+    std::string bytes = "left over";
+    const std::optional<ImagePatchOf> of = PatchOf(base, base_bytes, next, bytes);
+    ASSERT_TRUE(of.has_value());
+    EXPECT_EQ(bytes, expected) << base_bytes.size() << " bytes of the base";
+    EXPECT_EQ(of->patch.image_crc(), crc);
+  }
+  // An entry of the base carrying a field this build does not know compares equal to the image's
+  // (SameEntry reads known fields), but its bytes are not the image's: nothing is spliced.
+  for (bool in_piece : {false, true}) {
+    v1::NodeImage unknown = base;
+    v1::ImageRegion& region = *unknown.mutable_regions(20);
+    google::protobuf::Message& carrier =
+        in_piece ? static_cast<google::protobuf::Message&>(*region.mutable_piece()) : region;
+    carrier.GetReflection()->MutableUnknownFields(&carrier)->AddVarint(99, 1);
+    v1::NodeImage image = next;
+    if (in_piece) image.mutable_regions(20)->mutable_piece();
+    std::string bytes;
+    const std::optional<ImagePatchOf> of = PatchOf(unknown, ImageBytes(unknown), image, bytes);
+    ASSERT_TRUE(of.has_value());
+    EXPECT_EQ(of->patch.changed_size(), 3);
+    EXPECT_EQ(bytes, ImageBytes(image)) << (in_piece ? "in a piece" : "in an entry");
+  }
+  // Bytes of another base are spliced as given (only a splice makes them differ): the caller's
+  // are its record's, and a receiver's CRC check refuses anything else.
+  v1::NodeImage other = base;
+  other.mutable_regions(30)->set_chunk_crcs(0, 5);
+  std::string bytes;
+  ASSERT_TRUE(PatchOf(base, ImageBytes(other), next, bytes).has_value());
+  EXPECT_NE(bytes, expected);
+  // A dense step has no patch, and its bytes are serialized whole.
+  ASSERT_FALSE(PatchOf(base, ImageBytes(base), Image(7, 50), bytes).has_value());
+  EXPECT_EQ(bytes, ImageBytes(Image(7, 50)));
 }
 
 TEST(ImagePatchTest, ASparseStepSendsItsChangedRegionsAndBuildsTheWholeImage) {

@@ -200,8 +200,8 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
         image = whole;
         continue;
       }
-      ImagePatchOf altered =
-          PatchOf(record->group_images(position), whole, ImageCrc(whole)).value();
+      std::string bytes;
+      ImagePatchOf altered = PatchOf(record->group_images(position), {}, whole, bytes).value();
       image = altered.changes;
       *patch = altered.patch;
     }
