@@ -198,22 +198,27 @@ bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after) {
   return true;
 }
 
-std::vector<bool> ChangedUnits(const v1::NodeImage& before, const v1::NodeImage& after,
-                               uint64_t unit_bytes) {
-  uint64_t total = 0;
-  for (const v1::ImageRegion& region : after.regions()) total += region.bytes();
-  std::vector<bool> changed((total + unit_bytes - 1) / unit_bytes, false);
+std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,
+                                              const v1::NodeImage& after, uint64_t unit_bytes) {
+  if (before.regions_size() != after.regions_size()) return std::nullopt;
+  // One pass over both images, which a step of thousands of regions per member walks every time.
+  std::vector<bool> changed;
   uint64_t offset = 0;
   for (int i = 0; i < after.regions_size(); ++i) {
+    const v1::ImageRegion& was = before.regions(i);
     const v1::ImageRegion& region = after.regions(i);
-    if (region.bytes() > 0 && region.step() != before.regions(i).step()) {
-      for (uint64_t unit = offset / unit_bytes; unit <= (offset + region.bytes() - 1) / unit_bytes;
-           ++unit) {
-        changed[unit] = true;
-      }
+    if (was.rank() != region.rank() || was.bytes() != region.bytes() ||
+        was.region() != region.region()) {
+      return std::nullopt;
+    }
+    if (region.bytes() > 0 && region.step() != was.step()) {
+      const uint64_t last = (offset + region.bytes() - 1) / unit_bytes;
+      if (changed.size() <= last) changed.resize(last + 1, false);
+      for (uint64_t unit = offset / unit_bytes; unit <= last; ++unit) changed[unit] = true;
     }
     offset += region.bytes();
   }
+  changed.resize((offset + unit_bytes - 1) / unit_bytes, false);
   return changed;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <google/protobuf/arena.h>
@@ -97,10 +98,10 @@ class NodeImage {
 // True when both images hold the same regions (rank, name, size) in the same order, so that every
 // image offset means the same bytes of the same region in both.
 bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after);
-// For two images of the same layout: which units of `unit_bytes` hold a region whose version
-// differs (captured again since `before`).
-std::vector<bool> ChangedUnits(const v1::NodeImage& before, const v1::NodeImage& after,
-                               uint64_t unit_bytes);
+// For two images of the same layout (SameLayout): which units of `unit_bytes` hold a region whose
+// version differs (captured again since `before`); none when their layouts differ.
+std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,
+                                              const v1::NodeImage& after, uint64_t unit_bytes);
 
 }  // namespace moesnap::daemon
 

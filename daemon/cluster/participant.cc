@@ -588,8 +588,12 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   bool delta = !request.whole() && committed.has_committed_step() &&
                committed.group_images_size() == layout.group_size();
+  std::vector<std::vector<bool>> units;  // with delta, each member's changed units
   for (int position = 0; delta && position < layout.group_size(); ++position) {
-    delta = SameLayout(committed.group_images(position), group_images[position]);
+    std::optional<std::vector<bool>> changed = ChangedUnits(
+        committed.group_images(position), group_images[position], layout.unit_bytes());
+    delta = changed.has_value();
+    if (delta) units.push_back(*std::move(changed));
   }
   if (!absent->empty() && !delta) {
     // A whole encode needs every data unit of a stripe, the absent nodes' too.
@@ -599,14 +603,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
         ": it cannot go as deltas"));
   }
   std::optional<StepChanges> changes;
-  if (delta) {
-    std::vector<std::vector<bool>> units;
-    for (int position = 0; position < layout.group_size(); ++position) {
-      units.push_back(ChangedUnits(committed.group_images(position), group_images[position],
-                                   layout.unit_bytes()));
-    }
-    changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
-  }
+  if (delta) changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
   const StepChanges* step_changes = changes ? &*changes : nullptr;
   if (absl::Status status =
           OpenParity(step, request.token(), image_bytes, step_changes, /*accumulate=*/false);
@@ -721,14 +718,15 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
   std::vector<uint64_t> image_bytes;
   std::vector<std::vector<bool>> units;
   for (int position = 0; position < layout.group_size(); ++position) {
-    if (!SameLayout(base.group_images(position), group_images[position])) {
+    std::optional<std::vector<bool>> changed =
+        ChangedUnits(base.group_images(position), group_images[position], layout.unit_bytes());
+    if (!changed) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, ": node ", topology.NodeAt(position), "'s layout changed since step ",
           base.committed_step(), ", so the step cannot go as deltas"));
     }
     image_bytes.push_back(group_images[position].bytes());
-    units.push_back(ChangedUnits(base.group_images(position), group_images[position],
-                                 layout.unit_bytes()));
+    units.push_back(*std::move(changed));
   }
   // This node is absent, so none of the stripes whose parity it holds is fresh.
   const StepChanges changes = ChangesOf(layout, std::move(units), image_bytes, absent);

@@ -178,10 +178,20 @@ TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
   EXPECT_EQ(ChangedUnits(before, only_a, 256), (std::vector<bool>{true, false, false, false, false}));
   const v1::NodeImage only_c = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 1, 2, 1});
   EXPECT_EQ(ChangedUnits(before, only_c, 256), (std::vector<bool>{false, true, false, false, false}));
+  // Nothing changed: every unit is there, none changed (the last is partly past the image).
+  EXPECT_EQ(ChangedUnits(before, before, 256), std::vector<bool>(5, false));
+  EXPECT_EQ(ChangedUnits(before, before, 2000), std::vector<bool>(1, false));
 
-  EXPECT_FALSE(SameLayout(before, Manifest({{"a", 100}, {"b", 300}, {"c", 50}}, {1, 1, 1})));
-  EXPECT_FALSE(SameLayout(before, Manifest({{"a", 100}, {"b", 301}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1})));
-  EXPECT_FALSE(SameLayout(before, Manifest({{"a", 100}, {"x", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1})));
+  // Another layout: a region fewer, more bytes, another name or another rank.
+  std::vector<v1::NodeImage> others = {
+      Manifest({{"a", 100}, {"b", 300}, {"c", 50}}, {1, 1, 1}),
+      Manifest({{"a", 100}, {"b", 301}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1}),
+      Manifest({{"a", 100}, {"x", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1}), before};
+  others.back().mutable_regions(3)->set_rank(1);
+  for (const v1::NodeImage& other : others) {
+    EXPECT_FALSE(SameLayout(before, other)) << other.ShortDebugString();
+    EXPECT_FALSE(ChangedUnits(before, other, 256).has_value()) << other.ShortDebugString();
+  }
 }
 
 }  // namespace

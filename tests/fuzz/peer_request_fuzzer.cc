@@ -50,9 +50,9 @@ void UseGroup(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images) {
   std::vector<std::vector<bool>> units;
   for (int position = 0; position < images.size(); ++position) {
     const v1::NodeImage& before = images[position > 0 ? position - 1 : position];
-    units.push_back(SameLayout(before, images[position])
-                        ? ChangedUnits(before, images[position], kUnitBytes)
-                        : std::vector<bool>(Layout().UnitCount(images[position].bytes()), true));
+    units.push_back(ChangedUnits(before, images[position], kUnitBytes)
+                        .value_or(std::vector<bool>(Layout().UnitCount(images[position].bytes()),
+                                                    true)));
     if (units.back().size() != Layout().UnitCount(images[position].bytes())) std::abort();
   }
   if (static_cast<int>(units.size()) == Layout().group_size()) {
