@@ -215,6 +215,9 @@ NodeImage Store::CommittedImage() const {
 absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLike(
     const v1::NodeImage& image) const {
   absl::MutexLock lock(&mutex_);
+  const std::string committed_step = cluster_->has_committed_step()
+                                         ? absl::StrCat(cluster_->committed_step())
+                                         : std::string("(none)");
   // The committed image's regions come in this order (CommittedImageLocked), as an image's do.
   std::vector<std::shared_ptr<PoolBytes>> stored;
   stored.reserve(image.regions_size());
@@ -224,9 +227,9 @@ absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLik
       if (i == image.regions_size() || image.regions(i).rank() != rank ||
           image.regions(i).region() != name || image.regions(i).bytes() != version->bytes) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "the committed step holds region '", name, "' of rank ", rank, " (", version->bytes,
-            " bytes) at position ", i, " of its image, where the image of step ", image.step(),
-            " holds ",
+            "committed step ", committed_step, " holds region '", name, "' of rank ", rank,
+            " (", version->bytes, " bytes) at position ", i, " of its image, where the image of step ",
+            image.step(), " holds ",
             i == image.regions_size()
                 ? std::string("none")
                 : absl::StrCat("'", image.regions(i).region(), "' of rank ",
@@ -238,8 +241,8 @@ absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLik
   }
   if (static_cast<int>(stored.size()) != image.regions_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the committed step holds ", stored.size(), " regions, the image of step ", image.step(),
-        " ", image.regions_size()));
+        "committed step ", committed_step, " holds ", stored.size(),
+        " regions, the image of step ", image.step(), " holds ", image.regions_size()));
   }
   return stored;
 }

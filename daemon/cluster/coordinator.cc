@@ -479,8 +479,19 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   };
 
   std::map<uint32_t, v1::NodeImage> images;
-  // ImageBytes of those of them built from patches here.
+  // ImageBytes of those of them this round built from patches or made patches of.
   std::map<uint32_t, std::string> image_bytes;
+  // What this coordinator kept of node `id`'s image at the base serialized, to splice from (empty:
+  // the image is serialized whole), and memory for this round's, that of the bytes the last commit
+  // replaced.
+  auto kept_bytes = [&](uint32_t id) -> std::string_view {
+    const auto kept = committed_image_bytes_.find(id);
+    return kept == committed_image_bytes_.end() ? std::string_view() : kept->second;
+  };
+  auto spare_bytes = [&](uint32_t id) {
+    const auto spare = spare_image_bytes_.find(id);
+    return spare == spare_image_bytes_.end() ? std::string() : std::move(spare->second);
+  };
   // The images that came as patches on the base: the Encode requests send them as they came.
   std::map<uint32_t, ImagePatchOf> proposed_patches;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
@@ -508,16 +519,10 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         if (auto spare = spare_images_.find(id); spare != spare_images_.end()) {
           memory = std::move(spare->second);
         }
-        std::string bytes;
-        if (auto spare = spare_image_bytes_.find(id); spare != spare_image_bytes_.end()) {
-          bytes = std::move(spare->second);
-        }
-        const auto base_bytes = committed_image_bytes_.find(id);
-        absl::StatusOr<v1::NodeImage> built = PatchedImage(
-            cached->second,
-            base_bytes != committed_image_bytes_.end() ? std::string_view(base_bytes->second)
-                                                       : std::string_view(),
-            proposal.image, *proposal.patch, bytes, std::move(memory));
+        std::string bytes = spare_bytes(id);
+        absl::StatusOr<v1::NodeImage> built =
+            PatchedImage(cached->second, kept_bytes(id), proposal.image, *proposal.patch, bytes,
+                         std::move(memory));
         const absl::Status usable =
             built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
         if (usable.ok()) {
@@ -590,14 +595,10 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     for (const auto& [id, image] : images) {
       const auto found = committed_images_.find(id);
       if (found == committed_images_.end() || patches.contains(id)) continue;
-      const auto base_bytes = committed_image_bytes_.find(id);
-      if (std::optional<ImagePatchOf> patch = PatchOf(
-              found->second,
-              base_bytes != committed_image_bytes_.end() ? std::string_view(base_bytes->second)
-                                                         : std::string_view(),
-              image, image_bytes[id])) {
-        patches.emplace(id, *std::move(patch));
-      }
+      std::string bytes = spare_bytes(id);
+      std::optional<ImagePatchOf> patch = PatchOf(found->second, kept_bytes(id), image, bytes);
+      image_bytes[id] = std::move(bytes);
+      if (patch) patches.emplace(id, *std::move(patch));
     }
   }
   std::vector<std::pair<uint32_t, const v1::EncodeRequest*>> encodes;

@@ -160,9 +160,9 @@ class Coordinator {
   // leading thread only.
   std::map<uint32_t, v1::NodeImage> committed_images_;
   std::optional<int64_t> committed_images_step_;
-  // Those of them this coordinator built from patches, serialized (ImageBytes): the next round
-  // splices a patched image's bytes from them to check its CRC, instead of serializing every
-  // region of it.
+  // Those of them this coordinator built from patches or made patches of, serialized
+  // (ImageBytes): the next round splices a patched image's bytes from them, instead of
+  // serializing every region of it.
   std::map<uint32_t, std::string> committed_image_bytes_;
   // The images the last commit replaced there, and their bytes, whose memory the next round builds
   // its patched images in: a node of thousands of regions then allocates no entry anew each step.

@@ -171,7 +171,10 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view 
                                     const v1::NodeImage& image, std::string& bytes) {
   std::optional<ImagePatchOf> of = ChangesOf(base, image);
   if (of) {
-    PatchedImageBytes(base, base_bytes, image, of->patch, bytes);
+    // An image off the wire may carry fields this build does not know, which SameEntry does not
+    // see and a splice of the base's entries would drop.
+    PatchedImageBytes(base, HasUnknownFields(image) ? std::string_view() : base_bytes, image,
+                      of->patch, bytes);
     of->patch.set_image_crc(erasure::Crc32c(bytes.data(), bytes.size()));
   } else {
     ImageBytesInto(image, bytes);

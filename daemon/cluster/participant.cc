@@ -236,7 +236,8 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
       committed && held.record->committed_step() == *committed &&
       position < held.record->group_images_size()) {
     patch = PatchOf(held.record->group_images(position),
-                    static_cast<size_t>(position) < held.image_bytes->size()
+                    held.image_bytes->size() ==
+                            static_cast<size_t>(held.record->group_images_size())
                         ? std::string_view((*held.image_bytes)[position])
                         : std::string_view(),
                     manifest, bytes);
@@ -604,22 +605,22 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   }
   std::optional<StepChanges> changes;
   if (delta) changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
-  const StepChanges* step_changes = changes ? &*changes : nullptr;
-  if (absl::Status status =
-          OpenParity(step, request.token(), image_bytes, step_changes, /*accumulate=*/false);
-      !status.ok()) {
-    return status;
-  }
   absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> committed_bytes;
   if (delta) {
     committed_bytes = store_->CommittedBytesLike(image->manifest());
     if (!committed_bytes.ok()) {
       // The record and the store disagree on this node's committed step: deltas against it
-      // would corrupt the group's parity.
+      // would corrupt the group's parity. Found before the parity opens, so nothing is held.
       return absl::Status(committed_bytes.status().code(),
                           absl::StrCat("step ", step, " cannot go as deltas: ",
                                        committed_bytes.status().message()));
     }
+  }
+  const StepChanges* step_changes = changes ? &*changes : nullptr;
+  if (absl::Status status =
+          OpenParity(step, request.token(), image_bytes, step_changes, /*accumulate=*/false);
+      !status.ok()) {
+    return status;
   }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
       step, request.token(), *image, delta ? &*committed_bytes : nullptr, step_changes,

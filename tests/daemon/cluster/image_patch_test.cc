@@ -96,6 +96,24 @@ TEST(ImagePatchTest, TheBytesAPatchComesWithAreTheImagesSplicedOrNot) {
     EXPECT_EQ(of->patch.changed_size(), 3);
     EXPECT_EQ(bytes, ImageBytes(image)) << (in_piece ? "in a piece" : "in an entry");
   }
+  // An image off the wire carrying such a field, at its top, in an entry it did not change or in
+  // that entry's piece: serialized whole, for a splice of the base's entries would drop it.
+  for (int where : {0, 1, 2}) {
+    v1::NodeImage on = base;
+    on.mutable_regions(20)->mutable_piece();  // present on both sides: the entry is unchanged
+    v1::NodeImage image = next;
+    image.mutable_regions(20)->mutable_piece();
+    google::protobuf::Message& carrier =
+        where == 0   ? static_cast<google::protobuf::Message&>(image)
+        : where == 1 ? static_cast<google::protobuf::Message&>(*image.mutable_regions(20))
+                     : *image.mutable_regions(20)->mutable_piece();
+    carrier.GetReflection()->MutableUnknownFields(&carrier)->AddVarint(99, 1);
+    std::string bytes;
+    const std::optional<ImagePatchOf> of = PatchOf(on, ImageBytes(on), image, bytes);
+    ASSERT_TRUE(of.has_value());
+    EXPECT_EQ(of->patch.changed_size(), 3) << where;
+    EXPECT_EQ(bytes, ImageBytes(image)) << where;
+  }
   // Bytes of another base are spliced as given (only a splice makes them differ): the caller's
   // are its record's, and a receiver's CRC check refuses anything else.
   v1::NodeImage other = base;
