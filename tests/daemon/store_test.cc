@@ -308,6 +308,16 @@ class StoreTest : public ::testing::Test {
     ASSERT_OK(store_->CommitNodeStep(step, record, {}));
   }
 
+  // A store in cluster mode whose ranks 0 and 1 took step 1, committed.
+  void CommitTwoRanksInCluster() {
+    ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+    ASSERT_NO_FATAL_FAILURE(Connect(0));
+    ASSERT_NO_FATAL_FAILURE(Connect(1));
+    Take(0, 1);
+    Take(1, 1);
+    ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  }
+
   struct Trainer {
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
@@ -903,12 +913,7 @@ TEST_F(StoreTest, ARestoreWaitsForTheDecisionOfAStepTheNodePrepared) {
 // An elastic restore's holder finds one region of its committed image by name: the same record
 // and bytes the whole image holds for it, only at the committed step.
 TEST_F(StoreTest, ACommittedRegionIsFoundAsTheCommittedImageHoldsIt) {
-  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
-  ASSERT_NO_FATAL_FAILURE(Connect(0));
-  ASSERT_NO_FATAL_FAILURE(Connect(1));
-  Take(0, 1);
-  Take(1, 1);
-  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  ASSERT_NO_FATAL_FAILURE(CommitTwoRanksInCluster());
   const NodeImage image = store_->CommittedImage();
   ASSERT_EQ(image.manifest().regions_size(), 4);
   for (int i = 0; i < image.manifest().regions_size(); ++i) {
@@ -929,12 +934,7 @@ TEST_F(StoreTest, ACommittedRegionIsFoundAsTheCommittedImageHoldsIt) {
 // committed image's, found by walking the versions; an image of another layout is refused, since
 // XORing it with the committed bytes would send some other region's delta.
 TEST_F(StoreTest, TheCommittedBytesOfALaterStepsImageAreTheCommittedImagesRegionByRegion) {
-  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
-  ASSERT_NO_FATAL_FAILURE(Connect(0));
-  ASSERT_NO_FATAL_FAILURE(Connect(1));
-  Take(0, 1);
-  Take(1, 1);
-  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  ASSERT_NO_FATAL_FAILURE(CommitTwoRanksInCluster());
   Take(0, 2);
   Take(1, 2);
   absl::StatusOr<NodeImage> next = store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30));
