@@ -604,17 +604,19 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
         ": it cannot go as deltas"));
   }
   std::optional<StepChanges> changes;
-  if (delta) changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
-  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> committed_bytes;
+  std::vector<std::shared_ptr<PoolBytes>> committed_bytes;  // what the deltas XOR with
   if (delta) {
-    committed_bytes = store_->CommittedBytesLike(image->manifest());
-    if (!committed_bytes.ok()) {
+    changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
+    absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> found =
+        store_->CommittedBytesLike(image->manifest());
+    if (!found.ok()) {
       // The record and the store disagree on this node's committed step: deltas against it
       // would corrupt the group's parity. Found before the parity opens, so nothing is held.
-      return absl::Status(committed_bytes.status().code(),
-                          absl::StrCat("step ", step, " cannot go as deltas: ",
-                                       committed_bytes.status().message()));
+      return absl::Status(found.status().code(), absl::StrCat("step ", step,
+                                                              " cannot go as deltas: ",
+                                                              found.status().message()));
     }
+    committed_bytes = *std::move(found);
   }
   const StepChanges* step_changes = changes ? &*changes : nullptr;
   if (absl::Status status =
@@ -623,7 +625,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
     return status;
   }
   absl::StatusOr<uint64_t> sent = transfer_->SendDataUnits(
-      step, request.token(), *image, delta ? &*committed_bytes : nullptr, step_changes,
+      step, request.token(), *image, delta ? &committed_bytes : nullptr, step_changes,
       absent_nodes);
   if (absl::Status status = CompleteEncode(request, sent.status(), deadline,
                                            *std::move(images), "encoded it");
