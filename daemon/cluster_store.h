@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -80,6 +81,13 @@ class ClusterStore {
   struct RecordWithBytes {
     std::shared_ptr<const v1::JournalCluster> record;
     std::shared_ptr<const std::vector<std::string>> image_bytes;
+
+    // The bytes of record->group_images(position); empty where the bytes are not one per image,
+    // and the caller serializes the image instead.
+    std::string_view ImageBytesOf(int position) const {
+      if (image_bytes->size() != static_cast<size_t>(record->group_images_size())) return {};
+      return (*image_bytes)[position];
+    }
   };
   virtual RecordWithBytes ClusterRecordWithBytes() const = 0;
   // OK when this node's journal can hold the commit of the step this node captured as `own`,

@@ -235,12 +235,8 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
   if (const ClusterStore::RecordWithBytes held = store_->ClusterRecordWithBytes();
       committed && held.record->committed_step() == *committed &&
       position < held.record->group_images_size()) {
-    patch = PatchOf(held.record->group_images(position),
-                    held.image_bytes->size() ==
-                            static_cast<size_t>(held.record->group_images_size())
-                        ? std::string_view((*held.image_bytes)[position])
-                        : std::string_view(),
-                    manifest, bytes);
+    patch = PatchOf(held.record->group_images(position), held.ImageBytesOf(position), manifest,
+                    bytes);
   } else {
     ImageBytesInto(manifest, bytes);
   }
@@ -434,11 +430,6 @@ absl::StatusOr<Participant::GroupImages> Participant::GroupImagesOf(
     const v1::EncodeRequest& request, const ClusterStore::RecordWithBytes& record,
     const std::set<int>& absent) {
   const v1::JournalCluster& committed = *record.record;
-  // The record's images as the store holds them serialized, where it holds one per image.
-  auto committed_bytes = [&](int position) -> std::string_view {
-    if (record.image_bytes->size() != static_cast<size_t>(committed.group_images_size())) return {};
-    return (*record.image_bytes)[position];
-  };
   const Topology& topology = *context_.topology;
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   const int64_t step = request.step();
@@ -486,14 +477,14 @@ absl::StatusOr<Participant::GroupImages> Participant::GroupImagesOf(
       // Frozen at its last committed image, which every live member's record holds alike.
       images.images.push_back(memory(position));
       images.images.back().CopyFrom(committed.group_images(position));
-      if (const std::string_view kept = committed_bytes(position); !kept.empty()) {
+      if (const std::string_view kept = record.ImageBytesOf(position); !kept.empty()) {
         bytes.assign(kept);
       } else {
         ImageBytesInto(images.images.back(), bytes);
       }
     } else if (auto patch = patches.find(position); patch != patches.end()) {
       absl::StatusOr<v1::NodeImage> image =
-          PatchedImage(committed.group_images(position), committed_bytes(position),
+          PatchedImage(committed.group_images(position), record.ImageBytesOf(position),
                        request.group_images(position), *patch->second, bytes, memory(position));
       if (!image.ok()) {
         return absl::Status(image.status().code(),
