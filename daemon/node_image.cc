@@ -22,6 +22,11 @@ std::unique_ptr<google::protobuf::Arena> ManifestArena() {
   return std::make_unique<google::protobuf::Arena>(options);
 }
 
+// Whether two images' entries at one position lay out the same region: rank, name and size.
+bool SameRegion(const v1::ImageRegion& a, const v1::ImageRegion& b) {
+  return a.rank() == b.rank() && a.bytes() == b.bytes() && a.region() == b.region();
+}
+
 }  // namespace
 
 NodeImage::NodeImage()
@@ -191,9 +196,7 @@ std::pair<uint64_t, uint64_t> NodeImage::ChunkRange(int region, uint32_t chunk) 
 bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after) {
   if (before.regions_size() != after.regions_size()) return false;
   for (int i = 0; i < before.regions_size(); ++i) {
-    const v1::ImageRegion& a = before.regions(i);
-    const v1::ImageRegion& b = after.regions(i);
-    if (a.rank() != b.rank() || a.region() != b.region() || a.bytes() != b.bytes()) return false;
+    if (!SameRegion(before.regions(i), after.regions(i))) return false;
   }
   return true;
 }
@@ -207,10 +210,7 @@ std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,
   for (int i = 0; i < after.regions_size(); ++i) {
     const v1::ImageRegion& was = before.regions(i);
     const v1::ImageRegion& region = after.regions(i);
-    if (was.rank() != region.rank() || was.bytes() != region.bytes() ||
-        was.region() != region.region()) {
-      return std::nullopt;
-    }
+    if (!SameRegion(was, region)) return std::nullopt;
     if (region.bytes() > 0 && region.step() != was.step()) {
       const uint64_t last = (offset + region.bytes() - 1) / unit_bytes;
       if (changed.size() <= last) changed.resize(last + 1, false);

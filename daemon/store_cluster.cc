@@ -215,9 +215,10 @@ NodeImage Store::CommittedImage() const {
 absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLike(
     const v1::NodeImage& image) const {
   absl::MutexLock lock(&mutex_);
-  const std::string committed_step = cluster_->has_committed_step()
-                                         ? absl::StrCat(cluster_->committed_step())
-                                         : std::string("(none)");
+  auto committed_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return cluster_->has_committed_step() ? absl::StrCat(cluster_->committed_step())
+                                          : std::string("(none)");
+  };
   // The committed image's regions come in this order (CommittedImageLocked), as an image's do.
   std::vector<std::shared_ptr<PoolBytes>> stored;
   stored.reserve(image.regions_size());
@@ -227,7 +228,7 @@ absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLik
       if (i == image.regions_size() || image.regions(i).rank() != rank ||
           image.regions(i).region() != name || image.regions(i).bytes() != version->bytes) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "committed step ", committed_step, " holds region '", name, "' of rank ", rank,
+            "committed step ", committed_step(), " holds region '", name, "' of rank ", rank,
             " (", version->bytes, " bytes) at position ", i, " of its image, where the image of step ",
             image.step(), " holds ",
             i == image.regions_size()
@@ -241,7 +242,7 @@ absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLik
   }
   if (static_cast<int>(stored.size()) != image.regions_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "committed step ", committed_step, " holds ", stored.size(),
+        "committed step ", committed_step(), " holds ", stored.size(),
         " regions, the image of step ", image.step(), " holds ", image.regions_size()));
   }
   return stored;

@@ -121,6 +121,19 @@ bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
   return true;
 }
 
+// ImageBytes(image), where `image` is `base` with the regions `patch` names changed and its other
+// fields set anew (PatchOf's image, or PatchedImage's): the unchanged entries' bytes are copied
+// from `base_bytes`, ImageBytes(base), and only the changed entries and the fields around them
+// serialized. Serialized whole when `base_bytes` do not lie out as ImageBytes(base) does or
+// `base` carries fields this build does not know.
+void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
+                       const v1::NodeImage& image, const v1::ImagePatch& patch,
+                       std::string& bytes) {
+  if (base_bytes.empty() || !SplicedBytes(base, base_bytes, image, patch, bytes)) {
+    ImageBytesInto(image, bytes);
+  }
+}
+
 // PatchOf's patch, but for its CRC.
 std::optional<ImagePatchOf> ChangesOf(const v1::NodeImage& base, const v1::NodeImage& image) {
   if (base.node_id() != image.node_id() || base.regions_size() != image.regions_size()) {
@@ -157,14 +170,6 @@ void ImageBytesInto(const v1::NodeImage& image, std::string& bytes) {
   google::protobuf::io::CodedOutputStream coded(&stream);
   coded.SetSerializationDeterministic(true);
   image.SerializeToCodedStream(&coded);
-}
-
-void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
-                       const v1::NodeImage& image, const v1::ImagePatch& patch,
-                       std::string& bytes) {
-  if (base_bytes.empty() || !SplicedBytes(base, base_bytes, image, patch, bytes)) {
-    ImageBytesInto(image, bytes);
-  }
 }
 
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,

@@ -34,18 +34,10 @@ struct ImagePatchOf {
 // than half of them changed (a dense step), so the image goes whole.
 // Either way `bytes` receives ImageBytes(image), over which the patch's CRC is taken: given
 // `base_bytes`, ImageBytes(base), a patched image's bytes are spliced from its unchanged entries
-// (PatchedImageBytes).
+// where that gives exactly ImageBytes(image) (neither image carries fields this build does not
+// know), and serialized whole otherwise.
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
                                     const v1::NodeImage& image, std::string& bytes);
-
-// ImageBytes(image), where `image` is `base` with the regions `patch` names changed and its other
-// fields set anew (PatchOf's image, or PatchedImage's): the unchanged entries' bytes are copied
-// from `base_bytes`, ImageBytes(base), and only the changed entries and the fields around them
-// serialized. Serialized whole when `base_bytes` do not lie out as ImageBytes(base) does or
-// `base` carries fields this build does not know (which a fresh image would not).
-void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
-                       const v1::NodeImage& image, const v1::ImagePatch& patch,
-                       std::string& bytes);
 
 // The image `patch` and `changes` describe, built on `base` (the receiver's record of the node at
 // the base step). INVALID_ARGUMENT when they do not fit `base` (another node's, positions out of
