@@ -79,6 +79,21 @@ int64_t Coordinator::token() const {
 }
 
 absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeRequest& request) {
+  // A whole image is parsed into the memory of one a round is done with, outside the lock.
+  v1::NodeImage image;
+  if (request.has_image()) {
+    if (!request.has_patch()) {
+      absl::MutexLock lock(&mutex_);
+      if (!image_memory_.empty()) {
+        image = std::move(image_memory_.back());
+        image_memory_.pop_back();
+      }
+    }
+    if (absl::Status status = ParseProposedImage(request, context_.topology->limits, image);
+        !status.ok()) {
+      return status;
+    }
+  }
   absl::MutexLock lock(&mutex_);
   if (token_ == 0) {
     const std::optional<LeaderView> leader = context_.nodes->Leader();
@@ -111,12 +126,12 @@ absl::StatusOr<v1::ProposeResponse> Coordinator::Propose(const v1::ProposeReques
     }
     proposals.holders[request.from_node()] = true;
   }
-  if (request.has_image()) KeepProposedImageLocked(request, proposals);
+  if (request.has_image()) KeepProposedImageLocked(request, std::move(image), proposals);
   changed_.SignalAll();
   return response;
 }
 
-void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
+void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request, v1::NodeImage image,
                                           StepProposals& proposals) {
   if (auto kept = proposals.images.find(request.from_node()); kept != proposals.images.end()) {
     proposed_image_bytes_ -= kept->second.bytes;
@@ -124,8 +139,8 @@ void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
   }
   // An image opened under another token, or for a round begun already, stands for nothing.
   if (request.token() != token_ || (last_round_ && request.step() <= *last_round_)) return;
-  // What the image takes here, with what keeping it costs beside the message.
-  const uint64_t bytes = request.image().ByteSizeLong() + sizeof(ProposedImage) + 64;
+  // What the image takes here, parsed and as it came, with what keeping it costs beside them.
+  const uint64_t bytes = 2 * request.image().size() + sizeof(ProposedImage) + 64;
   // The images of the steps furthest ahead give way: the job's next steps are the lowest.
   for (auto it = proposals_.rbegin();
        bytes > kMaxProposedImageBytes - proposed_image_bytes_ && it != proposals_.rend() &&
@@ -136,8 +151,12 @@ void Coordinator::KeepProposedImageLocked(const v1::ProposeRequest& request,
   if (bytes > kMaxProposedImageBytes - proposed_image_bytes_) return;
   ProposedImage& kept = proposals.images[request.from_node()];
   if (request.has_committed_step()) kept.committed = request.committed_step();
-  kept.image = request.image();
-  if (request.has_patch()) kept.patch = request.patch();
+  kept.image = std::move(image);
+  if (request.has_patch()) {
+    kept.patch = request.patch();
+  } else {
+    kept.image_bytes = request.image();
+  }
   kept.bytes = bytes;
   proposed_image_bytes_ += bytes;
 }
@@ -283,6 +302,7 @@ void Coordinator::Lead(int64_t token) {
   absl::MutexLock lock(&mutex_);
   token_ = 0;
   DropProposedImagesLocked();
+  image_memory_.clear();
 }
 
 bool Coordinator::Decide(int64_t step, int64_t token, bool committed, const std::string& reason,
@@ -508,6 +528,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       if (!proposal.patch) {
         held[id] = base;
         images[id] = std::move(proposal.image);
+        image_bytes[id] = std::move(proposal.image_bytes);
         continue;
       }
       // Its changes since the base, built on the image this coordinator committed then; a node
@@ -584,23 +605,32 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   Log(LogLevel::kDebug, "step ", step, ": encode against ", base ? absl::StrCat(*base) : "none");
   const std::vector<std::vector<uint32_t>>& groups = context_.topology->groups;
   // The nodes that encode: those that prepared an image, and the parity receivers. Each request
-  // of a group carries every member's image, region by region: the requests live on an arena and
-  // borrow the images from `images`, which outlives them, instead of copying them each.
+  // of a group carries every member's image as its bytes: the requests live on an arena and
+  // borrow the bytes from `image_bytes` and `changes_bytes`, which outlive them, instead of
+  // copying them each.
   google::protobuf::Arena arena;
   // Each member's image as its changes since the base step, where this coordinator committed the
   // base (and so holds the image every member's record has of it) and the member lists as many
-  // regions as then.
+  // regions as then; every other image whole, as the bytes it came as or serialized here.
   std::map<uint32_t, ImagePatchOf> patches = std::move(proposed_patches);
-  if (base && committed_images_step_ == base) {
-    for (const auto& [id, image] : images) {
-      const auto found = committed_images_.find(id);
-      if (found == committed_images_.end() || patches.contains(id)) continue;
-      std::string bytes = spare_bytes(id);
-      std::optional<ImagePatchOf> patch = PatchOf(found->second, kept_bytes(id), image, bytes);
-      image_bytes[id] = std::move(bytes);
-      if (patch) patches.emplace(id, *std::move(patch));
+  for (const auto& [id, image] : images) {
+    if (patches.contains(id)) continue;
+    if (base && committed_images_step_ == base) {
+      if (const auto found = committed_images_.find(id); found != committed_images_.end()) {
+        std::string bytes = spare_bytes(id);
+        if (std::optional<ImagePatchOf> patch =
+                PatchOf(found->second, kept_bytes(id), image, bytes)) {
+          image_bytes[id] = std::move(bytes);
+          patches.emplace(id, *std::move(patch));
+          continue;
+        }
+      }
     }
+    if (std::string& bytes = image_bytes[id]; bytes.empty()) ImageBytesInto(image, bytes);
   }
+  // The patches' changes serialized, as the requests carry them.
+  std::map<uint32_t, std::string> changes_bytes;
+  for (const auto& [id, patched] : patches) ImageBytesInto(patched.changes, changes_bytes[id]);
   std::vector<std::pair<uint32_t, const v1::EncodeRequest*>> encodes;
   for (uint32_t id : nodes) {
     if (absent.contains(id) && !receivers.contains(id)) continue;
@@ -627,17 +657,19 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     for (uint32_t member : group) {
       if (absent.contains(member)) {
         // Frozen at its last committed image, which the receiver's own record holds.
-        request.add_group_images()->set_node_id(member);
+        v1::NodeImage placeholder;
+        placeholder.set_node_id(member);
+        ImageBytesInto(placeholder, *request.add_group_images());
         request.add_absent_nodes(member);
         if (receivers.contains(member)) request.add_parity_receivers(member);
         continue;
       }
       if (const auto patched = patches.find(member); patch && patched != patches.end()) {
-        request.mutable_group_images()->UnsafeArenaAddAllocated(&patched->second.changes);
+        request.mutable_group_images()->UnsafeArenaAddAllocated(&changes_bytes[member]);
         request.mutable_patches()->UnsafeArenaAddAllocated(&patched->second.patch);
         continue;
       }
-      request.mutable_group_images()->UnsafeArenaAddAllocated(&images[member]);
+      request.mutable_group_images()->UnsafeArenaAddAllocated(&image_bytes[member]);
     }
     if (request.whole() && request.absent_nodes_size() > 0) {
       // A whole encode needs every data unit of a stripe, the absent nodes' too.
@@ -688,6 +720,14 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       }
       if (auto frozen = committed_image_bytes_.find(id); frozen != committed_image_bytes_.end()) {
         image_bytes[id] = std::move(frozen->second);
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto& [id, image] : spare_images_) {
+      if (image.regions_size() > 0 && image_memory_.size() < nodes.size()) {
+        image_memory_.push_back(std::move(image));
       }
     }
   }

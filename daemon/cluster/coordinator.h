@@ -106,6 +106,7 @@ class Coordinator {
   struct ProposedImage {
     std::optional<int64_t> committed;
     v1::NodeImage image;  // with `patch`: the changes since `committed` it carries
+    std::string image_bytes;  // without `patch`: the bytes it came as, ImageBytes(image)
     std::optional<v1::ImagePatch> patch;
     uint64_t bytes = 0;  // counted against the bound
   };
@@ -124,10 +125,10 @@ class Coordinator {
   // Until when a step some node holds open waits for this node's capture (the commit timeout
   // after it became one of its holder's lowest); none when it does not wait so.
   std::optional<absl::Time> OwnCaptureDeadline(const StepProposals& proposals) const;
-  // Keeps `request`'s image among `proposals`' (in place of its node's earlier one), within the
-  // bound.
-  void KeepProposedImageLocked(const v1::ProposeRequest& request, StepProposals& proposals)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Keeps `request`'s image, parsed as `image`, among `proposals`' (in place of its node's earlier
+  // one), within the bound.
+  void KeepProposedImageLocked(const v1::ProposeRequest& request, v1::NodeImage image,
+                               StepProposals& proposals) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Removes `step`'s proposals and returns them.
   StepProposals TakeProposalsLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Drops `proposals`' images from the count and from memory.
@@ -168,6 +169,9 @@ class Coordinator {
   // its patched images in: a node of thousands of regions then allocates no entry anew each step.
   std::map<uint32_t, v1::NodeImage> spare_images_;
   std::map<uint32_t, std::string> spare_image_bytes_;
+  // The images the commit after that replaced in turn: whole proposals are parsed into their
+  // memory, so that a dense step of thousands of regions allocates no entry anew either.
+  std::vector<v1::NodeImage> image_memory_ ABSL_GUARDED_BY(mutex_);
   std::thread loop_;
 };
 

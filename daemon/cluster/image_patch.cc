@@ -181,8 +181,6 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view 
     PatchedImageBytes(base, HasUnknownFields(image) ? std::string_view() : base_bytes, image,
                       of->patch, bytes);
     of->patch.set_image_crc(erasure::Crc32c(bytes.data(), bytes.size()));
-  } else {
-    ImageBytesInto(image, bytes);
   }
   return of;
 }

@@ -32,10 +32,11 @@ struct ImagePatchOf {
 // `image` as its changes since `base` (the same node's image in the base step's record); none when
 // the two do not list the same number of regions (a rank registered or dropped regions) or more
 // than half of them changed (a dense step), so the image goes whole.
-// Either way `bytes` receives ImageBytes(image), over which the patch's CRC is taken: given
-// `base_bytes`, ImageBytes(base), a patched image's bytes are spliced from its unchanged entries
-// where that gives exactly ImageBytes(image) (neither image carries fields this build does not
-// know), and serialized whole otherwise.
+// With a patch, `bytes` receives ImageBytes(image), over which the patch's CRC is taken: given
+// `base_bytes`, ImageBytes(base), they are spliced from the base's unchanged entries where that
+// gives exactly ImageBytes(image) (neither image carries fields this build does not know), and
+// serialized whole otherwise. Without one, `bytes` is left as it was: the caller sends the image
+// as the bytes it has of it, or serializes it.
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
                                     const v1::NodeImage& image, std::string& bytes);
 

@@ -237,9 +237,8 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
       position < held.record->group_images_size()) {
     patch = PatchOf(held.record->group_images(position), held.ImageBytesOf(position), manifest,
                     bytes);
-  } else {
-    ImageBytesInto(manifest, bytes);
   }
+  if (!patch) ImageBytesInto(manifest, bytes);
   auto reported = std::make_shared<const std::string>(std::move(bytes));
   {
     absl::MutexLock lock(&mutex_);
@@ -248,13 +247,13 @@ void Participant::OpenProposed(int64_t step, const LeaderView& leader,
     open.token = leader.token;
     open.coordinator = leader.node_id;
     open.image = image;
-    open.reported = std::move(reported);
+    open.reported = reported;
   }
   if (patch) {
-    *proposal.mutable_image() = std::move(patch->changes);
+    ImageBytesInto(patch->changes, *proposal.mutable_image());
     *proposal.mutable_patch() = std::move(patch->patch);
   } else {
-    *proposal.mutable_image() = manifest;
+    proposal.set_image(*reported);
   }
   if (committed) proposal.set_committed_step(*committed);
   proposal.set_token(leader.token);
@@ -384,138 +383,31 @@ absl::Status Participant::CatchUp(std::optional<int64_t> base, absl::Time deadli
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::set<int>> Participant::AbsentPositions(
-    const v1::EncodeRequest& request) const {
-  const Topology& topology = *context_.topology;
-  const std::vector<uint32_t>& group = topology.groups[topology.group];
-  std::set<int> positions;
-  for (uint32_t id : request.absent_nodes()) {
-    const auto found = std::find(group.begin(), group.end(), id);
-    if (found == group.end() || (id == context_.node_id() && !request.parity_only())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", request.step(), ": absent node ", id, " is ",
-          id == context_.node_id() ? "this node, which was asked to encode"
-                                   : absl::StrCat("not in group ", topology.group)));
-    }
-    const int position = static_cast<int>(found - group.begin());
-    const v1::NodeImage& placeholder = request.group_images(position);
-    if (!positions.insert(position).second || placeholder.bytes() != 0 ||
-        placeholder.regions_size() != 0 || placeholder.ranks_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", request.step(), ": absent node ", id,
-          " is listed twice or comes with an image of its own"));
-    }
-  }
-  for (uint32_t id : request.parity_receivers()) {
-    if (std::find(request.absent_nodes().begin(), request.absent_nodes().end(), id) ==
-        request.absent_nodes().end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", request.step(), ": parity receiver ", id, " is not named absent"));
-    }
-  }
-  if (request.parity_only() && !positions.contains(topology.position)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", request.step(), ": node ", context_.node_id(),
-        " is asked for parity only and is not named absent"));
-  }
-  if (positions.size() > static_cast<size_t>(context_.options().parity_units)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", request.step(), ": ", positions.size(), " absent nodes in a group, more than m = ",
-        context_.options().parity_units));
-  }
-  return positions;
-}
-
-absl::StatusOr<Participant::GroupImages> Participant::GroupImagesOf(
-    const v1::EncodeRequest& request, const ClusterStore::RecordWithBytes& record,
-    const std::set<int>& absent) {
-  const v1::JournalCluster& committed = *record.record;
-  const Topology& topology = *context_.topology;
-  const std::vector<uint32_t>& group = topology.groups[topology.group];
-  const int64_t step = request.step();
-  std::map<int, const v1::ImagePatch*> patches;  // by position
-  for (const v1::ImagePatch& patch : request.patches()) {
-    const auto found = std::find(group.begin(), group.end(), patch.node_id());
-    const int position = static_cast<int>(found - group.begin());
-    if (found == group.end() || absent.contains(position) ||
-        !patches.emplace(position, &patch).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step, ": the patch of node ", patch.node_id(),
-          " is for a node not in group ", topology.group, ", an absent one, or one patched twice"));
-    }
-  }
-  // Absent members' images and patched ones' regions come from the record of the base step.
-  if (!absent.empty() || !patches.empty()) {
-    if (!committed.has_committed_step() || !request.has_base_step() ||
-        committed.committed_step() != request.base_step() ||
-        committed.group_images_size() != static_cast<int>(group.size())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, " is ", absent.empty() ? "sent as patches" : "degraded", ", and node ",
-          context_.node_id(), " holds no committed record of its group at the base step to take ",
-          absent.empty() ? "the images' other regions" : "the absent nodes' images", " from"));
-    }
-  }
-  // Each image is built in the memory of a replaced record's, when one is spare.
-  std::shared_ptr<v1::JournalCluster> spare;
-  {
-    absl::MutexLock lock(&mutex_);
-    spare = std::move(spare_record_);
-  }
-  auto memory = [&](int position) {
-    v1::NodeImage image;
-    if (spare && position < spare->group_images_size()) {
-      image.Swap(spare->mutable_group_images(position));
-    }
-    return image;
-  };
-  GroupImages images;
-  images.images.reserve(group.size());
-  images.bytes.resize(group.size());
-  for (int position = 0; position < static_cast<int>(group.size()); ++position) {
-    std::string& bytes = images.bytes[position];
-    if (absent.contains(position)) {
-      // Frozen at its last committed image, which every live member's record holds alike.
-      images.images.push_back(memory(position));
-      images.images.back().CopyFrom(committed.group_images(position));
-      if (const std::string_view kept = record.ImageBytesOf(position); !kept.empty()) {
-        bytes.assign(kept);
-      } else {
-        ImageBytesInto(images.images.back(), bytes);
-      }
-    } else if (auto patch = patches.find(position); patch != patches.end()) {
-      absl::StatusOr<v1::NodeImage> image =
-          PatchedImage(committed.group_images(position), record.ImageBytesOf(position),
-                       request.group_images(position), *patch->second, bytes, memory(position));
-      if (!image.ok()) {
-        return absl::Status(image.status().code(),
-                            absl::StrCat("step ", step, ": ", image.status().message()));
-      }
-      images.images.push_back(*std::move(image));
-    } else {
-      images.images.push_back(memory(position));
-      images.images.back().CopyFrom(request.group_images(position));
-      ImageBytesInto(images.images.back(), bytes);
-    }
-  }
-  return images;
-}
-
 absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& request) {
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
   const int64_t step = request.step();
+  absl::StatusOr<std::set<int>> absent = AbsentPositions(request, topology);
+  if (!absent.ok()) return absent.status();
+  // The images are parsed and checked before anything acts on the request; a whole one in the
+  // memory of the image it replaces, that of a replaced record (a parity receiver keeps none).
+  std::shared_ptr<v1::JournalCluster> spare;
+  if (!request.parity_only()) {
+    absl::MutexLock lock(&mutex_);
+    spare = std::move(spare_record_);
+  }
+  SentImages carried = ParsedImages(request, topology, *absent, std::move(spare));
+  if (!carried.status.ok()) return carried.status;
   if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
     return status;
   }
-  absl::StatusOr<std::set<int>> absent = AbsentPositions(request);
-  if (!absent.ok()) return absent.status();
   if (request.parity_only()) {
-    if (absl::Status status = CheckGroupImages(request.group_images(),
-                                               topology.groups[topology.group], topology.limits);
+    if (absl::Status status =
+            CheckGroupImages(carried.images, topology.groups[topology.group], topology.limits);
         !status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
     }
-    return EncodeReceived(request, *absent);
+    return EncodeReceived(request, std::move(carried.images), *absent);
   }
   auto not_prepared = [&] {
     return absl::FailedPreconditionError(absl::StrCat("step ", step,
@@ -536,6 +428,11 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   const std::optional<int64_t> base =
       request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
   if (absl::Status status = CatchUp(base, deadline); !status.ok()) return status;
+  if (!carried.spare) {
+    // The base's decision, applied just now, replaced a record.
+    absl::MutexLock lock(&mutex_);
+    carried.spare = std::move(spare_record_);
+  }
   // A step that keeps every node's layout updates the committed parity with the deltas of the
   // units it changed, and encodes afresh the stripes whose units all changed (StepChanges);
   // anything else (the first step, a rank registering new regions) encodes whole.
@@ -543,7 +440,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // found that the group's nodes do not hold the same committed step.
   const ClusterStore::RecordWithBytes held = store_->ClusterRecordWithBytes();
   const v1::JournalCluster& committed = *held.record;
-  absl::StatusOr<GroupImages> images = GroupImagesOf(request, held, *absent);
+  absl::StatusOr<GroupImages> images = GroupImagesOf(request, topology, held, *absent, std::move(carried));
   if (!images.ok()) return images.status();
   const std::vector<v1::NodeImage>& group_images = images->images;
   if (absl::Status status =
@@ -681,6 +578,7 @@ absl::Status Participant::CompleteEncode(const v1::EncodeRequest& request, absl:
 }
 
 absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeRequest& request,
+                                                               std::vector<v1::NodeImage> sent,
                                                                const std::set<int>& absent) {
   const erasure::StripeLayout& layout = context_.layout();
   const Topology& topology = *context_.topology;
@@ -705,7 +603,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
   }
   // The live members' new images, the absent ones' of the base step: the senders' own view.
   GroupImages images;
-  images.images.assign(request.group_images().begin(), request.group_images().end());
+  images.images = std::move(sent);
   for (int position : absent) images.images[position] = base.group_images(position);
   for (const v1::NodeImage& image : images.images) images.bytes.push_back(ImageBytes(image));
   const std::vector<v1::NodeImage>& group_images = images.images;

@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/context.h"
 #include "daemon/cluster/control.h"
+#include "daemon/cluster/encode_images.h"
 #include "daemon/cluster/rebuild.h"
 #include "daemon/cluster/transfer.h"
 #include "daemon/cluster_store.h"
@@ -79,13 +80,6 @@ class Participant {
   uint64_t parity_bytes_sent() const { return parity_bytes_sent_; }
 
  private:
-  // A step's group images by position, each with its serialization (ImageBytes), made once: it
-  // checks a patch's CRC, is compared with the image this node reported, sizes the journal record
-  // and is what the journal writes.
-  struct GroupImages {
-    std::vector<v1::NodeImage> images;
-    std::vector<std::string> bytes;
-  };
   struct PreparedStep {
     int64_t token = 0;
     uint32_t coordinator = 0;
@@ -127,14 +121,9 @@ class Participant {
   absl::Status CompleteEncode(const v1::EncodeRequest& request, absl::Status sending,
                               absl::Time deadline, GroupImages group_images,
                               absl::string_view doing);
-  // The group's images of the step an Encode carries, by position: as sent, built from their
-  // patches on `committed` (the record of the base step, with its images' bytes), or, for the
-  // absent members, their images there.
-  absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
-                                            const ClusterStore::RecordWithBytes& committed,
-                                            const std::set<int>& absent);
-  // Encode of a parity receiver (parity_only).
+  // Encode of a parity receiver (parity_only), `sent` the request's images parsed and checked.
   absl::StatusOr<v1::EncodeResponse> EncodeReceived(const v1::EncodeRequest& request,
+                                                    std::vector<v1::NodeImage> sent,
                                                     const std::set<int>& absent);
   // OK when `token` is the one etcd names for `coordinator`'s leadership (waiting briefly for this
   // node to learn of a new leader) and not lower than any this node has seen; raises the highest
@@ -148,10 +137,6 @@ class Participant {
   bool DecidedLocked(int64_t step, const std::optional<int64_t>& committed) const
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   absl::Duration CappedWait(uint32_t timeout_ms) const;
-  // The positions in this node's group of the nodes a degraded step's encode names absent, each
-  // with an empty image in the request, this node among them only in a parity_only encode, and
-  // the parity receivers among them; INVALID_ARGUMENT when they are not so.
-  absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request) const;
   void ProposeLoop();
   bool stopping() const;
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -120,6 +121,30 @@ absl::StatusOr<uint64_t> CheckImageFields(const v1::NodeImage& image, const Peer
   return total;
 }
 
+// `bytes`, a NodeImage serialized, parsed into `image` (its memory reused).
+absl::Status ParseImage(const std::string& bytes, const std::string& what, v1::NodeImage& image) {
+  if (!image.ParseFromString(bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " (", bytes.size(),
+                                                   " bytes) is not a node image"));
+  }
+  return absl::OkStatus();
+}
+
+// The changes a patch carries: each region valid, as many as the patch names. The image the patch
+// builds is checked whole once built (Participant::GroupImagesOf, Coordinator::RunRound).
+absl::Status CheckChanges(const v1::NodeImage& changes, const v1::ImagePatch& patch,
+                          const PeerLimits& limits) {
+  if (absl::Status status = CheckImageFields(changes, limits).status(); !status.ok()) {
+    return status;
+  }
+  if (patch.changed_size() != changes.regions_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the patch of node ", patch.node_id(), "'s image names ", patch.changed_size(),
+        " changed regions and its image carries ", changes.regions_size()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
@@ -166,29 +191,28 @@ absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& l
     return absl::InvalidArgumentError(absl::StrCat("committed step ", request.committed_step(),
                                                    " is not before step ", request.step()));
   }
-  if (request.image().node_id() != request.from_node() || request.image().step() != request.step()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node ", request.from_node(), " proposes step ", request.step(), " with the image of node ",
-        request.image().node_id(), "'s step ", request.image().step()));
-  }
-  if (!request.has_patch()) return CheckNodeImage(request.image(), limits);
-  // The image the patch builds is checked whole once built (CheckNodeImage, by the Encode's
-  // receivers; the coordinator builds it only on the image it committed).
-  if (!request.has_committed_step() || request.patch().node_id() != request.from_node()) {
+  if (request.has_patch() &&
+      (!request.has_committed_step() || request.patch().node_id() != request.from_node())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node ", request.from_node(), " proposes a patch of node ", request.patch().node_id(),
         "'s image", request.has_committed_step() ? "" : " on no committed step"));
   }
-  if (absl::Status status = CheckImageFields(request.image(), limits).status(); !status.ok()) {
+  return absl::OkStatus();
+}
+
+absl::Status ParseProposedImage(const v1::ProposeRequest& request, const PeerLimits& limits,
+                                v1::NodeImage& image) {
+  if (absl::Status status = ParseImage(request.image(), "the proposed image", image);
+      !status.ok()) {
     return status;
   }
-  if (request.patch().changed_size() != request.image().regions_size()) {
+  if (image.node_id() != request.from_node() || image.step() != request.step()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the patch of node ", request.from_node(), "'s image names ",
-        request.patch().changed_size(), " changed regions and its image carries ",
-        request.image().regions_size()));
+        "node ", request.from_node(), " proposes step ", request.step(), " with the image of node ",
+        image.node_id(), "'s step ", image.step()));
   }
-  return absl::OkStatus();
+  if (!request.has_patch()) return CheckNodeImage(image, limits);
+  return CheckChanges(image, request.patch(), limits);
 }
 
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits) {
@@ -224,22 +248,27 @@ absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& lim
     return absl::InvalidArgumentError(absl::StrCat(
         "a ", request.whole() ? "whole" : "parity-only", " encode comes with image patches"));
   }
-  for (const v1::NodeImage& image : request.group_images()) {
+  return absl::OkStatus();
+}
+
+absl::Status ParseEncodeImages(const v1::EncodeRequest& request, const PeerLimits& limits,
+                               std::vector<v1::NodeImage>& images) {
+  images.resize(request.group_images_size());
+  for (int position = 0; position < request.group_images_size(); ++position) {
+    v1::NodeImage& image = images[position];
+    if (absl::Status status = ParseImage(request.group_images(position),
+                                         absl::StrCat("image ", position), image);
+        !status.ok()) {
+      return status;
+    }
     const auto patch =
         std::find_if(request.patches().begin(), request.patches().end(),
                      [&](const v1::ImagePatch& each) { return each.node_id() == image.node_id(); });
-    if (patch == request.patches().end()) {
-      if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
-      continue;
-    }
-    // The image the patch builds is checked whole once built (Participant::GroupImagesOf).
-    if (absl::Status status = CheckImageFields(image, limits).status(); !status.ok()) {
+    if (absl::Status status = patch == request.patches().end()
+                                  ? CheckNodeImage(image, limits)
+                                  : CheckChanges(image, *patch, limits);
+        !status.ok()) {
       return status;
-    }
-    if (patch->changed_size() != image.regions_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the patch of node ", image.node_id(), "'s image names ", patch->changed_size(),
-          " changed regions and its image carries ", image.regions_size()));
     }
   }
   return absl::OkStatus();

@@ -58,9 +58,22 @@ absl::Status CheckGroupImages(const Images& images, const std::vector<uint32_t>&
 absl::Status CheckGroupRecord(const v1::JournalCluster& record,
                               const std::vector<uint32_t>& group_ids, const PeerLimits& limits);
 
+// Every field of a proposal but what its image holds (ParseProposedImage checks that).
 absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& limits);
+// The image of a proposal that passed CheckPropose, parsed into `image` (its memory reused) and
+// checked: the proposer's own, of the step; whole, a valid image (CheckNodeImage); as a patch,
+// its changed regions each valid and as many as the patch names. The image the patch builds is
+// checked whole once built, by whoever builds it.
+absl::Status ParseProposedImage(const v1::ProposeRequest& request, const PeerLimits& limits,
+                                v1::NodeImage& image);
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits);
+// Every field of an Encode but what its images hold (ParseEncodeImages checks that).
 absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& limits);
+// The images of an Encode that passed CheckEncode, each parsed into `images[position]` (resized to
+// the group; the memory of those there is reused) and checked: one without a patch a valid image
+// (CheckNodeImage), a patched one's changed regions each valid and as many as its patch names.
+absl::Status ParseEncodeImages(const v1::EncodeRequest& request, const PeerLimits& limits,
+                               std::vector<v1::NodeImage>& images);
 absl::Status CheckSendUnits(const v1::SendUnitsRequest& request, const PeerLimits& limits);
 // Stripes bounded in number, each unit index within a stripe (the helper checks the rest against
 // the step it holds).

@@ -223,7 +223,11 @@ TEST_F(HostilePeerTest, AForgedTokenCannotFenceTheCoordinatorOut) {
   encode.set_coordinator(2);
   encode.set_step(2);
   encode.set_token(kHuge);
-  for (uint32_t id = 0; id < kNodes; ++id) encode.add_group_images()->set_node_id(id);
+  for (uint32_t id = 0; id < kNodes; ++id) {
+    v1::NodeImage image;
+    image.set_node_id(id);
+    encode.add_group_images(image.SerializeAsString());
+  }
   ExpectRefused(Call(1, &v1::Peer::Stub::Encode, encode), grpc::StatusCode::FAILED_PRECONDITION,
                 "etcd names node 0 as coordinator");
   ASSERT_NO_FATAL_FAILURE(CommitEverywhere(2));
@@ -246,9 +250,10 @@ TEST_F(HostilePeerTest, UnboundedRequestsAreRefusedByName) {
   encode.set_step(2);
   encode.set_token(1);
   for (uint32_t id = 0; id < kNodes; ++id) {
-    v1::NodeImage* image = encode.add_group_images();
-    image->set_node_id(id);
-    image->set_bytes(std::numeric_limits<uint64_t>::max());
+    v1::NodeImage image;
+    image.set_node_id(id);
+    image.set_bytes(std::numeric_limits<uint64_t>::max());
+    encode.add_group_images(image.SerializeAsString());
   }
   ExpectRefused(Call(1, &v1::Peer::Stub::Encode, encode), grpc::StatusCode::INVALID_ARGUMENT,
                 "this node's pool could hold parity for");

@@ -40,7 +40,7 @@ const moesnap::erasure::StripeLayout& Layout() {
 }
 
 // What Encode and a rebuild do with a group's images once they are checked.
-void UseGroup(const google::protobuf::RepeatedPtrField<v1::NodeImage>& images) {
+void UseGroup(const std::vector<v1::NodeImage>& images) {
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : images) sizes.push_back(image.bytes());
   const uint64_t stripes = Layout().StripeCount(sizes);
@@ -71,7 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (kind) {
     case 0: {
       v1::ProposeRequest request;
-      if (Parse(data, size, &request)) (void)CheckPropose(request, Limits());
+      v1::NodeImage image;
+      if (Parse(data, size, &request) && CheckPropose(request, Limits()).ok() &&
+          request.has_image()) {
+        (void)ParseProposedImage(request, Limits(), image);
+      }
       break;
     }
     case 1: {
@@ -83,8 +87,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 2: {
       v1::EncodeRequest request;
-      if (Parse(data, size, &request) && CheckEncode(request, Limits()).ok()) {
-        UseGroup(request.group_images());
+      std::vector<v1::NodeImage> images;
+      if (Parse(data, size, &request) && CheckEncode(request, Limits()).ok() &&
+          ParseEncodeImages(request, Limits(), images).ok()) {
+        UseGroup(images);
       }
       break;
     }

@@ -284,8 +284,9 @@ TEST(CoordinatorTest, AProposalBringingItsImageOnTheBaseStandsForTheNodesPrepare
   EXPECT_EQ(prepared, 0);
   ForEachProposalOfTheOtherNodes(cluster, [](const v1::ProposeRequest& proposal,
                                              const std::string& what) {
-    EXPECT_TRUE(proposal.has_image()) << what;
-    EXPECT_EQ(proposal.image().node_id(), proposal.from_node()) << what;
+    v1::NodeImage image;
+    EXPECT_TRUE(proposal.has_image() && image.ParseFromString(proposal.image())) << what;
+    EXPECT_EQ(image.node_id(), proposal.from_node()) << what;
     EXPECT_EQ(proposal.has_committed_step(), proposal.step() > 1) << what;
     if (proposal.has_committed_step()) {
       EXPECT_EQ(proposal.committed_step(), proposal.step() - 1) << what;
@@ -318,7 +319,9 @@ TEST(CoordinatorTest, ProposalsAfterACommitCarryTheirChangesAndStandForThePrepar
     EXPECT_EQ(proposal.has_patch(), proposal.step() > 1) << what;
     if (proposal.has_patch()) {
       EXPECT_EQ(proposal.patch().changed_size(), 1) << what;
-      EXPECT_EQ(proposal.image().regions_size(), 1) << what;
+      v1::NodeImage changes;
+      EXPECT_TRUE(changes.ParseFromString(proposal.image())) << what;
+      EXPECT_EQ(changes.regions_size(), 1) << what;
     }
   });
   coordinator = 1;
@@ -355,8 +358,10 @@ TEST(CoordinatorTest, AProposalsImageOnAnotherStepThanTheBaseIsNotTakenAndItsNod
   ASSERT_TRUE(stale.has_image());
   ASSERT_EQ(stale.committed_step(), 1);
   stale.clear_committed_step();
-  stale.mutable_image()->mutable_regions(0)->set_chunk_crcs(
-      0, stale.image().regions(0).chunk_crcs(0) ^ 1);
+  v1::NodeImage image;
+  ASSERT_TRUE(image.ParseFromString(stale.image()));
+  image.mutable_regions(0)->set_chunk_crcs(0, image.regions(0).chunk_crcs(0) ^ 1);
+  stale.set_image(image.SerializeAsString());
   ASSERT_EQ(stale.token(), token);
   ASSERT_OK(cluster.node(0).coordinator.Propose(stale));
   cluster.node(0).store.Capture(2, kBytes);

@@ -74,7 +74,11 @@ class EncodesSent {
     cluster_.network().SetEncodeRewrite([this, alter](uint32_t, uint32_t to,
                                                       v1::EncodeRequest& request) {
       int regions = 0;
-      for (const v1::NodeImage& image : request.group_images()) regions += image.regions_size();
+      for (const std::string& bytes : request.group_images()) {
+        v1::NodeImage image;
+        EXPECT_TRUE(image.ParseFromString(bytes));
+        regions += image.regions_size();
+      }
       {
         absl::MutexLock lock(&mutex_);
         sent_[request.step()].emplace_back(request.patches_size(), regions);
@@ -182,7 +186,8 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
     // on the base step where it has one, else whole.
     const std::shared_ptr<const v1::JournalCluster> record = cluster.node(to).store.ClusterRecord();
     for (int position = 0; position < request.group_images_size(); ++position) {
-      v1::NodeImage& image = *request.mutable_group_images(position);
+      v1::NodeImage image;
+      ASSERT_TRUE(image.ParseFromString(request.group_images(position)));
       if (image.node_id() != to) continue;
       v1::ImagePatch* patch = nullptr;
       for (v1::ImagePatch& each : *request.mutable_patches()) {
@@ -197,12 +202,12 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
       v1::ImageRegion& region = *whole.mutable_regions(whole.regions_size() - 1);
       region.set_chunk_crcs(0, region.chunk_crcs(0) ^ 1);
       if (patch == nullptr) {
-        image = whole;
+        *request.mutable_group_images(position) = ImageBytes(whole);
         continue;
       }
       std::string bytes;
       ImagePatchOf altered = PatchOf(record->group_images(position), {}, whole, bytes).value();
-      image = altered.changes;
+      *request.mutable_group_images(position) = ImageBytes(altered.changes);
       *patch = altered.patch;
     }
   };

@@ -41,6 +41,29 @@ v1::NodeImage Image(uint32_t id, uint64_t bytes = 4096) {
   return image;
 }
 
+// `bytes`, a NodeImage serialized as requests carry it, changed by `change`.
+template <typename Change>
+void Edit(std::string* bytes, Change change) {
+  v1::NodeImage image;
+  ASSERT_TRUE(image.ParseFromString(*bytes));
+  change(image);
+  *bytes = image.SerializeAsString();
+}
+
+// A proposal's fields, then its image, as the coordinator checks them.
+absl::Status CheckProposal(const v1::ProposeRequest& request) {
+  if (absl::Status status = CheckPropose(request, Limits()); !status.ok()) return status;
+  v1::NodeImage image;
+  return request.has_image() ? ParseProposedImage(request, Limits(), image) : absl::OkStatus();
+}
+
+// An Encode's fields, then its images, as the participant checks them.
+absl::Status CheckEncoding(const v1::EncodeRequest& request) {
+  if (absl::Status status = CheckEncode(request, Limits()); !status.ok()) return status;
+  std::vector<v1::NodeImage> images;
+  return ParseEncodeImages(request, Limits(), images);
+}
+
 v1::EncodeRequest Encode() {
   v1::EncodeRequest request;
   request.set_coordinator(0);
@@ -48,7 +71,7 @@ v1::EncodeRequest Encode() {
   request.set_token(12);
   request.set_timeout_ms(5000);
   request.set_base_step(6);
-  for (uint32_t id : {3, 4, 5}) *request.add_group_images() = Image(id);
+  for (uint32_t id : {3, 4, 5}) request.add_group_images(Image(id).SerializeAsString());
   return request;
 }
 
@@ -59,7 +82,7 @@ void ExpectRefused(const absl::Status& status, const std::string& mentions) {
 }
 
 TEST(PeerChecksTest, WhatARealPeerSendsPasses) {
-  EXPECT_OK(CheckEncode(Encode(), Limits()));
+  EXPECT_OK(CheckEncoding(Encode()));
   v1::PrepareRequest prepare;
   prepare.set_coordinator(5);
   prepare.set_step(1);
@@ -69,15 +92,15 @@ TEST(PeerChecksTest, WhatARealPeerSendsPasses) {
   v1::ProposeRequest propose;
   propose.set_from_node(5);
   propose.set_step(std::numeric_limits<int64_t>::max());  // judged by the coordinator's state
-  EXPECT_OK(CheckPropose(propose, Limits()));
+  EXPECT_OK(CheckProposal(propose));
   propose.set_step(7);
-  *propose.mutable_image() = Image(5);
+  propose.set_image(Image(5).SerializeAsString());
   propose.set_committed_step(6);
   propose.set_token(12);
-  EXPECT_OK(CheckPropose(propose, Limits()));
+  EXPECT_OK(CheckProposal(propose));
   v1::JournalCluster record;
   EXPECT_OK(CheckGroupRecord(record, {3, 4, 5}, Limits()));  // a node that holds no step
-  *record.mutable_group_images() = Encode().group_images();
+  for (uint32_t id : {3, 4, 5}) *record.add_group_images() = Image(id);
   EXPECT_OK(CheckGroupRecord(record, {3, 4, 5}, Limits()));
   v1::NodeImage empty = Image(2, 0);
   EXPECT_OK(CheckNodeImage(empty, Limits()));
@@ -86,13 +109,13 @@ TEST(PeerChecksTest, WhatARealPeerSendsPasses) {
 TEST(PeerChecksTest, NodesOutsideTheJobAreRefused) {
   v1::ProposeRequest propose;
   propose.set_from_node(6);
-  ExpectRefused(CheckPropose(propose, Limits()), "from_node is node 6");
+  ExpectRefused(CheckProposal(propose), "from_node is node 6");
   v1::SendUnitsRequest units;
   units.set_to_node(1u << 31);
   ExpectRefused(CheckSendUnits(units, Limits()), "to_node");
   v1::EncodeRequest encode = Encode();
   encode.set_coordinator(6);
-  ExpectRefused(CheckEncode(encode, Limits()), "coordinator");
+  ExpectRefused(CheckEncoding(encode), "coordinator");
 }
 
 TEST(PeerChecksTest, AProposalsImageIsTheProposersOwnOfTheStepOnAnEarlierStep) {
@@ -100,26 +123,29 @@ TEST(PeerChecksTest, AProposalsImageIsTheProposersOwnOfTheStepOnAnEarlierStep) {
     v1::ProposeRequest request;
     request.set_from_node(5);
     request.set_step(7);
-    *request.mutable_image() = Image(5);
+    request.set_image(Image(5).SerializeAsString());
     request.set_committed_step(6);
     request.set_token(12);
     return request;
   };
   v1::ProposeRequest request = proposal();
   request.set_from_node(4);
-  ExpectRefused(CheckPropose(request, Limits()), "node 4 proposes step 7 with the image of node 5");
+  ExpectRefused(CheckProposal(request), "node 4 proposes step 7 with the image of node 5");
   request = proposal();
   request.set_step(8);
-  ExpectRefused(CheckPropose(request, Limits()), "with the image of node 5's step 7");
+  ExpectRefused(CheckProposal(request), "with the image of node 5's step 7");
   request = proposal();
   request.set_committed_step(7);
-  ExpectRefused(CheckPropose(request, Limits()), "committed step 7 is not before step 7");
+  ExpectRefused(CheckProposal(request), "committed step 7 is not before step 7");
   request = proposal();
   request.set_token(0);
-  ExpectRefused(CheckPropose(request, Limits()), "0 is not positive");
+  ExpectRefused(CheckProposal(request), "0 is not positive");
   request = proposal();
-  request.mutable_image()->set_bytes(request.image().bytes() + 1);
-  ExpectRefused(CheckPropose(request, Limits()), "regions add up to");
+  Edit(request.mutable_image(), [](v1::NodeImage& image) { image.set_bytes(image.bytes() + 1); });
+  ExpectRefused(CheckProposal(request), "regions add up to");
+  request = proposal();
+  request.set_image("\xff");
+  ExpectRefused(CheckProposal(request), "the proposed image (1 bytes) is not a node image");
 }
 
 TEST(PeerChecksTest, CoordinatorCallsAreBoundedInTimeTokenAndBase) {
@@ -139,22 +165,22 @@ TEST(PeerChecksTest, CoordinatorCallsAreBoundedInTimeTokenAndBase) {
   ExpectRefused(CheckPrepare(prepare, Limits()), "base step 3 is not before step 3");
   v1::EncodeRequest encode = Encode();
   encode.set_timeout_ms(5001);
-  ExpectRefused(CheckEncode(encode, Limits()), "commit timeout");
+  ExpectRefused(CheckEncoding(encode), "commit timeout");
 }
 
 TEST(PeerChecksTest, GroupImagesAreCountedAndEachChecked) {
   v1::EncodeRequest encode = Encode();
   encode.mutable_group_images()->RemoveLast();
-  ExpectRefused(CheckEncode(encode, Limits()), "2 images for a group of 3");
+  ExpectRefused(CheckEncoding(encode), "2 images for a group of 3");
   encode = Encode();
-  *encode.add_group_images() = Image(5);
-  ExpectRefused(CheckEncode(encode, Limits()), "4 images");
+  encode.add_group_images(Image(5).SerializeAsString());
+  ExpectRefused(CheckEncoding(encode), "4 images");
   v1::JournalCluster record;
-  *record.mutable_group_images() = Encode().group_images();
+  for (uint32_t id : {3, 4, 5}) *record.add_group_images() = Image(id);
   ExpectRefused(CheckGroupRecord(record, {0, 1, 2}, Limits()), "is node 3's, not node 0's");
   record.mutable_group_images()->RemoveLast();
   ExpectRefused(CheckGroupRecord(record, {3, 4, 5}, Limits()), "2 images for a group of 3");
-  *record.mutable_group_images() = Encode().group_images();
+  *record.add_group_images() = Image(5);
   v1::JournalParity* parity = record.add_parity();
   parity->set_bytes(kMax);
   ExpectRefused(CheckGroupRecord(record, {3, 4, 5}, Limits()), "above the unit");
@@ -182,34 +208,67 @@ TEST(PeerChecksTest, APatchedImageListsItsChangedRegionsEachChecked) {
   // Node 4's image as a patch of its second region: the image need not add up (it lists one
   // region of two), but its regions are checked and the patch names as many as it carries.
   v1::EncodeRequest request = Encode();
-  v1::NodeImage& changes = *request.mutable_group_images(1);
-  changes.mutable_regions()->DeleteSubrange(0, 1);
+  std::string* changes = request.mutable_group_images(1);
+  Edit(changes, [](v1::NodeImage& image) { image.mutable_regions()->DeleteSubrange(0, 1); });
   v1::ImagePatch& patch = *request.add_patches();
   patch.set_node_id(4);
   patch.add_changed(1);
-  EXPECT_OK(CheckEncode(request, Limits()));
+  EXPECT_OK(CheckEncoding(request));
   patch.add_changed(0);
-  ExpectRefused(CheckEncode(request, Limits()), "names 2 changed regions");
+  ExpectRefused(CheckEncoding(request), "names 2 changed regions");
   patch.mutable_changed()->RemoveLast();
-  changes.mutable_regions(0)->set_chunk_bytes(0);
-  ExpectRefused(CheckEncode(request, Limits()), "chunk size");
-  changes.mutable_regions(0)->set_chunk_bytes(1024);
-  changes.set_bytes(kMax);
-  ExpectRefused(CheckEncode(request, Limits()), "above the");
-  changes.set_bytes(8192);
+  Edit(changes, [](v1::NodeImage& image) { image.mutable_regions(0)->set_chunk_bytes(0); });
+  ExpectRefused(CheckEncoding(request), "chunk size");
+  Edit(changes, [](v1::NodeImage& image) { image.mutable_regions(0)->set_chunk_bytes(1024); });
+  Edit(changes, [](v1::NodeImage& image) { image.set_bytes(kMax); });
+  ExpectRefused(CheckEncoding(request), "above the");
+  Edit(changes, [](v1::NodeImage& image) { image.set_bytes(8192); });
+  EXPECT_OK(CheckEncoding(request));
   // Unpatched images still add up.
-  request.mutable_group_images(0)->set_bytes(1);
-  ExpectRefused(CheckEncode(request, Limits()), "add up");
-  request.mutable_group_images(0)->set_bytes(8192);
+  Edit(request.mutable_group_images(0), [](v1::NodeImage& image) { image.set_bytes(1); });
+  ExpectRefused(CheckEncoding(request), "add up");
+  Edit(request.mutable_group_images(0), [](v1::NodeImage& image) { image.set_bytes(8192); });
+  // An entry that is not a node image at all.
+  *request.mutable_group_images(2) = "\xff";
+  ExpectRefused(CheckEncoding(request), "image 2 (1 bytes) is not a node image");
+  *request.mutable_group_images(2) = Image(5).SerializeAsString();
+  EXPECT_OK(CheckEncoding(request));
   // Receivers of a whole or parity-only encode hold no common record to build on.
   request.set_whole(true);
-  ExpectRefused(CheckEncode(request, Limits()), "whole encode comes with image patches");
+  ExpectRefused(CheckEncoding(request), "whole encode comes with image patches");
   request.set_whole(false);
   request.set_parity_only(true);
-  ExpectRefused(CheckEncode(request, Limits()), "parity-only encode comes with image patches");
+  ExpectRefused(CheckEncoding(request), "parity-only encode comes with image patches");
   request.set_parity_only(false);
   for (int i = 0; i < 3; ++i) *request.add_patches() = patch;
-  ExpectRefused(CheckEncode(request, Limits()), "4 image patches for a group of 3");
+  ExpectRefused(CheckEncoding(request), "4 image patches for a group of 3");
+}
+
+// Images are parsed into memory that held others (the images they replace): what comes out is the
+// image sent, nothing of what the memory held before.
+TEST(PeerChecksTest, ImagesParsedIntoReusedMemoryAreTheImagesSentAlone) {
+  v1::EncodeRequest request = Encode();
+  std::vector<v1::NodeImage> memory;
+  for (uint32_t id : {3, 4, 5}) {
+    v1::NodeImage held = Image(id, 1 << 20);  // more regions' worth of chunks, a piece, and more
+    held.mutable_regions(0)->mutable_piece()->set_offset(8);
+    held.add_regions()->set_region("gone");
+    held.GetReflection()->MutableUnknownFields(&held)->AddVarint(99, 1);
+    memory.push_back(held);
+  }
+  ASSERT_OK(ParseEncodeImages(request, Limits(), memory));
+  ASSERT_EQ(memory.size(), 3u);
+  for (int position = 0; position < 3; ++position) {
+    EXPECT_EQ(memory[position].SerializeAsString(), request.group_images(position)) << position;
+  }
+  v1::ProposeRequest propose;
+  propose.set_from_node(5);
+  propose.set_step(7);
+  propose.set_token(12);
+  propose.set_image(Image(5).SerializeAsString());
+  v1::NodeImage image = memory[0];
+  ASSERT_OK(ParseProposedImage(propose, Limits(), image));
+  EXPECT_EQ(image.SerializeAsString(), propose.image());
 }
 
 TEST(PeerChecksTest, AProposedPatchIsTheProposersOwnOnItsCommittedStep) {
@@ -218,22 +277,24 @@ TEST(PeerChecksTest, AProposedPatchIsTheProposersOwnOnItsCommittedStep) {
   propose.set_step(7);
   propose.set_token(12);
   propose.set_committed_step(6);
-  *propose.mutable_image() = Image(5);
-  propose.mutable_image()->mutable_regions()->DeleteSubrange(0, 1);
+  propose.set_image(Image(5).SerializeAsString());
+  Edit(propose.mutable_image(),
+       [](v1::NodeImage& image) { image.mutable_regions()->DeleteSubrange(0, 1); });
   propose.mutable_patch()->set_node_id(5);
   propose.mutable_patch()->add_changed(1);
-  EXPECT_OK(CheckPropose(propose, Limits()));
+  EXPECT_OK(CheckProposal(propose));
   propose.mutable_patch()->add_changed(0);
-  ExpectRefused(CheckPropose(propose, Limits()), "names 2 changed regions");
+  ExpectRefused(CheckProposal(propose), "names 2 changed regions");
   propose.mutable_patch()->mutable_changed()->RemoveLast();
   propose.mutable_patch()->set_node_id(4);
-  ExpectRefused(CheckPropose(propose, Limits()), "a patch of node 4's image");
+  ExpectRefused(CheckProposal(propose), "a patch of node 4's image");
   propose.mutable_patch()->set_node_id(5);
   propose.clear_committed_step();
-  ExpectRefused(CheckPropose(propose, Limits()), "on no committed step");
+  ExpectRefused(CheckProposal(propose), "on no committed step");
   propose.set_committed_step(6);
-  propose.mutable_image()->mutable_regions(0)->set_region("");
-  ExpectRefused(CheckPropose(propose, Limits()), "its name");
+  Edit(propose.mutable_image(),
+       [](v1::NodeImage& image) { image.mutable_regions(0)->set_region(""); });
+  ExpectRefused(CheckProposal(propose), "its name");
 }
 
 TEST(PeerChecksTest, RegionFieldsAreBounded) {

@@ -1,0 +1,154 @@
+// What an Encode carries of its group's images: the absent members it names, each member's image
+// parsed and checked, and the step's images built from them.
+#include "daemon/cluster/encode_images.h"
+
+#include <algorithm>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cluster/image_patch.h"
+#include "daemon/cluster/peer_checks.h"
+
+namespace moesnap::daemon::cluster {
+
+absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
+                                              const Topology& topology) {
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  std::set<int> positions;
+  for (uint32_t id : request.absent_nodes()) {
+    const auto found = std::find(group.begin(), group.end(), id);
+    if (found == group.end() || (id == topology.node_id && !request.parity_only())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": absent node ", id, " is ",
+          id == topology.node_id ? "this node, which was asked to encode"
+                                   : absl::StrCat("not in group ", topology.group)));
+    }
+    const int position = static_cast<int>(found - group.begin());
+    v1::NodeImage placeholder;
+    if (!positions.insert(position).second ||
+        !placeholder.ParseFromString(request.group_images(position)) || placeholder.bytes() != 0 ||
+        placeholder.regions_size() != 0 || placeholder.ranks_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": absent node ", id,
+          " is listed twice or comes with an image of its own"));
+    }
+  }
+  for (uint32_t id : request.parity_receivers()) {
+    if (std::find(request.absent_nodes().begin(), request.absent_nodes().end(), id) ==
+        request.absent_nodes().end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": parity receiver ", id, " is not named absent"));
+    }
+  }
+  if (request.parity_only() && !positions.contains(topology.position)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", request.step(), ": node ", topology.node_id,
+        " is asked for parity only and is not named absent"));
+  }
+  if (positions.size() > static_cast<size_t>(topology.options.parity_units)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", request.step(), ": ", positions.size(), " absent nodes in a group, more than m = ",
+        topology.options.parity_units));
+  }
+  return positions;
+}
+
+SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topology,
+                        const std::set<int>& absent, std::shared_ptr<v1::JournalCluster> spare) {
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  SentImages sent;
+  sent.spare = std::move(spare);
+  std::set<int> patched;
+  for (const v1::ImagePatch& patch : request.patches()) {
+    const auto found = std::find(group.begin(), group.end(), patch.node_id());
+    if (found != group.end()) patched.insert(static_cast<int>(found - group.begin()));
+  }
+  sent.images.resize(group.size());
+  for (int position = 0; position < static_cast<int>(group.size()); ++position) {
+    if (!request.parity_only() && !absent.contains(position) && !patched.contains(position)) {
+      sent.images[position] = sent.Memory(position);
+    }
+  }
+  sent.status = ParseEncodeImages(request, topology.limits, sent.images);
+  if (!sent.status.ok()) {
+    sent.status = absl::InvalidArgumentError(
+        absl::StrCat("step ", request.step(), ": ", sent.status.message()));
+  }
+  return sent;
+}
+
+v1::NodeImage SentImages::Memory(int position) {
+  v1::NodeImage image;
+  if (spare && position < spare->group_images_size()) {
+    image.Swap(spare->mutable_group_images(position));
+  }
+  return image;
+}
+
+absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
+                                          const Topology& topology,
+                                          const ClusterStore::RecordWithBytes& record,
+                                          const std::set<int>& absent, SentImages sent) {
+  const v1::JournalCluster& committed = *record.record;
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  const int64_t step = request.step();
+  std::map<int, const v1::ImagePatch*> patches;  // by position
+  for (const v1::ImagePatch& patch : request.patches()) {
+    const auto found = std::find(group.begin(), group.end(), patch.node_id());
+    const int position = static_cast<int>(found - group.begin());
+    if (found == group.end() || absent.contains(position) ||
+        !patches.emplace(position, &patch).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step, ": the patch of node ", patch.node_id(),
+          " is for a node not in group ", topology.group, ", an absent one, or one patched twice"));
+    }
+  }
+  // Absent members' images and patched ones' regions come from the record of the base step.
+  if (!absent.empty() || !patches.empty()) {
+    if (!committed.has_committed_step() || !request.has_base_step() ||
+        committed.committed_step() != request.base_step() ||
+        committed.group_images_size() != static_cast<int>(group.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " is ", absent.empty() ? "sent as patches" : "degraded", ", and node ",
+          topology.node_id, " holds no committed record of its group at the base step to take ",
+          absent.empty() ? "the images' other regions" : "the absent nodes' images", " from"));
+    }
+  }
+  // Each image is built in the memory of a replaced record's, when one is spare.
+  auto memory = [&](int position) { return sent.Memory(position); };
+  GroupImages images;
+  images.images.reserve(group.size());
+  images.bytes.resize(group.size());
+  for (int position = 0; position < static_cast<int>(group.size()); ++position) {
+    std::string& bytes = images.bytes[position];
+    if (absent.contains(position)) {
+      // Frozen at its last committed image, which every live member's record holds alike.
+      images.images.push_back(memory(position));
+      images.images.back().CopyFrom(committed.group_images(position));
+      if (const std::string_view kept = record.ImageBytesOf(position); !kept.empty()) {
+        bytes.assign(kept);
+      } else {
+        ImageBytesInto(images.images.back(), bytes);
+      }
+    } else if (auto patch = patches.find(position); patch != patches.end()) {
+      absl::StatusOr<v1::NodeImage> image =
+          PatchedImage(committed.group_images(position), record.ImageBytesOf(position),
+                       sent.images[position], *patch->second, bytes, memory(position));
+      if (!image.ok()) {
+        return absl::Status(image.status().code(),
+                            absl::StrCat("step ", step, ": ", image.status().message()));
+      }
+      images.images.push_back(*std::move(image));
+    } else {
+      // Its bytes are the coordinator's serialization, which the record journals and a later
+      // patch's image is spliced from: a coordinator that sent another serialization of the same
+      // image fails the CRC check of its later patches here, and the journal still parses to it.
+      images.images.push_back(std::move(sent.images[position]));
+      bytes = request.group_images(position);
+    }
+  }
+  return images;
+}
+
+}  // namespace moesnap::daemon::cluster

@@ -1,0 +1,61 @@
+// What an Encode carries of its group's images. The coordinator sends each member's image as its
+// bytes (whole, as its changes since the base step with an ImagePatch, or, for an absent member,
+// a placeholder naming it); a receiver parses each into the memory of the image it replaces, so a
+// step of thousands of regions per node allocates no entry anew, checks them before anything acts
+// on the request, and builds the step's images from them and its record of the base step.
+#ifndef MOESNAP_DAEMON_CLUSTER_ENCODE_IMAGES_H_
+#define MOESNAP_DAEMON_CLUSTER_ENCODE_IMAGES_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/cluster/context.h"
+#include "daemon/cluster_store.h"
+#include "proto/moesnap.pb.h"
+
+namespace moesnap::daemon::cluster {
+
+// A step's group images by position, each with its serialization, made once: it checks a patch's
+// CRC, is compared with the image this node reported, sizes the journal record and is what the
+// journal writes.
+struct GroupImages {
+  std::vector<v1::NodeImage> images;
+  std::vector<std::string> bytes;
+};
+
+// The positions in this node's group of the nodes an encode names absent (a degraded step), each
+// with a placeholder naming only it in the request, this node among them only in a parity_only
+// encode, and the parity receivers among them; INVALID_ARGUMENT when they are not so.
+absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
+                                              const Topology& topology);
+
+// What an Encode carries of each member, parsed and checked (ParseEncodeImages): a whole image in
+// the memory of the image it replaces, a patch's changes and an absent member's placeholder on
+// their own.
+struct SentImages {
+  absl::Status status;                // INVALID_ARGUMENT when an image is not one or not valid
+  std::vector<v1::NodeImage> images;  // by position
+  // A replaced record, whose images' memory the step's images are built in.
+  std::shared_ptr<v1::JournalCluster> spare;
+  // Position `position`'s image of `spare` to build in (its contents go), or an empty one.
+  v1::NodeImage Memory(int position);
+};
+SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topology,
+                        const std::set<int>& absent, std::shared_ptr<v1::JournalCluster> spare);
+
+// The group's images of the step an Encode carries, by position: as sent, built from their
+// patches on `committed` (the record of the base step, with its images' bytes), or, for the
+// absent members, their images there. A whole image's bytes are the coordinator's serialization
+// of it.
+absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
+                                          const Topology& topology,
+                                          const ClusterStore::RecordWithBytes& committed,
+                                          const std::set<int>& absent, SentImages sent);
+
+}  // namespace moesnap::daemon::cluster
+
+#endif  // MOESNAP_DAEMON_CLUSTER_ENCODE_IMAGES_H_
