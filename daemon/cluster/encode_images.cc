@@ -148,6 +148,23 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
       bytes = request.group_images(position);
     }
   }
+  // Each image is its member's and valid: one sent whole was checked as it was parsed
+  // (ParseEncodeImages), the others are checked as built.
+  for (int position = 0; position < static_cast<int>(group.size()); ++position) {
+    const v1::NodeImage& image = images.images[position];
+    absl::Status status =
+        image.node_id() == group[position]
+            ? absl::OkStatus()
+            : absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ",
+                                                      image.node_id(), "'s, not node ",
+                                                      group[position], "'s"));
+    if (status.ok() && (absent.contains(position) || patches.contains(position))) {
+      status = CheckNodeImage(image, topology.limits);
+    }
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
+    }
+  }
   return images;
 }
 

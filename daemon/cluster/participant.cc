@@ -443,11 +443,6 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   absl::StatusOr<GroupImages> images = GroupImagesOf(request, topology, held, *absent, std::move(carried));
   if (!images.ok()) return images.status();
   const std::vector<v1::NodeImage>& group_images = images->images;
-  if (absl::Status status =
-          CheckGroupImages(group_images, topology.groups[topology.group], topology.limits);
-      !status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
-  }
   std::shared_ptr<const std::string> reported;
   {
     absl::MutexLock lock(&mutex_);

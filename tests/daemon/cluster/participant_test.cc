@@ -225,6 +225,45 @@ TEST(ParticipantTest, AnEncodeCarryingAnotherImageOfTheNodeThanItReportedIsRefus
   ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 6, {1, 3, 4, 6}, kKept));
 }
 
+// A coordinator that sends an image at another member's position, or a patch whose image, built,
+// is not a valid one (its regions do not add up to its size; the patch's CRC is that image's, so
+// only the check of the built image can tell), is refused: the step aborts naming why, and the
+// next step commits everywhere with parity that decodes.
+TEST(ParticipantTest, AnEncodeWhoseImagesAreMisplacedOrBuildInvalidIsRefused) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.CaptureEverywhere(1, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(1));
+  // Sent whole: the first two members' images trade places.
+  cluster.network().SetEncodeRewrite([](uint32_t, uint32_t, v1::EncodeRequest& request) {
+    if (request.patches_size() == 0) request.mutable_group_images()->SwapElements(0, 1);
+  });
+  ASSERT_NO_FATAL_FAILURE(ExpectAbortedNaming(cluster, 2, {"image 0 is node 1's, not node 0's"}));
+  cluster.network().SetEncodeRewrite(nullptr);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 3, {1, 3}));
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 4, {1, 3, 4}, kKept));
+  // Sent as patches: each member's image says one byte more than its regions hold.
+  cluster.network().SetEncodeRewrite([&cluster](uint32_t, uint32_t to, v1::EncodeRequest& request) {
+    const std::shared_ptr<const v1::JournalCluster> record = cluster.node(to).store.ClusterRecord();
+    for (v1::ImagePatch& patch : *request.mutable_patches()) {
+      const int position = static_cast<int>(patch.node_id() % 6);
+      ASSERT_EQ(record->group_images(position).node_id(), patch.node_id());
+      v1::NodeImage changes;
+      ASSERT_TRUE(changes.ParseFromString(request.group_images(position)));
+      std::string bytes;
+      v1::NodeImage whole =
+          PatchedImage(record->group_images(position), {}, changes, patch, bytes).value();
+      whole.set_bytes(whole.bytes() + 1);
+      ImagePatchOf altered = PatchOf(record->group_images(position), {}, whole, bytes).value();
+      *request.mutable_group_images(position) = ImageBytes(altered.changes);
+      patch = altered.patch;
+    }
+  });
+  ASSERT_NO_FATAL_FAILURE(ExpectAbortedNaming(cluster, 5, {"add up"}, kKept));
+  cluster.network().SetEncodeRewrite(nullptr);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitsEverywhere(cluster, 6, {1, 3, 4, 6}, kKept));
+}
+
 // After a step its coordinator committed, each Encode request carries every member's image as the
 // regions it changed since (here the one of two regions each node's trainer captured anew), and
 // every node builds the same images from its record: the step commits and every node's parity
