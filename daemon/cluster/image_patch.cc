@@ -151,7 +151,10 @@ std::optional<ImagePatchOf> ChangesOf(const v1::NodeImage& base, const v1::NodeI
     // image whole costs it less.
     if (2 * (of.patch.changed_size() + 1) > image.regions_size()) return std::nullopt;
     of.patch.add_changed(static_cast<uint32_t>(position));
-    *of.changes.add_regions() = image.regions(position);
+  }
+  // Copied once the image is known to go as a patch: a dense step's would be dropped.
+  for (uint32_t position : of.patch.changed()) {
+    *of.changes.add_regions() = image.regions(static_cast<int>(position));
   }
   return of;
 }
