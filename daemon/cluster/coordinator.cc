@@ -499,7 +499,8 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   };
 
   std::map<uint32_t, v1::NodeImage> images;
-  // ImageBytes of those of them this round built from patches or made patches of.
+  // Their bytes, as the Encode requests send them: a whole proposal's as its proposer serialized
+  // it, the others' serialized here (spliced, for those built from patches or made patches of).
   std::map<uint32_t, std::string> image_bytes;
   // What this coordinator kept of node `id`'s image at the base serialized, to splice from (empty:
   // the image is serialized whole), and memory for this round's, that of the bytes the last commit
@@ -608,6 +609,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   // of a group carries every member's image as its bytes: the requests live on an arena and
   // borrow the bytes from `image_bytes` and `changes_bytes`, which outlive them, instead of
   // copying them each.
+  std::map<uint32_t, std::string> changes_bytes;  // the patches' changes, serialized
   google::protobuf::Arena arena;
   // Each member's image as its changes since the base step, where this coordinator committed the
   // base (and so holds the image every member's record has of it) and the member lists as many
@@ -628,8 +630,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     }
     if (std::string& bytes = image_bytes[id]; bytes.empty()) ImageBytesInto(image, bytes);
   }
-  // The patches' changes serialized, as the requests carry them.
-  std::map<uint32_t, std::string> changes_bytes;
   for (const auto& [id, patched] : patches) ImageBytesInto(patched.changes, changes_bytes[id]);
   std::vector<std::pair<uint32_t, const v1::EncodeRequest*>> encodes;
   for (uint32_t id : nodes) {

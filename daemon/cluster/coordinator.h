@@ -106,7 +106,7 @@ class Coordinator {
   struct ProposedImage {
     std::optional<int64_t> committed;
     v1::NodeImage image;  // with `patch`: the changes since `committed` it carries
-    std::string image_bytes;  // without `patch`: the bytes it came as, ImageBytes(image)
+    std::string image_bytes;  // without `patch`: as its proposer serialized it
     std::optional<v1::ImagePatch> patch;
     uint64_t bytes = 0;  // counted against the bound
   };
@@ -161,9 +161,8 @@ class Coordinator {
   // leading thread only.
   std::map<uint32_t, v1::NodeImage> committed_images_;
   std::optional<int64_t> committed_images_step_;
-  // Those of them this coordinator built from patches or made patches of, serialized
-  // (ImageBytes): the next round splices a patched image's bytes from them, instead of
-  // serializing every region of it.
+  // Their bytes, as this coordinator sent them: the next round splices a patched image's bytes
+  // from them, instead of serializing every region of it.
   std::map<uint32_t, std::string> committed_image_bytes_;
   // The images the last commit replaced there, and their bytes, whose memory the next round builds
   // its patched images in: a node of thousands of regions then allocates no entry anew each step.

@@ -22,16 +22,17 @@ absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", request.step(), ": absent node ", id, " is ",
           id == topology.node_id ? "this node, which was asked to encode"
-                                   : absl::StrCat("not in group ", topology.group)));
+                                 : absl::StrCat("not in group ", topology.group)));
     }
     const int position = static_cast<int>(found - group.begin());
     v1::NodeImage placeholder;
     if (!positions.insert(position).second ||
-        !placeholder.ParseFromString(request.group_images(position)) || placeholder.bytes() != 0 ||
+        !placeholder.ParseFromString(request.group_images(position)) ||
+        placeholder.node_id() != id || placeholder.bytes() != 0 ||
         placeholder.regions_size() != 0 || placeholder.ranks_size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", request.step(), ": absent node ", id,
-          " is listed twice or comes with an image of its own"));
+          " is listed twice or its entry is not a placeholder naming it alone"));
     }
   }
   for (uint32_t id : request.parity_receivers()) {
@@ -66,8 +67,10 @@ SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topolo
   }
   sent.images.resize(group.size());
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
-    if (!request.parity_only() && !absent.contains(position) && !patched.contains(position)) {
+    if (!request.parity_only() && !absent.contains(position) && !patched.contains(position) &&
+        sent.spare && position < sent.spare->group_images_size()) {
       sent.images[position] = sent.Memory(position);
+      sent.parsed_in_spare.push_back(position);
     }
   }
   sent.status = ParseEncodeImages(request, topology.limits, sent.images);
@@ -84,6 +87,11 @@ v1::NodeImage SentImages::Memory(int position) {
     image.Swap(spare->mutable_group_images(position));
   }
   return image;
+}
+
+std::shared_ptr<v1::JournalCluster> SentImages::Unused() && {
+  for (int position : parsed_in_spare) images[position].Swap(spare->mutable_group_images(position));
+  return std::move(spare);
 }
 
 absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,

@@ -28,7 +28,7 @@ struct GroupImages {
 };
 
 // The positions in this node's group of the nodes an encode names absent (a degraded step), each
-// with a placeholder naming only it in the request, this node among them only in a parity_only
+// with a placeholder naming it alone in the request, this node among them only in a parity_only
 // encode, and the parity receivers among them; INVALID_ARGUMENT when they are not so.
 absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
                                               const Topology& topology);
@@ -41,8 +41,12 @@ struct SentImages {
   std::vector<v1::NodeImage> images;  // by position
   // A replaced record, whose images' memory the step's images are built in.
   std::shared_ptr<v1::JournalCluster> spare;
+  std::vector<int> parsed_in_spare;  // the positions whose image was parsed in its memory
   // Position `position`'s image of `spare` to build in (its contents go), or an empty one.
   v1::NodeImage Memory(int position);
+  // `spare` with the memory the parsed images took back in it, for a request refused before its
+  // images were built: the next one builds in it.
+  std::shared_ptr<v1::JournalCluster> Unused() &&;
 };
 SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topology,
                         const std::set<int>& absent, std::shared_ptr<v1::JournalCluster> spare);

@@ -121,11 +121,11 @@ bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
   return true;
 }
 
-// ImageBytes(image), where `image` is `base` with the regions `patch` names changed and its other
+// The bytes of `image`, which is `base` with the regions `patch` names changed and its other
 // fields set anew (PatchOf's image, or PatchedImage's): the unchanged entries' bytes are copied
-// from `base_bytes`, ImageBytes(base), and only the changed entries and the fields around them
-// serialized. Serialized whole when `base_bytes` do not lie out as ImageBytes(base) does or
-// `base` carries fields this build does not know.
+// from `base_bytes`, the bytes `base` came as, and only the changed entries and the fields around
+// them serialized. ImageBytes(image), serialized whole, when `base_bytes` do not lie out as
+// ImageBytes(base) does or `base` carries fields this build does not know.
 void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
                        const v1::NodeImage& image, const v1::ImagePatch& patch,
                        std::string& bytes) {

@@ -32,11 +32,13 @@ struct ImagePatchOf {
 // `image` as its changes since `base` (the same node's image in the base step's record); none when
 // the two do not list the same number of regions (a rank registered or dropped regions) or more
 // than half of them changed (a dense step), so the image goes whole.
-// With a patch, `bytes` receives ImageBytes(image), over which the patch's CRC is taken: given
-// `base_bytes`, ImageBytes(base), they are spliced from the base's unchanged entries where that
-// gives exactly ImageBytes(image) (neither image carries fields this build does not know), and
-// serialized whole otherwise. Without one, `bytes` is left as it was: the caller sends the image
-// as the bytes it has of it, or serializes it.
+// With a patch, `bytes` receives the image's bytes, over which the patch's CRC is taken: given
+// `base_bytes`, the bytes `base` came as (the record's, or as its proposer sent them), they are
+// spliced from the base's unchanged entries where they lie out as ImageBytes(base) does and
+// neither image carries fields this build does not know, and are ImageBytes(image) otherwise;
+// every holder of the same base bytes makes the same bytes, and from ImageBytes(base) a splice
+// gives ImageBytes(image). Without a patch, `bytes` is left as it was: the caller sends the
+// image as the bytes it has of it, or serializes it.
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
                                     const v1::NodeImage& image, std::string& bytes);
 
@@ -46,10 +48,10 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view 
 // coordinator's: the receiver's record of the base step is not the coordinator's (or the patch
 // was altered).
 // The image is built in `memory` (an image whose allocations it reuses; its contents go), and
-// `bytes` receives ImageBytes of it, over which the CRC is taken: a caller that keeps the image
-// keeps its serialization too (the journal writes it) without serializing it again. Given
-// `base_bytes`, ImageBytes(base), the bytes are spliced from its unchanged entries and the
-// changed ones: a copy instead of a serialization of every region.
+// `bytes` receives its bytes, made as PatchOf makes them, over which the CRC is taken: a caller
+// that keeps the image keeps its serialization too (the journal writes it) without serializing
+// it again. Given `base_bytes`, the bytes `base` came as, they are spliced from its unchanged
+// entries and the changed ones: a copy instead of a serialization of every region.
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::string_view base_bytes,
                                            const v1::NodeImage& changes,
                                            const v1::ImagePatch& patch, std::string& bytes,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -397,6 +398,13 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
     spare = std::move(spare_record_);
   }
   SentImages carried = ParsedImages(request, topology, *absent, std::move(spare));
+  // A request refused before its images are built gives their memory back, for the next one.
+  absl::Cleanup give_back = [&] {
+    if (!carried.spare) return;
+    std::shared_ptr<v1::JournalCluster> unused = std::move(carried).Unused();
+    absl::MutexLock lock(&mutex_);
+    if (!spare_record_) spare_record_ = std::move(unused);
+  };
   if (!carried.status.ok()) return carried.status;
   if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
     return status;
@@ -440,7 +448,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // found that the group's nodes do not hold the same committed step.
   const ClusterStore::RecordWithBytes held = store_->ClusterRecordWithBytes();
   const v1::JournalCluster& committed = *held.record;
-  absl::StatusOr<GroupImages> images = GroupImagesOf(request, topology, held, *absent, std::move(carried));
+  absl::StatusOr<GroupImages> images =
+      GroupImagesOf(request, topology, held, *absent, std::move(carried));
   if (!images.ok()) return images.status();
   const std::vector<v1::NodeImage>& group_images = images->images;
   std::shared_ptr<const std::string> reported;
@@ -600,7 +609,11 @@ absl::StatusOr<v1::EncodeResponse> Participant::EncodeReceived(const v1::EncodeR
   GroupImages images;
   images.images = std::move(sent);
   for (int position : absent) images.images[position] = base.group_images(position);
-  for (const v1::NodeImage& image : images.images) images.bytes.push_back(ImageBytes(image));
+  // As sent, as a member's are (GroupImagesOf); the absent members' as the base record holds them.
+  for (int position = 0; position < static_cast<int>(images.images.size()); ++position) {
+    images.bytes.push_back(absent.contains(position) ? ImageBytes(images.images[position])
+                                                     : request.group_images(position));
+  }
   const std::vector<v1::NodeImage>& group_images = images.images;
   std::vector<uint64_t> image_bytes;
   std::vector<std::vector<bool>> units;

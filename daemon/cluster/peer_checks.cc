@@ -131,7 +131,7 @@ absl::Status ParseImage(const std::string& bytes, const std::string& what, v1::N
 }
 
 // The changes a patch carries: each region valid, as many as the patch names. The image the patch
-// builds is checked whole once built (Participant::GroupImagesOf, Coordinator::RunRound).
+// builds is checked whole once built (GroupImagesOf, Coordinator::RunRound).
 absl::Status CheckChanges(const v1::NodeImage& changes, const v1::ImagePatch& patch,
                           const PeerLimits& limits) {
   if (absl::Status status = CheckImageFields(changes, limits).status(); !status.ok()) {

@@ -1,0 +1,126 @@
+// What an Encode carries of its group's images: absent members' placeholders, images parsed into
+// a replaced record's memory (and given back when the request is refused), and the step's images
+// built and checked.
+#include "daemon/cluster/encode_images.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "daemon/cluster/image_patch.h"
+#include "tests/testing/status_matchers.h"
+
+namespace moesnap::daemon::cluster {
+namespace {
+
+// Node 1's view of a job of three nodes in one group (2,1).
+std::unique_ptr<const Topology> NodeOne() {
+  ClusterOptions options;
+  options.job = "images";
+  options.node_count = 3;
+  options.data_units = 2;
+  options.parity_units = 1;
+  options.advertise_host = "127.0.0.1";
+  options.tls.insecure = true;
+  absl::StatusOr<std::unique_ptr<const Topology>> topology =
+      Topology::Create(1, options, uint64_t{64} << 20);
+  EXPECT_OK(topology);
+  return *std::move(topology);
+}
+
+// Node `id`'s image of step `step`: `regions` regions of 4 KiB.
+v1::NodeImage Image(uint32_t id, int64_t step, int regions) {
+  v1::NodeImage image;
+  image.set_node_id(id);
+  image.set_step(step);
+  for (int i = 0; i < regions; ++i) {
+    v1::ImageRegion& region = *image.add_regions();
+    region.set_rank(id);
+    region.set_region("expert" + std::to_string(i));
+    region.set_step(step);
+    region.set_bytes(4096);
+    region.set_dtype("float32");
+    region.set_chunk_bytes(4096);
+    region.add_chunk_crcs(static_cast<uint32_t>(step * 100 + i));
+  }
+  image.set_bytes(4096 * static_cast<uint64_t>(regions));
+  return image;
+}
+
+v1::EncodeRequest Whole(int64_t step, int regions) {
+  v1::EncodeRequest request;
+  request.set_coordinator(0);
+  request.set_step(step);
+  request.set_token(5);
+  request.set_timeout_ms(1000);
+  for (uint32_t id : {0, 1, 2}) request.add_group_images(ImageBytes(Image(id, step, regions)));
+  return request;
+}
+
+// A record replaced by a commit, whose images' memory a step's images are parsed in.
+std::shared_ptr<v1::JournalCluster> Replaced(int regions) {
+  auto record = std::make_shared<v1::JournalCluster>();
+  for (uint32_t id : {0, 1, 2}) *record->add_group_images() = Image(id, 1, regions);
+  return record;
+}
+
+TEST(EncodeImagesTest, WholeImagesAreParsedInTheReplacedRecordsMemoryAndBuiltAsSent) {
+  const std::unique_ptr<const Topology> topology = NodeOne();
+  const v1::EncodeRequest request = Whole(3, 50);
+  SentImages sent = ParsedImages(request, *topology, {}, Replaced(80));
+  ASSERT_OK(sent.status);
+  EXPECT_EQ(sent.parsed_in_spare, (std::vector<int>{0, 1, 2}));
+  const ClusterStore::RecordWithBytes none{std::make_shared<const v1::JournalCluster>(), nullptr};
+  absl::StatusOr<GroupImages> images = GroupImagesOf(request, *topology, none, {}, std::move(sent));
+  ASSERT_OK(images);
+  for (int position = 0; position < 3; ++position) {
+    EXPECT_EQ(ImageBytes(images->images[position]), request.group_images(position)) << position;
+    EXPECT_EQ(images->bytes[position], request.group_images(position)) << position;
+  }
+}
+
+TEST(EncodeImagesTest, ARefusedRequestGivesItsImagesMemoryBack) {
+  const std::unique_ptr<const Topology> topology = NodeOne();
+  v1::EncodeRequest request = Whole(3, 50);
+  SentImages sent = ParsedImages(request, *topology, {}, Replaced(80));
+  ASSERT_OK(sent.status);
+  const std::shared_ptr<v1::JournalCluster> unused = std::move(sent).Unused();
+  ASSERT_NE(unused, nullptr);
+  ASSERT_EQ(unused->group_images_size(), 3);
+  // The memory went back holding what was parsed in it: 50 regions where the record had 80.
+  for (const v1::NodeImage& image : unused->group_images()) EXPECT_EQ(image.regions_size(), 50);
+  // One that is not an image at all is refused by name, its memory given back the same way.
+  *request.mutable_group_images(2) = "\xff";
+  sent = ParsedImages(request, *topology, {}, Replaced(80));
+  EXPECT_STATUS(sent.status, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(sent.status.message(), "step 3: image 2")) << sent.status;
+  EXPECT_EQ(std::move(sent).Unused()->group_images_size(), 3);
+}
+
+TEST(EncodeImagesTest, AnAbsentMembersEntryIsAPlaceholderNamingItAlone) {
+  const std::unique_ptr<const Topology> topology = NodeOne();
+  v1::EncodeRequest request = Whole(3, 2);
+  request.set_base_step(2);
+  request.add_absent_nodes(2);
+  v1::NodeImage placeholder;
+  placeholder.set_node_id(2);
+  *request.mutable_group_images(2) = ImageBytes(placeholder);
+  absl::StatusOr<std::set<int>> absent = AbsentPositions(request, *topology);
+  ASSERT_OK(absent);
+  EXPECT_EQ(*absent, (std::set<int>{2}));
+  for (uint32_t named : {0, 7}) {
+    placeholder.set_node_id(named);
+    *request.mutable_group_images(2) = ImageBytes(placeholder);
+    EXPECT_STATUS(AbsentPositions(request, *topology).status(),
+                  absl::StatusCode::kInvalidArgument)
+        << "a placeholder naming node " << named;
+  }
+  *request.mutable_group_images(2) = ImageBytes(Image(2, 3, 1));
+  EXPECT_STATUS(AbsentPositions(request, *topology).status(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moesnap::daemon::cluster
