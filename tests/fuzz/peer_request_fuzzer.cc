@@ -1,12 +1,19 @@
 // Fuzzes the checks of Peer requests, and of a trainer's region registrations (Agent), with
-// protobuf-parsed input: the first byte picks the request type, the rest is its wire encoding. A request the checks pass is then used the way the daemon
-// uses it (stripe arithmetic over the images' sizes, the delta layout of two images), which must
-// stay in bounds: anything the checks let through is safe to act on.
+// protobuf-parsed input: the first byte picks the request type, the rest is its wire encoding. A
+// request the checks pass is then used the way the daemon uses it (an Encode's images parsed and
+// built on a record of the base step, stripe arithmetic over their sizes, the delta layout of two
+// images), which must stay in bounds: anything the checks let through is safe to act on.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "daemon/cluster/context.h"
+#include "daemon/cluster/encode_images.h"
+#include "daemon/cluster/image_patch.h"
 #include "daemon/cluster/peer_checks.h"
 #include "daemon/node_image.h"
 #include "daemon/region_limits.h"
@@ -39,8 +46,56 @@ const moesnap::erasure::StripeLayout& Layout() {
   return layout;
 }
 
+// Node 1's view of a job of 6 nodes in groups of (2,1), checked against Limits().
+const Topology& NodeOne() {
+  static const std::unique_ptr<const Topology> topology = [] {
+    ClusterOptions options;
+    options.job = "fuzz";
+    options.node_count = 6;
+    options.data_units = kDataUnits;
+    options.parity_units = kParityUnits;
+    options.stripe_unit_bytes = kUnitBytes;
+    options.commit_timeout_ms = Limits().commit_timeout_ms;
+    options.advertise_host = "127.0.0.1";
+    options.tls.insecure = true;
+    return *Topology::Create(1, options, Limits().max_image_bytes / Limits().group_size);
+  }();
+  return *topology;
+}
+
+// Node 1's record of its group (nodes 0, 1, 2) at step 6, each image two regions of 4 KiB, with
+// its images' bytes: what patched and absent members are built from.
+const ClusterStore::RecordWithBytes& BaseRecord() {
+  static const ClusterStore::RecordWithBytes held = [] {
+    auto record = std::make_shared<v1::JournalCluster>();
+    auto bytes = std::make_shared<std::vector<std::string>>();
+    record->set_committed_step(6);
+    for (uint32_t id : {0, 1, 2}) {
+      v1::NodeImage& image = *record->add_group_images();
+      image.set_node_id(id);
+      image.set_step(6);
+      for (const char* name : {"a", "b"}) {
+        v1::ImageRegion& region = *image.add_regions();
+        region.set_rank(id);
+        region.set_region(name);
+        region.set_step(6);
+        region.set_bytes(4096);
+        region.set_dtype("float32");
+        region.set_chunk_bytes(4096);
+        region.add_chunk_crcs(id);
+      }
+      image.set_bytes(8192);
+      bytes->push_back(ImageBytes(image));
+    }
+    return ClusterStore::RecordWithBytes{std::move(record), std::move(bytes)};
+  }();
+  return held;
+}
+
 // What Encode and a rebuild do with a group's images once they are checked.
-void UseGroup(const std::vector<v1::NodeImage>& images) {
+// `images`: a RepeatedPtrField or a std::vector of them.
+template <typename Images>
+void UseGroup(const Images& images) {
   std::vector<uint64_t> sizes;
   for (const v1::NodeImage& image : images) sizes.push_back(image.bytes());
   const uint64_t stripes = Layout().StripeCount(sizes);
@@ -48,7 +103,7 @@ void UseGroup(const std::vector<v1::NodeImage>& images) {
     if (Layout().ParityLength(stripe, sizes) > kUnitBytes) std::abort();
   }
   std::vector<std::vector<bool>> units;
-  for (int position = 0; position < images.size(); ++position) {
+  for (int position = 0; position < static_cast<int>(images.size()); ++position) {
     const v1::NodeImage& before = images[position > 0 ? position - 1 : position];
     units.push_back(ChangedUnits(before, images[position], kUnitBytes)
                         .value_or(std::vector<bool>(Layout().UnitCount(images[position].bytes()),
@@ -87,11 +142,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 2: {
       v1::EncodeRequest request;
-      std::vector<v1::NodeImage> images;
-      if (Parse(data, size, &request) && CheckEncode(request, Limits()).ok() &&
-          ParseEncodeImages(request, Limits(), images).ok()) {
-        UseGroup(images);
+      if (!Parse(data, size, &request) || !CheckEncode(request, Limits()).ok()) break;
+      // As a participant takes it: the absent members, the images parsed into a replaced
+      // record's memory (given back when refused), the step's images built on its record.
+      const absl::StatusOr<std::set<int>> absent = AbsentPositions(request, NodeOne());
+      if (!absent.ok()) break;
+      SentImages sent = ParsedImages(request, NodeOne(), *absent,
+                                     std::make_shared<v1::JournalCluster>(*BaseRecord().record));
+      if (!sent.status.ok()) {
+        if (std::move(sent).Unused()->group_images_size() != 3) std::abort();
+        break;
       }
+      absl::StatusOr<GroupImages> built =
+          GroupImagesOf(request, NodeOne(), BaseRecord(), *absent, std::move(sent));
+      if (built.ok()) UseGroup(built->images);
       break;
     }
     case 3: {
