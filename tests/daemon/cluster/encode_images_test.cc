@@ -3,6 +3,8 @@
 // built and checked.
 #include "daemon/cluster/encode_images.h"
 
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/dynamic_message.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -120,6 +122,49 @@ TEST(EncodeImagesTest, AnAbsentMembersEntryIsAPlaceholderNamingItAlone) {
   }
   *request.mutable_group_images(2) = ImageBytes(Image(2, 3, 1));
   EXPECT_STATUS(AbsentPositions(request, *topology).status(), absl::StatusCode::kInvalidArgument);
+}
+
+// Builds from before images travelled as bytes declared them messages: a daemon of either build
+// reads the other's Encode requests (and proposals) alike, so a job can be upgraded node by node.
+TEST(EncodeImagesTest, ImagesAsBytesAreOnTheWireWhatImagesAsMessagesWere) {
+  namespace pb = google::protobuf;
+  // moesnap.proto as it was: EncodeRequest.group_images a repeated NodeImage.
+  pb::FileDescriptorProto file;
+  v1::EncodeRequest::descriptor()->file()->CopyTo(&file);
+  int changed = 0;
+  for (pb::DescriptorProto& message : *file.mutable_message_type()) {
+    if (message.name() != "EncodeRequest") continue;
+    for (pb::FieldDescriptorProto& field : *message.mutable_field()) {
+      if (field.name() != "group_images") continue;
+      field.set_type(pb::FieldDescriptorProto::TYPE_MESSAGE);
+      field.set_type_name(".moesnap.v1.NodeImage");
+      ++changed;
+    }
+  }
+  ASSERT_EQ(changed, 1);
+  pb::DescriptorPool pool;
+  ASSERT_NE(pool.BuildFile(file), nullptr);
+  pb::DynamicMessageFactory factory(&pool);
+  const pb::Descriptor* earlier = pool.FindMessageTypeByName("moesnap.v1.EncodeRequest");
+  ASSERT_NE(earlier, nullptr);
+  const pb::FieldDescriptor* images = earlier->FindFieldByName("group_images");
+  ASSERT_EQ(images->type(), pb::FieldDescriptor::TYPE_MESSAGE);
+
+  // This build's request, read by the earlier one: the same images, field for field.
+  const v1::EncodeRequest request = Whole(3, 20);
+  std::unique_ptr<pb::Message> old(factory.GetPrototype(earlier)->New());
+  ASSERT_TRUE(old->ParseFromString(request.SerializeAsString()));
+  ASSERT_EQ(old->GetReflection()->FieldSize(*old, images), 3);
+  for (int position = 0; position < 3; ++position) {
+    const pb::Message& image = old->GetReflection()->GetRepeatedMessage(*old, images, position);
+    EXPECT_EQ(image.SerializeAsString(), request.group_images(position)) << position;
+  }
+  // And the earlier build's, read by this one: each image's bytes.
+  v1::EncodeRequest read;
+  ASSERT_TRUE(read.ParseFromString(old->SerializeAsString()));
+  for (int position = 0; position < 3; ++position) {
+    EXPECT_EQ(read.group_images(position), request.group_images(position)) << position;
+  }
 }
 
 }  // namespace
