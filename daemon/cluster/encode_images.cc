@@ -90,7 +90,11 @@ v1::NodeImage SentImages::Memory(int position) {
 }
 
 std::shared_ptr<v1::JournalCluster> SentImages::Unused() && {
-  for (int position : parsed_in_spare) images[position].Swap(spare->mutable_group_images(position));
+  for (int position : parsed_in_spare) {
+    if (position < static_cast<int>(images.size())) {
+      images[position].Swap(spare->mutable_group_images(position));
+    }
+  }
   return std::move(spare);
 }
 
