@@ -3,6 +3,8 @@
 #include "daemon/cluster/encode_images.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -11,23 +13,32 @@
 #include "daemon/cluster/peer_checks.h"
 
 namespace moesnap::daemon::cluster {
+namespace {
+
+// Where node `id` stands in `group`; none when it is not a member.
+std::optional<int> PositionIn(const std::vector<uint32_t>& group, uint32_t id) {
+  const auto found = std::find(group.begin(), group.end(), id);
+  if (found == group.end()) return std::nullopt;
+  return static_cast<int>(found - group.begin());
+}
+
+}  // namespace
 
 absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
                                               const Topology& topology) {
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   std::set<int> positions;
   for (uint32_t id : request.absent_nodes()) {
-    const auto found = std::find(group.begin(), group.end(), id);
-    if (found == group.end() || (id == topology.node_id && !request.parity_only())) {
+    const std::optional<int> position = PositionIn(group, id);
+    if (!position || (id == topology.node_id && !request.parity_only())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", request.step(), ": absent node ", id, " is ",
           id == topology.node_id ? "this node, which was asked to encode"
                                  : absl::StrCat("not in group ", topology.group)));
     }
-    const int position = static_cast<int>(found - group.begin());
     v1::NodeImage placeholder;
-    if (!positions.insert(position).second ||
-        !placeholder.ParseFromString(request.group_images(position)) ||
+    if (!positions.insert(*position).second ||
+        !placeholder.ParseFromString(request.group_images(*position)) ||
         placeholder.node_id() != id || placeholder.bytes() != 0 ||
         placeholder.regions_size() != 0 || placeholder.ranks_size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -60,14 +71,19 @@ SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topolo
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   SentImages sent;
   sent.spare = std::move(spare);
-  std::set<int> patched;
   for (const v1::ImagePatch& patch : request.patches()) {
-    const auto found = std::find(group.begin(), group.end(), patch.node_id());
-    if (found != group.end()) patched.insert(static_cast<int>(found - group.begin()));
+    const std::optional<int> position = PositionIn(group, patch.node_id());
+    if (!position || absent.contains(*position) ||
+        !sent.patches.emplace(*position, &patch).second) {
+      sent.status = absl::InvalidArgumentError(absl::StrCat(
+          "step ", request.step(), ": the patch of node ", patch.node_id(),
+          " is for a node not in group ", topology.group, ", an absent one, or one patched twice"));
+      return sent;
+    }
   }
   sent.images.resize(group.size());
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
-    if (!request.parity_only() && !absent.contains(position) && !patched.contains(position) &&
+    if (!request.parity_only() && !absent.contains(position) && !sent.patches.contains(position) &&
         sent.spare && position < sent.spare->group_images_size()) {
       sent.images[position] = sent.Memory(position);
       sent.parsed_in_spare.push_back(position);
@@ -105,17 +121,7 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
   const v1::JournalCluster& committed = *record.record;
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   const int64_t step = request.step();
-  std::map<int, const v1::ImagePatch*> patches;  // by position
-  for (const v1::ImagePatch& patch : request.patches()) {
-    const auto found = std::find(group.begin(), group.end(), patch.node_id());
-    const int position = static_cast<int>(found - group.begin());
-    if (found == group.end() || absent.contains(position) ||
-        !patches.emplace(position, &patch).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step, ": the patch of node ", patch.node_id(),
-          " is for a node not in group ", topology.group, ", an absent one, or one patched twice"));
-    }
-  }
+  const std::map<int, const v1::ImagePatch*>& patches = sent.patches;
   // Absent members' images and patched ones' regions come from the record of the base step.
   if (!absent.empty() || !patches.empty()) {
     if (!committed.has_committed_step() || !request.has_base_step() ||
@@ -164,12 +170,7 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
   // (ParseEncodeImages), the others are checked as built.
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
     const v1::NodeImage& image = images.images[position];
-    absl::Status status =
-        image.node_id() == group[position]
-            ? absl::OkStatus()
-            : absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ",
-                                                      image.node_id(), "'s, not node ",
-                                                      group[position], "'s"));
+    absl::Status status = CheckImageMember(image, position, group[position]);
     if (status.ok() && (absent.contains(position) || patches.contains(position))) {
       status = CheckNodeImage(image, topology.limits);
     }

@@ -6,6 +6,7 @@
 #ifndef MOESNAP_DAEMON_CLUSTER_ENCODE_IMAGES_H_
 #define MOESNAP_DAEMON_CLUSTER_ENCODE_IMAGES_H_
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -37,8 +38,11 @@ absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
 // the memory of the image it replaces, a patch's changes and an absent member's placeholder on
 // their own.
 struct SentImages {
-  absl::Status status;                // INVALID_ARGUMENT when an image is not one or not valid
+  // INVALID_ARGUMENT when an image is not one or not valid, or a patch is not of a live member
+  // or not its only one.
+  absl::Status status;
   std::vector<v1::NodeImage> images;  // by position
+  std::map<int, const v1::ImagePatch*> patches;  // the request's, by position of their member
   // A replaced record, whose images' memory the step's images are built in.
   std::shared_ptr<v1::JournalCluster> spare;
   std::vector<int> parsed_in_spare;  // the positions whose image was parsed in its memory

@@ -147,6 +147,12 @@ absl::Status CheckChanges(const v1::NodeImage& changes, const v1::ImagePatch& pa
 
 }  // namespace
 
+absl::Status CheckImageMember(const v1::NodeImage& image, size_t position, uint32_t member) {
+  if (image.node_id() == member) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ", image.node_id(),
+                                                 "'s, not node ", member, "'s"));
+}
+
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
   absl::StatusOr<uint64_t> total = CheckImageFields(image, limits);
   if (!total.ok()) return total.status();

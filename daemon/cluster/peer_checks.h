@@ -33,6 +33,8 @@ struct PeerLimits {
 // One node's image: regions back to back whose sizes add up to `bytes` without overflow, each
 // region's chunk CRCs matching its size and chunk size, names, dtypes and shapes bounded.
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits);
+// That the image at `position` of a group's images is `member`'s.
+absl::Status CheckImageMember(const v1::NodeImage& image, size_t position, uint32_t member);
 // A group's images by position (a RepeatedPtrField or a std::vector of them): one per position of
 // `group_ids`, each of that node, each valid.
 template <typename Images>
@@ -44,10 +46,9 @@ absl::Status CheckGroupImages(const Images& images, const std::vector<uint32_t>&
   }
   for (size_t position = 0; position < group_ids.size(); ++position) {
     const v1::NodeImage& image = images[static_cast<int>(position)];
-    if (image.node_id() != group_ids[position]) {
-      return absl::InvalidArgumentError(absl::StrCat("image ", position, " is node ",
-                                                     image.node_id(), "'s, not node ",
-                                                     group_ids[position], "'s"));
+    if (absl::Status status = CheckImageMember(image, position, group_ids[position]);
+        !status.ok()) {
+      return status;
     }
     if (absl::Status status = CheckNodeImage(image, limits); !status.ok()) return status;
   }

@@ -102,6 +102,40 @@ TEST(EncodeImagesTest, ARefusedRequestGivesItsImagesMemoryBack) {
   EXPECT_EQ(std::move(sent).Unused()->group_images_size(), 3);
 }
 
+// A patch stands for a live member of the group, once: one for another group's node, an absent
+// member or a member patched twice is refused by name before any image is parsed.
+TEST(EncodeImagesTest, APatchIsOfALiveMemberAndItsOnlyOne) {
+  const std::unique_ptr<const Topology> topology = NodeOne();
+  v1::EncodeRequest request = Whole(3, 2);
+  v1::ImagePatch patch;
+  patch.add_changed(0);
+  for (const auto& [patched, absent] : std::vector<std::pair<std::vector<uint32_t>, int>>{
+           {{5}, -1}, {{2}, 2}, {{0, 0}, -1}}) {
+    request.clear_patches();
+    for (uint32_t id : patched) {
+      patch.set_node_id(id);
+      *request.add_patches() = patch;
+    }
+    std::set<int> positions;
+    if (absent >= 0) positions.insert(absent);
+    SentImages sent = ParsedImages(request, *topology, positions, Replaced(2));
+    EXPECT_STATUS(sent.status, absl::StatusCode::kInvalidArgument) << patched.front();
+    EXPECT_TRUE(absl::StrContains(sent.status.message(), "an absent one, or one patched twice"))
+        << sent.status;
+    EXPECT_TRUE(sent.parsed_in_spare.empty());
+  }
+  request.clear_patches();
+  patch.set_node_id(0);
+  *request.add_patches() = patch;
+  // A patch of a member that carries its changes only: node 0's changed region 0.
+  v1::NodeImage changes = Image(0, 3, 1);
+  *request.mutable_group_images(0) = ImageBytes(changes);
+  SentImages sent = ParsedImages(request, *topology, {}, Replaced(2));
+  ASSERT_OK(sent.status);
+  EXPECT_EQ(sent.patches.size(), 1u);
+  EXPECT_EQ(sent.parsed_in_spare, (std::vector<int>{1, 2}));
+}
+
 TEST(EncodeImagesTest, AnAbsentMembersEntryIsAPlaceholderNamingItAlone) {
   const std::unique_ptr<const Topology> topology = NodeOne();
   v1::EncodeRequest request = Whole(3, 2);
