@@ -143,7 +143,7 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
     if (absent.contains(position)) {
       // Frozen at its last committed image, which every live member's record holds alike.
       images.images.push_back(memory(position));
-      images.images.back().CopyFrom(committed.group_images(position));
+      AssignImage(committed.group_images(position), images.images.back());
       if (const std::string_view kept = record.ImageBytesOf(position); !kept.empty()) {
         bytes.assign(kept);
       } else {

@@ -70,19 +70,25 @@ std::optional<std::vector<std::pair<size_t, size_t>>> EntriesOf(std::string_view
   return entries;
 }
 
-// Whether `image` or any of its entries carries fields this build does not know: a spliced copy
-// of such an entry's bytes is not what serializing an equal entry made here gives.
+// Whether a region carries fields this build does not know: a spliced copy of such an entry's
+// bytes is not what serializing an equal entry made here gives, and SameEntry does not see them.
+// Each type's reflection is taken once: finding it costs more than the check of an entry.
+class UnknownFieldsIn {
+ public:
+  bool operator()(const v1::ImageRegion& region) const {
+    return !regions_.GetUnknownFields(region).empty() ||
+           (region.has_piece() && !pieces_.GetUnknownFields(region.piece()).empty());
+  }
+
+ private:
+  const google::protobuf::Reflection& regions_ = *v1::ImageRegion::GetReflection();
+  const google::protobuf::Reflection& pieces_ = *v1::RegionPiece::GetReflection();
+};
+
+// Whether `image` or any of its entries carries fields this build does not know.
 bool HasUnknownFields(const v1::NodeImage& image) {
-  // Each type's reflection taken once: finding it costs more than the check of an entry.
-  const google::protobuf::Reflection& regions = *v1::ImageRegion::GetReflection();
-  const google::protobuf::Reflection& pieces = *v1::RegionPiece::GetReflection();
   return !v1::NodeImage::GetReflection()->GetUnknownFields(image).empty() ||
-         std::any_of(image.regions().begin(), image.regions().end(),
-                     [&](const v1::ImageRegion& region) {
-                       return !regions.GetUnknownFields(region).empty() ||
-                              (region.has_piece() &&
-                               !pieces.GetUnknownFields(region.piece()).empty());
-                     });
+         std::any_of(image.regions().begin(), image.regions().end(), UnknownFieldsIn());
 }
 
 // PatchedImageBytes by splicing: false, with nothing promised of `bytes`, when it cannot.
@@ -175,6 +181,30 @@ void ImageBytesInto(const v1::NodeImage& image, std::string& bytes) {
   image.SerializeToCodedStream(&coded);
 }
 
+void AssignImage(const v1::NodeImage& from, v1::NodeImage& image) {
+  const google::protobuf::Reflection& images = *v1::NodeImage::GetReflection();
+  if (!images.GetUnknownFields(from).empty() || !images.GetUnknownFields(image).empty()) {
+    image.CopyFrom(from);
+    return;
+  }
+  image.set_node_id(from.node_id());
+  image.set_step(from.step());
+  image.set_bytes(from.bytes());
+  *image.mutable_ranks() = from.ranks();
+  const UnknownFieldsIn unknown_fields_in;
+  google::protobuf::RepeatedPtrField<v1::ImageRegion>& regions = *image.mutable_regions();
+  while (regions.size() > from.regions_size()) regions.RemoveLast();  // kept for a later Add
+  for (int position = 0; position < from.regions_size(); ++position) {
+    const v1::ImageRegion& entry = from.regions(position);
+    if (position == regions.size()) {
+      regions.Add()->CopyFrom(entry);
+    } else if (v1::ImageRegion& there = regions[position];
+               !SameEntry(there, entry) || unknown_fields_in(there) || unknown_fields_in(entry)) {
+      there.CopyFrom(entry);
+    }
+  }
+}
+
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
                                     const v1::NodeImage& image, std::string& bytes) {
   std::optional<ImagePatchOf> of = ChangesOf(base, image);
@@ -205,7 +235,7 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::strin
                                 changes.regions_size()));
   }
   v1::NodeImage image = std::move(memory);
-  image.CopyFrom(base);
+  AssignImage(base, image);
   image.set_step(changes.step());
   image.set_bytes(changes.bytes());
   *image.mutable_ranks() = changes.ranks();

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -166,6 +167,59 @@ TEST(ImagePatchTest, AnImageBuiltInAnotherImagesMemoryKeepsNothingOfIt) {
   ASSERT_OK(built.status());
   EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
   EXPECT_EQ(bytes, ImageBytes(next));
+}
+
+// Adds a field this build does not know to `message`.
+void AddUnknownField(google::protobuf::Message& message) {
+  message.GetReflection()->MutableUnknownFields(&message)->AddVarint(99, 1);
+}
+
+// An image copied into memory that held another keeps its entries where they equal the copy's,
+// and nothing of the other image: not its fields this build does not know (on top, in an entry
+// equal to the copy's, in its piece), not its entries past the copy's, and it has every entry of
+// a longer copy, unknown fields included.
+TEST(ImagePatchTest, AnImageCopiedIntoAnothersMemoryIsTheCopyAlone) {
+  v1::NodeImage base = Image(6, 50);
+  base.mutable_regions(7)->mutable_piece()->set_replica_group("g");
+  std::vector<int64_t> steps(50, 6);
+  steps[3] = steps[49] = 5;
+  const v1::NodeImage neighbour = Image(5, 50, steps);  // the step before, two regions apart
+  std::vector<std::pair<std::string, v1::NodeImage>> memories = {
+      {"none", v1::NodeImage()},
+      {"the neighbour", neighbour},
+      {"fewer regions", Image(6, 20)},
+      {"more regions", Image(6, 80)},
+      {"another node's", [] {
+         v1::NodeImage other = Image(6, 50);
+         other.set_node_id(9);
+         return other;
+       }()},
+  };
+  for (int where : {0, 1, 2}) {
+    v1::NodeImage unknown = neighbour;
+    v1::ImageRegion& region = *unknown.mutable_regions(7);
+    region.mutable_piece()->set_replica_group("g");  // equal to the base's but for the field
+    AddUnknownField(where == 0   ? static_cast<google::protobuf::Message&>(unknown)
+                    : where == 1 ? static_cast<google::protobuf::Message&>(region)
+                                 : *region.mutable_piece());
+    memories.emplace_back(absl::StrCat("an unknown field at ", where), std::move(unknown));
+  }
+  const std::string expected = ImageBytes(base);
+  for (auto& [what, memory] : memories) {
+    AssignImage(base, memory);
+    EXPECT_EQ(ImageBytes(memory), expected) << what;
+  }
+  // A base carrying such a field has it in the copy, wherever the memory's entry equals it.
+  for (int where : {0, 1, 2}) {
+    v1::NodeImage carrying = base;
+    AddUnknownField(where == 0   ? static_cast<google::protobuf::Message&>(carrying)
+                    : where == 1 ? static_cast<google::protobuf::Message&>(
+                                       *carrying.mutable_regions(7))
+                                 : *carrying.mutable_regions(7)->mutable_piece());
+    v1::NodeImage memory = base;
+    AssignImage(carrying, memory);
+    EXPECT_EQ(ImageBytes(memory), ImageBytes(carrying)) << where;
+  }
 }
 
 TEST(ImagePatchTest, EveryFieldOfARegionCountsAsAChange) {
