@@ -27,6 +27,13 @@ bool SameRegion(const v1::ImageRegion& a, const v1::ImageRegion& b) {
   return a.rank() == b.rank() && a.bytes() == b.bytes() && a.region() == b.region();
 }
 
+// Marks the units of `unit_bytes` that bytes [offset, offset + bytes) of an image lie in.
+void MarkUnits(uint64_t offset, uint64_t bytes, uint64_t unit_bytes, std::vector<bool>& changed) {
+  const uint64_t last = (offset + bytes - 1) / unit_bytes;
+  if (changed.size() <= last) changed.resize(last + 1, false);
+  for (uint64_t unit = offset / unit_bytes; unit <= last; ++unit) changed[unit] = true;
+}
+
 }  // namespace
 
 NodeImage::NodeImage()
@@ -212,13 +219,40 @@ std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,
     const v1::ImageRegion& region = after.regions(i);
     if (!SameRegion(was, region)) return std::nullopt;
     if (region.bytes() > 0 && region.step() != was.step()) {
-      const uint64_t last = (offset + region.bytes() - 1) / unit_bytes;
-      if (changed.size() <= last) changed.resize(last + 1, false);
-      for (uint64_t unit = offset / unit_bytes; unit <= last; ++unit) changed[unit] = true;
+      MarkUnits(offset, region.bytes(), unit_bytes, changed);
     }
     offset += region.bytes();
   }
   changed.resize((offset + unit_bytes - 1) / unit_bytes, false);
+  return changed;
+}
+
+std::optional<std::vector<bool>> ChangedUnitsAt(const v1::NodeImage& before,
+                                                const v1::NodeImage& after,
+                                                absl::Span<const uint32_t> positions,
+                                                uint64_t unit_bytes) {
+  if (before.regions_size() != after.regions_size()) return std::nullopt;
+  std::vector<bool> changed((after.bytes() + unit_bytes - 1) / unit_bytes, false);
+  uint64_t offset = 0;  // of region `next`
+  int next = 0;
+  for (const uint32_t position : positions) {
+    if (position < static_cast<uint32_t>(next) ||
+        position >= static_cast<uint32_t>(after.regions_size())) {
+      return std::nullopt;
+    }
+    // Only each region's size is read on the way: a sparse step of thousands of regions per member
+    // compares its few changed ones.
+    for (; next < static_cast<int>(position); ++next) offset += after.regions(next).bytes();
+    const v1::ImageRegion& was = before.regions(next);
+    const v1::ImageRegion& region = after.regions(next);
+    if (!SameRegion(was, region)) return std::nullopt;
+    if (offset > after.bytes() || region.bytes() > after.bytes() - offset) {
+      return std::nullopt;  // not within the image's bytes: they are not its regions' sum
+    }
+    if (region.bytes() > 0 && region.step() != was.step()) {
+      MarkUnits(offset, region.bytes(), unit_bytes, changed);
+    }
+  }
   return changed;
 }
 

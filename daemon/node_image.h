@@ -102,6 +102,14 @@ bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after);
 // version differs (captured again since `before`); none when their layouts differ.
 std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,
                                               const v1::NodeImage& after, uint64_t unit_bytes);
+// ChangedUnits of an `after` that is `before` but for its regions at `positions` (ascending), and
+// whose `bytes` is the sum of its regions' (CheckNodeImage): only those regions are compared, and
+// of the others only the sizes of those before the last are read. None when a region at
+// `positions` changed its layout, or `positions` are not ascending within the images.
+std::optional<std::vector<bool>> ChangedUnitsAt(const v1::NodeImage& before,
+                                                const v1::NodeImage& after,
+                                                absl::Span<const uint32_t> positions,
+                                                uint64_t unit_bytes);
 
 }  // namespace moesnap::daemon
 

@@ -158,6 +158,8 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
                             absl::StrCat("step ", step, ": ", image.status().message()));
       }
       images.images.push_back(*std::move(image));
+      images.patched_regions[position].assign(patch->second->changed().begin(),
+                                              patch->second->changed().end());
     } else {
       // Its bytes are the coordinator's serialization, which the record journals and a later
       // patch's image is spliced from: a coordinator that sent another serialization of the same

@@ -26,6 +26,9 @@ namespace moesnap::daemon::cluster {
 struct GroupImages {
   std::vector<v1::NodeImage> images;
   std::vector<std::string> bytes;
+  // By position, for each image built from a patch: the positions of the regions it changed. The
+  // image's other regions are its base's, entry for entry.
+  std::map<int, std::vector<uint32_t>> patched_regions;
 };
 
 // The positions in this node's group of the nodes an encode names absent (a degraded step), each

@@ -488,8 +488,13 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
                committed.group_images_size() == layout.group_size();
   std::vector<std::vector<bool>> units;  // with delta, each member's changed units
   for (int position = 0; delta && position < layout.group_size(); ++position) {
-    std::optional<std::vector<bool>> changed = ChangedUnits(
-        committed.group_images(position), group_images[position], layout.unit_bytes());
+    const v1::NodeImage& before = committed.group_images(position);
+    const auto patched = images->patched_regions.find(position);
+    std::optional<std::vector<bool>> changed =
+        patched == images->patched_regions.end()
+            ? ChangedUnits(before, group_images[position], layout.unit_bytes())
+            : ChangedUnitsAt(before, group_images[position], patched->second,
+                             layout.unit_bytes());
     delta = changed.has_value();
     if (delta) units.push_back(*std::move(changed));
   }

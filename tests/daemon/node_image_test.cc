@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <numeric>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_pool.h"
 
@@ -192,6 +196,53 @@ TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
     EXPECT_FALSE(SameLayout(before, other)) << other.ShortDebugString();
     EXPECT_FALSE(ChangedUnits(before, other, 256).has_value()) << other.ShortDebugString();
   }
+}
+
+// An image that is another but for some regions (a patched image) has its changed units found from
+// those regions alone: the same units ChangedUnits finds walking both images whole, whichever
+// regions changed (none, the first, the last, several in one unit, some only in a field that is not
+// their step), and no units at all when one of them changed its layout.
+TEST(NodeImageTest, ChangedUnitsAtTheChangedRegionsAreThoseOfTheWholeWalk) {
+  std::vector<std::pair<std::string, uint64_t>> regions;
+  for (int i = 0; i < 40; ++i) regions.emplace_back(absl::StrCat("r", i), 1 + (i * 37) % 300);
+  regions[5].second = 0;  // an empty region, changed too
+  v1::NodeImage before = Manifest(regions, std::vector<int64_t>(regions.size(), 1));
+  uint64_t total = 0;
+  for (const auto& [name, bytes] : regions) total += bytes;
+  before.set_bytes(total);
+  for (const std::vector<uint32_t>& positions :
+       {std::vector<uint32_t>{}, {0}, {39}, {3, 4, 5, 6}, {1, 17, 18, 30, 39}, {2, 9}}) {
+    v1::NodeImage after = before;
+    for (uint32_t position : positions) {
+      v1::ImageRegion& region = *after.mutable_regions(static_cast<int>(position));
+      if (position == 9) {
+        region.add_chunk_crcs(5);  // changed, but not captured again
+      } else {
+        region.set_step(2);
+      }
+    }
+    for (uint64_t unit_bytes : {64, 256, 5000}) {
+      const std::optional<std::vector<bool>> whole = ChangedUnits(before, after, unit_bytes);
+      ASSERT_TRUE(whole.has_value());
+      EXPECT_EQ(ChangedUnitsAt(before, after, positions, unit_bytes), whole)
+          << positions.size() << " regions changed, units of " << unit_bytes;
+    }
+  }
+  // A changed region of another layout, positions beyond the image, or an image whose bytes are
+  // not its regions' sum: no units.
+  v1::NodeImage resized = before;
+  resized.mutable_regions(7)->set_bytes(regions[7].second + 1);
+  resized.set_bytes(total + 1);
+  EXPECT_FALSE(ChangedUnitsAt(before, resized, std::vector<uint32_t>{7}, 256).has_value());
+  v1::NodeImage renamed = before;
+  renamed.mutable_regions(7)->set_region("other");
+  EXPECT_FALSE(ChangedUnitsAt(before, renamed, std::vector<uint32_t>{7}, 256).has_value());
+  EXPECT_FALSE(ChangedUnitsAt(before, before, std::vector<uint32_t>{40}, 256).has_value());
+  EXPECT_FALSE(ChangedUnitsAt(before, before, std::vector<uint32_t>{8, 3}, 256).has_value());
+  v1::NodeImage short_bytes = before;
+  short_bytes.set_bytes(total - 200);
+  short_bytes.mutable_regions(39)->set_step(2);
+  EXPECT_FALSE(ChangedUnitsAt(before, short_bytes, std::vector<uint32_t>{39}, 256).has_value());
 }
 
 }  // namespace

@@ -155,7 +155,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       absl::StatusOr<GroupImages> built =
           GroupImagesOf(request, NodeOne(), BaseRecord(), *absent, std::move(sent));
-      if (built.ok()) UseGroup(built->images);
+      if (!built.ok()) break;
+      UseGroup(built->images);
+      // A patched image's changed units, found from its changed regions, are the whole walk's.
+      for (const auto& [position, regions] : built->patched_regions) {
+        const v1::NodeImage& before = BaseRecord().record->group_images(position);
+        if (ChangedUnitsAt(before, built->images[position], regions, kUnitBytes) !=
+            ChangedUnits(before, built->images[position], kUnitBytes)) {
+          std::abort();
+        }
+      }
       break;
     }
     case 3: {
