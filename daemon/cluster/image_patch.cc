@@ -85,16 +85,15 @@ class UnknownFieldsIn {
   const google::protobuf::Reflection& pieces_ = *v1::RegionPiece::GetReflection();
 };
 
-// Whether `image` or any of its entries carries fields this build does not know.
-bool HasUnknownFields(const v1::NodeImage& image) {
-  return !v1::NodeImage::GetReflection()->GetUnknownFields(image).empty() ||
-         std::any_of(image.regions().begin(), image.regions().end(), UnknownFieldsIn());
+// Whether `image` carries fields this build does not know on top (not in its entries).
+bool HasUnknownFieldsOnTop(const v1::NodeImage& image) {
+  return !v1::NodeImage::GetReflection()->GetUnknownFields(image).empty();
 }
 
 // PatchedImageBytes by splicing: false, with nothing promised of `bytes`, when it cannot.
 bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
                   const v1::NodeImage& image, const v1::ImagePatch& patch, std::string& bytes) {
-  if (base.regions_size() == 0 || HasUnknownFields(base)) return false;
+  if (base.regions_size() == 0) return false;
   const std::optional<std::vector<std::pair<size_t, size_t>>> entries =
       EntriesOf(base_bytes, base.regions_size());
   if (!entries) return false;
@@ -131,7 +130,9 @@ bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
 // fields set anew (PatchOf's image, or PatchedImage's): the unchanged entries' bytes are copied
 // from `base_bytes`, the bytes `base` came as, and only the changed entries and the fields around
 // them serialized. ImageBytes(image), serialized whole, when `base_bytes` do not lie out as
-// ImageBytes(base) does or `base` carries fields this build does not know.
+// ImageBytes(base) does, or are empty: the caller gives none when `base` carries fields this
+// build does not know (or `image` does in an entry it shares with `base`), for a splice of such
+// an entry's bytes is not what serializing it here gives.
 void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
                        const v1::NodeImage& image, const v1::ImagePatch& patch,
                        std::string& bytes) {
@@ -140,11 +141,15 @@ void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
   }
 }
 
-// PatchOf's patch, but for its CRC.
-std::optional<ImagePatchOf> ChangesOf(const v1::NodeImage& base, const v1::NodeImage& image) {
+// PatchOf's patch, but for its CRC; `unknown_fields` is set when either image carries fields this
+// build does not know (with a patch: none is spliced then).
+std::optional<ImagePatchOf> ChangesOf(const v1::NodeImage& base, const v1::NodeImage& image,
+                                      bool& unknown_fields) {
   if (base.node_id() != image.node_id() || base.regions_size() != image.regions_size()) {
     return std::nullopt;
   }
+  const UnknownFieldsIn unknown_fields_in;
+  unknown_fields = HasUnknownFieldsOnTop(base) || HasUnknownFieldsOnTop(image);
   ImagePatchOf of;
   of.patch.set_node_id(image.node_id());
   of.changes.set_node_id(image.node_id());
@@ -152,7 +157,11 @@ std::optional<ImagePatchOf> ChangesOf(const v1::NodeImage& base, const v1::NodeI
   of.changes.set_bytes(image.bytes());
   *of.changes.mutable_ranks() = image.ranks();
   for (int position = 0; position < image.regions_size(); ++position) {
-    if (SameEntry(base.regions(position), image.regions(position))) continue;
+    const v1::ImageRegion& was = base.regions(position);
+    const v1::ImageRegion& region = image.regions(position);
+    // Read in the pass that compares them, while the entries are in cache.
+    unknown_fields = unknown_fields || unknown_fields_in(was) || unknown_fields_in(region);
+    if (SameEntry(was, region)) continue;
     // A receiver copies the base image and then the changes: past half the regions, sending the
     // image whole costs it less.
     if (2 * (of.patch.changed_size() + 1) > image.regions_size()) return std::nullopt;
@@ -181,11 +190,11 @@ void ImageBytesInto(const v1::NodeImage& image, std::string& bytes) {
   image.SerializeToCodedStream(&coded);
 }
 
-void AssignImage(const v1::NodeImage& from, v1::NodeImage& image) {
-  const google::protobuf::Reflection& images = *v1::NodeImage::GetReflection();
-  if (!images.GetUnknownFields(from).empty() || !images.GetUnknownFields(image).empty()) {
+bool AssignImage(const v1::NodeImage& from, v1::NodeImage& image) {
+  if (HasUnknownFieldsOnTop(from) || HasUnknownFieldsOnTop(image)) {
     image.CopyFrom(from);
-    return;
+    return HasUnknownFieldsOnTop(from) ||
+           std::any_of(from.regions().begin(), from.regions().end(), UnknownFieldsIn());
   }
   image.set_node_id(from.node_id());
   image.set_step(from.step());
@@ -194,25 +203,30 @@ void AssignImage(const v1::NodeImage& from, v1::NodeImage& image) {
   const UnknownFieldsIn unknown_fields_in;
   google::protobuf::RepeatedPtrField<v1::ImageRegion>& regions = *image.mutable_regions();
   while (regions.size() > from.regions_size()) regions.RemoveLast();  // kept for a later Add
+  bool unknown_fields = false;
   for (int position = 0; position < from.regions_size(); ++position) {
     const v1::ImageRegion& entry = from.regions(position);
+    const bool unknown = unknown_fields_in(entry);
+    unknown_fields = unknown_fields || unknown;
     if (position == regions.size()) {
       regions.Add()->CopyFrom(entry);
     } else if (v1::ImageRegion& there = regions[position];
-               !SameEntry(there, entry) || unknown_fields_in(there) || unknown_fields_in(entry)) {
+               unknown || !SameEntry(there, entry) || unknown_fields_in(there)) {
       there.CopyFrom(entry);
     }
   }
+  return unknown_fields;
 }
 
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
                                     const v1::NodeImage& image, std::string& bytes) {
-  std::optional<ImagePatchOf> of = ChangesOf(base, image);
+  bool unknown_fields = false;
+  std::optional<ImagePatchOf> of = ChangesOf(base, image, unknown_fields);
   if (of) {
     // An image off the wire may carry fields this build does not know, which SameEntry does not
     // see and a splice of the base's entries would drop.
-    PatchedImageBytes(base, HasUnknownFields(image) ? std::string_view() : base_bytes, image,
-                      of->patch, bytes);
+    PatchedImageBytes(base, unknown_fields ? std::string_view() : base_bytes, image, of->patch,
+                      bytes);
     of->patch.set_image_crc(erasure::Crc32c(bytes.data(), bytes.size()));
   }
   return of;
@@ -235,7 +249,7 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::strin
                                 changes.regions_size()));
   }
   v1::NodeImage image = std::move(memory);
-  AssignImage(base, image);
+  const bool unknown_fields = AssignImage(base, image);
   image.set_step(changes.step());
   image.set_bytes(changes.bytes());
   *image.mutable_ranks() = changes.ranks();
@@ -250,7 +264,7 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::strin
     *image.mutable_regions(static_cast<int>(position)) = changes.regions(i);
     previous = position;
   }
-  PatchedImageBytes(base, base_bytes, image, patch, bytes);
+  PatchedImageBytes(base, unknown_fields ? std::string_view() : base_bytes, image, patch, bytes);
   if (const uint32_t crc = erasure::Crc32c(bytes.data(), bytes.size()); crc != patch.image_crc()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the image of node ", patch.node_id(), " built from its patch on this node's record of ",

@@ -26,8 +26,9 @@ void ImageBytesInto(const v1::NodeImage& image, std::string& bytes);
 // `image` made a copy of `from`, field for field, in its own memory: an entry already equal to
 // `from`'s at its position (and carrying no field this build does not know) is kept as it is, so
 // memory that holds a neighbouring step's image of the node costs a comparison per region where a
-// copy would rewrite every one.
-void AssignImage(const v1::NodeImage& from, v1::NodeImage& image);
+// copy would rewrite every one. Returns whether `from` carries fields this build does not know (on
+// top or in an entry), found in the same pass.
+bool AssignImage(const v1::NodeImage& from, v1::NodeImage& image);
 
 // What the coordinator sends of a member's image.
 struct ImagePatchOf {

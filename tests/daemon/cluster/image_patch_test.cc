@@ -2,6 +2,8 @@
 // the base step, exactly the image it holds; anything else is refused, never built wrong.
 #include "daemon/cluster/image_patch.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -300,6 +302,42 @@ TEST(ImagePatchTest, BytesSplicedFromTheBasesAreTheWholeImagesBytes) {
                                                      of_unknown.changes, of_unknown.patch, bytes);
   ASSERT_OK(built.status());
   EXPECT_EQ(bytes, ImageBytes(unknown_next));
+  // A base whose unchanged entry carries such a field, in bytes that put it before the entry's
+  // known fields (as another build may): its bytes are not what this build serializes, so neither
+  // the proposer nor a receiver splices them, and both make the image's bytes.
+  std::string reordered;
+  {
+    v1::NodeImage head;
+    head.set_node_id(plain.node_id());
+    head.set_step(plain.step());
+    head.set_bytes(plain.bytes());
+    reordered = head.SerializeAsString();
+    for (int position = 0; position < plain.regions_size(); ++position) {
+      std::string entry = plain.regions(position).SerializeAsString();
+      if (position == 20) entry.insert(0, "\x98\x06\x01");  // field 99, a varint of 1
+      google::protobuf::io::StringOutputStream stream(&reordered);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.WriteTag(v1::NodeImage::kRegionsFieldNumber << 3 | 2);
+      coded.WriteVarint32(static_cast<uint32_t>(entry.size()));
+      coded.WriteRaw(entry.data(), static_cast<int>(entry.size()));
+    }
+    v1::NodeImage tail;
+    *tail.mutable_ranks() = plain.ranks();
+    reordered += tail.SerializeAsString();
+  }
+  v1::NodeImage carrying;
+  ASSERT_TRUE(carrying.ParseFromString(reordered));
+  ASSERT_NE(ImageBytes(carrying), reordered);
+  v1::NodeImage carrying_next = next;
+  *carrying_next.mutable_regions(20) = carrying.regions(20);
+  std::string proposed;
+  const std::optional<ImagePatchOf> of_carrying =
+      PatchOf(carrying, reordered, carrying_next, proposed);
+  ASSERT_TRUE(of_carrying.has_value());
+  EXPECT_EQ(proposed, ImageBytes(carrying_next));
+  built = PatchedImage(carrying, reordered, of_carrying->changes, of_carrying->patch, bytes);
+  ASSERT_OK(built.status());
+  EXPECT_EQ(bytes, ImageBytes(carrying_next));
   v1::NodeImage other = plain;
   other.mutable_regions(30)->set_chunk_crcs(0, 5);
   EXPECT_EQ(PatchedImage(plain, ImageBytes(other), of.changes, of.patch, bytes).status().code(),
