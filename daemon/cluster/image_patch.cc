@@ -130,9 +130,9 @@ bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
 // fields set anew (PatchOf's image, or PatchedImage's): the unchanged entries' bytes are copied
 // from `base_bytes`, the bytes `base` came as, and only the changed entries and the fields around
 // them serialized. ImageBytes(image), serialized whole, when `base_bytes` do not lie out as
-// ImageBytes(base) does, or are empty: the caller gives none when `base` carries fields this
-// build does not know (or `image` does in an entry it shares with `base`), for a splice of such
-// an entry's bytes is not what serializing it here gives.
+// ImageBytes(base) does, or are empty: the caller gives none when either image carries fields
+// this build does not know (`base` in any entry, `image` in any of its changed entries too), for
+// a splice of such an entry's bytes is not what serializing it here gives.
 void PatchedImageBytes(const v1::NodeImage& base, std::string_view base_bytes,
                        const v1::NodeImage& image, const v1::ImagePatch& patch,
                        std::string& bytes) {
@@ -249,7 +249,10 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::strin
                                 changes.regions_size()));
   }
   v1::NodeImage image = std::move(memory);
-  const bool unknown_fields = AssignImage(base, image);
+  // As PatchOf decides: the image's other entries are the base's.
+  const bool unknown_fields =
+      AssignImage(base, image) ||
+      std::any_of(changes.regions().begin(), changes.regions().end(), UnknownFieldsIn());
   image.set_step(changes.step());
   image.set_bytes(changes.bytes());
   *image.mutable_ranks() = changes.ranks();

@@ -27,7 +27,7 @@ void ImageBytesInto(const v1::NodeImage& image, std::string& bytes);
 // `from`'s at its position (and carrying no field this build does not know) is kept as it is, so
 // memory that holds a neighbouring step's image of the node costs a comparison per region where a
 // copy would rewrite every one. Returns whether `from` carries fields this build does not know (on
-// top or in an entry), found in the same pass.
+// top or in an entry), read from each entry as it is compared.
 bool AssignImage(const v1::NodeImage& from, v1::NodeImage& image);
 
 // What the coordinator sends of a member's image.

@@ -153,6 +153,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (std::move(sent).Unused()->group_images_size() != 3) std::abort();
         break;
       }
+      // An image copied into memory that held another, either way round, is the copy alone.
+      for (int position = 0; position < 3; ++position) {
+        const v1::NodeImage& base = BaseRecord().record->group_images(position);
+        const v1::NodeImage& parsed = sent.images[position];
+        v1::NodeImage memory = parsed;
+        AssignImage(base, memory);
+        if (ImageBytes(memory) != ImageBytes(base)) std::abort();
+        memory = base;
+        AssignImage(parsed, memory);
+        if (ImageBytes(memory) != ImageBytes(parsed)) std::abort();
+      }
       absl::StatusOr<GroupImages> built =
           GroupImagesOf(request, NodeOne(), BaseRecord(), *absent, std::move(sent));
       if (!built.ok()) break;
