@@ -44,6 +44,11 @@ v1::NodeImage Image(int64_t step, int regions, const std::vector<int64_t>& steps
   return image;
 }
 
+// Adds a field this build does not know to `message`.
+void AddUnknownField(google::protobuf::Message& message) {
+  message.GetReflection()->MutableUnknownFields(&message)->AddVarint(99, 1);
+}
+
 // PatchOf with the base's bytes at hand, as a proposing node calls it; the image's bytes it makes
 // are checked to be the image's.
 std::optional<ImagePatchOf> Patch(const v1::NodeImage& base, const v1::NodeImage& image) {
@@ -92,7 +97,7 @@ TEST(ImagePatchTest, TheBytesAPatchComesWithAreTheImagesSplicedOrNot) {
     v1::ImageRegion& region = *unknown.mutable_regions(20);
     google::protobuf::Message& carrier =
         in_piece ? static_cast<google::protobuf::Message&>(*region.mutable_piece()) : region;
-    carrier.GetReflection()->MutableUnknownFields(&carrier)->AddVarint(99, 1);
+    AddUnknownField(carrier);
     v1::NodeImage image = next;
     if (in_piece) image.mutable_regions(20)->mutable_piece();
     std::string bytes;
@@ -112,7 +117,7 @@ TEST(ImagePatchTest, TheBytesAPatchComesWithAreTheImagesSplicedOrNot) {
         where == 0   ? static_cast<google::protobuf::Message&>(image)
         : where == 1 ? static_cast<google::protobuf::Message&>(*image.mutable_regions(20))
                      : *image.mutable_regions(20)->mutable_piece();
-    carrier.GetReflection()->MutableUnknownFields(&carrier)->AddVarint(99, 1);
+    AddUnknownField(carrier);
     std::string bytes;
     const std::optional<ImagePatchOf> of = PatchOf(on, ImageBytes(on), image, bytes);
     ASSERT_TRUE(of.has_value());
@@ -169,11 +174,6 @@ TEST(ImagePatchTest, AnImageBuiltInAnotherImagesMemoryKeepsNothingOfIt) {
   ASSERT_OK(built.status());
   EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
   EXPECT_EQ(bytes, ImageBytes(next));
-}
-
-// Adds a field this build does not know to `message`.
-void AddUnknownField(google::protobuf::Message& message) {
-  message.GetReflection()->MutableUnknownFields(&message)->AddVarint(99, 1);
 }
 
 // An image copied into memory that held another keeps its entries where they equal the copy's,
@@ -294,9 +294,9 @@ TEST(ImagePatchTest, BytesSplicedFromTheBasesAreTheWholeImagesBytes) {
   const v1::NodeImage plain = Image(6, 50);
   const ImagePatchOf of = *Patch(plain, next);
   v1::NodeImage unknown = plain;
-  unknown.GetReflection()->MutableUnknownFields(&unknown)->AddVarint(99, 1);
+  AddUnknownField(unknown);
   v1::NodeImage unknown_next = next;
-  unknown_next.GetReflection()->MutableUnknownFields(&unknown_next)->AddVarint(99, 1);
+  AddUnknownField(unknown_next);
   const ImagePatchOf of_unknown = *Patch(unknown, unknown_next);
   std::string bytes;
   absl::StatusOr<v1::NodeImage> built = PatchedImage(unknown, ImageBytes(unknown),
