@@ -18,8 +18,8 @@ are not snapshotted again (their snapshots are already stored and identical).
 Every window writes one of two sets of region aliases (buffers), never the one holding the last
 committed window: the daemon tracks windows (a window commits when all its slots have, and
 ``moesnapctl inspect`` lists them), and before the first slot of a window the trainer waits for the
-previous window's last slot to commit and asks the daemon which buffer its last committed window
-holds. A window that failed (a slot aborted) leaves its buffer free for the next.
+previous window's slots to settle (commit or fail) and asks the daemon which buffer its last
+committed window holds. A window that failed (a slot aborted) leaves its buffer free for the next.
 """
 
 from __future__ import annotations
@@ -125,12 +125,14 @@ class SparseSnapshots:
         """The buffer the window from step ``first`` writes: not the last committed window's."""
         if self._window_first == first:
             return self._buffer
-        if first > 1:
-            try:  # the previous window settles (commits or fails) before its buffer is judged
-                self._client.wait_committed(first - 1)
-            except Error as error:  # that window failed: the committed one's buffer stays safe
-                if error.code not in ("ABORTED", "NOT_FOUND"):
-                    raise
+        # Every slot of the previous window settles (commits or fails) before its buffer is judged
+        # and the daemon opens the next one: its last slot may have been skipped, the window
+        # failed, while an earlier slot still waits for the cluster's decision.
+        for step in range(max(1, first - self.window), first):
+            try:
+                self._client.wait_committed(step)
+            except Error:  # that slot did not commit: the committed window's buffer stays safe
+                pass
         committed = self._client.windows()["committed"]
         self._window_first = first
         self._buffer = 0 if committed is None else 1 - committed["buffer"]

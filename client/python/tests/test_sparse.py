@@ -97,3 +97,36 @@ def test_sparse_steps_copy_a_fraction_of_the_state(daemon: Daemon):
     with pytest.raises(moesnap.Error) as error:
         moesnap.sparse.SparseSnapshots(client, model, optimizer, operators[:-1], window=4)
     assert "parameters in no operator" in error.value.message
+
+
+class _FailedWindowDaemon:
+    """What a daemon answers a rank whose window from step 7 (3 steps) failed: slot 0 aborted by
+    the cluster, slot 1 captured and waiting for its decision (a wait returns once the cluster
+    aborts it), slot 2 skipped with a failure of its own; buffer 0 holds the committed window."""
+
+    def __init__(self) -> None:
+        self.calls: List[object] = []
+
+    def wait_committed(self, step: int) -> None:
+        self.calls.append(step)
+        raise moesnap.Error("INTERNAL" if step == 9 else "ABORTED", f"step {step} failed")
+
+    def windows(self) -> dict:
+        self.calls.append("windows")
+        return {"committed": {"first_step": 1, "size": 3, "buffer": 0}, "open": None}
+
+
+def test_a_window_opens_once_every_slot_of_the_one_before_settled():
+    """The next window's slot 0 is refused while a slot of the open one is undecided, so the
+    trainer waits for each slot, not for the last alone (skipped, it answers at once), and no
+    slot's failure, whatever its code, reaches the training loop."""
+    daemon = _FailedWindowDaemon()
+    snapshots = moesnap.sparse.SparseSnapshots.__new__(moesnap.sparse.SparseSnapshots)
+    snapshots.window, snapshots._client = 3, daemon
+    snapshots._window_first, snapshots._buffer = None, 0
+    assert snapshots._buffer_for_window(10) == 1
+    assert daemon.calls == [7, 8, 9, "windows"]
+    daemon.calls.clear()
+    assert snapshots._buffer_for_window(10) == 1  # the window's later slots ask nothing again
+    assert daemon.calls == []
+
