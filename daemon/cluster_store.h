@@ -45,12 +45,15 @@ class ClusterStore {
   virtual absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) = 0;
   // The committed image (what parity of the committed step covers).
   virtual NodeImage CommittedImage() const = 0;
-  // The committed bytes of each region of `image`, an image of this node in the committed step's
-  // layout, in its order: what a unit's delta against the committed step XORs with
-  // (NodeImage::XorWith), found without building the committed image. FAILED_PRECONDITION when
-  // the committed step does not hold the same regions (rank, name, size) in that order.
-  virtual absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesLike(
-      const v1::NodeImage& image) const = 0;
+  // The committed bytes of the regions at `positions` of `image`, this node's image in the
+  // cluster's record of the committed step: what the deltas of the units those regions lie in
+  // XOR with (NodeImage::XorWith). One entry per region of `image`, null but at `positions`; each
+  // found by name, so a step that changes a few regions of thousands looks up only those.
+  // FAILED_PRECONDITION when a committed version is not the one `image` names (missing, or of
+  // another step or size): the store and the record disagree, and a delta would corrupt parity.
+  // INVALID_ARGUMENT for a position outside `image`.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesOf(
+      const v1::NodeImage& image, absl::Span<const int> positions) const = 0;
   // One region of the committed image, found without building the image: its record and its
   // bytes (held while the result lives). FAILED_PRECONDITION when the committed step is not
   // `step`; NOT_FOUND when this node holds no such region of `rank`.
@@ -90,11 +93,12 @@ class ClusterStore {
     }
   };
   virtual RecordWithBytes ClusterRecordWithBytes() const = 0;
-  // OK when this node's journal can hold the commit of the step this node captured as `own`,
-  // whose group images serialized are `group_images`, with parity records for `stripes` stripes;
+  // OK when this node's journal can hold the commit of the step this node captured as `own`
+  // (`group_images[own_position]` serialized), whose group images serialized are `group_images`,
+  // with parity records for `stripes` stripes;
   // RESOURCE_EXHAUSTED, saying how large the journal must be, when it cannot. Checked before the
   // node encodes, so that a step no journal here could hold aborts instead of committing.
-  virtual absl::Status JournalRoomFor(const NodeImage& own,
+  virtual absl::Status JournalRoomFor(const NodeImage& own, int own_position,
                                       const std::vector<std::string>& group_images,
                                       uint64_t stripes) const = 0;
   virtual uint64_t CommittedBytes() const = 0;
@@ -118,9 +122,12 @@ std::vector<std::string> SerializedImages(const v1::JournalCluster& cluster);
 
 // An upper bound of the journal state a node writes when it commits such a step: its own image
 // as versions (each region's entry with its pool extents, and the rank records the image
-// carries), every member's image and a parity record per stripe.
-uint64_t CommitJournalBound(const NodeImage& own, const std::vector<std::string>& group_images,
-                            uint64_t stripes);
+// carries), every member's image and a parity record per stripe. `own` is serialized at
+// `group_images[own_position]`: its entries are sized from there, not walked again.
+// INVALID_ARGUMENT when `own_position` is not one of `group_images`.
+absl::StatusOr<uint64_t> CommitJournalBound(const NodeImage& own, int own_position,
+                                            const std::vector<std::string>& group_images,
+                                            uint64_t stripes);
 
 }  // namespace moesnap::daemon
 

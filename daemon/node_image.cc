@@ -58,7 +58,8 @@ NodeImage::NodeImage(NodeImage&& other) noexcept
     : arena_(std::move(other.arena_)),
       manifest_(std::exchange(other.manifest_, nullptr)),
       stored_(std::move(other.stored_)),
-      starts_(std::move(other.starts_)) {}
+      starts_(std::move(other.starts_)),
+      pool_extents_(other.pool_extents_) {}
 
 NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
   if (this != &other) {
@@ -67,6 +68,7 @@ NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
     arena_ = std::move(other.arena_);
     stored_ = std::move(other.stored_);
     starts_ = std::move(other.starts_);
+    pool_extents_ = other.pool_extents_;
   }
   return *this;
 }
@@ -80,6 +82,10 @@ void NodeImage::MapRegions() {
     offset += region.bytes();
   }
   manifest_->set_bytes(offset);
+  pool_extents_ = 0;
+  for (const std::shared_ptr<PoolBytes>& stored : stored_) {
+    if (stored != nullptr) pool_extents_ += stored->extents().size();
+  }
 }
 
 absl::StatusOr<NodeImage> NodeImage::Allocate(Pool* pool, const v1::NodeImage& manifest) {
@@ -150,6 +156,13 @@ void NodeImage::XorWith(absl::Span<const std::shared_ptr<PoolBytes>> other, uint
                });
 }
 
+std::vector<int> NodeImage::RegionsIn(uint64_t offset, uint64_t length) const {
+  std::vector<int> regions;
+  ForEachPiece(offset, length,
+               [&](int region, uint64_t, uint64_t, uint64_t) { regions.push_back(region); });
+  return regions;
+}
+
 std::vector<absl::Span<const uint8_t>> NodeImage::Spans(uint64_t offset, uint64_t length) const {
   std::vector<absl::Span<const uint8_t>> spans;
   ForEachSpan(offset, length, [&](const uint8_t* data, uint64_t bytes, uint64_t) {
@@ -198,14 +211,6 @@ std::pair<uint64_t, uint64_t> NodeImage::ChunkRange(int region, uint32_t chunk) 
   const v1::ImageRegion& info = manifest_->regions(region);
   const uint64_t begin = uint64_t{chunk} * info.chunk_bytes();
   return {starts_[region] + begin, std::min(info.chunk_bytes(), info.bytes() - begin)};
-}
-
-bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after) {
-  if (before.regions_size() != after.regions_size()) return false;
-  for (int i = 0; i < before.regions_size(); ++i) {
-    if (!SameRegion(before.regions(i), after.regions(i))) return false;
-  }
-  return true;
 }
 
 std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,

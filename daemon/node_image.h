@@ -51,17 +51,23 @@ class NodeImage {
   // manifest to name it.
   void set_node_id(uint32_t node_id) { manifest_->set_node_id(node_id); }
   const std::vector<std::shared_ptr<PoolBytes>>& stored() const { return stored_; }
+  // The pool extents its regions' bytes lie in, all told: counted once as the image is made, for
+  // the journal's bound (CommitJournalBound), which would otherwise reach each region's pool bytes
+  // again when they are long out of cache.
+  uint64_t pool_extents() const { return pool_extents_; }
   uint64_t bytes() const { return manifest_->bytes(); }
 
   // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
   void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
   // Writes to `out` this image's bytes [offset, offset + length) XOR the same bytes at another
   // step of the same layout: `other[i]` holds region i then, as stored()[i] does now (what
-  // ClusterStore::CommittedBytesLike gives). A unit's delta against the committed step, in one
+  // ClusterStore::CommittedBytesOf gives). A unit's delta against the committed step, in one
   // pass, with no image of that step built. The range must lie within the image, and `other` hold
-  // a region's bytes for each of its regions.
+  // a region's bytes for each region of the range (RegionsIn).
   void XorWith(absl::Span<const std::shared_ptr<PoolBytes>> other, uint64_t offset,
                uint64_t length, uint8_t* out) const;
+  // The positions of the regions holding image bytes [offset, offset + length), ascending.
+  std::vector<int> RegionsIn(uint64_t offset, uint64_t length) const;
   // The pool memory holding image bytes [offset, offset + length), in order, pieces adjacent in
   // memory merged: to send them without a copy. The range must lie within the image.
   std::vector<absl::Span<const uint8_t>> Spans(uint64_t offset, uint64_t length) const;
@@ -86,20 +92,20 @@ class NodeImage {
   template <typename Visit>
   void ForEachSpan(uint64_t offset, uint64_t length, Visit visit) const;
 
-  // Sets starts_ and the manifest's byte count from its regions.
+  // Sets starts_, pool_extents_ and the manifest's byte count from its regions.
   void MapRegions();
 
   std::unique_ptr<google::protobuf::Arena> arena_;  // before manifest_, which lives on it
   v1::NodeImage* manifest_;                          // on arena_
   std::vector<std::shared_ptr<PoolBytes>> stored_;
   std::vector<uint64_t> starts_;  // image offset of each region
+  uint64_t pool_extents_ = 0;
 };
 
-// True when both images hold the same regions (rank, name, size) in the same order, so that every
-// image offset means the same bytes of the same region in both.
-bool SameLayout(const v1::NodeImage& before, const v1::NodeImage& after);
-// For two images of the same layout (SameLayout): which units of `unit_bytes` hold a region whose
-// version differs (captured again since `before`); none when their layouts differ.
+// For two images of the same layout (the same regions: rank, name and size, in the same order, so
+// that every image offset means the same bytes of the same region in both): which units of
+// `unit_bytes` hold a region whose version differs (captured again since `before`); none when
+// their layouts differ.
 std::optional<std::vector<bool>> ChangedUnits(const v1::NodeImage& before,
                                               const v1::NodeImage& after, uint64_t unit_bytes);
 // ChangedUnits of an `after` that is `before` but for its regions at `positions` (ascending), and

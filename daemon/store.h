@@ -149,8 +149,8 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   // The committed image (what parity of the committed step covers), with each rank's record.
   NodeImage CommittedImage() const override;
-  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesLike(
-      const v1::NodeImage& image) const override;
+  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesOf(
+      const v1::NodeImage& image, absl::Span<const int> positions) const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.
@@ -164,7 +164,8 @@ class Store final : public ClusterStore, public DurableStore {
       uint32_t rank, uint32_t source_rank, const std::vector<std::string>& regions) override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
   RecordWithBytes ClusterRecordWithBytes() const override;
-  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<std::string>& group_images,
+  absl::Status JournalRoomFor(const NodeImage& own, int own_position,
+                              const std::vector<std::string>& group_images,
                               uint64_t stripes) const override;
   uint64_t CommittedBytes() const override;
   uint64_t InFlightBytes() const override;

@@ -212,38 +212,33 @@ NodeImage Store::CommittedImage() const {
   return CommittedImageLocked();
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesLike(
-    const v1::NodeImage& image) const {
+absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesOf(
+    const v1::NodeImage& image, absl::Span<const int> positions) const {
+  std::vector<std::shared_ptr<PoolBytes>> stored(image.regions_size());
   absl::MutexLock lock(&mutex_);
-  auto committed_step = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    return cluster_->has_committed_step() ? absl::StrCat(cluster_->committed_step())
-                                          : std::string("(none)");
-  };
-  // The committed image's regions come in this order (CommittedImageLocked), as an image's do.
-  std::vector<std::shared_ptr<PoolBytes>> stored;
-  stored.reserve(image.regions_size());
-  for (const auto& [rank, rank_state] : ranks_) {
-    for (const auto& [name, version] : rank_state.committed) {
-      const int i = static_cast<int>(stored.size());
-      if (i == image.regions_size() || image.regions(i).rank() != rank ||
-          image.regions(i).region() != name || image.regions(i).bytes() != version->bytes) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "committed step ", committed_step(), " holds region '", name, "' of rank ", rank,
-            " (", version->bytes, " bytes) at position ", i, " of its image, where the image of step ",
-            image.step(), " holds ",
-            i == image.regions_size()
-                ? std::string("none")
-                : absl::StrCat("'", image.regions(i).region(), "' of rank ",
-                               image.regions(i).rank(), " (", image.regions(i).bytes(),
-                               " bytes)")));
-      }
-      stored.push_back(version->stored);
+  for (int position : positions) {
+    if (position < 0 || position >= image.regions_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", position, " of an image of ",
+                                                     image.regions_size(), " regions"));
     }
-  }
-  if (static_cast<int>(stored.size()) != image.regions_size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "committed step ", committed_step(), " holds ", stored.size(),
-        " regions, the image of step ", image.step(), " holds ", image.regions_size()));
+    const v1::ImageRegion& named = image.regions(position);
+    const Version* version = nullptr;
+    if (auto rank = ranks_.find(named.rank()); rank != ranks_.end()) {
+      if (auto found = rank->second.committed.find(named.region());
+          found != rank->second.committed.end()) {
+        version = found->second.get();
+      }
+    }
+    if (version == nullptr || version->step != named.step() || version->bytes != named.bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the record's image of step ", image.step(), " holds step ", named.step(),
+          " of region '", named.region(), "' of rank ", named.rank(), " (", named.bytes(),
+          " bytes) at position ", position, ", where this node's committed versions hold ",
+          version == nullptr
+              ? std::string("none")
+              : absl::StrCat("step ", version->step, " (", version->bytes, " bytes)")));
+    }
+    stored[position] = version->stored;
   }
   return stored;
 }
@@ -460,8 +455,13 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   return absl::OkStatus();
 }
 
-uint64_t CommitJournalBound(const NodeImage& own, const std::vector<std::string>& group_images,
-                            uint64_t stripes) {
+absl::StatusOr<uint64_t> CommitJournalBound(const NodeImage& own, int own_position,
+                                            const std::vector<std::string>& group_images,
+                                            uint64_t stripes) {
+  if (own_position < 0 || static_cast<size_t>(own_position) >= group_images.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("position ", own_position, " of ",
+                                                   group_images.size(), " group images"));
+  }
   // A version is its region's image entry and its pool extents (a PoolSpan of two varints, with
   // tags and length, each), in a field of its own.
   constexpr uint64_t kVersionFieldBytes = 8;
@@ -475,23 +475,23 @@ uint64_t CommitJournalBound(const NodeImage& own, const std::vector<std::string>
                ? std::numeric_limits<uint64_t>::max()
                : count * each;
   };
-  uint64_t bytes = SaturatingAdd(kFieldBytes, own.manifest().ByteSizeLong());
-  for (const std::shared_ptr<PoolBytes>& stored : own.stored()) {
-    bytes = SaturatingAdd(
-        bytes, SaturatingAdd(kVersionFieldBytes, times(stored->extents().size(), kExtentBytes)));
-  }
+  uint64_t bytes = SaturatingAdd(kFieldBytes, group_images[own_position].size());
+  bytes = SaturatingAdd(bytes, times(own.stored().size(), kVersionFieldBytes));
+  bytes = SaturatingAdd(bytes, times(own.pool_extents(), kExtentBytes));
   for (const std::string& image : group_images) {
     bytes = SaturatingAdd(bytes, SaturatingAdd(image.size(), kFieldBytes));
   }
   return SaturatingAdd(bytes, times(stripes, kParityRecordBytes));
 }
 
-absl::Status Store::JournalRoomFor(const NodeImage& own,
+absl::Status Store::JournalRoomFor(const NodeImage& own, int own_position,
                                    const std::vector<std::string>& group_images,
                                    uint64_t stripes) const {
-  const uint64_t bound = CommitJournalBound(own, group_images, stripes);
+  const absl::StatusOr<uint64_t> bound =
+      CommitJournalBound(own, own_position, group_images, stripes);
+  if (!bound.ok()) return bound.status();
   absl::MutexLock lock(&mutex_);
-  return journal_->Room(bound);
+  return journal_->Room(*bound);
 }
 
 std::shared_ptr<const v1::JournalCluster> Store::ClusterRecord() const {

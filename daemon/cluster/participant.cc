@@ -479,7 +479,8 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   // The commit journals every member's image: a step this node's journal could not hold aborts
   // here, before any parity moves, instead of being committed by the group and lost by this node.
   if (absl::Status room =
-          store_->JournalRoomFor(*image, images->bytes, layout.StripeCount(image_bytes));
+          store_->JournalRoomFor(*image, topology.position, images->bytes,
+                                 layout.StripeCount(image_bytes));
       !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("step ", step, ": node ", context_.node_id(),
                                                      " cannot journal it: ", room.message()));
@@ -509,8 +510,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   std::vector<std::shared_ptr<PoolBytes>> committed_bytes;  // what the deltas XOR with
   if (delta) {
     changes = ChangesOf(layout, std::move(units), image_bytes, *absent);
-    absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> found =
-        store_->CommittedBytesLike(image->manifest());
+    // This node's image keeps the layout of its image in the record (the changed units were
+    // found so): the regions the deltas read lie at the same positions in both.
+    absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> found = store_->CommittedBytesOf(
+        committed.group_images(topology.position), transfer_->DeltaRegions(*image, *changes));
     if (!found.ok()) {
       // The record and the store disagree on this node's committed step: deltas against it
       // would corrupt the group's parity. Found before the parity opens, so nothing is held.

@@ -78,6 +78,10 @@ FrameHeader AnswerTo(const FrameHeader& request, FrameKind kind) {
   return answer;
 }
 
+// Whether a changed unit of `stripe` goes as its delta against the committed step: it does
+// unless its stripe is encoded afresh (every unit of it changed).
+bool SentAsDelta(const StepChanges& changes, uint64_t stripe) { return !changes.Fresh(stripe); }
+
 }  // namespace
 
 std::string FetchKey::Describe() const {
@@ -194,6 +198,25 @@ absl::Status Transfer::SendChunks(uint32_t to, FrameHeader header,
   });
 }
 
+std::vector<int> Transfer::DeltaRegions(const NodeImage& image, const StepChanges& changes) const {
+  const erasure::StripeLayout& layout = context_.layout();
+  const int position = context_.topology->position;
+  std::vector<int> regions;
+  const uint64_t units = layout.UnitCount(image.bytes());
+  for (uint64_t unit = 0; unit < units; ++unit) {
+    if (!changes.Changed(position, unit) ||
+        !SentAsDelta(changes, layout.DataUnitLocation(position, unit).stripe)) {
+      continue;
+    }
+    for (int region : image.RegionsIn(unit * layout.unit_bytes(),
+                                      layout.UnitLength(image.bytes(), unit))) {
+      // Units come in order, so a region two units share comes last from the first.
+      if (regions.empty() || regions.back() < region) regions.push_back(region);
+    }
+  }
+  return regions;
+}
+
 absl::StatusOr<uint64_t> Transfer::SendDataUnits(
     int64_t step, int64_t attempt, const NodeImage& image,
     const std::vector<std::shared_ptr<PoolBytes>>* committed, const StepChanges* changes,
@@ -203,6 +226,18 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(
     return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", committed->size(),
                                                    " committed regions for an image of ",
                                                    image.manifest().regions_size()));
+  }
+  if (committed != nullptr) {
+    if (changes == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step, ": committed bytes come with the changes they are for"));
+    }
+    for (int region : DeltaRegions(image, *changes)) {
+      if ((*committed)[region] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "step ", step, ": no committed bytes of region ", region, " for its delta"));
+      }
+    }
   }
   const erasure::StripeLayout& layout = context_.layout();
   const int position = context_.topology->position;
@@ -248,7 +283,7 @@ absl::StatusOr<uint64_t> Transfer::SendDataUnits(
       header.stripe = location.stripe;
       header.stripe_unit = static_cast<uint32_t>(location.index);
       const uint64_t start = unit * layout.unit_bytes();
-      if (committed != nullptr && (changes == nullptr || !changes->Fresh(location.stripe))) {
+      if (committed != nullptr && SentAsDelta(*changes, location.stripe)) {
         if (delta == nullptr) delta = std::make_unique_for_overwrite<uint8_t[]>(kFrameBytes);
         for (uint64_t offset = 0; offset < length; offset += kFrameBytes) {
           const uint64_t bytes = std::min<uint64_t>(kFrameBytes, length - offset);

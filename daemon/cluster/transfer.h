@@ -103,11 +103,15 @@ class Transfer final : public FrameSink {
   absl::Status SendChunks(uint32_t to, FrameHeader header,
                           absl::Span<const absl::Span<const uint8_t>> pieces, uint64_t chunk_bytes,
                           absl::Span<const uint32_t> chunk_crcs);
+  // The positions of the regions of `image` (this node's, of a step that goes as `changes`) that
+  // SendDataUnits sends deltas of: those its changed units outside fresh stripes lie in, ascending.
+  std::vector<int> DeltaRegions(const NodeImage& image, const StepChanges& changes) const;
   // Sends this node's data units of `step` to their parity holders, as frames of `attempt` (the
-  // coordinator's token): all of them, or with `committed` (the committed bytes of each of
-  // `image`'s regions, ClusterStore::CommittedBytesLike) and `changes`, the changed ones only,
-  // each as its delta against the committed step or, in a fresh stripe, as itself. Parity holders
-  // among `absent` (a degraded step's) get nothing. Returns the bytes sent.
+  // coordinator's token): all of them, or with `changes` and `committed` (the committed bytes of
+  // `image`'s regions, at least of its DeltaRegions: ClusterStore::CommittedBytesOf) the changed
+  // ones only, each as its delta against the committed step or, in a fresh stripe, as itself.
+  // Parity holders among `absent` (a degraded step's) get nothing. Returns the bytes sent;
+  // INVALID_ARGUMENT, before anything is sent, when `committed` lacks a region a delta needs.
   absl::StatusOr<uint64_t> SendDataUnits(
       int64_t step, int64_t attempt, const NodeImage& image,
       const std::vector<std::shared_ptr<PoolBytes>>* committed, const StepChanges* changes,

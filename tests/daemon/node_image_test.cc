@@ -176,7 +176,6 @@ TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
   const v1::NodeImage before = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1});
   // b (bytes 100-399) and d (450-1049) were captured again at step 2; units are 256 bytes.
   const v1::NodeImage after = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {1, 2, 1, 2});
-  EXPECT_TRUE(SameLayout(before, after));
   EXPECT_EQ(ChangedUnits(before, after, 256), (std::vector<bool>{true, true, true, true, true}));
   const v1::NodeImage only_a = Manifest({{"a", 100}, {"b", 300}, {"c", 50}, {"d", 600}}, {2, 1, 1, 1});
   EXPECT_EQ(ChangedUnits(before, only_a, 256), (std::vector<bool>{true, false, false, false, false}));
@@ -193,7 +192,6 @@ TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {
       Manifest({{"a", 100}, {"x", 300}, {"c", 50}, {"d", 600}}, {1, 1, 1, 1}), before};
   others.back().mutable_regions(3)->set_rank(1);
   for (const v1::NodeImage& other : others) {
-    EXPECT_FALSE(SameLayout(before, other)) << other.ShortDebugString();
     EXPECT_FALSE(ChangedUnits(before, other, 256).has_value()) << other.ShortDebugString();
   }
 }

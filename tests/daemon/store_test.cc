@@ -347,15 +347,25 @@ TEST_F(StoreTest, TheJournalBoundCheckedBeforeAnEncodeHoldsTheStateTheCommitWrit
   constexpr uint64_t kStripes = 40;
   const v1::JournalCluster record = GroupRecord(*image, 1, kStripes);
   const std::vector<std::string> group = SerializedImages(record);
-  const uint64_t bound = CommitJournalBound(*image, group, kStripes);
-  ASSERT_OK(store_->JournalRoomFor(*image, group, kStripes));
+  // The image counted its regions' pool extents as it was made.
+  uint64_t extents = 0;
+  for (const std::shared_ptr<PoolBytes>& stored : image->stored()) {
+    extents += stored->extents().size();
+  }
+  EXPECT_EQ(image->pool_extents(), extents);
+  // This node's image is the first of the group's.
+  const absl::StatusOr<uint64_t> bound = CommitJournalBound(*image, 0, group, kStripes);
+  ASSERT_OK(bound);
+  ASSERT_OK(store_->JournalRoomFor(*image, 0, group, kStripes));
+  EXPECT_STATUS(store_->JournalRoomFor(*image, 3, group, kStripes),
+                absl::StatusCode::kInvalidArgument);
   ASSERT_OK(store_->CommitNodeStep(1, record, group));
   absl::StatusOr<std::unique_ptr<Journal>> written = Journal::OpenOrCreate(name_, 1 << 20);
   ASSERT_OK(written);
   const uint64_t state_bytes = (*written)->recovered_state().ByteSizeLong();
   EXPECT_EQ((*written)->recovered_state().cluster().committed_step(), 1);
-  EXPECT_LE(state_bytes, bound);
-  EXPECT_GT(state_bytes, bound / 2) << "a bound this loose refuses journals that would hold it";
+  EXPECT_LE(state_bytes, *bound);
+  EXPECT_GT(state_bytes, *bound / 2) << "a bound this loose refuses journals that would hold it";
 }
 
 // The journal writes a group record's images as the serialized bytes the commit hands it: a
@@ -930,46 +940,58 @@ TEST_F(StoreTest, ACommittedRegionIsFoundAsTheCommittedImageHoldsIt) {
   EXPECT_STATUS(store_->CommittedRegion(1, 7, "region0"), absl::StatusCode::kNotFound);
 }
 
-// A delta's committed side: the committed bytes of each region of a later step's image are the
-// committed image's, found by walking the versions; an image of another layout is refused, since
-// XORing it with the committed bytes would send some other region's delta.
-TEST_F(StoreTest, TheCommittedBytesOfALaterStepsImageAreTheCommittedImagesRegionByRegion) {
+// A delta's committed side: the committed bytes of the regions a step's deltas read, found by name
+// from the node's image of the committed step (as the cluster's record holds it), and only those;
+// a region whose committed version is not the one the image names is refused, since XORing with
+// it would send some other bytes' delta.
+TEST_F(StoreTest, TheCommittedBytesOfTheRegionsADeltaReadsAreThoseTheCommittedImageNames) {
   ASSERT_NO_FATAL_FAILURE(CommitTwoRanksInCluster());
   Take(0, 2);
   Take(1, 2);
   absl::StatusOr<NodeImage> next = store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30));
   ASSERT_OK(next);
   const NodeImage committed = store_->CommittedImage();
-  ASSERT_EQ(next->manifest().regions_size(), 4);
-  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> bytes =
-      store_->CommittedBytesLike(next->manifest());
-  ASSERT_OK(bytes);
-  ASSERT_EQ(bytes->size(), 4u);
-  for (size_t i = 0; i < bytes->size(); ++i) {
-    EXPECT_EQ((*bytes)[i].get(), committed.stored()[i].get()) << i;
-    EXPECT_NE((*bytes)[i].get(), next->stored()[i].get()) << i;  // step 2 captured it anew
+  const v1::NodeImage& named = committed.manifest();
+  ASSERT_EQ(named.regions_size(), 4);
+  for (const std::vector<int>& positions :
+       {std::vector<int>{}, {0}, {3}, {1, 2}, {0, 1, 2, 3}}) {
+    absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> bytes =
+        store_->CommittedBytesOf(named, positions);
+    ASSERT_OK(bytes);
+    ASSERT_EQ(bytes->size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      if (std::find(positions.begin(), positions.end(), i) == positions.end()) {
+        EXPECT_EQ((*bytes)[i], nullptr) << i;
+        continue;
+      }
+      EXPECT_EQ((*bytes)[i].get(), committed.stored()[i].get()) << i;
+      EXPECT_NE((*bytes)[i].get(), next->stored()[i].get()) << i;  // step 2 captured it anew
+    }
   }
 
-  auto refused = [&](const std::function<void(v1::NodeImage&)>& change) {
-    v1::NodeImage other = next->manifest();
+  auto refused = [&](const std::function<void(v1::NodeImage&)>& change, int position) {
+    v1::NodeImage other = named;
     change(other);
-    return store_->CommittedBytesLike(other).status();
+    return store_->CommittedBytesOf(other, {position}).status();
   };
-  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions()->RemoveLast(); }),
-                absl::StatusCode::kFailedPrecondition);
-  EXPECT_STATUS(refused([](v1::NodeImage& image) { *image.add_regions() = image.regions(3); }),
+  // Step 2's versions are captured, not committed.
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(0)->set_step(2); }, 0),
                 absl::StatusCode::kFailedPrecondition);
   EXPECT_STATUS(refused([](v1::NodeImage& image) {
                   image.mutable_regions(1)->set_bytes(image.regions(1).bytes() + 1);
-                }),
+                }, 1),
                 absl::StatusCode::kFailedPrecondition);
-  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); }),
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); }, 2),
                 absl::StatusCode::kFailedPrecondition);
-  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(3)->set_rank(7); }),
+  EXPECT_STATUS(refused([](v1::NodeImage& image) { image.mutable_regions(3)->set_rank(7); }, 3),
                 absl::StatusCode::kFailedPrecondition);
-  const absl::Status named =
-      refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); });
-  EXPECT_TRUE(absl::StrContains(named.message(), "'x'")) << named;
+  // Only the regions asked for are looked at.
+  EXPECT_OK(refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); }, 1));
+  EXPECT_STATUS(refused([](v1::NodeImage&) {}, 4), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(refused([](v1::NodeImage&) {}, -1), absl::StatusCode::kInvalidArgument);
+  const absl::Status message =
+      refused([](v1::NodeImage& image) { image.mutable_regions(2)->set_region("x"); }, 2);
+  EXPECT_TRUE(absl::StrContains(message.message(), "'x'")) << message;
 }
 
 TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneStarted) {

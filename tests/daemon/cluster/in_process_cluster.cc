@@ -167,15 +167,29 @@ NodeImage FakeClusterStore::CommittedImage() const {
   return committed_;
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> FakeClusterStore::CommittedBytesLike(
-    const v1::NodeImage& image) const {
+absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> FakeClusterStore::CommittedBytesOf(
+    const v1::NodeImage& image, absl::Span<const int> positions) const {
+  std::vector<std::shared_ptr<PoolBytes>> stored(image.regions_size());
   absl::MutexLock lock(&mutex_);
-  if (!SameLayout(committed_.manifest(), image)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node ", node_, "'s committed step has another layout than step ",
-                     image.step()));
+  const v1::NodeImage& held = committed_.manifest();
+  for (int position : positions) {
+    if (position < 0 || position >= image.regions_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", position, " out of range"));
+    }
+    const v1::ImageRegion& named = image.regions(position);
+    auto same = [&](const v1::ImageRegion& region) {
+      return region.rank() == named.rank() && region.region() == named.region() &&
+             region.step() == named.step() && region.bytes() == named.bytes();
+    };
+    const auto found = std::find_if(held.regions().begin(), held.regions().end(), same);
+    if (found == held.regions().end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", node_, "'s committed step holds no version of region '", named.region(),
+          "' of step ", named.step()));
+    }
+    stored[position] = committed_.stored()[found - held.regions().begin()];
   }
-  return committed_.stored();
+  return stored;
 }
 
 absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
@@ -258,13 +272,15 @@ uint64_t FakeClusterStore::InFlightBytes() const {
   return bytes;
 }
 
-absl::Status FakeClusterStore::JournalRoomFor(const NodeImage& own,
+absl::Status FakeClusterStore::JournalRoomFor(const NodeImage& own, int own_position,
                                               const std::vector<std::string>& group_images,
                                               uint64_t stripes) const {
-  const uint64_t bound = CommitJournalBound(own, group_images, stripes);
+  const absl::StatusOr<uint64_t> bound =
+      CommitJournalBound(own, own_position, group_images, stripes);
+  if (!bound.ok()) return bound.status();
   absl::MutexLock lock(&mutex_);
-  if (!journal_bytes_ || bound <= *journal_bytes_) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("a journal state of ", bound,
+  if (!journal_bytes_ || *bound <= *journal_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("a journal state of ", *bound,
                                                    " bytes does not fit: raise pool.journal_bytes"));
 }
 

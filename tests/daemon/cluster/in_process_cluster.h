@@ -72,8 +72,8 @@ class FakeClusterStore final : public ClusterStore {
   NodeCapture CaptureOf(int64_t step) const override;
   absl::StatusOr<NodeImage> WaitNodeCaptured(int64_t step, absl::Time deadline) override;
   NodeImage CommittedImage() const override;
-  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesLike(
-      const v1::NodeImage& image) const override;
+  absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> CommittedBytesOf(
+      const v1::NodeImage& image, absl::Span<const int> positions) const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
@@ -86,7 +86,8 @@ class FakeClusterStore final : public ClusterStore {
   uint64_t InFlightBytes() const override;
   // RESOURCE_EXHAUSTED once CommitJournalBound passes the journal size the test set (none: room
   // for any step).
-  absl::Status JournalRoomFor(const NodeImage& own, const std::vector<std::string>& group_images,
+  absl::Status JournalRoomFor(const NodeImage& own, int own_position,
+                              const std::vector<std::string>& group_images,
                               uint64_t stripes) const override;
   void SetJournalBytes(std::optional<uint64_t> bytes);
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,

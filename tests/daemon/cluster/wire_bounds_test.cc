@@ -5,7 +5,8 @@
 // the receiver asked of another node, is refused. A fetched frame read into its slot that fails its
 // check there fails the fetch; frames overlapping in a slot are refused; a fetch given up on waits
 // for a frame still being read into its buffer. Pieces sent without a copy are cut into frames of at most the data
-// plane's payload, each at its offset.
+// plane's payload, each at its offset. A delta goes only with the committed bytes of every region
+// it reads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/step_changes.h"
 #include "erasure/crc32c.h"
 #include "tests/daemon/cluster/in_process_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -313,6 +315,59 @@ TEST(WireBoundsTest, AnAuthenticatedNodeSendsParityDeltasOfItsOwnUnitsOnly) {
   EXPECT_EQ(cluster.node(holder).parity.in_flight_bytes(), unit);
   header.stripe_unit = 0;
   EXPECT_OK(transfer.Accept(header, payload, owner));
+}
+
+// A delta XORs the new bytes of a changed unit with the committed ones of each region the unit
+// holds: a node looks up only those regions (DeltaRegions), none of a unit that did not change or
+// goes as itself in a fresh stripe, and a send whose committed bytes lack one is refused before a
+// frame goes, where it would read memory that holds no region.
+TEST(WireBoundsTest, ADeltaGoesOnlyWithTheCommittedBytesOfEveryRegionItReads) {
+  InProcessCluster cluster(3, 2, 1);  // units of 64 KiB
+  testing::NodeUnits& node = cluster.node(0);
+  const erasure::StripeLayout& layout = node.context.layout();
+  const int position = node.context.topology->position;
+  constexpr uint64_t kKiB = 1024;
+  // Units 0, 1 and 2 hold regions 0-1, 1-2 (2 ends there) and 3-4; region 4 is empty.
+  v1::NodeImage manifest;
+  for (uint64_t bytes : {40 * kKiB, 40 * kKiB, 48 * kKiB, 60 * kKiB, uint64_t{0}}) {
+    v1::ImageRegion& region = *manifest.add_regions();
+    region.set_region(absl::StrCat("r", manifest.regions_size() - 1));
+    region.set_bytes(bytes);
+  }
+  manifest.set_bytes(188 * kKiB);
+  absl::StatusOr<NodeImage> image = NodeImage::Allocate(node.pool.get(), manifest);
+  ASSERT_OK(image);
+  ASSERT_EQ(layout.UnitCount(image->bytes()), 3u);
+  // The other members hold 16 units each, so that each of this node's units shares its stripe;
+  // only this node's units at `changed` changed, or every member's every unit (each stripe afresh).
+  std::vector<uint64_t> sizes(layout.group_size(), 16 * layout.unit_bytes());
+  sizes[position] = image->bytes();
+  auto changes_of = [&](const std::vector<bool>& changed, bool everyone) {
+    std::vector<std::vector<bool>> units(layout.group_size(), std::vector<bool>(16, everyone));
+    units[position] = changed;
+    return ChangesOf(layout, std::move(units), sizes, {});
+  };
+  EXPECT_EQ(node.transfer.DeltaRegions(*image, changes_of({false, false, false}, false)),
+            std::vector<int>{});
+  EXPECT_EQ(node.transfer.DeltaRegions(*image, changes_of({true, false, false}, false)),
+            (std::vector<int>{0, 1}));
+  EXPECT_EQ(node.transfer.DeltaRegions(*image, changes_of({true, true, false}, false)),
+            (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(node.transfer.DeltaRegions(*image, changes_of({false, false, true}, false)),
+            (std::vector<int>{3}));
+  EXPECT_EQ(node.transfer.DeltaRegions(*image, changes_of({true, true, true}, true)),
+            std::vector<int>{});
+
+  const StepChanges changes = changes_of({false, true, false}, false);
+  std::vector<std::shared_ptr<PoolBytes>> committed(image->stored());
+  committed[2] = nullptr;  // region 0's is not read: unit 0 did not change
+  committed[0] = nullptr;
+  const absl::Status refused =
+      node.transfer.SendDataUnits(2, 1, *image, &committed, &changes, {}).status();
+  EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "region 2")) << refused;
+  EXPECT_STATUS(node.transfer.SendDataUnits(2, 1, *image, &committed, nullptr, {}),
+                absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
