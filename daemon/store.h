@@ -294,8 +294,9 @@ class Store final : public ClusterStore, public DurableStore {
                                           const std::shared_ptr<const RegionTable>& table,
                                           const std::vector<std::string>& named, bool sparse) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Why a step copying `plan` is skipped instead of captured: its sparse window can no longer
-  // commit, too many steps wait for their commit, or the pool must keep its room for parity.
+  // Why a step copying `plan` is skipped instead of captured: the node offered the step to the
+  // cluster without this rank, its sparse window can no longer commit, too many steps wait for
+  // their commit, or the pool must keep its room for parity.
   // Empty when it may capture; an error when the step is refused (a sparse slot out of order).
   absl::StatusOr<std::string> SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
                                          const std::optional<v1::SparseSlot>& sparse,

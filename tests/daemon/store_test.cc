@@ -1035,6 +1035,46 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
   EXPECT_EQ(*store_->LatestCommitted(1), 2);
 }
 
+// A rank left out of a step the node has offered to the cluster (idle when the step was prepared)
+// and that snapshots the step late is skipped: the step commits the image the node offered, whose
+// parity holds none of the late capture, so committing it too would leave the rank's committed
+// bytes other than what the group's record and parity say. The rank stays at its committed step.
+TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped) {
+  CaptureOptions options;
+  options.idle_rank_timeout = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  Take(0, 1);
+  Take(1, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  // Rank 1 turns idle, and step 2 is offered without it.
+  absl::StatusOr<NodeImage> offered = store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(offered);
+  ASSERT_TRUE(Dropped().contains(1));
+  const v1::SnapshotResponse late = Take(1, 2);
+  EXPECT_TRUE(absl::StrContains(late.skipped(), "offered")) << late.ShortDebugString();
+  (void)WaitCaptured(1, 2);  // a capture, had it been taken, is complete before the commit
+  v1::JournalCluster record;
+  record.set_committed_step(2);
+  ASSERT_OK(store_->CommitNodeStep(2, record, {}));
+  EXPECT_EQ(*store_->LatestCommitted(0), 2);
+  EXPECT_EQ(*store_->LatestCommitted(1), 1);
+  const NodeImage committed = store_->CommittedImage();
+  ASSERT_EQ(committed.manifest().regions_size(), offered->manifest().regions_size());
+  for (int i = 0; i < committed.manifest().regions_size(); ++i) {
+    EXPECT_EQ(committed.manifest().regions(i).SerializeAsString(),
+              offered->manifest().regions(i).SerializeAsString())
+        << committed.manifest().regions(i).ShortDebugString();
+  }
+  // Its next snapshot is the rank's next step, as after any skip.
+  Take(1, 3);
+  Take(0, 3);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(3));
+  EXPECT_EQ(*store_->LatestCommitted(1), 3);
+}
+
 TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
   HeldCopyBackend* copies = HoldCopies();
   CaptureOptions options;
