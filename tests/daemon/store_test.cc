@@ -300,6 +300,16 @@ class StoreTest : public ::testing::Test {
     return record;
   }
 
+  // A node of a cluster with ranks 0 and 1 connected, each left out of the node's steps once idle
+  // for `idle_rank_timeout`.
+  void OpenTwoRanksInCluster(absl::Duration idle_rank_timeout) {
+    CaptureOptions options;
+    options.idle_rank_timeout = idle_rank_timeout;
+    ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
+    ASSERT_NO_FATAL_FAILURE(Connect(0));
+    ASSERT_NO_FATAL_FAILURE(Connect(1));
+  }
+
   // Waits until `step` is captured on the node and commits it, as the cluster would.
   void CommitInCluster(int64_t step) {
     ASSERT_OK(store_->WaitNodeCaptured(step, absl::Now() + absl::Seconds(30)));
@@ -1012,11 +1022,7 @@ TEST_F(StoreTest, ATrainerThatGoesAwayNoLongerHoldsTheNodesStepsUnlessANewerOneS
 }
 
 TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
-  CaptureOptions options;
-  options.idle_rank_timeout = absl::Milliseconds(300);
-  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
-  ASSERT_NO_FATAL_FAILURE(Connect(0));
-  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(300)));
   Take(0, 1);
   // Rank 1 registered and never snapshots: once it is idle, step 1 is captured without it. Rank 0
   // took step 1, so it is waited for even if it turns idle while its copy runs (a loaded machine).
@@ -1040,11 +1046,7 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
 // parity holds none of the late capture, so committing it too would leave the rank's committed
 // bytes other than what the group's record and parity say. The rank stays at its committed step.
 TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped) {
-  CaptureOptions options;
-  options.idle_rank_timeout = absl::Milliseconds(300);
-  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
-  ASSERT_NO_FATAL_FAILURE(Connect(0));
-  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(300)));
   Take(0, 1);
   Take(1, 1);
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
@@ -1077,11 +1079,7 @@ TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped)
 
 TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
   HeldCopyBackend* copies = HoldCopies();
-  CaptureOptions options;
-  options.idle_rank_timeout = absl::Milliseconds(1);
-  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, options));
-  ASSERT_NO_FATAL_FAILURE(Connect(0));
-  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(1)));
   Take(0, 1);
   Take(1, 1);
   // Both ranks turn idle while their copies wait: they took the step, so the node waits for them.
