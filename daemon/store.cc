@@ -275,12 +275,12 @@ absl::StatusOr<Store::Selection> Store::SelectRegions(
 absl::StatusOr<std::string> Store::SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
                                               const std::optional<v1::SparseSlot>& sparse,
                                               const CopyPlan& plan) {
-  // The node offered this step to the cluster without this rank (left out, idle): the step commits
-  // that image, whose parity holds nothing of a capture taken now, so none is.
+  // The node offered this step to the cluster without this rank (left out: idle, or dropped): the
+  // step commits that image, whose parity holds nothing of a capture taken now, so none is.
   if (prepared_steps_.contains(step)) {
     return absl::StrCat("step ", step, " was offered to the cluster without rank ", rank,
-                        " (left out as idle) and commits as offered; the rank's next step is "
-                        "captured");
+                        " (left out of it: idle, or dropped) and commits as offered; the rank's "
+                        "next step is captured");
   }
   if (sparse) {
     if (const std::string failure = rank_state.windows.FailureOf(*sparse);
