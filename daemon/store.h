@@ -328,6 +328,9 @@ class Store final : public ClusterStore, public DurableStore {
   // step of the ranks that committed one.
   std::optional<int64_t> NodeCommittedStep() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   NodeImage CommittedImageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The committed version of `rank`'s region `region`; null when this node holds none.
+  const Version* CommittedVersionLocked(uint32_t rank, const std::string& region) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Tells the commit observer when the node's committed step moved past `notified_step_`.
   void NotifyCommitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Waits until a step changes or a rank turns idle; true once `deadline` passed.

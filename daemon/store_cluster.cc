@@ -222,13 +222,7 @@ absl::StatusOr<std::vector<std::shared_ptr<PoolBytes>>> Store::CommittedBytesOf(
                                                      image.regions_size(), " regions"));
     }
     const v1::ImageRegion& named = image.regions(position);
-    const Version* version = nullptr;
-    if (auto rank = ranks_.find(named.rank()); rank != ranks_.end()) {
-      if (auto found = rank->second.committed.find(named.region());
-          found != rank->second.committed.end()) {
-        version = found->second.get();
-      }
-    }
+    const Version* version = CommittedVersionLocked(named.rank(), named.region());
     if (version == nullptr || version->step != named.step() || version->bytes != named.bytes()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the record's image of step ", image.step(), " holds step ", named.step(),
@@ -249,15 +243,20 @@ absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, ui
   if (!cluster_->has_committed_step() || cluster_->committed_step() != step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not the committed step"));
   }
-  if (auto rank_it = ranks_.find(rank); rank_it != ranks_.end()) {
-    const auto& committed = rank_it->second.committed;
-    if (auto version = committed.find(region); version != committed.end()) {
-      v1::NodeImage one;
-      AddToImage(*version->second, &one);
-      return HeldRegion{std::move(*one.mutable_regions(0)), version->second->stored};
-    }
+  if (const Version* version = CommittedVersionLocked(rank, region)) {
+    v1::NodeImage one;
+    AddToImage(*version, &one);
+    return HeldRegion{std::move(*one.mutable_regions(0)), version->stored};
   }
   return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
+}
+
+const Store::Version* Store::CommittedVersionLocked(uint32_t rank,
+                                                    const std::string& region) const {
+  auto rank_it = ranks_.find(rank);
+  if (rank_it == ranks_.end()) return nullptr;
+  auto version = rank_it->second.committed.find(region);
+  return version == rank_it->second.committed.end() ? nullptr : version->second.get();
 }
 
 NodeImage Store::CommittedImageLocked() const {
