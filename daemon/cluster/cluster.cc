@@ -27,6 +27,7 @@
 #include "daemon/cluster/parallel.h"
 #include "daemon/cluster/participant.h"
 #include "daemon/cluster/peer_authenticator.h"
+#include "daemon/cluster/peer_checks.h"
 #include "daemon/cluster/peer_client.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/cluster/rebuild.h"
@@ -129,6 +130,16 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     Log(LogLevel::kWarning, status.message(), "; starting, and joining once etcd answers");
   }
 
+  // The journal's record is this daemon's own writing, but a file: it is checked as a peer's
+  // would be before anything sizes, loops over or builds on it.
+  if (absl::Status status = cluster::CheckGroupRecord(
+          *store->ClusterRecord(), units->topology->groups[units->topology->group],
+          units->topology->limits);
+      !status.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        "the group record in the journal beside the pool /dev/shm/", pool->file_name(),
+        " fails the checks a peer's must pass: ", status.message()));
+  }
   units->parity = std::make_unique<ParityStore>(
       pool, units->topology->codec.get(), &units->topology->layout, units->topology->position,
       absl::Milliseconds(options.commit_timeout_ms));

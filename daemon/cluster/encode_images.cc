@@ -169,11 +169,16 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
     }
   }
   // Each image is its member's and valid: one sent whole was checked as it was parsed
-  // (ParseEncodeImages), the others are checked as built.
+  // (ParseEncodeImages), the others are checked as built; a patched one at the regions its patch
+  // changed, for the record's images it was built on were checked (ClusterStore::ClusterRecord).
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
     const v1::NodeImage& image = images.images[position];
     absl::Status status = CheckImageMember(image, position, group[position]);
-    if (status.ok() && (absent.contains(position) || patches.contains(position))) {
+    const auto patched = images.patched_regions.find(position);
+    if (status.ok() && patched != images.patched_regions.end()) {
+      status = CheckPatchedImage(committed.group_images(position), image, patched->second,
+                                 topology.limits);
+    } else if (status.ok() && absent.contains(position)) {
       status = CheckNodeImage(image, topology.limits);
     }
     if (!status.ok()) {

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "daemon/region_limits.h"
 
 namespace moesnap::daemon::cluster {
@@ -92,31 +93,59 @@ absl::Status CheckRequestToken(int64_t request) {
   return absl::OkStatus();
 }
 
-// Every field of `image`, and the sum of its regions' sizes (which a patch's image, listing only
-// the regions it changed, need not match).
-absl::StatusOr<uint64_t> CheckImageFields(const v1::NodeImage& image, const PeerLimits& limits) {
-  auto invalid = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("image of node ", image.node_id(), ": ", what));
-  };
+absl::Status InvalidImage(const v1::NodeImage& image, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("image of node ", image.node_id(), ": ", what));
+}
+
+// The fields of `image` around its regions.
+absl::Status CheckImageHead(const v1::NodeImage& image, const PeerLimits& limits) {
   if (absl::Status status = CheckNode("the image's node", image.node_id(), limits); !status.ok()) {
     return status;
   }
   if (image.bytes() > limits.max_image_bytes) {
-    return invalid(absl::StrCat(image.bytes(), " bytes, above the ", limits.max_image_bytes,
-                                " this node's pool could hold parity for"));
+    return InvalidImage(image, absl::StrCat(image.bytes(), " bytes, above the ",
+                                            limits.max_image_bytes,
+                                            " this node's pool could hold parity for"));
   }
   if (image.ranks_size() > PeerLimits::kMaxRanksPerImage) {
-    return invalid(absl::StrCat(image.ranks_size(), " ranks, above ",
-                                PeerLimits::kMaxRanksPerImage));
+    return InvalidImage(image, absl::StrCat(image.ranks_size(), " ranks, above ",
+                                            PeerLimits::kMaxRanksPerImage));
   }
+  return absl::OkStatus();
+}
+
+// Region `region` of `image`, valid.
+absl::Status CheckImageRegion(const v1::NodeImage& image, const v1::ImageRegion& region,
+                              const PeerLimits& limits) {
+  absl::Status status = CheckRegion(region, limits);
+  return status.ok() ? status : InvalidImage(image, status.message());
+}
+
+// `total`, the sum of an image's regions' sizes added to as it is walked, plus `bytes`: no longer
+// added to once past the image's bytes, so that it cannot wrap (the image and each region are at
+// most max_image_bytes, checked first).
+void AddRegionBytes(const v1::NodeImage& image, uint64_t bytes, uint64_t& total) {
+  if (total <= image.bytes()) total += bytes;
+}
+
+// That the sum of `image`'s regions' sizes is its bytes.
+absl::Status CheckImageSum(const v1::NodeImage& image, uint64_t total) {
+  if (total == image.bytes()) return absl::OkStatus();
+  return InvalidImage(image, absl::StrCat("its regions add up to ",
+                                          total > image.bytes() ? "more than " : "", total,
+                                          " bytes, not the ", image.bytes(), " it says"));
+}
+
+// Every field of `image`, and the sum of its regions' sizes (which a patch's image, listing only
+// the regions it changed, need not match).
+absl::StatusOr<uint64_t> CheckImageFields(const v1::NodeImage& image, const PeerLimits& limits) {
+  if (absl::Status status = CheckImageHead(image, limits); !status.ok()) return status;
   uint64_t total = 0;
   for (const v1::ImageRegion& region : image.regions()) {
-    if (absl::Status status = CheckRegion(region, limits); !status.ok()) {
-      return invalid(std::string(status.message()));
+    if (absl::Status status = CheckImageRegion(image, region, limits); !status.ok()) {
+      return status;
     }
-    // The image and each region are at most max_image_bytes (checked above), so a sum no longer
-    // added to once past the image's bytes cannot wrap.
-    if (total <= image.bytes()) total += region.bytes();
+    AddRegionBytes(image, region.bytes(), total);
   }
   return total;
 }
@@ -156,13 +185,41 @@ absl::Status CheckImageMember(const v1::NodeImage& image, size_t position, uint3
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits) {
   absl::StatusOr<uint64_t> total = CheckImageFields(image, limits);
   if (!total.ok()) return total.status();
-  if (*total != image.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image of node ", image.node_id(), ": its regions add up to ",
-        *total > image.bytes() ? "more than " : "", *total, " bytes, not the ", image.bytes(),
-        " it says"));
+  return CheckImageSum(image, *total);
+}
+
+absl::Status CheckPatchedImage(const v1::NodeImage& base, const v1::NodeImage& image,
+                               absl::Span<const uint32_t> changed, const PeerLimits& limits) {
+  if (absl::Status status = CheckImageHead(image, limits); !status.ok()) return status;
+  if (image.regions_size() != base.regions_size()) {
+    return InvalidImage(image, absl::StrCat(image.regions_size(), " regions on a base of ",
+                                            base.regions_size()));
   }
-  return absl::OkStatus();
+  for (uint32_t position : changed) {
+    if (position >= static_cast<uint32_t>(image.regions_size())) {
+      return InvalidImage(image, absl::StrCat("changed region ", position, " is not one of its ",
+                                              image.regions_size()));
+    }
+  }
+  // The base's regions add up to its bytes (it was checked): without the changed ones, to this.
+  uint64_t total = base.bytes();
+  for (uint32_t position : changed) {
+    const uint64_t was = base.regions(static_cast<int>(position)).bytes();
+    if (was > total) {
+      return absl::InternalError(absl::StrCat("the base image of node ", base.node_id(),
+                                              " holds more in its regions than its ", base.bytes(),
+                                              " bytes: it was never checked"));
+    }
+    total -= was;
+  }
+  for (uint32_t position : changed) {
+    const v1::ImageRegion& region = image.regions(static_cast<int>(position));
+    if (absl::Status status = CheckImageRegion(image, region, limits); !status.ok()) {
+      return status;
+    }
+    AddRegionBytes(image, region.bytes(), total);
+  }
+  return CheckImageSum(image, total);
 }
 
 absl::Status CheckGroupRecord(const v1::JournalCluster& record,

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon::cluster {
@@ -33,6 +34,12 @@ struct PeerLimits {
 // One node's image: regions back to back whose sizes add up to `bytes` without overflow, each
 // region's chunk CRCs matching its size and chunk size, names, dtypes and shapes bounded.
 absl::Status CheckNodeImage(const v1::NodeImage& image, const PeerLimits& limits);
+// CheckNodeImage of `image`, which is `base` but for its regions at `changed` (ascending, within
+// both) and its fields around the regions, as PatchedImage builds it, where `base` passed
+// CheckNodeImage: the fields, the changed regions and the sum of the sizes, which differs from
+// the base's only at them. A step of a few changed regions among thousands checks those few.
+absl::Status CheckPatchedImage(const v1::NodeImage& base, const v1::NodeImage& image,
+                               absl::Span<const uint32_t> changed, const PeerLimits& limits);
 // That the image at `position` of a group's images is `member`'s.
 absl::Status CheckImageMember(const v1::NodeImage& image, size_t position, uint32_t member);
 // A group's images by position (a RepeatedPtrField or a std::vector of them): one per position of

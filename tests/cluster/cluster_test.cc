@@ -24,6 +24,7 @@
 #include "moesnap/placement_planner.h"
 #include "proto/moesnap.grpc.pb.h"
 #include "daemon/etcd/etcd_client.h"
+#include "daemon/journal.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_process.h"
@@ -534,6 +535,39 @@ TEST_F(ClusterTest, EveryNodeAgreesOnTheCommittedStep) {
   for (const v1::ClusterNodeStatus& peer : status.nodes()) parity += peer.memory().parity_bytes();
   EXPECT_GT(parity, 0u);
   for (int node = 0; node < nodes_; ++node) EXPECT_EQ(VerifiedStep(node), 6);
+}
+
+// A node's journal is a file, so the group record in it is checked as a peer's would be before the
+// node builds on it: one that fails is refused at start, naming the check, and left as it was.
+TEST_F(ClusterTest, AJournalWhoseGroupRecordFailsAPeersChecksIsRefusedAtStart) {
+  TrainAll(2);
+  daemons_[1]->Kill(SIGKILL);
+  auto open_journal = [&] {
+    return daemon::Journal::OpenOrCreate(daemons_[1]->pool_name(), daemon::Journal::kMinimumBytes);
+  };
+  uint64_t said_bytes = 0;
+  {
+    absl::StatusOr<std::unique_ptr<daemon::Journal>> journal = open_journal();
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    v1::JournalState state = (*journal)->recovered_state();
+    ASSERT_EQ(state.cluster().group_images_size(), kGroupSize);
+    // Node 2's image says a byte more than its regions hold; the journal's own CRC is intact.
+    v1::NodeImage& image = *state.mutable_cluster()->mutable_group_images(2);
+    said_bytes = image.bytes() + 1;
+    image.set_bytes(said_bytes);
+    const std::string bytes = state.SerializeAsString();
+    ASSERT_TRUE((*journal)->Write({bytes}).ok());
+  }
+  ChildProcess restarted({BinaryPath("moesnapd"), "--config", daemons_[1]->config_path()},
+                         EnvironmentOf(1), ChildProcess::Stderr::kCapture);
+  std::string output;
+  while (std::optional<std::string> line = restarted.ReadLine(60s)) output += *line + "\n";
+  EXPECT_EQ(restarted.Wait(30s), 1) << output;
+  EXPECT_TRUE(absl::StrContains(output, "fails the checks a peer's must pass")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "image of node 2: its regions add up to")) << output;
+  absl::StatusOr<std::unique_ptr<daemon::Journal>> journal = open_journal();
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  EXPECT_EQ((*journal)->recovered_state().cluster().group_images(2).bytes(), said_bytes);
 }
 
 TEST_F(ClusterTest, TwoNodesLostAreRebuiltFromParityByteForByte) {

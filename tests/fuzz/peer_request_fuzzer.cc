@@ -168,6 +168,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           GroupImagesOf(request, NodeOne(), BaseRecord(), *absent, std::move(sent));
       if (!built.ok()) break;
       UseGroup(built->images);
+      // Every image it takes is valid, a patched one checked at its changed regions alone.
+      for (const v1::NodeImage& image : built->images) {
+        if (!CheckNodeImage(image, NodeOne().limits).ok()) std::abort();
+      }
       // A patched image's changed units, found from its changed regions, are the whole walk's.
       for (const auto& [position, regions] : built->patched_regions) {
         const v1::NodeImage& before = BaseRecord().record->group_images(position);

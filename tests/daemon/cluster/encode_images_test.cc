@@ -136,6 +136,53 @@ TEST(EncodeImagesTest, APatchIsOfALiveMemberAndItsOnlyOne) {
   EXPECT_EQ(sent.parsed_in_spare, (std::vector<int>{1, 2}));
 }
 
+// A patched member's image is checked at the regions its patch changed, on the record's images
+// (checked when the record was made): one whose sizes no longer add up is refused by name.
+TEST(EncodeImagesTest, APatchedImageIsBuiltAndCheckedAtTheRegionsItChanged) {
+  const std::unique_ptr<const Topology> topology = NodeOne();
+  auto record = std::make_shared<v1::JournalCluster>();
+  record->set_committed_step(2);
+  auto image_bytes = std::make_shared<std::vector<std::string>>();
+  for (uint32_t id : {0, 1, 2}) {
+    *record->add_group_images() = Image(id, 2, 3);
+    image_bytes->push_back(ImageBytes(record->group_images(static_cast<int>(id))));
+  }
+  const ClusterStore::RecordWithBytes held{record, image_bytes};
+  for (const bool adds_up : {true, false}) {
+    // Node 0's image of step 3: its second region captured again, twice the size.
+    v1::NodeImage image = Image(0, 2, 3);
+    image.set_step(3);
+    v1::ImageRegion& region = *image.mutable_regions(1);
+    region.set_step(3);
+    region.set_bytes(8192);
+    region.add_chunk_crcs(7);
+    image.set_bytes(adds_up ? 4096 + 8192 + 4096 : 3 * 4096);
+    std::string bytes;
+    std::optional<ImagePatchOf> patch =
+        PatchOf(record->group_images(0), held.ImageBytesOf(0), image, bytes);
+    ASSERT_TRUE(patch.has_value());
+    v1::EncodeRequest request = Whole(3, 3);
+    request.set_base_step(2);
+    *request.mutable_group_images(0) = ImageBytes(patch->changes);
+    *request.add_patches() = patch->patch;
+    SentImages sent = ParsedImages(request, *topology, {}, nullptr);
+    ASSERT_OK(sent.status);
+    absl::StatusOr<GroupImages> built =
+        GroupImagesOf(request, *topology, held, {}, std::move(sent));
+    if (adds_up) {
+      ASSERT_OK(built);
+      EXPECT_EQ(ImageBytes(built->images[0]), ImageBytes(image));
+      EXPECT_EQ(built->patched_regions.at(0), std::vector<uint32_t>{1});
+    } else {
+      EXPECT_STATUS(built, absl::StatusCode::kInvalidArgument);
+      EXPECT_TRUE(absl::StrContains(built.status().message(),
+                                    "step 3: image of node 0: its regions add up to more than "
+                                    "16384 bytes, not the 12288"))
+          << built.status();
+    }
+  }
+}
+
 TEST(EncodeImagesTest, AnAbsentMembersEntryIsAPlaceholderNamingItAlone) {
   const std::unique_ptr<const Topology> topology = NodeOne();
   v1::EncodeRequest request = Whole(3, 2);

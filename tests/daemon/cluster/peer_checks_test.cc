@@ -204,6 +204,73 @@ TEST(PeerChecksTest, ImageSizesMustAddUpWithoutWrapping) {
   ExpectRefused(CheckNodeImage(image, Limits()), "above the");
 }
 
+TEST(PeerChecksTest, APatchedImageCheckedAtItsChangedRegionsIsJudgedAsWhenCheckedWhole) {
+  const v1::NodeImage base = Image(4);
+  ASSERT_OK(CheckNodeImage(base, Limits()));
+  // The base with its second region changed (twice the size), as PatchedImage builds it.
+  auto patched = [&](auto change) {
+    v1::NodeImage image = base;
+    image.set_step(8);
+    v1::ImageRegion& region = *image.mutable_regions(1);
+    region.set_step(8);
+    region.set_bytes(8192);
+    for (int chunk = 0; chunk < 4; ++chunk) region.add_chunk_crcs(2);
+    image.set_bytes(4096 + 8192);
+    change(image, region);
+    return image;
+  };
+  const std::vector<uint32_t> changed = {1};
+  auto judged_alike = [&](const v1::NodeImage& image, const std::string& mentions) {
+    const absl::Status whole = CheckNodeImage(image, Limits());
+    const absl::Status at_changes = CheckPatchedImage(base, image, changed, Limits());
+    EXPECT_EQ(whole, at_changes);
+    if (mentions.empty()) {
+      EXPECT_OK(at_changes);
+    } else {
+      ExpectRefused(at_changes, mentions);
+    }
+  };
+  judged_alike(patched([](v1::NodeImage&, v1::ImageRegion&) {}), "");
+  judged_alike(patched([](v1::NodeImage& image, v1::ImageRegion&) { image.set_bytes(8192); }),
+               "regions add up to more than 12288 bytes, not the 8192");
+  judged_alike(patched([](v1::NodeImage& image, v1::ImageRegion&) {
+                 image.set_bytes(image.bytes() + 1);
+               }),
+               "regions add up to 12288 bytes, not the 12289");
+  judged_alike(patched([](v1::NodeImage&, v1::ImageRegion& region) { region.set_region(""); }),
+               "its name is 0 bytes");
+  judged_alike(patched([](v1::NodeImage&, v1::ImageRegion& region) {
+                 region.mutable_chunk_crcs()->RemoveLast();
+               }),
+               "lists 7 chunk CRCs");
+  judged_alike(patched([](v1::NodeImage& image, v1::ImageRegion& region) {
+                 region.set_bytes(Limits().max_image_bytes + 1);
+                 image.set_bytes(kMax);
+               }),
+               "this node's pool could hold parity for");
+  judged_alike(patched([](v1::NodeImage& image, v1::ImageRegion&) { image.set_node_id(6); }),
+               "but the job has 6 nodes");
+  judged_alike(patched([](v1::NodeImage& image, v1::ImageRegion&) {
+                 for (int rank = 0; rank <= PeerLimits::kMaxRanksPerImage; ++rank) {
+                   image.add_ranks()->set_rank(rank);
+                 }
+               }),
+               "ranks, above");
+  // What the whole check cannot see: a changed position outside the image, a region more or
+  // fewer than the base's, and a base that was never checked.
+  const v1::NodeImage image = patched([](v1::NodeImage&, v1::ImageRegion&) {});
+  const std::vector<uint32_t> outside = {2};
+  ExpectRefused(CheckPatchedImage(base, image, outside, Limits()), "changed region 2");
+  v1::NodeImage more = image;
+  *more.add_regions() = image.regions(0);
+  more.set_bytes(more.bytes() + 4096);
+  ExpectRefused(CheckPatchedImage(base, more, changed, Limits()), "3 regions on a base of 2");
+  v1::NodeImage unchecked = base;
+  unchecked.set_bytes(4095);
+  EXPECT_STATUS(CheckPatchedImage(unchecked, image, changed, Limits()),
+                absl::StatusCode::kInternal);
+}
+
 TEST(PeerChecksTest, APatchedImageListsItsChangedRegionsEachChecked) {
   // Node 4's image as a patch of its second region: the image need not add up (it lists one
   // region of two), but its regions are checked and the patch names as many as it carries.
