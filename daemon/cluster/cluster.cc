@@ -99,6 +99,18 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
       cluster::Topology::Create(node_id, options, pool->capacity());
   if (!topology.ok()) return topology.status();
   units->topology = *std::move(topology);
+  // The journal's record is this daemon's own writing, but a file: it is checked as a peer's
+  // would be before anything sizes, loops over or builds on it. One that fails (damaged, or of a
+  // job of another shape) is dropped: the node rejoins as one that holds no committed step.
+  if (absl::Status status = cluster::CheckGroupRecord(
+          *store->ClusterRecord(), units->topology->groups[units->topology->group],
+          units->topology->limits);
+      !status.ok()) {
+    Log(LogLevel::kWarning, "the group record in this node's journal fails the checks a peer's ",
+        "must pass (", status.message(), "): it is dropped, with its parity; the committed ",
+        "versions stay, and the node rebuilds from its group or is encoded whole at the next step");
+    if (absl::Status dropped = store->DropClusterRecord(); !dropped.ok()) return dropped;
+  }
   std::shared_ptr<const PeerTls> tls;
   if (options.tls.enabled()) {
     absl::StatusOr<std::shared_ptr<const PeerTls>> loaded =
@@ -130,16 +142,6 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
     Log(LogLevel::kWarning, status.message(), "; starting, and joining once etcd answers");
   }
 
-  // The journal's record is this daemon's own writing, but a file: it is checked as a peer's
-  // would be before anything sizes, loops over or builds on it.
-  if (absl::Status status = cluster::CheckGroupRecord(
-          *store->ClusterRecord(), units->topology->groups[units->topology->group],
-          units->topology->limits);
-      !status.ok()) {
-    return absl::DataLossError(absl::StrCat(
-        "the group record in the journal beside the pool /dev/shm/", pool->file_name(),
-        " fails the checks a peer's must pass: ", status.message()));
-  }
   units->parity = std::make_unique<ParityStore>(
       pool, units->topology->codec.get(), &units->topology->layout, units->topology->position,
       absl::Milliseconds(options.commit_timeout_ms));

@@ -182,7 +182,7 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
       status = CheckNodeImage(image, topology.limits);
     }
     if (!status.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step, ": ", status.message()));
+      return absl::Status(status.code(), absl::StrCat("step ", step, ": ", status.message()));
     }
   }
   return images;

@@ -61,7 +61,9 @@ SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topolo
 // The group's images of the step an Encode carries, by position: as sent, built from their
 // patches on `committed` (the record of the base step, with its images' bytes), or, for the
 // absent members, their images there; INVALID_ARGUMENT unless each is its member's and valid
-// (CheckNodeImage). A whole image's bytes are the coordinator's serialization of it.
+// (CheckNodeImage; a patched one at the regions its patch changed, CheckPatchedImage, for
+// `committed`'s images were checked when the record was made). A whole image's bytes are the
+// coordinator's serialization of it.
 absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
                                           const Topology& topology,
                                           const ClusterStore::RecordWithBytes& committed,

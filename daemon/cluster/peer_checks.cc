@@ -160,7 +160,8 @@ absl::Status ParseImage(const std::string& bytes, const std::string& what, v1::N
 }
 
 // The changes a patch carries: each region valid, as many as the patch names. The image the patch
-// builds is checked whole once built (GroupImagesOf, Coordinator::RunRound).
+// builds is checked once built: at its changed regions by a participant (GroupImagesOf), whole by
+// the coordinator (Coordinator::RunRound).
 absl::Status CheckChanges(const v1::NodeImage& changes, const v1::ImagePatch& patch,
                           const PeerLimits& limits) {
   if (absl::Status status = CheckImageFields(changes, limits).status(); !status.ok()) {
@@ -195,11 +196,15 @@ absl::Status CheckPatchedImage(const v1::NodeImage& base, const v1::NodeImage& i
     return InvalidImage(image, absl::StrCat(image.regions_size(), " regions on a base of ",
                                             base.regions_size()));
   }
+  int64_t previous = -1;
   for (uint32_t position : changed) {
-    if (position >= static_cast<uint32_t>(image.regions_size())) {
-      return InvalidImage(image, absl::StrCat("changed region ", position, " is not one of its ",
-                                              image.regions_size()));
+    if (static_cast<int64_t>(position) <= previous ||
+        position >= static_cast<uint32_t>(image.regions_size())) {
+      return InvalidImage(image, absl::StrCat("changed region ", position, " does not follow ",
+                                              previous, " within its ", image.regions_size(),
+                                              " regions"));
     }
+    previous = position;
   }
   // The base's regions add up to its bytes (it was checked): without the changed ones, to this.
   uint64_t total = base.bytes();
@@ -224,7 +229,8 @@ absl::Status CheckPatchedImage(const v1::NodeImage& base, const v1::NodeImage& i
 
 absl::Status CheckGroupRecord(const v1::JournalCluster& record,
                               const std::vector<uint32_t>& group_ids, const PeerLimits& limits) {
-  if (record.group_images_size() > 0) {
+  // A committed step is the group's images of it: none is a record of nothing.
+  if (record.has_committed_step() || record.group_images_size() > 0) {
     if (absl::Status status = CheckGroupImages(record.group_images(), group_ids, limits);
         !status.ok()) {
       return status;

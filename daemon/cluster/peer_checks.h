@@ -61,8 +61,9 @@ absl::Status CheckGroupImages(const Images& images, const std::vector<uint32_t>&
   }
   return absl::OkStatus();
 }
-// A group record another node holds (GroupState, LocateRank): no images, or a full group of
-// `group_ids`; without its parity units (peers never send pool offsets).
+// A group record another node holds (GroupState, LocateRank), or this node's journal does: no
+// committed step and no images, or a committed step and a full group of `group_ids`, each valid;
+// its parity units' sizes within a unit.
 absl::Status CheckGroupRecord(const v1::JournalCluster& record,
                               const std::vector<uint32_t>& group_ids, const PeerLimits& limits);
 
@@ -71,7 +72,8 @@ absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& l
 // The image of a proposal that passed CheckPropose, parsed into `image` (its memory reused) and
 // checked: the proposer's own, of the step; whole, a valid image (CheckNodeImage); as a patch,
 // its changed regions each valid and as many as the patch names. The image the patch builds is
-// checked whole once built, by whoever builds it.
+// checked once built, by whoever builds it (CheckNodeImage, or CheckPatchedImage on a checked
+// base).
 absl::Status ParseProposedImage(const v1::ProposeRequest& request, const PeerLimits& limits,
                                 v1::NodeImage& image);
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits);

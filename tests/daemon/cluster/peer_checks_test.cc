@@ -176,7 +176,10 @@ TEST(PeerChecksTest, GroupImagesAreCountedAndEachChecked) {
   encode.add_group_images(Image(5).SerializeAsString());
   ExpectRefused(CheckEncoding(encode), "4 images");
   v1::JournalCluster record;
+  record.set_committed_step(6);  // a committed step is its group's images of it: none is nothing
+  ExpectRefused(CheckGroupRecord(record, {3, 4, 5}, Limits()), "0 images for a group of 3");
   for (uint32_t id : {3, 4, 5}) *record.add_group_images() = Image(id);
+  EXPECT_OK(CheckGroupRecord(record, {3, 4, 5}, Limits()));
   ExpectRefused(CheckGroupRecord(record, {0, 1, 2}, Limits()), "is node 3's, not node 0's");
   record.mutable_group_images()->RemoveLast();
   ExpectRefused(CheckGroupRecord(record, {3, 4, 5}, Limits()), "2 images for a group of 3");
@@ -261,6 +264,9 @@ TEST(PeerChecksTest, APatchedImageCheckedAtItsChangedRegionsIsJudgedAsWhenChecke
   const v1::NodeImage image = patched([](v1::NodeImage&, v1::ImageRegion&) {});
   const std::vector<uint32_t> outside = {2};
   ExpectRefused(CheckPatchedImage(base, image, outside, Limits()), "changed region 2");
+  // Positions out of order would count a region's size twice.
+  const std::vector<uint32_t> twice = {1, 1};
+  ExpectRefused(CheckPatchedImage(base, image, twice, Limits()), "changed region 1 does not follow 1");
   v1::NodeImage more = image;
   *more.add_regions() = image.regions(0);
   more.set_bytes(more.bytes() + 4096);
