@@ -73,10 +73,10 @@ class ClusterStore {
   virtual void AbortNodeStep(int64_t step, const absl::Status& why) = 0;
   // Replaces every committed version by a rebuilt image and journals it with `cluster`.
   virtual absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) = 0;
-  // Forgets the cluster record, and journals that: the node then holds no committed step of the
-  // cluster (its parity goes with the record; the committed versions stay, for local restores),
-  // and its group's next step encodes it whole, or it rebuilds from its group.
-  virtual absl::Status DropClusterRecord() = 0;
+  // Forgets the cluster record for as long as the process lives, for one that cannot be used: the
+  // node then holds no committed step of the cluster and rebuilds from its group. The journal keeps
+  // the record until its next write; the parity the record lists is not claimed from the pool.
+  virtual void ForgetClusterRecord() = 0;
   // The cluster record of the committed step (empty on a fresh pool). It holds every group
   // member's image, region by region, so it is shared rather than copied: a commit replaces it,
   // and the record a caller holds never changes while another holds it too. (A record is made
@@ -84,7 +84,7 @@ class ClusterStore {
   // builds the next step's images in its memory.) Every image in it passed the cluster's checks
   // of a peer's (CheckGroupRecord): a commit's and an install's were checked before the cluster
   // handed them over, and the record read back from the journal is checked as the cluster starts
-  // (and dropped, DropClusterRecord, when it fails).
+  // (and forgotten, ForgetClusterRecord, when it fails).
   virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
   // The same with its group images serialized, as its journal holds them, taken together:
   // (*image_bytes)[i] serializes record->group_images(i).

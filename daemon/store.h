@@ -158,7 +158,7 @@ class Store final : public ClusterStore, public DurableStore {
                               std::vector<std::string> image_bytes) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
-  absl::Status DropClusterRecord() override;
+  void ForgetClusterRecord() override;
   absl::Status WriteRegion(uint32_t rank, const v1::ImageRegion& stored,
                            const PoolBytes& bytes) override;
   absl::StatusOr<v1::RestoreResponse> RestoreFromRank(

@@ -454,16 +454,15 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   return absl::OkStatus();
 }
 
-absl::Status Store::DropClusterRecord() {
-  auto none = std::make_shared<const v1::JournalCluster>();
-  auto no_bytes = std::make_shared<const std::vector<std::string>>();
+void Store::ForgetClusterRecord() {
+  std::shared_ptr<const v1::JournalCluster> forgotten = std::make_shared<v1::JournalCluster>();
+  std::shared_ptr<const std::vector<std::string>> forgotten_bytes =
+      std::make_shared<std::vector<std::string>>();
   absl::MutexLock lock(&mutex_);
-  if (absl::Status status = WriteJournal({}, *none, *no_bytes); !status.ok()) return status;
-  cluster_ = std::move(none);
-  cluster_image_bytes_ = std::move(no_bytes);
+  std::swap(cluster_, forgotten);  // the old record, freed after the lock
+  std::swap(cluster_image_bytes_, forgotten_bytes);
   notified_step_ = NodeCommittedStep();  // none: nothing to drain
   step_changed_.SignalAll();
-  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> CommitJournalBound(const NodeImage& own, int own_position,

@@ -99,17 +99,22 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(
       cluster::Topology::Create(node_id, options, pool->capacity());
   if (!topology.ok()) return topology.status();
   units->topology = *std::move(topology);
-  // The journal's record is this daemon's own writing, but a file: it is checked as a peer's
-  // would be before anything sizes, loops over or builds on it. One that fails (damaged, or of a
-  // job of another shape) is dropped: the node rejoins as one that holds no committed step.
-  if (absl::Status status = cluster::CheckGroupRecord(
-          *store->ClusterRecord(), units->topology->groups[units->topology->group],
-          units->topology->limits);
-      !status.ok()) {
-    Log(LogLevel::kWarning, "the group record in this node's journal fails the checks a peer's ",
-        "must pass (", status.message(), "): it is dropped, with its parity; the committed ",
-        "versions stay, and the node rebuilds from its group or is encoded whole at the next step");
-    if (absl::Status dropped = store->DropClusterRecord(); !dropped.ok()) return dropped;
+  // The journal's record is this daemon's own writing, but a file: each image in it is checked as
+  // a peer's would be before anything sizes, loops over or builds on it (a patched image is then
+  // checked at its changes alone), whatever group it lists (a job restarted in another shape
+  // encodes whole at its next step, as before). A damaged one is forgotten, not erased: the node
+  // rebuilds from its group, and the journal keeps the record until its next write.
+  if (const std::shared_ptr<const v1::JournalCluster> journaled = store->ClusterRecord()) {
+    for (const v1::NodeImage& image : journaled->group_images()) {
+      if (absl::Status status = cluster::CheckNodeImage(image, units->topology->limits);
+          !status.ok()) {
+        Log(LogLevel::kWarning, "the group record in this node's journal fails the checks a ",
+            "peer's must pass (", status.message(), "): it is not used, and the node rebuilds its ",
+            "committed step from its group");
+        store->ForgetClusterRecord();
+        break;
+      }
+    }
   }
   std::shared_ptr<const PeerTls> tls;
   if (options.tls.enabled()) {

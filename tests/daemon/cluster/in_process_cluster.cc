@@ -250,12 +250,11 @@ absl::Status FakeClusterStore::InstallImage(const NodeImage& image, v1::JournalC
   return absl::OkStatus();
 }
 
-absl::Status FakeClusterStore::DropClusterRecord() {
+void FakeClusterStore::ForgetClusterRecord() {
   absl::MutexLock lock(&mutex_);
   record_ = std::make_shared<v1::JournalCluster>();
   record_bytes_ = std::make_shared<std::vector<std::string>>();
   changed_.SignalAll();
-  return absl::OkStatus();
 }
 
 std::shared_ptr<const v1::JournalCluster> FakeClusterStore::ClusterRecord() const {

@@ -80,7 +80,7 @@ class FakeClusterStore final : public ClusterStore {
                               std::vector<std::string> image_bytes) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
-  absl::Status DropClusterRecord() override;
+  void ForgetClusterRecord() override;
   std::shared_ptr<const v1::JournalCluster> ClusterRecord() const override;
   RecordWithBytes ClusterRecordWithBytes() const override;
   uint64_t CommittedBytes() const override;
