@@ -82,9 +82,9 @@ class ClusterStore {
   // and the record a caller holds never changes while another holds it too. (A record is made
   // mutable and shared as const: the participant, once the only holder of one a commit replaced,
   // builds the next step's images in its memory.) Every image in it passed the cluster's checks
-  // of a peer's (CheckGroupRecord): a commit's and an install's were checked before the cluster
-  // handed them over, and the record read back from the journal is checked as the cluster starts
-  // (and forgotten, ForgetClusterRecord, when it fails).
+  // of a peer's image (CheckNodeImage): a commit's and an install's were checked before the
+  // cluster handed them over, and those of the record read back from the journal are checked as
+  // the cluster starts (the record forgotten, ForgetClusterRecord, when one fails).
   virtual std::shared_ptr<const v1::JournalCluster> ClusterRecord() const = 0;
   // The same with its group images serialized, as its journal holds them, taken together:
   // (*image_bytes)[i] serializes record->group_images(i).

@@ -61,9 +61,9 @@ absl::Status CheckGroupImages(const Images& images, const std::vector<uint32_t>&
   }
   return absl::OkStatus();
 }
-// A group record another node holds (GroupState, LocateRank), or this node's journal does: no
-// committed step and no images, or a committed step and a full group of `group_ids`, each valid;
-// its parity units' sizes within a unit.
+// A group record another node holds (GroupState, LocateRank): no committed step and no images, or
+// a committed step and a full group of `group_ids`, each valid; its parity units' sizes within a
+// unit.
 absl::Status CheckGroupRecord(const v1::JournalCluster& record,
                               const std::vector<uint32_t>& group_ids, const PeerLimits& limits);
 
