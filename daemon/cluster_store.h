@@ -67,9 +67,9 @@ class ClusterStore {
   // write; older captured steps are aborted as superseded. `image_bytes` holds the record's group
   // images serialized, in order (the caller serialized them already, to check them): the journal
   // copies them instead of serializing every region again. INVALID_ARGUMENT when they are not one
-  // per image.
-  virtual absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
-                                      std::vector<std::string> image_bytes) = 0;
+  // per image. Returns the record as ClusterRecord gives it now.
+  virtual absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> CommitNodeStep(
+      int64_t step, v1::JournalCluster cluster, std::vector<std::string> image_bytes) = 0;
   virtual void AbortNodeStep(int64_t step, const absl::Status& why) = 0;
   // Replaces every committed version by a rebuilt image and journals it with `cluster`.
   virtual absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) = 0;

@@ -154,8 +154,8 @@ class Store final : public ClusterStore, public DurableStore {
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
   // A node whose ranks did not take part (none registered) records only `cluster`.
-  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
-                              std::vector<std::string> image_bytes) override;
+  absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> CommitNodeStep(
+      int64_t step, v1::JournalCluster cluster, std::vector<std::string> image_bytes) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
   void ForgetClusterRecord() override;

@@ -367,8 +367,8 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
 }
 
 
-absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
-                                   std::vector<std::string> image_bytes) {
+absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> Store::CommitNodeStep(
+    int64_t step, v1::JournalCluster cluster, std::vector<std::string> image_bytes) {
   // The record replaced lists every group member's image: it is freed after the lock is released,
   // as are its images' bytes.
   std::shared_ptr<const v1::JournalCluster> replaced;
@@ -405,7 +405,7 @@ absl::Status Store::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
   }
   NotifyCommitted();
   step_changed_.SignalAll();
-  return absl::OkStatus();
+  return cluster_;
 }
 
 void Store::AbortNodeStep(int64_t step, const absl::Status& why) {

@@ -537,9 +537,9 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
       const auto cached = committed_images_step_ == base ? committed_images_.find(id)
                                                          : committed_images_.end();
       if (cached != committed_images_.end()) {
-        v1::NodeImage memory;
+        ImageMemory memory;
         if (auto spare = spare_images_.find(id); spare != spare_images_.end()) {
-          memory = std::move(spare->second);
+          memory.image = std::move(spare->second);
         }
         std::string bytes = spare_bytes(id);
         absl::StatusOr<v1::NodeImage> built =

@@ -67,7 +67,7 @@ absl::StatusOr<std::set<int>> AbsentPositions(const v1::EncodeRequest& request,
 }
 
 SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topology,
-                        const std::set<int>& absent, std::shared_ptr<v1::JournalCluster> spare) {
+                        const std::set<int>& absent, SpareRecord spare) {
   const std::vector<uint32_t>& group = topology.groups[topology.group];
   SentImages sent;
   sent.spare = std::move(spare);
@@ -84,8 +84,8 @@ SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topolo
   sent.images.resize(group.size());
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
     if (!request.parity_only() && !absent.contains(position) && !sent.patches.contains(position) &&
-        sent.spare && position < sent.spare->group_images_size()) {
-      sent.images[position] = sent.Memory(position);
+        sent.spare.record && position < sent.spare.record->group_images_size()) {
+      sent.images[position] = sent.spare.Memory(position, nullptr).image;
       sent.parsed_in_spare.push_back(position);
     }
   }
@@ -97,18 +97,22 @@ SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topolo
   return sent;
 }
 
-v1::NodeImage SentImages::Memory(int position) {
-  v1::NodeImage image;
-  if (spare && position < spare->group_images_size()) {
-    image.Swap(spare->mutable_group_images(position));
+ImageMemory SpareRecord::Memory(int position, const v1::JournalCluster* committed) {
+  ImageMemory memory;
+  if (record && position < record->group_images_size()) {
+    memory.image.Swap(record->mutable_group_images(position));
   }
-  return image;
+  if (auto known = differs_at.extract(position);
+      known && committed != nullptr && base_of.lock().get() == committed) {
+    memory.differs_at = std::move(known.mapped());
+  }
+  return memory;
 }
 
-std::shared_ptr<v1::JournalCluster> SentImages::Unused() && {
+SpareRecord SentImages::Unused() && {
   for (int position : parsed_in_spare) {
     if (position < static_cast<int>(images.size())) {
-      images[position].Swap(spare->mutable_group_images(position));
+      images[position].Swap(spare.record->mutable_group_images(position));
     }
   }
   return std::move(spare);
@@ -134,32 +138,39 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
     }
   }
   // Each image is built in the memory of a replaced record's, when one is spare.
-  auto memory = [&](int position) { return sent.Memory(position); };
+  auto memory = [&](int position) { return sent.spare.Memory(position, &committed); };
   GroupImages images;
   images.images.reserve(group.size());
   images.bytes.resize(group.size());
+  images.base = record.record;
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
     std::string& bytes = images.bytes[position];
     if (absent.contains(position)) {
       // Frozen at its last committed image, which every live member's record holds alike.
-      images.images.push_back(memory(position));
-      AssignImage(committed.group_images(position), images.images.back());
+      ImageMemory frozen = memory(position);
+      if (AssignImage(committed.group_images(position), frozen)) {
+        images.unknown_fields.insert(position);
+      }
+      images.images.push_back(std::move(frozen.image));
+      images.changed_regions[position] = {};
       if (const std::string_view kept = record.ImageBytesOf(position); !kept.empty()) {
         bytes.assign(kept);
       } else {
         ImageBytesInto(images.images.back(), bytes);
       }
     } else if (auto patch = patches.find(position); patch != patches.end()) {
-      absl::StatusOr<v1::NodeImage> image =
-          PatchedImage(committed.group_images(position), record.ImageBytesOf(position),
-                       sent.images[position], *patch->second, bytes, memory(position));
+      bool unknown_fields = false;
+      absl::StatusOr<v1::NodeImage> image = PatchedImage(
+          committed.group_images(position), record.ImageBytesOf(position), sent.images[position],
+          *patch->second, bytes, memory(position), &unknown_fields);
       if (!image.ok()) {
         return absl::Status(image.status().code(),
                             absl::StrCat("step ", step, ": ", image.status().message()));
       }
       images.images.push_back(*std::move(image));
-      images.patched_regions[position].assign(patch->second->changed().begin(),
+      images.changed_regions[position].assign(patch->second->changed().begin(),
                                               patch->second->changed().end());
+      if (unknown_fields) images.unknown_fields.insert(position);
     } else {
       // Its bytes are the coordinator's serialization, which the record journals and a later
       // patch's image is spliced from: a coordinator that sent another serialization of the same
@@ -169,17 +180,15 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
     }
   }
   // Each image is its member's and valid: one sent whole was checked as it was parsed
-  // (ParseEncodeImages), the others are checked as built; a patched one at the regions its patch
-  // changed, for the record's images it was built on were checked (ClusterStore::ClusterRecord).
+  // (ParseEncodeImages), the others, built on the record's, are checked as built at the regions
+  // they changed, for the record's images were checked (ClusterStore::ClusterRecord).
   for (int position = 0; position < static_cast<int>(group.size()); ++position) {
     const v1::NodeImage& image = images.images[position];
     absl::Status status = CheckImageMember(image, position, group[position]);
-    const auto patched = images.patched_regions.find(position);
-    if (status.ok() && patched != images.patched_regions.end()) {
-      status = CheckPatchedImage(committed.group_images(position), image, patched->second,
+    const auto changed = images.changed_regions.find(position);
+    if (status.ok() && changed != images.changed_regions.end()) {
+      status = CheckPatchedImage(committed.group_images(position), image, changed->second,
                                  topology.limits);
-    } else if (status.ok() && absent.contains(position)) {
-      status = CheckNodeImage(image, topology.limits);
     }
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("step ", step, ": ", status.message()));

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/cluster/context.h"
+#include "daemon/cluster/image_patch.h"
 #include "daemon/cluster_store.h"
 #include "proto/moesnap.pb.h"
 
@@ -26,9 +27,28 @@ namespace moesnap::daemon::cluster {
 struct GroupImages {
   std::vector<v1::NodeImage> images;
   std::vector<std::string> bytes;
-  // By position, for each image built from a patch: the positions of the regions it changed. The
+  // The record of the base step the images were built on.
+  std::weak_ptr<const v1::JournalCluster> base;
+  // By position, for each image built on its base (the record's image of the member): the
+  // positions of the regions it changed, a patched image's, none for an absent member's copy. The
   // image's other regions are its base's, entry for entry.
-  std::map<int, std::vector<uint32_t>> patched_regions;
+  std::map<int, std::vector<uint32_t>> changed_regions;
+  // The positions of changed_regions whose image carries fields this build does not know.
+  std::set<int> unknown_fields;
+};
+
+// A record a commit replaced, held by nobody else: the memory the next step's images are built in.
+// When the record that replaced it was built on it (the images of its step on this record's),
+// `base_of` names that record and `differs_at` holds, by position, where its image differs from
+// this one's (ImageMemory::differs_at); a position whose memory is taken leaves `differs_at`.
+struct SpareRecord {
+  std::shared_ptr<v1::JournalCluster> record;
+  std::weak_ptr<const v1::JournalCluster> base_of = {};
+  std::map<int, std::vector<uint32_t>> differs_at = {};
+
+  // Position `position`'s image of `record` to build in (its contents go), or an empty one; with
+  // its differences from `committed`'s image when `committed` is `base_of`.
+  ImageMemory Memory(int position, const v1::JournalCluster* committed);
 };
 
 // The positions in this node's group of the nodes an encode names absent (a degraded step), each
@@ -46,24 +66,22 @@ struct SentImages {
   absl::Status status;
   std::vector<v1::NodeImage> images;  // by position
   std::map<int, const v1::ImagePatch*> patches;  // the request's, by position of their member
-  // A replaced record, whose images' memory the step's images are built in.
-  std::shared_ptr<v1::JournalCluster> spare;
+  // The memory the step's images are built in.
+  SpareRecord spare;
   std::vector<int> parsed_in_spare;  // the positions whose image was parsed in its memory
-  // Position `position`'s image of `spare` to build in (its contents go), or an empty one.
-  v1::NodeImage Memory(int position);
   // `spare` with the memory the parsed images took back in it, for a request refused before its
   // images were built: the next one builds in it.
-  std::shared_ptr<v1::JournalCluster> Unused() &&;
+  SpareRecord Unused() &&;
 };
 SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topology,
-                        const std::set<int>& absent, std::shared_ptr<v1::JournalCluster> spare);
+                        const std::set<int>& absent, SpareRecord spare);
 
 // The group's images of the step an Encode carries, by position: as sent, built from their
 // patches on `committed` (the record of the base step, with its images' bytes), or, for the
 // absent members, their images there; INVALID_ARGUMENT unless each is its member's and valid
-// (CheckNodeImage; a patched one at the regions its patch changed, CheckPatchedImage, for
+// (CheckNodeImage; one built on `committed` at the regions it changed, CheckPatchedImage, for
 // `committed`'s images were checked when the record was made). A whole image's bytes are the
-// coordinator's serialization of it.
+// coordinator's serialization of it. The others are built in the memory of `sent.spare`.
 absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
                                           const Topology& topology,
                                           const ClusterStore::RecordWithBytes& committed,

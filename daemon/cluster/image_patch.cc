@@ -34,6 +34,18 @@ bool SameEntry(const v1::ImageRegion& a, const v1::ImageRegion& b) {
          SamePiece(a, b);
 }
 
+// Whether `positions` ascend, each below `regions`.
+bool Ascending(const std::vector<uint32_t>& positions, int regions) {
+  int64_t previous = -1;
+  for (uint32_t position : positions) {
+    if (static_cast<int64_t>(position) <= previous || position >= static_cast<uint32_t>(regions)) {
+      return false;
+    }
+    previous = position;
+  }
+  return true;
+}
+
 // Wire types of the fields a NodeImage serializes.
 constexpr uint32_t kVarint = 0;
 constexpr uint32_t kLengthDelimited = 2;
@@ -218,6 +230,24 @@ bool AssignImage(const v1::NodeImage& from, v1::NodeImage& image) {
   return unknown_fields;
 }
 
+bool AssignImage(const v1::NodeImage& from, ImageMemory& memory) {
+  v1::NodeImage& image = memory.image;
+  const std::optional<std::vector<uint32_t>> differs_at = std::exchange(memory.differs_at, {});
+  if (!differs_at || !Ascending(*differs_at, from.regions_size()) ||
+      image.regions_size() != from.regions_size() || HasUnknownFieldsOnTop(from) ||
+      HasUnknownFieldsOnTop(image)) {
+    return AssignImage(from, image);
+  }
+  image.set_node_id(from.node_id());
+  image.set_step(from.step());
+  image.set_bytes(from.bytes());
+  *image.mutable_ranks() = from.ranks();
+  for (uint32_t position : *differs_at) {
+    *image.mutable_regions(static_cast<int>(position)) = from.regions(static_cast<int>(position));
+  }
+  return false;
+}
+
 std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view base_bytes,
                                     const v1::NodeImage& image, std::string& bytes) {
   bool unknown_fields = false;
@@ -235,7 +265,7 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view 
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::string_view base_bytes,
                                            const v1::NodeImage& changes,
                                            const v1::ImagePatch& patch, std::string& bytes,
-                                           v1::NodeImage memory) {
+                                           ImageMemory memory, bool* unknown_fields_out) {
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat("the patch of node ", patch.node_id(), "'s image: ", what));
@@ -248,11 +278,12 @@ absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::strin
     return invalid(absl::StrCat("it names ", patch.changed_size(), " changed regions and carries ",
                                 changes.regions_size()));
   }
-  v1::NodeImage image = std::move(memory);
   // As PatchOf decides: the image's other entries are the base's.
   const bool unknown_fields =
-      AssignImage(base, image) ||
+      AssignImage(base, memory) ||
       std::any_of(changes.regions().begin(), changes.regions().end(), UnknownFieldsIn());
+  if (unknown_fields_out != nullptr) *unknown_fields_out = unknown_fields;
+  v1::NodeImage image = std::move(memory.image);
   image.set_step(changes.step());
   image.set_bytes(changes.bytes());
   *image.mutable_ranks() = changes.ranks();

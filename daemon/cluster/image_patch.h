@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/moesnap.pb.h"
@@ -29,6 +30,24 @@ void ImageBytesInto(const v1::NodeImage& image, std::string& bytes);
 // copy would rewrite every one. Returns whether `from` carries fields this build does not know (on
 // top or in an entry), read from each entry as it is compared.
 bool AssignImage(const v1::NodeImage& from, v1::NodeImage& image);
+
+// Memory to build an image in: an image whose allocations are reused (its contents go), and what
+// is known of how it stands to the image copied into it.
+struct ImageMemory {
+  v1::NodeImage image;
+  // Set when the image copied into it is known to be `image`, entry for entry, but at the regions
+  // at these positions (ascending) and in its fields on top, and to carry no field this build
+  // does not know: it was built on `image` by changing those regions (a patch's, or none for an
+  // absent member's copy), and neither changed since.
+  std::optional<std::vector<uint32_t>> differs_at = std::nullopt;
+};
+
+// AssignImage into `memory.image`. With `memory.differs_at` the copy writes those regions and the
+// fields on top alone, and takes `from` to carry no field this build does not know (returning
+// false): nothing else of either image is read. Without it, or when it does not fit the two
+// images (a position out of order or beyond them, another number of regions, unknown fields on
+// top), every entry is compared as AssignImage compares them.
+bool AssignImage(const v1::NodeImage& from, ImageMemory& memory);
 
 // What the coordinator sends of a member's image.
 struct ImagePatchOf {
@@ -54,15 +73,18 @@ std::optional<ImagePatchOf> PatchOf(const v1::NodeImage& base, std::string_view 
 // order or beyond its regions); FAILED_PRECONDITION when the image built has another CRC than the
 // coordinator's: the receiver's record of the base step is not the coordinator's (or the patch
 // was altered).
-// The image is built in `memory` (an image whose allocations it reuses; its contents go), and
-// `bytes` receives its bytes, made as PatchOf makes them, over which the CRC is taken: a caller
-// that keeps the image keeps its serialization too (the journal writes it) without serializing
-// it again. Given `base_bytes`, the bytes `base` came as, they are spliced from its unchanged
-// entries and the changed ones: a copy instead of a serialization of every region.
+// The image is built in `memory` (its base copied in as AssignImage copies it), and `bytes`
+// receives its bytes, made as PatchOf makes them, over which the CRC is taken: a caller that keeps
+// the image keeps its serialization too (the journal writes it) without serializing it again.
+// Given `base_bytes`, the bytes `base` came as, they are spliced from its unchanged entries and
+// the changed ones: a copy instead of a serialization of every region.
+// `unknown_fields`, when given, is set to whether the image built carries fields this build does
+// not know (its base's, or its changes').
 absl::StatusOr<v1::NodeImage> PatchedImage(const v1::NodeImage& base, std::string_view base_bytes,
                                            const v1::NodeImage& changes,
                                            const v1::ImagePatch& patch, std::string& bytes,
-                                           v1::NodeImage memory = {});
+                                           ImageMemory memory = {},
+                                           bool* unknown_fields = nullptr);
 
 }  // namespace moesnap::daemon::cluster
 

@@ -392,7 +392,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   if (!absent.ok()) return absent.status();
   // The images are parsed and checked before anything acts on the request; a whole one in the
   // memory of the image it replaces, that of a replaced record (a parity receiver keeps none).
-  std::shared_ptr<v1::JournalCluster> spare;
+  SpareRecord spare;
   if (!request.parity_only()) {
     absl::MutexLock lock(&mutex_);
     spare = std::move(spare_record_);
@@ -400,10 +400,10 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   SentImages carried = ParsedImages(request, topology, *absent, std::move(spare));
   // A request refused before its images are built gives their memory back, for the next one.
   absl::Cleanup give_back = [&] {
-    if (!carried.spare) return;
-    std::shared_ptr<v1::JournalCluster> unused = std::move(carried).Unused();
+    if (!carried.spare.record) return;
+    SpareRecord unused = std::move(carried).Unused();
     absl::MutexLock lock(&mutex_);
-    if (!spare_record_) spare_record_ = std::move(unused);
+    if (!spare_record_.record) spare_record_ = std::move(unused);
   };
   if (!carried.status.ok()) return carried.status;
   if (absl::Status status = Fence(request.token(), request.coordinator()); !status.ok()) {
@@ -441,7 +441,7 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   const std::optional<int64_t> base =
       request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;
   if (absl::Status status = CatchUp(base, deadline); !status.ok()) return status;
-  if (!carried.spare) {
+  if (!carried.spare.record) {
     // The base's decision, applied just now, replaced a record.
     absl::MutexLock lock(&mutex_);
     carried.spare = std::move(spare_record_);
@@ -490,11 +490,11 @@ absl::StatusOr<v1::EncodeResponse> Participant::Encode(const v1::EncodeRequest& 
   std::vector<std::vector<bool>> units;  // with delta, each member's changed units
   for (int position = 0; delta && position < layout.group_size(); ++position) {
     const v1::NodeImage& before = committed.group_images(position);
-    const auto patched = images->patched_regions.find(position);
+    const auto built_on = images->changed_regions.find(position);
     std::optional<std::vector<bool>> changed =
-        patched == images->patched_regions.end()
+        built_on == images->changed_regions.end()
             ? ChangedUnits(before, group_images[position], layout.unit_bytes())
-            : ChangedUnitsAt(before, group_images[position], patched->second,
+            : ChangedUnitsAt(before, group_images[position], built_on->second,
                              layout.unit_bytes());
     delta = changed.has_value();
     if (delta) units.push_back(*std::move(changed));
@@ -733,15 +733,25 @@ void Participant::Apply(const v1::StepDecision& decision) {
       *record.add_parity() = std::move(parity);
     }
     std::shared_ptr<const v1::JournalCluster> replaced = store_->ClusterRecord();
-    status = store_->CommitNodeStep(step, std::move(record), std::move(open->group_images.bytes));
+    const bool built_on_replaced = replaced && open->group_images.base.lock() == replaced;
+    absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> installed =
+        store_->CommitNodeStep(step, std::move(record), std::move(open->group_images.bytes));
+    status = installed.status();
     if (status.ok()) parity_->Commit(step);
     // Once nobody else holds the record this commit replaced, its images' memory builds the next
-    // step's (GroupImagesOf) instead of being freed, region by region, and allocated again.
+    // step's (GroupImagesOf) instead of being freed, region by region, and allocated again. When
+    // the images committed were built on it, it also knows where each differs from them: the next
+    // step copies a committed image into it by those regions alone.
     if (status.ok() && replaced.use_count() == 1) {
-      std::shared_ptr<v1::JournalCluster> dropped;  // freed after the lock
+      SpareRecord spare{.record = std::const_pointer_cast<v1::JournalCluster>(std::move(replaced))};
+      if (built_on_replaced) {
+        spare.base_of = *installed;
+        spare.differs_at = std::move(open->group_images.changed_regions);
+        for (int position : open->group_images.unknown_fields) spare.differs_at.erase(position);
+      }
+      SpareRecord dropped;  // freed after the lock
       absl::MutexLock lock(&mutex_);
-      dropped = std::exchange(spare_record_,
-                              std::const_pointer_cast<v1::JournalCluster>(std::move(replaced)));
+      dropped = std::exchange(spare_record_, std::move(spare));
     }
   }
   if (!status.ok()) {

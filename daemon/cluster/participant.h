@@ -164,7 +164,7 @@ class Participant {
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
   std::vector<uint32_t> latest_absent_ ABSL_GUARDED_BY(mutex_);
   // The record the last commit replaced, held by nobody else: memory for the next step's images.
-  std::shared_ptr<v1::JournalCluster> spare_record_ ABSL_GUARDED_BY(mutex_);
+  SpareRecord spare_record_ ABSL_GUARDED_BY(mutex_);
   std::thread proposer_;
 };
 

@@ -144,13 +144,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::EncodeRequest request;
       if (!Parse(data, size, &request) || !CheckEncode(request, Limits()).ok()) break;
       // As a participant takes it: the absent members, the images parsed into a replaced
-      // record's memory (given back when refused), the step's images built on its record.
+      // record's memory (given back when refused), the step's images built on its record. The
+      // replaced record is a copy of it, known to be: each image built in its memory is copied
+      // by its fields on top alone.
       const absl::StatusOr<std::set<int>> absent = AbsentPositions(request, NodeOne());
       if (!absent.ok()) break;
-      SentImages sent = ParsedImages(request, NodeOne(), *absent,
-                                     std::make_shared<v1::JournalCluster>(*BaseRecord().record));
+      SentImages sent = ParsedImages(
+          request, NodeOne(), *absent,
+          {.record = std::make_shared<v1::JournalCluster>(*BaseRecord().record),
+           .base_of = BaseRecord().record,
+           .differs_at = {{0, {}}, {1, {}}, {2, {}}}});
       if (!sent.status.ok()) {
-        if (std::move(sent).Unused()->group_images_size() != 3) std::abort();
+        if (std::move(sent).Unused().record->group_images_size() != 3) std::abort();
         break;
       }
       // An image copied into memory that held another, either way round, is the copy alone.
@@ -172,12 +177,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (const v1::NodeImage& image : built->images) {
         if (!CheckNodeImage(image, NodeOne().limits).ok()) std::abort();
       }
-      // A patched image's changed units, found from its changed regions, are the whole walk's.
-      for (const auto& [position, regions] : built->patched_regions) {
+      for (const auto& [position, regions] : built->changed_regions) {
         const v1::NodeImage& before = BaseRecord().record->group_images(position);
-        if (ChangedUnitsAt(before, built->images[position], regions, kUnitBytes) !=
-            ChangedUnits(before, built->images[position], kUnitBytes)) {
+        const v1::NodeImage& image = built->images[position];
+        // An image built on its base: its changed units, found from its changed regions, are the
+        // whole walk's; its bytes are its serialization.
+        if (ChangedUnitsAt(before, image, regions, kUnitBytes) !=
+                ChangedUnits(before, image, kUnitBytes) ||
+            built->bytes[position] != ImageBytes(image)) {
           std::abort();
+        }
+        // It is its base but at its changed regions (and on top): copied into the base's image
+        // by those regions alone, as the next step copies it, it is the copy whole.
+        if (!built->unknown_fields.contains(position)) {
+          ImageMemory memory{.image = before, .differs_at = regions};
+          AssignImage(image, memory);
+          if (ImageBytes(memory.image) != ImageBytes(image)) std::abort();
         }
       }
       break;

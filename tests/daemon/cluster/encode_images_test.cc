@@ -63,10 +63,10 @@ v1::EncodeRequest Whole(int64_t step, int regions) {
 }
 
 // A record replaced by a commit, whose images' memory a step's images are parsed in.
-std::shared_ptr<v1::JournalCluster> Replaced(int regions) {
+SpareRecord Replaced(int regions) {
   auto record = std::make_shared<v1::JournalCluster>();
   for (uint32_t id : {0, 1, 2}) *record->add_group_images() = Image(id, 1, regions);
-  return record;
+  return SpareRecord{.record = std::move(record)};
 }
 
 TEST(EncodeImagesTest, WholeImagesAreParsedInTheReplacedRecordsMemoryAndBuiltAsSent) {
@@ -89,7 +89,7 @@ TEST(EncodeImagesTest, ARefusedRequestGivesItsImagesMemoryBack) {
   v1::EncodeRequest request = Whole(3, 50);
   SentImages sent = ParsedImages(request, *topology, {}, Replaced(80));
   ASSERT_OK(sent.status);
-  const std::shared_ptr<v1::JournalCluster> unused = std::move(sent).Unused();
+  const std::shared_ptr<v1::JournalCluster> unused = std::move(sent).Unused().record;
   ASSERT_NE(unused, nullptr);
   ASSERT_EQ(unused->group_images_size(), 3);
   // The memory went back holding what was parsed in it: 50 regions where the record had 80.
@@ -99,7 +99,7 @@ TEST(EncodeImagesTest, ARefusedRequestGivesItsImagesMemoryBack) {
   sent = ParsedImages(request, *topology, {}, Replaced(80));
   EXPECT_STATUS(sent.status, absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(sent.status.message(), "step 3: image 2")) << sent.status;
-  EXPECT_EQ(std::move(sent).Unused()->group_images_size(), 3);
+  EXPECT_EQ(std::move(sent).Unused().record->group_images_size(), 3);
 }
 
 // A patch stands for a live member of the group, once: one for another group's node, an absent
@@ -165,14 +165,14 @@ TEST(EncodeImagesTest, APatchedImageIsBuiltAndCheckedAtTheRegionsItChanged) {
     request.set_base_step(2);
     *request.mutable_group_images(0) = ImageBytes(patch->changes);
     *request.add_patches() = patch->patch;
-    SentImages sent = ParsedImages(request, *topology, {}, nullptr);
+    SentImages sent = ParsedImages(request, *topology, {}, {});
     ASSERT_OK(sent.status);
     absl::StatusOr<GroupImages> built =
         GroupImagesOf(request, *topology, held, {}, std::move(sent));
     if (adds_up) {
       ASSERT_OK(built);
       EXPECT_EQ(ImageBytes(built->images[0]), ImageBytes(image));
-      EXPECT_EQ(built->patched_regions.at(0), std::vector<uint32_t>{1});
+      EXPECT_EQ(built->changed_regions.at(0), std::vector<uint32_t>{1});
     } else {
       EXPECT_STATUS(built, absl::StatusCode::kInvalidArgument);
       EXPECT_TRUE(absl::StrContains(built.status().message(),
@@ -180,6 +180,118 @@ TEST(EncodeImagesTest, APatchedImageIsBuiltAndCheckedAtTheRegionsItChanged) {
                                     "16384 bytes, not the 12288"))
           << built.status();
     }
+  }
+}
+
+// What a spare record knows of where its images differ from the committed record's is handed out
+// with the memory, once, and only for the record it was said of.
+TEST(EncodeImagesTest, ASpareRecordTellsWhereItDiffersForTheRecordBuiltOnItOnly) {
+  const auto committed = std::make_shared<const v1::JournalCluster>();
+  const auto another = std::make_shared<const v1::JournalCluster>();
+  SpareRecord spare = Replaced(4);
+  spare.base_of = committed;
+  spare.differs_at = {{0, {1, 3}}, {1, {}}, {2, {2}}};
+  ImageMemory memory = spare.Memory(0, committed.get());
+  EXPECT_EQ(memory.image.regions_size(), 4);
+  EXPECT_EQ(memory.differs_at, (std::vector<uint32_t>{1, 3}));
+  memory = spare.Memory(0, committed.get());
+  EXPECT_EQ(memory.image.regions_size(), 0) << "taken already";
+  EXPECT_FALSE(memory.differs_at.has_value());
+  EXPECT_FALSE(spare.Memory(1, another.get()).differs_at.has_value());
+  EXPECT_FALSE(spare.Memory(2, nullptr).differs_at.has_value());
+  EXPECT_TRUE(spare.differs_at.empty());
+}
+
+// Node `id`'s image of `step` whose region i was captured at `steps[i]`.
+v1::NodeImage ImageOf(uint32_t id, int64_t step, const std::vector<int64_t>& steps) {
+  v1::NodeImage image = Image(id, step, static_cast<int>(steps.size()));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    v1::ImageRegion& region = *image.mutable_regions(static_cast<int>(i));
+    region.set_step(steps[i]);
+    region.set_chunk_crcs(0, static_cast<uint32_t>(steps[i] * 100 + static_cast<int64_t>(i)));
+  }
+  return image;
+}
+
+// Step after step, each built in the memory of the record its base was built on, as a participant
+// builds them (with the regions where that memory differs from the base), the images are the ones
+// the members captured: patched at other regions each step, absent for two steps, sent whole for
+// one, and with a refused request's images parsed into the memory between two steps.
+TEST(EncodeImagesTest, StepsBuiltInTheMemoryOfTheirBasesBaseAreTheImagesCaptured) {
+  const std::unique_ptr<const Topology> topology = NodeOne();
+  constexpr int kRegions = 12;
+  std::vector<std::vector<int64_t>> captured(3, std::vector<int64_t>(kRegions, 1));
+  auto truth = [&](int position, int64_t step) {
+    return ImageOf(static_cast<uint32_t>(position), step, captured[position]);
+  };
+  auto record = std::make_shared<v1::JournalCluster>();
+  auto record_bytes = std::make_shared<std::vector<std::string>>();
+  record->set_committed_step(1);
+  for (int position = 0; position < 3; ++position) {
+    *record->add_group_images() = truth(position, 1);
+    record_bytes->push_back(ImageBytes(record->group_images(position)));
+  }
+  SpareRecord spare = Replaced(kRegions);
+  for (int64_t step = 2; step <= 9; ++step) {
+    const std::set<int> absent = step == 4 || step == 5 ? std::set<int>{2} : std::set<int>{};
+    const bool member_one_whole = step == 6;
+    // Members 0 and 1 capture other regions anew each step, member 2 when it is not absent.
+    captured[0][step % kRegions] = step;
+    captured[1][(3 * step) % kRegions] = captured[1][(3 * step + 1) % kRegions] = step;
+    if (absent.empty()) captured[2][(5 * step) % kRegions] = step;
+    const ClusterStore::RecordWithBytes held{record, record_bytes};
+    v1::EncodeRequest request = Whole(step, kRegions);
+    request.set_base_step(step - 1);
+    for (int position = 0; position < 3; ++position) {
+      if (absent.contains(position)) {
+        v1::NodeImage placeholder;
+        placeholder.set_node_id(static_cast<uint32_t>(position));
+        *request.mutable_group_images(position) = ImageBytes(placeholder);
+        request.add_absent_nodes(static_cast<uint32_t>(position));
+        continue;
+      }
+      const v1::NodeImage image = truth(position, step);
+      std::string bytes;
+      std::optional<ImagePatchOf> patch = PatchOf(record->group_images(position),
+                                                  held.ImageBytesOf(position), image, bytes);
+      ASSERT_TRUE(patch.has_value()) << step;
+      if (position == 1 && member_one_whole) {
+        *request.mutable_group_images(position) = ImageBytes(image);
+      } else {
+        *request.mutable_group_images(position) = ImageBytes(patch->changes);
+        *request.add_patches() = patch->patch;
+      }
+    }
+    if (step == 8) {
+      // A request refused after its images were parsed: member 1's whole image went into the
+      // memory its next image is built in, and back.
+      v1::EncodeRequest refused = Whole(step, kRegions);
+      SentImages parsed = ParsedImages(refused, *topology, {}, std::move(spare));
+      ASSERT_OK(parsed.status);
+      spare = std::move(parsed).Unused();
+    }
+    SentImages sent = ParsedImages(request, *topology, absent, std::move(spare));
+    ASSERT_OK(sent.status) << step;
+    absl::StatusOr<GroupImages> built =
+        GroupImagesOf(request, *topology, held, absent, std::move(sent));
+    ASSERT_OK(built) << step;
+    for (int position = 0; position < 3; ++position) {
+      const std::string expected = ImageBytes(absent.contains(position)
+                                                  ? record->group_images(position)
+                                                  : truth(position, step));
+      EXPECT_EQ(ImageBytes(built->images[position]), expected) << step << " " << position;
+      EXPECT_EQ(built->bytes[position], expected) << step << " " << position;
+    }
+    EXPECT_EQ(built->changed_regions.contains(1), !member_one_whole) << step;
+    EXPECT_TRUE(built->unknown_fields.empty());
+    // The commit: the record replaced is the next step's memory, built on as it says.
+    auto committed = std::make_shared<v1::JournalCluster>();
+    committed->set_committed_step(step);
+    for (v1::NodeImage& image : built->images) *committed->add_group_images() = std::move(image);
+    spare = SpareRecord{.record = std::move(record), .base_of = committed,
+                        .differs_at = std::move(built->changed_regions)};
+    record = std::move(committed);
+    record_bytes = std::make_shared<std::vector<std::string>>(std::move(built->bytes));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -170,7 +171,7 @@ TEST(ImagePatchTest, AnImageBuiltInAnotherImagesMemoryKeepsNothingOfIt) {
   memory.mutable_regions(2)->mutable_piece()->set_replica_group("g");
   std::string bytes = ImageBytes(memory);
   absl::StatusOr<v1::NodeImage> built =
-      PatchedImage(base, {}, of.changes, of.patch, bytes, std::move(memory));
+      PatchedImage(base, {}, of.changes, of.patch, bytes, {.image = std::move(memory)});
   ASSERT_OK(built.status());
   EXPECT_EQ(ImageBytes(*built), ImageBytes(next));
   EXPECT_EQ(bytes, ImageBytes(next));
@@ -222,6 +223,85 @@ TEST(ImagePatchTest, AnImageCopiedIntoAnothersMemoryIsTheCopyAlone) {
       EXPECT_TRUE(AssignImage(carrying, memory)) << where;
       EXPECT_EQ(ImageBytes(memory), ImageBytes(carrying)) << where;
     }
+  }
+}
+
+// Memory known to hold the image a copy was built on, and where the copy differs from it, takes
+// the copy by those regions and the fields on top alone: here the memory differs at a region it
+// was not said to, and the copy keeps that region as it was, so nothing else was read. Knowledge
+// that does not fit the two images is not used: the copy compares every entry.
+TEST(ImagePatchTest, MemoryKnownToDifferAtSomeRegionsTakesTheCopyThereAlone) {
+  const v1::NodeImage base = Image(6, 50);
+  std::vector<int64_t> steps(50, 6);
+  steps[3] = steps[40] = 7;
+  const v1::NodeImage next = Image(7, 50, steps);  // built on base, two regions captured anew
+  v1::NodeImage unsaid = base;
+  unsaid.mutable_regions(10)->set_dtype("bfloat16");
+  ImageMemory memory{.image = base, .differs_at = std::vector<uint32_t>{3, 40}};
+  EXPECT_FALSE(AssignImage(next, memory));
+  EXPECT_EQ(ImageBytes(memory.image), ImageBytes(next));
+  EXPECT_FALSE(memory.differs_at.has_value()) << "the memory is the copy now";
+  memory = {.image = unsaid, .differs_at = std::vector<uint32_t>{3, 40}};
+  AssignImage(next, memory);
+  EXPECT_EQ(memory.image.regions(10).dtype(), "bfloat16");
+  EXPECT_EQ(memory.image.regions(40).step(), 7);
+  EXPECT_EQ(memory.image.step(), 7);
+  EXPECT_EQ(memory.image.ranks(0).latest_committed_step(), 7);
+
+  v1::NodeImage fewer = unsaid;
+  fewer.mutable_regions()->RemoveLast();
+  v1::NodeImage unknown_on_top = unsaid;
+  AddUnknownField(unknown_on_top);
+  v1::NodeImage next_unknown_on_top = next;
+  AddUnknownField(next_unknown_on_top);
+  const std::vector<std::tuple<std::string, v1::NodeImage, std::vector<uint32_t>,
+                               const v1::NodeImage*>>
+      unfit = {
+          {"out of order", unsaid, {40, 3}, &next},
+          {"repeated", unsaid, {3, 3, 40}, &next},
+          {"beyond the regions", unsaid, {3, 40, 50}, &next},
+          {"fewer regions", fewer, {3, 40}, &next},
+          {"an unknown field on top of the memory", unknown_on_top, {3, 40}, &next},
+          {"an unknown field on top of the copy", unsaid, {3, 40}, &next_unknown_on_top},
+      };
+  for (const auto& [what, image, differs_at, from] : unfit) {
+    memory = {.image = image, .differs_at = differs_at};
+    EXPECT_EQ(AssignImage(*from, memory), from == &next_unknown_on_top) << what;
+    EXPECT_EQ(ImageBytes(memory.image), ImageBytes(*from)) << what;
+  }
+}
+
+// A patched image built in memory known to hold its base but at some regions is the image built
+// in any memory, and says whether it carries fields this build does not know, from its base or
+// its changes.
+TEST(ImagePatchTest, APatchedImageBuiltInMemoryKnownToHoldItsBaseIsTheSameImage) {
+  const v1::NodeImage before = Image(5, 30);
+  std::vector<int64_t> steps(30, 5);
+  steps[8] = 6;
+  const v1::NodeImage base = Image(6, 30, steps);  // built on `before` at region 8
+  steps[20] = 7;
+  for (int unknown_in : {-1, 0, 1}) {  // nowhere, in the base, in the changes
+    v1::NodeImage on = base;
+    if (unknown_in == 0) AddUnknownField(*on.mutable_regions(2));
+    v1::NodeImage next = Image(7, 30, steps);
+    if (unknown_in == 0) AddUnknownField(*next.mutable_regions(2));  // kept from the base
+    if (unknown_in == 1) AddUnknownField(*next.mutable_regions(20));
+    const ImagePatchOf of = *Patch(on, next);
+    std::string expected_bytes;
+    absl::StatusOr<v1::NodeImage> expected =
+        PatchedImage(on, ImageBytes(on), of.changes, of.patch, expected_bytes);
+    ASSERT_OK(expected) << unknown_in;
+    // Memory known to be the base but at region 8, the base known to carry no unknown field.
+    std::string bytes;
+    bool unknown_fields = true;
+    ImageMemory memory{.image = before};
+    if (unknown_in != 0) memory.differs_at = std::vector<uint32_t>{8};
+    absl::StatusOr<v1::NodeImage> built = PatchedImage(
+        on, ImageBytes(on), of.changes, of.patch, bytes, std::move(memory), &unknown_fields);
+    ASSERT_OK(built) << unknown_in;
+    EXPECT_EQ(ImageBytes(*built), ImageBytes(*expected)) << unknown_in;
+    EXPECT_EQ(bytes, expected_bytes) << unknown_in;
+    EXPECT_EQ(unknown_fields, unknown_in >= 0) << unknown_in;
   }
 }
 

@@ -45,7 +45,7 @@ FakeClusterStore::FakeClusterStore(Pool* pool, uint32_t node) : pool_(pool), nod
 void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
                                const std::vector<v1::ReplicaGroupStep>& layouts,
                                uint64_t kept_bytes) {
-  const std::vector<uint8_t> state = StateOf(node_, step, bytes, kept_bytes);
+  std::vector<uint8_t> state = StateOf(node_, step, bytes, kept_bytes);
   v1::NodeImage manifest;
   manifest.set_node_id(node_);
   manifest.set_step(step);
@@ -65,15 +65,23 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
     }
   };
   if (kept_bytes > 0) add_region("kept", 0, 0, kept_bytes);
-  const int state_regions = [&] {
-    absl::MutexLock lock(&mutex_);
-    return state_regions_;
-  }();
+  absl::MutexLock lock(&mutex_);
+  const int state_regions = state_regions_;
   const uint64_t each = (bytes - std::min(kept_bytes, bytes) + state_regions - 1) / state_regions;
+  // A region not captured anew keeps the step and bytes it was last captured with.
+  const bool sparse = recaptured_ && state_steps_.size() == static_cast<size_t>(state_regions);
+  state_steps_.resize(state_regions);
   for (int i = 0; i < state_regions && kept_bytes + i * each < bytes; ++i) {
     const uint64_t offset = kept_bytes + i * each;
-    add_region(state_regions == 1 ? "state" : absl::StrCat("state.", i), step, offset,
-               std::min(each, bytes - offset));
+    const uint64_t length = std::min(each, bytes - offset);
+    if (sparse && !recaptured_(i, step)) {
+      const std::vector<uint8_t> then = StateOf(node_, state_steps_[i], bytes, kept_bytes);
+      std::copy_n(then.begin() + offset, length, state.begin() + offset);
+    } else {
+      state_steps_[i] = step;
+    }
+    add_region(state_regions == 1 ? "state" : absl::StrCat("state.", i), state_steps_[i], offset,
+               length);
   }
   if (!layouts.empty()) {
     v1::JournalRank* record = manifest.add_ranks();
@@ -84,9 +92,8 @@ void FakeClusterStore::Capture(int64_t step, uint64_t bytes,
   absl::StatusOr<NodeImage> image = NodeImage::Allocate(pool_, manifest);
   ASSERT_TRUE(image.ok()) << image.status();
   image->Write(0, state.data(), bytes);
-  absl::MutexLock lock(&mutex_);
   captured_[step] = *std::move(image);
-  kept_bytes_[step] = kept_bytes;
+  captured_state_[step] = std::move(state);
   offered_.erase(step);
   latest_ = step;
   changed_.SignalAll();
@@ -126,10 +133,10 @@ std::vector<int64_t> FakeClusterStore::commits() const {
   return commits_;
 }
 
-uint64_t FakeClusterStore::KeptBytesOf(int64_t step) const {
+std::vector<uint8_t> FakeClusterStore::CapturedStateOf(int64_t step) const {
   absl::MutexLock lock(&mutex_);
-  auto it = kept_bytes_.find(step);
-  return it == kept_bytes_.end() ? 0 : it->second;
+  auto it = captured_state_.find(step);
+  return it == captured_state_.end() ? std::vector<uint8_t>() : it->second;
 }
 
 std::vector<uint8_t> FakeClusterStore::CommittedBytesOf() const {
@@ -207,8 +214,8 @@ absl::StatusOr<ClusterStore::HeldRegion> FakeClusterStore::CommittedRegion(
   return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
 }
 
-absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster cluster,
-                                              std::vector<std::string> image_bytes) {
+absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> FakeClusterStore::CommitNodeStep(
+    int64_t step, v1::JournalCluster cluster, std::vector<std::string> image_bytes) {
   // The store journals the images as these bytes without reading them: here they are checked.
   if (image_bytes.size() != static_cast<size_t>(cluster.group_images_size())) {
     return absl::InvalidArgumentError(absl::StrCat(image_bytes.size(), " serialized images for ",
@@ -227,11 +234,12 @@ absl::Status FakeClusterStore::CommitNodeStep(int64_t step, v1::JournalCluster c
   }
   committed_ = it->second;
   captured_.erase(captured_.begin(), std::next(it));
+  captured_state_.erase(captured_state_.begin(), captured_state_.lower_bound(step));
   record_ = std::make_shared<v1::JournalCluster>(std::move(cluster));
   record_bytes_ = std::make_shared<std::vector<std::string>>(std::move(image_bytes));
   commits_.push_back(step);
   changed_.SignalAll();
-  return absl::OkStatus();
+  return record_;
 }
 
 void FakeClusterStore::AbortNodeStep(int64_t step, const absl::Status&) {
@@ -299,6 +307,11 @@ void FakeClusterStore::SetJournalBytes(std::optional<uint64_t> bytes) {
 void FakeClusterStore::SplitState(int regions) {
   absl::MutexLock lock(&mutex_);
   state_regions_ = regions;
+}
+
+void FakeClusterStore::RecaptureOnly(std::function<bool(int, int64_t)> recaptured) {
+  absl::MutexLock lock(&mutex_);
+  recaptured_ = std::move(recaptured);
 }
 
 std::vector<uint8_t> FakeClusterStore::WrittenOf(uint32_t rank, const std::string& region) const {
@@ -874,11 +887,14 @@ bool InProcessCluster::WaitLogWrites(int writes) {
 
 void InProcessCluster::ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes) {
   for (auto& [id, units] : nodes_) {
+    // What the node captured at `step`; a replacement, which captured nothing, holds what the
+    // node it replaced captured (with no region kept).
+    std::vector<uint8_t> captured = units->store.CapturedStateOf(step);
+    if (captured.empty()) captured = StateOf(id, step, bytes, 0);
     absl::StatusOr<v1::RebuildResponse> rebuilt = units->rebuilder.RebuildHere();
     ASSERT_TRUE(rebuilt.ok()) << "node " << id << ": " << rebuilt.status();
     EXPECT_EQ(rebuilt->step(), step) << "node " << id;
-    EXPECT_TRUE(units->store.CommittedBytesOf() ==
-                StateOf(id, step, bytes, units->store.KeptBytesOf(step)))
+    EXPECT_TRUE(units->store.CommittedBytesOf() == captured)
         << "node " << id << "'s data decoded from its group differs from what it captured";
   }
 }

@@ -54,13 +54,17 @@ class FakeClusterStore final : public ClusterStore {
   std::vector<int64_t> commits() const;
   // The committed region's bytes.
   std::vector<uint8_t> CommittedBytesOf() const;
-  // The bytes `step`'s capture kept from step 0 (Capture's `kept_bytes`).
-  uint64_t KeptBytesOf(int64_t step) const;
+  // The bytes `step`'s capture holds (empty: none captured, or older than the committed step).
+  std::vector<uint8_t> CapturedStateOf(int64_t step) const;
   // Damages the committed image's byte at `offset` (memory gone bad under a held step).
   void FlipCommittedByte(uint64_t offset);
   // From the next Capture on, "state" is recorded as `regions` regions "state.0", "state.1", ...
   // of equal size (the last shorter) over the same bytes: a rank of many tensors.
   void SplitState(int regions);
+  // From the next Capture on, state region i is captured anew at step s only when
+  // `recaptured(i, s)` (and at its first capture); otherwise it keeps the step and bytes of the
+  // capture that last took it: sparse steps of a rank of many tensors.
+  void RecaptureOnly(std::function<bool(int region, int64_t step)> recaptured);
   // What WriteRegion wrote of rank `rank`'s region `region` (empty: nothing), and how many times
   // it wrote it (checked: a write that fails its CRCs does not count).
   std::vector<uint8_t> WrittenOf(uint32_t rank, const std::string& region) const;
@@ -76,8 +80,8 @@ class FakeClusterStore final : public ClusterStore {
       const v1::NodeImage& image, absl::Span<const int> positions) const override;
   absl::StatusOr<HeldRegion> CommittedRegion(int64_t step, uint32_t rank,
                                              const std::string& region) const override;
-  absl::Status CommitNodeStep(int64_t step, v1::JournalCluster cluster,
-                              std::vector<std::string> image_bytes) override;
+  absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> CommitNodeStep(
+      int64_t step, v1::JournalCluster cluster, std::vector<std::string> image_bytes) override;
   void AbortNodeStep(int64_t step, const absl::Status& why) override;
   absl::Status InstallImage(const NodeImage& image, v1::JournalCluster cluster) override;
   void ForgetClusterRecord() override;
@@ -103,7 +107,7 @@ class FakeClusterStore final : public ClusterStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, NodeImage> captured_ ABSL_GUARDED_BY(mutex_);
-  std::map<int64_t, uint64_t> kept_bytes_ ABSL_GUARDED_BY(mutex_);  // by step captured
+  std::map<int64_t, std::vector<uint8_t>> captured_state_ ABSL_GUARDED_BY(mutex_);
   std::optional<int64_t> latest_ ABSL_GUARDED_BY(mutex_);  // the step the trainer took last
   std::set<int64_t> offered_ ABSL_GUARDED_BY(mutex_);  // captures WaitNewNodeCapture returned
   NodeImage committed_ ABSL_GUARDED_BY(mutex_);
@@ -114,6 +118,8 @@ class FakeClusterStore final : public ClusterStore {
   std::vector<int64_t> aborted_ ABSL_GUARDED_BY(mutex_);
   std::vector<int64_t> commits_ ABSL_GUARDED_BY(mutex_);
   int state_regions_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::function<bool(int, int64_t)> recaptured_ ABSL_GUARDED_BY(mutex_);
+  std::vector<int64_t> state_steps_ ABSL_GUARDED_BY(mutex_);  // each state region's, last capture
   std::optional<uint64_t> journal_bytes_ ABSL_GUARDED_BY(mutex_);
   struct Written {
     std::vector<uint8_t> bytes;
@@ -360,8 +366,8 @@ class InProcessCluster {
   // and it hears no decision. Its units stay until Replace.
   void Lose(uint32_t id);
   // Decodes every node's committed data from the others' units (a rebuild of each, by a fresh
-  // node in its place, without touching the cluster) and compares it with the node's own bytes.
-  // Any difference means parity diverged.
+  // node in its place, without touching the cluster) and compares it with what the node captured
+  // at `step` (of `bytes`). Any difference means parity diverged.
   void ExpectEveryNodeRebuildable(int64_t step, uint64_t bytes);
 
  private:
