@@ -163,7 +163,8 @@ class Participant {
   uint32_t highest_coordinator_ ABSL_GUARDED_BY(mutex_) = 0;
   std::string last_abort_ ABSL_GUARDED_BY(mutex_);
   std::vector<uint32_t> latest_absent_ ABSL_GUARDED_BY(mutex_);
-  // The record the last commit replaced, held by nobody else: memory for the next step's images.
+  // The record the last commit replaced, held by nobody else: memory for the next step's images,
+  // with where the committed images differ from its own when they were built on it.
   SpareRecord spare_record_ ABSL_GUARDED_BY(mutex_);
   std::thread proposer_;
 };
