@@ -97,16 +97,21 @@ SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topolo
   return sent;
 }
 
-ImageMemory SpareRecord::Memory(int position, const v1::JournalCluster* committed) {
+ImageMemory SpareRecord::Memory(int position,
+                                const std::shared_ptr<const v1::JournalCluster>& committed) {
   ImageMemory memory;
   if (record && position < record->group_images_size()) {
     memory.image.Swap(record->mutable_group_images(position));
   }
-  if (auto known = differs_at.extract(position);
-      known && committed != nullptr && base_of.lock().get() == committed) {
+  if (auto known = differs_at.extract(position); known && IsRecord(base_of, committed)) {
     memory.differs_at = std::move(known.mapped());
   }
   return memory;
+}
+
+bool IsRecord(const std::weak_ptr<const v1::JournalCluster>& taken,
+              const std::shared_ptr<const v1::JournalCluster>& record) {
+  return record != nullptr && !taken.owner_before(record) && !record.owner_before(taken);
 }
 
 SpareRecord SentImages::Unused() && {
@@ -138,7 +143,7 @@ absl::StatusOr<GroupImages> GroupImagesOf(const v1::EncodeRequest& request,
     }
   }
   // Each image is built in the memory of a replaced record's, when one is spare.
-  auto memory = [&](int position) { return sent.spare.Memory(position, &committed); };
+  auto memory = [&](int position) { return sent.spare.Memory(position, record.record); };
   GroupImages images;
   images.images.reserve(group.size());
   images.bytes.resize(group.size());

@@ -48,8 +48,13 @@ struct SpareRecord {
 
   // Position `position`'s image of `record` to build in (its contents go), or an empty one; with
   // its differences from `committed`'s image when `committed` is `base_of`.
-  ImageMemory Memory(int position, const v1::JournalCluster* committed);
+  ImageMemory Memory(int position, const std::shared_ptr<const v1::JournalCluster>& committed);
 };
+
+// Whether `taken` was taken from `record` (the same object, alive or not), told apart without
+// sharing it: a record held by nobody else stays so.
+bool IsRecord(const std::weak_ptr<const v1::JournalCluster>& taken,
+              const std::shared_ptr<const v1::JournalCluster>& record);
 
 // The positions in this node's group of the nodes an encode names absent (a degraded step), each
 // with a placeholder naming it alone in the request, this node among them only in a parity_only
@@ -70,7 +75,7 @@ struct SentImages {
   SpareRecord spare;
   std::vector<int> parsed_in_spare;  // the positions whose image was parsed in its memory
   // `spare` with the memory the parsed images took back in it, for a request refused before its
-  // images were built: the next one builds in it.
+  // images were built: the next one builds in it (knowing nothing of the positions given back).
   SpareRecord Unused() &&;
 };
 SentImages ParsedImages(const v1::EncodeRequest& request, const Topology& topology,

@@ -3,6 +3,7 @@
 #include "daemon/cluster/participant.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -733,7 +734,7 @@ void Participant::Apply(const v1::StepDecision& decision) {
       *record.add_parity() = std::move(parity);
     }
     std::shared_ptr<const v1::JournalCluster> replaced = store_->ClusterRecord();
-    const bool built_on_replaced = replaced && open->group_images.base.lock() == replaced;
+    const bool built_on_replaced = IsRecord(open->group_images.base, replaced);
     absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> installed =
         store_->CommitNodeStep(step, std::move(record), std::move(open->group_images.bytes));
     status = installed.status();
@@ -743,6 +744,8 @@ void Participant::Apply(const v1::StepDecision& decision) {
     // the images committed were built on it, it also knows where each differs from them: the next
     // step copies a committed image into it by those regions alone.
     if (status.ok() && replaced.use_count() == 1) {
+      // Its last other holder's reads of it happen before the writes into it.
+      std::atomic_thread_fence(std::memory_order_acquire);
       SpareRecord spare{.record = std::const_pointer_cast<v1::JournalCluster>(std::move(replaced))};
       if (built_on_replaced) {
         spare.base_of = *installed;

@@ -398,7 +398,10 @@ TEST_F(StoreTest, AGroupRecordCommittedWithItsImagesBytesIsReadBackWhole) {
   const int64_t sequence = journal_->sequence();
   EXPECT_STATUS(store_->CommitNodeStep(1, record, too_few), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(journal_->sequence(), sequence);
-  ASSERT_OK(store_->CommitNodeStep(1, record, SerializedImages(record)));
+  absl::StatusOr<std::shared_ptr<const v1::JournalCluster>> installed =
+      store_->CommitNodeStep(1, record, SerializedImages(record));
+  ASSERT_OK(installed);
+  EXPECT_EQ(*installed, store_->ClusterRecord()) << "the record committed is the one held";
   auto same = [](const v1::JournalCluster& a, const v1::JournalCluster& b) {
     return a.SerializeAsString() == b.SerializeAsString();
   };

@@ -191,15 +191,25 @@ TEST(EncodeImagesTest, ASpareRecordTellsWhereItDiffersForTheRecordBuiltOnItOnly)
   SpareRecord spare = Replaced(4);
   spare.base_of = committed;
   spare.differs_at = {{0, {1, 3}}, {1, {}}, {2, {2}}};
-  ImageMemory memory = spare.Memory(0, committed.get());
+  ImageMemory memory = spare.Memory(0, committed);
   EXPECT_EQ(memory.image.regions_size(), 4);
   EXPECT_EQ(memory.differs_at, (std::vector<uint32_t>{1, 3}));
-  memory = spare.Memory(0, committed.get());
+  memory = spare.Memory(0, committed);
   EXPECT_EQ(memory.image.regions_size(), 0) << "taken already";
   EXPECT_FALSE(memory.differs_at.has_value());
-  EXPECT_FALSE(spare.Memory(1, another.get()).differs_at.has_value());
+  EXPECT_FALSE(spare.Memory(1, another).differs_at.has_value());
   EXPECT_FALSE(spare.Memory(2, nullptr).differs_at.has_value());
   EXPECT_TRUE(spare.differs_at.empty());
+  // Nor for a record at the address of one gone: the record it was said of is told by its owner.
+  SpareRecord of_gone = Replaced(4);
+  of_gone.differs_at = {{0, {1}}};
+  std::shared_ptr<const v1::JournalCluster> gone = std::make_shared<const v1::JournalCluster>();
+  of_gone.base_of = gone;
+  const v1::JournalCluster* address = gone.get();
+  gone.reset();
+  EXPECT_FALSE(IsRecord(of_gone.base_of, std::shared_ptr<const v1::JournalCluster>(
+                                             std::shared_ptr<const v1::JournalCluster>(), address)));
+  EXPECT_FALSE(of_gone.Memory(0, nullptr).differs_at.has_value());
 }
 
 // Node `id`'s image of `step` whose region i was captured at `steps[i]`.
@@ -263,12 +273,21 @@ TEST(EncodeImagesTest, StepsBuiltInTheMemoryOfTheirBasesBaseAreTheImagesCaptured
       }
     }
     if (step == 8) {
-      // A request refused after its images were parsed: member 1's whole image went into the
-      // memory its next image is built in, and back.
-      v1::EncodeRequest refused = Whole(step, kRegions);
+      // A request refused after its images were parsed: member 1's, sent whole, went into the
+      // memory its image is built in, and back; members 0 and 2 came as patches, their memory
+      // untouched and still known.
+      v1::EncodeRequest refused = request;
+      *refused.mutable_group_images(1) = ImageBytes(Image(1, step, kRegions));
+      refused.clear_patches();
+      for (const v1::ImagePatch& patch : request.patches()) {
+        if (patch.node_id() != 1) *refused.add_patches() = patch;
+      }
       SentImages parsed = ParsedImages(refused, *topology, {}, std::move(spare));
       ASSERT_OK(parsed.status);
+      EXPECT_EQ(parsed.parsed_in_spare, std::vector<int>{1});
       spare = std::move(parsed).Unused();
+      EXPECT_EQ(spare.differs_at.size(), 2u);
+      EXPECT_FALSE(spare.differs_at.contains(1));
     }
     SentImages sent = ParsedImages(request, *topology, absent, std::move(spare));
     ASSERT_OK(sent.status) << step;
