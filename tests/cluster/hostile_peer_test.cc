@@ -133,9 +133,12 @@ class HostilePeerTest : public ::testing::Test {
     return static_cast<uint8_t>(i * 31 + node * 7 + step * 13);
   }
 
-  // Every node's trainer snapshots `step`; every node commits it.
+  // Every node's trainer snapshots `step`; every node commits it. The coordinator's (node 0's)
+  // snapshots last: its round begins once its node has the step, when every other node has it
+  // too, so no Prepare waits on a trainer still snapshotting (which, on a loaded machine, could
+  // take longer than the commit timeout and abort the step).
   void CommitEverywhere(int64_t step) {
-    for (int id = 0; id < kNodes; ++id) {
+    for (int id = kNodes - 1; id >= 0; --id) {
       for (size_t i = 0; i < kRegionBytes; ++i) buffers_[id]->data()[i] = ByteOf(id, step, i);
       ASSERT_OK(clients_[id]->Snapshot(step));
     }
