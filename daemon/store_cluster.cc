@@ -188,8 +188,8 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
     }
   }
   NodeImage image = NodeImage::Built([&](v1::NodeImage& manifest,
-                                         std::vector<std::shared_ptr<PoolBytes>>& stored)
-                                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+                                         std::vector<std::shared_ptr<PoolBytes>>& stored) {
+    mutex_.AssertHeld();  // the caller holds it; the analysis does not follow the call into Built
     manifest.set_step(step);
     for (const auto& [rank, rank_state] : ranks_) {
       const StepRecord* record = nullptr;
@@ -261,8 +261,8 @@ const Store::Version* Store::CommittedVersionLocked(uint32_t rank,
 
 NodeImage Store::CommittedImageLocked() const {
   return NodeImage::Built([&](v1::NodeImage& manifest,
-                              std::vector<std::shared_ptr<PoolBytes>>& stored)
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+                              std::vector<std::shared_ptr<PoolBytes>>& stored) {
+    mutex_.AssertHeld();  // the caller holds it; the analysis does not follow the call into Built
     if (cluster_->has_committed_step()) manifest.set_step(cluster_->committed_step());
     for (const auto& [rank, rank_state] : ranks_) {
       for (const auto& [name, version] : rank_state.committed) {

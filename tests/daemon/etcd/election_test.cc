@@ -83,8 +83,8 @@ TEST_F(ElectionTest, NextCandidateLeadsWhenTheLeadersLeaseExpiresAndTheOldLeader
   ASSERT_OK(a);
   EXPECT_EQ(a->key, "/job/coordinator/a");
 
-  std::future<absl::StatusOr<Leadership>> b = std::async(std::launch::async, [&] {
-    return election_->Campaign("b", "host-b:7000", lease_b.id, absl::Seconds(30));
+  std::future<absl::StatusOr<Leadership>> b = std::async(std::launch::async, [&, id = lease_b.id] {
+    return election_->Campaign("b", "host-b:7000", id, absl::Seconds(30));
   });
   // While a's lease is kept, a leads and its fenced decisions go through.
   ASSERT_OK(client_->WriteOnce("/job/step/1", "commit by a", a->fence()));

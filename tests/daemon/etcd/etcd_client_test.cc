@@ -23,7 +23,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Raft timing that makes etcd accept 1 s leases (its minimum TTL is 1.5 election timeouts).
-constexpr EtcdCluster::Options kShortLeases{.heartbeat_ms = 50, .election_ms = 500};
+const EtcdCluster::Options kShortLeases{.heartbeat_ms = 50, .election_ms = 500};
 
 std::vector<std::string> Keys(const std::vector<KeyValue>& kvs) {
   std::vector<std::string> keys;
