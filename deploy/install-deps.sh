@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config          # toolchain
-  clang libclang-rt-14-dev                              # libFuzzer, ASan, UBSan (deploy/fuzz.sh)
+  clang libclang-rt-14-dev                              # the compiler; libFuzzer, ASan, UBSan, TSan
   protobuf-compiler libprotobuf-dev                     # .proto -> C++, protobuf runtime
   libgrpc++-dev protobuf-compiler-grpc                  # gRPC control plane, grpc_cpp_plugin
   libisal-dev                                           # Reed-Solomon and CRC32C (Intel ISA-L)
@@ -15,7 +15,6 @@ packages=(
   libtomlplusplus-dev                                   # TOML configuration
   libcli11-dev                                          # moesnapctl command line
   libgtest-dev libgmock-dev                             # unit and integration tests
-  libbenchmark-dev                                      # benchmark harness
   python3-pip python3-venv patchelf                    # the Python wheel: built, bundled, installed
   python3-torch python3-numpy python3-pytest            # PyTorch integration and its tests
   libtorch-dev                                          # c10 headers: the package's storage library
