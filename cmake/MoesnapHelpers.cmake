@@ -7,14 +7,13 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
 endif()
 
 if(MOESNAP_FUZZ)
-  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-    message(FATAL_ERROR "MOESNAP_FUZZ=ON needs clang (libFuzzer): configure with "
-                        "CC=clang CXX=clang++, as deploy/fuzz.sh does")
+  # The fuzzers share the AddressSanitizer tree of deploy/sanitize.sh (one build of the libraries
+  # for both); tests/fuzz adds libFuzzer's coverage to the units it fuzzes.
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang" OR NOT MOESNAP_SANITIZE MATCHES "address")
+    message(FATAL_ERROR "MOESNAP_FUZZ=ON needs clang (libFuzzer) and AddressSanitizer: configure "
+                        "with CC=clang CXX=clang++ -DMOESNAP_SANITIZE=address,undefined, as "
+                        "deploy/fuzz.sh does")
   endif()
-  # Coverage for libFuzzer everywhere; the fuzz targets link the fuzzer's main themselves.
-  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-                      -fno-omit-frame-pointer)
-  add_link_options(-fsanitize=address,undefined)
 endif()
 
 if(MOESNAP_SANITIZE)

@@ -3,7 +3,7 @@
 # test programs it runs (and what those start):
 #   asan  build-asan/: AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer; every
 #         `unit` test, and the `hostile-input` tests (real daemons, sanitized too, fed what a hostile
-#         trainer or peer sends).
+#         trainer or peer sends). deploy/fuzz.sh builds its fuzzers in this tree too.
 #   tsan  build-tsan/: ThreadSanitizer; the `unit-threads` tests (in-process units that run threads
 #         of their own: store and capture workers, coordinator and participants, rebuild, data
 #         plane, durable drainer and pacer, HTTP server, health monitor, metrics). Not the tests
@@ -25,15 +25,7 @@ root=$PWD
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=(asan tsan)
 
-# configure TREE SANITIZERS: a tree of its own, built by clang at -O0 with line tables (reports
-# name file and line). Measured on this project's 2-core machine, clang -O0 compiles a sanitized
-# daemon source in a third of the time gcc -O1 takes (gcc's UBSan instrumentation is the cost), and
-# the tests run fast enough unoptimized. No CUDA: no device here.
-configure() {
-  CC=clang CXX=clang++ cmake -S . -B "$1" -G Ninja -DMOESNAP_SANITIZE="$2" -DMOESNAP_CUDA=OFF \
-    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
-    -DCMAKE_C_FLAGS_DEBUG=-gline-tables-only
-}
+source deploy/sanitized-tree.sh
 
 # check_reports TREE: fails, printing them, when any sanitizer wrote a report under TREE.
 check_reports() {
@@ -58,7 +50,7 @@ fresh_reports() {
 # status whether it built, passed and left no report.
 run_asan() (
   local tree=build-asan
-  configure $tree address,undefined || return 1
+  configure_asan_tree || return 1
   fresh_reports $tree
   local reports=$root/$tree/sanitizer-reports
   # Set while building too: test discovery runs the test programs.
@@ -76,7 +68,7 @@ run_asan() (
 
 run_tsan() (
   local tree=build-tsan
-  configure $tree thread || return 1
+  configure_sanitized_tree $tree thread || return 1
   fresh_reports $tree
   local reports=$root/$tree/sanitizer-reports
   export TSAN_OPTIONS="log_path=$reports/tsan:second_deadlock_stack=1"
