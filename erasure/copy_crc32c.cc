@@ -72,7 +72,10 @@ constexpr LaneShift kLaneShift;
 
 // Copies `blocks` blocks of three lanes; `state` is the raw register (the CRC before its final
 // inversion), `to` is aligned to a cache line. Every word is loaded once: the value stored is the
-// value checksummed, whatever the source does meanwhile.
+// value checksummed, whatever the source does meanwhile (a trainer may be writing it). An empty
+// asm statement that may change the loaded values holds each in its register, so the compiler
+// cannot load it again for a later use: without it, clang 14 turns the 64-byte load of
+// CopyLanesWide into one load for the store and four 16-byte loads for the CRC.
 __attribute__((target("sse4.2"))) uint32_t CopyLanes(uint8_t* to, const uint8_t* from,
                                                      size_t blocks, uint32_t state) {
   for (; blocks > 0; --blocks, from += 3 * kLane, to += 3 * kLane) {
@@ -82,6 +85,7 @@ __attribute__((target("sse4.2"))) uint32_t CopyLanes(uint8_t* to, const uint8_t*
       std::memcpy(&a, from + at, sizeof(a));
       std::memcpy(&b, from + kLane + at, sizeof(b));
       std::memcpy(&c, from + 2 * kLane + at, sizeof(c));
+      asm("" : "+r"(a), "+r"(b), "+r"(c));  // loaded once (above)
       first = _mm_crc32_u64(first, a);
       second = _mm_crc32_u64(second, b);
       third = _mm_crc32_u64(third, c);
@@ -126,9 +130,10 @@ __attribute__((target("avx512f,avx512dq,sse4.2"))) uint32_t CopyLanesWide(uint8_
   for (; blocks > 0; --blocks, from += 3 * kLane, to += 3 * kLane) {
     uint64_t first = state, second = 0, third = 0;
     for (size_t at = 0; at < kLane; at += kCacheLineBytes) {
-      const __m512i a = _mm512_loadu_si512(from + at);
-      const __m512i b = _mm512_loadu_si512(from + kLane + at);
-      const __m512i c = _mm512_loadu_si512(from + 2 * kLane + at);
+      __m512i a = _mm512_loadu_si512(from + at);
+      __m512i b = _mm512_loadu_si512(from + kLane + at);
+      __m512i c = _mm512_loadu_si512(from + 2 * kLane + at);
+      asm("" : "+v"(a), "+v"(b), "+v"(c));  // loaded once (CopyLanes)
       _mm512_stream_si512(reinterpret_cast<__m512i*>(to + at), a);
       _mm512_stream_si512(reinterpret_cast<__m512i*>(to + kLane + at), b);
       _mm512_stream_si512(reinterpret_cast<__m512i*>(to + 2 * kLane + at), c);
