@@ -56,8 +56,15 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
 absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
   if (!waiting.ok()) return waiting.status();
-  const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
-                                       [](const auto& rank) { return !rank.second.regions->regions.empty(); });
+  // A trainer here now, or one that captured the step and is gone since (killed while commits
+  // lagged behind training): its bytes are in the pool, and the step commits without it.
+  const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(), [step](const auto& rank) {
+    const RankState& rank_state = rank.second;
+    auto it = rank_state.steps.find(step);
+    return !rank_state.regions->regions.empty() ||
+           (it != rank_state.steps.end() && !it->second.discarded &&
+            it->second.state == v1::STEP_STATE_CAPTURED);
+  });
   return waiting->empty() && (any_trainer || options_.parity_only);
 }
 

@@ -891,6 +891,77 @@ TEST_F(StoreTest, AStepTakenAgainAfterTheClusterAbortedItIsOfferedAgain) {
   EXPECT_STATUS(store_->WaitNewNodeCapture(absl::Now()), absl::StatusCode::kDeadlineExceeded);
 }
 
+// A trainer killed after its step was captured and before the cluster asked for it (commits lag
+// behind training): the bytes are in the pool, and the step commits without the trainer.
+TEST_F(StoreTest, AStepCapturedBeforeItsTrainerWasKilledStillCommits) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_OK(WaitCaptured(0, 1));
+  store_->EndSession(0, trainers_.at(0).session);
+  ASSERT_EQ(store_->CaptureOf(1), NodeCapture::kCaptured);
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kNotYet);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  EXPECT_EQ(store_->LatestCommitted(0), 1);
+  // Its replacement restores the step.
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  std::memset(trainers_.at(0).data, 0, trainers_.at(0).bytes);
+  absl::StatusOr<v1::RestoreResponse> restored =
+      store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30));
+  ASSERT_OK(restored);
+  EXPECT_EQ(restored->step(), 1);
+  EXPECT_EQ(std::vector<uint8_t>(trainers_.at(0).data, trainers_.at(0).data + trainers_.at(0).bytes),
+            std::vector<uint8_t>(trainers_.at(0).bytes, 1));
+}
+
+// A replacement process replays steps its predecessor took. One whose capture the cluster aborted
+// after the predecessor had taken a later one cannot be taken again in its place (a rank's steps
+// are taken in order): it is skipped, saying why, and the trainer goes on. The steps around it
+// stand as taken.
+TEST_F(StoreTest, AReplayedStepTheClusterAbortedBeforeALaterOneCommittedIsSkipped) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  ASSERT_OK(WaitCaptured(0, 2));
+  Take(0, 3);
+  ASSERT_OK(WaitCaptured(0, 3));
+  store_->AbortNodeStep(2, absl::AbortedError("node 1 did not prepare"));
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(3));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));  // the replacement, replaying from step 1
+  for (int64_t step = 1; step <= 3; ++step) {
+    absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, step, {});
+    ASSERT_OK(replayed) << "step " << step;
+    EXPECT_EQ(replayed->bytes(), 0u) << "step " << step;
+    EXPECT_EQ(replayed->skipped().empty(), step != 2) << "step " << step;
+    EXPECT_OK(WaitCaptured(0, step)) << "step " << step;
+  }
+  EXPECT_TRUE(absl::StrContains(store_->Snapshot(0, 2, {})->skipped(), "node 1 did not prepare"));
+  EXPECT_EQ(Take(0, 4).bytes(), 2 * kRegionBytes);
+  ASSERT_OK(WaitCaptured(0, 4));
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(4));
+  EXPECT_EQ(store_->LatestCommitted(0), 4);
+}
+
+// A replacement replaying a step older than the steps a rank's record keeps: a committed step
+// supersedes it, and there is nothing to copy (as WaitCommitted answers for it).
+TEST_F(StoreTest, AReplayedStepOlderThanTheStepsKeptCopiesNothing) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  constexpr int64_t kSteps = 100;  // more than a rank's record keeps
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    Take(0, step);
+    ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
+  }
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, 1, {});
+  ASSERT_OK(replayed);
+  EXPECT_EQ(replayed->bytes(), 0u);
+  EXPECT_TRUE(replayed->skipped().empty());
+  EXPECT_EQ(WaitCaptured(0, 1).value_or(v1::STEP_STATE_UNSPECIFIED), v1::STEP_STATE_COMMITTED);
+}
+
 // A step this node already offered the cluster may still commit: a rank restarting meanwhile
 // restores only once it is decided, so that it cannot restore the step before one that then commits
 // (the other ranks of a restarting job would restore that one).
