@@ -56,16 +56,20 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
 absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
   if (!waiting.ok()) return waiting.status();
-  // A trainer here now, or one that captured the step and is gone since (killed while commits
-  // lagged behind training): its bytes are in the pool, and the step commits without it.
-  const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(), [step](const auto& rank) {
-    const RankState& rank_state = rank.second;
-    auto it = rank_state.steps.find(step);
-    return !rank_state.regions->regions.empty() ||
-           (it != rank_state.steps.end() && !it->second.discarded &&
-            it->second.state == v1::STEP_STATE_CAPTURED);
-  });
-  return waiting->empty() && (any_trainer || options_.parity_only);
+  if (!waiting->empty()) return false;
+  const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
+                                       [](const auto& rank) { return !rank.second.regions->regions.empty(); });
+  // No trainer here now to say which ranks take the step: it is captured only if every rank the
+  // node knows captured it, their trainers killed since (while commits lagged behind training).
+  // A rank killed before it took the step (a replica group's member, its shard missing) keeps it
+  // from committing.
+  const bool every_rank_captured =
+      !ranks_.empty() && std::all_of(ranks_.begin(), ranks_.end(), [step](const auto& rank) {
+        auto it = rank.second.steps.find(step);
+        return it != rank.second.steps.end() && !it->second.discarded &&
+               it->second.state == v1::STEP_STATE_CAPTURED;
+      });
+  return any_trainer || every_rank_captured || options_.parity_only;
 }
 
 absl::StatusOr<int64_t> Store::WaitNewNodeCapture(absl::Time deadline) {

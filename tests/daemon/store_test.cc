@@ -914,6 +914,20 @@ TEST_F(StoreTest, AStepCapturedBeforeItsTrainerWasKilledStillCommits) {
             std::vector<uint8_t>(trainers_.at(0).bytes, 1));
 }
 
+// Two ranks killed, one before it took the step (a replica group's member, its shard missing): with
+// no trainer left to say which ranks take it, the step is not captured, and does not commit.
+TEST_F(StoreTest, AStepNotEveryRankTookBeforeAllWereKilledIsNotCaptured) {
+  ASSERT_NO_FATAL_FAILURE(CommitTwoRanksInCluster());
+  Take(0, 2);
+  ASSERT_OK(WaitCaptured(0, 2));
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kNotYet);  // rank 1's trainer takes it yet
+  store_->EndSession(0, trainers_.at(0).session);
+  store_->EndSession(1, trainers_.at(1).session);
+  EXPECT_EQ(store_->CaptureOf(2), NodeCapture::kNotYet);
+  EXPECT_STATUS(store_->WaitNodeCaptured(2, absl::Now() + absl::Milliseconds(50)),
+                absl::StatusCode::kDeadlineExceeded);
+}
+
 // A replacement process replays steps its predecessor took. One whose capture the cluster aborted
 // after the predecessor had taken a later one cannot be taken again in its place (a rank's steps
 // are taken in order): it is skipped, saying why, and the trainer goes on. The steps around it
