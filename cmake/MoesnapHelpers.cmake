@@ -126,6 +126,8 @@ function(moesnap_proto_library name)
     list(APPEND generated_sources ${outputs})
   endforeach()
   add_library(${name} STATIC ${generated_sources})
+  # protoc writes the same file-level names into every .pb.cc: each compiles alone.
+  set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
   # Generated code is not ours to lint: no project warnings here.
   target_include_directories(${name} PUBLIC ${generated_root})
   target_link_libraries(${name} PUBLIC protobuf::libprotobuf PkgConfig::GRPCPP)
@@ -171,6 +173,7 @@ function(moesnap_external_proto_library name)
     list(APPEND generated_sources ${outputs})
   endforeach()
   add_library(${name} STATIC ${generated_sources})
+  set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)  # as in moesnap_proto_library
   target_include_directories(${name} SYSTEM PUBLIC ${generated_root})
   target_link_libraries(${name} PUBLIC protobuf::libprotobuf PkgConfig::GRPCPP)
 endfunction()

@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config          # toolchain
-  clang libclang-rt-14-dev                              # the compiler; libFuzzer, ASan, UBSan, TSan
+  clang lld libclang-rt-14-dev                          # the compiler and linker; libFuzzer, ASan, UBSan, TSan
   protobuf-compiler libprotobuf-dev                     # .proto -> C++, protobuf runtime
   libgrpc++-dev protobuf-compiler-grpc                  # gRPC control plane, grpc_cpp_plugin
   libisal-dev                                           # Reed-Solomon and CRC32C (Intel ISA-L)
