@@ -179,8 +179,15 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
         capturing->step, ") before the next Snapshot"));
   }
   if (rank_state.latest_snapshot && step <= *rank_state.latest_snapshot) {
-    if (std::optional<v1::SnapshotResponse> replayed = Replayed(rank, rank_state, step, sparse)) {
-      return *std::move(replayed);
+    // A new process of the rank replaying a step its predecessor took: deterministic training
+    // gives the same bytes, so the step stands as taken, and its outcome with it: committed, or
+    // aborted (by the cluster, or its copy failed) once its predecessor had gone on to a later
+    // step, which a rank's steps, taken in order, cannot go back before.
+    if (auto it = rank_state.steps.find(step);
+        rank_state.replay_through && step <= *rank_state.replay_through &&
+        it != rank_state.steps.end() &&
+        (!sparse || (it->second.sparse && it->second.sparse->buffer() == sparse->buffer()))) {
+      return v1::SnapshotResponse();  // nothing to copy
     }
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
                                                    " is not after step ",
@@ -265,34 +272,6 @@ absl::StatusOr<Store::Selection> Store::SelectRegions(
                            [&](uint32_t position) { return (*regions)[position]; })));
   selection.regions = std::move(regions);
   return selection;
-}
-
-std::optional<v1::SnapshotResponse> Store::Replayed(uint32_t rank, RankState& rank_state,
-                                                   int64_t step,
-                                                   const std::optional<v1::SparseSlot>& sparse) {
-  if (!rank_state.replay_through || step > *rank_state.replay_through) return std::nullopt;
-  auto it = rank_state.steps.find(step);
-  if (it == rank_state.steps.end()) {
-    // Older than the steps the record keeps: a committed step supersedes it (as WaitFor answers).
-    const bool superseded = rank_state.latest_committed && step <= *rank_state.latest_committed &&
-                            (rank_state.steps.empty() || step < rank_state.steps.begin()->first);
-    return superseded ? std::optional<v1::SnapshotResponse>(v1::SnapshotResponse()) : std::nullopt;
-  }
-  StepRecord& record = it->second;
-  if (sparse && !(record.sparse && record.sparse->buffer() == sparse->buffer())) return std::nullopt;
-  // Deterministic training gives the same bytes: the capture stands, nothing to copy.
-  if (record.state != v1::STEP_STATE_ABORTED) return v1::SnapshotResponse();
-  // Its capture failed, or the cluster aborted it, after the predecessor had taken a later step:
-  // a rank's steps are taken in order, so it is not taken again, and the trainer goes on.
-  const std::string why = absl::StrCat(
-      "a replay of a step whose capture by the process before ended (", record.failure.message(),
-      ") while that process went on to step ", *rank_state.latest_snapshot,
-      ": a rank's steps are taken in order");
-  NoteSkip(rank, step, why);
-  record.skipped = true;  // WaitCaptured answers as for any skipped snapshot
-  v1::SnapshotResponse response;
-  response.set_skipped(why);
-  return response;
 }
 
 absl::StatusOr<std::string> Store::SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
@@ -435,7 +414,13 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
                                 std::shared_ptr<const RegionTable> table,
                                 std::shared_ptr<const std::vector<uint32_t>> selection,
                                 const std::string& why) {
-  NoteSkip(rank, step, why);
+  ++snapshots_skipped_;
+  StepMetrics::Get().skipped.Add();
+  last_skip_ = absl::StrCat("rank ", rank, ", step ", step, ": ", why);
+  // Under a sustained lag every step is skipped: say so at the first and then ever more rarely.
+  if ((snapshots_skipped_ & (snapshots_skipped_ - 1)) == 0) {
+    Log(LogLevel::kWarning, "snapshot skipped (", snapshots_skipped_, " so far): ", last_skip_);
+  }
   StepRecord record;
   record.step = step;
   record.state = v1::STEP_STATE_ABORTED;
@@ -456,16 +441,6 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
   v1::SnapshotResponse response;
   response.set_skipped(why);
   return response;
-}
-
-void Store::NoteSkip(uint32_t rank, int64_t step, const std::string& why) {
-  ++snapshots_skipped_;
-  StepMetrics::Get().skipped.Add();
-  last_skip_ = absl::StrCat("rank ", rank, ", step ", step, ": ", why);
-  // Under a sustained lag every step is skipped: say so at the first and then ever more rarely.
-  if ((snapshots_skipped_ & (snapshots_skipped_ - 1)) == 0) {
-    Log(LogLevel::kWarning, "snapshot skipped (", snapshots_skipped_, " so far): ", last_skip_);
-  }
 }
 
 void Store::TrimFinishedSteps(RankState& rank_state) {

@@ -303,13 +303,6 @@ class Store final : public ClusterStore, public DurableStore {
                                          const std::optional<v1::SparseSlot>& sparse,
                                          const CopyPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The answer to a snapshot of `step`, at or before the rank's latest, by a new process of the
-  // rank replaying the steps its predecessor took (up to replay_through): nothing to copy where
-  // the step stands as taken, skipped (saying why) where its capture failed or was aborted. None
-  // where it is no such replay: the snapshot is refused.
-  std::optional<v1::SnapshotResponse> Replayed(uint32_t rank, RankState& rank_state, int64_t step,
-                                               const std::optional<v1::SparseSlot>& sparse)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Starts the capture of `step` into `reservation` (null when it copies nothing): its record, and
   // its parts on the copy threads.
   v1::SnapshotResponse StartCapture(uint32_t rank, RankState& rank_state, int64_t step,
@@ -325,8 +318,6 @@ class Store final : public ClusterStore, public DurableStore {
                             std::shared_ptr<const std::vector<uint32_t>> selection,
                             const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Counts a skipped snapshot of `step` of `rank` for `why`, for status, metrics and the log.
-  void NoteSkip(uint32_t rank, int64_t step, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Writes the journal state once the records in `committing` (rank -> step) commit, with
   // `cluster`, whose group images serialized are `image_bytes`: copies of bytes serialized before
   // (the images, each version's entry) around the few records serialized here.

@@ -162,7 +162,7 @@ struct Store::StepRecord {
   const CaptureJob* capture = nullptr;  // the copy in progress, while capturing
   uint64_t pending_parts = 0;
   bool captured = false;  // every chunk was copied (it may have aborted later, in the cluster)
-  bool skipped = false;   // the daemon skipped it, or a replay of it (Snapshot says why)
+  bool skipped = false;   // never captured: the daemon skipped it (Snapshot says why)
   bool discarded = false;  // of a timeline a restore ended: the rank takes the step again
   bool offered = false;    // returned by WaitNewNodeCapture since it was captured
   uint64_t bytes = 0;

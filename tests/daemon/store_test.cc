@@ -928,11 +928,12 @@ TEST_F(StoreTest, AStepNotEveryRankTookBeforeAllWereKilledIsNotCaptured) {
                 absl::StatusCode::kDeadlineExceeded);
 }
 
-// A replacement process replays steps its predecessor took. One whose capture the cluster aborted
-// after the predecessor had taken a later one cannot be taken again in its place (a rank's steps
-// are taken in order): it is skipped, saying why, and the trainer goes on. The steps around it
-// stand as taken.
-TEST_F(StoreTest, AReplayedStepTheClusterAbortedBeforeALaterOneCommittedIsSkipped) {
+// A replacement process replays steps its predecessor took; each stands as taken, with its
+// outcome. One the cluster aborted after the predecessor had taken a later step is not taken again
+// (a rank's steps are taken in order): nothing to copy, no error into the training loop, and its
+// commit fails with the cluster's final decision. A step older than the steps the rank's record
+// keeps is refused: no replay starts there.
+TEST_F(StoreTest, AReplayedStepStandsAsTakenWithItsOutcomeEvenAborted) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
   Take(0, 1);
@@ -948,19 +949,20 @@ TEST_F(StoreTest, AReplayedStepTheClusterAbortedBeforeALaterOneCommittedIsSkippe
     absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, step, {});
     ASSERT_OK(replayed) << "step " << step;
     EXPECT_EQ(replayed->bytes(), 0u) << "step " << step;
-    EXPECT_EQ(replayed->skipped().empty(), step != 2) << "step " << step;
+    EXPECT_TRUE(replayed->skipped().empty()) << "step " << step;
     EXPECT_OK(WaitCaptured(0, step)) << "step " << step;
   }
-  EXPECT_TRUE(absl::StrContains(store_->Snapshot(0, 2, {})->skipped(), "node 1 did not prepare"));
+  const absl::StatusOr<v1::StepState> aborted =
+      store_->WaitCommitted(0, 2, absl::Now() + absl::Seconds(30), [] { return false; });
+  EXPECT_STATUS(aborted, absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(aborted.status().message(), "node 1 did not prepare")) << aborted.status();
   EXPECT_EQ(Take(0, 4).bytes(), 2 * kRegionBytes);
   ASSERT_OK(WaitCaptured(0, 4));
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(4));
   EXPECT_EQ(store_->LatestCommitted(0), 4);
 }
 
-// A replacement replaying a step older than the steps a rank's record keeps: a committed step
-// supersedes it, and there is nothing to copy (as WaitCommitted answers for it).
-TEST_F(StoreTest, AReplayedStepOlderThanTheStepsKeptCopiesNothing) {
+TEST_F(StoreTest, AReplayOfAStepOlderThanTheStepsKeptIsRefused) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
   constexpr int64_t kSteps = 100;  // more than a rank's record keeps
@@ -969,11 +971,8 @@ TEST_F(StoreTest, AReplayedStepOlderThanTheStepsKeptCopiesNothing) {
     ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
   }
   ASSERT_NO_FATAL_FAILURE(Connect(0));
-  absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, 1, {});
-  ASSERT_OK(replayed);
-  EXPECT_EQ(replayed->bytes(), 0u);
-  EXPECT_TRUE(replayed->skipped().empty());
-  EXPECT_EQ(WaitCaptured(0, 1).value_or(v1::STEP_STATE_UNSPECIFIED), v1::STEP_STATE_COMMITTED);
+  EXPECT_STATUS(store_->Snapshot(0, 1, {}), absl::StatusCode::kInvalidArgument);
+  EXPECT_OK(store_->Snapshot(0, kSteps, {}));  // the latest, kept: it stands as taken
 }
 
 // A step this node already offered the cluster may still commit: a rank restarting meanwhile
