@@ -1,5 +1,5 @@
-"""CUDA tensors shared by IPC, end to end through a real daemon (ctest label gpu: skipped, with the
-reason, wherever torch sees no CUDA device)."""
+"""CUDA tensors shared by IPC, end to end through a real daemon (label gpu in spirit: skipped, with
+the reason, wherever torch sees no CUDA device)."""
 
 import re
 from pathlib import Path
