@@ -53,23 +53,45 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
   return waiting;
 }
 
+std::vector<uint32_t> Store::RanksWithoutCapture(int64_t step) const {
+  std::vector<uint32_t> lacking;
+  for (const auto& [rank, rank_state] : ranks_) {
+    auto it = rank_state.steps.find(step);
+    if (it == rank_state.steps.end() || it->second.discarded ||
+        it->second.state != v1::STEP_STATE_CAPTURED) {
+      lacking.push_back(rank);
+    }
+  }
+  return lacking;
+}
+
+std::string Store::NotCapturedMessage(int64_t step) const {
+  const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
+  if (!waiting.empty()) {
+    return absl::StrCat("step ", step, " is not captured on this node: ranks [", absl::StrJoin(waiting, ", "),
+                        "] have not snapshotted it");
+  }
+  if (ranks_.empty()) {
+    return absl::StrCat("step ", step, " is not captured on this node: no rank is known here");
+  }
+  return absl::StrCat("step ", step,
+                      " is not captured on this node: no trainer is registered, and ranks [",
+                      absl::StrJoin(RanksWithoutCapture(step), ", "),
+                      "] known here did not capture it before their trainers went");
+}
+
 absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
   if (!waiting.ok()) return waiting.status();
   if (!waiting->empty()) return false;
   const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
                                        [](const auto& rank) { return !rank.second.regions->regions.empty(); });
+  if (any_trainer || options_.parity_only) return true;
   // No trainer here now to say which ranks take the step: it is captured only if every rank the
   // node knows captured it, their trainers killed since (while commits lagged behind training).
   // A rank killed before it took the step (a replica group's member, its shard missing) keeps it
   // from committing.
-  const bool every_rank_captured =
-      !ranks_.empty() && std::all_of(ranks_.begin(), ranks_.end(), [step](const auto& rank) {
-        auto it = rank.second.steps.find(step);
-        return it != rank.second.steps.end() && !it->second.discarded &&
-               it->second.state == v1::STEP_STATE_CAPTURED;
-      });
-  return any_trainer || every_rank_captured || options_.parity_only;
+  return !ranks_.empty() && RanksWithoutCapture(step).empty();
 }
 
 absl::StatusOr<int64_t> Store::WaitNewNodeCapture(absl::Time deadline) {
@@ -158,10 +180,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
           "step ", step, " is not captured on this node and never will be: its ranks went past it"));
     }
     if (WaitStepChanged(deadline)) {
-      const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
-      return absl::DeadlineExceededError(absl::StrCat(
-          "step ", step, " is not captured on this node: ranks [", absl::StrJoin(waiting, ", "),
-          "] have not snapshotted it", waiting.empty() ? " (no trainer is registered)" : ""));
+      return absl::DeadlineExceededError(NotCapturedMessage(step));
     }
   }
   // A step that captures a subset of regions is a consistent state only if every region it leaves
