@@ -576,6 +576,11 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
           abort_once(absl::StrCat("node ", id, " did not prepare: ", response.status().message()));
           return;
         }
+        if (absl::Status answer = CheckPrepareAnswer(*response, id, step, context_.topology->limits);
+            !answer.ok()) {
+          abort_once(std::string(answer.message()));
+          return;
+        }
         if (response->rebuilding()) {
           rebuilding.insert(id);
           if (response->receiver()) receivers.insert(id);

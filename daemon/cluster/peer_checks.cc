@@ -295,6 +295,33 @@ absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& l
   return CheckWait(request.timeout_ms(), limits);
 }
 
+absl::Status CheckPrepareAnswer(const v1::PrepareResponse& response, uint32_t node, int64_t step,
+                                const PeerLimits& limits) {
+  auto invalid = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node ", node, " answered its Prepare of step ", step, " with ", what));
+  };
+  if (response.has_committed_step() && response.committed_step() >= step) {
+    return invalid(absl::StrCat("committed step ", response.committed_step(),
+                                ", not before the step"));
+  }
+  if (response.image().node_id() != node) {
+    return invalid(absl::StrCat("the image of node ", response.image().node_id()));
+  }
+  if (response.rebuilding()) {
+    if (response.image().regions_size() != 0 || response.image().bytes() != 0) {
+      return invalid("an image of its data, yet it rebuilds (absent from the step)");
+    }
+    return absl::OkStatus();
+  }
+  if (response.receiver()) return invalid("itself as a parity receiver, yet it does not rebuild");
+  if (response.image().step() != step) {
+    return invalid(absl::StrCat("its image of step ", response.image().step()));
+  }
+  absl::Status image = CheckNodeImage(response.image(), limits);
+  return image.ok() ? image : invalid(absl::StrCat("an invalid image: ", image.message()));
+}
+
 absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& limits) {
   const std::optional<int64_t> base =
       request.has_base_step() ? std::optional<int64_t>(request.base_step()) : std::nullopt;

@@ -1,9 +1,9 @@
 // Checks of everything a peer sends, before any unit acts on it: every field of every Peer request,
-// and the node images and group records peers hand over (in Encode, and in the answers a rebuild or
-// an elastic restore works from). Each check bounds what is allocated, looped over or waited for,
-// and is overflow-safe; an error names the field and what was expected. What only a unit's own
-// state can judge (a fencing token against the leader etcd names, a proposed step against what this
-// node captured, a unit against the committed record) is checked by that unit.
+// and the node images and group records peers hand over (in Encode, and in the answers a Prepare, a
+// rebuild or an elastic restore works from). Each check bounds what is allocated, looped over or
+// waited for, and is overflow-safe; an error names the field and what was expected. What only a
+// unit's own state can judge (a fencing token against the leader etcd names, a proposed step
+// against what this node captured, a unit against the committed record) is checked by that unit.
 #ifndef MOESNAP_DAEMON_CLUSTER_PEER_CHECKS_H_
 #define MOESNAP_DAEMON_CLUSTER_PEER_CHECKS_H_
 
@@ -77,6 +77,10 @@ absl::Status CheckPropose(const v1::ProposeRequest& request, const PeerLimits& l
 absl::Status ParseProposedImage(const v1::ProposeRequest& request, const PeerLimits& limits,
                                 v1::NodeImage& image);
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits);
+// The answer of `node` to the coordinator's Prepare of `step`: its committed step before the step;
+// rebuilding, an image of its id alone; otherwise its own valid image of the step (CheckNodeImage).
+absl::Status CheckPrepareAnswer(const v1::PrepareResponse& response, uint32_t node, int64_t step,
+                                const PeerLimits& limits);
 // Every field of an Encode but what its images hold (ParseEncodeImages checks that).
 absl::Status CheckEncode(const v1::EncodeRequest& request, const PeerLimits& limits);
 // The images of an Encode that passed CheckEncode, each parsed into `images[position]` (resized to

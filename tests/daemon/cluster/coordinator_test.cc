@@ -1,11 +1,12 @@
 // The coordinator, in-process with real participants, parity and data planes, and fakes at the
 // store, peer-client, decision-log and election seams: every step gets one fenced decision, a
 // deposed coordinator's decision is refused and the next one finishes the step everywhere, a lost
-// node aborts steps and is named, one node's failure aborts a step at once, and an unreachable log
-// pauses commits without losing a step. A proposal is only a hint: one far ahead holds nothing up,
-// one this node passed is aborted at once; but a step nodes hold open (under this coordinator or a
-// dead one) is aborted once the commit timeout passes if this node never captures it, and passes
-// no earlier step over. Deltas of units longer than a frame update parity exactly.
+// node aborts steps and is named, one node's failure aborts a step at once (an invalid answer to a
+// Prepare too), and an unreachable log pauses commits without losing a step. A proposal is only a
+// hint: one far ahead holds nothing up, one this node passed is aborted at once; but a step nodes
+// hold open (under this coordinator or a dead one) is aborted once the commit timeout passes if
+// this node never captures it, and passes no earlier step over. Deltas of units longer than a frame
+// update parity exactly.
 #include "daemon/cluster/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -679,6 +680,37 @@ TEST(CoordinatorTest, AStepWhereAReplicaGroupMemberHoldsAnotherStepsShardIsAbort
       << decision->reason();
   capture(3, 3);
   ASSERT_TRUE(cluster.WaitCommitted(3));
+}
+
+// A node's answer to a Prepare is checked before the coordinator acts on it. Node 3's proposals
+// are lost, so the coordinator prepares it, and its answer comes back with a region listing a chunk
+// CRC more than its size has: the step is aborted naming node 3 and its image, not sent on to the
+// group. Once node 3 answers with its own image, the next step commits.
+TEST(CoordinatorTest, APrepareAnsweredWithAnInvalidImageAbortsTheStepNamingTheNode) {
+  InProcessCluster cluster(6, 4, 2);
+  cluster.election().Elect(0);
+  cluster.network().SetFilter([](uint32_t from, uint32_t, const std::string& name) {
+    return from == 3 && name == "Propose" ? absl::UnavailableError("node 3's proposals are lost")
+                                          : absl::OkStatus();
+  });
+  std::atomic<int> rewritten{0};
+  cluster.network().SetPrepareAnswerRewrite([&](uint32_t, uint32_t to, v1::PrepareResponse& answer) {
+    if (to != 3 || answer.image().regions_size() == 0) return;
+    answer.mutable_image()->mutable_regions(0)->add_chunk_crcs(0);
+    ++rewritten;
+  });
+  cluster.CaptureEverywhere(1, kBytes);
+  std::optional<v1::StepDecision> decision = cluster.WaitDecided(1);
+  ASSERT_TRUE(decision.has_value());
+  EXPECT_GT(rewritten, 0);
+  EXPECT_FALSE(decision->committed());
+  EXPECT_TRUE(absl::StrContains(decision->reason(),
+                                "node 3 answered its Prepare of step 1 with an invalid image"))
+      << decision->reason();
+  cluster.network().SetPrepareAnswerRewrite(nullptr);
+  cluster.CaptureEverywhere(2, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(2));
+  cluster.ExpectEveryNodeRebuildable(2, kBytes);
 }
 
 // A node whose Encode fails at once (its pool has no room for parity) never sends its data units,

@@ -622,6 +622,20 @@ v1::EncodeRequest FakeNetwork::Rewritten(uint32_t from, uint32_t to,
   return rewritten;
 }
 
+void FakeNetwork::SetPrepareAnswerRewrite(PrepareAnswerRewrite rewrite) {
+  absl::MutexLock lock(&mutex_);
+  prepare_answer_rewrite_ = std::move(rewrite);
+}
+
+void FakeNetwork::RewriteAnswer(uint32_t from, uint32_t to, v1::PrepareResponse& response) {
+  PrepareAnswerRewrite rewrite;
+  {
+    absl::MutexLock lock(&mutex_);
+    rewrite = prepare_answer_rewrite_;
+  }
+  if (rewrite) rewrite(from, to, response);
+}
+
 void FakeNetwork::Proposed(const v1::ProposeRequest& request) {
   absl::MutexLock lock(&mutex_);
   proposals_.push_back(request);
@@ -675,7 +689,9 @@ absl::StatusOr<v1::PrepareResponse> FakePeerClient::Prepare(uint32_t node,
   ++calls_;
   absl::StatusOr<NodeUnits*> to = network_->Route(self_, node, "Prepare");
   if (!to.ok()) return to.status();
-  return (*to)->participant.Prepare(request);
+  absl::StatusOr<v1::PrepareResponse> response = (*to)->participant.Prepare(request);
+  if (response.ok()) network_->RewriteAnswer(self_, node, *response);
+  return response;
 }
 
 absl::StatusOr<v1::EncodeResponse> FakePeerClient::Encode(uint32_t node,

@@ -260,6 +260,11 @@ class FakeNetwork {
   using EncodeRewrite = std::function<void(uint32_t from, uint32_t to, v1::EncodeRequest&)>;
   void SetEncodeRewrite(EncodeRewrite rewrite);
   v1::EncodeRequest Rewritten(uint32_t from, uint32_t to, const v1::EncodeRequest& request);
+  // Rewrites every answer `to` gives a Prepare from `from` before the caller has it (a node that
+  // answers with something other than what it holds).
+  using PrepareAnswerRewrite = std::function<void(uint32_t from, uint32_t to, v1::PrepareResponse&)>;
+  void SetPrepareAnswerRewrite(PrepareAnswerRewrite rewrite);
+  void RewriteAnswer(uint32_t from, uint32_t to, v1::PrepareResponse& response);
   // The proposals a coordinator took (answered without an error), in order, as sent.
   void Proposed(const v1::ProposeRequest& request);
   std::vector<v1::ProposeRequest> proposals() const;
@@ -272,6 +277,7 @@ class FakeNetwork {
       ABSL_GUARDED_BY(mutex_);
   std::function<void(uint32_t, uint32_t)> units_served_ ABSL_GUARDED_BY(mutex_);
   EncodeRewrite encode_rewrite_ ABSL_GUARDED_BY(mutex_);
+  PrepareAnswerRewrite prepare_answer_rewrite_ ABSL_GUARDED_BY(mutex_);
   std::vector<v1::ProposeRequest> proposals_ ABSL_GUARDED_BY(mutex_);
 };
 

@@ -148,6 +148,37 @@ TEST(PeerChecksTest, AProposalsImageIsTheProposersOwnOfTheStepOnAnEarlierStep) {
   ExpectRefused(CheckProposal(request), "the proposed image (1 bytes) is not a node image");
 }
 
+// A node's answer to the coordinator's Prepare: its own valid image of the step and a committed
+// step before it, or, rebuilding, an image of its id alone.
+TEST(PeerChecksTest, APrepareAnswerIsTheNodesOwnValidImageOfTheStep) {
+  v1::PrepareResponse answer;
+  *answer.mutable_image() = Image(4);
+  answer.set_committed_step(6);
+  EXPECT_OK(CheckPrepareAnswer(answer, 4, 7, Limits()));
+  ExpectRefused(CheckPrepareAnswer(answer, 3, 7, Limits()), "node 3 answered its Prepare of step 7 with the image of node 4");
+  ExpectRefused(CheckPrepareAnswer(answer, 4, 8, Limits()), "its image of step 7");
+  answer.set_committed_step(7);
+  ExpectRefused(CheckPrepareAnswer(answer, 4, 7, Limits()), "committed step 7, not before the step");
+  answer.set_committed_step(6);
+  answer.mutable_image()->mutable_regions(1)->add_chunk_crcs(1);
+  ExpectRefused(CheckPrepareAnswer(answer, 4, 7, Limits()), "an invalid image: image of node 4: region of rank 4");
+  answer.mutable_image()->mutable_regions(1)->mutable_chunk_crcs()->RemoveLast();
+  answer.mutable_image()->set_bytes(kMax);
+  ExpectRefused(CheckPrepareAnswer(answer, 4, 7, Limits()), "an invalid image");
+  answer.mutable_image()->set_bytes(2 * 4096);
+  answer.set_receiver(true);
+  ExpectRefused(CheckPrepareAnswer(answer, 4, 7, Limits()), "parity receiver, yet it does not rebuild");
+
+  v1::PrepareResponse rebuilding;
+  rebuilding.set_rebuilding(true);
+  rebuilding.set_receiver(true);
+  rebuilding.mutable_image()->set_node_id(4);
+  rebuilding.set_committed_step(5);
+  EXPECT_OK(CheckPrepareAnswer(rebuilding, 4, 7, Limits()));
+  *rebuilding.mutable_image() = Image(4);
+  ExpectRefused(CheckPrepareAnswer(rebuilding, 4, 7, Limits()), "yet it rebuilds");
+}
+
 TEST(PeerChecksTest, CoordinatorCallsAreBoundedInTimeTokenAndBase) {
   v1::PrepareRequest prepare;
   prepare.set_coordinator(0);
