@@ -59,7 +59,7 @@ function(moesnap_test name)
   if(MOESNAP_SANITIZE MATCHES "thread")
     # Debian's abseil is built without TSan: the test program tells TSan about its locks, binding
     # its own definitions of the Mutex and CondVar calls ahead of the library's (see the file).
-    target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/testing/tsan_absl_mutex.cc)
+    target_link_libraries(${name} PRIVATE moesnap_tsan_absl_mutex)
     target_link_options(${name} PRIVATE "LINKER:--export-dynamic-symbol=_ZN4absl*")
   endif()
   if(NOT ARG_LABELS)
