@@ -299,6 +299,7 @@ void Coordinator::Lead(int64_t token) {
   committed_images_step_.reset();
   spare_images_.clear();
   spare_image_bytes_.clear();
+  spare_differs_at_.clear();
   absl::MutexLock lock(&mutex_);
   token_ = 0;
   DropProposedImagesLocked();
@@ -494,6 +495,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
     committed_images_.clear();
     committed_image_bytes_.clear();
     committed_images_step_.reset();
+    spare_differs_at_.clear();
     Log(LogLevel::kWarning, "step ", step, " aborted: ", reason);
     if (!leadership_->Holds(token) || !Decide(step, token, false, reason)) deposed = true;
   };
@@ -515,6 +517,9 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   };
   // The images that came as patches on the base: the Encode requests send them as they came.
   std::map<uint32_t, ImagePatchOf> proposed_patches;
+  // Where each of those built here differs from its base, when it carries no field this build does
+  // not know: what its base's memory knows once this step commits (spare_differs_at_).
+  std::map<uint32_t, std::vector<uint32_t>> built_on_base;
   std::map<uint32_t, std::optional<int64_t>> held;  // the committed step each node holds
   // Live nodes that rebuild (absent from the step), and those of them that receive its parity.
   std::set<uint32_t> rebuilding;
@@ -541,16 +546,24 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
         if (auto spare = spare_images_.find(id); spare != spare_images_.end()) {
           memory.image = std::move(spare->second);
         }
+        if (auto known = spare_differs_at_.extract(id)) {
+          memory.differs_at = std::move(known.mapped());
+        }
         std::string bytes = spare_bytes(id);
+        bool unknown_fields = false;
         absl::StatusOr<v1::NodeImage> built =
             PatchedImage(cached->second, kept_bytes(id), proposal.image, *proposal.patch, bytes,
-                         std::move(memory));
+                         std::move(memory), &unknown_fields);
         const absl::Status usable =
             built.ok() ? CheckNodeImage(*built, context_.topology->limits) : built.status();
         if (usable.ok()) {
           held[id] = base;
           images[id] = *std::move(built);
           image_bytes[id] = std::move(bytes);
+          if (!unknown_fields) {
+            built_on_base[id].assign(proposal.patch->changed().begin(),
+                                     proposal.patch->changed().end());
+          }
           proposed_patches.emplace(id, ImagePatchOf{*std::move(proposal.patch),
                                                     std::move(proposal.image)});
           continue;
@@ -720,6 +733,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   // base step.
   if (committed_images_step_ == base) {
     for (uint32_t id : absent) {
+      built_on_base.erase(id);  // its spare goes with its committed image
       if (auto frozen = committed_images_.find(id); frozen != committed_images_.end()) {
         images[id] = std::move(frozen->second);
       }
@@ -738,6 +752,7 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   }
   spare_images_ = std::exchange(committed_images_, std::move(images));
   spare_image_bytes_ = std::exchange(committed_image_bytes_, std::move(image_bytes));
+  spare_differs_at_ = std::move(built_on_base);
   committed_images_step_ = step;
   return true;
 }

@@ -168,6 +168,12 @@ class Coordinator {
   // its patched images in: a node of thousands of regions then allocates no entry anew each step.
   std::map<uint32_t, v1::NodeImage> spare_images_;
   std::map<uint32_t, std::string> spare_image_bytes_;
+  // By node, where its committed image differs from its spare one, for those built on it (a
+  // proposal's patch on the image this coordinator had committed, which the commit replaced): the
+  // next round copies the committed image into the spare by those regions alone
+  // (ImageMemory::differs_at). A node's entry goes with its spare's memory, and all go when the
+  // committed images do.
+  std::map<uint32_t, std::vector<uint32_t>> spare_differs_at_;
   // The images the commit after that replaced in turn: whole proposals are parsed into their
   // memory, so that a dense step of thousands of regions allocates no entry anew either.
   std::vector<v1::NodeImage> image_memory_ ABSL_GUARDED_BY(mutex_);

@@ -336,6 +336,51 @@ TEST(CoordinatorTest, ProposalsAfterACommitCarryTheirChangesAndStandForThePrepar
   cluster.ExpectEveryNodeRebuildable(5, kBytes);
 }
 
+// The coordinator builds each proposed image of a step in the memory of its image of the node two
+// steps back, and copies there only the regions the base changed. Every step here captures other
+// regions anew than the step before (3 or 4 of 10 per node), so a copy that skipped one would leave
+// the coordinator's image of a node stale there. Its images are what it sends a prepared node's
+// image against: from step 8 node 3's proposals are lost, and the coordinator sends node 3's image
+// of step 8 as its changes since its own image of node 3 at step 7, which names exactly the regions
+// node 3 captured anew, and no more, when that image is node 3's own.
+TEST(CoordinatorTest, ImagesBuiltInTheMemoryOfTheStepBeforeTheBaseAreTheNodesOwn) {
+  InProcessCluster cluster(6, 4, 2);
+  ASSERT_TRUE(WaitReady(cluster, cluster.election().Elect(0)));
+  constexpr int kStateRegions = 10;
+  auto recaptured = [](int region, int64_t step) { return region % 3 == step % 3; };
+  for (int node = 0; node < cluster.size(); ++node) {
+    cluster.node(node).store.SplitState(kStateRegions);
+    cluster.node(node).store.RecaptureOnly(recaptured);
+  }
+  for (int64_t step = 1; step <= 7; ++step) {
+    ASSERT_TRUE(CaptureCoordinatorLast(cluster, step)) << "step " << step;
+    ASSERT_TRUE(cluster.WaitCommitted(step)) << "step " << step;
+  }
+  cluster.network().SetFilter([](uint32_t from, uint32_t, const std::string& name) {
+    return from == 3 && name == "Propose" ? absl::UnavailableError("node 3's proposals are lost")
+                                          : absl::OkStatus();
+  });
+  absl::Mutex mutex;
+  std::vector<int> node3_changed;  // regions each Encode of step 8 names as node 3's changes
+  cluster.network().SetEncodeRewrite([&](uint32_t, uint32_t, v1::EncodeRequest& request) {
+    if (request.step() != 8) return;
+    absl::MutexLock lock(&mutex);
+    for (const v1::ImagePatch& patch : request.patches()) {
+      if (patch.node_id() == 3) node3_changed.push_back(patch.changed_size());
+    }
+  });
+  cluster.CaptureEverywhere(8, kBytes);
+  ASSERT_TRUE(cluster.WaitCommitted(8));
+  cluster.network().SetEncodeRewrite(nullptr);
+  int expected = 0;
+  for (int region = 0; region < kStateRegions; ++region) expected += recaptured(region, 8) ? 1 : 0;
+  {
+    absl::MutexLock lock(&mutex);
+    EXPECT_EQ(node3_changed, std::vector<int>(6, expected));
+  }
+  cluster.ExpectEveryNodeRebuildable(8, kBytes);
+}
+
 // An image built on another committed step than the round's base is not taken, even under the
 // coordinator's token: here node 3's proposal of step 2 is replaced by one whose image differs
 // from what node 3 holds, on no committed step. The coordinator prepares node 3, and only node 3,
