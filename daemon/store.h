@@ -261,8 +261,11 @@ class Store final : public ClusterStore, public DurableStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // True when every rank with registered regions has captured `step` (and one has), false while
   // one is still capturing or has not started it; the failure when a rank's copy of it aborted.
-  // With no trainer registered, true only when every rank known here captured it.
+  // With no trainer registered (and not parity-only), true only when every rank known here
+  // captured it.
   absl::StatusOr<bool> NodeCaptured(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Whether a trainer has regions registered here now.
+  bool AnyTrainerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The ranks known here without a captured record of `step` (none, or discarded, or not captured).
   std::vector<uint32_t> RanksWithoutCapture(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Why `step` is not captured here, naming the ranks that hold it back.

@@ -53,6 +53,11 @@ absl::StatusOr<std::vector<uint32_t>> Store::RanksStillCapturing(int64_t step) c
   return waiting;
 }
 
+bool Store::AnyTrainerLocked() const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const auto& rank) { return !rank.second.regions->regions.empty(); });
+}
+
 std::vector<uint32_t> Store::RanksWithoutCapture(int64_t step) const {
   std::vector<uint32_t> lacking;
   for (const auto& [rank, rank_state] : ranks_) {
@@ -66,10 +71,16 @@ std::vector<uint32_t> Store::RanksWithoutCapture(int64_t step) const {
 }
 
 std::string Store::NotCapturedMessage(int64_t step) const {
-  const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
-  if (!waiting.empty()) {
-    return absl::StrCat("step ", step, " is not captured on this node: ranks [", absl::StrJoin(waiting, ", "),
-                        "] have not snapshotted it");
+  absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
+  if (!waiting.ok()) {
+    return absl::StrCat("step ", step, " is not captured on this node: ", waiting.status().message());
+  }
+  if (!waiting->empty()) {
+    return absl::StrCat("step ", step, " is not captured on this node: ranks [",
+                        absl::StrJoin(*waiting, ", "), "] have not snapshotted it");
+  }
+  if (AnyTrainerLocked()) {  // its last rank finished as the wait ran out
+    return absl::StrCat("step ", step, " was captured on this node only as the wait ran out");
   }
   if (ranks_.empty()) {
     return absl::StrCat("step ", step, " is not captured on this node: no rank is known here");
@@ -84,9 +95,7 @@ absl::StatusOr<bool> Store::NodeCaptured(int64_t step) const {
   absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
   if (!waiting.ok()) return waiting.status();
   if (!waiting->empty()) return false;
-  const bool any_trainer = std::any_of(ranks_.begin(), ranks_.end(),
-                                       [](const auto& rank) { return !rank.second.regions->regions.empty(); });
-  if (any_trainer || options_.parity_only) return true;
+  if (AnyTrainerLocked() || options_.parity_only) return true;
   // No trainer here now to say which ranks take the step: it is captured only if every rank the
   // node knows captured it, their trainers killed since (while commits lagged behind training).
   // A rank killed before it took the step (a replica group's member, its shard missing) keeps it

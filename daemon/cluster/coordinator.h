@@ -174,8 +174,9 @@ class Coordinator {
   // (ImageMemory::differs_at). A node's entry goes with its spare's memory, and all go when the
   // committed images do.
   std::map<uint32_t, std::vector<uint32_t>> spare_differs_at_;
-  // The images the commit after that replaced in turn: whole proposals are parsed into their
-  // memory, so that a dense step of thousands of regions allocates no entry anew either.
+  // The images the commit after the last replaced in turn (spare images before it): whole
+  // proposals are parsed into their memory, so that a dense step of thousands of regions allocates
+  // no entry anew either.
   std::vector<v1::NodeImage> image_memory_ ABSL_GUARDED_BY(mutex_);
   std::thread loop_;
 };

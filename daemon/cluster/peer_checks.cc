@@ -318,7 +318,9 @@ absl::Status CheckPrepareAnswer(const v1::PrepareResponse& response, uint32_t no
   if (response.image().step() != step) {
     return invalid(absl::StrCat("its image of step ", response.image().step()));
   }
-  absl::Status image = CheckNodeImage(response.image(), limits);
+  PeerLimits any_group = limits;
+  any_group.max_image_bytes = PeerLimits::kMaxAnyImageBytes;
+  absl::Status image = CheckNodeImage(response.image(), any_group);
   return image.ok() ? image : invalid(absl::StrCat("an invalid image: ", image.message()));
 }
 

@@ -29,6 +29,10 @@ struct PeerLimits {
 
   // Names, dtypes and shapes are bounded as a trainer's registration is (region_limits.h).
   static constexpr int kMaxRanksPerImage = 1 << 16;
+  // The largest image checked for its structure alone, where this node's pool does not bound it
+  // (another group's image, which its members check against their own pools): sizes summed below
+  // it cannot wrap.
+  static constexpr uint64_t kMaxAnyImageBytes = uint64_t{1} << 62;
 };
 
 // One node's image: regions back to back whose sizes add up to `bytes` without overflow, each
@@ -78,7 +82,8 @@ absl::Status ParseProposedImage(const v1::ProposeRequest& request, const PeerLim
                                 v1::NodeImage& image);
 absl::Status CheckPrepare(const v1::PrepareRequest& request, const PeerLimits& limits);
 // The answer of `node` to the coordinator's Prepare of `step`: its committed step before the step;
-// rebuilding, an image of its id alone; otherwise its own valid image of the step (CheckNodeImage).
+// rebuilding, an image of its id alone; otherwise its own valid image of the step (CheckNodeImage,
+// its size bounded by kMaxAnyImageBytes: the node may be of another group, with larger pools).
 absl::Status CheckPrepareAnswer(const v1::PrepareResponse& response, uint32_t node, int64_t step,
                                 const PeerLimits& limits);
 // Every field of an Encode but what its images hold (ParseEncodeImages checks that).

@@ -739,6 +739,10 @@ TEST(CoordinatorTest, APrepareAnsweredWithAnInvalidImageAbortsTheStepNamingTheNo
                                           : absl::OkStatus();
   });
   std::atomic<int> rewritten{0};
+  std::atomic<int> encodes{0};  // of step 1
+  cluster.network().SetEncodeRewrite([&](uint32_t, uint32_t, v1::EncodeRequest& request) {
+    if (request.step() == 1) ++encodes;
+  });
   cluster.network().SetPrepareAnswerRewrite([&](uint32_t, uint32_t to, v1::PrepareResponse& answer) {
     if (to != 3 || answer.image().regions_size() == 0) return;
     answer.mutable_image()->mutable_regions(0)->add_chunk_crcs(0);
@@ -752,7 +756,9 @@ TEST(CoordinatorTest, APrepareAnsweredWithAnInvalidImageAbortsTheStepNamingTheNo
   EXPECT_TRUE(absl::StrContains(decision->reason(),
                                 "node 3 answered its Prepare of step 1 with an invalid image"))
       << decision->reason();
+  EXPECT_EQ(encodes, 0);
   cluster.network().SetPrepareAnswerRewrite(nullptr);
+  cluster.network().SetEncodeRewrite(nullptr);
   cluster.CaptureEverywhere(2, kBytes);
   ASSERT_TRUE(cluster.WaitCommitted(2));
   cluster.ExpectEveryNodeRebuildable(2, kBytes);

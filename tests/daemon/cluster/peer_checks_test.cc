@@ -168,6 +168,17 @@ TEST(PeerChecksTest, APrepareAnswerIsTheNodesOwnValidImageOfTheStep) {
   answer.mutable_image()->set_bytes(2 * 4096);
   answer.set_receiver(true);
   ExpectRefused(CheckPrepareAnswer(answer, 4, 7, Limits()), "parity receiver, yet it does not rebuild");
+  answer.set_receiver(false);
+  answer.clear_committed_step();  // nothing committed yet
+  EXPECT_OK(CheckPrepareAnswer(answer, 4, 7, Limits()));
+  // A node of another group may hold more than this node's pool bounds: its members check that.
+  const uint64_t larger = Limits().max_image_bytes + 1024;
+  v1::ImageRegion& weights = *answer.mutable_image()->mutable_regions(0);
+  weights.set_bytes(larger);
+  weights.set_chunk_bytes(larger);
+  weights.mutable_chunk_crcs()->Truncate(1);
+  answer.mutable_image()->set_bytes(larger + 4096);
+  EXPECT_OK(CheckPrepareAnswer(answer, 4, 7, Limits()));
 
   v1::PrepareResponse rebuilding;
   rebuilding.set_rebuilding(true);
@@ -175,6 +186,7 @@ TEST(PeerChecksTest, APrepareAnswerIsTheNodesOwnValidImageOfTheStep) {
   rebuilding.mutable_image()->set_node_id(4);
   rebuilding.set_committed_step(5);
   EXPECT_OK(CheckPrepareAnswer(rebuilding, 4, 7, Limits()));
+  ExpectRefused(CheckPrepareAnswer(rebuilding, 5, 7, Limits()), "the image of node 4");
   *rebuilding.mutable_image() = Image(4);
   ExpectRefused(CheckPrepareAnswer(rebuilding, 4, 7, Limits()), "yet it rebuilds");
 }
