@@ -733,7 +733,6 @@ bool Coordinator::RunRound(int64_t step, int64_t token) {
   // base step.
   if (committed_images_step_ == base) {
     for (uint32_t id : absent) {
-      built_on_base.erase(id);  // its spare goes with its committed image
       if (auto frozen = committed_images_.find(id); frozen != committed_images_.end()) {
         images[id] = std::move(frozen->second);
       }
