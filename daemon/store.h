@@ -268,7 +268,8 @@ class Store final : public ClusterStore, public DurableStore {
   bool AnyTrainerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The ranks known here without a captured record of `step` (none, or discarded, or not captured).
   std::vector<uint32_t> RanksWithoutCapture(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Why `step` is not captured here, naming the ranks that hold it back.
+  // Why `step` is not captured here, naming the ranks that hold it back, once NodeCaptured(step)
+  // said it is not (without an error).
   std::string NotCapturedMessage(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // True when every rank with registered regions has snapshotted a later step in its present
   // timeline (and one has): a step none of them holds now is never captured here.

@@ -71,16 +71,11 @@ std::vector<uint32_t> Store::RanksWithoutCapture(int64_t step) const {
 }
 
 std::string Store::NotCapturedMessage(int64_t step) const {
-  absl::StatusOr<std::vector<uint32_t>> waiting = RanksStillCapturing(step);
-  if (!waiting.ok()) {
-    return absl::StrCat("step ", step, " is not captured on this node: ", waiting.status().message());
-  }
-  if (!waiting->empty()) {
+  // NodeCaptured said no, without an error: either ranks still capture, or no trainer is here.
+  const std::vector<uint32_t> waiting = RanksStillCapturing(step).value_or(std::vector<uint32_t>());
+  if (!waiting.empty()) {
     return absl::StrCat("step ", step, " is not captured on this node: ranks [",
-                        absl::StrJoin(*waiting, ", "), "] have not snapshotted it");
-  }
-  if (AnyTrainerLocked()) {  // its last rank finished as the wait ran out
-    return absl::StrCat("step ", step, " was captured on this node only as the wait ran out");
+                        absl::StrJoin(waiting, ", "), "] have not snapshotted it");
   }
   if (ranks_.empty()) {
     return absl::StrCat("step ", step, " is not captured on this node: no rank is known here");
@@ -188,9 +183,9 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " is not captured on this node and never will be: its ranks went past it"));
     }
-    if (WaitStepChanged(deadline)) {
-      return absl::DeadlineExceededError(NotCapturedMessage(step));
-    }
+    // Judged once more after the last wait: a step captured as the deadline came is captured.
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError(NotCapturedMessage(step));
+    WaitStepChanged(deadline);
   }
   // A step that captures a subset of regions is a consistent state only if every region it leaves
   // out is committed as of its latest change: an earlier step that changed one and did not commit
