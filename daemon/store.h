@@ -343,8 +343,8 @@ class Store final : public ClusterStore, public DurableStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Tells the commit observer when the node's committed step moved past `notified_step_`.
   void NotifyCommitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Waits until a step changes or a rank turns idle; true once `deadline` passed.
-  bool WaitStepChanged(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Waits until a step changes, a rank turns idle or `deadline` passes; the caller judges again.
+  void WaitStepChanged(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<v1::StepState> WaitFor(uint32_t rank, int64_t step, bool until_committed,
                                         absl::Time deadline, const std::function<bool()>& cancelled);
 

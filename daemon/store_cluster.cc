@@ -116,9 +116,11 @@ absl::StatusOr<int64_t> Store::WaitNewNodeCapture(absl::Time deadline) {
       }
       return step;
     }
-    if (WaitStepChanged(deadline)) {
+    // Judged once more after the last wait, as in WaitNodeCaptured.
+    if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError("no new capture of a step on this node");
     }
+    WaitStepChanged(deadline);
   }
 }
 
@@ -145,10 +147,9 @@ bool Store::PassedLocked(int64_t step) const {
   return any_trainer;
 }
 
-bool Store::WaitStepChanged(absl::Time deadline) {
+void Store::WaitStepChanged(absl::Time deadline) {
   const absl::Time idle_at = activity_.NextIdleAt().value_or(absl::InfiniteFuture());
   step_changed_.WaitWithDeadline(&mutex_, std::min(deadline, idle_at));
-  return absl::Now() >= deadline;
 }
 
 absl::Status Store::DropRank(uint32_t rank) {
