@@ -142,7 +142,8 @@ void Store::StartSession(uint32_t rank, uint64_t session) {
   rank_state.session = session;
   rank_state.regions = RegionTable::None();  // copies in flight keep their own references to the old table
   rank_state.restarting = rank_state.latest_committed.has_value();
-  rank_state.replay_through = rank_state.latest_snapshot;
+  rank_state.replay.reset();
+  if (rank_state.latest_snapshot) rank_state.replay = RankState::Replay{*rank_state.latest_snapshot};
 }
 
 bool Store::CopyingTrainerMemory(uint32_t rank) const {
@@ -182,12 +183,18 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
     // A new process of the rank replaying a step its predecessor took: deterministic training
     // gives the same bytes, so the step stands as taken, and its outcome with it: committed, or
     // aborted (by the cluster, or its copy failed) once its predecessor had gone on to a later
-    // step, which a rank's steps, taken in order, cannot go back before.
+    // step, which a rank's steps, taken in order, cannot go back before. The replay goes forward
+    // as the steps did.
     if (auto it = rank_state.steps.find(step);
-        rank_state.replay_through && step <= *rank_state.replay_through &&
-        it != rank_state.steps.end() &&
+        rank_state.replay && rank_state.replay->Allows(step) && it != rank_state.steps.end() &&
         (!sparse || (it->second.sparse && it->second.sparse->buffer() == sparse->buffer()))) {
+      rank_state.replay->last = step;
       return v1::SnapshotResponse();  // nothing to copy
+    }
+    if (rank_state.replay && rank_state.replay->last && step <= *rank_state.replay->last) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step, " of rank ", rank, " is not after step ",
+                       *rank_state.replay->last, ", the step its process replayed last"));
     }
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
                                                    " is not after step ",
@@ -351,6 +358,7 @@ v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, i
   if (sparse) rank_state.windows.Add(step, *sparse, v1::STEP_STATE_CAPTURING);
   in_flight_bytes_ += record.bytes;
   rank_state.latest_snapshot = step;
+  rank_state.replay.reset();  // a step past its predecessor's: nothing is replayed from here
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", record.regions,
       " regions, ", record.bytes, " bytes in ", plan.parts.size(), " parts");
   v1::SnapshotResponse response;

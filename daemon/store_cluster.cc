@@ -473,7 +473,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
     RankState& installed = rebuilt[rank];
     installed.regions = rank_state.regions;
     installed.restarting = rank_state.restarting;
-    installed.replay_through = rank_state.replay_through;
+    installed.replay = rank_state.replay;
   }
   std::swap(ranks_, rebuilt);
   if (absl::Status status = WriteJournal({}, cluster, *image_bytes); !status.ok()) {

@@ -160,7 +160,7 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
         }
       }
       rank_state.latest_snapshot = latest;
-      rank_state.replay_through.reset();
+      rank_state.replay.reset();
     }
   }
 

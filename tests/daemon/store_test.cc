@@ -965,6 +965,36 @@ TEST_F(StoreTest, AReplayedStepStandsAsTakenWithItsOutcomeEvenAborted) {
   EXPECT_EQ(store_->LatestCommitted(0), 4);
 }
 
+// A replay goes forward as the predecessor's steps did, and ends with the first step past them:
+// a step taken again after that is refused, not skipped as replayed.
+TEST_F(StoreTest, AReplayGoesForwardAndEndsWithTheFirstNewStep) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  for (int64_t step = 1; step <= 3; ++step) {
+    Take(0, step);
+    ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
+  }
+  ASSERT_NO_FATAL_FAILURE(Connect(0));  // the replacement, replaying from step 2
+  absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, 2, {});
+  ASSERT_OK(replayed);
+  EXPECT_EQ(replayed->bytes(), 0u);
+  for (int64_t earlier : {1, 2}) {
+    const absl::StatusOr<v1::SnapshotResponse> back = store_->Snapshot(0, earlier, {});
+    EXPECT_STATUS(back, absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(back.status().message(), "not after step 2, the step its process replayed last"))
+        << back.status();
+  }
+  replayed = store_->Snapshot(0, 3, {});
+  ASSERT_OK(replayed);
+  EXPECT_EQ(replayed->bytes(), 0u);
+  EXPECT_EQ(Take(0, 4).bytes(), 2 * kRegionBytes);  // past the predecessor's steps
+  ASSERT_OK(WaitCaptured(0, 4));
+  const absl::StatusOr<v1::SnapshotResponse> again = store_->Snapshot(0, 3, {});
+  EXPECT_STATUS(again, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "not after step 4, its latest snapshot"))
+      << again.status();
+}
+
 TEST_F(StoreTest, AReplayOfAStepOlderThanTheStepsKeptIsRefused) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
