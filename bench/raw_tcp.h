@@ -10,10 +10,13 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/whole_transfer.h"
+#include "moesnap/shared_buffer.h"
 
 namespace moesnap::bench {
 
@@ -67,6 +70,12 @@ class RawTcpStream {
 // the answer costs more than a stream's throughput says: 4 MiB answers took 1.9-2.1 GB/s after 5 ms
 // idle where the stream read 3-4 (why is not settled here; TCP's slow start after idle, turned off
 // for one run, was not it).
+//
+// The answer is read into memory read before, or into shared memory mapped just before each fetch
+// (as a restore onto another node writes into the memory a new rank has just handed over): on a
+// host whose hypervisor shadows the guest's page tables, the first access to each page of a new
+// mapping costs microseconds though the mapping's page tables were filled (MAP_POPULATE), and a
+// restore into a new rank pays it as much as a raw fetch into new memory does (bench/RESULTS.md).
 class RawTcpFetch {
  public:
   explicit RawTcpFetch(size_t answer_bytes)
@@ -97,26 +106,48 @@ class RawTcpFetch {
   }
 
   // The median seconds of `fetches` fetches, each after `idle` without traffic (the first two,
-  // which set the connection up, do not count).
+  // which set the connection up, do not count), read into memory read before.
   double MedianSeconds(int fetches, std::chrono::microseconds idle) {
     std::vector<double> seconds;
-    const uint8_t request[kRequestBytes] = {};
     for (int i = 0; i < fetches + 2; ++i) {
       std::this_thread::sleep_for(idle);
-      const auto start = std::chrono::steady_clock::now();
-      boost::asio::write(socket_, boost::asio::buffer(request));
-      boost::asio::read(socket_, boost::asio::buffer(answer_), WholeTransfer());
-      if (i >= 2) {
-        seconds.push_back(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
+      const double fetch = Fetch(answer_.data());
+      if (i >= 2) seconds.push_back(fetch);
     }
-    std::sort(seconds.begin(), seconds.end());
-    return seconds[seconds.size() / 2];
+    return Median(seconds);
+  }
+
+  // The same, each fetch read into shared memory mapped for it (SharedBuffer::Allocate, as a
+  // trainer allocates, mapped outside the timing).
+  absl::StatusOr<double> MedianSecondsIntoNewMemory(int fetches, std::chrono::microseconds idle) {
+    std::vector<double> seconds;
+    for (int i = 0; i < fetches + 2; ++i) {
+      absl::StatusOr<std::shared_ptr<SharedBuffer>> memory = SharedBuffer::Allocate(answer_bytes_);
+      if (!memory.ok()) return memory.status();
+      std::this_thread::sleep_for(idle);
+      const double fetch = Fetch((*memory)->data());
+      if (i >= 2) seconds.push_back(fetch);
+    }
+    return Median(seconds);
   }
 
  private:
   static constexpr size_t kRequestBytes = 64;
+
+  // One fetch's seconds, its answer read into `into` (answer_bytes_ long).
+  double Fetch(uint8_t* into) {
+    const uint8_t request[kRequestBytes] = {};
+    const auto start = std::chrono::steady_clock::now();
+    boost::asio::write(socket_, boost::asio::buffer(request));
+    boost::asio::read(socket_, boost::asio::buffer(into, answer_bytes_), WholeTransfer());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  static double Median(std::vector<double> seconds) {
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
+  }
+
   const size_t answer_bytes_;
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;

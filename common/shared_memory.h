@@ -17,8 +17,11 @@ namespace moesnap {
 
 // One mapping of a named shared-memory file, with its page tables filled at map time (MAP_POPULATE):
 // first-touch page faults cost about 10 us each on virtual machines, which made a 256 MiB restore
-// into freshly mapped memory take 0.7 s instead of tens of milliseconds. Move-only; unmaps on destruction (the file stays until
-// Unlink). Not thread-safe to move; the mapped bytes are the caller's to synchronize.
+// into freshly mapped memory take 0.7 s instead of tens of milliseconds. Where the hypervisor
+// shadows the guest's page tables, the first access to each page of a new mapping still costs
+// about half of that (bench/RESULTS.md): mappings are kept, not made again. Move-only; unmaps on
+// destruction (the file stays until Unlink). Not thread-safe to move; the mapped bytes are the
+// caller's to synchronize.
 class SharedMemory {
  public:
   struct CreateOptions {
