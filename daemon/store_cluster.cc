@@ -468,12 +468,14 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   std::shared_ptr<const v1::JournalCluster> replaced;  // freed, as `rebuilt`, after the lock
   absl::MutexLock lock(&mutex_);
   prepared_steps_.clear();  // the installed state decides from here
-  // Registered regions (a trainer already waiting to restore) stay; everything stored is replaced.
+  // Registered regions (a trainer already waiting to restore) stay, with the trainer's session and
+  // its copies in flight; everything stored is replaced.
   for (auto& [rank, rank_state] : ranks_) {
     RankState& installed = rebuilt[rank];
+    installed.session = rank_state.session;
     installed.regions = rank_state.regions;
     installed.restarting = rank_state.restarting;
-    installed.replay = rank_state.replay;
+    installed.copies = rank_state.copies;
   }
   std::swap(ranks_, rebuilt);
   if (absl::Status status = WriteJournal({}, cluster, *image_bytes); !status.ok()) {

@@ -1050,6 +1050,25 @@ TEST_F(StoreTest, ARestoreWaitsForTheDecisionOfAStepTheNodePrepared) {
   EXPECT_EQ(restored->step(), 2);
 }
 
+// A trainer registered on a node that then installs an image (its replacement's rebuild) stays
+// the rank's process: its exit ends its session, its regions with it, and the node's steps no
+// longer wait for it.
+TEST_F(StoreTest, ATrainerRegisteredBeforeAnImageIsInstalledEndsItsSessionAfter) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  v1::JournalCluster record;
+  record.set_committed_step(1);
+  ASSERT_OK(store_->InstallImage(store_->CommittedImage(), record));
+  EXPECT_EQ(Take(0, 2).bytes(), 2 * kRegionBytes);  // still registered
+  ASSERT_OK(WaitCaptured(0, 2));
+  store_->EndSession(0, trainers_.at(0).session);
+  const absl::StatusOr<v1::SnapshotResponse> after = store_->Snapshot(0, 3, {});
+  EXPECT_STATUS(after, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(after.status().message(), "no registered regions")) << after.status();
+}
+
 // An elastic restore's holder finds one region of its committed image by name: the same record
 // and bytes the whole image holds for it, only at the committed step.
 TEST_F(StoreTest, ACommittedRegionIsFoundAsTheCommittedImageHoldsIt) {
