@@ -191,9 +191,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
       rank_state.replay->last = step;
       return v1::SnapshotResponse();  // nothing to copy
     }
-    if (rank_state.replay && rank_state.replay->last && step <= *rank_state.replay->last) {
+    if (rank_state.replay && rank_state.replay->last && step < *rank_state.replay->last) {
       return absl::InvalidArgumentError(
-          absl::StrCat("step ", step, " of rank ", rank, " is not after step ",
+          absl::StrCat("step ", step, " of rank ", rank, " is before step ",
                        *rank_state.replay->last, ", the step its process replayed last"));
     }
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " of rank ", rank,
@@ -444,6 +444,7 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
         absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
   }
   rank_state.steps[step] = std::move(record);
+  rank_state.replay.reset();  // a step past its predecessor's, though skipped
   TrimFinishedSteps(rank_state);
   step_changed_.SignalAll();
   v1::SnapshotResponse response;

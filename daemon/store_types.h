@@ -189,13 +189,14 @@ struct Store::RankState {
   // yet: in a cluster, steps wait for it (it snapshots the steps it replays) instead of
   // committing without it.
   bool restarting = false;
-  // The steps a new process of the rank may replay, its predecessor's: those after the one it
-  // replayed last (none yet), through the latest snapshot when it connected. Gone once the process
-  // takes a step past them, or restores the whole rank.
+  // The steps a new process of the rank may replay, its predecessor's: from the one it replayed
+  // last (none yet; taken again, as a client retrying its call does), through the latest snapshot
+  // when it connected. Gone once the process takes a step past them (captured or skipped), or
+  // restores the whole rank.
   struct Replay {
     int64_t through = 0;
     std::optional<int64_t> last;
-    bool Allows(int64_t step) const { return step <= through && (!last || step > *last); }
+    bool Allows(int64_t step) const { return step <= through && (!last || step >= *last); }
   };
   std::optional<Replay> replay;
   // The replica groups of the committed state, by name: who held which shard at which step.

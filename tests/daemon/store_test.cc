@@ -965,8 +965,9 @@ TEST_F(StoreTest, AReplayedStepStandsAsTakenWithItsOutcomeEvenAborted) {
   EXPECT_EQ(store_->LatestCommitted(0), 4);
 }
 
-// A replay goes forward as the predecessor's steps did, and ends with the first step past them:
-// a step taken again after that is refused, not skipped as replayed.
+// A replay goes forward as the predecessor's steps did (a step taken again, as a client retrying
+// its call does, stands), and ends with the first step past them: a step taken again after that is
+// refused, not skipped as replayed.
 TEST_F(StoreTest, AReplayGoesForwardAndEndsWithTheFirstNewStep) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster));
   ASSERT_NO_FATAL_FAILURE(Connect(0));
@@ -978,12 +979,13 @@ TEST_F(StoreTest, AReplayGoesForwardAndEndsWithTheFirstNewStep) {
   absl::StatusOr<v1::SnapshotResponse> replayed = store_->Snapshot(0, 2, {});
   ASSERT_OK(replayed);
   EXPECT_EQ(replayed->bytes(), 0u);
-  for (int64_t earlier : {1, 2}) {
-    const absl::StatusOr<v1::SnapshotResponse> back = store_->Snapshot(0, earlier, {});
-    EXPECT_STATUS(back, absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(absl::StrContains(back.status().message(), "not after step 2, the step its process replayed last"))
-        << back.status();
-  }
+  replayed = store_->Snapshot(0, 2, {});  // the call retried
+  ASSERT_OK(replayed);
+  EXPECT_EQ(replayed->bytes(), 0u);
+  const absl::StatusOr<v1::SnapshotResponse> back = store_->Snapshot(0, 1, {});
+  EXPECT_STATUS(back, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(back.status().message(), "before step 2, the step its process replayed last"))
+      << back.status();
   replayed = store_->Snapshot(0, 3, {});
   ASSERT_OK(replayed);
   EXPECT_EQ(replayed->bytes(), 0u);
@@ -993,6 +995,24 @@ TEST_F(StoreTest, AReplayGoesForwardAndEndsWithTheFirstNewStep) {
   EXPECT_STATUS(again, absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(again.status().message(), "not after step 4, its latest snapshot"))
       << again.status();
+}
+
+// A step past the predecessor's that is skipped (its commits lag) ends the replay as well.
+TEST_F(StoreTest, ASkippedStepPastTheReplayEndsIt) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, {.max_in_flight_steps = 1}));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  ASSERT_OK(WaitCaptured(0, 2));  // waits for its commit
+  ASSERT_NO_FATAL_FAILURE(Connect(0));  // the replacement, replaying from step 1
+  absl::StatusOr<v1::SnapshotResponse> taken = store_->Snapshot(0, 1, {});
+  ASSERT_OK(taken);
+  EXPECT_EQ(taken->bytes(), 0u);
+  taken = store_->Snapshot(0, 3, {});
+  ASSERT_OK(taken);
+  EXPECT_FALSE(taken->skipped().empty()) << "step 2 still waits for its commit";
+  EXPECT_STATUS(store_->Snapshot(0, 2, {}), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StoreTest, AReplayOfAStepOlderThanTheStepsKeptIsRefused) {
