@@ -201,6 +201,9 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                                                    *rank_state.latest_snapshot,
                                                    ", its latest snapshot"));
   }
+  // A step past its predecessor's, whether it is captured, skipped or refused below: nothing is
+  // replayed from here.
+  rank_state.replay.reset();
 
   absl::StatusOr<Selection> selection =
       SelectRegions(rank, rank_state, table, regions, sparse.has_value());
@@ -358,7 +361,6 @@ v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, i
   if (sparse) rank_state.windows.Add(step, *sparse, v1::STEP_STATE_CAPTURING);
   in_flight_bytes_ += record.bytes;
   rank_state.latest_snapshot = step;
-  rank_state.replay.reset();  // a step past its predecessor's: nothing is replayed from here
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", record.regions,
       " regions, ", record.bytes, " bytes in ", plan.parts.size(), " parts");
   v1::SnapshotResponse response;
@@ -444,7 +446,6 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
         absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
   }
   rank_state.steps[step] = std::move(record);
-  rank_state.replay.reset();  // a step past its predecessor's, though skipped
   TrimFinishedSteps(rank_state);
   step_changed_.SignalAll();
   v1::SnapshotResponse response;

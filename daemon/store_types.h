@@ -191,8 +191,8 @@ struct Store::RankState {
   bool restarting = false;
   // The steps a new process of the rank may replay, its predecessor's: from the one it replayed
   // last (none yet; taken again, as a client retrying its call does), through the latest snapshot
-  // when it connected. Gone once the process takes a step past them (captured or skipped), or
-  // restores the whole rank.
+  // when it connected. Gone once the process asks for a step past them, or restores the whole
+  // rank.
   struct Replay {
     int64_t through = 0;
     std::optional<int64_t> last;
