@@ -374,10 +374,13 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
     return absl::FailedPreconditionError(absl::StrCat("step ", capturing->step, " of rank ", rank,
                                                       " is capturing; restore after it"));
   }
+  // What LoadRankRecord replaces, and the committed versions, put back if the journal refuses.
   RankState previous;
   previous.committed = std::move(rank_state.committed);
   previous.latest_committed = rank_state.latest_committed;
+  previous.latest_snapshot = rank_state.latest_snapshot;
   previous.windows = std::move(rank_state.windows);
+  previous.replica_groups = std::move(rank_state.replica_groups);
   rank_state.committed = std::move(adopted);
   LoadRankRecord(record, &rank_state);
   // In a cluster the group's parity covers the committed step this node had, not the loaded one:
@@ -390,8 +393,9 @@ absl::Status Store::AdoptCommitted(uint32_t rank, const std::vector<v1::ImageReg
   if (absl::Status status = WriteJournal({}, *kept, *kept_bytes); !status.ok()) {
     rank_state.committed = std::move(previous.committed);
     rank_state.latest_committed = previous.latest_committed;
-    rank_state.latest_snapshot = previous.latest_committed;
+    rank_state.latest_snapshot = previous.latest_snapshot;
     rank_state.windows = std::move(previous.windows);
+    rank_state.replica_groups = std::move(previous.replica_groups);
     return status;
   }
   cluster_ = kept;

@@ -155,13 +155,14 @@ class StoreTest : public ::testing::Test {
     for (const auto& [rank, trainer] : trainers_) munmap(trainer.data, trainer.bytes);
   }
 
-  void Open(CommitMode mode, uint64_t pool_bytes = 4 << 20, CaptureOptions options = {}) {
+  void Open(CommitMode mode, uint64_t pool_bytes = 4 << 20, CaptureOptions options = {},
+            uint64_t journal_bytes = 1 << 20) {
     absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
         {.name = name_, .bytes = pool_bytes, .lock = PoolLockMode::kOff});
     ASSERT_OK(pool);
     pool_ = *std::move(pool);
     absl::StatusOr<std::unique_ptr<Journal>> journal =
-        Journal::OpenOrCreate(name_, 1 << 20);
+        Journal::OpenOrCreate(name_, journal_bytes);
     ASSERT_OK(journal);
     journal_ = *std::move(journal);
     options.chunk_bytes = 64 * 1024;
@@ -1087,6 +1088,41 @@ TEST_F(StoreTest, ATrainerRegisteredBeforeAnImageIsInstalledEndsItsSessionAfter)
   const absl::StatusOr<v1::SnapshotResponse> after = store_->Snapshot(0, 3, {});
   EXPECT_STATUS(after, absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(after.status().message(), "no registered regions")) << after.status();
+}
+
+// A rank loaded from the durable tier whose record the journal cannot hold is not loaded: the rank
+// stays as it was, its latest snapshot with it (a step captured since is not taken again).
+TEST_F(StoreTest, ALoadedRankTheJournalCannotHoldLeavesTheRankAsItWas) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 4 << 20, {}, Journal::kMinimumBytes));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  ASSERT_OK(WaitCaptured(0, 2));
+  // More regions' records than half the journal holds.
+  std::vector<v1::ImageRegion> regions;
+  for (int i = 0; i < 400; ++i) {
+    v1::ImageRegion& region = regions.emplace_back();
+    region.set_rank(0);
+    region.set_region(absl::StrCat(std::string(100, 'r'), i));
+    region.set_step(7);
+    region.set_bytes(64);
+    region.set_chunk_bytes(64);
+    region.add_chunk_crcs(0);
+  }
+  v1::JournalRank record;
+  record.set_rank(0);
+  record.set_latest_committed_step(7);
+  const absl::Status adopted = store_->AdoptCommitted(
+      0, regions, record, [](int, uint32_t, uint8_t* out) {
+        std::memset(out, 0, 64);
+        return absl::OkStatus();
+      });
+  ASSERT_STATUS(adopted, absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_->LatestCommitted(0), 1);
+  const absl::StatusOr<v1::SnapshotResponse> again = store_->Snapshot(0, 2, {});
+  EXPECT_STATUS(again, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "not after step 2")) << again.status();
 }
 
 // An elastic restore's holder finds one region of its committed image by name: the same record
