@@ -57,20 +57,69 @@ NodeImage& NodeImage::operator=(const NodeImage& other) {
 NodeImage::NodeImage(NodeImage&& other) noexcept
     : arena_(std::move(other.arena_)),
       manifest_(std::exchange(other.manifest_, nullptr)),
+      recycler_(std::move(other.recycler_)),
+      keys_(std::move(other.keys_)),
       stored_(std::move(other.stored_)),
       starts_(std::move(other.starts_)),
       pool_extents_(other.pool_extents_) {}
 
 NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
   if (this != &other) {
-    // This image's manifest is freed with its arena, which the other's replaces.
+    // This image's manifest goes back to its recycler, or is freed with its arena, which the
+    // other's replaces.
+    Recycle();
     manifest_ = std::exchange(other.manifest_, nullptr);
     arena_ = std::move(other.arena_);
+    recycler_ = std::move(other.recycler_);
+    keys_ = std::move(other.keys_);
     stored_ = std::move(other.stored_);
     starts_ = std::move(other.starts_);
     pool_extents_ = other.pool_extents_;
   }
   return *this;
+}
+
+NodeImage::~NodeImage() { Recycle(); }
+
+void NodeImage::Recycle() {
+  if (recycler_ == nullptr || manifest_ == nullptr) return;
+  recycler_->Keep({std::move(arena_), std::exchange(manifest_, nullptr), std::move(keys_)});
+  recycler_.reset();
+}
+
+NodeImage::NodeImage(ManifestRecycler::Memory memory)
+    : arena_(std::move(memory.arena)), manifest_(memory.manifest), keys_(std::move(memory.keys)) {
+  manifest_->clear_node_id();
+  manifest_->clear_step();
+  manifest_->clear_bytes();
+  manifest_->clear_ranks();
+}
+
+NodeImage NodeImage::InMemoryOf(std::shared_ptr<ManifestRecycler> recycler) {
+  std::optional<ManifestRecycler::Memory> memory = recycler->Take();
+  NodeImage image = memory ? NodeImage(*std::move(memory)) : NodeImage();
+  image.recycler_ = std::move(recycler);
+  return image;
+}
+
+void NodeImage::KeepEntries(int count) {
+  google::protobuf::RepeatedPtrField<v1::ImageRegion>& regions = *manifest_->mutable_regions();
+  while (regions.size() > count) regions.RemoveLast();
+  keys_.resize(static_cast<size_t>(count));
+}
+
+std::optional<ManifestRecycler::Memory> ManifestRecycler::Take() {
+  absl::MutexLock lock(&mutex_);
+  if (kept_.empty()) return std::nullopt;
+  Memory memory = std::move(kept_.back());
+  kept_.pop_back();
+  return memory;
+}
+
+void ManifestRecycler::Keep(Memory memory) {
+  absl::MutexLock lock(&mutex_);
+  kept_.push_back(std::move(memory));
+  if (kept_.size() > kKept) kept_.pop_front();
 }
 
 void NodeImage::MapRegions() {

@@ -6,18 +6,48 @@
 #define MOESNAP_DAEMON_NODE_IMAGE_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include <google/protobuf/arena.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/pool.h"
 #include "proto/moesnap.pb.h"
 
 namespace moesnap::daemon {
+
+// Manifests handed back by the images built in them (NodeImage::BuiltIn) as those images go, for
+// the next to be built in: a store builds a manifest of every region of the node each step, and
+// one built over a neighbouring step's rewrites the entries that changed, where a manifest built
+// afresh allocates, writes and frees every entry. Each memory comes with the key of each of its
+// entries, which names what the entry was made from. Thread-safe.
+class ManifestRecycler {
+ public:
+  struct Memory {
+    std::unique_ptr<google::protobuf::Arena> arena;
+    v1::NodeImage* manifest = nullptr;  // on `arena`
+    std::vector<uint64_t> keys;         // per entry of `manifest`
+  };
+
+  // The memory handed back last, if any is kept.
+  std::optional<Memory> Take();
+  // Keeps `memory`, and lets the oldest kept go beyond kKept.
+  void Keep(Memory memory);
+
+ private:
+  // A step's image is held until its decision, and the next is built meanwhile: two memories
+  // serve that, and a third would be held memory nobody builds in.
+  static constexpr size_t kKept = 2;
+
+  absl::Mutex mutex_;
+  std::deque<Memory> kept_ ABSL_GUARDED_BY(mutex_);
+};
 
 // The manifest lives on an arena the image owns: a store builds a manifest of every region of the
 // node each step (thousands of entries of a few allocations each), and the arena allocates them in
@@ -37,7 +67,58 @@ class NodeImage {
     image.MapRegions();
     return image;
   }
-  // A copy copies the manifest onto an arena of its own; a moved-from image holds no manifest.
+  // What a build in recycled memory writes: the manifest's fields on top, and its entries in
+  // order, each under a key naming what it is made from, so that an entry the memory holds under
+  // the same key at the same position is kept as it is.
+  class Entries {
+   public:
+    // The manifest's fields on top (none set); its entries are Add's.
+    v1::NodeImage& manifest() { return manifest_; }
+    // Adds the next entry, its region held by `stored`: written by `write` (onto a cleared
+    // entry) unless the memory's entry at its position was made under `key`. The caller keeps
+    // each key to one content of an entry, for as long as the recycler lives.
+    template <typename Write>
+    void Add(uint64_t key, std::shared_ptr<PoolBytes> stored, Write write) {
+      const int position = added_++;
+      stored_.push_back(std::move(stored));
+      if (position < manifest_.regions_size()) {
+        if (keys_[position] == key) return;
+        v1::ImageRegion& entry = *manifest_.mutable_regions(position);
+        entry.Clear();
+        write(entry);
+      } else {
+        write(*manifest_.add_regions());
+        keys_.push_back(0);
+      }
+      keys_[position] = key;
+    }
+
+   private:
+    friend class NodeImage;
+    Entries(v1::NodeImage& manifest, std::vector<uint64_t>& keys,
+            std::vector<std::shared_ptr<PoolBytes>>& stored)
+        : manifest_(manifest), keys_(keys), stored_(stored) {}
+
+    v1::NodeImage& manifest_;
+    std::vector<uint64_t>& keys_;
+    std::vector<std::shared_ptr<PoolBytes>>& stored_;
+    int added_ = 0;
+  };
+  // An image built in memory `recycler` keeps (new memory when it keeps none) by `build`, which
+  // is given the Entries to write; the memory goes back to `recycler` when the image goes. Its
+  // manifest's `bytes` is then set to the sum of its regions'.
+  template <typename Build>
+  static NodeImage BuiltIn(std::shared_ptr<ManifestRecycler> recycler, Build build) {
+    NodeImage image = InMemoryOf(std::move(recycler));
+    Entries entries(*image.manifest_, image.keys_, image.stored_);
+    build(entries);
+    image.KeepEntries(entries.added_);
+    image.MapRegions();
+    return image;
+  }
+  ~NodeImage();
+  // A copy copies the manifest onto an arena of its own (and does not go back to a recycler); a
+  // moved-from image holds no manifest.
   NodeImage(const NodeImage& other);
   NodeImage& operator=(const NodeImage& other);
   NodeImage(NodeImage&& other) noexcept;
@@ -94,9 +175,21 @@ class NodeImage {
 
   // Sets starts_, pool_extents_ and the manifest's byte count from its regions.
   void MapRegions();
+  // An image in `memory`, its fields on top cleared.
+  explicit NodeImage(ManifestRecycler::Memory memory);
+  // An empty image in memory `recycler` keeps, its fields on top cleared, its entries and their
+  // keys as the memory holds them; in new memory when it keeps none.
+  static NodeImage InMemoryOf(std::shared_ptr<ManifestRecycler> recycler);
+  // Drops the entries past the first `count` (kept in the arena for a later build to reuse).
+  void KeepEntries(int count);
+  // Hands the manifest's memory back to the recycler it came from, if any.
+  void Recycle();
 
   std::unique_ptr<google::protobuf::Arena> arena_;  // before manifest_, which lives on it
   v1::NodeImage* manifest_;                          // on arena_
+  // Where the manifest's memory goes back to, and its entries' keys (BuiltIn's images only).
+  std::shared_ptr<ManifestRecycler> recycler_;
+  std::vector<uint64_t> keys_;
   std::vector<std::shared_ptr<PoolBytes>> stored_;
   std::vector<uint64_t> starts_;  // image offset of each region
   uint64_t pool_extents_ = 0;

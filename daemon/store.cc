@@ -56,16 +56,19 @@ constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
 }  // namespace
 
 void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
-  v1::ImageRegion* region = manifest->add_regions();
-  region->set_rank(version.rank);
-  region->set_region(version.region);
-  region->set_step(version.step);
-  region->set_bytes(version.bytes);
-  region->set_dtype(version.dtype);
-  for (int64_t dimension : version.shape) region->add_shape(dimension);
-  region->set_chunk_bytes(version.chunk_bytes);
-  for (uint32_t crc : version.chunk_crcs) region->add_chunk_crcs(crc);
-  version.SavePiece(region);
+  WriteImageEntry(version, *manifest->add_regions());
+}
+
+void Store::WriteImageEntry(const Version& version, v1::ImageRegion& entry) {
+  entry.set_rank(version.rank);
+  entry.set_region(version.region);
+  entry.set_step(version.step);
+  entry.set_bytes(version.bytes);
+  entry.set_dtype(version.dtype);
+  entry.mutable_shape()->Add(version.shape.begin(), version.shape.end());
+  entry.set_chunk_bytes(version.chunk_bytes);
+  entry.mutable_chunk_crcs()->Add(version.chunk_crcs.begin(), version.chunk_crcs.end());
+  version.SavePiece(&entry);
 }
 
 Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
@@ -143,7 +146,9 @@ void Store::StartSession(uint32_t rank, uint64_t session) {
   rank_state.regions = RegionTable::None();  // copies in flight keep their own references to the old table
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay.reset();
-  if (rank_state.latest_snapshot) rank_state.replay = RankState::Replay{*rank_state.latest_snapshot};
+  if (rank_state.latest_snapshot) {
+    rank_state.replay = RankState::Replay{*rank_state.latest_snapshot, std::nullopt};
+  }
 }
 
 bool Store::CopyingTrainerMemory(uint32_t rank) const {

@@ -203,6 +203,8 @@ class Store final : public ClusterStore, public DurableStore {
   static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
+  // Writes `version` into a cleared image entry.
+  static void WriteImageEntry(const Version& version, v1::ImageRegion& entry);
   // `version`'s entry in the journal state (its field's tag and length, then the entry), made at
   // its first journal write in `scratch`, whose allocations the next one reuses.
   static const std::string& JournalFieldOf(const Version& version, v1::JournalVersion& scratch);
@@ -374,6 +376,9 @@ class Store final : public ClusterStore, public DurableStore {
   // Steps whose image this node handed to the cluster (it voted to commit them) and that are not
   // decided here yet: a rank's restore waits for them.
   std::set<int64_t> prepared_steps_ ABSL_GUARDED_BY(mutex_);
+  // The memory of the node images handed to the cluster, back from the images of earlier steps:
+  // the next is built over one, its entries keyed by their versions' serials.
+  const std::shared_ptr<ManifestRecycler> image_memory_ = std::make_shared<ManifestRecycler>();
 
   // Declared last: destroyed first, so queued copies finish while the state they touch still lives.
   WorkerPool workers_;

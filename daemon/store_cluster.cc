@@ -222,16 +222,18 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
       }
     }
   }
-  NodeImage image = NodeImage::Built([&](v1::NodeImage& manifest,
-                                         std::vector<std::shared_ptr<PoolBytes>>& stored) {
-    mutex_.AssertHeld();  // the caller holds it; the analysis does not follow the call into Built
+  // Built in the memory of an earlier step's image: a step that changed a few of the node's
+  // thousands of regions writes those few entries.
+  NodeImage image = NodeImage::BuiltIn(image_memory_, [&](NodeImage::Entries& entries) {
+    mutex_.AssertHeld();  // the caller holds it; the analysis does not follow the call into BuiltIn
+    v1::NodeImage& manifest = entries.manifest();
     manifest.set_step(step);
     for (const auto& [rank, rank_state] : ranks_) {
       const StepRecord* record = nullptr;
       if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) record = &it->second;
       ForEachVersionAfter(rank_state, record, [&](const Version& version) {
-        AddToImage(version, &manifest);
-        stored.push_back(version.stored);
+        entries.Add(version.serial, version.stored,
+                    [&](v1::ImageRegion& entry) { WriteImageEntry(version, entry); });
       });
       if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
         *manifest.add_ranks() = *std::move(saved);

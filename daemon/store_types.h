@@ -25,6 +25,13 @@
 namespace moesnap::daemon {
 
 struct Store::Version {
+  // Names this version among every version the process makes: nothing of a version changes once
+  // it is captured, so its serial names one content of its image entry (NodeImage::Entries' key).
+  const uint64_t serial = NextSerial();
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
   uint32_t rank = 0;
   std::string region;
   int64_t step = 0;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -170,6 +171,94 @@ TEST(NodeImageTest, AnImageBuiltInPlaceAndItsCopiesHoldTheirManifestsWhole) {
     image->Read(0, read.size(), read.data());
     EXPECT_EQ(read, bytes);
   }
+}
+
+// An image built in recycled memory writes only the entries whose keys the memory does not hold
+// at their positions, drops the entries past its last, and hands its memory back as it goes (a
+// copy's and a moved-from image's memory does not go back); the recycler keeps two memories.
+TEST(NodeImageTest, AnImageBuiltInRecycledMemoryWritesTheEntriesWhoseKeysChanged) {
+  const testing::TestPool pool(1 << 20);
+  absl::StatusOr<NodeImage> allocated = NodeImage::Allocate(
+      pool.get(),
+      Manifest({{"a", 10}, {"b", 20}, {"c", 30}, {"d", 40}, {"e", 50}}, {1, 1, 1, 1, 1}));
+  ASSERT_OK(allocated);
+  std::vector<uint8_t> bytes(150);
+  std::iota(bytes.begin(), bytes.end(), 0);
+  allocated->Write(0, bytes.data(), bytes.size());
+  auto recycler = std::make_shared<ManifestRecycler>();
+  // Builds an image of regions (key, name, step), counting the entries it writes.
+  int written = 0;
+  auto build = [&](const std::vector<std::tuple<uint64_t, std::string, int64_t>>& regions) {
+    return NodeImage::BuiltIn(recycler, [&](NodeImage::Entries& entries) {
+      entries.manifest().set_step(9);
+      for (size_t i = 0; i < regions.size(); ++i) {
+        entries.Add(std::get<0>(regions[i]), allocated->stored()[i], [&](v1::ImageRegion& entry) {
+          EXPECT_EQ(entry.ByteSizeLong(), 0u) << "an entry is written cleared";
+          entry.set_region(std::get<1>(regions[i]));
+          entry.set_step(std::get<2>(regions[i]));
+          entry.set_bytes(allocated->manifest().regions(static_cast<int>(i)).bytes());
+          ++written;
+        });
+      }
+    });
+  };
+  auto regions_of = [](const NodeImage& image) {
+    std::vector<std::pair<std::string, int64_t>> regions;
+    for (const v1::ImageRegion& entry : image.manifest().regions()) {
+      regions.emplace_back(entry.region(), entry.step());
+    }
+    return regions;
+  };
+  using Regions = std::vector<std::pair<std::string, int64_t>>;
+
+  std::optional<NodeImage> first = build({{1, "a", 1}, {2, "b", 1}, {3, "c", 1}, {4, "d", 1}});
+  EXPECT_EQ(written, 4);
+  first->set_node_id(5);
+  first.reset();  // its memory goes back
+  written = 0;
+  NodeImage second = build({{1, "a", 1}, {2, "b", 1}, {7, "c", 2}, {4, "d", 1}, {8, "e", 2}});
+  EXPECT_EQ(written, 2) << "the changed entry and the added one";
+  EXPECT_EQ(regions_of(second), (Regions{{"a", 1}, {"b", 1}, {"c", 2}, {"d", 1}, {"e", 2}}));
+  EXPECT_EQ(second.manifest().node_id(), 0u) << "the fields on top start cleared";
+  EXPECT_EQ(second.manifest().step(), 9);
+  EXPECT_EQ(second.bytes(), 150u);
+  std::vector<uint8_t> read(150);
+  second.Read(0, read.size(), read.data());
+  EXPECT_EQ(read, bytes) << "the regions' bytes are the ones added, in order";
+
+  // A copy goes nowhere; the built image's memory goes back once, as it is moved and dropped.
+  std::optional<NodeImage> copy = second;
+  std::optional<NodeImage> moved = std::move(second);
+  copy.reset();
+  moved.reset();
+  written = 0;
+  NodeImage third = build({{1, "a", 1}, {9, "b", 3}});
+  EXPECT_EQ(written, 1) << "the memory is the last image's: entries past the second dropped";
+  EXPECT_EQ(regions_of(third), (Regions{{"a", 1}, {"b", 3}}));
+  EXPECT_EQ(third.bytes(), 30u);
+  // Taken from the recycler: the next build has none and writes every entry.
+  written = 0;
+  NodeImage fourth = build({{1, "a", 1}, {9, "b", 3}});
+  EXPECT_EQ(written, 2);
+
+  // Three memories handed back, two kept: the last two, newest first.
+  {
+    NodeImage dropped = std::move(third);
+  }
+  {
+    NodeImage dropped = std::move(fourth);
+  }
+  {
+    NodeImage dropped = build({{1, "a", 1}});
+  }
+  written = 0;
+  NodeImage fifth = build({{1, "a", 1}, {9, "b", 3}});
+  EXPECT_EQ(written, 1) << "the newest memory holds entry a alone";
+  written = 0;
+  NodeImage sixth = build({{1, "a", 1}, {9, "b", 3}});
+  EXPECT_EQ(written, 0) << "the next holds both";
+  NodeImage seventh = build({{1, "a", 1}, {9, "b", 3}});
+  EXPECT_EQ(written, 2) << "and the oldest went";
 }
 
 TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {

@@ -11,8 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <limits>
+#include <random>
+#include <set>
 #include <span>
 #include <thread>
 
@@ -22,6 +25,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/shared_memory.h"
 #include "daemon/shard_layout.h"
+#include "erasure/crc32c.h"
 #include "proto/restored_regions.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/status_matchers.h"
@@ -1088,6 +1092,97 @@ TEST_F(StoreTest, ATrainerRegisteredBeforeAnImageIsInstalledEndsItsSessionAfter)
   const absl::StatusOr<v1::SnapshotResponse> after = store_->Snapshot(0, 3, {});
   EXPECT_STATUS(after, absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(after.status().message(), "no registered regions")) << after.status();
+}
+
+// Each step's image of the node, steps dense and sparse, committed and aborted, with images held
+// across later steps and let go, and a rank joining between two others: every image lists, region
+// by region in (rank, name) order, the step the region's bytes were last kept at (this step's
+// capture, or the committed step), their size and CRC, and reads back those bytes.
+TEST_F(StoreTest, EveryStepsImageHoldsWhatEachRegionLastKept) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 16 << 20));
+  constexpr uint64_t kBytes = 3000;
+  const std::map<uint32_t, int> regions_of = {{0, 24}, {1, 6}, {2, 13}};
+  struct Kept {
+    int64_t step = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<uint32_t, std::map<std::string, Kept>> committed;  // rank -> region -> kept
+  std::set<uint32_t> whole_next;  // ranks whose next step must capture every region
+  std::mt19937 random(7);
+  std::deque<NodeImage> held;
+  for (uint32_t rank : {0u, 2u}) {
+    ASSERT_NO_FATAL_FAILURE(Connect(rank, regions_of.at(rank), kBytes));
+    whole_next.insert(rank);
+  }
+  for (int64_t step = 1; step <= 40; ++step) {
+    if (step == 12) {  // rank 1's entries come between ranks 0's and 2's
+      ASSERT_NO_FATAL_FAILURE(Connect(1, regions_of.at(1), kBytes));
+      whole_next.insert(1);
+    }
+    std::map<uint32_t, std::map<std::string, Kept>> taken;
+    for (const auto& [rank, trainer] : trainers_) {
+      const int count = regions_of.at(rank);
+      std::vector<int> chosen;
+      if (whole_next.erase(rank) > 0 || random() % 4 == 0) {
+        for (int i = 0; i < count; ++i) chosen.push_back(i);
+      } else {
+        for (int i = 0; i < 1 + static_cast<int>(random() % 3); ++i) {
+          chosen.push_back(static_cast<int>(random() % count));
+        }
+      }
+      std::vector<std::string> names;
+      for (int i : chosen) {
+        const std::string name = absl::StrCat("region", i);
+        Kept& kept = taken[rank][name];
+        kept.step = step;
+        kept.bytes =
+            moesnap::testing::DeterministicBytes(step * 1000 + rank * 100 + i).Bytes(kBytes);
+        std::memcpy(trainer.data + i * kBytes, kept.bytes.data(), kBytes);
+        names.push_back(name);
+      }
+      if (static_cast<int>(chosen.size()) == count) names.clear();  // the whole rank
+      ASSERT_OK(store_->Snapshot(rank, step, names)) << "rank " << rank << ", step " << step;
+    }
+    absl::StatusOr<NodeImage> image =
+        store_->WaitNodeCaptured(step, absl::Now() + absl::Seconds(30));
+    ASSERT_OK(image) << "step " << step;
+    std::vector<uint8_t> expected_bytes;
+    int position = 0;
+    for (const auto& [rank, trainer] : trainers_) {
+      std::map<std::string, Kept> kept = committed[rank];
+      for (auto& [name, now] : taken[rank]) kept[name] = now;
+      for (const auto& [name, region] : kept) {
+        ASSERT_LT(position, image->manifest().regions_size()) << "step " << step;
+        const v1::ImageRegion& entry = image->manifest().regions(position++);
+        const std::string where = absl::StrCat("step ", step, ", rank ", rank, ", ", name);
+        EXPECT_EQ(entry.rank(), rank) << where;
+        EXPECT_EQ(entry.region(), name) << where;
+        EXPECT_EQ(entry.step(), region.step) << where;
+        EXPECT_EQ(entry.bytes(), kBytes) << where;
+        EXPECT_THAT(entry.chunk_crcs(),
+                    ::testing::ElementsAre(erasure::Crc32c(region.bytes.data(), kBytes)))
+            << where;
+        expected_bytes.insert(expected_bytes.end(), region.bytes.begin(), region.bytes.end());
+      }
+    }
+    EXPECT_EQ(position, image->manifest().regions_size()) << "step " << step;
+    std::vector<uint8_t> read(image->bytes());
+    image->Read(0, read.size(), read.data());
+    EXPECT_TRUE(read == expected_bytes) << "step " << step;
+    held.push_back(*std::move(image));
+    while (held.size() > random() % 3) held.pop_front();
+    if (random() % 4 == 0) {
+      store_->AbortNodeStep(step, absl::AbortedError("the test aborts it"));
+      for (const auto& [rank, kept] : taken) whole_next.insert(rank);
+      continue;
+    }
+    v1::JournalCluster record;
+    record.set_committed_step(step);
+    ASSERT_OK(store_->CommitNodeStep(step, record, {}));
+    for (auto& [rank, kept] : taken) {
+      for (auto& [name, region] : kept) committed[rank][name] = std::move(region);
+    }
+  }
 }
 
 // A rank loaded from the durable tier whose record the journal cannot hold is not loaded: the rank
