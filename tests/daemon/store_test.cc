@@ -1097,8 +1097,9 @@ TEST_F(StoreTest, ATrainerRegisteredBeforeAnImageIsInstalledEndsItsSessionAfter)
 // Each step's image of the node, steps dense and sparse, committed and aborted, with images held
 // across later steps and let go, and a rank joining between two others: every image lists, region
 // by region in (rank, name) order, the step the region's bytes were last kept at (this step's
-// capture, or the committed step), their size and CRC, and reads back those bytes.
-TEST_F(StoreTest, EveryStepsImageHoldsWhatEachRegionLastKept) {
+// capture, or the committed step), their size and CRC, and reads back those bytes; and the journal
+// each commit writes lists the committed ones.
+TEST_F(StoreTest, EveryStepsImageAndEveryCommitsJournalHoldWhatEachRegionLastKept) {
   ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 16 << 20));
   constexpr uint64_t kBytes = 3000;
   const std::map<uint32_t, int> regions_of = {{0, 24}, {1, 6}, {2, 13}};
@@ -1182,6 +1183,24 @@ TEST_F(StoreTest, EveryStepsImageHoldsWhatEachRegionLastKept) {
     for (auto& [rank, kept] : taken) {
       for (auto& [name, region] : kept) committed[rank][name] = std::move(region);
     }
+    absl::StatusOr<std::unique_ptr<Journal>> written = Journal::OpenOrCreate(name_, 1 << 20);
+    ASSERT_OK(written);
+    const v1::JournalState& state = (*written)->recovered_state();
+    int entry = 0;
+    for (const auto& [rank, regions] : committed) {
+      for (const auto& [name, region] : regions) {
+        ASSERT_LT(entry, state.versions_size()) << "step " << step;
+        const v1::JournalVersion& version = state.versions(entry++);
+        const std::string where = absl::StrCat("journal of step ", step, ", rank ", rank, ", ", name);
+        EXPECT_EQ(version.rank(), rank) << where;
+        EXPECT_EQ(version.region(), name) << where;
+        EXPECT_EQ(version.step(), region.step) << where;
+        EXPECT_THAT(version.chunk_crcs(),
+                    ::testing::ElementsAre(erasure::Crc32c(region.bytes.data(), kBytes)))
+            << where;
+      }
+    }
+    EXPECT_EQ(entry, state.versions_size()) << "step " << step;
   }
 }
 
