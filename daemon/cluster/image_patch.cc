@@ -103,6 +103,28 @@ bool HasUnknownFieldsOnTop(const v1::NodeImage& image) {
   return !v1::NodeImage::GetReflection()->GetUnknownFields(image).empty();
 }
 
+// Appends `message` to `bytes`, serialized as ImageBytes serializes, as field `field` of the
+// message holding it (its tag and length first) when given. Only the appended bytes are written,
+// where a stream over the string would first fill all of its capacity with zeros.
+void AppendSerialized(const google::protobuf::MessageLite& message, std::optional<int> field,
+                      std::string& bytes) {
+  using google::protobuf::io::CodedOutputStream;
+  const size_t size = message.ByteSizeLong();
+  if (field) {
+    uint8_t header[10];  // a tag and a length, varints of 32 bits: 5 bytes each at most
+    uint8_t* end = CodedOutputStream::WriteTagToArray(
+        static_cast<uint32_t>(*field) << 3 | kLengthDelimited, header);
+    end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(size), end);
+    bytes.append(reinterpret_cast<const char*>(header), static_cast<size_t>(end - header));
+  }
+  const size_t at = bytes.size();
+  bytes.resize(at + size);
+  google::protobuf::io::ArrayOutputStream array(bytes.data() + at, static_cast<int>(size));
+  CodedOutputStream coded(&array);
+  coded.SetSerializationDeterministic(true);
+  message.SerializeWithCachedSizes(&coded);
+}
+
 // PatchedImageBytes by splicing: false, with nothing promised of `bytes`, when it cannot.
 bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
                   const v1::NodeImage& image, const v1::ImagePatch& patch, std::string& bytes) {
@@ -118,24 +140,17 @@ bool SplicedBytes(const v1::NodeImage& base, std::string_view base_bytes,
   *tail.mutable_ranks() = image.ranks();
   bytes.clear();
   bytes.reserve(base_bytes.size() + 64 * static_cast<size_t>(patch.changed_size()));
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    head.SerializeToCodedStream(&coded);
-    size_t copied = (*entries)[0].first;  // base entries are copied from here on
-    for (uint32_t position : patch.changed()) {
-      const auto [start, end] = (*entries)[position];
-      coded.WriteRaw(base_bytes.data() + copied, static_cast<int>(start - copied));
-      const v1::ImageRegion& region = image.regions(static_cast<int>(position));
-      coded.WriteTag(v1::NodeImage::kRegionsFieldNumber << 3 | kLengthDelimited);
-      coded.WriteVarint32(static_cast<uint32_t>(region.ByteSizeLong()));
-      region.SerializeWithCachedSizes(&coded);
-      copied = end;
-    }
-    coded.WriteRaw(base_bytes.data() + copied, static_cast<int>(entries->back().second - copied));
-    tail.SerializeToCodedStream(&coded);
+  AppendSerialized(head, std::nullopt, bytes);
+  size_t copied = (*entries)[0].first;  // base entries are copied from here on
+  for (uint32_t position : patch.changed()) {
+    const auto [start, end] = (*entries)[position];
+    bytes.append(base_bytes.data() + copied, start - copied);
+    AppendSerialized(image.regions(static_cast<int>(position)), v1::NodeImage::kRegionsFieldNumber,
+                     bytes);
+    copied = end;
   }
+  bytes.append(base_bytes.data() + copied, entries->back().second - copied);
+  AppendSerialized(tail, std::nullopt, bytes);
   return true;
 }
 
