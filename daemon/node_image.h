@@ -110,6 +110,7 @@ class NodeImage {
   template <typename Build>
   static NodeImage BuiltIn(std::shared_ptr<ManifestRecycler> recycler, Build build) {
     NodeImage image = InMemoryOf(std::move(recycler));
+    image.stored_.reserve(static_cast<size_t>(image.manifest_->regions_size()));
     Entries entries(*image.manifest_, image.keys_, image.stored_);
     build(entries);
     image.KeepEntries(entries.added_);
