@@ -15,10 +15,11 @@ namespace {
 
 // Blocks of the manifest's arena: a manifest of a few regions takes one small block; one of
 // thousands takes blocks of 64 KiB, below the size glibc maps and unmaps afresh each time.
+constexpr uint64_t kManifestArenaMaxBlock = 64 << 10;
 std::unique_ptr<google::protobuf::Arena> ManifestArena() {
   google::protobuf::ArenaOptions options;
   options.start_block_size = 1024;
-  options.max_block_size = 64 << 10;
+  options.max_block_size = kManifestArenaMaxBlock;
   return std::make_unique<google::protobuf::Arena>(options);
 }
 
@@ -59,6 +60,7 @@ NodeImage::NodeImage(NodeImage&& other) noexcept
       manifest_(std::exchange(other.manifest_, nullptr)),
       recycler_(std::move(other.recycler_)),
       keys_(std::move(other.keys_)),
+      first_build_bytes_(other.first_build_bytes_),
       stored_(std::move(other.stored_)),
       starts_(std::move(other.starts_)),
       pool_extents_(other.pool_extents_) {}
@@ -72,6 +74,7 @@ NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
     arena_ = std::move(other.arena_);
     recycler_ = std::move(other.recycler_);
     keys_ = std::move(other.keys_);
+    first_build_bytes_ = other.first_build_bytes_;
     stored_ = std::move(other.stored_);
     starts_ = std::move(other.starts_);
     pool_extents_ = other.pool_extents_;
@@ -83,12 +86,16 @@ NodeImage::~NodeImage() { Recycle(); }
 
 void NodeImage::Recycle() {
   if (recycler_ == nullptr || manifest_ == nullptr) return;
-  recycler_->Keep({std::move(arena_), std::exchange(manifest_, nullptr), std::move(keys_)});
+  recycler_->Keep({std::move(arena_), std::exchange(manifest_, nullptr), std::move(keys_),
+                   first_build_bytes_});
   recycler_.reset();
 }
 
 NodeImage::NodeImage(ManifestRecycler::Memory memory)
-    : arena_(std::move(memory.arena)), manifest_(memory.manifest), keys_(std::move(memory.keys)) {
+    : arena_(std::move(memory.arena)),
+      manifest_(memory.manifest),
+      keys_(std::move(memory.keys)),
+      first_build_bytes_(memory.first_build_bytes) {
   manifest_->clear_node_id();
   manifest_->clear_step();
   manifest_->clear_bytes();
@@ -117,9 +124,17 @@ std::optional<ManifestRecycler::Memory> ManifestRecycler::Take() {
 }
 
 void ManifestRecycler::Keep(Memory memory) {
+  // A block more: an arena grows by blocks, so a small manifest's next build may take one.
+  if (memory.arena->SpaceAllocated() > 2 * memory.first_build_bytes + kManifestArenaMaxBlock) {
+    return;
+  }
+  std::optional<Memory> oldest;  // freed once the lock is let go
   absl::MutexLock lock(&mutex_);
   kept_.push_back(std::move(memory));
-  if (kept_.size() > kKept) kept_.pop_front();
+  if (kept_.size() > kKept) {
+    oldest = std::move(kept_.front());
+    kept_.pop_front();
+  }
 }
 
 void NodeImage::MapRegions() {

@@ -33,11 +33,16 @@ class ManifestRecycler {
     std::unique_ptr<google::protobuf::Arena> arena;
     v1::NodeImage* manifest = nullptr;  // on `arena`
     std::vector<uint64_t> keys;         // per entry of `manifest`
+    // What the arena held after the memory's first build: a rewrite that cannot reuse what an
+    // entry held allocates anew, and what it leaves stays until the arena goes.
+    uint64_t first_build_bytes = 0;
   };
 
   // The memory handed back last, if any is kept.
   std::optional<Memory> Take();
-  // Keeps `memory`, and lets the oldest kept go beyond kKept.
+  // Keeps `memory`, and lets the oldest kept go beyond kKept. A memory whose arena grew past
+  // twice what its first build took, and an arena block more (more entries, or rewrites that left
+  // much unused behind), goes instead.
   void Keep(Memory memory);
 
  private:
@@ -115,6 +120,7 @@ class NodeImage {
     build(entries);
     image.KeepEntries(entries.added_);
     image.MapRegions();
+    if (image.first_build_bytes_ == 0) image.first_build_bytes_ = image.arena_->SpaceAllocated();
     return image;
   }
   ~NodeImage();
@@ -191,6 +197,7 @@ class NodeImage {
   // Where the manifest's memory goes back to, and its entries' keys (BuiltIn's images only).
   std::shared_ptr<ManifestRecycler> recycler_;
   std::vector<uint64_t> keys_;
+  uint64_t first_build_bytes_ = 0;  // ManifestRecycler::Memory's
   std::vector<std::shared_ptr<PoolBytes>> stored_;
   std::vector<uint64_t> starts_;  // image offset of each region
   uint64_t pool_extents_ = 0;
