@@ -192,11 +192,12 @@ TEST(NodeImageTest, AnImageBuiltInRecycledMemoryWritesTheEntriesWhoseKeysChanged
     return NodeImage::BuiltIn(recycler, [&](NodeImage::Entries& entries) {
       entries.manifest().set_step(9);
       for (size_t i = 0; i < regions.size(); ++i) {
-        entries.Add(std::get<0>(regions[i]), allocated->stored()[i], [&](v1::ImageRegion& entry) {
+        const size_t held = i % allocated->stored().size();  // region i's bytes
+        entries.Add(std::get<0>(regions[i]), allocated->stored()[held], [&](v1::ImageRegion& entry) {
           EXPECT_EQ(entry.ByteSizeLong(), 0u) << "an entry is written cleared";
           entry.set_region(std::get<1>(regions[i]));
           entry.set_step(std::get<2>(regions[i]));
-          entry.set_bytes(allocated->manifest().regions(static_cast<int>(i)).bytes());
+          entry.set_bytes(allocated->manifest().regions(static_cast<int>(held)).bytes());
           ++written;
         });
       }
@@ -241,24 +242,60 @@ TEST(NodeImageTest, AnImageBuiltInRecycledMemoryWritesTheEntriesWhoseKeysChanged
   NodeImage fourth = build({{1, "a", 1}, {9, "b", 3}});
   EXPECT_EQ(written, 2);
 
-  // Three memories handed back, two kept: the last two, newest first.
-  {
-    NodeImage dropped = std::move(third);
-  }
-  {
-    NodeImage dropped = std::move(fourth);
-  }
-  {
-    NodeImage dropped = build({{1, "a", 1}});
-  }
-  written = 0;
-  NodeImage fifth = build({{1, "a", 1}, {9, "b", 3}});
-  EXPECT_EQ(written, 1) << "the newest memory holds entry a alone";
+  // Three images hold three memories; handed back together, the recycler keeps the last two
+  // handed back, and gives the newest first.
+  std::optional<NodeImage> fifth = build({{1, "a", 1}});  // new memory: the recycler holds none
+  third = NodeImage();  // an image assigned another hands its memory back
+  fourth = NodeImage();
+  fifth.reset();
   written = 0;
   NodeImage sixth = build({{1, "a", 1}, {9, "b", 3}});
-  EXPECT_EQ(written, 0) << "the next holds both";
+  EXPECT_EQ(written, 1) << "the newest memory holds entry a alone";
+  written = 0;
   NodeImage seventh = build({{1, "a", 1}, {9, "b", 3}});
+  EXPECT_EQ(written, 0) << "the next holds both";
+  written = 0;
+  NodeImage eighth = build({{1, "a", 1}, {9, "b", 3}});
   EXPECT_EQ(written, 2) << "and the oldest went";
+
+  // A memory whose arena grew past twice what its first build took (and a block) is not kept.
+  {
+    const NodeImage small = build({{1, "a", 1}});  // new memory
+  }
+  {
+    std::vector<std::tuple<uint64_t, std::string, int64_t>> many = {{1, "a", 1}};
+    for (uint64_t i = 0; i < 4000; ++i) many.emplace_back(100 + i, absl::StrCat("r", i), 3);
+    const NodeImage large = build(many);
+  }
+  written = 0;
+  const NodeImage after_large = build({{1, "a", 1}});
+  EXPECT_EQ(written, 1) << "built in new memory";
+}
+
+// A store rewrites its ranks' records on a recycled manifest's arena every step, each cleared and
+// assigned anew: clearing one keeps every message it holds for the next to reuse, a rank's replica
+// group among them, so the arena does not grow step by step.
+TEST(NodeImageTest, RanksRecordsRewrittenOnAnArenaReuseItsMemory) {
+  v1::JournalRank record;
+  record.set_rank(3);
+  record.set_latest_committed_step(9);
+  v1::ReplicaGroupStep& layout = *record.add_replica_groups();
+  layout.mutable_group()->set_name("model.layers.12.mlp.experts.replicated");
+  layout.mutable_group()->add_ranks(3);
+  layout.mutable_group()->add_ranks(4);
+  layout.set_step(9);
+  record.mutable_committed_window()->set_first_step(4);
+  google::protobuf::Arena arena;
+  auto* manifest = google::protobuf::Arena::CreateMessage<v1::NodeImage>(&arena);
+  auto rewrite = [&] {
+    manifest->clear_ranks();
+    *manifest->add_ranks() = record;
+  };
+  rewrite();
+  const uint64_t after_first = arena.SpaceAllocated();
+  for (int step = 0; step < 10000; ++step) rewrite();
+  EXPECT_EQ(arena.SpaceAllocated(), after_first);
+  EXPECT_EQ(manifest->ranks(0).SerializeAsString(), record.SerializeAsString());
 }
 
 TEST(NodeImageTest, ChangedUnitsAreThoseHoldingARegionCapturedAgain) {

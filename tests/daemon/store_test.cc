@@ -1111,14 +1111,16 @@ TEST_F(StoreTest, EveryStepsImageAndEveryCommitsJournalHoldWhatEachRegionLastKep
   std::set<uint32_t> whole_next;  // ranks whose next step must capture every region
   std::mt19937 random(7);
   std::deque<NodeImage> held;
-  for (uint32_t rank : {0u, 2u}) {
-    ASSERT_NO_FATAL_FAILURE(Connect(rank, regions_of.at(rank), kBytes));
+  auto connect = [&](uint32_t rank) {
+    const int count = regions_of.at(rank);
+    ConnectSized(rank, std::vector<uint64_t>(count, kBytes), {},
+                 std::vector<DeclaredType>(count, {"float32", {kBytes / 4}}));
     whole_next.insert(rank);
-  }
+  };
+  for (uint32_t rank : {0u, 2u}) ASSERT_NO_FATAL_FAILURE(connect(rank));
   for (int64_t step = 1; step <= 40; ++step) {
     if (step == 12) {  // rank 1's entries come between ranks 0's and 2's
-      ASSERT_NO_FATAL_FAILURE(Connect(1, regions_of.at(1), kBytes));
-      whole_next.insert(1);
+      ASSERT_NO_FATAL_FAILURE(connect(1));
     }
     std::map<uint32_t, std::map<std::string, Kept>> taken;
     for (const auto& [rank, trainer] : trainers_) {
@@ -1160,6 +1162,8 @@ TEST_F(StoreTest, EveryStepsImageAndEveryCommitsJournalHoldWhatEachRegionLastKep
         EXPECT_EQ(entry.region(), name) << where;
         EXPECT_EQ(entry.step(), region.step) << where;
         EXPECT_EQ(entry.bytes(), kBytes) << where;
+        EXPECT_EQ(entry.dtype(), "float32") << where;
+        EXPECT_THAT(entry.shape(), ::testing::ElementsAre(kBytes / 4)) << where;
         EXPECT_THAT(entry.chunk_crcs(),
                     ::testing::ElementsAre(erasure::Crc32c(region.bytes.data(), kBytes)))
             << where;
@@ -1170,6 +1174,13 @@ TEST_F(StoreTest, EveryStepsImageAndEveryCommitsJournalHoldWhatEachRegionLastKep
     std::vector<uint8_t> read(image->bytes());
     image->Read(0, read.size(), read.data());
     EXPECT_TRUE(read == expected_bytes) << "step " << step;
+    EXPECT_EQ(image->manifest().step(), step);
+    EXPECT_EQ(image->manifest().node_id(), 0u);
+    std::string ranks;  // the ranks' records, which a commit makes the committed image's
+    for (const v1::JournalRank& record : image->manifest().ranks()) {
+      ranks += record.SerializeAsString();
+    }
+    image->set_node_id(7);  // as a participant names its node: the next image starts unnamed
     held.push_back(*std::move(image));
     while (held.size() > random() % 3) held.pop_front();
     if (random() % 4 == 0) {
@@ -1183,6 +1194,11 @@ TEST_F(StoreTest, EveryStepsImageAndEveryCommitsJournalHoldWhatEachRegionLastKep
     for (auto& [rank, kept] : taken) {
       for (auto& [name, region] : kept) committed[rank][name] = std::move(region);
     }
+    std::string committed_ranks;
+    for (const v1::JournalRank& rank : store_->CommittedImage().manifest().ranks()) {
+      committed_ranks += rank.SerializeAsString();
+    }
+    EXPECT_EQ(ranks, committed_ranks) << "step " << step;
     absl::StatusOr<std::unique_ptr<Journal>> written = Journal::OpenOrCreate(name_, 1 << 20);
     ASSERT_OK(written);
     const v1::JournalState& state = (*written)->recovered_state();
