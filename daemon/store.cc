@@ -56,19 +56,7 @@ constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
 }  // namespace
 
 void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
-  WriteImageEntry(version, *manifest->add_regions());
-}
-
-void Store::WriteImageEntry(const Version& version, v1::ImageRegion& entry) {
-  entry.set_rank(version.rank);
-  entry.set_region(version.region);
-  entry.set_step(version.step);
-  entry.set_bytes(version.bytes);
-  entry.set_dtype(version.dtype);
-  entry.mutable_shape()->Add(version.shape.begin(), version.shape.end());
-  entry.set_chunk_bytes(version.chunk_bytes);
-  entry.mutable_chunk_crcs()->Add(version.chunk_crcs.begin(), version.chunk_crcs.end());
-  version.SavePiece(&entry);
+  version.Save(manifest->add_regions());
 }
 
 Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,

@@ -203,8 +203,6 @@ class Store final : public ClusterStore, public DurableStore {
   static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
   // Appends `version` as the next region of an image manifest.
   static void AddToImage(const Version& version, v1::NodeImage* manifest);
-  // Writes `version` into a cleared image entry.
-  static void WriteImageEntry(const Version& version, v1::ImageRegion& entry);
   // `version`'s entry in the journal state (its field's tag and length, then the entry), made at
   // its first journal write in `scratch`, whose allocations the next one reuses.
   static const std::string& JournalFieldOf(const Version& version, v1::JournalVersion& scratch);

@@ -233,7 +233,7 @@ absl::StatusOr<NodeImage> Store::WaitNodeCaptured(int64_t step, absl::Time deadl
       if (auto it = rank_state.steps.find(step); it != rank_state.steps.end()) record = &it->second;
       ForEachVersionAfter(rank_state, record, [&](const Version& version) {
         entries.Add(version.serial, version.stored,
-                    [&](v1::ImageRegion& entry) { WriteImageEntry(version, entry); });
+                    [&](v1::ImageRegion& entry) { version.Save(&entry); });
       });
       if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, record)) {
         *manifest.add_ranks() = *std::move(saved);

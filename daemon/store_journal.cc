@@ -41,20 +41,12 @@ std::vector<std::string> SerializedImages(const v1::JournalCluster& cluster) {
 const std::string& Store::JournalFieldOf(const Version& version, v1::JournalVersion& scratch) {
   if (!version.journal_field.empty()) return version.journal_field;
   scratch.Clear();
-  scratch.set_rank(version.rank);
-  scratch.set_region(version.region);
-  scratch.set_step(version.step);
+  version.Save(&scratch);
   for (const std::shared_ptr<PoolExtent>& extent : version.stored->extents()) {
     v1::PoolSpan* span = scratch.add_extents();
     span->set_offset(extent->offset());
     span->set_bytes(extent->bytes());
   }
-  scratch.set_bytes(version.bytes);
-  scratch.set_dtype(version.dtype);
-  scratch.mutable_shape()->Add(version.shape.begin(), version.shape.end());
-  scratch.set_chunk_bytes(version.chunk_bytes);
-  scratch.mutable_chunk_crcs()->Add(version.chunk_crcs.begin(), version.chunk_crcs.end());
-  version.SavePiece(&scratch);
   const size_t entry_bytes = scratch.ByteSizeLong();
   const std::string header =
       MessageFieldHeader(v1::JournalState::kVersionsFieldNumber, entry_bytes);

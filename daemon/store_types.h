@@ -52,6 +52,20 @@ struct Store::Version {
 
   bool is_piece() const { return !replica_group.empty(); }
   uint64_t RegionBytes() const { return is_piece() ? region_bytes : bytes; }
+  // Writes what a record of the version holds (an image entry, a journal entry: VersionFrom reads
+  // them back) into a cleared one; a journal entry's pool extents are its writer's.
+  template <typename Saved>
+  void Save(Saved* saved) const {
+    saved->set_rank(rank);
+    saved->set_region(region);
+    saved->set_step(step);
+    saved->set_bytes(bytes);
+    saved->set_dtype(dtype);
+    saved->mutable_shape()->Add(shape.begin(), shape.end());
+    saved->set_chunk_bytes(chunk_bytes);
+    saved->mutable_chunk_crcs()->Add(chunk_crcs.begin(), chunk_crcs.end());
+    SavePiece(saved);
+  }
   template <typename Saved>
   void SavePiece(Saved* saved) const {
     if (!is_piece()) return;
