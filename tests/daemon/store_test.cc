@@ -1195,7 +1195,8 @@ TEST_F(StoreTest, EveryStepsImageAndEveryCommitsJournalHoldWhatEachRegionLastKep
       for (auto& [name, region] : kept) committed[rank][name] = std::move(region);
     }
     std::string committed_ranks;
-    for (const v1::JournalRank& rank : store_->CommittedImage().manifest().ranks()) {
+    const NodeImage committed_image = store_->CommittedImage();
+    for (const v1::JournalRank& rank : committed_image.manifest().ranks()) {
       committed_ranks += rank.SerializeAsString();
     }
     EXPECT_EQ(ranks, committed_ranks) << "step " << step;
