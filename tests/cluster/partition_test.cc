@@ -308,7 +308,10 @@ class PartitionTest : public ::testing::Test {
         }
       }
     }
-    // Every node rebuilt from its group (as an operator would, from another node), then restored.
+    // Every node rebuilt from its group (as an operator would, from another node), then restored,
+    // once every node is live again: one whose lease lapsed while etcd had no leader registers
+    // anew, and a rebuild of a node etcd holds lost is refused.
+    WaitForCluster();
     for (int node = 0; node < kNodes; ++node) {
       auto stub = v1::Admin::NewStub(grpc::CreateChannel(
           "unix:" + daemons_[(node + 1) % kNodes]->admin_socket(),
