@@ -55,10 +55,6 @@ constexpr absl::Duration kWaitPollInterval = absl::Milliseconds(100);
 
 }  // namespace
 
-void Store::AddToImage(const Version& version, v1::NodeImage* manifest) {
-  version.Save(manifest->add_regions());
-}
-
 Store::Store(Pool* pool, Journal* journal, CopyBackends backends, const CaptureOptions& options,
              CommitMode mode)
     : pool_(pool), journal_(journal), backends_(backends), options_(options), mode_(mode),

@@ -201,8 +201,6 @@ class Store final : public ClusterStore, public DurableStore {
   absl::Status Recover();
   template <typename Saved>
   static std::shared_ptr<Version> VersionFrom(const Saved& saved, std::shared_ptr<PoolBytes> stored);
-  // Appends `version` as the next region of an image manifest.
-  static void AddToImage(const Version& version, v1::NodeImage* manifest);
   // `version`'s entry in the journal state (its field's tag and length, then the entry), made at
   // its first journal write in `scratch`, whose allocations the next one reuses.
   static const std::string& JournalFieldOf(const Version& version, v1::JournalVersion& scratch);

@@ -281,9 +281,9 @@ absl::StatusOr<ClusterStore::HeldRegion> Store::CommittedRegion(int64_t step, ui
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not the committed step"));
   }
   if (const Version* version = CommittedVersionLocked(rank, region)) {
-    v1::NodeImage one;
-    AddToImage(*version, &one);
-    return HeldRegion{std::move(*one.mutable_regions(0)), version->stored};
+    v1::ImageRegion entry;
+    version->Save(&entry);
+    return HeldRegion{std::move(entry), version->stored};
   }
   return absl::NotFoundError(absl::StrCat("no region '", region, "' of rank ", rank));
 }
@@ -303,7 +303,7 @@ NodeImage Store::CommittedImageLocked() const {
     if (cluster_->has_committed_step()) manifest.set_step(cluster_->committed_step());
     for (const auto& [rank, rank_state] : ranks_) {
       for (const auto& [name, version] : rank_state.committed) {
-        AddToImage(*version, &manifest);
+        version->Save(manifest.add_regions());
         stored.push_back(version->stored);
       }
       if (std::optional<v1::JournalRank> saved = RankRecordAfter(rank, rank_state, nullptr)) {
@@ -661,9 +661,8 @@ absl::StatusOr<v1::RestoreResponse> Store::RestoreFromRank(uint32_t rank, uint32
   response.set_step(latest.value_or(0));
   ReserveRestored(*response.mutable_restored(), static_cast<int>(versions.size()));
   for (const std::shared_ptr<Version>& version : versions) {
-    v1::NodeImage manifest;
-    AddToImage(*version, &manifest);
-    const v1::ImageRegion& region = manifest.regions(0);
+    v1::ImageRegion region;
+    version->Save(&region);
     if (absl::Status status = WriteRegion(rank, region, *version->stored); !status.ok()) {
       return status;
     }
