@@ -21,7 +21,8 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t length);
 // The CRC-32C of `a` followed by `b`, from the CRC-32C of each and the length of `b`:
 // Crc32cCombine(Crc32c(a), Crc32c(b), |b|) == Crc32c(a followed by b), without reading a byte, so
 // that bytes copied in one pass can be checked against the CRCs of the pieces they were stored as.
-// A shift per bit set in `length_b` (one for a power of two). Thread-safe.
+// A shift per bit set in `length_b` (one for a power of two): a carry-less multiplication where
+// the CPU has one (x86-64 with SSE4.2 and PCLMULQDQ), else 32 masked XORs. Thread-safe.
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 
 // Copies `length` bytes from `source` to `destination` and returns the CRC-32C of the bytes as

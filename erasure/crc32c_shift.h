@@ -1,7 +1,7 @@
 // Moving a CRC-32C register over zero bytes, for erasure/ alone: a map that is linear over GF(2),
 // so it is kept as the images of the 32 unit vectors and computed by the compiler for every power
-// of two bytes. Joining the CRCs of two runs of bytes needs it (Crc32cCombine), and so do the lanes
-// of a one-pass copy.
+// of two bytes. Joining the CRCs of two runs of bytes needs it (Crc32cCombine, and the multipliers
+// of its carry-less shift), and so do the lanes of a one-pass copy.
 #ifndef MOESNAP_ERASURE_CRC32C_SHIFT_H_
 #define MOESNAP_ERASURE_CRC32C_SHIFT_H_
 

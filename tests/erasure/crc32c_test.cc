@@ -1,5 +1,6 @@
 // Crc32c against the published test vectors (RFC 3720, appendix B.4) and the streaming contract.
 #include "erasure/crc32c.h"
+#include "erasure/crc32c_shift.h"
 
 #include <gtest/gtest.h>
 
@@ -84,6 +85,26 @@ TEST(Crc32cTest, CombiningManyPiecesInOrderEqualsOneCrc) {
     offset += piece;
   }
   EXPECT_EQ(combined, Crc32c(bytes.data(), bytes.size()));
+}
+
+// Crc32cCombine shifts by carry-less multiplication where the CPU has it: the same shift as the
+// portable map at every length, far past any that can be checked against real bytes.
+TEST(Crc32cTest, CombiningShiftsAsThePortableMapAtEveryLength) {
+  moesnap::testing::DeterministicBytes random(13);
+  std::vector<uint64_t> lengths;
+  for (uint64_t length = 0; length < 300; ++length) lengths.push_back(length);
+  for (int power = 3; power < 64; ++power) {
+    const uint64_t two_to_the = uint64_t{1} << power;
+    lengths.insert(lengths.end(), {two_to_the - 1, two_to_the, two_to_the + 5});
+  }
+  for (int trial = 0; trial < 200; ++trial) lengths.push_back(random.Next());
+  for (const uint64_t length : lengths) {
+    for (int state = 0; state < 8; ++state) {
+      const auto crc = static_cast<uint32_t>(random.Next());
+      ASSERT_EQ(Crc32cCombine(crc, 0, length), internal::ShiftOverZeros(crc, length))
+          << "register " << crc << " over " << length << " zero bytes";
+    }
+  }
 }
 
 TEST(Crc32cTest, DetectsEverySingleBitFlip) {
