@@ -185,9 +185,18 @@ void Endpoints::MoveAwayFrom(size_t index) {
 
 bool Endpoints::Connect(size_t index, absl::Time deadline) const {
   grpc::Channel& channel = *endpoints_[index]->channel;
-  if (channel.GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return true;
-  return channel.WaitForConnected(
-      ToChrono(std::min(deadline, absl::Now() + options_.dial_timeout)));
+  const auto dial_deadline = ToChrono(std::min(deadline, absl::Now() + options_.dial_timeout));
+  grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+  // A member whose connection failed (refused: its process gone, or closed under the client) is
+  // left for the next endpoint at once rather than waited for: gRPC tries it again after its
+  // backoff (at most a second), and a later call finds it back. Only a connection still being
+  // made is waited for, up to the dial timeout.
+  while (state != GRPC_CHANNEL_READY) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (!channel.WaitForStateChange(state, dial_deadline)) return false;
+    state = channel.GetState(/*try_to_connect=*/true);
+  }
+  return true;
 }
 
 void Endpoints::Prepare(grpc::ClientContext& context, absl::Time deadline) const {

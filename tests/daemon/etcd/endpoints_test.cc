@@ -236,6 +236,21 @@ TEST_F(EndpointsTest, ConnectivityMetricsFollowEveryAttempt) {
   EXPECT_GT(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 1);
 }
 
+// A member that refuses connections (its process gone, its port closed) is left for the next one
+// at once: the attempt does not wait out the dial timeout, which here is longer than the call's
+// whole deadline (a lease keep-alive's attempt is a share of the lease's TTL).
+TEST_F(EndpointsTest, AMemberRefusingConnectionsIsLeftForTheNextAtOnce) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort()),
+                                           first_.address()},
+                             .call_timeout = absl::Seconds(3),
+                             .attempt_timeout = absl::Seconds(1),
+                             .dial_timeout = absl::Seconds(30)});
+  ASSERT_OK(client);
+  ASSERT_OK((*client)->Get("k"));
+  EXPECT_EQ(first_.calls(), 1);
+}
+
 TEST_F(EndpointsTest, WriteWithAnUnknownOutcomeIsNotResent) {
   std::unique_ptr<Client> client = NewClient();
   ASSERT_NE(client, nullptr);
