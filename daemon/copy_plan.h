@@ -24,6 +24,8 @@ struct CopyPlan {
     // Regions of one chunk at most are copied whole, a run of them per part; a larger region is
     // copied one chunk per part.
     std::optional<uint32_t> chunk;
+    // How many chunks the part copies.
+    uint32_t chunks() const { return chunk ? 1 : last - first; }
   };
   // The positions (in the step's selection) in the order they are laid out in the reservation and
   // copied: the order of the trainer's memory, so that regions next to each other there are next

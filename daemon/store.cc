@@ -453,7 +453,9 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
   const CopyPlan::Part& part = job->plan->parts[part_index];
   // The part copies one chunk of a large version, or a run of small versions whole.
   std::vector<std::pair<uint32_t, uint32_t>> chunks;  // (position, chunk)
+  chunks.reserve(part.chunks());
   TaskTransfers transfers;
+  transfers.Reserve(part.chunks());
   auto add = [&](uint32_t position, uint32_t chunk) {
     const RegionTable::Region& region = job->table->regions[(*job->selection)[position]];
     const Version& version = *job->versions[position];

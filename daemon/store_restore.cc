@@ -191,7 +191,9 @@ absl::StatusOr<v1::RestoreResponse> Store::Restore(uint32_t rank, std::optional<
       // memory and checks each chunk's CRC-32C.
       const CopyPlan::Part& range = plan->parts[part];
       std::vector<std::pair<const Version*, uint32_t>> chunks;
+      chunks.reserve(range.chunks());
       TaskTransfers transfers;
+      transfers.Reserve(range.chunks());
       auto add = [&](const Work& item, uint32_t chunk) {
         const Version& version = *item.version;
         const uint64_t offset = uint64_t{chunk} * version.chunk_bytes;

@@ -21,6 +21,12 @@ namespace moesnap::daemon {
 
 class TaskTransfers {
  public:
+  // Makes room for `chunks` chunks of one pool extent each (a task's whole list, allocated once).
+  void Reserve(size_t chunks) {
+    transfers_.reserve(chunks);
+    chunks_.reserve(chunks);
+  }
+
   // Chunk `length` bytes at `offset` of `stored`, at `source_offset` of `source`: a transfer per
   // pool extent, each after the first continuing the one before it. `expected` (a restore's stored
   // CRC-32C of the chunk) goes with a chunk of one transfer (Transfer::expected).
