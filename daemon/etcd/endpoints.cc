@@ -187,10 +187,10 @@ bool Endpoints::Connect(size_t index, absl::Time deadline) const {
   grpc::Channel& channel = *endpoints_[index]->channel;
   const auto dial_deadline = ToChrono(std::min(deadline, absl::Now() + options_.dial_timeout));
   grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
-  // A member whose connection failed (refused: its process gone, or closed under the client) is
-  // left for the next endpoint at once rather than waited for: gRPC tries it again after its
-  // backoff (at most a second), and a later call finds it back. Only a connection still being
-  // made is waited for, up to the dial timeout.
+  // While gRPC reports the channel in TRANSIENT_FAILURE (a connect refused, a failed TLS handshake
+  // or name resolution), the member is left for the next endpoint at once rather than waited for:
+  // gRPC reconnects by itself after its backoff (about a second for a connect), and a later call
+  // finds it back. Only a connection still being made is waited for, up to the dial timeout.
   while (state != GRPC_CHANNEL_READY) {
     if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
     if (!channel.WaitForStateChange(state, dial_deadline)) return false;

@@ -63,7 +63,8 @@ class Endpoints {
   // Makes the endpoint after `index` the preferred one, if `index` still is.
   void MoveAwayFrom(size_t index);
   // Waits until the endpoint has a connection, up to dial_timeout and `deadline`; false at once
-  // when its connection failed (the member refused it, or gRPC waits out a reconnect backoff).
+  // while gRPC reports its channel in TRANSIENT_FAILURE (a failed connect, TLS handshake or name
+  // resolution), until a reconnection succeeds.
   bool Connect(size_t index, absl::Time deadline) const;
   // Sets the attempt's deadline (attempt_timeout, and no later than `deadline`) and asks the member
   // to refuse if it has no raft leader.

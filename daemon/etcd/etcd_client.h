@@ -8,15 +8,15 @@
 // outlive the Client); their methods are thread-safe too. Destroying a keeper or watcher stops its
 // thread within one attempt_timeout. No gRPC or generated type appears in this header.
 //
-// Failover. Each call goes first to the endpoint that answered last. When an endpoint refuses the
-// connection or cannot be reached within dial_timeout, or an attempt fails in a way that says
-// nothing of the outcome, the next endpoint becomes the preferred one. Calls that may safely run
-// twice (reads, lease grants and keep-alives, revokes, compaction, status, watches) move on to the
-// next endpoint until call_timeout. Put, Delete and Txn move on only while the request provably
-// never reached a server (no connection, or the member answered "no leader" before proposing it);
-// after an attempt that may have been applied they fail with kUnavailable and say the outcome is
-// unknown. WriteOnce may always be retried, since a second attempt finds the first one's key, and
-// it does so by itself.
+// Failover. Each call goes first to the endpoint that answered last. When an endpoint's connection
+// fails (refused, or its TLS handshake or name resolution) or is not made within dial_timeout, or
+// an attempt fails in a way that says nothing of the outcome, the next endpoint becomes the
+// preferred one. Calls that may safely run twice (reads, lease grants and keep-alives, revokes,
+// compaction, status, watches) move on to the next endpoint until call_timeout. Put, Delete and Txn
+// move on only while the request provably never reached a server (no connection, or the member
+// answered "no leader" before proposing it); after an attempt that may have been applied they fail
+// with kUnavailable and say the outcome is unknown. WriteOnce may always be retried, since a second
+// attempt finds the first one's key, and it does so by itself.
 //
 // Every request requires the member to have a raft leader (etcd's "hasleader" metadata), so a
 // member cut off from its quorum refuses at once instead of serving stale reads or hanging.
@@ -63,7 +63,7 @@ struct Options {
   // Bound on one request to one endpoint; then the next endpoint is tried (where that is safe).
   absl::Duration attempt_timeout = absl::Seconds(2);
   // Bound on establishing a connection to one endpoint before the next one is tried (an endpoint
-  // that refuses the connection is left at once).
+  // whose connection failed, refused or its TLS handshake or name resolution, is left at once).
   absl::Duration dial_timeout = absl::Seconds(1);
   TlsOptions tls{};
 };
