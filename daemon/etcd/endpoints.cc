@@ -28,7 +28,8 @@ metrics::Counter& etcd_unanswered = metrics::Registry::Default().AddCounter(
     "etcd request attempts: answered (a definite reply) or not (no connection, no leader, unknown)",
     {{"outcome", "unanswered"}});
 metrics::Counter& etcd_failovers = metrics::Registry::Default().AddCounter(
-    "moesnap_etcd_failovers_total", "Times the etcd client moved to another endpoint");
+    "moesnap_etcd_failovers_total",
+    "Times an etcd answer came from another endpoint than the last answer did");
 
 // Counts an attempt: `answered` when a member gave a definite answer (success or a refusal).
 void CountAttempt(bool answered) {
@@ -178,9 +179,11 @@ Endpoints::Endpoints(Options options, std::vector<std::unique_ptr<Endpoint>> end
 
 void Endpoints::MoveAwayFrom(size_t index) {
   size_t expected = index;
-  if (preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size())) {
-    etcd_failovers.Add();
-  }
+  preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size());
+}
+
+void Endpoints::Answered(size_t index) {
+  if (last_answered_.exchange(index) != index) etcd_failovers.Add();
 }
 
 bool Endpoints::Connect(size_t index, absl::Time deadline) const {
@@ -223,6 +226,7 @@ absl::Status Endpoints::Call(const std::string& what, Retry retry, absl::Time de
       const grpc::Status status = attempt(endpoint, context);
       const Failure failure = status.ok() ? Failure::kDefinite : ClassifyFailure(status);
       CountAttempt(failure == Failure::kDefinite);
+      if (failure == Failure::kDefinite) Answered(index);
       if (status.ok()) return absl::OkStatus();
       if (failure == Failure::kDefinite) {
         return absl::Status(

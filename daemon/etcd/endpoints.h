@@ -62,6 +62,10 @@ class Endpoints {
   size_t preferred() const { return preferred_.load(); }
   // Makes the endpoint after `index` the preferred one, if `index` still is.
   void MoveAwayFrom(size_t index);
+  // Endpoint `index` gave a definite answer. A failover is counted when the last answer came from
+  // another endpoint: the client moved and found a member. The endpoints it passes over while
+  // none answers (a whole outage, each polled every round) count as unanswered attempts only.
+  void Answered(size_t index);
   // Waits until the endpoint has a connection, up to dial_timeout and `deadline`; false at once
   // while gRPC reports its channel in TRANSIENT_FAILURE (a failed connect, TLS handshake or name
   // resolution), until a reconnection succeeds.
@@ -76,6 +80,7 @@ class Endpoints {
   const Options options_;
   const std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> preferred_{0};
+  std::atomic<size_t> last_answered_{0};  // calls start at the first endpoint
 };
 
 // "UNAVAILABLE: etcdserver: no leader", for messages.

@@ -236,6 +236,38 @@ TEST_F(EndpointsTest, ConnectivityMetricsFollowEveryAttempt) {
   EXPECT_GT(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 1);
 }
 
+// A failover is an answer from another endpoint than the last answer's: a call that finds no
+// member, polling every endpoint round after round, counts unanswered attempts but no failover;
+// the answer that ends the outage counts one, and later answers from the same member none.
+TEST_F(EndpointsTest, FailoversCountAnswersThatMovedNotRoundsWithoutAnswer) {
+  const double failovers = Sample("moesnap_etcd_failovers_total");
+  const double unanswered = Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}");
+  ASSERT_GE(failovers, 0);
+  absl::StatusOr<std::unique_ptr<Client>> none =
+      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort()),
+                                           absl::StrCat("127.0.0.1:", UnusedLoopbackPort())},
+                             .call_timeout = absl::Milliseconds(400),
+                             .attempt_timeout = absl::Milliseconds(100),
+                             .dial_timeout = absl::Milliseconds(100)});
+  ASSERT_OK(none);
+  EXPECT_FALSE((*none)->Get("k").ok());
+  // Two endpoints a round, a round at least every 50 ms once connections are refused.
+  EXPECT_GE(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 4);
+  EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers);
+
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort()),
+                                           first_.address()},
+                             .call_timeout = absl::Seconds(3),
+                             .attempt_timeout = absl::Seconds(1),
+                             .dial_timeout = absl::Seconds(1)});
+  ASSERT_OK(client);
+  ASSERT_OK((*client)->Get("k"));
+  EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers + 1);
+  ASSERT_OK((*client)->Get("k"));
+  EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers + 1);
+}
+
 // A member that refuses connections (its process gone, its port closed) is left for the next one
 // at once: the attempt does not wait out the dial timeout, which here is longer than the call's
 // whole deadline (a lease keep-alive's attempt is a share of the lease's TTL).
