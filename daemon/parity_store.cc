@@ -1,6 +1,7 @@
 // ParityStore: units opened unwritten, coefficient-weighted addition of arriving data, completion.
 #include "daemon/parity_store.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -112,6 +113,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
   Pending pending;
   pending.attempt = attempt;
   pending.accumulate = accumulate;
+  pending.missing_from.assign(image_bytes.size(), 0);
   Openings openings;
   for (uint64_t stripe = 0; stripe < stripes; ++stripe) {
     if (!layout_->IsParityPosition(stripe, position_)) continue;
@@ -122,12 +124,15 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       return absl::InvalidArgumentError(absl::StrCat(
           "step ", step, ": stripe ", stripe, " is encoded afresh, and its parity is accumulated"));
     }
-    uint64_t expected = 0;
     const erasure::StripeMembers members = layout_->Members(stripe);
-    for (int position : members.data_positions) {
+    UnitsExpected unit_expected(members.data_positions.size(), 0);
+    uint64_t expected = 0;
+    for (size_t index = 0; index < members.data_positions.size(); ++index) {
+      const int position = members.data_positions[index];
       const uint64_t unit = layout_->DataUnitOf(position, stripe);
       if (changes != nullptr && !changes->Changed(position, unit)) continue;
-      expected += layout_->UnitLength(image_bytes[position], unit);
+      unit_expected[index] = layout_->UnitLength(image_bytes[position], unit);
+      expected += unit_expected[index];
     }
     const bool updated = changes != nullptr && !accumulate && !fresh;
     std::optional<ParityUnit> committed;
@@ -144,7 +149,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       // No data unit of the stripe changed: the committed unit is the step's too, shared (nothing
       // is expected for it, so any frame for it is refused; a repair rewrites the same bytes).
       pending.units[stripe] = *std::move(committed);
-      pending.expected[stripe] = 0;
+      pending.expected[stripe] = std::move(unit_expected);
       pending.shared.insert(stripe);
       ++openings.shared;
       continue;
@@ -160,7 +165,10 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
                : fresh ? openings.fresh
                        : accumulate ? openings.accumulated : openings.whole);
     pending.units[stripe] = {stripe, bytes, 0, *std::move(extent)};
-    pending.expected[stripe] = expected;
+    for (size_t index = 0; index < members.data_positions.size(); ++index) {
+      pending.missing_from[members.data_positions[index]] += unit_expected[index];
+    }
+    pending.expected[stripe] = std::move(unit_expected);
     pending.missing += expected;
   }
   pending.complete = pending.missing == 0;
@@ -231,10 +239,14 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
           " bytes [", header.offset, ", ", header.offset + header.length, ") do not fit a unit of ",
           unit->second.bytes, " bytes"));
     }
-    uint64_t& expected = pending.expected[header.stripe];
+    // Each data unit's bytes are bounded on their own: a unit's frames sent twice cannot stand in
+    // for another unit's lost ones.
+    uint64_t& expected = pending.expected[header.stripe][header.stripe_unit];
     if (header.length > expected) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ", stripe ",
-                                                     header.stripe, ": more data than its units hold"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", header.step, ", stripe ", header.stripe, ": more data than data unit ",
+          header.stripe_unit, " holds (", expected, " bytes of it still expected, a frame of ",
+          header.length, ")"));
     }
     const auto unit_writes = pending.writes.find(header.stripe);
     if (unit_writes == pending.writes.end()) {  // shared: nothing is expected (refused above)
@@ -246,8 +258,9 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
     extent = unit->second.extent;
     writes = unit_writes->second;
   }
+  const erasure::StripeMembers members = layout_->Members(header.stripe);
   const int parity_index = [&] {
-    const std::vector<int> holders = layout_->Members(header.stripe).parity_positions;
+    const std::vector<int>& holders = members.parity_positions;
     for (size_t j = 0; j < holders.size(); ++j) {
       if (holders[j] == position_) return static_cast<int>(j);
     }
@@ -266,6 +279,7 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   // Aborted, or opened again by a newer attempt, meanwhile.
   if (it == pending_.end() || it->second.attempt != header.attempt) return absl::OkStatus();
   it->second.missing -= header.length;
+  it->second.missing_from[members.data_positions[header.stripe_unit]] -= header.length;
   if (it->second.missing == 0) {
     it->second.complete = true;
     changed_.SignalAll();
@@ -305,10 +319,16 @@ void ParityStore::FillUnwritten(UnitWrites& writes, const ParityUnit& unit) {
   AddWritten(writes.written, 0, unit.bytes);
 }
 
-void ParityStore::FailIncomplete(const std::string& why) {
+void ParityStore::FailIncomplete(absl::Span<const int> positions, const std::string& why) {
   absl::MutexLock lock(&mutex_);
-  for (auto& [step, pending] : pending_) {
-    if (!pending.complete && pending.failure.empty()) pending.failure = why;
+  for (auto& step : pending_) {
+    Pending& pending = step.second;
+    if (pending.complete || !pending.failure.empty()) continue;
+    const bool waits_for_them = std::any_of(positions.begin(), positions.end(), [&](int position) {
+      return position >= 0 && static_cast<size_t>(position) < pending.missing_from.size() &&
+             pending.missing_from[position] > 0;
+    });
+    if (waits_for_them) pending.failure = why;
   }
   changed_.SignalAll();
 }

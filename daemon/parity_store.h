@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -74,13 +75,14 @@ class ParityStore {
   // older attempt than the one open is dropped.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
   // Waits until every expected byte of `step` has arrived, then fills in what no frame wrote and
-  // checksums the units. UNAVAILABLE once a member's connection closed while the step waited
+  // checksums the units. UNAVAILABLE once the connection of a member it waited for closed
   // (FailIncomplete).
   absl::Status WaitComplete(int64_t step, absl::Time deadline);
-  // A connection from a member of the group closed over a bad frame (`why`), and the deltas it
-  // carried behind it are lost: every step still waiting for data fails at once instead of
-  // waiting out the commit timeout (its step aborts; the next one goes on).
-  void FailIncomplete(const std::string& why);
+  // A connection from the members at group `positions` closed over a bad frame (`why`), and the
+  // deltas it carried behind it are lost: every step still waiting for data from one of them fails
+  // at once instead of waiting out the commit timeout (its step aborts; the next one goes on). A
+  // step that has all their data waits on for the others'.
+  void FailIncomplete(absl::Span<const int> positions, const std::string& why);
   // The journal record of one unit.
   static v1::JournalParity RecordOf(const ParityUnit& unit);
   // The journal records of `step`'s complete units.
@@ -143,13 +145,17 @@ class ParityStore {
     std::map<uint64_t, uint64_t> written;  // disjoint, non-adjacent byte ranges: begin -> end
   };
 
+  using UnitsExpected = absl::InlinedVector<uint64_t, 8>;
+
   struct Pending {
     int64_t attempt = 0;
     std::map<uint64_t, ParityUnit> units;
     std::map<uint64_t, std::shared_ptr<UnitWrites>> writes;  // of every unit not shared
-    std::map<uint64_t, uint64_t> expected;  // stripe -> data bytes still to arrive
+    // stripe -> per data unit (its index in the stripe), bytes still to arrive
+    std::map<uint64_t, UnitsExpected> expected;
     std::set<uint64_t> shared;  // stripes none of whose data units changed: the committed unit
     uint64_t missing = 0;
+    std::vector<uint64_t> missing_from;  // per group position: bytes still to arrive from it
     bool complete = false;
     bool accumulate = false;  // started at zero: the step's change only
     std::string failure;      // why it can no longer complete (empty: it can)

@@ -640,18 +640,23 @@ void Transfer::ConnectionClosed(std::optional<uint32_t> sender, const std::strin
     return it->second;
   };
   // Parity deltas come from the group's members only: a member's lost deltas fail the steps
-  // still waiting for data.
+  // still waiting for its data.
   const Topology& topology = *context_.topology;
-  bool member = false;
-  for (uint32_t id : topology.groups[topology.group]) {
-    member = member || (id != context_.node_id() && sent_by_peer(id));
+  const std::vector<uint32_t>& group = topology.groups[topology.group];
+  std::vector<int> members;  // the positions in the group of the nodes the connection was from
+  for (size_t position = 0; position < group.size(); ++position) {
+    if (group[position] != context_.node_id() && sent_by_peer(group[position])) {
+      members.push_back(static_cast<int>(position));
+    }
   }
   // From where and why.
   const std::string lost = absl::StrCat(sender ? absl::StrCat("node ", *sender, " at ") : "",
                                         address.empty() ? "a peer" : address, ": ",
                                         why.ToString());
   const std::string closed = absl::StrCat("this node closed a data-plane connection from ", lost);
-  if (member) parity_->FailIncomplete(absl::StrCat("a member's deltas may be lost: ", closed));
+  if (!members.empty()) {
+    parity_->FailIncomplete(members, absl::StrCat("a member's deltas may be lost: ", closed));
+  }
   absl::MutexLock lock(&fetch_mutex_);
   bool failed = false;
   ++connections_closed_;

@@ -103,7 +103,7 @@ TEST_F(ParityStoreTest, ASparseStepSharesTheCommittedUnitsOfStripesWhoseDataDidN
   // Nothing is expected of a shared unit: a frame for it is refused and writes nothing.
   const absl::Status refused = Send(2, unchanged_stripe, 0, 0xee);
   EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(refused.message(), "more data than its units hold")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "more data than data unit 0 holds")) << refused;
   ASSERT_OK(Send(2, changed_stripe, 0, 0x5a));
   ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
 
@@ -153,25 +153,51 @@ TEST_F(ParityStoreTest, ANewerAttemptOfASparseStepSharesTheCommittedUnitsAgain) 
 }
 
 // A member's connection closed over a bad frame loses the deltas behind it: a step still waiting
-// for data fails at once, with the reason, instead of waiting out its deadline; a complete one is
-// untouched, and a step opened after it waits as usual.
-TEST_F(ParityStoreTest, AStepWaitingForDataFailsAtOnceWhenAMembersConnectionClosed) {
+// for that member's data fails at once, with the reason, instead of waiting out its deadline; a
+// step that has all of that member's data waits on for the others', a complete one is untouched,
+// and a step opened after it waits as usual.
+TEST_F(ParityStoreTest, AStepWaitingForAMembersDataFailsAtOnceWhenItsConnectionClosed) {
   ASSERT_OK(parity_->Begin(1, 1, sizes_, nullptr));
   for (uint64_t stripe : held_) {
     for (int index = 0; index < layout_.data_units(); ++index) ASSERT_OK(Send(1, stripe, index, 7));
   }
+  // Step 2 has every frame of the group's first data node, none of the second's.
+  std::vector<int> others;
+  for (int position = 0; position < layout_.group_size(); ++position) {
+    if (position != position_) others.push_back(position);
+  }
+  ASSERT_EQ(others.size(), 2u);
   ASSERT_OK(parity_->Begin(2, 1, sizes_, nullptr));
-  ASSERT_OK(Send(2, held_[0], 0, 9));  // the rest is lost
-  parity_->FailIncomplete("node 1's frames were lost");
+  for (uint64_t stripe : held_) {
+    const std::vector<int> data = layout_.Members(stripe).data_positions;
+    const auto index = std::find(data.begin(), data.end(), others[0]) - data.begin();
+    ASSERT_OK(Send(2, stripe, static_cast<int>(index), 9));
+  }
+  parity_->FailIncomplete({others[0]}, "the first node's frames were lost");
+  EXPECT_STATUS(parity_->WaitComplete(2, absl::Now() + absl::Milliseconds(1)),
+                absl::StatusCode::kDeadlineExceeded);
+  parity_->FailIncomplete({others[1]}, "the second node's frames were lost");
   const absl::Status failed = parity_->WaitComplete(2, absl::InfiniteFuture());
   EXPECT_STATUS(failed, absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(failed.message(), "parity of step 2: node 1's frames were lost"))
+  EXPECT_TRUE(absl::StrContains(failed.message(),
+                                "parity of step 2: the second node's frames were lost"))
       << failed;
   EXPECT_OK(parity_->WaitComplete(1, absl::Now()));
   parity_->Discard(2);
   ASSERT_OK(parity_->Begin(3, 1, sizes_, nullptr));
   EXPECT_STATUS(parity_->WaitComplete(3, absl::Now() + absl::Milliseconds(1)),
                 absl::StatusCode::kDeadlineExceeded);
+}
+
+// A data unit's bytes are bounded on their own: its frame sent twice is refused, not counted for
+// the other unit of its stripe (whose bytes would then be missing from a parity called complete).
+TEST_F(ParityStoreTest, ADataUnitsFrameSentTwiceIsRefusedNotCountedForAnother) {
+  ASSERT_OK(parity_->Begin(1, 1, sizes_, nullptr));
+  ASSERT_OK(Send(1, held_[0], 0, 7));
+  const absl::Status twice = Send(1, held_[0], 0, 7);
+  EXPECT_STATUS(twice, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(twice.message(), "more data than data unit 0 holds")) << twice;
+  ASSERT_OK(Send(1, held_[0], 1, 8));
 }
 
 TEST_F(ParityStoreTest, AnAbortedSparseStepLeavesTheSharedCommittedUnitsAsTheyWere) {

@@ -379,20 +379,20 @@ TEST(RegionRequestsTest, AClosedConnectionFailsTheFetchesAwaitingItsPeerAtOnce) 
 }
 
 // Parity deltas come from a node's group only: a member's closed connection fails the parity
-// still waiting for data, another group's does not.
+// still waiting for its data, another group's does not. Node 4 is at position 1 of its group.
 TEST(RegionRequestsTest, AClosedConnectionFromAMemberFailsTheParityStillWaitingForData) {
   InProcessCluster cluster(6, 2, 1);  // groups {0, 1, 2} and {3, 4, 5}
-  NodeUnits& node = cluster.node(0);
+  NodeUnits& node = cluster.node(3);
   const uint64_t unit = node.context.layout().unit_bytes();
   ASSERT_OK(node.parity.Begin(1, 1, {unit, unit, unit}, nullptr));
   const absl::Status why = absl::DataLossError("payload CRC-32C is 1, the frame says 2");
-  node.transfer.ConnectionClosed(4, "127.0.0.1", why);
+  node.transfer.ConnectionClosed(1, "127.0.0.1", why);
   EXPECT_STATUS(node.parity.WaitComplete(1, absl::Now() + absl::Milliseconds(1)),
                 absl::StatusCode::kDeadlineExceeded);
-  node.transfer.ConnectionClosed(1, "127.0.0.1", why);
+  node.transfer.ConnectionClosed(4, "127.0.0.1", why);
   const absl::Status failed = node.parity.WaitComplete(1, absl::InfiniteFuture());
   EXPECT_STATUS(failed, absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(failed.message(), "node 1 at 127.0.0.1: DATA_LOSS")) << failed;
+  EXPECT_TRUE(absl::StrContains(failed.message(), "node 4 at 127.0.0.1: DATA_LOSS")) << failed;
   EXPECT_EQ(node.transfer.ConnectionsClosed().first, 2u);
 }
 
