@@ -1,8 +1,11 @@
 // DataPlaneServer and DataPlaneClient over Boost.Asio: one thread per connection keeps the receive
 // path a straight loop (the connection count is peers x a few). Sockets are non-blocking and every
-// wait is a poll with a deadline; TLS (Boost.Asio SSL) runs over the same deadline-bound socket.
+// wait is a poll with a deadline; TLS (OpenSSL, its records through a BIO of this file) runs over
+// the same deadline-bound socket.
 #include "daemon/data_plane.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <poll.h>
@@ -65,17 +68,12 @@ absl::Status Await(tcp::socket& socket, short events, absl::Time deadline) {
 }
 
 // A non-blocking TCP socket whose reads and writes wait (poll) until a deadline, then fail with
-// timed_out: the next layer of a TLS stream, so that a handshake and every record are bounded in
-// time as plaintext reads and writes are. It gathers a TLS write's records into fewer sends.
+// timed_out: the transport of a TLS session too (TlsSession), so that a handshake and every record
+// are bounded in time as plaintext reads and writes are. It gathers a TLS write's records into
+// fewer sends, and a receiver's records into fewer receives.
 class DeadlineSocket {
  public:
-  using executor_type = tcp::socket::executor_type;
-  using lowest_layer_type = tcp::socket::lowest_layer_type;
-
   explicit DeadlineSocket(tcp::socket& socket) : socket_(socket) {}
-  executor_type get_executor() { return socket_.get_executor(); }
-  lowest_layer_type& lowest_layer() { return socket_.lowest_layer(); }
-  const lowest_layer_type& lowest_layer() const { return socket_.lowest_layer(); }
   tcp::socket& socket() { return socket_; }
   void set_deadline(absl::Time deadline) { deadline_ = deadline; }
 
@@ -118,20 +116,20 @@ class DeadlineSocket {
     return error ? 0 : bytes;
   }
 
-  // Between Gather and Flush, writes are kept and sent kGatheredBytes at a time: a TLS stream
+  // Between Gather and Flush, writes are kept and sent kGatheredBytes at a time: OpenSSL
   // writes one record (at most 16 KiB) a call, a system call (and a wait for room) each. Flush
   // sends what is kept unless `error` is set already, and stops gathering.
   void Gather() { gathering_ = true; }
-  // From then on, a read takes what the socket holds, up to kReadAheadBytes, in one system call,
-  // and the reads after it are served from those bytes until they are used up: a TLS stream reads
-  // one record (at most 17 KiB) a call. For a connection whose every byte is read through this
-  // socket (a receiver's): a sender polls its socket for the peer's close (PeerClosed).
-  void ReadAhead() { reading_ahead_ = true; }
   void Flush(boost::system::error_code& error) {
     gathering_ = false;
     if (!error && !gathered_.empty()) SendGathered(error);
     gathered_.clear();
   }
+  // From then on, a read takes what the socket holds, up to kReadAheadBytes, in one system call,
+  // and the reads after it are served from those bytes until they are used up: OpenSSL reads
+  // about one record (at most 17 KiB) a call. For a connection whose every byte is read through
+  // this socket (a receiver's): a sender polls its socket for the peer's close (PeerClosed).
+  void ReadAhead() { reading_ahead_ = true; }
 
  private:
   template <typename Operation>
@@ -173,59 +171,175 @@ absl::Status FromAsio(const boost::system::error_code& error, absl::string_view 
   if (error == asio::error::timed_out) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": the peer did not answer in time"));
   }
-  if (error == asio::error::eof || error == ssl::error::stream_truncated) {
+  if (error == asio::error::eof) {
     return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
   }
   return absl::UnavailableError(absl::StrCat(what, ": ", error.message()));
 }
+
+// A TLS session over a DeadlineSocket. OpenSSL writes its records into the socket's gathered
+// bytes and reads them from its read-ahead through a BIO of this class, so a record costs one copy
+// each way between OpenSSL's buffers and the socket's, and no system call of its own (asio's TLS
+// stream passes each record through a BIO pair and a buffer of its own, a record a call).
+class TlsSession {
+ public:
+  enum class Side { kClient, kServer };
+
+  // `transport` must outlive the session.
+  TlsSession(SSL_CTX* context, DeadlineSocket& transport) : transport_(transport) {
+    ssl_ = SSL_new(context);
+    BIO* bio = ssl_ == nullptr ? nullptr : BIO_new(Method());
+    if (bio == nullptr) return;  // Handshake says so
+    BIO_set_data(bio, this);
+    BIO_set_init(bio, 1);
+    SSL_set_bio(ssl_, bio, bio);
+    SSL_set_read_ahead(ssl_, 1);  // a read asks for as much as OpenSSL's buffer takes
+  }
+  ~TlsSession() { SSL_free(ssl_); }
+  TlsSession(const TlsSession&) = delete;
+  TlsSession& operator=(const TlsSession&) = delete;
+
+  SSL* ssl() const { return ssl_; }
+
+  absl::Status Handshake(Side side) {
+    if (ssl_ == nullptr || SSL_get_rbio(ssl_) == nullptr) {
+      return absl::ResourceExhaustedError("TLS handshake: cannot make a TLS session");
+    }
+    ERR_clear_error();
+    transport_error_ = {};
+    const int result = side == Side::kServer ? SSL_accept(ssl_) : SSL_connect(ssl_);
+    return result == 1 ? absl::OkStatus() : Failure(result, "TLS handshake");
+  }
+  // Reads exactly `buffer.size()` bytes.
+  absl::Status Read(asio::mutable_buffer buffer) {
+    auto* into = static_cast<uint8_t*>(buffer.data());
+    for (size_t done = 0; done < buffer.size();) {
+      ERR_clear_error();
+      transport_error_ = {};
+      size_t read = 0;
+      const int result = SSL_read_ex(ssl_, into + done, buffer.size() - done, &read);
+      if (result != 1) return Failure(result, "read");
+      done += read;
+    }
+    return absl::OkStatus();
+  }
+  // Writes every byte of `buffers`.
+  absl::Status Write(const std::vector<asio::const_buffer>& buffers) {
+    for (const asio::const_buffer& buffer : buffers) {
+      if (buffer.size() == 0) continue;
+      ERR_clear_error();
+      transport_error_ = {};
+      size_t written = 0;
+      const int result = SSL_write_ex(ssl_, buffer.data(), buffer.size(), &written);
+      if (result != 1) return Failure(result, "write");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static BIO_METHOD* Method() {
+    static BIO_METHOD* const method = [] {
+      BIO_METHOD* made =
+          BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "moesnap data plane");
+      if (made != nullptr) {
+        BIO_meth_set_write_ex(made, &TlsSession::BioWrite);
+        BIO_meth_set_read_ex(made, &TlsSession::BioRead);
+        BIO_meth_set_ctrl(made, &TlsSession::BioCtrl);
+      }
+      return made;
+    }();
+    return method;
+  }
+  static TlsSession& Of(BIO* bio) { return *static_cast<TlsSession*>(BIO_get_data(bio)); }
+  // Blocking as a blocking socket is, up to the transport's deadline: a failure (a timeout, the
+  // peer's close) is kept for Failure and ends OpenSSL's call.
+  static int BioWrite(BIO* bio, const char* data, size_t length, size_t* written) {
+    TlsSession& session = Of(bio);
+    *written = 0;
+    while (*written < length) {
+      const size_t sent = session.transport_.write_some(
+          asio::buffer(data + *written, length - *written), session.transport_error_);
+      if (session.transport_error_) return *written > 0 ? 1 : 0;
+      *written += sent;
+    }
+    return 1;
+  }
+  static int BioRead(BIO* bio, char* data, size_t length, size_t* read) {
+    TlsSession& session = Of(bio);
+    *read = session.transport_.read_some(asio::buffer(data, length), session.transport_error_);
+    return session.transport_error_ ? 0 : 1;
+  }
+  static long BioCtrl(BIO*, int command, long, void*) {
+    // Writes outside a gathered Write go out at once, so a flush has nothing left to send.
+    return command == BIO_CTRL_FLUSH ? 1 : 0;
+  }
+
+  // Why `what` failed with OpenSSL's `result`: the transport's failure if it had one, else
+  // OpenSSL's own (a certificate refused, a bad record), else the peer's close.
+  absl::Status Failure(int result, absl::string_view what) {
+    const int code = SSL_get_error(ssl_, result);
+    if (transport_error_) return FromAsio(transport_error_, what);
+    const unsigned long error = ERR_get_error();
+    ERR_clear_error();
+    if (code == SSL_ERROR_ZERO_RETURN || error == 0) {
+      return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
+    }
+    char text[256];
+    ERR_error_string_n(error, text, sizeof(text));
+    return absl::UnavailableError(absl::StrCat(what, ": ", text));
+  }
+
+  DeadlineSocket& transport_;
+  boost::system::error_code transport_error_;  // of the last BIO call, if it failed
+  SSL* ssl_ = nullptr;
+};
 
 // One data-plane connection, plaintext or TLS; every read, write and handshake ends by a deadline.
 class Link {
  public:
   // `tls` null: plaintext. `socket` (non-blocking) must outlive the link.
   Link(tcp::socket& socket, ssl::context* tls) : transport_(socket) {
-    if (tls != nullptr) stream_.emplace(transport_, *tls);
+    if (tls != nullptr) tls_.emplace(tls->native_handle(), transport_);
   }
 
   tcp::socket& socket() { return transport_.socket(); }
-  bool encrypted() const { return stream_.has_value(); }
+  bool encrypted() const { return tls_.has_value(); }
   // A receiver's encrypted link reads ahead of its TLS records (DeadlineSocket::ReadAhead); a
   // plaintext one reads each payload straight into its destination.
   void ReadAheadOfRecords() {
     if (encrypted()) transport_.ReadAhead();
   }
-  SSL* ssl() { return stream_ ? stream_->native_handle() : nullptr; }
+  SSL* ssl() { return tls_ ? tls_->ssl() : nullptr; }
 
-  absl::Status Handshake(ssl::stream_base::handshake_type side, absl::Time deadline) {
+  absl::Status Handshake(TlsSession::Side side, absl::Time deadline) {
     transport_.set_deadline(deadline);
-    boost::system::error_code error;
-    stream_->handshake(side, error);
-    return error ? FromAsio(error, "TLS handshake") : absl::OkStatus();
+    return tls_->Handshake(side);
   }
   absl::Status Read(asio::mutable_buffer buffer, absl::Time deadline) {
     transport_.set_deadline(deadline);
+    if (tls_) return tls_->Read(buffer);
     boost::system::error_code error;
-    if (stream_) {
-      asio::read(*stream_, buffer, WholeTransfer(), error);
-    } else {
-      asio::read(transport_, buffer, WholeTransfer(), error);
-    }
+    asio::read(transport_, buffer, WholeTransfer(), error);
     return error ? FromAsio(error, "read") : absl::OkStatus();
   }
   absl::Status Write(const std::vector<asio::const_buffer>& buffers, absl::Time deadline) {
     transport_.set_deadline(deadline);
+    absl::Status status;
     boost::system::error_code error;
-    if (stream_) {
+    if (tls_) {
       transport_.Gather();
-      asio::write(*stream_, buffers, WholeTransfer(), error);
+      status = tls_->Write(buffers);
+      if (!status.ok()) error = asio::error::broken_pipe;  // so that Flush sends nothing more
       transport_.Flush(error);
+      if (status.ok() && error) status = FromAsio(error, "write");
     } else {
       asio::write(transport_, buffers, WholeTransfer(), error);
+      if (error) status = FromAsio(error, "write");
     }
-    if (error == asio::error::timed_out) {
+    if (absl::IsDeadlineExceeded(status)) {
       return absl::DeadlineExceededError("the peer took nothing more in time (not reading)");
     }
-    return error ? FromAsio(error, "write") : absl::OkStatus();
+    return status;
   }
   void Shutdown() {
     boost::system::error_code error;
@@ -234,7 +348,7 @@ class Link {
 
  private:
   DeadlineSocket transport_;
-  std::optional<ssl::stream<DeadlineSocket&>> stream_;
+  std::optional<TlsSession> tls_;  // over transport_
 };
 
 // What the server answers on a TLS connection once it accepted the peer's certificate.
@@ -394,7 +508,7 @@ struct DataPlaneServer::Impl {
   // counted).
   std::optional<uint32_t> Admit(Link& link, const std::string& peer) {
     const absl::Time deadline = absl::Now() + options.handshake_timeout;
-    if (absl::Status shaken = link.Handshake(ssl::stream_base::server, deadline); !shaken.ok()) {
+    if (absl::Status shaken = link.Handshake(TlsSession::Side::kServer, deadline); !shaken.ok()) {
       std::string reason;
       const PeerRefusal refusal = HandshakeRefusal(link, shaken, &reason);
       Refuse(refusal, absl::StrCat(peer, ": ", reason));
@@ -676,7 +790,7 @@ struct DataPlaneClient::Impl {
   absl::Status Authenticate(Link& link, absl::Time deadline) {
     const PeerIdentity expected{tls.tls->self().job, tls.peer_node};
     const std::string server = absl::StrCat("data plane of ", Where(), " (", PeerUri(expected), ")");
-    if (absl::Status shaken = link.Handshake(ssl::stream_base::client, deadline); !shaken.ok()) {
+    if (absl::Status shaken = link.Handshake(TlsSession::Side::kClient, deadline); !shaken.ok()) {
       return absl::UnavailableError(absl::StrCat(server, ": ", shaken.message()));
     }
     PeerRefusal refusal = PeerRefusal::kHandshake;
