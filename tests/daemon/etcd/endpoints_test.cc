@@ -179,6 +179,16 @@ class EndpointsTest : public ::testing::Test {
     return client.ok() ? *std::move(client) : nullptr;
   }
 
+  // A client whose first endpoint is a closed port (a member whose process is gone) and whose
+  // second is the first member; its dial timeout (30 s) is longer than a call's deadline (3 s).
+  absl::StatusOr<std::unique_ptr<Client>> ClientTryingAClosedPortFirst() {
+    return Client::Create(
+        Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort()), first_.address()},
+                .call_timeout = absl::Seconds(3),
+                .attempt_timeout = absl::Seconds(1),
+                .dial_timeout = absl::Seconds(30)});
+  }
+
   FakeStore store_;
   FakeMember first_;
   FakeMember second_;
@@ -255,12 +265,7 @@ TEST_F(EndpointsTest, FailoversCountAnswersThatMovedNotRoundsWithoutAnswer) {
   EXPECT_GE(Sample("moesnap_etcd_attempts_total{outcome=\"unanswered\"}"), unanswered + 4);
   EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers);
 
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort()),
-                                           first_.address()},
-                             .call_timeout = absl::Seconds(3),
-                             .attempt_timeout = absl::Seconds(1),
-                             .dial_timeout = absl::Seconds(1)});
+  absl::StatusOr<std::unique_ptr<Client>> client = ClientTryingAClosedPortFirst();
   ASSERT_OK(client);
   ASSERT_OK((*client)->Get("k"));
   EXPECT_EQ(Sample("moesnap_etcd_failovers_total"), failovers + 1);
@@ -272,12 +277,7 @@ TEST_F(EndpointsTest, FailoversCountAnswersThatMovedNotRoundsWithoutAnswer) {
 // at once: the attempt does not wait out the dial timeout, which here is longer than the call's
 // whole deadline (a lease keep-alive's attempt is a share of the lease's TTL).
 TEST_F(EndpointsTest, AMemberRefusingConnectionsIsLeftForTheNextAtOnce) {
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Create(Options{.endpoints = {absl::StrCat("127.0.0.1:", UnusedLoopbackPort()),
-                                           first_.address()},
-                             .call_timeout = absl::Seconds(3),
-                             .attempt_timeout = absl::Seconds(1),
-                             .dial_timeout = absl::Seconds(30)});
+  absl::StatusOr<std::unique_ptr<Client>> client = ClientTryingAClosedPortFirst();
   ASSERT_OK(client);
   ASSERT_OK((*client)->Get("k"));
   EXPECT_EQ(first_.calls(), 1);
