@@ -188,18 +188,20 @@ class TlsSession {
   // `transport` must outlive the session.
   TlsSession(SSL_CTX* context, DeadlineSocket& transport) : transport_(transport) {
     ssl_ = SSL_new(context);
-    BIO* bio = ssl_ == nullptr ? nullptr : BIO_new(Method());
+    BIO* bio = ssl_ == nullptr || Method() == nullptr ? nullptr : BIO_new(Method());
     if (bio == nullptr) return;  // Handshake says so
     BIO_set_data(bio, this);
     BIO_set_init(bio, 1);
     SSL_set_bio(ssl_, bio, bio);
-    SSL_set_read_ahead(ssl_, 1);  // a read asks for as much as OpenSSL's buffer takes
   }
   ~TlsSession() { SSL_free(ssl_); }
   TlsSession(const TlsSession&) = delete;
   TlsSession& operator=(const TlsSession&) = delete;
 
   SSL* ssl() const { return ssl_; }
+  // A read asks the transport for as much as OpenSSL's buffer takes, not a record's header and then
+  // its body: for a receiver, whose every byte is read through the session.
+  void ReadAhead() { SSL_set_read_ahead(ssl_, 1); }
 
   absl::Status Handshake(Side side) {
     if (ssl_ == nullptr || SSL_get_rbio(ssl_) == nullptr) {
@@ -254,6 +256,7 @@ class TlsSession {
   // Blocking as a blocking socket is, up to the transport's deadline: a failure (a timeout, the
   // peer's close) is kept for Failure and ends OpenSSL's call.
   static int BioWrite(BIO* bio, const char* data, size_t length, size_t* written) {
+    BIO_clear_retry_flags(bio);
     TlsSession& session = Of(bio);
     *written = 0;
     while (*written < length) {
@@ -265,6 +268,7 @@ class TlsSession {
     return 1;
   }
   static int BioRead(BIO* bio, char* data, size_t length, size_t* read) {
+    BIO_clear_retry_flags(bio);
     TlsSession& session = Of(bio);
     *read = session.transport_.read_some(asio::buffer(data, length), session.transport_error_);
     return session.transport_error_ ? 0 : 1;
@@ -274,11 +278,14 @@ class TlsSession {
     return command == BIO_CTRL_FLUSH ? 1 : 0;
   }
 
-  // Why `what` failed with OpenSSL's `result`: the transport's failure if it had one, else
-  // OpenSSL's own (a certificate refused, a bad record), else the peer's close.
+  // Why `what` failed with OpenSSL's `result`: OpenSSL's own failure (a certificate refused, a
+  // bad record) if it had one, even when the alert it then sent could not be written; else the
+  // transport's (a timeout, the peer gone); else the peer's close.
   absl::Status Failure(int result, absl::string_view what) {
     const int code = SSL_get_error(ssl_, result);
-    if (transport_error_) return FromAsio(transport_error_, what);
+    if (transport_error_ && (code != SSL_ERROR_SSL || ERR_peek_error() == 0)) {
+      return FromAsio(transport_error_, what);
+    }
     const unsigned long error = ERR_get_error();
     ERR_clear_error();
     if (code == SSL_ERROR_ZERO_RETURN || error == 0) {
@@ -307,7 +314,9 @@ class Link {
   // A receiver's encrypted link reads ahead of its TLS records (DeadlineSocket::ReadAhead); a
   // plaintext one reads each payload straight into its destination.
   void ReadAheadOfRecords() {
-    if (encrypted()) transport_.ReadAhead();
+    if (!encrypted()) return;
+    transport_.ReadAhead();
+    tls_->ReadAhead();
   }
   SSL* ssl() { return tls_ ? tls_->ssl() : nullptr; }
 
@@ -383,7 +392,7 @@ absl::StatusOr<std::unique_ptr<ssl::context>> TlsContext(const PeerTls& tls, boo
 
 // Why a server-side handshake failed, for the refusal count.
 PeerRefusal HandshakeRefusal(Link& link, const absl::Status& status, std::string* reason) {
-  const long verified = SSL_get_verify_result(link.ssl());
+  const long verified = link.ssl() == nullptr ? X509_V_OK : SSL_get_verify_result(link.ssl());
   if (verified != X509_V_OK) {
     *reason = absl::StrCat("its certificate does not check against the job's CA: ",
                            X509_verify_cert_error_string(verified));
@@ -550,7 +559,6 @@ struct DataPlaneServer::Impl {
     uint8_t header_bytes[FrameHeader::kBytes];
     const auto [peer, peer_address] = PeerName(socket);
     Link link(socket, tls_context.get());
-    link.ReadAheadOfRecords();
     std::optional<uint32_t> sender;  // known only when the connection is authenticated
     if (link.encrypted()) {
       sender = Admit(link, peer);
@@ -559,6 +567,7 @@ struct DataPlaneServer::Impl {
         return;
       }
     }
+    link.ReadAheadOfRecords();  // its buffer only for a peer admitted
     while (!stopping) {
       // Between frames a connection may idle; once a frame begins (its first byte), all of it must
       // arrive in time. The first byte is read, not polled for: TLS may hold it decrypted already.

@@ -183,6 +183,8 @@ void Endpoints::MoveAwayFrom(size_t index) {
 }
 
 void Endpoints::Answered(size_t index) {
+  // An answer to a call begun before the client moved on is not a move back.
+  if (index != preferred_.load()) return;
   if (last_answered_.exchange(index) != index) etcd_failovers.Add();
 }
 

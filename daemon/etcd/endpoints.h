@@ -62,9 +62,10 @@ class Endpoints {
   size_t preferred() const { return preferred_.load(); }
   // Makes the endpoint after `index` the preferred one, if `index` still is.
   void MoveAwayFrom(size_t index);
-  // Endpoint `index` gave a definite answer. A failover is counted when the last answer came from
-  // another endpoint: the client moved and found a member. The endpoints it passes over while
-  // none answers (a whole outage, each polled every round) count as unanswered attempts only.
+  // Endpoint `index` gave a definite answer. A failover is counted when it is the preferred
+  // endpoint and the last answer came from another: the client moved and found a member. The
+  // endpoints it passes over while none answers (a whole outage, each polled every round) count as
+  // unanswered attempts only, and a late answer from an endpoint left since counts nothing.
   void Answered(size_t index);
   // Waits until the endpoint has a connection, up to dial_timeout and `deadline`; false at once
   // while gRPC reports its channel in TRANSIENT_FAILURE (a failed connect, TLS handshake or name
