@@ -125,14 +125,14 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
           "step ", step, ": stripe ", stripe, " is encoded afresh, and its parity is accumulated"));
     }
     const erasure::StripeMembers members = layout_->Members(stripe);
-    UnitsExpected unit_expected(members.data_positions.size(), 0);
+    StripeArrivals arrivals(members.data_positions.size());
     uint64_t expected = 0;
     for (size_t index = 0; index < members.data_positions.size(); ++index) {
       const int position = members.data_positions[index];
       const uint64_t unit = layout_->DataUnitOf(position, stripe);
       if (changes != nullptr && !changes->Changed(position, unit)) continue;
-      unit_expected[index] = layout_->UnitLength(image_bytes[position], unit);
-      expected += unit_expected[index];
+      arrivals[index].length = layout_->UnitLength(image_bytes[position], unit);
+      expected += arrivals[index].length;
     }
     const bool updated = changes != nullptr && !accumulate && !fresh;
     std::optional<ParityUnit> committed;
@@ -149,7 +149,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
       // No data unit of the stripe changed: the committed unit is the step's too, shared (nothing
       // is expected for it, so any frame for it is refused; a repair rewrites the same bytes).
       pending.units[stripe] = *std::move(committed);
-      pending.expected[stripe] = std::move(unit_expected);
+      pending.arrivals[stripe] = std::move(arrivals);
       pending.shared.insert(stripe);
       ++openings.shared;
       continue;
@@ -166,9 +166,9 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
                        : accumulate ? openings.accumulated : openings.whole);
     pending.units[stripe] = {stripe, bytes, 0, *std::move(extent)};
     for (size_t index = 0; index < members.data_positions.size(); ++index) {
-      pending.missing_from[members.data_positions[index]] += unit_expected[index];
+      pending.missing_from[members.data_positions[index]] += arrivals[index].length;
     }
-    pending.expected[stripe] = std::move(unit_expected);
+    pending.arrivals[stripe] = std::move(arrivals);
     pending.missing += expected;
   }
   pending.complete = pending.missing == 0;
@@ -177,6 +177,7 @@ absl::Status ParityStore::Begin(int64_t step, int64_t attempt,
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " is open for attempt ",
                                                       it->second.attempt, ", newer than ", attempt));
   }
+  pending.opening = ++openings_made_;
   pending_[step] = std::move(pending);
   openings_ += openings;
   changed_.SignalAll();
@@ -206,6 +207,7 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   }
   std::shared_ptr<PoolExtent> extent;
   std::shared_ptr<UnitWrites> writes;
+  uint64_t opening = 0;  // of the step's Pending the frame was taken by
   {
     absl::MutexLock lock(&mutex_);
     const absl::Time deadline = absl::Now() + begin_wait_;
@@ -239,22 +241,17 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
           " bytes [", header.offset, ", ", header.offset + header.length, ") do not fit a unit of ",
           unit->second.bytes, " bytes"));
     }
-    // Each data unit's bytes are bounded on their own: a unit's frames sent twice cannot stand in
-    // for another unit's lost ones.
-    uint64_t& expected = pending.expected[header.stripe][header.stripe_unit];
-    if (header.length > expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", header.step, ", stripe ", header.stripe, ": more data than data unit ",
-          header.stripe_unit, " holds (", expected, " bytes of it still expected, a frame of ",
-          header.length, ")"));
-    }
+    UnitArrivals& arrivals = pending.arrivals[header.stripe][header.stripe_unit];
+    if (absl::Status fits = CheckArrival(header, arrivals); !fits.ok()) return fits;
     const auto unit_writes = pending.writes.find(header.stripe);
     if (unit_writes == pending.writes.end()) {  // shared: nothing is expected (refused above)
       return absl::InvalidArgumentError(absl::StrCat("step ", header.step, ", stripe ",
                                                      header.stripe, ": its parity is the committed "
                                                      "unit, and no data is expected for it"));
     }
-    expected -= header.length;  // reserved now; a failed addition below aborts the whole step anyway
+    // Taken now; a failed addition below aborts the whole step anyway.
+    AddWritten(arrivals.arrived, header.offset, header.offset + header.length);
+    opening = pending.opening;
     extent = unit->second.extent;
     writes = unit_writes->second;
   }
@@ -276,8 +273,8 @@ absl::Status ParityStore::Accept(const FrameHeader& header, absl::Span<const uin
   }
   absl::MutexLock lock(&mutex_);
   auto it = pending_.find(header.step);
-  // Aborted, or opened again by a newer attempt, meanwhile.
-  if (it == pending_.end() || it->second.attempt != header.attempt) return absl::OkStatus();
+  // Aborted, or opened again, meanwhile.
+  if (it == pending_.end() || it->second.opening != opening) return absl::OkStatus();
   it->second.missing -= header.length;
   it->second.missing_from[members.data_positions[header.stripe_unit]] -= header.length;
   if (it->second.missing == 0) {
@@ -304,6 +301,31 @@ absl::Status ParityStore::AddFrame(UnitWrites& writes, int data_index, int parit
                });
   if (status.ok()) AddWritten(writes.written, offset, offset + payload.size());
   return status;
+}
+
+absl::Status ParityStore::CheckArrival(const FrameHeader& header, const UnitArrivals& arrivals) {
+  const std::string unit = absl::StrCat("step ", header.step, ", stripe ", header.stripe,
+                                        ": data unit ", header.stripe_unit);
+  if (arrivals.length == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        unit, ": nothing of it is expected (it did not change, or no frame is taken for its "
+        "stripe)"));
+  }
+  if (header.offset > arrivals.length || header.length > arrivals.length - header.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(unit, ": bytes [", header.offset, ", +",
+                                                   header.length, ") do not fit its ",
+                                                   arrivals.length, " bytes"));
+  }
+  const uint64_t end = header.offset + header.length;
+  auto after = arrivals.arrived.upper_bound(header.offset);  // the first range beginning later
+  const bool overlaps_before =
+      after != arrivals.arrived.begin() && std::prev(after)->second > header.offset;
+  const bool overlaps_after = after != arrivals.arrived.end() && after->first < end;
+  if (overlaps_before || overlaps_after) {
+    return absl::InvalidArgumentError(absl::StrCat(unit, ": bytes [", header.offset, ", ", end,
+                                                   ") arrived already, in part or whole"));
+  }
+  return absl::OkStatus();
 }
 
 void ParityStore::FillUnwritten(UnitWrites& writes, const ParityUnit& unit) {

@@ -72,7 +72,8 @@ class ParityStore {
   bool Fits(const std::vector<uint64_t>& image_bytes) const;
   // Adds a kParityDelta frame's payload to its unit. Waits briefly for Begin of its attempt (a fast
   // data node's units can arrive before the coordinator's Encode reaches this node); a frame of an
-  // older attempt than the one open is dropped.
+  // older attempt than the one open is dropped. INVALID_ARGUMENT for bytes of a data unit the step
+  // does not expect, outside the unit, or that arrived already.
   absl::Status Accept(const FrameHeader& header, absl::Span<const uint8_t> payload);
   // Waits until every expected byte of `step` has arrived, then fills in what no frame wrote and
   // checksums the units. UNAVAILABLE once the connection of a member it waited for closed
@@ -145,14 +146,21 @@ class ParityStore {
     std::map<uint64_t, uint64_t> written;  // disjoint, non-adjacent byte ranges: begin -> end
   };
 
-  using UnitsExpected = absl::InlinedVector<uint64_t, 8>;
+  // One data unit of an open stripe: its length in the step (0: nothing of it is expected) and
+  // the byte ranges of it that arrived. Each byte arrives once: a frame overlapping one that
+  // arrived, or reaching past the unit, is refused, so that no frame stands in for another.
+  struct UnitArrivals {
+    uint64_t length = 0;
+    std::map<uint64_t, uint64_t> arrived;  // disjoint, non-adjacent byte ranges: begin -> end
+  };
+  using StripeArrivals = absl::InlinedVector<UnitArrivals, 8>;  // by data unit index in the stripe
 
   struct Pending {
+    uint64_t opening = 0;  // names the Begin that made it: a step opened again starts afresh
     int64_t attempt = 0;
     std::map<uint64_t, ParityUnit> units;
     std::map<uint64_t, std::shared_ptr<UnitWrites>> writes;  // of every unit not shared
-    // stripe -> per data unit (its index in the stripe), bytes still to arrive
-    std::map<uint64_t, UnitsExpected> expected;
+    std::map<uint64_t, StripeArrivals> arrivals;  // of each stripe's data units
     std::set<uint64_t> shared;  // stripes none of whose data units changed: the committed unit
     uint64_t missing = 0;
     std::vector<uint64_t> missing_from;  // per group position: bytes still to arrive from it
@@ -177,6 +185,7 @@ class ParityStore {
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
   std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mutex_);
+  uint64_t openings_made_ ABSL_GUARDED_BY(mutex_) = 0;  // Pending::opening of the last Begin
   Openings openings_ ABSL_GUARDED_BY(mutex_);
   std::set<int64_t> discarded_ ABSL_GUARDED_BY(mutex_);  // decided aborted, after the committed step
   std::optional<int64_t> committed_step_ ABSL_GUARDED_BY(mutex_);
@@ -188,6 +197,8 @@ class ParityStore {
                         absl::Span<const uint8_t> payload, uint8_t* parity) const;
   // Writes the unit's start into the bytes of `unit` no frame wrote.
   static void FillUnwritten(UnitWrites& writes, const ParityUnit& unit);
+  // Whether a frame's bytes of a data unit fit it and arrive for the first time.
+  static absl::Status CheckArrival(const FrameHeader& header, const UnitArrivals& arrivals);
   absl::Mutex& StripeLock(uint64_t stripe) const { return stripe_locks_[stripe % kStripeLocks]; }
 
   // Serializes additions into one unit; one lock per stripe residue keeps contention low.

@@ -103,7 +103,8 @@ TEST_F(ParityStoreTest, ASparseStepSharesTheCommittedUnitsOfStripesWhoseDataDidN
   // Nothing is expected of a shared unit: a frame for it is refused and writes nothing.
   const absl::Status refused = Send(2, unchanged_stripe, 0, 0xee);
   EXPECT_STATUS(refused, absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(refused.message(), "more data than data unit 0 holds")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "data unit 0: nothing of it is expected"))
+      << refused;
   ASSERT_OK(Send(2, changed_stripe, 0, 0x5a));
   ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
 
@@ -189,15 +190,30 @@ TEST_F(ParityStoreTest, AStepWaitingForAMembersDataFailsAtOnceWhenItsConnectionC
                 absl::StatusCode::kDeadlineExceeded);
 }
 
-// A data unit's bytes are bounded on their own: its frame sent twice is refused, not counted for
-// the other unit of its stripe (whose bytes would then be missing from a parity called complete).
-TEST_F(ParityStoreTest, ADataUnitsFrameSentTwiceIsRefusedNotCountedForAnother) {
+// Each byte of a data unit arrives once: its frame sent twice, or a frame overlapping one that
+// arrived, is refused rather than counted for the bytes still missing (which would leave the parity
+// missing them while called complete); so is a frame reaching past the unit.
+TEST_F(ParityStoreTest, EachByteOfADataUnitIsTakenOnce) {
   ASSERT_OK(parity_->Begin(1, 1, sizes_, nullptr));
-  ASSERT_OK(Send(1, held_[0], 0, 7));
-  const absl::Status twice = Send(1, held_[0], 0, 7);
-  EXPECT_STATUS(twice, absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(twice.message(), "more data than data unit 0 holds")) << twice;
-  ASSERT_OK(Send(1, held_[0], 1, 8));
+  auto send = [&](int index, uint64_t offset, uint64_t length) {
+    const std::vector<uint8_t> payload(length, 7);
+    FrameHeader header = DataHeader(1, held_[0], index);
+    header.offset = offset;
+    header.length = static_cast<uint32_t>(length);
+    return parity_->Accept(header, payload);
+  };
+  ASSERT_OK(send(0, 0, 1024));
+  for (const auto [offset, length] : {std::pair<uint64_t, uint64_t>{0, 1024}, {512, 1024},
+                                      {1000, 4}, {0, kUnitBytes}}) {
+    const absl::Status twice = send(0, offset, length);
+    EXPECT_STATUS(twice, absl::StatusCode::kInvalidArgument) << offset << "+" << length;
+    EXPECT_TRUE(absl::StrContains(twice.message(), "arrived already")) << twice;
+  }
+  ASSERT_OK(send(0, 1024, 1024));  // beside the first, not over it
+  ASSERT_OK(send(1, 0, kUnitBytes));
+  const absl::Status past = send(0, 2048, kUnitBytes);
+  EXPECT_STATUS(past, absl::StatusCode::kInvalidArgument);
+  ASSERT_OK(send(0, 2048, 2048));
 }
 
 TEST_F(ParityStoreTest, AnAbortedSparseStepLeavesTheSharedCommittedUnitsAsTheyWere) {
@@ -259,9 +275,11 @@ TEST_F(ParityStoreTest, AFreshStripeIsEncodedFromItsNewUnitsAndADeltaStripeFromT
 }
 
 // A unit is written only by its frames, from zeros or from the committed unit, so its bytes must
-// not depend on what the pool held before: frames that overlap add twice where they overlap, and
-// the bytes no frame reached keep the unit's start, in a pool first filled with other bytes.
-TEST_F(ParityStoreTest, OverlappingFramesAndBytesNoFrameReachedGiveTheUnitAsAddedInPlace) {
+// not depend on what the pool held before. In a pool first filled with other bytes: a whole encode
+// of a stripe with a short data unit gives the encode of its units zero-padded, each sent in two
+// frames; a delta of the short unit leaves the parity bytes past it as committed (no frame reaches
+// them). A frame reaching past the short unit, though not past the parity unit, is refused.
+TEST_F(ParityStoreTest, FramesAndBytesNoFrameReachedGiveTheUnitAsAddedInPlace) {
   {
     absl::StatusOr<std::shared_ptr<PoolExtent>> all = pool_.get()->Allocate(
         pool_.get()->free_bytes());
@@ -269,19 +287,29 @@ TEST_F(ParityStoreTest, OverlappingFramesAndBytesNoFrameReachedGiveTheUnitAsAdde
     std::memset((*all)->data(), 0xa5, (*all)->bytes());
   }
   const uint64_t stripe = held_[0];
+  const int short_position = layout_.Members(stripe).data_positions[1];
+  const uint64_t short_unit = layout_.DataUnitOf(short_position, stripe);
+  constexpr uint64_t kShortBytes = kUnitBytes - 1000;
+  std::vector<uint64_t> sizes = sizes_;
+  sizes[short_position] = short_unit * kUnitBytes + kShortBytes;
+  ASSERT_EQ(layout_.UnitLength(sizes[short_position], short_unit), kShortBytes);
   struct Frame {
     int index;
     uint64_t offset, length;
     uint8_t fill;
   };
+  auto accept = [&](int64_t step, uint64_t of_stripe, const Frame& frame) {
+    const std::vector<uint8_t> payload(frame.length, frame.fill);
+    FrameHeader header = DataHeader(step, of_stripe, frame.index);
+    header.offset = frame.offset;
+    header.length = static_cast<uint32_t>(frame.length);
+    return parity_->Accept(header, payload);
+  };
   // Sends the frames, and adds them in place into `expected` as a copy of the start takes them.
   auto send = [&](int64_t step, const std::vector<Frame>& frames, std::vector<uint8_t>& expected) {
     for (const Frame& frame : frames) {
+      ASSERT_OK(accept(step, stripe, frame));
       const std::vector<uint8_t> payload(frame.length, frame.fill);
-      FrameHeader header = DataHeader(step, stripe, frame.index);
-      header.offset = frame.offset;
-      header.length = static_cast<uint32_t>(frame.length);
-      ASSERT_OK(parity_->Accept(header, payload));
       ASSERT_OK(codec_->UpdateParityUnit(frame.index, 0, payload.data(),
                                          expected.data() + frame.offset, frame.length));
     }
@@ -294,31 +322,37 @@ TEST_F(ParityStoreTest, OverlappingFramesAndBytesNoFrameReachedGiveTheUnitAsAdde
     return std::vector<uint8_t>(unit->extent->data(), unit->extent->data() + unit->bytes);
   };
 
-  // A whole encode: each data unit's first half twice, its second half never. A frame of no bytes
-  // reaches nothing and is refused.
-  ASSERT_OK(parity_->Begin(1, 1, sizes_, nullptr));
+  // A whole encode. A frame of no bytes reaches nothing and is refused.
+  ASSERT_OK(parity_->Begin(1, 1, sizes, nullptr));
   EXPECT_STATUS(parity_->Accept(DataHeader(1, stripe, 0), {}), absl::StatusCode::kInvalidArgument);
+  const absl::Status past = accept(1, stripe, {1, kShortBytes, 1000, 0x99});
+  EXPECT_STATUS(past, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(past.message(), absl::StrCat("do not fit its ", kShortBytes)))
+      << past;
   std::vector<uint8_t> expected(kUnitBytes, 0);
-  send(1, {{0, 0, 2048, 0x11}, {1, 0, 2048, 0x22}, {0, 0, 2048, 0x33}, {1, 0, 2048, 0x44}},
+  send(1,
+       {{0, 0, 2048, 0x11}, {1, 0, 1000, 0x22}, {0, 2048, 2048, 0x33},
+        {1, 1000, kShortBytes - 1000, 0x44}},
        expected);
   for (uint64_t other : held_) {
-    if (other == stripe) continue;
-    for (int index = 0; index < layout_.data_units(); ++index) ASSERT_OK(Send(1, other, index, 7));
+    if (other == stripe || other >= layout_.StripeCount(sizes)) continue;
+    const std::vector<int> data = layout_.Members(other).data_positions;
+    for (size_t index = 0; index < data.size(); ++index) {
+      const uint64_t length =
+          layout_.UnitLength(sizes[data[index]], layout_.DataUnitOf(data[index], other));
+      if (length > 0) ASSERT_OK(accept(1, other, {static_cast<int>(index), 0, length, 7}));
+    }
   }
   ASSERT_OK(parity_->WaitComplete(1, absl::Now() + absl::Seconds(5)));
   parity_->Commit(1);
   EXPECT_TRUE(committed_bytes() == expected);
-  EXPECT_TRUE(
-      std::all_of(expected.begin() + 2048, expected.end(), [](uint8_t b) { return b == 0; }));
 
-  // A delta of one data unit in two frames that overlap by 1,000 bytes; the last 1,000 bytes of
-  // the unit are reached by neither and keep the committed bytes.
+  // A delta of the short unit in two frames; the parity's last 1,000 bytes keep the committed ones.
   StepChanges changes{.units = std::vector<std::vector<bool>>(3, std::vector<bool>(4, false)),
                       .fresh_stripes = {}};
-  const int position = layout_.Members(stripe).data_positions[1];
-  changes.units[position][layout_.DataUnitOf(position, stripe)] = true;
-  ASSERT_OK(parity_->Begin(2, 1, sizes_, &changes));
-  send(2, {{1, 1000, 2048, 0x5a}, {1, 48, 2048, 0xc3}}, expected);
+  changes.units[short_position][short_unit] = true;
+  ASSERT_OK(parity_->Begin(2, 1, sizes, &changes));
+  send(2, {{1, 2000, kShortBytes - 2000, 0x5a}, {1, 0, 2000, 0xc3}}, expected);
   ASSERT_OK(parity_->WaitComplete(2, absl::Now() + absl::Seconds(5)));
   parity_->Commit(2);
   EXPECT_TRUE(committed_bytes() == expected);
