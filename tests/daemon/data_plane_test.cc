@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
+#include <poll.h>
 #include <sys/resource.h>
 
 #include <map>
@@ -347,7 +349,11 @@ tcp::socket RawTo(asio::io_context& io, uint16_t port) {
   return socket;
 }
 
+// Whether the server closes `socket` within 5 s: far longer than the timeouts these tests set
+// (at most 300 ms), far shorter than the defaults (10 s and more) a deadline ignored would leave.
 bool ClosedByPeer(tcp::socket& socket) {
+  pollfd readable{socket.native_handle(), POLLIN, 0};
+  if (::poll(&readable, 1, 5000) != 1) return false;
   uint8_t byte;
   boost::system::error_code error;
   socket.read_some(asio::buffer(&byte, 1), error);
@@ -745,6 +751,55 @@ TEST_F(DataPlaneTlsTest, AClientRefusesAServerNamingAnotherNode) {
   EXPECT_TRUE(absl::StrContains(client.status().message(),
                                 "names moesnap://plane/node/0, not the node meant"))
       << client.status();
+}
+
+// Every wait of a TLS connection ends by its deadline, as a plaintext one's does: a peer silent
+// through the handshake is refused at the handshake timeout; an admitted peer whose frame stalls
+// is cut off at the frame timeout (a rejection); an admitted peer that idles is closed at the idle
+// timeout (not a rejection).
+TEST_F(DataPlaneTlsTest, ASilentHandshakeAStalledFrameAndAnIdlePeerAreClosedInTime) {
+  CollectingSink sink;
+  std::unique_ptr<DataPlaneServer> server =
+      StartServer({.frame_timeout = absl::Milliseconds(200),
+                   .idle_timeout = absl::Milliseconds(300),
+                   .tls = tls_[0],
+                   .handshake_timeout = absl::Milliseconds(300)},
+                  &sink);
+  ASSERT_NE(server, nullptr);
+  asio::io_context io;
+  asio::ssl::context context(asio::ssl::context::tls_client);
+  context.load_verify_file(job_->ca_file());
+  context.use_certificate_chain_file(job_->cert_file(1));
+  context.use_private_key_file(job_->key_file(1), asio::ssl::context::pem);
+  context.set_verify_mode(asio::ssl::verify_peer);
+  // A peer admitted by the server: its handshake done, the server's acceptance read.
+  auto admitted = [&] {
+    auto stream = std::make_unique<asio::ssl::stream<tcp::socket>>(io, context);
+    stream->next_layer() = RawTo(io, server->port());
+    stream->handshake(asio::ssl::stream_base::client);
+    uint8_t accepted = 0;
+    asio::read(*stream, asio::buffer(&accepted, 1));
+    EXPECT_EQ(accepted, 0x01);
+    return stream;
+  };
+  FrameHeader header = HeaderFor(1, 1);
+  const std::vector<uint8_t> payload = PayloadFor(1, 1);
+  header.length = static_cast<uint32_t>(payload.size());
+  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  uint8_t bytes[FrameHeader::kBytes];
+  EncodeFrameHeader(header, bytes);
+
+  tcp::socket silent = RawTo(io, server->port());
+  std::unique_ptr<asio::ssl::stream<tcp::socket>> stalled = admitted();
+  asio::write(*stalled, asio::buffer(bytes, FrameHeader::kBytes / 2));  // and nothing more
+  std::unique_ptr<asio::ssl::stream<tcp::socket>> idle = admitted();
+  EXPECT_TRUE(ClosedByPeer(silent));
+  EXPECT_TRUE(ClosedByPeer(stalled->next_layer()));
+  EXPECT_TRUE(ClosedByPeer(idle->next_layer()));
+  EXPECT_EQ(server->connections_rejected(), 2u)
+      << "the silent handshake and the stalled frame are rejections, idling not";
+  ASSERT_TRUE(Eventually([&] { return server->connections_open() == 0; }));
+  EXPECT_EQ(sink.size(), 0u);
 }
 
 TEST_F(DataPlaneTlsTest, PlaintextNeverReachesATlsServerNorTlsAPlaintextOne) {
