@@ -8,7 +8,7 @@ find_package(GTest REQUIRED CONFIG)
 find_package(CLI11 REQUIRED CONFIG)
 find_package(tomlplusplus REQUIRED CONFIG)
 find_package(Boost 1.74 REQUIRED COMPONENTS system)
-# Mutual TLS between daemons: the data plane's Boost.Asio SSL and certificate checks (libssl-dev).
+# Mutual TLS between daemons: the data plane's TLS sessions (OpenSSL) and certificate checks (libssl-dev).
 find_package(OpenSSL 3 REQUIRED)
 find_package(spdlog REQUIRED CONFIG)
 
