@@ -304,15 +304,17 @@ absl::Status ParityStore::AddFrame(UnitWrites& writes, int data_index, int parit
 }
 
 absl::Status ParityStore::CheckArrival(const FrameHeader& header, const UnitArrivals& arrivals) {
-  const std::string unit = absl::StrCat("step ", header.step, ", stripe ", header.stripe,
-                                        ": data unit ", header.stripe_unit);
+  auto unit = [&] {  // for the message, made only for a refusal
+    return absl::StrCat("step ", header.step, ", stripe ", header.stripe, ": data unit ",
+                        header.stripe_unit);
+  };
   if (arrivals.length == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        unit, ": nothing of it is expected (it did not change, or no frame is taken for its "
+        unit(), ": nothing of it is expected (it did not change, or no frame is taken for its "
         "stripe)"));
   }
   if (header.offset > arrivals.length || header.length > arrivals.length - header.offset) {
-    return absl::InvalidArgumentError(absl::StrCat(unit, ": bytes [", header.offset, ", +",
+    return absl::InvalidArgumentError(absl::StrCat(unit(), ": bytes [", header.offset, ", +",
                                                    header.length, ") do not fit its ",
                                                    arrivals.length, " bytes"));
   }
@@ -322,7 +324,7 @@ absl::Status ParityStore::CheckArrival(const FrameHeader& header, const UnitArri
       after != arrivals.arrived.begin() && std::prev(after)->second > header.offset;
   const bool overlaps_after = after != arrivals.arrived.end() && after->first < end;
   if (overlaps_before || overlaps_after) {
-    return absl::InvalidArgumentError(absl::StrCat(unit, ": bytes [", header.offset, ", ", end,
+    return absl::InvalidArgumentError(absl::StrCat(unit(), ": bytes [", header.offset, ", ", end,
                                                    ") arrived already, in part or whole"));
   }
   return absl::OkStatus();
