@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <map>
 #include <condition_variable>
 #include <mutex>
@@ -349,6 +350,17 @@ tcp::socket RawTo(asio::io_context& io, uint16_t port) {
   return socket;
 }
 
+// The header of frame (1, 1) as its sender writes it, sealed over its payload.
+std::array<uint8_t, FrameHeader::kBytes> SealedHeaderBytes() {
+  FrameHeader header = HeaderFor(1, 1);
+  const std::vector<uint8_t> payload = PayloadFor(1, 1);
+  header.length = static_cast<uint32_t>(payload.size());
+  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
+  std::array<uint8_t, FrameHeader::kBytes> bytes;
+  EncodeFrameHeader(header, bytes.data());
+  return bytes;
+}
+
 // Whether the server closes `socket` within 5 s: far longer than the timeouts these tests set
 // (at most 300 ms), far shorter than the defaults (10 s and more) a deadline ignored would leave.
 bool ClosedByPeer(tcp::socket& socket) {
@@ -388,14 +400,9 @@ TEST(DataPlaneLimitsTest, AFrameThatStallsIsCutOffAndAnIdleConnectionClosed) {
       {.frame_timeout = absl::Milliseconds(200), .idle_timeout = absl::Milliseconds(300)}, &sink);
   ASSERT_NE(server, nullptr);
   asio::io_context io;
-  FrameHeader header = HeaderFor(1, 1);
-  const std::vector<uint8_t> payload = PayloadFor(1, 1);
-  header.length = static_cast<uint32_t>(payload.size());
-  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
-  uint8_t bytes[FrameHeader::kBytes];
-  EncodeFrameHeader(header, bytes);
+  const std::array<uint8_t, FrameHeader::kBytes> bytes = SealedHeaderBytes();
   tcp::socket stalled = RawTo(io, server->port());
-  asio::write(stalled, asio::buffer(bytes, FrameHeader::kBytes / 2));  // and nothing more
+  asio::write(stalled, asio::buffer(bytes.data(), FrameHeader::kBytes / 2));  // and nothing more
   tcp::socket idle = RawTo(io, server->port());
   EXPECT_TRUE(ClosedByPeer(stalled));
   EXPECT_TRUE(ClosedByPeer(idle));
@@ -782,16 +789,11 @@ TEST_F(DataPlaneTlsTest, ASilentHandshakeAStalledFrameAndAnIdlePeerAreClosedInTi
     EXPECT_EQ(accepted, 0x01);
     return stream;
   };
-  FrameHeader header = HeaderFor(1, 1);
-  const std::vector<uint8_t> payload = PayloadFor(1, 1);
-  header.length = static_cast<uint32_t>(payload.size());
-  header.payload_crc = erasure::Crc32c(payload.data(), payload.size());
-  uint8_t bytes[FrameHeader::kBytes];
-  EncodeFrameHeader(header, bytes);
+  const std::array<uint8_t, FrameHeader::kBytes> bytes = SealedHeaderBytes();
 
   tcp::socket silent = RawTo(io, server->port());
   std::unique_ptr<asio::ssl::stream<tcp::socket>> stalled = admitted();
-  asio::write(*stalled, asio::buffer(bytes, FrameHeader::kBytes / 2));  // and nothing more
+  asio::write(*stalled, asio::buffer(bytes.data(), FrameHeader::kBytes / 2));  // and nothing more
   std::unique_ptr<asio::ssl::stream<tcp::socket>> idle = admitted();
   EXPECT_TRUE(ClosedByPeer(silent));
   EXPECT_TRUE(ClosedByPeer(stalled->next_layer()));
