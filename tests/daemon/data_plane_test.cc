@@ -361,8 +361,8 @@ std::array<uint8_t, FrameHeader::kBytes> SealedHeaderBytes() {
   return bytes;
 }
 
-// Whether the server closes `socket` within 5 s: far longer than the timeouts these tests set
-// (at most 300 ms), far shorter than the defaults (10 s and more) a deadline ignored would leave.
+// Whether the server closes `socket` within 5 s: longer than the timeouts these tests set (at most
+// 2 s), shorter than the defaults (10 s and more) a deadline ignored would leave.
 bool ClosedByPeer(tcp::socket& socket) {
   pollfd readable{socket.native_handle(), POLLIN, 0};
   if (::poll(&readable, 1, 5000) != 1) return false;
@@ -767,10 +767,12 @@ TEST_F(DataPlaneTlsTest, AClientRefusesAServerNamingAnotherNode) {
 TEST_F(DataPlaneTlsTest, ASilentHandshakeAStalledFrameAndAnIdlePeerAreClosedInTime) {
   CollectingSink sink;
   std::unique_ptr<DataPlaneServer> server =
+      // Each timeout far longer than what it must let pass on a busy machine (a handshake, the
+      // test's write after one), far shorter than ClosedByPeer's bound.
       StartServer({.frame_timeout = absl::Milliseconds(200),
-                   .idle_timeout = absl::Milliseconds(300),
+                   .idle_timeout = absl::Seconds(2),
                    .tls = tls_[0],
-                   .handshake_timeout = absl::Milliseconds(300)},
+                   .handshake_timeout = absl::Seconds(1)},
                   &sink);
   ASSERT_NE(server, nullptr);
   asio::io_context io;
