@@ -91,7 +91,7 @@ class DeadlineSocket {
     if (asio::buffer_size(buffers) == 0) return 0;
     if (ahead_begin_ == ahead_end_) {
       if (ahead_ == nullptr) ahead_ = std::make_unique_for_overwrite<uint8_t[]>(kReadAheadBytes);
-      ahead_begin_ = ahead_end_ = 0;
+      ahead_begin_ = 0;
       ahead_end_ = Transfer(POLLIN, error, [&] {
         return socket_.read_some(asio::buffer(ahead_.get(), kReadAheadBytes), error);
       });
