@@ -37,18 +37,19 @@ void MarkUnits(uint64_t offset, uint64_t bytes, uint64_t unit_bytes, std::vector
 
 }  // namespace
 
-NodeImage::NodeImage()
-    : arena_(ManifestArena()),
-      manifest_(google::protobuf::Arena::CreateMessage<v1::NodeImage>(arena_.get())) {}
+NodeImage::NodeImage() {
+  memory_.arena = ManifestArena();
+  memory_.manifest = google::protobuf::Arena::CreateMessage<v1::NodeImage>(memory_.arena.get());
+}
 
 NodeImage::NodeImage(const v1::NodeImage& manifest, std::vector<std::shared_ptr<PoolBytes>> stored)
     : NodeImage() {
-  manifest_->CopyFrom(manifest);
+  memory_.manifest->CopyFrom(manifest);
   stored_ = std::move(stored);
   MapRegions();
 }
 
-NodeImage::NodeImage(const NodeImage& other) : NodeImage(*other.manifest_, other.stored_) {}
+NodeImage::NodeImage(const NodeImage& other) : NodeImage(*other.memory_.manifest, other.stored_) {}
 
 NodeImage& NodeImage::operator=(const NodeImage& other) {
   if (this != &other) *this = NodeImage(other);
@@ -56,11 +57,8 @@ NodeImage& NodeImage::operator=(const NodeImage& other) {
 }
 
 NodeImage::NodeImage(NodeImage&& other) noexcept
-    : arena_(std::move(other.arena_)),
-      manifest_(std::exchange(other.manifest_, nullptr)),
+    : memory_(std::exchange(other.memory_, {})),
       recycler_(std::move(other.recycler_)),
-      keys_(std::move(other.keys_)),
-      first_build_bytes_(other.first_build_bytes_),
       stored_(std::move(other.stored_)),
       starts_(std::move(other.starts_)),
       pool_extents_(other.pool_extents_) {}
@@ -70,11 +68,8 @@ NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
     // This image's manifest goes back to its recycler, or is freed with its arena, which the
     // other's replaces.
     Recycle();
-    manifest_ = std::exchange(other.manifest_, nullptr);
-    arena_ = std::move(other.arena_);
+    memory_ = std::exchange(other.memory_, {});
     recycler_ = std::move(other.recycler_);
-    keys_ = std::move(other.keys_);
-    first_build_bytes_ = other.first_build_bytes_;
     stored_ = std::move(other.stored_);
     starts_ = std::move(other.starts_);
     pool_extents_ = other.pool_extents_;
@@ -85,21 +80,17 @@ NodeImage& NodeImage::operator=(NodeImage&& other) noexcept {
 NodeImage::~NodeImage() { Recycle(); }
 
 void NodeImage::Recycle() {
-  if (recycler_ == nullptr || manifest_ == nullptr) return;
-  recycler_->Keep({std::move(arena_), std::exchange(manifest_, nullptr), std::move(keys_),
-                   first_build_bytes_});
+  if (recycler_ == nullptr || memory_.manifest == nullptr) return;
+  recycler_->Keep(std::exchange(memory_, {}));
   recycler_.reset();
 }
 
 NodeImage::NodeImage(ManifestRecycler::Memory memory)
-    : arena_(std::move(memory.arena)),
-      manifest_(memory.manifest),
-      keys_(std::move(memory.keys)),
-      first_build_bytes_(memory.first_build_bytes) {
-  manifest_->clear_node_id();
-  manifest_->clear_step();
-  manifest_->clear_bytes();
-  manifest_->clear_ranks();
+    : memory_(std::move(memory)) {
+  memory_.manifest->clear_node_id();
+  memory_.manifest->clear_step();
+  memory_.manifest->clear_bytes();
+  memory_.manifest->clear_ranks();
 }
 
 NodeImage NodeImage::InMemoryOf(std::shared_ptr<ManifestRecycler> recycler) {
@@ -110,9 +101,10 @@ NodeImage NodeImage::InMemoryOf(std::shared_ptr<ManifestRecycler> recycler) {
 }
 
 void NodeImage::KeepEntries(int count) {
-  google::protobuf::RepeatedPtrField<v1::ImageRegion>& regions = *manifest_->mutable_regions();
+  google::protobuf::RepeatedPtrField<v1::ImageRegion>& regions =
+      *memory_.manifest->mutable_regions();
   while (regions.size() > count) regions.RemoveLast();
-  keys_.resize(static_cast<size_t>(count));
+  memory_.keys.resize(static_cast<size_t>(count));
 }
 
 std::optional<ManifestRecycler::Memory> ManifestRecycler::Take() {
@@ -139,13 +131,13 @@ void ManifestRecycler::Keep(Memory memory) {
 
 void NodeImage::MapRegions() {
   starts_.clear();
-  starts_.reserve(manifest_->regions_size());
+  starts_.reserve(memory_.manifest->regions_size());
   uint64_t offset = 0;
-  for (const v1::ImageRegion& region : manifest_->regions()) {
+  for (const v1::ImageRegion& region : memory_.manifest->regions()) {
     starts_.push_back(offset);
     offset += region.bytes();
   }
-  manifest_->set_bytes(offset);
+  memory_.manifest->set_bytes(offset);
   pool_extents_ = 0;
   for (const std::shared_ptr<PoolBytes>& stored : stored_) {
     if (stored != nullptr) pool_extents_ += stored->extents().size();
@@ -174,7 +166,7 @@ void NodeImage::ForEachPiece(uint64_t offset, uint64_t length, Visit visit) cons
   size_t i = std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin();
   i = i == 0 ? 0 : i - 1;
   for (; i < starts_.size() && starts_[i] < end; ++i) {
-    const uint64_t region_end = starts_[i] + manifest_->regions(static_cast<int>(i)).bytes();
+    const uint64_t region_end = starts_[i] + memory_.manifest->regions(static_cast<int>(i)).bytes();
     const uint64_t from = std::max(offset, starts_[i]);
     const uint64_t to = std::min(end, region_end);
     if (from < to) visit(static_cast<int>(i), from - starts_[i], from - offset, to - from);
@@ -258,8 +250,8 @@ uint8_t* NodeImage::Contiguous(uint64_t offset, uint64_t length) const {
 
 std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
   std::vector<std::pair<int, uint32_t>> corrupt;
-  for (int i = 0; i < manifest_->regions_size(); ++i) {
-    const v1::ImageRegion& region = manifest_->regions(i);
+  for (int i = 0; i < memory_.manifest->regions_size(); ++i) {
+    const v1::ImageRegion& region = memory_.manifest->regions(i);
     for (int chunk = 0; chunk < region.chunk_crcs_size(); ++chunk) {
       const uint64_t begin = uint64_t(chunk) * region.chunk_bytes();
       const uint64_t bytes = std::min(region.chunk_bytes(), region.bytes() - begin);
@@ -272,7 +264,7 @@ std::vector<std::pair<int, uint32_t>> NodeImage::CorruptChunks() const {
 }
 
 std::pair<uint64_t, uint64_t> NodeImage::ChunkRange(int region, uint32_t chunk) const {
-  const v1::ImageRegion& info = manifest_->regions(region);
+  const v1::ImageRegion& info = memory_.manifest->regions(region);
   const uint64_t begin = uint64_t{chunk} * info.chunk_bytes();
   return {starts_[region] + begin, std::min(info.chunk_bytes(), info.bytes() - begin)};
 }

@@ -68,7 +68,7 @@ class NodeImage {
   template <typename Build>
   static NodeImage Built(Build build) {
     NodeImage image;
-    build(*image.manifest_, image.stored_);
+    build(*image.memory_.manifest, image.stored_);
     image.MapRegions();
     return image;
   }
@@ -115,12 +115,13 @@ class NodeImage {
   template <typename Build>
   static NodeImage BuiltIn(std::shared_ptr<ManifestRecycler> recycler, Build build) {
     NodeImage image = InMemoryOf(std::move(recycler));
-    image.stored_.reserve(static_cast<size_t>(image.manifest_->regions_size()));
-    Entries entries(*image.manifest_, image.keys_, image.stored_);
+    ManifestRecycler::Memory& memory = image.memory_;
+    image.stored_.reserve(static_cast<size_t>(memory.manifest->regions_size()));
+    Entries entries(*memory.manifest, memory.keys, image.stored_);
     build(entries);
     image.KeepEntries(entries.added_);
     image.MapRegions();
-    if (image.first_build_bytes_ == 0) image.first_build_bytes_ = image.arena_->SpaceAllocated();
+    if (memory.first_build_bytes == 0) memory.first_build_bytes = memory.arena->SpaceAllocated();
     return image;
   }
   ~NodeImage();
@@ -134,16 +135,16 @@ class NodeImage {
   // Allocates pool bytes per region of `manifest`, for a rebuild to fill.
   static absl::StatusOr<NodeImage> Allocate(Pool* pool, const v1::NodeImage& manifest);
 
-  const v1::NodeImage& manifest() const { return *manifest_; }
+  const v1::NodeImage& manifest() const { return *memory_.manifest; }
   // Names the node the image is of (a store's image leaves it unset), in place of copying the
   // manifest to name it.
-  void set_node_id(uint32_t node_id) { manifest_->set_node_id(node_id); }
+  void set_node_id(uint32_t node_id) { memory_.manifest->set_node_id(node_id); }
   const std::vector<std::shared_ptr<PoolBytes>>& stored() const { return stored_; }
   // The pool extents its regions' bytes lie in, all told: counted once as the image is made, for
   // the journal's bound (CommitJournalBound), which would otherwise reach each region's pool bytes
   // again when they are long out of cache.
   uint64_t pool_extents() const { return pool_extents_; }
-  uint64_t bytes() const { return manifest_->bytes(); }
+  uint64_t bytes() const { return memory_.manifest->bytes(); }
 
   // Copies image bytes [offset, offset + length) to `out`; bytes past the end of the image are zero.
   void Read(uint64_t offset, uint64_t length, uint8_t* out) const;
@@ -192,12 +193,10 @@ class NodeImage {
   // Hands the manifest's memory back to the recycler it came from, if any.
   void Recycle();
 
-  std::unique_ptr<google::protobuf::Arena> arena_;  // before manifest_, which lives on it
-  v1::NodeImage* manifest_;                          // on arena_
-  // Where the manifest's memory goes back to, and its entries' keys (BuiltIn's images only).
-  std::shared_ptr<ManifestRecycler> recycler_;
-  std::vector<uint64_t> keys_;
-  uint64_t first_build_bytes_ = 0;  // ManifestRecycler::Memory's
+  // The manifest, on the arena the image owns; its entries' keys and first build's size matter to
+  // BuiltIn's images only. A moved-from image's manifest is null.
+  ManifestRecycler::Memory memory_;
+  std::shared_ptr<ManifestRecycler> recycler_;  // where memory_ goes back to, if anywhere
   std::vector<std::shared_ptr<PoolBytes>> stored_;
   std::vector<uint64_t> starts_;  // image offset of each region
   uint64_t pool_extents_ = 0;
