@@ -20,6 +20,8 @@ committed window: the daemon tracks windows (a window commits when all its slots
 ``moesnapctl inspect`` lists them), and before the first slot of a window the trainer waits for the
 previous window's slots to settle (commit or fail) and asks the daemon which buffer its last
 committed window holds. A window that failed (a slot aborted) leaves its buffer free for the next.
+When the daemon does not answer there (gone, or hung), the window is skipped whole, and the next
+window asks again: a failure of the snapshot system never reaches the training loop.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class SparseSnapshots:
         self._skip_through = 0  # steps up to here are stored already (see recover)
         self._window_first: Optional[int] = None  # the window being written, and its buffer
         self._buffer = 0
+        self._window_failure: Optional[str] = None  # why that window is skipped, if it is
 
     # Names ---------------------------------------------------------------------------------------
     @staticmethod
@@ -121,20 +124,39 @@ class SparseSnapshots:
     def _slot(self, step: int) -> int:
         return (step - 1) % self.window
 
-    def _buffer_for_window(self, first: int) -> int:
-        """The buffer the window from step ``first`` writes: not the last committed window's."""
+    def _buffer_for_window(self, first: int) -> Optional[int]:
+        """The buffer the window from step ``first`` writes: not the last committed window's.
+        None when the window is skipped whole (``_window_failure`` says why): the daemon did not
+        answer which buffer that is, and writing the wrong one would overwrite the last committed
+        window."""
         if self._window_first == first:
-            return self._buffer
+            return None if self._window_failure else self._buffer
+        self._window_first = first
+        self._window_failure = None
         # Every slot of the previous window settles (commits or fails) before its buffer is judged
         # and the daemon opens the next one: its last slot may have been skipped, the window
         # failed, while an earlier slot still waits for the cluster's decision.
         for step in range(max(1, first - self.window), first):
             try:
                 self._client.wait_committed(step)
-            except Error:  # that slot did not commit: the committed window's buffer stays safe
-                pass
-        committed = self._client.windows()["committed"]
-        self._window_first = first
+            except Error as error:
+                if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    # The daemon is gone or hung (or the slot still undecided, which the daemon
+                    # would refuse the window for): asking about the other slots would cost a
+                    # wait each.
+                    self._window_failure = (f"the window from step {first} is skipped: step "
+                                            f"{step} of the window before did not settle: "
+                                            f"{error.message}")
+                    return None
+                # Any other answer: that slot did not commit, and the committed window's buffer
+                # stays safe.
+        try:
+            committed = self._client.windows()["committed"]
+        except Error as error:  # no argument a trainer could get wrong: the daemon failed
+            self._window_failure = (f"the window from step {first} is skipped: moesnapd did not "
+                                    f"say which buffer holds its last committed window: "
+                                    f"{error.message}")
+            return None
         self._buffer = 0 if committed is None else 1 - committed["buffer"]
         return self._buffer
 
@@ -166,13 +188,17 @@ class SparseSnapshots:
 
     def snapshot(self, step: int) -> int:
         """Call right after ``optimizer.step()`` of ``step``, where a dense trainer calls
-        ``client.snapshot``. Returns the bytes the daemon copies (0 for a step stored already)."""
+        ``client.snapshot``. Returns the bytes the daemon copies: 0 for a step stored already, or
+        skipped (``client.skipped_steps`` says why)."""
         if step <= self._skip_through:
             self._client.stage(step)  # kept in this process only: rewind may come back to it
             return 0
         slot = self._slot(step)
         first = step - slot
         buffer = self._buffer_for_window(first)
+        if buffer is None:
+            self._client.skip(step, self._window_failure)
+            return 0
         names = [self._norm_region(buffer)]
         if slot == 0:
             names += [self._window_state_region(region, buffer) for region in self._window_state]
@@ -208,6 +234,7 @@ class SparseSnapshots:
         if windows["open"] is not None:  # the trainer goes on writing the window it was writing
             self._window_first = windows["open"]["first_step"]
             self._buffer = windows["open"]["buffer"]
+            self._window_failure = None
         committed = windows["committed"]
         if committed is None:
             return 0

@@ -669,6 +669,16 @@ class Client:
         self._collect_skipped()
         return copied
 
+    def skip(self, step: int, reason: str) -> None:
+        """Skips the snapshot of ``step`` without asking the daemon, saying ``reason`` in
+        ``skipped_steps``, and stages as ``snapshot(step)`` would (``rewind`` can come back to its
+        end): for a step the daemon could not use, such as one of a sparse window that can no
+        longer commit."""
+        self.stage(step)
+        self._last_snapshot = step
+        self._captured_through = step
+        self._skip(step, reason)
+
     def stage(self, step: int) -> None:
         """Stages buffers and pickles state providers as ``snapshot(step)`` would, without taking
         a snapshot: for a step whose snapshot is stored already (a replay), so that ``rewind``

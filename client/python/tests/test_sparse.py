@@ -3,9 +3,11 @@ several points for several window sizes, with global gradient clipping on: every
 (replayed steps included) and the final parameters and Adam state must be bit-identical to an
 uninterrupted run."""
 
+import signal
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import pytest
 import torch
@@ -129,4 +131,76 @@ def test_a_window_opens_once_every_slot_of_the_one_before_settled():
     daemon.calls.clear()
     assert snapshots._buffer_for_window(10) == 1  # the window's later slots ask nothing again
     assert daemon.calls == []
+
+
+
+def small_sparse_trainer(client: moesnap.Client, window: int) -> Callable[[int], int]:
+    """A two-layer model under Adam with sparse snapshots of one layer per operator; returns a
+    function that trains one step, snapshots it and waits for its capture, returning the bytes
+    copied (0: skipped)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    optimizer = torch.optim.Adam(model.parameters())
+    client.register_module("model", model)
+    client.register_optimizer("optim", optimizer)
+    operators = [(f"layer{index}", list(layer.parameters())) for index, layer in enumerate(model)]
+    sparse = moesnap.sparse.SparseSnapshots(client, model, optimizer, operators, window)
+
+    def train_and_snapshot(step: int) -> int:
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        copied = sparse.snapshot(step)
+        sparse.wait_captured()
+        return copied
+
+    return train_and_snapshot
+
+
+def wait_until_answering(client: moesnap.Client, timeout: float = 30) -> None:
+    """Waits until the client reaches its (restarted) daemon again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.latest_committed()
+            return
+        except moesnap.Error as error:
+            assert error.code == "UNAVAILABLE" and time.monotonic() < deadline, error
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("failure", ["hung", "killed"])
+def test_a_window_whose_first_step_finds_no_daemon_is_skipped_after_one_wait(daemon: Daemon,
+                                                                              failure):
+    """At a window's first step the trainer asks the daemon which buffer is free; a daemon that
+    does not answer costs one wait (not one per slot of the window before), and the window is
+    skipped whole: its later steps ask nothing. The next window commits."""
+    wait_timeout = 1.5
+    client = moesnap.Client(daemon.agent_socket, 0, call_timeout_s=1, wait_timeout_s=wait_timeout)
+    train_and_snapshot = small_sparse_trainer(client, window=4)
+    for step in range(1, 5):
+        assert train_and_snapshot(step) > 0
+    if failure == "hung":
+        daemon.process.send_signal(signal.SIGSTOP)
+    else:
+        daemon.kill()
+    try:
+        began = time.monotonic()
+        for step in range(5, 9):
+            assert train_and_snapshot(step) == 0
+        elapsed = time.monotonic() - began
+    finally:
+        if failure == "hung":
+            daemon.process.send_signal(signal.SIGCONT)
+    assert [step for step, _ in client.skipped_steps] == [5, 6, 7, 8], client.skipped_steps
+    assert all("window from step 5" in reason for _, reason in client.skipped_steps), \
+        client.skipped_steps
+    assert elapsed < 3 * wait_timeout, elapsed
+    if failure == "killed":
+        daemon.start()
+        wait_until_answering(client)
+    for step in range(9, 13):
+        assert train_and_snapshot(step) > 0
+    client.wait_committed(12)
+    assert client.windows()["committed"]["first_step"] == 9
 
