@@ -103,6 +103,9 @@ class SparseSnapshots:
         self._window_first: Optional[int] = None  # the window being written, and its buffer
         self._buffer = 0
         self._window_failure: Optional[str] = None  # why that window is skipped, if it is
+        # Where the client's skipped_steps stood when that window opened: a skip after it of one
+        # of the window's slots leaves the window unable to commit.
+        self._skips_before_window = 0
 
     # Names ---------------------------------------------------------------------------------------
     @staticmethod
@@ -133,6 +136,7 @@ class SparseSnapshots:
             return None if self._window_failure else self._buffer
         self._window_first = first
         self._window_failure = None
+        self._skips_before_window = len(self._client.skipped_steps)
         # Every slot of the previous window settles (commits or fails) before its buffer is judged
         # and the daemon opens the next one: its last slot may have been skipped, the window
         # failed, while an earlier slot still waits for the cluster's decision.
@@ -159,6 +163,16 @@ class SparseSnapshots:
             return None
         self._buffer = 0 if committed is None else 1 - committed["buffer"]
         return self._buffer
+
+    def _skipped_slot(self, first: int, step: int) -> Optional[str]:
+        """Why the window from step ``first`` can no longer commit when one of its slots before
+        ``step`` was skipped (the daemon gone, or one that restarted and lost it): the daemon
+        refuses the window's later slots, which are skipped without asking it."""
+        for skipped, _ in self._client.skipped_steps[self._skips_before_window:]:
+            if first <= skipped < step:
+                return (f"the window from step {first} can no longer commit: its step {skipped} "
+                        f"(slot {skipped - first}) was skipped")
+        return None
 
     def last_window_end(self) -> int:
         """The last step of the last committed window (0 when none has committed)."""
@@ -196,7 +210,9 @@ class SparseSnapshots:
         slot = self._slot(step)
         first = step - slot
         buffer = self._buffer_for_window(first)
-        if buffer is None:
+        if buffer is not None:
+            self._window_failure = self._skipped_slot(first, step)
+        if self._window_failure is not None:
             self._client.skip(step, self._window_failure)
             return 0
         names = [self._norm_region(buffer)]
@@ -235,6 +251,7 @@ class SparseSnapshots:
             self._window_first = windows["open"]["first_step"]
             self._buffer = windows["open"]["buffer"]
             self._window_failure = None
+            self._skips_before_window = len(self._client.skipped_steps)
         committed = windows["committed"]
         if committed is None:
             return 0

@@ -661,7 +661,7 @@ class Client:
             else:
                 copied = self._native.snapshot_sparse(step, regions, **sparse)
         except Error as error:
-            if error.code not in _SYSTEM_FAILURES:
+            if error.code not in _SYSTEM_FAILURES and not _refuses_sparse_slot(error, sparse):
                 raise
             self._captured_through = step  # nothing to wait for
             self._skip(step, error.message)
@@ -990,6 +990,15 @@ class _OptimizerManifest:
                                                 "param_groups": manifest["param_groups"]})
         for parameter, key, tensor in tensors:
             registration.optimizer.state[parameter][key] = tensor
+
+
+def _refuses_sparse_slot(error: Error, sparse: Optional[Dict[str, Any]]) -> bool:
+    """Whether the daemon refused a sparse slot after a window's first because its open window is
+    not the one the slot continues: a slot before it never reached the daemon, or was lost with a
+    daemon that restarted. That window can no longer commit; the slot is skipped like any step the
+    snapshot system could not take. (What a trainer can get wrong in a sparse snapshot the daemon
+    refuses at the window's first slot already.)"""
+    return sparse is not None and sparse["slot"] > 0 and error.code == "FAILED_PRECONDITION"
 
 
 def _check_parameters(registration: _OptimizerRegistration, manifest: Dict[str, Any]) -> None:

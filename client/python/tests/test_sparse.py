@@ -108,6 +108,7 @@ class _FailedWindowDaemon:
 
     def __init__(self) -> None:
         self.calls: List[object] = []
+        self.skipped_steps: List[Tuple[int, str]] = []
 
     def wait_committed(self, step: int) -> None:
         self.calls.append(step)
@@ -204,3 +205,33 @@ def test_a_window_whose_first_step_finds_no_daemon_is_skipped_after_one_wait(dae
     client.wait_committed(12)
     assert client.windows()["committed"]["first_step"] == 9
 
+
+@pytest.mark.parametrize("daemon_back", ["restarted", "replaced"])
+def test_a_window_missing_a_slot_is_skipped_to_its_end_and_the_next_one_commits(daemon: Daemon,
+                                                                                 daemon_back):
+    """A slot that never reached the daemon (it was down; or a daemon with an empty pool replaced
+    it, which knows no open window) leaves its window unable to commit: the window's later steps
+    are skipped, saying why, instead of raising the daemon's refusal into the training loop."""
+    client = moesnap.Client(daemon.agent_socket, 0)
+    train_and_snapshot = small_sparse_trainer(client, window=4)
+    assert train_and_snapshot(1) > 0
+    client.wait_committed(1)
+    if daemon_back == "restarted":  # with its pool: it knows the window and its slot 0
+        daemon.kill()
+        assert train_and_snapshot(2) == 0  # no daemon
+        daemon.start()
+        wait_until_answering(client)
+    else:
+        daemon.remove()
+        daemon.start()
+        wait_until_answering(client)
+        assert train_and_snapshot(2) == 0  # refused: the new daemon has no window open
+    for step in (3, 4):
+        assert train_and_snapshot(step) == 0
+    assert [step for step, _ in client.skipped_steps] == [2, 3, 4], client.skipped_steps
+    assert all("window from step 1" in reason for _, reason in client.skipped_steps[1:]), \
+        client.skipped_steps
+    for step in range(5, 9):
+        assert train_and_snapshot(step) > 0
+    client.wait_committed(8)
+    assert client.windows()["committed"]["first_step"] == 5
