@@ -661,9 +661,9 @@ class Client:
             else:
                 copied = self._native.snapshot_sparse(step, regions, **sparse)
         except Error as error:
+            self._captured_through = step  # the daemon took nothing to wait for, raised or not
             if error.code not in _SYSTEM_FAILURES and not _refuses_sparse_slot(error, sparse):
                 raise
-            self._captured_through = step  # nothing to wait for
             self._skip(step, error.message)
             return 0
         self._collect_skipped()

@@ -31,6 +31,18 @@ def test_a_tensor_replaced_after_registration_is_refused_by_name(daemon: Daemon)
     assert "model.bias" in error.value.message
 
 
+def test_a_snapshot_the_daemon_refused_leaves_no_capture_to_wait_for(daemon: Daemon):
+    client = moesnap.Client(daemon.agent_socket, 0)
+    client.register_tensor("weights", torch.zeros(4))
+    with pytest.raises(moesnap.Error) as error:
+        client.snapshot(1, ["no such region"])
+    assert error.value.code == "NOT_FOUND"
+    client.wait_captured()  # the daemon took no step 1: asking it about one would be an error
+    assert client.snapshot(2) > 0
+    client.wait_captured()
+    client.wait_committed(2)
+
+
 def test_restoring_into_a_model_of_another_shape_names_the_tensor(daemon: Daemon):
     original = torch.nn.Linear(4, 3)
     client = moesnap.Client(daemon.agent_socket, 0)
