@@ -164,9 +164,10 @@ def check(status: int) -> None:
 
 
 def take_string(pointer: c_void_p) -> str:
-    """A string the library returned, released."""
+    """A string the library returned, released. Bytes that are not UTF-8 (a path in a reason)
+    read as U+FFFD: a reason must never fail to be read."""
     try:
-        return ctypes.string_at(pointer).decode("utf-8")
+        return ctypes.string_at(pointer).decode("utf-8", errors="replace")
     finally:
         lib.moesnap_free(pointer)
 
