@@ -21,13 +21,16 @@ two-phase commit keeps in step) and deterministic kernels.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .sparse import SparseSnapshots
-from .torch_helpers import Client, Error
+from .torch_helpers import _SYSTEM_FAILURES, Client, Error
+
+_logger = logging.getLogger("moesnap")
 
 # Errors that mean a log the replay needs is not there (or too large for one message): recovery
 # falls back to the last window.
@@ -46,7 +49,9 @@ class StageLink:
         self._ranks = ranks
         self.replaying = False
         self._fetched: Dict[Tuple[int, str], List[torch.Tensor]] = {}
-        self.log_refusals = 0  # appends the daemon refused (log full): those steps cannot replay
+        # Messages not logged (the log full, the daemon gone or failing): a neighbour's recovery
+        # that needs one falls back to its last window.
+        self.log_refusals = 0
 
     @property
     def first(self) -> bool:
@@ -63,9 +68,13 @@ class StageLink:
         try:
             self._client.append_log(step, micro_batch, direction, self._ranks[peer], tensor)
         except Error as error:
-            if error.code != "RESOURCE_EXHAUSTED":
+            if error.code not in _SYSTEM_FAILURES:
                 raise
-            self.log_refusals += 1  # training goes on; a neighbour's recovery falls back
+            self.log_refusals += 1  # training goes on, and the message is sent
+            if self.log_refusals & (self.log_refusals - 1) == 0:  # the first, then ever more rarely
+                _logger.warning("moesnap: the %s message of step %d (micro-batch %d) was not "
+                                "logged (%d so far): %s", direction, step, micro_batch,
+                                self.log_refusals, error.message)
 
     def _receive(self, step: int, micro_batch: int, direction: str, peer: int,
                  like: torch.Tensor) -> torch.Tensor:
