@@ -471,16 +471,21 @@ class Client:
             if storage._cdata not in self._storages:
                 fresh.setdefault(storage._cdata, (name, storage))
         self._share_storages(list(fresh.values()))
-        specs = []
+        specs, placed = [], []
         for name, tensor in host:
             shared = self._storages[_storage.untyped_storage(tensor)._cdata]
             start = tensor.data_ptr() - shared.storage.data_ptr()
-            shared.ranges.append((start, start + _nbytes(tensor)))
             memory = (shared.handle, shared.offset + start)
             specs.append((name, *memory, _nbytes(tensor), str(tensor.dtype), list(tensor.shape)))
-            self._regions[name] = _Region(name, tensor, shared.address + start, memory=memory)
-            names.append(name)
+            placed.append((shared, start,
+                           _Region(name, tensor, shared.address + start, memory=memory)))
         self._native.register_host_regions(specs)
+        # Kept once the daemon took them: a registration that failed (optimizer state registered
+        # during a snapshot) is made again whole at the next one.
+        for shared, start, region in placed:
+            shared.ranges.append((start, start + _nbytes(region.tensor)))
+            self._regions[region.name] = region
+            names.append(region.name)
         return names
 
     def _share_storages(self, storages: List[Tuple[str, Any]]) -> None:
@@ -580,18 +585,20 @@ class Client:
         *offsets, total = _storage.layout([_nbytes(tensor) for _, tensor, _ in host])
         buffer = self._native.allocate_host(total)
         (handle,) = self._native.share_memory([buffer.fd])
-        self._buffers.append(buffer)
-        specs = []
+        specs, staged = [], []
         for (name, tensor, live), offset in zip(host, offsets):
             staging = torch.frombuffer(buffer, dtype=torch.uint8, count=_nbytes(tensor),
                                        offset=offset).view(tensor.dtype).view(tensor.shape)
             staging.copy_(tensor.detach())
             specs.append((name, handle, offset, _nbytes(tensor), str(tensor.dtype),
                           list(tensor.shape)))
-            self._regions[name] = _Region(name, staging, staging.data_ptr(), live=live,
-                                          memory=(handle, offset))
-            names.append(name)
+            staged.append(_Region(name, staging, staging.data_ptr(), live=live,
+                                  memory=(handle, offset)))
         self._native.register_host_regions(specs)
+        self._buffers.append(buffer)  # kept once the daemon took its regions, as in _share
+        for region in staged:
+            self._regions[region.name] = region
+            names.append(region.name)
         return names
 
     def _register_cuda_tensors(self, named: List[Tuple[str, torch.Tensor]]) -> None:
@@ -651,10 +658,14 @@ class Client:
         at once; 0 when the step is skipped (``skipped_steps`` says why), which is no error:
         training goes on. ``sparse`` places a sparse step in its window: keys
         ``window_first_step``, ``window_size``, ``slot``, ``buffer`` and ``operators``."""
-        self._prepare_snapshot()
+        unregistered = self._prepare_snapshot()
         self._staged_step = step
-        regions = [] if names is None else list(names) + list(self._states)
         self._last_snapshot = step
+        if unregistered is not None:
+            self._captured_through = step  # nothing to wait for
+            self._skip(step, unregistered)
+            return 0
+        regions = [] if names is None else list(names) + list(self._states)
         try:
             if sparse is None:
                 copied = self._native.snapshot(step, regions)
@@ -683,7 +694,7 @@ class Client:
         """Stages buffers and pickles state providers as ``snapshot(step)`` would, without taking
         a snapshot: for a step whose snapshot is stored already (a replay), so that ``rewind``
         can go back to its end."""
-        self._prepare_snapshot()
+        self._prepare_snapshot()  # state it could not register is registered by a later snapshot
         self._staged_step = step
 
     def rewind(self, step: int) -> None:
@@ -702,10 +713,11 @@ class Client:
         self._unstage(regions)
         self._load_states(regions)
 
-    def _prepare_snapshot(self) -> None:
+    def _prepare_snapshot(self) -> Optional[str]:
         """Makes every region hold what the next snapshot takes: moves storages registered since
         into shared memory, checks that shared tensors did not move, registers optimizer state
-        created since, stages buffers and pickles state."""
+        created since, stages buffers and pickles state. Returns why the state created since
+        could not be registered (see ``_register_new_state``), None when it was."""
         self._move_storages()
         for name, region in self._regions.items():
             if region.live is None and region.base is None and \
@@ -716,10 +728,8 @@ class Client:
                             f"registered tensors in place only")
         # The previous capture reads the staging memory: it must be done before it is rewritten.
         self._wait_for_capture()
-        for registration in self._optimizers:
-            self._adopt_optimizer_state(registration)
+        unregistered = self._register_new_state()
         self._move_storages()  # of state the optimizers created since
-        self._declare_replica_groups()
         for region in self._regions.values():
             if region.live is not None:
                 live = region.live()
@@ -739,6 +749,24 @@ class Client:
                             f"{capacity}: register it with a larger capacity")
             view[:_LENGTH_PREFIX.size] = _LENGTH_PREFIX.pack(len(payload))
             view[_LENGTH_PREFIX.size:_LENGTH_PREFIX.size + len(payload)] = payload
+        return unregistered
+
+    def _register_new_state(self) -> Optional[str]:
+        """Registers the optimizer state created since the last snapshot and declares it to its
+        replica groups. When the snapshot system fails at it (the daemon gone, shared memory
+        full), returns why: the step is skipped, since its snapshot would miss that state, and
+        the next one registers what is still missing. Misuse (a tensor that cannot be shared)
+        raises."""
+        try:
+            for registration in self._optimizers:
+                self._adopt_optimizer_state(registration)
+            self._declare_replica_groups()
+        except Error as error:
+            if error.code not in _SYSTEM_FAILURES:
+                raise
+            return (f"the state created since the last snapshot could not be registered: "
+                    f"{error.message}")
+        return None
 
     def wait_captured(self) -> None:
         """Blocks until the last snapshot's regions are copied (they may then change again).
@@ -771,8 +799,11 @@ class Client:
         saying why in the log, when it could not (the daemon gone, the cluster aborted the step),
         never raises for it."""
         self._wait_for_capture()
-        self._prepare_snapshot()
+        unregistered = self._prepare_snapshot()
         self._staged_step = step
+        if unregistered is not None:
+            _log.error("moesnap could not commit step %d: %s", step, unregistered)
+            return False
         try:
             self._native.commit(step)
             return True

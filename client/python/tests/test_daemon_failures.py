@@ -4,7 +4,9 @@ daemon is back. Misuse still raises (test_bad_use.py)."""
 
 import os
 from pathlib import Path
+from typing import Callable, Tuple
 
+import pytest
 import torch
 import torch.distributed
 
@@ -12,6 +14,98 @@ import moesnap
 from conftest import Daemon
 from moesnap.pipeline import StageLink
 from test_sparse import wait_until_answering
+
+
+def adam_trainer(client: moesnap.Client) -> Tuple[torch.optim.Optimizer, Callable[[], None]]:
+    """A linear layer under Adam registered with ``client``, and a function training one step.
+    Adam creates its state at its first step, which the next snapshot registers: its weight's
+    moments shared, its bias's and step counters staged."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.Adam(model.parameters())
+    client.register_module("model", model)
+    client.register_optimizer("optim", optimizer)
+
+    def train() -> None:
+        model(torch.randn(4, 64)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return optimizer, train
+
+
+def assert_restarted_trainer_restores(daemon: Daemon, step: int,
+                                      optimizer: torch.optim.Optimizer) -> None:
+    restarted = moesnap.Client(daemon.agent_socket, 0)
+    restored_optimizer, _ = adam_trainer(restarted)
+    assert restarted.restore() == step
+    expected, restored = optimizer.state_dict()["state"], restored_optimizer.state_dict()["state"]
+    assert restored.keys() == expected.keys()
+    for index, entries in expected.items():
+        for key, tensor in entries.items():
+            assert torch.equal(restored[index][key], tensor), (index, key)
+
+
+def test_optimizer_state_created_with_the_daemon_down_is_snapshotted_once_it_is_back(
+        daemon: Daemon):
+    client = moesnap.Client(daemon.agent_socket, 0)
+    optimizer, train = adam_trainer(client)
+    train()
+    daemon.kill()
+    assert client.snapshot(1) == 0
+    assert [step for step, _ in client.skipped_steps] == [1]
+    assert "registered" in client.skipped_steps[0][1], client.skipped_steps
+    daemon.start()
+    wait_until_answering(client)
+    client.wait_captured()
+    train()
+    assert client.snapshot(2) > 0
+    client.wait_committed(2)
+    client.close()
+    assert_restarted_trainer_restores(daemon, 2, optimizer)
+
+
+def test_a_final_commit_with_the_daemon_down_says_why_and_a_later_one_commits_everything(
+        daemon: Daemon, caplog):
+    client = moesnap.Client(daemon.agent_socket, 0)
+    optimizer, train = adam_trainer(client)
+    train()
+    daemon.kill()
+    assert client.commit(1) is False
+    assert "could not commit step 1" in caplog.text
+    daemon.start()
+    wait_until_answering(client)
+    assert client.commit(1) is True
+    client.close()
+    assert_restarted_trainer_restores(daemon, 1, optimizer)
+
+
+@pytest.mark.parametrize("refused_call", [0, 1])  # the shared moments', the staged tensors'
+def test_optimizer_state_whose_registration_failed_half_way_is_registered_whole_later(
+        daemon: Daemon, monkeypatch, refused_call):
+    client = moesnap.Client(daemon.agent_socket, 0)
+    optimizer, train = adam_trainer(client)
+    train()
+    # The daemon goes away after taking the memory, before registering the regions in it.
+    register_host_regions = client._native.register_host_regions
+    calls = []
+
+    def register_or_refuse(specs):
+        calls.append(specs)
+        if len(calls) - 1 == refused_call:
+            raise moesnap.Error("UNAVAILABLE", "moesnapd went away")
+        register_host_regions(specs)
+
+    monkeypatch.setattr(client._native, "register_host_regions", register_or_refuse)
+    assert client.snapshot(1) == 0
+    assert len(calls) == refused_call + 1
+    monkeypatch.undo()
+    client.wait_captured()
+    train()
+    assert client.snapshot(2) > 0
+    client.wait_committed(2)
+    client.close()
+    assert_restarted_trainer_restores(daemon, 2, optimizer)
 
 
 def test_a_skip_reason_with_bytes_that_are_not_utf8_is_read_with_replacements(daemon: Daemon):
