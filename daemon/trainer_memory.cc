@@ -57,8 +57,10 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerMemory::Map(
   const int seals = fcntl(fd, F_GET_SEALS);
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot map the file's ", bytes, " bytes: ",
-                                                   std::strerror(errno)));
+    // Out of address space or mappings is the daemon's condition, not a bad file.
+    const std::string why = absl::StrCat("cannot map the file's ", bytes, " bytes: ",
+                                         std::strerror(errno));
+    return errno == ENOMEM ? absl::ResourceExhaustedError(why) : absl::InvalidArgumentError(why);
   }
   const bool shrink_sealed = seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
   const bool fixed_size = shrink_sealed && (seals & F_SEAL_GROW) != 0;

@@ -154,6 +154,14 @@ struct Client::State {
   // A new session with everything handed over and registered again.
   absl::Status ReconnectLocked() {
     if (absl::Status status = StartSessionLocked(); !status.ok()) return status;
+    absl::Status handed_over = HandOverLocked();
+    // A session without everything handed over is ended (its memory channel closed), so that the
+    // next call connects again instead of using it.
+    if (!handed_over.ok()) memory = MemoryChannel();
+    return handed_over;
+  }
+
+  absl::Status HandOverLocked() {
     std::vector<int> fds;
     for (const Shared& entry : shared) fds.push_back(entry.fd);
     absl::StatusOr<std::vector<uint64_t>> ids = memory.Share(fds);

@@ -1,7 +1,8 @@
 // The memory handoff against a real moesnapd: hostile requests are refused and the daemon serves
 // on; a trainer that exits releases its registrations, and its rank's next process takes the
-// memory it left; a client rides through a daemon restart; a client without a daemon fails at
-// once, naming the socket.
+// memory it left; a client rides through a daemon restart, and makes a reconnection that failed
+// half-way again at its next call; a
+// client without a daemon fails at once, naming the socket.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -347,6 +348,35 @@ TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {
   ASSERT_OK(result);
   EXPECT_EQ(result->step, 3);
   EXPECT_EQ(std::memcmp((*restored)->data(), (*buffer)->data(), kBytes), 0);
+}
+
+// A client whose reconnection to a restarted daemon failed after its Hello (the daemon refused a
+// file it handed over again) connects again at its next call, instead of staying on a session that
+// holds none of its regions.
+TEST_F(MemoryHandoffTest, AReconnectionThatFailedHalfWayIsMadeAgainAtTheNextCall) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
+  constexpr size_t kBytes = 8 << 20;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kBytes);
+  ASSERT_OK(buffer);
+  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *buffer, 0, kBytes));
+  std::memset((*buffer)->data(), 1, kBytes);
+  ASSERT_OK((*client)->Snapshot(1));
+  ASSERT_OK((*client)->WaitCommitted(1));
+  daemon_.Kill(SIGKILL);
+  ASSERT_TRUE(daemon_.Start());
+
+  // The restarted daemon refuses the file while another user owns it: the reconnection fails.
+  ASSERT_EQ(fchown((*buffer)->fd(), geteuid() + 4242, static_cast<gid_t>(-1)), 0);
+  EXPECT_STATUS((*client)->Snapshot(2), absl::StatusCode::kPermissionDenied);
+  ASSERT_EQ(fchown((*buffer)->fd(), geteuid(), static_cast<gid_t>(-1)), 0);
+  std::memset((*buffer)->data(), 3, kBytes);
+  absl::StatusOr<uint64_t> taken = (*client)->Snapshot(3);
+  ASSERT_OK(taken);
+  EXPECT_EQ(*taken, kBytes);
+  ASSERT_OK((*client)->WaitCommitted(3));
 }
 
 TEST(ClientConnectTest, WithoutADaemonItFailsAtOnceNamingTheSocket) {
