@@ -203,7 +203,7 @@ TEST_F(ParityStoreTest, EachByteOfADataUnitIsTakenOnce) {
     return parity_->Accept(header, payload);
   };
   ASSERT_OK(send(0, 0, 1024));
-  for (const auto [offset, length] : {std::pair<uint64_t, uint64_t>{0, 1024}, {512, 1024},
+  for (const auto& [offset, length] : {std::pair<uint64_t, uint64_t>{0, 1024}, {512, 1024},
                                       {1000, 4}, {0, kUnitBytes}}) {
     const absl::Status twice = send(0, offset, length);
     EXPECT_STATUS(twice, absl::StatusCode::kInvalidArgument) << offset << "+" << length;
