@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <optional>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -112,8 +113,18 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext* context, const v1::Snap
   const absl::Time started = absl::Now();
   std::optional<v1::SparseSlot> sparse;
   if (request->has_sparse()) sparse = request->sparse();
-  absl::StatusOr<v1::SnapshotResponse> taken =
-      store_->Snapshot(request->rank(), request->step(), Names(request->regions()), sparse);
+  std::optional<AbandonMark> abandon_mark;
+  if (request->has_abandon_mark()) {
+    absl::StatusOr<std::shared_ptr<TrainerMemory>> memory =
+        sessions_->Find(request->rank(), request->abandon_mark().memory());
+    if (!memory.ok()) return ToGrpcStatus(memory.status());
+    absl::StatusOr<AbandonMark> mark = AbandonMark::In(*std::move(memory), request->abandon_mark());
+    if (!mark.ok()) return ToGrpcStatus(mark.status());
+    abandon_mark = *std::move(mark);
+  }
+  absl::StatusOr<v1::SnapshotResponse> taken = store_->Snapshot(
+      request->rank(), request->step(), Names(request->regions()), sparse,
+      std::move(abandon_mark));
   snapshot_blocking_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - started));
   if (!taken.ok()) return ToGrpcStatus(taken.status());
   snapshot_bytes.Add(taken->bytes());

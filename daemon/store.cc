@@ -152,9 +152,9 @@ void Store::EndSession(uint32_t rank, uint64_t session) {
   step_changed_.SignalAll();
 }
 
-absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step,
-                                                     const std::vector<std::string>& regions,
-                                                     const std::optional<v1::SparseSlot>& sparse) {
+absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(
+    uint32_t rank, int64_t step, const std::vector<std::string>& regions,
+    const std::optional<v1::SparseSlot>& sparse, std::optional<AbandonMark> abandon_mark) {
   activity_.Active(rank);
   absl::MutexLock lock(&mutex_);
   RankState& rank_state = ranks_[rank];
@@ -162,11 +162,6 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
   if (table->regions.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " has no registered regions to snapshot"));
-  }
-  if (const StepRecord* capturing = rank_state.Capturing()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", capturing->step, " of rank ", rank, " is still capturing: call WaitCaptured(",
-        capturing->step, ") before the next Snapshot"));
   }
   if (rank_state.latest_snapshot && step <= *rank_state.latest_snapshot) {
     // A new process of the rank replaying a step its predecessor took: deterministic training
@@ -202,6 +197,14 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
         "rank ", rank, " holds regions of replica group '", table->groups.begin()->first,
         "': sparse snapshots of replica groups are not supported; snapshot them densely"));
   }
+  if (const StepRecord* capturing = rank_state.Capturing()) {
+    // Its trainer stopped waiting for it (the daemon is slow, or was paused): that capture ends
+    // aborted, and this step cannot be copied beside it.
+    return Skip(rank_state, rank, step, sparse, table, selection->regions,
+                absl::StrCat("step ", capturing->step,
+                             " of the rank is still capturing (a trainer waits for a step's "
+                             "capture with WaitCaptured before its next Snapshot)"));
+  }
   const CopyPlan& plan = *selection->plan;
   absl::StatusOr<std::string> lagging = SkipReason(rank, rank_state, step, sparse, plan);
   if (!lagging.ok()) return lagging.status();
@@ -225,7 +228,7 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(uint32_t rank, int64_t step
                                          "regions fits until pool.bytes is larger"));
   }
   return StartCapture(rank, rank_state, step, sparse, table, *std::move(selection),
-                      *std::move(reservation));
+                      *std::move(reservation), std::move(abandon_mark));
 }
 
 absl::StatusOr<Store::Selection> Store::SelectRegions(
@@ -319,9 +322,11 @@ v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, i
                                          const std::optional<v1::SparseSlot>& sparse,
                                          std::shared_ptr<const RegionTable> table,
                                          Selection selection,
-                                         std::shared_ptr<const PoolReservation> reservation) {
+                                         std::shared_ptr<const PoolReservation> reservation,
+                                         std::optional<AbandonMark> abandon_mark) {
   const CopyPlan& plan = *selection.plan;
   auto job = std::make_shared<CaptureJob>();
+  job->abandon_mark = std::move(abandon_mark);
   job->rank = rank;
   job->step = step;
   job->table = table;
@@ -506,6 +511,14 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
     return;
   }
   if (--record.pending_parts == 0) {
+    // Every part has copied; bytes the trainer may have changed meanwhile are no snapshot.
+    if (job->abandon_mark && job->abandon_mark->Abandoned()) {
+      AbortStep(rank_state, record,
+                absl::AbortedError("its trainer gave up waiting for the capture (the daemon was "
+                                   "slow or paused) and may have changed its memory during the "
+                                   "copy"));
+      return;
+    }
     record.versions = std::move(job->versions);
     FinishStep(rank_state, job->rank, record);
   }

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/abandon_mark.h"
 #include "daemon/cluster_store.h"
 #include "daemon/copy_backend.h"
 #include "daemon/durable_store.h"
@@ -102,10 +103,14 @@ class Store final : public ClusterStore, public DurableStore {
   // skipped: the response says why, the step counts as aborted, and the trainer goes on.
   // A sparse step names its slot of a window: slot 0 opens the window, later slots continue it in
   // order (FAILED_PRECONDITION otherwise); the window commits when all its slots have. The step and
-  // slot passed CheckSnapshot (request_checks.h).
-  absl::StatusOr<v1::SnapshotResponse> Snapshot(uint32_t rank, int64_t step,
-                                    const std::vector<std::string>& regions,
-                                    const std::optional<v1::SparseSlot>& sparse = std::nullopt);
+  // slot passed CheckSnapshot (request_checks.h). A step taken while the rank's last one is still
+  // capturing (its trainer gave up waiting for it) is skipped. A capture whose trainer marked it
+  // abandoned (`abandon_mark`) by the time its copy ends is aborted: the trainer may have changed
+  // its memory during the copy.
+  absl::StatusOr<v1::SnapshotResponse> Snapshot(
+      uint32_t rank, int64_t step, const std::vector<std::string>& regions,
+      const std::optional<v1::SparseSlot>& sparse = std::nullopt,
+      std::optional<AbandonMark> abandon_mark = std::nullopt);
 
   // Waits until `step` is captured (or committed) and returns its state; the step's failure if it
   // failed. `cancelled` is polled so a client that goes away frees the thread.
@@ -315,7 +320,8 @@ class Store final : public ClusterStore, public DurableStore {
   v1::SnapshotResponse StartCapture(uint32_t rank, RankState& rank_state, int64_t step,
                                     const std::optional<v1::SparseSlot>& sparse,
                                     std::shared_ptr<const RegionTable> table, Selection selection,
-                                    std::shared_ptr<const PoolReservation> reservation)
+                                    std::shared_ptr<const PoolReservation> reservation,
+                                    std::optional<AbandonMark> abandon_mark)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
   // and the answer saying so.

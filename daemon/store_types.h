@@ -167,6 +167,7 @@ struct Store::CaptureJob {
   std::shared_ptr<const CopyPlan> plan;
   std::shared_ptr<const PoolReservation> reservation;
   std::vector<std::shared_ptr<Version>> versions;  // per position, made by the part that copies it
+  std::optional<AbandonMark> abandon_mark;  // read once every part has copied
   absl::Mutex mutex;
   absl::Status failure ABSL_GUARDED_BY(mutex);  // the first copy that failed
 };

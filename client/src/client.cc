@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -68,8 +69,20 @@ struct Client::State {
   std::vector<std::shared_ptr<SharedBuffer>> adopted_buffers;    // kept mapped while this lives
   // Every registration, host regions naming their MemoryHandle in handle.memory.
   std::map<std::string, v1::RegionSpec> regions;
-  std::map<int64_t, uint64_t> snapshot_sessions;  // step -> the session that captured it
-  std::optional<int64_t> last_taken;               // the latest snapshot the daemon took
+  // A snapshot the daemon took: in which session, and the call's take (its number among this
+  // client's Snapshot calls, from 1).
+  struct Taken {
+    uint64_t session = 0;
+    uint64_t take = 0;
+  };
+  std::map<int64_t, Taken> taken_steps;  // by step
+  std::optional<int64_t> last_taken;     // the latest snapshot the daemon took
+  uint64_t takes = 0;                    // Snapshot calls made
+  // The count the daemon reads when a capture's copy ends (v1::AbandonMark): raised to a take
+  // before the caller goes on without having heard that its capture ended, so that a capture the
+  // caller may have written over meanwhile is aborted, never committed. Handed to every session.
+  std::shared_ptr<SharedBuffer> abandon_mark;
+  MemoryHandle abandon_mark_handle = 0;
   std::vector<std::pair<int64_t, std::string>> skipped_steps;
 
   // The session the daemon bound this rank to at Hello, presented on every call (the daemon refuses
@@ -208,6 +221,16 @@ struct Client::State {
     return ReconnectLocked();
   }
 
+  // The caller goes on without having heard that `step`'s capture ended (a wait for it failed, or
+  // the daemon did not answer the Snapshot call): the capture, if it still copies, is no snapshot.
+  void AbandonLocked(uint64_t take) {
+    std::atomic_ref<uint64_t> count(*reinterpret_cast<uint64_t*>(abandon_mark->data()));
+    uint64_t seen = count.load();
+    while (seen < take && !count.compare_exchange_weak(seen, take)) {
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // before the caller writes its memory
+  }
+
   static absl::Status Status(const absl::Status& status) { return status; }
   template <typename T>
   static absl::Status Status(const absl::StatusOr<T>& result) {
@@ -250,9 +273,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
                                              grpc::InsecureChannelCredentials(), arguments);
   state->stub = v1::Agent::NewStub(state->channel);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> abandon_mark =
+      SharedBuffer::Allocate(sizeof(uint64_t), "moesnap-abandon-mark");
+  if (!abandon_mark.ok()) return abandon_mark.status();
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     if (absl::Status status = state->StartSessionLocked(); !status.ok()) return status;
+    absl::StatusOr<std::vector<uint64_t>> ids = state->memory.Share({(*abandon_mark)->fd()});
+    if (!ids.ok()) return ids.status();
+    state->shared.push_back({(*abandon_mark)->fd(), ids->front()});
+    state->abandon_mark = *std::move(abandon_mark);
+    state->abandon_mark_handle = state->shared.size();
   }
   return std::unique_ptr<Client>(new Client(std::move(state)));
 }
@@ -448,28 +479,33 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
   request.set_rank(state_->options.rank);
   for (const std::string& region : regions) request.add_regions(region);
   return state_->WithReconnect([&]() -> absl::StatusOr<uint64_t> {
-    uint64_t session = 0;
+    State::Taken taken;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
-      session = state_->session;
+      taken = {state_->session, ++state_->takes};
+      v1::AbandonMark* mark = request.mutable_abandon_mark();
+      mark->set_memory(state_->shared[state_->abandon_mark_handle - 1].daemon_id);
+      mark->set_take(taken.take);
     }
     grpc::ClientContext context;
     state_->PrepareCall(context, state_->options.call_timeout);
     v1::SnapshotResponse response;
-    if (absl::Status status =
-            state_->Check(state_->stub->Snapshot(&context, request, &response), "Snapshot");
-        !status.ok()) {
-      return status;
-    }
+    const absl::Status called =
+        state_->Check(state_->stub->Snapshot(&context, request, &response), "Snapshot");
     std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!called.ok()) {
+      // The daemon may have taken the step without the answer coming back.
+      state_->AbandonLocked(taken.take);
+      return called;
+    }
     if (!response.skipped().empty()) {
       state_->skipped_steps.emplace_back(request.step(), response.skipped());
       return uint64_t{0};
     }
-    state_->snapshot_sessions[request.step()] = session;
+    state_->taken_steps[request.step()] = taken;
     state_->last_taken = request.step();
-    while (state_->snapshot_sessions.size() > kStepsRemembered) {
-      state_->snapshot_sessions.erase(state_->snapshot_sessions.begin());
+    while (state_->taken_steps.size() > kStepsRemembered) {
+      state_->taken_steps.erase(state_->taken_steps.begin());
     }
     return response.bytes();
   });
@@ -488,15 +524,18 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
                ? state_->Check(state_->stub->WaitCommitted(&context, request, &response), call)
                : state_->Check(state_->stub->WaitCaptured(&context, request, &response), call);
   });
-  if (status.ok() || !absl::IsNotFound(status)) return status;
-  // Snapshotted in an earlier session: its capture went away with that daemon.
+  if (status.ok()) return status;
   std::lock_guard<std::mutex> lock(state_->mutex);
-  auto it = state_->snapshot_sessions.find(step);
-  if (it == state_->snapshot_sessions.end() || it->second == state_->session) return status;
+  auto it = state_->taken_steps.find(step);
+  // The caller goes on without having heard that the capture ended.
+  if (it != state_->taken_steps.end()) state_->AbandonLocked(it->second.take);
+  if (!absl::IsNotFound(status)) return status;
+  // Snapshotted in an earlier session: its capture went away with that daemon.
+  if (it == state_->taken_steps.end() || it->second.session == state_->session) return status;
   const std::string reason = absl::StrCat("moesnapd at ", state_->options.socket_path,
                                           " restarted before step ", step, " was ",
                                           until_committed ? "committed" : "captured");
-  state_->snapshot_sessions.erase(it);
+  state_->taken_steps.erase(it);
   state_->skipped_steps.emplace_back(step, reason);
   // The regions are free to change: nothing copies them any more. A commit will never come.
   return until_committed ? absl::AbortedError(reason) : absl::OkStatus();

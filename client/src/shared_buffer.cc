@@ -27,9 +27,9 @@ SharedBuffer::~SharedBuffer() {
   close(state_->fd);
 }
 
-absl::StatusOr<int> SharedBuffer::CreateFile(size_t bytes) {
+absl::StatusOr<int> SharedBuffer::CreateFile(size_t bytes, const char* name) {
   if (bytes == 0) return absl::InvalidArgumentError("a shared buffer needs at least 1 byte");
-  const int fd = memfd_create("moesnap-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(errno)));
   }
@@ -49,8 +49,9 @@ absl::StatusOr<int> SharedBuffer::CreateFile(size_t bytes) {
   return fd;
 }
 
-absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes) {
-  absl::StatusOr<int> fd = CreateFile(bytes);
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t bytes,
+                                                                    const char* name) {
+  absl::StatusOr<int> fd = CreateFile(bytes, name);
   if (!fd.ok()) return fd.status();
   absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = Map(*fd, bytes);
   if (!buffer.ok()) close(*fd);

@@ -1,7 +1,7 @@
 // The memory handoff against a real moesnapd: hostile requests are refused and the daemon serves
 // on; a trainer that exits releases its registrations, and its rank's next process takes the
 // memory it left; a client rides through a daemon restart, and makes a reconnection that failed
-// half-way again at its next call; a
+// half-way again at its next call; a capture its trainer gave up waiting for is never restored; a
 // client without a daemon fails at once, naming the socket.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -377,6 +377,34 @@ TEST_F(MemoryHandoffTest, AReconnectionThatFailedHalfWayIsMadeAgainAtTheNextCall
   ASSERT_OK(taken);
   EXPECT_EQ(*taken, kBytes);
   ASSERT_OK((*client)->WaitCommitted(3));
+}
+
+// A trainer whose wait for a capture runs out (the daemon slow, or paused) goes on and writes its
+// memory while the copy may still read it: that capture is never committed, so no restore gives
+// back a state that mixes two steps.
+TEST_F(MemoryHandoffTest, ACaptureTheTrainerGaveUpWaitingForIsNeverRestored) {
+  constexpr size_t kBytes = 48 << 20;  // a copy far longer than the trainer's wait
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
+      {.socket_path = daemon_.agent_socket(), .rank = 0, .wait_timeout = 1ms});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kBytes);
+  ASSERT_OK(buffer);
+  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *buffer, 0, kBytes));
+  std::memset((*buffer)->data(), 1, kBytes);
+  absl::StatusOr<uint64_t> taken = (*client)->Snapshot(1);
+  ASSERT_OK(taken);
+  ASSERT_EQ(*taken, kBytes);
+  EXPECT_STATUS((*client)->WaitCaptured(1), absl::StatusCode::kDeadlineExceeded);
+  std::memset((*buffer)->data(), 2, kBytes);  // the next step, while the copy may still run
+
+  // The rank's next process: its restore waits for the capture to end, and finds nothing committed.
+  absl::StatusOr<std::unique_ptr<Client>> fresh =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
+  ASSERT_OK(fresh);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> restored = (*fresh)->AllocateHost(kBytes);
+  ASSERT_OK(restored);
+  ASSERT_OK((*fresh)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *restored, 0, kBytes));
+  EXPECT_STATUS((*fresh)->Restore(), absl::StatusCode::kNotFound);
 }
 
 TEST(ClientConnectTest, WithoutADaemonItFailsAtOnceNamingTheSocket) {

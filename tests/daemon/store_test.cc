@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -1415,6 +1416,68 @@ TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
   ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
   EXPECT_EQ(*store_->LatestCommitted(0), 1);
   EXPECT_EQ(*store_->LatestCommitted(1), 1);
+}
+
+// A trainer that gave up waiting for a capture (the daemon slow or paused) and went on to change its
+// memory marks the snapshot's take: the capture, whose copy may hold bytes of the next step, ends
+// aborted instead of committing. A take the trainer did not give up on commits.
+TEST_F(StoreTest, ACaptureItsTrainerGaveUpOnIsAbortedAndOneItWaitedForCommits) {
+  HeldCopyBackend* copies = HoldCopies();
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  const int fd = memfd_create("abandon-mark", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
+  close(fd);
+  ASSERT_OK(memory);
+  auto* count = reinterpret_cast<uint64_t*>((*memory)->data());
+  auto mark = [&](uint64_t take) {
+    v1::AbandonMark request;
+    request.set_take(take);
+    absl::StatusOr<AbandonMark> made = AbandonMark::In(*memory, request);
+    EXPECT_OK(made);
+    return *std::move(made);
+  };
+
+  Trainer& trainer = trainers_.at(0);
+  std::memset(trainer.data, 1, trainer.bytes);
+  ASSERT_OK(store_->Snapshot(0, 1, {}, std::nullopt, mark(1)));
+  // The trainer's wait runs out while the copy waits: it marks the take and writes step 2.
+  *count = 1;
+  std::memset(trainer.data, 2, trainer.bytes);
+  copies->Release();
+  absl::StatusOr<v1::StepState> first = WaitCaptured(0, 1);
+  EXPECT_STATUS(first, absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(first.status().message(), "gave up waiting")) << first.status();
+  EXPECT_FALSE(store_->LatestCommitted(0).has_value());
+
+  ASSERT_OK(store_->Snapshot(0, 2, {}, std::nullopt, mark(2)));
+  ASSERT_OK(WaitCaptured(0, 2));
+  EXPECT_EQ(store_->LatestCommitted(0), 2);
+  std::memset(trainer.data, 0, trainer.bytes);
+  copies->ReleaseCopiesIn();
+  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  EXPECT_TRUE(std::all_of(trainer.data, trainer.data + trainer.bytes,
+                          [](uint8_t byte) { return byte == 2; }));
+}
+
+// A trainer whose wait for a capture ran out goes on to its next snapshot: that step is skipped,
+// saying why, rather than refused, and the trainer trains on.
+TEST_F(StoreTest, ASnapshotWhileTheRanksLastStillCapturesIsSkippedSayingWhy) {
+  HeldCopyBackend* copies = HoldCopies();
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  Take(0, 1);
+  const v1::SnapshotResponse second = Take(0, 2);
+  EXPECT_TRUE(absl::StrContains(second.skipped(), "step 1 of the rank is still capturing"))
+      << second.skipped();
+  copies->Release();
+  ASSERT_OK(WaitCaptured(0, 1));
+  EXPECT_OK(WaitCaptured(0, 2));  // nothing of it is copied: its memory is the trainer's again
+  EXPECT_TRUE(Take(0, 3).skipped().empty());
+  ASSERT_OK(WaitCaptured(0, 3));
+  EXPECT_EQ(store_->LatestCommitted(0), 3);
 }
 
 TEST_F(StoreTest, ACopyOfATrainersMemoryCountsUntilItEndsEvenAfterTheTrainerIsGone) {

@@ -1,5 +1,6 @@
 // TrainerMemory and TrainerSessions in process: what is mapped, and which rank's session may use it.
 #include "daemon/trainer_memory.h"
+#include "daemon/abandon_mark.h"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -46,6 +47,52 @@ TEST(TrainerMemoryTest, MapsTheWholeFileSharedWithTheTrainer) {
   std::memcpy((*memory)->data() + 4096, "restored", 8);
   EXPECT_EQ(std::memcmp(static_cast<char*>(trainer) + 4096, "restored", 8), 0);
   munmap(trainer, 8192);
+}
+
+TEST(AbandonMarkTest, IsAnAlignedCountWithinMemoryTheTrainerCannotShrink) {
+  const int fd = SharedFile(4096, /*sealed=*/true, /*fixed=*/true);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> sealed = TrainerMemory::Map(fd, geteuid(), {});
+  close(fd);
+  ASSERT_OK(sealed);
+  v1::AbandonMark request;
+  request.set_take(1);
+  for (uint64_t offset : {uint64_t{4}, uint64_t{4096}, uint64_t{4092}, ~uint64_t{7}}) {
+    request.set_offset(offset);
+    EXPECT_STATUS(AbandonMark::In(*sealed, request), absl::StatusCode::kInvalidArgument) << offset;
+  }
+  request.set_offset(4088);
+  EXPECT_OK(AbandonMark::In(*sealed, request));
+
+  const int unsealed_fd = SharedFile(4096, /*sealed=*/false);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> unsealed =
+      TrainerMemory::Map(unsealed_fd, geteuid(), {});
+  close(unsealed_fd);
+  ASSERT_OK(unsealed);
+  request.set_offset(0);
+  EXPECT_STATUS(AbandonMark::In(*unsealed, request), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AbandonMarkTest, ATakeIsAbandonedOnceTheTrainersCountReachesIt) {
+  const int fd = SharedFile(4096, /*sealed=*/true, /*fixed=*/true);
+  auto* trainer = static_cast<uint64_t*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(trainer, MAP_FAILED);
+  absl::StatusOr<std::shared_ptr<TrainerMemory>> memory = TrainerMemory::Map(fd, geteuid(), {});
+  close(fd);
+  ASSERT_OK(memory);
+  v1::AbandonMark request;
+  request.set_offset(8);
+  request.set_take(2);
+  absl::StatusOr<AbandonMark> mark = AbandonMark::In(*memory, request);
+  ASSERT_OK(mark);
+  EXPECT_FALSE(mark->Abandoned());
+  trainer[1] = 1;  // an earlier take given up
+  EXPECT_FALSE(mark->Abandoned());
+  trainer[1] = 2;
+  EXPECT_TRUE(mark->Abandoned());
+  trainer[1] = 7;  // a later one: this take was given up before it
+  EXPECT_TRUE(mark->Abandoned());
+  munmap(trainer, 4096);
 }
 
 TEST(TrainerMemoryTest, RefusesWhatIsNotASharedMemoryFile) {

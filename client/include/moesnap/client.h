@@ -219,7 +219,10 @@ class Client {
                                           const SparseSlot& slot);
   // Blocks until the regions of `step` are copied: from then on they may change again. OK also when
   // the cluster aborted the step after the copy (a node lost during its commit): that snapshot is
-  // lost, the previous committed state stays, and training goes on.
+  // lost, the previous committed state stays, and training goes on. When it fails (wait_timeout ran
+  // out, the daemon did not answer), as when Snapshot fails, the client first marks the snapshot
+  // abandoned in memory it shares with the daemon: a capture still copying then ends aborted, so
+  // the regions may change at once.
   absl::Status WaitCaptured(int64_t step);
   // Blocks until `step` is committed (restorable after a crash).
   absl::Status WaitCommitted(int64_t step);

@@ -20,15 +20,18 @@ namespace moesnap {
 
 class SharedBuffer {
  public:
+  static constexpr const char* kRegionFile = "moesnap-region";  // the files regions live in
   // Maps `bytes` of zeroed shared memory, reserved now (a full system is an error here, not a
-  // fault on first write).
-  static absl::StatusOr<std::shared_ptr<SharedBuffer>> Allocate(size_t bytes);
+  // fault on first write). `name` is the file's in /proc (memfd_create's), for whoever reads a
+  // trainer's open files.
+  static absl::StatusOr<std::shared_ptr<SharedBuffer>> Allocate(size_t bytes,
+                                                                const char* name = kRegionFile);
   // Maps the whole of an existing shared-memory file of `bytes` bytes (one Client::AdoptMemory
   // handed back); owns `fd` once mapped (the caller keeps it on failure).
   static absl::StatusOr<std::shared_ptr<SharedBuffer>> Map(int fd, size_t bytes);
   // The same file, unmapped, for a caller that maps it itself (the Python package maps it with
   // mmap); the caller owns the descriptor.
-  static absl::StatusOr<int> CreateFile(size_t bytes);
+  static absl::StatusOr<int> CreateFile(size_t bytes, const char* name = kRegionFile);
   ~SharedBuffer();
   SharedBuffer(const SharedBuffer&) = delete;
   SharedBuffer& operator=(const SharedBuffer&) = delete;
