@@ -76,7 +76,11 @@ grpc::Status AgentService::Hello(grpc::ServerContext* context, const v1::HelloRe
       sessions_->Start(request->rank(), {.uid = caller->uid, .pid = caller->pid});
   if (!session.ok()) return ToGrpcStatus(session.status());
   for (const auto& [rank, number] : session->abandoned) store_->EndSession(rank, number);
-  store_->StartSession(request->rank(), session->number);
+  if (absl::Status started = store_->StartSession(request->rank(), session->number);
+      !started.ok()) {
+    sessions_->End(session->token);  // the store refused the rank: no session of it either
+    return ToGrpcStatus(started);
+  }
   response->set_session(session->token);
   response->set_memory_socket(facts_.memory_socket);
   response->set_keeps_exited_memory(sessions_->keeps_exited_memory());

@@ -5,6 +5,7 @@
 #include "daemon/store_types.h"
 
 #include <algorithm>
+#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -122,17 +123,28 @@ CopyBackend* Store::BackendFor(v1::Device device) const {
   return device == v1::DEVICE_CUDA ? backends_.device : backends_.host;
 }
 
-void Store::StartSession(uint32_t rank, uint64_t session) {
-  activity_.Active(rank);
+absl::Status Store::StartSession(uint32_t rank, uint64_t session) {
   absl::MutexLock lock(&mutex_);
+  if (!ranks_.contains(rank) && ranks_.size() >= kMaxRanksKnown) {
+    ForgetRanksHoldingNothing();
+    if (ranks_.size() >= kMaxRanksKnown) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", rank, " is new to this daemon, which knows ", ranks_.size(),
+          " ranks (with a trainer connected, or state held); a daemon knows at most ",
+          kMaxRanksKnown));
+    }
+  }
+  activity_.Active(rank);
   RankState& rank_state = ranks_[rank];
   rank_state.session = session;
+  rank_state.connected = true;
   rank_state.regions = RegionTable::None();  // copies in flight keep their own references to the old table
   rank_state.restarting = rank_state.latest_committed.has_value();
   rank_state.replay.reset();
   if (rank_state.latest_snapshot) {
     rank_state.replay = RankState::Replay{*rank_state.latest_snapshot, std::nullopt};
   }
+  return absl::OkStatus();
 }
 
 bool Store::CopyingTrainerMemory(uint32_t rank) const {
@@ -149,7 +161,44 @@ void Store::EndSession(uint32_t rank, uint64_t session) {
   // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
   it->second.regions = RegionTable::None();
   it->second.restarting = false;
+  it->second.connected = false;
+  // A trainer calling Hello under rank after rank must not grow the store: what holds nothing goes
+  // (this rank, or a group's member that nothing waits for any more).
+  ForgetRanksHoldingNothing();
   step_changed_.SignalAll();
+}
+
+bool Store::HoldsNothing(const RankState& rank_state) {
+  return !rank_state.connected && rank_state.regions->regions.empty() && !rank_state.restarting &&
+         !rank_state.replay && rank_state.committed.empty() && rank_state.steps.empty() &&
+         !rank_state.latest_committed && !rank_state.latest_snapshot &&
+         rank_state.windows.empty() && rank_state.replica_groups.empty() &&
+         !rank_state.last_capture && rank_state.copies->load() == 0;
+}
+
+void Store::ForgetRanksHoldingNothing() {
+  std::vector<uint32_t> idle;
+  for (const auto& [rank, rank_state] : ranks_) {
+    if (HoldsNothing(rank_state)) idle.push_back(rank);
+  }
+  if (idle.empty()) return;
+  std::set<uint32_t> members;
+  std::set<const RegionTable*> seen;  // a rank's steps mostly share its table
+  auto add_members = [&](const RegionTable* table) {
+    if (table->groups.empty() || !seen.insert(table).second) return;
+    for (const auto& [name, group] : table->groups) {
+      members.insert(group.ranks().begin(), group.ranks().end());
+    }
+  };
+  for (const auto& [rank, rank_state] : ranks_) {
+    add_members(rank_state.regions.get());
+    for (const auto& [step, record] : rank_state.steps) {
+      if (!IsFinished(record.state)) add_members(record.table.get());
+    }
+  }
+  for (uint32_t rank : idle) {
+    if (!members.contains(rank)) ranks_.erase(rank);
+  }
 }
 
 absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(
@@ -157,12 +206,13 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(
     const std::optional<v1::SparseSlot>& sparse, std::optional<AbandonMark> abandon_mark) {
   activity_.Active(rank);
   absl::MutexLock lock(&mutex_);
-  RankState& rank_state = ranks_[rank];
-  const std::shared_ptr<const RegionTable> table = rank_state.regions;
-  if (table->regions.empty()) {
+  auto rank_it = ranks_.find(rank);
+  if (rank_it == ranks_.end() || rank_it->second.regions->regions.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " has no registered regions to snapshot"));
   }
+  RankState& rank_state = rank_it->second;
+  const std::shared_ptr<const RegionTable> table = rank_state.regions;
   if (rank_state.latest_snapshot && step <= *rank_state.latest_snapshot) {
     // A new process of the rank replaying a step its predecessor took: deterministic training
     // gives the same bytes, so the step stands as taken, and its outcome with it: committed, or
@@ -498,7 +548,9 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
   if (job->parts_copying.fetch_sub(1) == 1) job->in_flight.reset();
 
   absl::MutexLock lock(&mutex_);
-  RankState& rank_state = ranks_[job->rank];
+  auto rank_it = ranks_.find(job->rank);
+  if (rank_it == ranks_.end()) return;
+  RankState& rank_state = rank_it->second;
   auto it = rank_state.steps.find(job->step);
   // The step may have ended meanwhile (aborted, or dropped and its number taken again).
   if (it == rank_state.steps.end() || it->second.capture != job.get() ||

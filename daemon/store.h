@@ -65,6 +65,11 @@ struct CopyBackends {
 // Regions one rank may hold, all its registrations together: the largest MoE ranks hold tens of
 // thousands of tensors; each region costs the daemon its name, record and plan entries.
 inline constexpr size_t kMaxRegionsPerRank = size_t{1} << 18;
+// Ranks a store knows at once: those with a trainer connected and those holding state (committed,
+// or steps). As many as one node image may hold (PeerLimits::kMaxRanksPerImage). A rank whose
+// trainer leaves holding nothing is forgotten; the bound stops trainers that take a step under
+// rank after rank from growing the daemon without end.
+inline constexpr size_t kMaxRanksKnown = size_t{1} << 16;
 
 // Who commits a captured step: the store itself (one node: the journal write is the commit point),
 // or the cluster's two-phase commit (CommitNodeStep / AbortNodeStep).
@@ -82,18 +87,19 @@ class Store final : public ClusterStore, public DurableStore {
   ~Store() override;
 
   // A trainer process of `rank` connects (session: its TrainerSessions number): forget the regions
-  // a previous process of the rank registered.
-  void StartSession(uint32_t rank, uint64_t session);
+  // a previous process of the rank registered. RESOURCE_EXHAUSTED for a rank not known here while
+  // kMaxRanksKnown are.
+  absl::Status StartSession(uint32_t rank, uint64_t session);
   // That process is gone (its memory connection closed): forget its regions, unless a newer
-  // process of the rank started since.
+  // process of the rank started since. A rank left holding nothing is forgotten (HoldsNothing).
   void EndSession(uint32_t rank, uint64_t session);
   // Whether a copy into or out of `rank`'s trainer memory (a capture, a restore), for any process
   // of the rank, is queued or running: an exited process's memory is handed on only when none is.
   bool CopyingTrainerMemory(uint32_t rank) const;
 
   // Adds or replaces named regions of a rank, up to kMaxRegionsPerRank in all (registrations add
-  // up). Refused while a step of the rank is capturing, and when a newer process of the rank
-  // started (StartSession) during the call. The regions passed CheckRegisterRegions
+  // up). Refused while a step of the rank is capturing, when no process of the rank is connected
+  // (it ended), and when a newer process of the rank started (StartSession) during the call. The regions passed CheckRegisterRegions
   // (request_checks.h) for `rank`.
   absl::Status RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions);
 
@@ -210,6 +216,14 @@ class Store final : public ClusterStore, public DurableStore {
   // its first journal write in `scratch`, whose allocations the next one reuses.
   static const std::string& JournalFieldOf(const Version& version, v1::JournalVersion& scratch);
   CopyBackend* BackendFor(v1::Device device) const;
+  // Whether the rank has nothing a later process of it needs: no trainer connected, nothing
+  // committed or recorded for the journal, no step (not even a skipped one, which a replaying
+  // process is answered from), no copy of its memory in flight.
+  static bool HoldsNothing(const RankState& rank_state);
+  // Forgets the ranks that hold nothing, but for the members of a replica group that a trainer
+  // here declares, or that a step not decided yet captures: the group's step waits for them
+  // (RanksStillCapturing, and with no trainer left, NodeCaptured counts every rank known).
+  void ForgetRanksHoldingNothing() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // A step of the rank, captured and not decided, that this node voted to commit.
   std::optional<int64_t> PreparedStepOf(const RankState& rank_state) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

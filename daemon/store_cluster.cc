@@ -479,6 +479,7 @@ absl::Status Store::InstallImage(const NodeImage& image, v1::JournalCluster clus
   for (auto& [rank, rank_state] : ranks_) {
     RankState& installed = rebuilt[rank];
     installed.session = rank_state.session;
+    installed.connected = rank_state.connected;
     installed.regions = rank_state.regions;
     installed.restarting = rank_state.restarting;
     installed.copies = rank_state.copies;

@@ -133,9 +133,17 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
   // The regions are the memory of the rank's process now: should a newer process start before they
   // are in, they are not its (its memory may even be what this process left, handed on).
   uint64_t session = 0;
+  // A registration of a process that has ended (a late call) is refused: its regions would hold
+  // the node's steps for a trainer that never snapshots.
+  auto not_connected = [rank] {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " has no trainer process connected (it ended): call Hello again"));
+  };
   {
     absl::MutexLock lock(&mutex_);
-    session = ranks_[rank].session;
+    auto it = ranks_.find(rank);
+    if (it == ranks_.end() || !it->second.connected) return not_connected();
+    session = it->second.session;
   }
   // Open everything first, outside the lock: a bad region fails the call without changing anything.
   std::map<std::string, RegionTable::Region> opened;
@@ -156,7 +164,9 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     std::shared_ptr<const RegionTable> current;
     {
       absl::MutexLock lock(&mutex_);
-      current = ranks_[rank].regions;
+      auto it = ranks_.find(rank);
+      if (it == ranks_.end() || !it->second.connected) return not_connected();
+      current = it->second.regions;
     }
     std::map<std::string, RegionTable::Region> merged = opened;
     for (const RegionTable::Region& region : current->regions) {
@@ -173,7 +183,11 @@ absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionS
     auto next = std::make_shared<const RegionTable>(std::move(merged), options_.chunk_bytes, rank,
                                                     pool_->capacity());
     absl::MutexLock lock(&mutex_);
-    RankState& rank_state = ranks_[rank];
+    auto it = ranks_.find(rank);
+    if (it == ranks_.end() || (it->second.session == session && !it->second.connected)) {
+      return not_connected();
+    }
+    RankState& rank_state = it->second;
     if (rank_state.session != session) {
       return absl::FailedPreconditionError(absl::StrCat(
           "a newer process of rank ", rank, " started while these regions were registered"));

@@ -201,6 +201,7 @@ struct Store::StepRecord {
 
 struct Store::RankState {
   uint64_t session = 0;  // the trainer process registered now (TrainerSessions' number)
+  bool connected = false;  // that process has not ended (StartSession, until its EndSession)
   std::shared_ptr<const RegionTable> regions = RegionTable::None();
   CommittedVersions committed;
   std::map<int64_t, StepRecord> steps;

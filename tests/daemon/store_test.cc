@@ -216,7 +216,7 @@ class StoreTest : public ::testing::Test {
     ASSERT_OK(memory);
     absl::StatusOr<uint64_t> id = sessions_.Add(session.token, {*memory});
     ASSERT_OK(id);
-    store_->StartSession(rank, session.number);
+    ASSERT_OK(store_->StartSession(rank, session.number));
     std::vector<v1::RegionSpec> specs;
     uint64_t offset = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -1522,11 +1522,73 @@ TEST_F(StoreTest, ARegistrationThatANewerProcessOvertookIsRefused) {
   copies->AwaitOpen();
   // A newer process of the rank starts (its Hello) while the first one's regions open: they are
   // not the newer process's, whose memory may be what the first one left.
-  store_->StartSession(0, trainers_.at(0).session + 1);
+  ASSERT_OK(store_->StartSession(0, trainers_.at(0).session + 1));
   copies->ReleaseOpens();
   registration.join();
   EXPECT_STATUS(registered, absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(registered.message(), "newer process")) << registered;
+}
+
+// A trainer process that goes away holding nothing (no step taken, nothing committed) leaves
+// nothing behind: a peer calling Hello for rank after rank cannot grow the daemon. A rank that
+// committed a step, or took one, is kept for its next process.
+TEST_F(StoreTest, ARankWhoseProcessLeavesHoldingNothingIsForgotten) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  constexpr uint32_t kRanks = 10000;
+  for (uint32_t rank = 100; rank < 100 + kRanks; ++rank) {
+    ASSERT_OK(store_->StartSession(rank, rank));
+    store_->EndSession(rank, rank);
+  }
+  EXPECT_EQ(store_->Status().ranks(), 0u);
+  // A registration that comes after its process ended does not bring the rank back.
+  v1::RegionSpec late;
+  late.set_name("late");
+  late.set_device(v1::DEVICE_HOST);
+  late.set_bytes(4096);
+  EXPECT_STATUS(store_->RegisterRegions(100, {late}), absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(store_->Snapshot(100, 1, {}), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Status().ranks(), 0u);
+  // One that registered regions and took no step is forgotten as well.
+  ASSERT_NO_FATAL_FAILURE(Connect(1));
+  store_->EndSession(1, trainers_.at(1).session);
+  EXPECT_EQ(store_->Status().ranks(), 0u);
+  // One that committed a step stays, and its next process restores it.
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  const std::vector<uint8_t> committed = CommitRandomBytes(0, 7);
+  store_->EndSession(0, trainers_.at(0).session);
+  // One whose step was skipped stays too: the step stands as taken for its next process.
+  ASSERT_NO_FATAL_FAILURE(Connect(2, 1, 8 << 20));
+  EXPECT_FALSE(Take(2, 1).skipped().empty());
+  store_->EndSession(2, trainers_.at(2).session);
+  EXPECT_EQ(store_->Status().ranks(), 2u);
+  EXPECT_EQ(store_->LatestCommitted(0), 1);
+  ASSERT_NO_FATAL_FAILURE(Connect(0));
+  std::memset(trainers_.at(0).data, 0, trainers_.at(0).bytes);
+  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(std::vector<uint8_t>(trainers_.at(0).data, trainers_.at(0).data + trainers_.at(0).bytes),
+            committed);
+  ASSERT_NO_FATAL_FAILURE(Connect(2, 1, 8 << 20));
+  const absl::StatusOr<v1::StepState> skipped = WaitCaptured(2, 1);
+  ASSERT_OK(skipped);
+  EXPECT_EQ(*skipped, v1::STEP_STATE_ABORTED);
+}
+
+// Ranks with a trainer connected (or state held) count against a bound: a new rank past it is
+// refused, naming the bound, while a rank already known still starts a new process, and a rank
+// that leaves makes room.
+TEST_F(StoreTest, ANewRankPastTheBoundOfRanksKnownIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  for (uint32_t rank = 0; rank < kMaxRanksKnown; ++rank) {
+    ASSERT_OK(store_->StartSession(rank, rank + 1));
+  }
+  const absl::Status refused = store_->StartSession(kMaxRanksKnown, kMaxRanksKnown + 1);
+  EXPECT_STATUS(refused, absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.message(), absl::StrCat("at most ", kMaxRanksKnown)))
+      << refused;
+  EXPECT_OK(store_->StartSession(7, kMaxRanksKnown + 2));
+  store_->EndSession(7, kMaxRanksKnown + 2);
+  EXPECT_OK(store_->StartSession(kMaxRanksKnown, kMaxRanksKnown + 3));
+  EXPECT_EQ(store_->Status().ranks(), kMaxRanksKnown);
 }
 
 TEST_F(StoreTest, AnOperatorLeavesAStuckRankOut) {
@@ -1887,6 +1949,35 @@ TEST_F(ReplicaGroupStoreTest, AStepOfATimelineARestoreEndedDoesNotHoldLaterSteps
     ASSERT_NO_FATAL_FAILURE(CommitInCluster(step));
   }
   for (uint32_t rank = 0; rank < 3; ++rank) ExpectRestores(rank, 25);
+}
+
+// A member of a replica group whose trainer leaves before its first step holds nothing of its own,
+// yet the group's step cannot commit without its shard: the node remembers it while a trainer here
+// declares the group or a step of the group waits for its decision, even once every trainer is
+// gone, and forgets it after.
+TEST_F(ReplicaGroupStoreTest, AMemberThatLeftBeforeItsFirstStepHoldsTheGroupsStepBackUntilDecided) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kCluster, 8 << 20));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_NO_FATAL_FAILURE(ConnectSized(rank, kReplicatedSizes, GroupOf({0, 1})));
+  }
+  store_->EndSession(1, trainers_.at(1).session);
+  TakeReplicated(0, 1);
+  absl::StatusOr<NodeImage> without =
+      store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(300));
+  ASSERT_STATUS(without, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(without.status().message(), "[1]")) << without.status();
+  store_->EndSession(0, trainers_.at(0).session);
+  without = store_->WaitNodeCaptured(1, absl::Now() + absl::Milliseconds(300));
+  ASSERT_STATUS(without, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(without.status().message(), "ranks [1] known here"))
+      << without.status();
+  EXPECT_EQ(store_->Status().ranks(), 2u);
+  // The cluster aborts the step: nothing waits for rank 1 any more, and the next process that
+  // leaves takes it along.
+  store_->AbortNodeStep(1, absl::AbortedError("a node did not prepare"));
+  ASSERT_NO_FATAL_FAILURE(Connect(5));
+  store_->EndSession(5, trainers_.at(5).session);
+  EXPECT_EQ(store_->Status().ranks(), 1u);
 }
 
 }  // namespace
