@@ -52,18 +52,29 @@ std::string SparseWindows::FailureOf(const v1::SparseSlot& sparse) const {
   return open_->failure();
 }
 
-void SparseWindows::Add(int64_t step, const v1::SparseSlot& sparse, v1::StepState state) {
+absl::Status SparseWindows::Add(int64_t step, const v1::SparseSlot& sparse, v1::StepState state) {
   if (sparse.slot() == 0) {
     open_.emplace();
     open_->set_first_step(sparse.window_first_step());
     open_->set_size(sparse.window_size());
     open_->set_buffer(sparse.buffer());
+  } else if (!open_ || open_->first_step() != sparse.window_first_step() ||
+             open_->size() != sparse.window_size() || open_->buffer() != sparse.buffer()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " as slot ", sparse.slot(), " of the window from step ",
+        sparse.window_first_step(), " (", sparse.window_size(), " steps, buffer ", sparse.buffer(),
+        ") is not recorded: ",
+        open_ ? absl::StrCat("the open window is the one from step ", open_->first_step(), " (",
+                             open_->size(), " steps, buffer ", open_->buffer(), ")")
+              : "no window is open",
+        "; a window starts with its slot 0"));
   }
   v1::WindowSlot* slot = open_->add_slots();
   slot->set_slot(sparse.slot());
   slot->set_step(step);
   slot->set_state(state);
   *slot->mutable_operators() = sparse.operators();
+  return absl::OkStatus();
 }
 
 bool SparseWindows::Mark(int64_t step, const v1::SparseSlot& sparse, v1::StepState state) {

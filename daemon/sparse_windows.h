@@ -25,8 +25,10 @@ class SparseWindows {
   std::string FailureOf(const v1::SparseSlot& sparse) const;
 
   // Records `step` as slot `sparse` of the open window, in `state`. Slot 0 opens a new window (an
-  // open one left incomplete is abandoned).
-  void Add(int64_t step, const v1::SparseSlot& sparse, v1::StepState state);
+  // open one left incomplete is abandoned). A later slot is recorded only into the open window it
+  // continues (its first step, size and buffer): FAILED_PRECONDITION, changing nothing, when no
+  // window or another one is open. The order of slots is Check's to judge, before.
+  absl::Status Add(int64_t step, const v1::SparseSlot& sparse, v1::StepState state);
   // Sets the state of slot `step`; false when `sparse` is not of the open window.
   bool Mark(int64_t step, const v1::SparseSlot& sparse, v1::StepState state);
   // Slot `step` will not commit (skipped or aborted): the open window can no longer commit, for

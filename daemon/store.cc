@@ -329,6 +329,13 @@ absl::StatusOr<Store::Selection> Store::SelectRegions(
 absl::StatusOr<std::string> Store::SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
                                               const std::optional<v1::SparseSlot>& sparse,
                                               const CopyPlan& plan) {
+  // A slot out of order is refused before any reason to skip it: a skipped slot is recorded in
+  // the rank's windows, which take only a slot that continues the open window.
+  if (sparse) {
+    if (absl::Status status = rank_state.windows.Check(rank, step, *sparse); !status.ok()) {
+      return status;
+    }
+  }
   // The node offered this step to the cluster without this rank (left out: idle, or dropped): the
   // step commits that image, whose parity holds nothing of a capture taken now, so none is.
   if (prepared_steps_.contains(step)) {
@@ -341,9 +348,6 @@ absl::StatusOr<std::string> Store::SkipReason(uint32_t rank, RankState& rank_sta
         sparse->slot() > 0 && !failure.empty()) {
       return absl::StrCat("the window from step ", sparse->window_first_step(),
                           " can no longer commit: ", failure);
-    }
-    if (absl::Status status = rank_state.windows.Check(rank, step, *sparse); !status.ok()) {
-      return status;
     }
   } else {
     std::vector<int64_t> waiting;
@@ -368,12 +372,16 @@ absl::StatusOr<std::string> Store::SkipReason(uint32_t rank, RankState& rank_sta
   return std::string();
 }
 
-v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, int64_t step,
-                                         const std::optional<v1::SparseSlot>& sparse,
-                                         std::shared_ptr<const RegionTable> table,
-                                         Selection selection,
-                                         std::shared_ptr<const PoolReservation> reservation,
-                                         std::optional<AbandonMark> abandon_mark) {
+absl::StatusOr<v1::SnapshotResponse> Store::StartCapture(
+    uint32_t rank, RankState& rank_state, int64_t step, const std::optional<v1::SparseSlot>& sparse,
+    std::shared_ptr<const RegionTable> table, Selection selection,
+    std::shared_ptr<const PoolReservation> reservation, std::optional<AbandonMark> abandon_mark) {
+  if (sparse) {
+    if (absl::Status added = rank_state.windows.Add(step, *sparse, v1::STEP_STATE_CAPTURING);
+        !added.ok()) {
+      return added;
+    }
+  }
   const CopyPlan& plan = *selection.plan;
   auto job = std::make_shared<CaptureJob>();
   job->abandon_mark = std::move(abandon_mark);
@@ -402,7 +410,6 @@ v1::SnapshotResponse Store::StartCapture(uint32_t rank, RankState& rank_state, i
   record.sparse = sparse;
   record.capture = job.get();
   record.pending_parts = plan.parts.size();
-  if (sparse) rank_state.windows.Add(step, *sparse, v1::STEP_STATE_CAPTURING);
   in_flight_bytes_ += record.bytes;
   rank_state.latest_snapshot = step;
   Log(LogLevel::kDebug, "rank ", rank, " step ", step, ": capturing ", record.regions,
@@ -463,11 +470,19 @@ uint64_t Store::ParityReserveLocked() {
                                          static_cast<double>(pool_->capacity())));
 }
 
-v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t step,
-                                const std::optional<v1::SparseSlot>& sparse,
-                                std::shared_ptr<const RegionTable> table,
-                                std::shared_ptr<const std::vector<uint32_t>> selection,
-                                const std::string& why) {
+absl::StatusOr<v1::SnapshotResponse> Store::Skip(
+    RankState& rank_state, uint32_t rank, int64_t step, const std::optional<v1::SparseSlot>& sparse,
+    std::shared_ptr<const RegionTable> table,
+    std::shared_ptr<const std::vector<uint32_t>> selection, const std::string& why) {
+  if (sparse) {
+    if (absl::Status added = rank_state.windows.Add(step, *sparse, v1::STEP_STATE_ABORTED);
+        !added.ok()) {
+      return added;
+    }
+    rank_state.windows.Fail(
+        step, *sparse,
+        absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
+  }
   ++snapshots_skipped_;
   StepMetrics::Get().skipped.Add();
   last_skip_ = absl::StrCat("rank ", rank, ", step ", step, ": ", why);
@@ -483,12 +498,6 @@ v1::SnapshotResponse Store::Skip(RankState& rank_state, uint32_t rank, int64_t s
   record.selection = std::move(selection);
   record.failure = absl::AbortedError(absl::StrCat("skipped: ", why));
   record.sparse = sparse;
-  if (sparse) {
-    rank_state.windows.Add(step, *sparse, v1::STEP_STATE_ABORTED);
-    rank_state.windows.Fail(
-        step, *sparse,
-        absl::StrCat("slot ", sparse->slot(), " (step ", step, ") was skipped: ", why));
-  }
   rank_state.steps[step] = std::move(record);
   TrimFinishedSteps(rank_state);
   step_changed_.SignalAll();

@@ -324,26 +324,28 @@ class Store final : public ClusterStore, public DurableStore {
   // Why a step copying `plan` is skipped instead of captured: the node offered the step to the
   // cluster without this rank, its sparse window can no longer commit, too many steps wait for
   // their commit, or the pool must keep its room for parity.
-  // Empty when it may capture; an error when the step is refused (a sparse slot out of order).
+  // Empty when it may capture; an error when the step is refused (a sparse slot out of order,
+  // judged before any reason to skip it).
   absl::StatusOr<std::string> SkipReason(uint32_t rank, RankState& rank_state, int64_t step,
                                          const std::optional<v1::SparseSlot>& sparse,
                                          const CopyPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Starts the capture of `step` into `reservation` (null when it copies nothing): its record, and
-  // its parts on the copy threads.
-  v1::SnapshotResponse StartCapture(uint32_t rank, RankState& rank_state, int64_t step,
-                                    const std::optional<v1::SparseSlot>& sparse,
-                                    std::shared_ptr<const RegionTable> table, Selection selection,
-                                    std::shared_ptr<const PoolReservation> reservation,
-                                    std::optional<AbandonMark> abandon_mark)
+  // its parts on the copy threads. A sparse slot passed SparseWindows::Check; FAILED_PRECONDITION,
+  // starting nothing, when its windows refuse it all the same.
+  absl::StatusOr<v1::SnapshotResponse> StartCapture(
+      uint32_t rank, RankState& rank_state, int64_t step,
+      const std::optional<v1::SparseSlot>& sparse, std::shared_ptr<const RegionTable> table,
+      Selection selection, std::shared_ptr<const PoolReservation> reservation,
+      std::optional<AbandonMark> abandon_mark)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Records `step` of `rank`, meant to capture `regions`, as skipped (never captured) for `why`,
-  // and the answer saying so.
-  v1::SnapshotResponse Skip(RankState& rank_state, uint32_t rank, int64_t step,
-                            const std::optional<v1::SparseSlot>& sparse,
-                            std::shared_ptr<const RegionTable> table,
-                            std::shared_ptr<const std::vector<uint32_t>> selection,
-                            const std::string& why)
+  // and the answer saying so. A sparse slot passed SparseWindows::Check; FAILED_PRECONDITION,
+  // recording nothing, when its windows refuse it all the same.
+  absl::StatusOr<v1::SnapshotResponse> Skip(
+      RankState& rank_state, uint32_t rank, int64_t step,
+      const std::optional<v1::SparseSlot>& sparse, std::shared_ptr<const RegionTable> table,
+      std::shared_ptr<const std::vector<uint32_t>> selection, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Writes the journal state once the records in `committing` (rank -> step) commit, with
   // `cluster`, whose group images serialized are `image_bytes`: copies of bytes serialized before

@@ -1404,6 +1404,41 @@ TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped)
   EXPECT_EQ(*store_->LatestCommitted(1), 3);
 }
 
+// The same late rank sending a slot of a window it never opened is refused, as any slot out of
+// order is, before the step could be skipped as offered: nothing is recorded of the slot, and the
+// step commits as offered.
+TEST_F(StoreTest, ALateSparseSlotOfNoOpenWindowInAStepTheNodeOfferedIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(300)));
+  Take(0, 1);
+  Take(1, 1);
+  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+  Take(0, 2);
+  ASSERT_OK(store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(Dropped().contains(1));
+  v1::SparseSlot slot;
+  slot.set_window_first_step(1);
+  slot.set_window_size(2);
+  slot.set_slot(1);
+  const absl::StatusOr<v1::SnapshotResponse> late = store_->Snapshot(1, 2, {"region0"}, slot);
+  EXPECT_STATUS(late, absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "open window is none")) << late.status();
+  EXPECT_FALSE(store_->Windows(1).has_open_window());
+  EXPECT_FALSE(store_->Windows(1).has_committed_window());
+  // A slot in order is skipped as offered, and its window, recorded, can no longer commit.
+  slot.set_window_first_step(2);
+  slot.set_slot(0);
+  const absl::StatusOr<v1::SnapshotResponse> skipped = store_->Snapshot(1, 2, {"region0"}, slot);
+  ASSERT_OK(skipped);
+  EXPECT_TRUE(absl::StrContains(skipped->skipped(), "offered")) << skipped->ShortDebugString();
+  EXPECT_TRUE(absl::StrContains(store_->Windows(1).open_window().failure(), "skipped"))
+      << store_->Windows(1).ShortDebugString();
+  v1::JournalCluster record;
+  record.set_committed_step(2);
+  ASSERT_OK(store_->CommitNodeStep(2, record, {}));
+  EXPECT_EQ(*store_->LatestCommitted(0), 2);
+  EXPECT_EQ(*store_->LatestCommitted(1), 1);
+}
+
 TEST_F(StoreTest, ARankThatTookAStepIsWaitedForHoweverLongItsCopyRuns) {
   HeldCopyBackend* copies = HoldCopies();
   ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(1)));
