@@ -52,6 +52,14 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::OpenOrCreate(const std::string
     memory = SharedMemory::Create(name, bytes, {.reserve = true});
   }
   if (!memory.ok()) return memory.status();
+  // Every journal made here has kMinimumBytes at least; a smaller file (cut short, or not this
+  // daemon's) has slots too small for their headers, whose sizes would wrap below zero.
+  if (memory->size() < kMinimumBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "/dev/shm/", name, " is ", memory->size(), " bytes, smaller than the ", kMinimumBytes,
+        " of any journal moesnapd writes (cut short, or not its file): move it away to start with "
+        "an empty journal (the committed state it recorded is lost)"));
+  }
   std::unique_ptr<Journal> journal(new Journal(*std::move(memory)));
   journal->Recover();
   return journal;

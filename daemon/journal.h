@@ -28,6 +28,7 @@ class Journal {
   static constexpr uint64_t kMinimumBytes = 64 * 1024;
 
   // Maps /dev/shm/<pool_name>.journal, creating it with `bytes` bytes (mode 0600) if absent.
+  // DATA_LOSS, naming its size, for an existing file of fewer than kMinimumBytes.
   static absl::StatusOr<std::unique_ptr<Journal>> OpenOrCreate(const std::string& pool_name,
                                                                uint64_t bytes);
 

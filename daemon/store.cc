@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "daemon/copy_plan.h"
+#include "daemon/region_limits.h"
 #include "daemon/shard_layout.h"
 #include "daemon/task_transfers.h"
 #include "proto/step_state_name.h"
@@ -90,6 +91,14 @@ absl::Status Store::Recover() {
     return journal_->Write({});
   }
   for (const v1::JournalVersion& saved : state.versions()) {
+    const auto entry = [&] {
+      return absl::StrCat("journal entry for region '", saved.region().substr(0, 256), "' of rank ",
+                          saved.rank(), " at step ", saved.step());
+    };
+    // Its chunks and piece size the loops and copies of every restore of it.
+    if (absl::Status valid = CheckStoredRegion(saved); !valid.ok()) {
+      return absl::DataLossError(absl::StrCat(entry(), ": ", valid.message()));
+    }
     std::vector<ExtentAllocator::Range> extents;
     for (const v1::PoolSpan& span : saved.extents()) extents.push_back({span.offset(), span.bytes()});
     if (extents.empty()) {  // written by an earlier daemon: one extent
@@ -98,9 +107,7 @@ absl::Status Store::Recover() {
     }
     absl::StatusOr<std::shared_ptr<PoolBytes>> stored = pool_->ClaimBytes(extents, saved.bytes());
     if (!stored.ok()) {
-      return absl::DataLossError(absl::StrCat("journal entry for region '", saved.region(),
-                                              "' of rank ", saved.rank(), " at step ", saved.step(),
-                                              ": ", stored.status().message()));
+      return absl::DataLossError(absl::StrCat(entry(), ": ", stored.status().message()));
     }
     ranks_[saved.rank()].committed[saved.region()] = VersionFrom(saved, *std::move(stored));
   }

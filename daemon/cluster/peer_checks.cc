@@ -51,36 +51,15 @@ absl::Status CheckCoordinatorCall(uint32_t coordinator, int64_t token, int64_t s
 }
 
 absl::Status CheckRegion(const v1::ImageRegion& region, const PeerLimits& limits) {
-  auto invalid = [&](const std::string& what) {
+  auto invalid = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("region of rank ", region.rank(), ": ", what));
   };
-  if (region.region().empty() || region.region().size() > kMaxRegionNameBytes) {
-    return invalid(absl::StrCat("its name is ", region.region().size(), " bytes, not 1 to ",
-                                kMaxRegionNameBytes));
-  }
-  if (region.dtype().size() > kMaxDtypeBytes) {
-    return invalid(absl::StrCat("its dtype is ", region.dtype().size(), " bytes, above ",
-                                kMaxDtypeBytes));
-  }
-  if (region.shape_size() > kMaxShapeDimensions) {
-    return invalid(absl::StrCat("its shape has ", region.shape_size(), " dimensions, above ",
-                                kMaxShapeDimensions));
+  if (absl::Status status = CheckStoredRegion(region); !status.ok()) {
+    return invalid(status.message());
   }
   if (region.bytes() > limits.max_image_bytes) {
     return invalid(absl::StrCat("it is ", region.bytes(), " bytes, above the ",
                                 limits.max_image_bytes, " any image may hold"));
-  }
-  if (region.bytes() == 0) {
-    if (region.chunk_crcs_size() != 0) return invalid("it is empty but lists chunk CRCs");
-    return absl::OkStatus();
-  }
-  if (region.chunk_bytes() == 0) return invalid("its chunk size is 0");
-  const uint64_t chunks =
-      region.bytes() / region.chunk_bytes() + (region.bytes() % region.chunk_bytes() != 0);
-  if (static_cast<uint64_t>(region.chunk_crcs_size()) != chunks) {
-    return invalid(absl::StrCat("it is ", region.bytes(), " bytes in chunks of ",
-                                region.chunk_bytes(), " (", chunks, " chunks), but lists ",
-                                region.chunk_crcs_size(), " chunk CRCs"));
   }
   return absl::OkStatus();
 }

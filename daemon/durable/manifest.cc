@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/region_limits.h"
 #include "erasure/crc32c.h"
 
 namespace moesnap::daemon::durable {
@@ -97,32 +98,16 @@ absl::Status CheckManifest(const v1::DurableManifest& manifest, uint32_t node_id
     const v1::ImageRegion& region = record.region();
     const std::string where = absl::StrCat("region '", region.region().substr(0, 256), "' of rank ",
                                            region.rank());
-    if (region.region().empty() || region.region().size() > kMaxRegionNameBytes) {
-      return error(absl::StrCat("a region of rank ", region.rank(), " has a name of ",
-                                region.region().size(), " bytes (1 to ", kMaxRegionNameBytes,
-                                " accepted)"));
+    if (absl::Status status = CheckStoredRegion(region); !status.ok()) {
+      return error(absl::StrCat(where, ": ", status.message()));
     }
     if (!names.emplace(region.rank(), region.region()).second) {
       return error(absl::StrCat(where, " appears twice"));
     }
-    if (region.dtype().size() > kMaxDtypeBytes || region.shape_size() > kMaxShapeDimensions) {
-      return error(absl::StrCat(where, ": dtype of ", region.dtype().size(), " bytes and ",
-                                region.shape_size(), " dimensions (at most ", kMaxDtypeBytes,
-                                " and ", kMaxShapeDimensions, ")"));
-    }
-    for (int64_t dimension : region.shape()) {
-      if (dimension < 0) return error(absl::StrCat(where, ": negative dimension ", dimension));
-    }
+    // A reader holds a chunk at a time in memory.
     if (region.chunk_bytes() < kMinChunkBytes || region.chunk_bytes() > kMaxChunkBytes) {
       return error(absl::StrCat(where, ": chunks of ", region.chunk_bytes(), " bytes (",
                                 kMinChunkBytes, " to ", kMaxChunkBytes, " accepted)"));
-    }
-    const uint64_t chunks = region.bytes() / region.chunk_bytes() +
-                            (region.bytes() % region.chunk_bytes() != 0 ? 1 : 0);
-    if (static_cast<uint64_t>(region.chunk_crcs_size()) != chunks) {
-      return error(absl::StrCat(where, ": ", region.bytes(), " bytes in chunks of ",
-                                region.chunk_bytes(), " make ", chunks, " chunks, but ",
-                                region.chunk_crcs_size(), " CRCs are listed"));
     }
     auto file = file_bytes.find(region.rank());
     if (file == file_bytes.end()) return error(absl::StrCat(where, ": its rank has no data file"));

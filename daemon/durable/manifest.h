@@ -23,10 +23,8 @@ inline constexpr uint64_t kManifestHeaderBytes = 32;
 // Larger than any real manifest (a region costs about a hundred bytes plus 4 per chunk).
 inline constexpr uint64_t kMaxManifestPayloadBytes = uint64_t{64} << 20;
 inline constexpr uint64_t kRegionAlignment = 4096;
-// Bounds on what one region record may claim.
-inline constexpr size_t kMaxRegionNameBytes = 4096;
-inline constexpr size_t kMaxDtypeBytes = 64;
-inline constexpr int kMaxShapeDimensions = 32;
+// The chunk sizes a region record may claim (a reader holds a chunk in memory); its name, dtype,
+// shape, chunk CRCs and piece are checked as any stored region's (CheckStoredRegion).
 inline constexpr uint64_t kMinChunkBytes = 4096;
 inline constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
 

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -253,6 +254,23 @@ TEST_F(JournalTest, RoomForAStateNamesTheJournalSizeThatHoldsIt) {
   ASSERT_OK(large);
   EXPECT_OK((*large)->Room(huge.ByteSizeLong()));
   EXPECT_OK(Write(**large, huge));
+}
+
+// An existing journal file smaller than any journal this daemon makes (cut short, or not its own)
+// is refused, naming its size, before a byte of it is read as a slot: two slots of 20 bytes hold
+// no 32-byte header, and a header read there claiming a gigabyte of payload must not be believed.
+TEST_F(JournalTest, AnExistingFileTooSmallForTwoSlotsIsRefused) {
+  {
+    absl::StatusOr<SharedMemory> file =
+        SharedMemory::Create(name_ + ".journal", 40, {.reserve = false});
+    ASSERT_OK(file);
+    // The start of a slot header: the journal's magic, sequence 1, a payload of 1 GiB.
+    const uint64_t header[3] = {0x4c4e524a534d4f4dULL, 1, uint64_t{1} << 30};
+    std::memcpy(file->data(), header, sizeof(header));
+  }
+  absl::StatusOr<std::unique_ptr<Journal>> journal = Journal::OpenOrCreate(name_, 1 << 20);
+  ASSERT_STATUS(journal, absl::StatusCode::kDataLoss);
+  EXPECT_NE(journal.status().message().find("40 bytes"), std::string::npos) << journal.status();
 }
 
 // The pool and journal hold every rank's state: created private to the daemon's user, and a file

@@ -433,6 +433,76 @@ TEST_F(StoreTest, AGroupRecordCommittedWithItsImagesBytesIsReadBackWhole) {
   }
 }
 
+// A journal entry whose chunks or piece do not describe its region (damaged, or not written by
+// this daemon) is not used: the store does not open, naming the entry and what is wrong, as it
+// does for an entry whose pool extents are wrong. Taken, each would have made a restore loop until
+// memory ran out (chunks of 0 bytes), read past the entry's CRCs, or write past the trainer's
+// region.
+TEST_F(StoreTest, AJournalEntryWhoseChunksOrPieceDoNotDescribeItsRegionIsNotUsed) {
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(Connect(0, 1));
+  const std::vector<uint8_t> committed = CommitRandomBytes(0, 11);
+  store_.reset();
+  journal_.reset();
+  pool_.reset();
+  v1::JournalState written;
+  {
+    absl::StatusOr<std::unique_ptr<Journal>> journal = Journal::OpenOrCreate(name_, 1 << 20);
+    ASSERT_OK(journal);
+    written = (*journal)->recovered_state();
+  }
+  ASSERT_EQ(written.versions_size(), 1);
+  auto rewrite = [&](const v1::JournalState& state) {
+    absl::StatusOr<std::unique_ptr<Journal>> journal = Journal::OpenOrCreate(name_, 1 << 20);
+    ASSERT_OK(journal);
+    const std::string bytes = state.SerializeAsString();
+    ASSERT_OK((*journal)->Write({std::string_view(bytes)}));
+  };
+  struct Damage {
+    std::string what;
+    std::function<void(v1::JournalVersion&)> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"chunk size is 0", [](v1::JournalVersion& entry) { entry.set_chunk_bytes(0); }},
+      {"lists 3 chunk CRCs",
+       [](v1::JournalVersion& entry) { entry.mutable_chunk_crcs()->RemoveLast(); }},
+      {"past the region's end",
+       [](v1::JournalVersion& entry) {
+         v1::RegionPiece& piece = *entry.mutable_piece();
+         piece.set_replica_group("data-parallel");
+         piece.set_offset(std::numeric_limits<uint64_t>::max() - 4096);
+         piece.set_region_bytes(entry.bytes());
+       }},
+      {"names no replica group",
+       [](v1::JournalVersion& entry) { entry.mutable_piece()->set_offset(1 << 20); }},
+  };
+  for (const Damage& damage : damages) {
+    v1::JournalState damaged = written;
+    damage.apply(*damaged.mutable_versions(0));
+    ASSERT_NO_FATAL_FAILURE(rewrite(damaged));
+    absl::StatusOr<std::unique_ptr<Pool>> pool = Pool::OpenOrCreate(
+        {.name = name_, .bytes = 4 << 20, .lock = PoolLockMode::kOff});
+    ASSERT_OK(pool);
+    absl::StatusOr<std::unique_ptr<Journal>> journal = Journal::OpenOrCreate(name_, 1 << 20);
+    ASSERT_OK(journal);
+    const absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(
+        pool->get(), journal->get(), {backend_.get(), nullptr}, {.chunk_bytes = 64 * 1024},
+        CommitMode::kLocal);
+    EXPECT_STATUS(store, absl::StatusCode::kDataLoss) << damage.what;
+    EXPECT_TRUE(absl::StrContains(store.status().message(), "region 'region0' of rank 0") &&
+                absl::StrContains(store.status().message(), damage.what))
+        << store.status();
+  }
+  // The entry as written is used again, and restores what was committed.
+  ASSERT_NO_FATAL_FAILURE(rewrite(written));
+  ASSERT_NO_FATAL_FAILURE(Open(CommitMode::kLocal));
+  ASSERT_NO_FATAL_FAILURE(Connect(0, 1));
+  std::memset(trainers_.at(0).data, 0, trainers_.at(0).bytes);
+  ASSERT_OK(store_->Restore(0, std::nullopt, {}, absl::Now() + absl::Seconds(30)));
+  EXPECT_EQ(std::vector<uint8_t>(trainers_.at(0).data, trainers_.at(0).data + trainers_.at(0).bytes),
+            committed);
+}
+
 TEST_F(StoreTest, CommitsLaggingBehindTrainingSkipStepsInsteadOfFillingThePool) {
   CaptureOptions options;
   options.max_in_flight_steps = 2;

@@ -431,6 +431,16 @@ TEST(PeerChecksTest, RegionFieldsAreBounded) {
   ExpectRefused(with([](v1::ImageRegion& r) { r.add_chunk_crcs(9); }), "lists 5 chunk CRCs");
   ExpectRefused(with([](v1::ImageRegion& r) { r.mutable_chunk_crcs()->RemoveLast(); }),
                 "lists 3 chunk CRCs");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.set_shape(0, -1); }), "dimension 0 is -1");
+  ExpectRefused(with([](v1::ImageRegion& r) {
+                  v1::RegionPiece& piece = *r.mutable_piece();
+                  piece.set_replica_group("data-parallel");
+                  piece.set_offset(1);
+                  piece.set_region_bytes(r.bytes());
+                }),
+                "past the region's end");
+  ExpectRefused(with([](v1::ImageRegion& r) { r.mutable_piece()->set_region_bytes(r.bytes()); }),
+                "names no replica group");
   v1::NodeImage image = Image(1, 0);
   image.mutable_regions(0)->add_chunk_crcs(1);
   ExpectRefused(CheckNodeImage(image, Limits()), "empty but lists chunk CRCs");

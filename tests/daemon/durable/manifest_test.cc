@@ -7,6 +7,7 @@
 
 #include <limits>
 
+#include "daemon/region_limits.h"
 #include "erasure/crc32c.h"
 #include "tests/testing/deterministic_bytes.h"
 #include "tests/testing/status_matchers.h"
@@ -111,11 +112,20 @@ TEST(ManifestTest, InconsistentRecordsAreRefused) {
       {"overlapping regions", [](v1::DurableManifest& m) { m.mutable_regions(1)->set_offset(4096); }},
       {"a negative dimension",
        [](v1::DurableManifest& m) { m.mutable_regions(0)->mutable_region()->set_shape(0, -1); }},
-      {"33 dimensions",
+      {"more dimensions than a registration has",
        [](v1::DurableManifest& m) {
-         for (int i = 0; i < 32; ++i) m.mutable_regions(0)->mutable_region()->add_shape(1);
+         for (int i = 0; i < kMaxShapeDimensions; ++i) {
+           m.mutable_regions(0)->mutable_region()->add_shape(1);
+         }
        }},
       {"a rank recorded twice", [](v1::DurableManifest& m) { *m.add_ranks() = m.ranks(0); }},
+      {"a piece past its region",
+       [](v1::DurableManifest& m) {
+         v1::RegionPiece& piece = *m.mutable_regions(1)->mutable_region()->mutable_piece();
+         piece.set_replica_group("data-parallel");
+         piece.set_offset(4096);
+         piece.set_region_bytes(5000);
+       }},
   };
   for (const auto& [what, mutate] : mutations) {
     v1::DurableManifest manifest = TwoRegions();
