@@ -100,6 +100,31 @@ class MemoryHandoffTest : public ::testing::Test {
 
   std::string MemorySocket() const { return daemon_.agent_socket() + wire::kSocketSuffix; }
 
+  // A process of rank 0 through the client library: its "weights", a host region of `bytes`.
+  struct Trainer {
+    std::unique_ptr<Client> client;
+    std::shared_ptr<SharedBuffer> weights;
+  };
+  void ConnectTrainer(size_t bytes, Trainer* trainer,
+                      std::chrono::milliseconds wait_timeout = ClientOptions().wait_timeout) {
+    ClientOptions options{.socket_path = daemon_.agent_socket(), .rank = 0};
+    options.wait_timeout = wait_timeout;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    ASSERT_OK(client);
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> weights = (*client)->AllocateHost(bytes);
+    ASSERT_OK(weights);
+    const RegionInfo info{"weights", "uint8", {static_cast<int64_t>(bytes)}};
+    ASSERT_OK((*client)->RegisterHostRegion(info, *weights, 0, bytes));
+    *trainer = {*std::move(client), *std::move(weights)};
+  }
+
+  // The trainer's weights filled with `step`'s number, snapshotted as `step` and committed.
+  static void CommitFilled(Trainer& trainer, int64_t step) {
+    std::memset(trainer.weights->data(), static_cast<int>(step), trainer.weights->size());
+    ASSERT_OK(trainer.client->Snapshot(step));
+    ASSERT_OK(trainer.client->WaitCommitted(step));
+  }
+
   TestDaemon daemon_{{.pool_bytes = "64MiB"}};
   std::unique_ptr<v1::Agent::Stub> agent_;
   std::map<uint32_t, std::string> sessions_;  // by rank
@@ -306,26 +331,21 @@ TEST_F(MemoryHandoffTest, ARanksNextProcessTakesTheMemoryItsExitedProcessLeft) {
 
 TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {
   constexpr size_t kBytes = 8 << 20;
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
-  ASSERT_OK(client);
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kBytes);
-  ASSERT_OK(buffer);
-  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *buffer, 0, kBytes));
-  std::memset((*buffer)->data(), 1, kBytes);
-  ASSERT_OK((*client)->Snapshot(1));
-  ASSERT_OK((*client)->WaitCommitted(1));
-  std::memset((*buffer)->data(), 2, kBytes);
-  ASSERT_OK((*client)->Snapshot(2));
+  Trainer trainer;
+  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &trainer));
+  Client& client = *trainer.client;
+  ASSERT_NO_FATAL_FAILURE(CommitFilled(trainer, 1));
+  std::memset(trainer.weights->data(), 2, kBytes);
+  ASSERT_OK(client.Snapshot(2));
   daemon_.Kill(SIGKILL);  // an upgrade, or a crash that systemd restarts
   ASSERT_TRUE(daemon_.Start());
 
   // Step 2 either committed before the kill, or its capture went with the daemon: either way the
   // trainer may go on, and a lost step is reported, never an error.
-  ASSERT_OK((*client)->WaitCaptured(2));
-  absl::StatusOr<std::optional<int64_t>> latest = (*client)->LatestCommitted();
+  ASSERT_OK(client.WaitCaptured(2));
+  absl::StatusOr<std::optional<int64_t>> latest = client.LatestCommitted();
   ASSERT_OK(latest);
-  const std::vector<std::pair<int64_t, std::string>> lost = (*client)->TakeSkippedSteps();
+  const std::vector<std::pair<int64_t, std::string>> lost = client.TakeSkippedSteps();
   if (**latest == 1) {
     ASSERT_EQ(lost.size(), 1u);
     EXPECT_EQ(lost[0].first, 2);
@@ -334,20 +354,15 @@ TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {
     EXPECT_EQ(**latest, 2);
     EXPECT_TRUE(lost.empty());
   }
-  std::memset((*buffer)->data(), 3, kBytes);
-  ASSERT_OK((*client)->Snapshot(3));  // registered again on the new daemon by the client itself
-  ASSERT_OK((*client)->WaitCommitted(3));
+  // Registered again on the new daemon by the client itself.
+  ASSERT_NO_FATAL_FAILURE(CommitFilled(trainer, 3));
 
-  absl::StatusOr<std::unique_ptr<Client>> fresh =
-      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
-  ASSERT_OK(fresh);
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> restored = (*fresh)->AllocateHost(kBytes);
-  ASSERT_OK(restored);
-  ASSERT_OK((*fresh)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *restored, 0, kBytes));
-  absl::StatusOr<RestoreResult> result = (*fresh)->Restore();
+  Trainer fresh;
+  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &fresh));
+  absl::StatusOr<RestoreResult> result = fresh.client->Restore();
   ASSERT_OK(result);
   EXPECT_EQ(result->step, 3);
-  EXPECT_EQ(std::memcmp((*restored)->data(), (*buffer)->data(), kBytes), 0);
+  EXPECT_EQ(std::memcmp(fresh.weights->data(), trainer.weights->data(), kBytes), 0);
 }
 
 // A client whose reconnection to a restarted daemon failed after its Hello (the daemon refused a
@@ -356,27 +371,22 @@ TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {
 TEST_F(MemoryHandoffTest, AReconnectionThatFailedHalfWayIsMadeAgainAtTheNextCall) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to give a file to another user";
   constexpr size_t kBytes = 8 << 20;
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
-  ASSERT_OK(client);
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kBytes);
-  ASSERT_OK(buffer);
-  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *buffer, 0, kBytes));
-  std::memset((*buffer)->data(), 1, kBytes);
-  ASSERT_OK((*client)->Snapshot(1));
-  ASSERT_OK((*client)->WaitCommitted(1));
+  Trainer trainer;
+  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &trainer));
+  Client& client = *trainer.client;
+  ASSERT_NO_FATAL_FAILURE(CommitFilled(trainer, 1));
   daemon_.Kill(SIGKILL);
   ASSERT_TRUE(daemon_.Start());
 
   // The restarted daemon refuses the file while another user owns it: the reconnection fails.
-  ASSERT_EQ(fchown((*buffer)->fd(), geteuid() + 4242, static_cast<gid_t>(-1)), 0);
-  EXPECT_STATUS((*client)->Snapshot(2), absl::StatusCode::kPermissionDenied);
-  ASSERT_EQ(fchown((*buffer)->fd(), geteuid(), static_cast<gid_t>(-1)), 0);
-  std::memset((*buffer)->data(), 3, kBytes);
-  absl::StatusOr<uint64_t> taken = (*client)->Snapshot(3);
+  ASSERT_EQ(fchown(trainer.weights->fd(), geteuid() + 4242, static_cast<gid_t>(-1)), 0);
+  EXPECT_STATUS(client.Snapshot(2), absl::StatusCode::kPermissionDenied);
+  ASSERT_EQ(fchown(trainer.weights->fd(), geteuid(), static_cast<gid_t>(-1)), 0);
+  std::memset(trainer.weights->data(), 3, kBytes);
+  absl::StatusOr<uint64_t> taken = client.Snapshot(3);
   ASSERT_OK(taken);
   EXPECT_EQ(*taken, kBytes);
-  ASSERT_OK((*client)->WaitCommitted(3));
+  ASSERT_OK(client.WaitCommitted(3));
 }
 
 // A trainer whose wait for a capture runs out (the daemon slow, or paused) goes on and writes its
@@ -384,27 +394,19 @@ TEST_F(MemoryHandoffTest, AReconnectionThatFailedHalfWayIsMadeAgainAtTheNextCall
 // back a state that mixes two steps.
 TEST_F(MemoryHandoffTest, ACaptureTheTrainerGaveUpWaitingForIsNeverRestored) {
   constexpr size_t kBytes = 48 << 20;  // a copy far longer than the trainer's wait
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
-      {.socket_path = daemon_.agent_socket(), .rank = 0, .wait_timeout = 1ms});
-  ASSERT_OK(client);
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = (*client)->AllocateHost(kBytes);
-  ASSERT_OK(buffer);
-  ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *buffer, 0, kBytes));
-  std::memset((*buffer)->data(), 1, kBytes);
-  absl::StatusOr<uint64_t> taken = (*client)->Snapshot(1);
+  Trainer trainer;
+  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &trainer, /*wait_timeout=*/1ms));
+  std::memset(trainer.weights->data(), 1, kBytes);
+  absl::StatusOr<uint64_t> taken = trainer.client->Snapshot(1);
   ASSERT_OK(taken);
   ASSERT_EQ(*taken, kBytes);
-  EXPECT_STATUS((*client)->WaitCaptured(1), absl::StatusCode::kDeadlineExceeded);
-  std::memset((*buffer)->data(), 2, kBytes);  // the next step, while the copy may still run
+  EXPECT_STATUS(trainer.client->WaitCaptured(1), absl::StatusCode::kDeadlineExceeded);
+  std::memset(trainer.weights->data(), 2, kBytes);  // the next step, while the copy may still run
 
   // The rank's next process: its restore waits for the capture to end, and finds nothing committed.
-  absl::StatusOr<std::unique_ptr<Client>> fresh =
-      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 0});
-  ASSERT_OK(fresh);
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> restored = (*fresh)->AllocateHost(kBytes);
-  ASSERT_OK(restored);
-  ASSERT_OK((*fresh)->RegisterHostRegion({"weights", "uint8", {kBytes}}, *restored, 0, kBytes));
-  EXPECT_STATUS((*fresh)->Restore(), absl::StatusCode::kNotFound);
+  Trainer fresh;
+  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &fresh));
+  EXPECT_STATUS(fresh.client->Restore(), absl::StatusCode::kNotFound);
 }
 
 TEST(ClientConnectTest, WithoutADaemonItFailsAtOnceNamingTheSocket) {

@@ -275,6 +275,20 @@ class StoreTest : public ::testing::Test {
     return store_->WaitCaptured(rank, step, absl::Now() + absl::Seconds(30), [] { return false; });
   }
 
+  // Two ranks of a cluster node commit step 1; rank 0 takes step 2 and rank 1 turns idle, so the
+  // node offers step 2 without it: `offered`, the image it offered.
+  void OfferStepTwoWithoutRankOne(NodeImage* offered) {
+    ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(300)));
+    Take(0, 1);
+    Take(1, 1);
+    ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
+    Take(0, 2);
+    absl::StatusOr<NodeImage> image = store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30));
+    ASSERT_OK(image);
+    ASSERT_TRUE(Dropped().contains(1));
+    *offered = *std::move(image);
+  }
+
   // The ranks left out of the node's steps, with why.
   std::map<uint32_t, std::string> Dropped() const {
     std::map<uint32_t, std::string> dropped;
@@ -1443,15 +1457,8 @@ TEST_F(StoreTest, AnIdleRankIsLeftOutOfTheNodesStepsUntilItSnapshotsAgain) {
 // parity holds none of the late capture, so committing it too would leave the rank's committed
 // bytes other than what the group's record and parity say. The rank stays at its committed step.
 TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped) {
-  ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(300)));
-  Take(0, 1);
-  Take(1, 1);
-  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
-  Take(0, 2);
-  // Rank 1 turns idle, and step 2 is offered without it.
-  absl::StatusOr<NodeImage> offered = store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30));
-  ASSERT_OK(offered);
-  ASSERT_TRUE(Dropped().contains(1));
+  NodeImage offered;
+  ASSERT_NO_FATAL_FAILURE(OfferStepTwoWithoutRankOne(&offered));
   const v1::SnapshotResponse late = Take(1, 2);
   EXPECT_TRUE(absl::StrContains(late.skipped(), "offered")) << late.ShortDebugString();
   (void)WaitCaptured(1, 2);  // a capture, had it been taken, is complete before the commit
@@ -1461,10 +1468,10 @@ TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped)
   EXPECT_EQ(*store_->LatestCommitted(0), 2);
   EXPECT_EQ(*store_->LatestCommitted(1), 1);
   const NodeImage committed = store_->CommittedImage();
-  ASSERT_EQ(committed.manifest().regions_size(), offered->manifest().regions_size());
+  ASSERT_EQ(committed.manifest().regions_size(), offered.manifest().regions_size());
   for (int i = 0; i < committed.manifest().regions_size(); ++i) {
     EXPECT_EQ(committed.manifest().regions(i).SerializeAsString(),
-              offered->manifest().regions(i).SerializeAsString())
+              offered.manifest().regions(i).SerializeAsString())
         << committed.manifest().regions(i).ShortDebugString();
   }
   // Its next snapshot is the rank's next step, as after any skip.
@@ -1478,13 +1485,8 @@ TEST_F(StoreTest, ARankLeftOutOfAStepTheNodeOfferedThatSnapshotsItLateIsSkipped)
 // order is, before the step could be skipped as offered: nothing is recorded of the slot, and the
 // step commits as offered.
 TEST_F(StoreTest, ALateSparseSlotOfNoOpenWindowInAStepTheNodeOfferedIsRefused) {
-  ASSERT_NO_FATAL_FAILURE(OpenTwoRanksInCluster(absl::Milliseconds(300)));
-  Take(0, 1);
-  Take(1, 1);
-  ASSERT_NO_FATAL_FAILURE(CommitInCluster(1));
-  Take(0, 2);
-  ASSERT_OK(store_->WaitNodeCaptured(2, absl::Now() + absl::Seconds(30)));
-  ASSERT_TRUE(Dropped().contains(1));
+  NodeImage offered;
+  ASSERT_NO_FATAL_FAILURE(OfferStepTwoWithoutRankOne(&offered));
   v1::SparseSlot slot;
   slot.set_window_first_step(1);
   slot.set_window_size(2);

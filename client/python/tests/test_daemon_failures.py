@@ -46,6 +46,19 @@ def assert_restarted_trainer_restores(daemon: Daemon, step: int,
             assert torch.equal(restored[index][key], tensor), (index, key)
 
 
+def assert_next_step_is_snapshotted_whole(daemon: Daemon, client: moesnap.Client,
+                                          optimizer: torch.optim.Optimizer,
+                                          train: Callable[[], None]) -> None:
+    """After a step skipped for want of the daemon, the next step snapshots everything: a new
+    process of the rank restores all of the optimizer's state from it."""
+    client.wait_captured()
+    train()
+    assert client.snapshot(2) > 0
+    client.wait_committed(2)
+    client.close()
+    assert_restarted_trainer_restores(daemon, 2, optimizer)
+
+
 def test_optimizer_state_created_with_the_daemon_down_is_snapshotted_once_it_is_back(
         daemon: Daemon):
     client = moesnap.Client(daemon.agent_socket, 0)
@@ -57,12 +70,7 @@ def test_optimizer_state_created_with_the_daemon_down_is_snapshotted_once_it_is_
     assert "registered" in client.skipped_steps[0][1], client.skipped_steps
     daemon.start()
     wait_until_answering(client)
-    client.wait_captured()
-    train()
-    assert client.snapshot(2) > 0
-    client.wait_committed(2)
-    client.close()
-    assert_restarted_trainer_restores(daemon, 2, optimizer)
+    assert_next_step_is_snapshotted_whole(daemon, client, optimizer, train)
 
 
 def test_a_final_commit_with_the_daemon_down_says_why_and_a_later_one_commits_everything(
@@ -100,12 +108,7 @@ def test_optimizer_state_whose_registration_failed_half_way_is_registered_whole_
     assert client.snapshot(1) == 0
     assert len(calls) == refused_call + 1
     monkeypatch.undo()
-    client.wait_captured()
-    train()
-    assert client.snapshot(2) > 0
-    client.wait_committed(2)
-    client.close()
-    assert_restarted_trainer_restores(daemon, 2, optimizer)
+    assert_next_step_is_snapshotted_whole(daemon, client, optimizer, train)
 
 
 def test_a_skip_reason_with_bytes_that_are_not_utf8_is_read_with_replacements(daemon: Daemon):
