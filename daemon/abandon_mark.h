@@ -21,8 +21,9 @@ namespace moesnap::daemon {
 class AbandonMark {
  public:
   // The mark `request` places in `memory`, the session memory it names: INVALID_ARGUMENT unless
-  // the count lies within the memory, 8-aligned, and the trainer cannot shrink the memory (so
-  // reading the count can never fault).
+  // the count lies within the memory, 8-aligned, the trainer cannot shrink the memory, and the
+  // take is one (from 1). The count is read under the bus-error guard all the same (a hole punched
+  // in a huge-page file can fault).
   static absl::StatusOr<AbandonMark> In(std::shared_ptr<TrainerMemory> memory,
                                         const v1::AbandonMark& request);
 
@@ -30,11 +31,11 @@ class AbandonMark {
   bool Abandoned() const;
 
  private:
-  AbandonMark(std::shared_ptr<TrainerMemory> memory, uint64_t* count, uint64_t take)
+  AbandonMark(std::shared_ptr<TrainerMemory> memory, const uint64_t* count, uint64_t take)
       : memory_(std::move(memory)), count_(count), take_(take) {}
 
   std::shared_ptr<TrainerMemory> memory_;  // keeps the count mapped
-  uint64_t* count_;
+  const uint64_t* count_;
   uint64_t take_;
 };
 

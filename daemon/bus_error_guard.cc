@@ -54,4 +54,16 @@ __attribute__((noinline)) bool GuardedCopyWithCrc32c(void* destination, const vo
   return true;
 }
 
+__attribute__((noinline)) bool GuardedLoad(const uint64_t* source, uint64_t* value) {
+  sigjmp_buf resume;
+  if (sigsetjmp(resume, 0) != 0) return false;  // the handler cleared guarded_copy_resume
+  guarded_copy_resume = &resume;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const uint64_t loaded = __atomic_load_n(source, __ATOMIC_SEQ_CST);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guarded_copy_resume = nullptr;
+  *value = loaded;
+  return true;
+}
+
 }  // namespace moesnap::daemon

@@ -20,6 +20,10 @@ void InstallBusErrorGuard();
 // InstallBusErrorGuard first.
 bool GuardedCopyWithCrc32c(void* destination, const void* source, size_t bytes, uint32_t* crc);
 
+// An atomic (sequentially consistent) load of `*source` into `*value`; false instead of dying when
+// touching it raises SIGBUS. Needs InstallBusErrorGuard first.
+bool GuardedLoad(const uint64_t* source, uint64_t* value);
+
 }  // namespace moesnap::daemon
 
 #endif  // MOESNAP_DAEMON_BUS_ERROR_GUARD_H_

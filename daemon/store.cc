@@ -245,6 +245,14 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(
   // A step past its predecessor's, whether it is captured, skipped or refused below: nothing is
   // replayed from here.
   rank_state.replay.reset();
+  // The trainer went on before the last capture ended (it gave up waiting for it: the daemon slow,
+  // or paused): that capture may hold bytes of this step, and is no snapshot.
+  if (const StepRecord* capturing = rank_state.Capturing()) {
+    AbortStep(rank_state, rank_state.steps.at(capturing->step),
+              absl::AbortedError(absl::StrCat(
+                  "its trainer took step ", step,
+                  " before the capture ended, and may have changed its memory during the copy")));
+  }
 
   absl::StatusOr<Selection> selection =
       SelectRegions(rank, rank_state, table, regions, sparse.has_value());
@@ -253,14 +261,6 @@ absl::StatusOr<v1::SnapshotResponse> Store::Snapshot(
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank, " holds regions of replica group '", table->groups.begin()->first,
         "': sparse snapshots of replica groups are not supported; snapshot them densely"));
-  }
-  if (const StepRecord* capturing = rank_state.Capturing()) {
-    // Its trainer stopped waiting for it (the daemon is slow, or was paused): that capture ends
-    // aborted, and this step cannot be copied beside it.
-    return Skip(rank_state, rank, step, sparse, table, selection->regions,
-                absl::StrCat("step ", capturing->step,
-                             " of the rank is still capturing (a trainer waits for a step's "
-                             "capture with WaitCaptured before its next Snapshot)"));
   }
   const CopyPlan& plan = *selection->plan;
   absl::StatusOr<std::string> lagging = SkipReason(rank, rank_state, step, sparse, plan);

@@ -256,7 +256,11 @@ struct Client::State {
 };
 
 Client::Client(std::unique_ptr<State> state) : state_(std::move(state)) {}
-Client::~Client() = default;
+Client::~Client() {
+  // Nothing more is heard of the captures still copying: the caller may change its memory now.
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->AbandonLocked(state_->takes);
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   auto state = std::make_unique<State>();
@@ -502,6 +506,9 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       state_->skipped_steps.emplace_back(request.step(), response.skipped());
       return uint64_t{0};
     }
+    // Steps from this one on were of a timeline a restore ended: this one replaces them.
+    state_->taken_steps.erase(state_->taken_steps.lower_bound(request.step()),
+                              state_->taken_steps.end());
     state_->taken_steps[request.step()] = taken;
     state_->last_taken = request.step();
     while (state_->taken_steps.size() > kStepsRemembered) {

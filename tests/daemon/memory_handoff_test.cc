@@ -11,9 +11,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <tuple>
 
@@ -389,25 +390,47 @@ TEST_F(MemoryHandoffTest, AReconnectionThatFailedHalfWayIsMadeAgainAtTheNextCall
   ASSERT_OK(client.WaitCommitted(3));
 }
 
-// A trainer whose wait for a capture runs out (the daemon slow, or paused) goes on and writes its
-// memory while the copy may still read it: that capture is never committed, so no restore gives
-// back a state that mixes two steps.
-TEST_F(MemoryHandoffTest, ACaptureTheTrainerGaveUpWaitingForIsNeverRestored) {
-  constexpr size_t kBytes = 48 << 20;  // a copy far longer than the trainer's wait
+// A trainer that goes on without hearing that a capture ended (its wait ran out, the daemon slow
+// or paused; or it closed its client) writes its memory while the copy may still read it: that
+// capture is never committed, so no restore gives back a state that mixes two steps.
+class GaveUpCaptureTest : public MemoryHandoffTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(GaveUpCaptureTest, ACaptureTheTrainerGaveUpOnIsNeverRestoredMixed) {
+  const bool close_client = GetParam();
+  constexpr size_t kBytes = 48 << 20;
   Trainer trainer;
-  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &trainer, /*wait_timeout=*/1ms));
+  ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &trainer, /*wait_timeout=*/100ms));
   std::memset(trainer.weights->data(), 1, kBytes);
   absl::StatusOr<uint64_t> taken = trainer.client->Snapshot(1);
   ASSERT_OK(taken);
   ASSERT_EQ(*taken, kBytes);
-  EXPECT_STATUS(trainer.client->WaitCaptured(1), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(daemon_.Pause());  // mid-copy, as a host short of CPU can leave it
+  if (close_client) {
+    trainer.client.reset();
+  } else {
+    EXPECT_STATUS(trainer.client->WaitCaptured(1), absl::StatusCode::kDeadlineExceeded);
+  }
   std::memset(trainer.weights->data(), 2, kBytes);  // the next step, while the copy may still run
+  daemon_.Resume();
 
-  // The rank's next process: its restore waits for the capture to end, and finds nothing committed.
+  // The rank's next process: its restore waits for the capture to end. Had the copy ended before
+  // the pause, step 1 is whole; else it was aborted, and nothing is committed.
   Trainer fresh;
   ASSERT_NO_FATAL_FAILURE(ConnectTrainer(kBytes, &fresh));
-  EXPECT_STATUS(fresh.client->Restore(), absl::StatusCode::kNotFound);
+  absl::StatusOr<RestoreResult> restored = fresh.client->Restore();
+  if (restored.ok()) {
+    EXPECT_EQ(restored->step, 1);
+    const uint8_t* bytes = fresh.weights->data();
+    EXPECT_TRUE(std::all_of(bytes, bytes + kBytes, [](uint8_t byte) { return byte == 1; }));
+  } else {
+    EXPECT_STATUS(restored, absl::StatusCode::kNotFound);
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(WaitRanOutOrClientClosed, GaveUpCaptureTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "ClientClosed" : "WaitRanOut";
+                         });
 
 TEST(ClientConnectTest, WithoutADaemonItFailsAtOnceNamingTheSocket) {
   char directory[] = "/tmp/moesnap-connect-XXXXXX";

@@ -62,6 +62,9 @@ TEST(AbandonMarkTest, IsAnAlignedCountWithinMemoryTheTrainerCannotShrink) {
   }
   request.set_offset(4088);
   EXPECT_OK(AbandonMark::In(*sealed, request));
+  request.set_take(0);  // takes are numbered from 1: take 0 would abort every capture
+  EXPECT_STATUS(AbandonMark::In(*sealed, request), absl::StatusCode::kInvalidArgument);
+  request.set_take(1);
 
   const int unsealed_fd = SharedFile(4096, /*sealed=*/false);
   absl::StatusOr<std::shared_ptr<TrainerMemory>> unsealed =

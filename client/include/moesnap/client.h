@@ -165,6 +165,8 @@ class Client {
   // Connects and starts a session for `options.rank` (forgetting regions an earlier process of the
   // rank registered). UNAVAILABLE at once, naming the socket, when no daemon answers there.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Ends the session. A snapshot whose capture has not ended is abandoned (as when WaitCaptured
+  // fails): the regions may change at once, and that capture is aborted.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
