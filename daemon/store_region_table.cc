@@ -1,4 +1,5 @@
-// Store: the registration of a rank's regions, and the table it makes (RegionTable): the regions'
+// Store: a rank's trainer sessions (started, ended, and the ranks forgotten once they hold
+// nothing), the registration of its regions, and the table it makes (RegionTable): the regions'
 // replica-group shards, the order of the trainer's memory they lie in, and the plan of a whole-rank
 // step.
 #include "daemon/store.h"
@@ -8,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/copy_plan.h"
 #include "daemon/shard_layout.h"
+#include "proto/step_state_name.h"
 
 namespace moesnap::daemon {
 namespace {
@@ -128,6 +131,84 @@ Store::RegionTable::RegionTable(std::map<std::string, Region> by_name, uint64_t 
       InMemoryOrder(all.size(), [this](uint32_t position) { return all[position]; })));
 }
 
+
+absl::Status Store::StartSession(uint32_t rank, uint64_t session) {
+  absl::MutexLock lock(&mutex_);
+  if (!ranks_.contains(rank) && ranks_.size() >= kMaxRanksKnown) {
+    ForgetRanksHoldingNothing();
+    if (ranks_.size() >= kMaxRanksKnown) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", rank, " is new to this daemon, which knows ", ranks_.size(),
+          " ranks (with a trainer connected, or state held); a daemon knows at most ",
+          kMaxRanksKnown));
+    }
+  }
+  activity_.Active(rank);
+  RankState& rank_state = ranks_[rank];
+  rank_state.session = session;
+  rank_state.connected = true;
+  rank_state.regions = RegionTable::None();  // copies in flight keep their own references to the old table
+  rank_state.restarting = rank_state.latest_committed.has_value();
+  rank_state.replay.reset();
+  if (rank_state.latest_snapshot) {
+    rank_state.replay = RankState::Replay{*rank_state.latest_snapshot, std::nullopt};
+  }
+  return absl::OkStatus();
+}
+
+bool Store::CopyingTrainerMemory(uint32_t rank) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.copies->load() > 0;
+}
+
+void Store::EndSession(uint32_t rank, uint64_t session) {
+  absl::MutexLock lock(&mutex_);
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.session != session) return;  // a newer process took over
+  activity_.Gone(rank);
+  // Copies in flight finish from their own references; cluster steps stop waiting for the rank.
+  it->second.regions = RegionTable::None();
+  it->second.restarting = false;
+  it->second.connected = false;
+  // A trainer calling Hello under rank after rank must not grow the store: what holds nothing goes
+  // (this rank, or a group's member that nothing waits for any more).
+  ForgetRanksHoldingNothing();
+  step_changed_.SignalAll();
+}
+
+bool Store::HoldsNothing(const RankState& rank_state) {
+  return !rank_state.connected && rank_state.regions->regions.empty() && !rank_state.restarting &&
+         !rank_state.replay && rank_state.committed.empty() && rank_state.steps.empty() &&
+         !rank_state.latest_committed && !rank_state.latest_snapshot &&
+         rank_state.windows.empty() && rank_state.replica_groups.empty() &&
+         !rank_state.last_capture && rank_state.copies->load() == 0;
+}
+
+void Store::ForgetRanksHoldingNothing() {
+  std::vector<uint32_t> idle;
+  for (const auto& [rank, rank_state] : ranks_) {
+    if (HoldsNothing(rank_state)) idle.push_back(rank);
+  }
+  if (idle.empty()) return;
+  std::set<uint32_t> members;
+  std::set<const RegionTable*> seen;  // a rank's steps mostly share its table
+  auto add_members = [&](const RegionTable* table) {
+    if (table->groups.empty() || !seen.insert(table).second) return;
+    for (const auto& [name, group] : table->groups) {
+      members.insert(group.ranks().begin(), group.ranks().end());
+    }
+  };
+  for (const auto& [rank, rank_state] : ranks_) {
+    add_members(rank_state.regions.get());
+    for (const auto& [step, record] : rank_state.steps) {
+      if (!IsFinished(record.state)) add_members(record.table.get());
+    }
+  }
+  for (uint32_t rank : idle) {
+    if (!members.contains(rank)) ranks_.erase(rank);
+  }
+}
 
 absl::Status Store::RegisterRegions(uint32_t rank, const std::vector<v1::RegionSpec>& regions) {
   // The regions are the memory of the rank's process now: should a newer process start before they
