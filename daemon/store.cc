@@ -504,9 +504,9 @@ void Store::CapturePart(const std::shared_ptr<CaptureJob>& job, size_t part_inde
     // Every part has copied; bytes the trainer may have changed meanwhile are no snapshot.
     if (job->abandon_mark && job->abandon_mark->Abandoned()) {
       AbortStep(rank_state, record,
-                absl::AbortedError("its trainer gave up waiting for the capture (the daemon was "
-                                   "slow or paused) and may have changed its memory during the "
-                                   "copy"));
+                absl::AbortedError("its trainer gave up waiting for the capture (its wait ran "
+                                   "out, the daemon did not answer, or it closed its client) and "
+                                   "may have changed its memory during the copy"));
       return;
     }
     record.versions = std::move(job->versions);
