@@ -120,7 +120,8 @@ class Client:
         self._close = weakref.finalize(self, lib.moesnap_client_close, handle)
 
     def close(self) -> None:
-        """Ends the session now (otherwise when the object is collected)."""
+        """Ends the session now (otherwise when the object is collected). A snapshot whose capture
+        has not ended is abandoned: its capture is aborted, and the regions may change at once."""
         self._close()
 
     @property

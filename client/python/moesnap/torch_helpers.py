@@ -252,7 +252,8 @@ class Client:
 
     def close(self) -> None:
         """Ends the session with the daemon now (otherwise when this object is collected).
-        Registered tensors keep their memory and their values."""
+        Registered tensors keep their memory and their values; a snapshot whose capture has not
+        ended is abandoned (aborted), so they may change at once."""
         self._native.close()
 
     # Registration -------------------------------------------------------------------------------
