@@ -8,6 +8,7 @@
 #include <csignal>
 #include <mutex>
 
+#include "absl/functional/function_ref.h"
 #include "erasure/crc32c.h"
 
 namespace moesnap::daemon {
@@ -28,6 +29,19 @@ void OnBusError(int, siginfo_t*, void*) {
   sigaction(SIGBUS, &fallback, nullptr);
 }
 
+// Runs `touch`; false, once the handler jumped back here, when it raised SIGBUS. Not inlined: its
+// frame is the one the handler jumps back into.
+__attribute__((noinline)) bool Guarded(absl::FunctionRef<void()> touch) {
+  sigjmp_buf resume;
+  if (sigsetjmp(resume, 0) != 0) return false;  // the handler cleared guarded_copy_resume
+  guarded_copy_resume = &resume;
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // armed before the first byte is touched
+  touch();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guarded_copy_resume = nullptr;
+  return true;
+}
+
 }  // namespace
 
 void InstallBusErrorGuard() {
@@ -41,29 +55,17 @@ void InstallBusErrorGuard() {
   });
 }
 
-__attribute__((noinline)) bool GuardedCopyWithCrc32c(void* destination, const void* source,
-                                                     size_t bytes, uint32_t* crc) {
-  sigjmp_buf resume;
-  if (sigsetjmp(resume, 0) != 0) return false;  // the handler cleared guarded_copy_resume
-  guarded_copy_resume = &resume;
-  std::atomic_signal_fence(std::memory_order_seq_cst);  // armed before the first byte is touched
-  const uint32_t extended = erasure::CopyWithCrc32c(destination, source, bytes, *crc);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  guarded_copy_resume = nullptr;
+bool GuardedCopyWithCrc32c(void* destination, const void* source, size_t bytes, uint32_t* crc) {
+  uint32_t extended = 0;
+  if (!Guarded([&] { extended = erasure::CopyWithCrc32c(destination, source, bytes, *crc); })) {
+    return false;
+  }
   *crc = extended;
   return true;
 }
 
-__attribute__((noinline)) bool GuardedLoad(const uint64_t* source, uint64_t* value) {
-  sigjmp_buf resume;
-  if (sigsetjmp(resume, 0) != 0) return false;  // the handler cleared guarded_copy_resume
-  guarded_copy_resume = &resume;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  const uint64_t loaded = __atomic_load_n(source, __ATOMIC_SEQ_CST);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  guarded_copy_resume = nullptr;
-  *value = loaded;
-  return true;
+bool GuardedLoad(const uint64_t* source, uint64_t* value) {
+  return Guarded([&] { *value = __atomic_load_n(source, __ATOMIC_SEQ_CST); });
 }
 
 }  // namespace moesnap::daemon
