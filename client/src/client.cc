@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "client/src/daemon_probe.h"
 #include "client/src/device_regions.h"
 #include "client/src/memory_channel.h"
 #include "common/memory_handoff_wire.h"
@@ -29,6 +31,9 @@ namespace {
 constexpr size_t kRegionsPerCall = 8192;
 // Steps whose session is remembered, to tell a capture lost with a daemon from a wrong step.
 constexpr size_t kStepsRemembered = 64;
+// How long a daemon that runs may take to answer a health check (gRPC answers it on a thread of its
+// own, whatever the daemon's calls are doing).
+constexpr std::chrono::milliseconds kHealthCheckTimeout{1000};
 
 }  // namespace
 
@@ -54,6 +59,7 @@ struct Client::State {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Agent::Stub> stub;
   std::unique_ptr<DeviceRegions> device_regions = std::make_unique<DeviceRegions>();
+  std::unique_ptr<DaemonProbe> probe;  // on `channel`
 
   std::mutex mutex;  // guards everything below
   v1::HelloResponse hello;
@@ -105,6 +111,7 @@ struct Client::State {
           " (is the daemon running?): ", status.error_message()));
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      probe->RanOut(call);  // a slow step, or a daemon that answers nothing: the probe tells
       return absl::DeadlineExceededError(absl::StrCat(
           "moesnapd at ", options.socket_path, " did not complete ", call, " in time"));
     }
@@ -185,12 +192,14 @@ struct Client::State {
     return RegisterLocked(std::move(specs));
   }
 
-  // Before `call`, and again when it fails as unavailable: when the daemon this session handed its
-  // memory to is gone (its end of the memory channel closed), connects to the daemon serving the
-  // socket now and hands everything over again. gRPC itself reconnects to a restarted daemon
-  // silently, so the memory channel is what tells that the daemon changed. One poll, no I/O.
+  // Refuses `call` at once while the daemon answers nothing (DaemonProbe). Before `call`, and
+  // again when it fails as unavailable: when the daemon this session handed its memory to is gone
+  // (its end of the memory channel closed), connects to the daemon serving the socket now and hands
+  // everything over again. gRPC itself reconnects to a restarted daemon silently, so the memory
+  // channel is what tells that the daemon changed. One poll, no I/O.
   template <typename Call>
   auto WithReconnect(Call call) -> decltype(call()) {
+    if (absl::Status answering = probe->Admit(); !answering.ok()) return answering;
     if (absl::Status ready = ReconnectIfGone(); !ready.ok()) return ready;
     auto result = call();
     if (result.ok() || !absl::IsUnavailable(Status(result))) return result;
@@ -277,6 +286,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   state->channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
                                              grpc::InsecureChannelCredentials(), arguments);
   state->stub = v1::Agent::NewStub(state->channel);
+  state->probe = std::make_unique<DaemonProbe>(state->channel, options.socket_path,
+                                               std::min(options.call_timeout, kHealthCheckTimeout));
   absl::StatusOr<std::shared_ptr<SharedBuffer>> abandon_mark =
       SharedBuffer::Allocate(sizeof(uint64_t), "moesnap-abandon-mark");
   if (!abandon_mark.ok()) return abandon_mark.status();
@@ -520,17 +531,27 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
 
 absl::Status Client::Wait(int64_t step, bool until_committed) {
   const char* call = until_committed ? "WaitCommitted" : "WaitCaptured";
-  absl::Status status = state_->WithReconnect([&] {
-    grpc::ClientContext context;
-    state_->PrepareCall(context, state_->options.wait_timeout);
-    v1::WaitRequest request;
-    request.set_rank(state_->options.rank);
-    request.set_step(step);
-    v1::WaitResponse response;
-    return until_committed
-               ? state_->Check(state_->stub->WaitCommitted(&context, request, &response), call)
-               : state_->Check(state_->stub->WaitCaptured(&context, request, &response), call);
-  });
+  // In calls of at most a call timeout each: one that runs out has the daemon's health checked
+  // (DaemonProbe), so a daemon that answers nothing ends the wait after one such call, not after
+  // the whole wait timeout.
+  const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
+  absl::Status status;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    status = state_->WithReconnect([&] {
+      grpc::ClientContext context;
+      state_->PrepareCall(context, std::min(left, state_->options.call_timeout));
+      v1::WaitRequest request;
+      request.set_rank(state_->options.rank);
+      request.set_step(step);
+      v1::WaitResponse response;
+      return until_committed
+                 ? state_->Check(state_->stub->WaitCommitted(&context, request, &response), call)
+                 : state_->Check(state_->stub->WaitCaptured(&context, request, &response), call);
+    });
+    if (!absl::IsDeadlineExceeded(status) || left <= state_->options.call_timeout) break;
+  }
   if (status.ok()) return status;
   std::lock_guard<std::mutex> lock(state_->mutex);
   auto it = state_->taken_steps.find(step);

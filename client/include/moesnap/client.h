@@ -39,9 +39,14 @@ struct ClientOptions {
   // the default above; the rank from RANK, else LOCAL_RANK, else 0. INVALID_ARGUMENT names a
   // variable that is set but is not a rank.
   static absl::StatusOr<ClientOptions> FromEnvironment();
-  // How long Connect and each short call may take.
+  // How long Connect and each short call may take. A call that runs out of it has the daemon's
+  // health checked (within a second at most): while the daemon answers nothing (stopped, stuck),
+  // every call is refused at once with UNAVAILABLE, until it answers again. A hung daemon costs a
+  // trainer one call timeout, not one every step.
   std::chrono::milliseconds call_timeout{30000};
-  // How long WaitCaptured / WaitCommitted / Restore may wait for copies in flight.
+  // How long WaitCaptured / WaitCommitted / Restore may wait for copies in flight. WaitCaptured
+  // and WaitCommitted ask in calls of at most call_timeout each, so a daemon that stops answering
+  // ends them after one.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
 };
 

@@ -792,6 +792,8 @@ class Client:
         """Blocks until ``step`` is committed: restorable after a crash. Raises when it will
         not be (skipped, aborted): for tests and tools; trainers end with ``commit``."""
         self._native.wait_committed(step)
+        if step == self._last_snapshot:
+            self._captured_through = step  # committed is captured: nothing left to wait for
 
     def commit(self, step: int) -> bool:
         """Makes the present state committed as ``step``: call it for the last step of training

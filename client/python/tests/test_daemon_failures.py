@@ -3,6 +3,8 @@ never raises from a per-step call; the step is skipped, saying why, and snapshot
 daemon is back. Misuse still raises (test_bad_use.py)."""
 
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Callable, Tuple
 
@@ -86,6 +88,40 @@ def test_a_final_commit_with_the_daemon_down_says_why_and_a_later_one_commits_ev
     assert client.commit(1) is True
     client.close()
     assert_restarted_trainer_restores(daemon, 1, optimizer)
+
+
+def test_a_hung_daemon_costs_the_training_loop_one_timeout_not_one_every_step(daemon: Daemon):
+    """A daemon that answers nothing (stopped, as a stuck disk or a host short of memory can leave
+    it) costs one call's timeout: the steps after it are skipped at once, saying why, until it
+    answers again, and then the rank snapshots whole as before."""
+    call_timeout = 0.5
+    client = moesnap.Client(daemon.agent_socket, 0, call_timeout_s=call_timeout)
+    optimizer, train = adam_trainer(client)
+    train()
+    assert client.snapshot(1) > 0
+    client.wait_committed(1)
+    steps = range(3, 13)
+    daemon.process.send_signal(signal.SIGSTOP)
+    try:
+        train()
+        assert client.snapshot(2) == 0  # the one timeout
+        began = time.monotonic()
+        for step in steps:
+            train()
+            assert client.snapshot(step) == 0
+        elapsed = time.monotonic() - began
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+    assert elapsed < len(steps) * call_timeout / 2, elapsed  # each would have waited it out
+    assert [step for step, _ in client.skipped_steps] == [2, *steps], client.skipped_steps
+    assert all("answered nothing since Snapshot" in reason
+               for _, reason in client.skipped_steps[1:]), client.skipped_steps
+    wait_until_answering(client)
+    train()
+    assert client.snapshot(13) > 0
+    client.wait_committed(13)
+    client.close()
+    assert_restarted_trainer_restores(daemon, 13, optimizer)
 
 
 @pytest.mark.parametrize("refused_call", [0, 1])  # the shared moments', the staged tensors'

@@ -199,7 +199,7 @@ def test_a_window_whose_first_step_finds_no_daemon_is_skipped_after_one_wait(dae
     assert elapsed < 3 * wait_timeout, elapsed
     if failure == "killed":
         daemon.start()
-        wait_until_answering(client)
+    wait_until_answering(client)  # a hung daemon's client refuses calls until it answers again
     for step in range(9, 13):
         assert train_and_snapshot(step) > 0
     client.wait_committed(12)

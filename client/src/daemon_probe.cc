@@ -1,0 +1,73 @@
+// DaemonProbe: gRPC's standard health check (which every moesnapd serves), sent as a generic call
+// so the client needs no generated health stub; one check in flight at a time, back to back while
+// the daemon answers none.
+#include "client/src/daemon_probe.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace moesnap {
+
+struct DaemonProbe::Check {
+  grpc::ClientContext context;
+  grpc::Slice empty;  // an empty HealthCheckRequest: the daemon as a whole
+  grpc::ByteBuffer request{&empty, 1};
+  grpc::ByteBuffer response;
+};
+
+DaemonProbe::DaemonProbe(std::shared_ptr<grpc::Channel> channel, std::string socket_path,
+                         std::chrono::milliseconds check_timeout)
+    : stub_(std::move(channel)), socket_path_(std::move(socket_path)),
+      check_timeout_(check_timeout) {}
+
+DaemonProbe::~DaemonProbe() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  stopping_ = true;
+  if (in_flight_ != nullptr) in_flight_->context.TryCancel();
+  check_ended_.wait(lock, [this] { return in_flight_ == nullptr; });
+}
+
+absl::Status DaemonProbe::Admit() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (answers_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "moesnapd at ", socket_path_, " has answered nothing since ", unanswered_,
+      " ran out of time (nor a health check within ", check_timeout_.count(),
+      " ms): calls are refused at once until it answers one"));
+}
+
+void DaemonProbe::RanOut(absl::string_view call) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  unanswered_ = std::string(call);
+  const uint64_t ended_before = checks_ended_;
+  if (in_flight_ == nullptr) StartCheckLocked();
+  check_ended_.wait(lock, [&] { return checks_ended_ != ended_before || stopping_; });
+}
+
+void DaemonProbe::StartCheckLocked() {
+  ended_check_.reset();  // its callback has returned: the one in flight ended after it
+  in_flight_ = std::make_unique<Check>();
+  Check* check = in_flight_.get();
+  check->context.set_deadline(std::chrono::system_clock::now() + check_timeout_);
+  stub_.UnaryCall(&check->context, method_, grpc::StubOptions(), &check->request,
+                  &check->response, [this](grpc::Status status) { Ended(status); });
+}
+
+void DaemonProbe::Ended(const grpc::Status& status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Any answer says the daemon runs: SERVING or not, a refusal, even "unavailable" from a daemon
+  // that is gone (the reconnection to the next one is the calls' business). Only silence until the
+  // deadline says it hangs; a check cancelled by the destructor decides nothing.
+  if (status.error_code() != grpc::StatusCode::CANCELLED) {
+    answers_ = status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+  }
+  ++checks_ended_;
+  std::unique_ptr<Check> ended = std::move(in_flight_);
+  // Silent: the next check waits in the daemon's socket, answered the moment the daemon runs.
+  if (!answers_ && !stopping_) StartCheckLocked();
+  ended_check_ = std::move(ended);  // freed later, outside gRPC's callback
+  check_ended_.notify_all();
+}
+
+}  // namespace moesnap
