@@ -3,9 +3,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
 
 namespace moesnap::daemon::cluster {
 namespace {
+
+// Registered when the program starts, so a scrape sees it before the first refusal.
+metrics::Counter& peer_calls_refused = metrics::Registry::Default().AddCounter(
+    "moesnap_peer_calls_refused_total",
+    "Peer calls refused because their caller had as many calls in flight as one caller may have");
 
 // Copies an answer into the response, or converts its failure.
 template <typename Response>
@@ -16,6 +22,9 @@ grpc::Status Answer(absl::StatusOr<Response> answer, Response* response) {
 }
 
 }  // namespace
+
+PeerService::PeerService(const PeerServiceUnits& units)
+    : units_(units), gate_(kCallsPerCaller, &peer_calls_refused) {}
 
 absl::StatusOr<PeerService::Admission> PeerService::Admit(
     const grpc::ServerContext& context) {

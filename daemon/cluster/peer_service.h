@@ -4,7 +4,7 @@
 #ifndef MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 #define MOESNAP_DAEMON_CLUSTER_PEER_SERVICE_H_
 
-#include "daemon/cluster/caller_gate.h"
+#include "daemon/caller_gate.h"
 #include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/durable_view.h"
 #include "daemon/cluster/local_report.h"
@@ -34,7 +34,7 @@ struct PeerServiceUnits {
 
 class PeerService final : public v1::Peer::Service {
  public:
-  explicit PeerService(const PeerServiceUnits& units) : units_(units) {}
+  explicit PeerService(const PeerServiceUnits& units);
 
   grpc::Status Describe(grpc::ServerContext*, const v1::DescribeRequest*,
                         v1::NodeReport*) override;
@@ -77,7 +77,7 @@ class PeerService final : public v1::Peer::Service {
                                   absl::string_view field);
 
   const PeerServiceUnits units_;
-  CallerGate gate_{kCallsPerCaller};
+  CallerGate gate_;
 };
 
 }  // namespace moesnap::daemon::cluster

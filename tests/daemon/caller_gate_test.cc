@@ -1,6 +1,7 @@
-// The Peer service's bound on calls in flight per caller: a caller's calls beyond the bound are
-// refused by name, other callers are not affected, and a slot is free again when its call ends.
-#include "daemon/cluster/caller_gate.h"
+// The bound on calls in flight per caller (the Peer service's nodes, the Agent service's ranks): a
+// caller's calls beyond the bound are refused by name and counted in the owner's metric, other
+// callers are not affected, and a slot is free again when its call ends.
+#include "daemon/caller_gate.h"
 
 #include <gtest/gtest.h>
 
@@ -9,14 +10,15 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/metrics.h"
 #include "tests/testing/status_matchers.h"
 
-namespace moesnap::daemon::cluster {
+namespace moesnap::daemon {
 namespace {
 
 TEST(CallerGateTest, ACallerBeyondItsBoundIsRefusedAndOthersAreNot) {
-  const uint64_t refused_before = CallerGate::refused_total();
-  CallerGate gate(3);
+  metrics::Counter refusals;
+  CallerGate gate(3, &refusals);
   std::vector<CallerGate::Pass> held;
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<CallerGate::Pass> pass = gate.Enter("node 4");
@@ -28,7 +30,7 @@ TEST(CallerGateTest, ACallerBeyondItsBoundIsRefusedAndOthersAreNot) {
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "node 4 has 3 calls in flight"))
       << refused.status();
   EXPECT_EQ(gate.in_flight("node 4"), 3);
-  EXPECT_EQ(CallerGate::refused_total(), refused_before + 1);
+  EXPECT_EQ(refusals.value(), 1u);
   {
     const absl::StatusOr<CallerGate::Pass> other = gate.Enter("node 5");
     ASSERT_OK(other);
@@ -42,7 +44,8 @@ TEST(CallerGateTest, ACallerBeyondItsBoundIsRefusedAndOthersAreNot) {
 }
 
 TEST(CallerGateTest, AMovedPassHoldsItsSlotOnce) {
-  CallerGate gate(1);
+  metrics::Counter refusals;
+  CallerGate gate(1, &refusals);
   std::optional<CallerGate::Pass> moved;
   {
     absl::StatusOr<CallerGate::Pass> pass = gate.Enter("node 1");
@@ -56,4 +59,4 @@ TEST(CallerGateTest, AMovedPassHoldsItsSlotOnce) {
 }
 
 }  // namespace
-}  // namespace moesnap::daemon::cluster
+}  // namespace moesnap::daemon

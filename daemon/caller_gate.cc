@@ -1,17 +1,10 @@
 // CallerGate: a count per caller under one lock; a caller's entry goes when its last call ends.
-#include "daemon/cluster/caller_gate.h"
+#include "daemon/caller_gate.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 
-namespace moesnap::daemon::cluster {
-namespace {
-
-metrics::Counter& calls_refused = metrics::Registry::Default().AddCounter(
-    "moesnap_peer_calls_refused_total",
-    "Peer calls refused because their caller had as many calls in flight as one caller may have");
-
-}  // namespace
+namespace moesnap::daemon {
 
 CallerGate::Pass::~Pass() {
   if (gate_ != nullptr) gate_->Leave(caller_);
@@ -21,7 +14,7 @@ absl::StatusOr<CallerGate::Pass> CallerGate::Enter(const std::string& caller) {
   absl::MutexLock lock(&mutex_);
   int& count = in_flight_[caller];
   if (count >= per_caller_) {
-    calls_refused.Add(1);
+    refused_->Add(1);
     return absl::ResourceExhaustedError(absl::StrCat(
         caller, " has ", count, " calls in flight, the most one caller may have at once"));
   }
@@ -35,12 +28,10 @@ int CallerGate::in_flight(const std::string& caller) const {
   return it == in_flight_.end() ? 0 : it->second;
 }
 
-uint64_t CallerGate::refused_total() { return calls_refused.value(); }
-
 void CallerGate::Leave(const std::string& caller) {
   absl::MutexLock lock(&mutex_);
   auto it = in_flight_.find(caller);
   if (--it->second == 0) in_flight_.erase(it);
 }
 
-}  // namespace moesnap::daemon::cluster
+}  // namespace moesnap::daemon
