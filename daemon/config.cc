@@ -235,6 +235,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::string& text, const 
     reader.Error("admin.socket", "must differ from agent.socket");
   }
 
+  // At least two: gRPC keeps one thread waiting for the next call whatever the cap (and aborts
+  // the process when the cap leaves it none), so the rest serve calls. At most 65,536: a typo
+  // must not mean no cap.
+  reader.Integer("agent", "max_threads", 2, 65536, options.agent_max_threads);
+
   int64_t retention_seconds = absl::ToInt64Seconds(options.exited_trainer_memory_retention);
   reader.Integer("agent", "exited_trainer_memory_seconds", 0, 24 * 3600, retention_seconds);
   options.exited_trainer_memory_retention = absl::Seconds(retention_seconds);

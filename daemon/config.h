@@ -39,11 +39,21 @@ struct FaultInjection {
   std::optional<int64_t> rebuild_hold_steps;
 };
 
+// The agent socket's gRPC server runs each trainer call on a thread of its own, and some calls wait
+// up to an hour (WaitCommitted, Restore), so its threads are capped: a call beyond the cap is
+// refused RESOURCE_EXHAUSTED, never queued. By default the cap holds kAgentRanksSized ranks each at
+// its bound of calls in flight (AgentService::kCallsPerRank, 16; a trainer has one to three), 64 x
+// 16 = 1024, and 64 more for the calls that name no rank (Hello, FetchLog) and gRPC's own polling
+// threads (one always waits for the next call, and up to two idle ones stay).
+inline constexpr int kAgentRanksSized = 64;
+inline constexpr int kDefaultAgentMaxThreads = kAgentRanksSized * 16 + 64;
+
 struct DaemonOptions {
   uint32_t node_id = 0;
   std::string agent_socket = "/run/moesnap/agent.sock";
   std::string admin_socket = "/run/moesnap/admin.sock";
   AccessOptions access;  // the agent socket (trainers)
+  int agent_max_threads = kDefaultAgentMaxThreads;
   // How long the larger shared-memory files of a trainer that exited are kept for its rank's next
   // process, which takes them instead of allocating (TrainerSessions); zero: released at once.
   absl::Duration exited_trainer_memory_retention = absl::Minutes(5);

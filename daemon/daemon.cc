@@ -38,6 +38,12 @@ std::map<std::string, HttpServer::Handler> OperationsRoutes(HealthMonitor* healt
   };
 }
 
+// The admin socket's server threads (UnixServer::Endpoint::max_threads). Operators run a few
+// commands at once, the long ones (export, rebuild, verify, restore-tier) holding a thread for
+// their run, and the health probe asks Status every watchdog interval: 64 is room for all of them
+// with many to spare, and a cap on a script that loops over moesnapctl.
+constexpr int kAdminMaxThreads = 64;
+
 // The default bound on exited trainers' kept memory: half of what the host has.
 uint64_t HalfTheHostsMemory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -179,11 +185,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // its admin socket ever answered, so whoever starts it sees the failure, not a daemon that
   // served for a moment. The sockets first: another daemon serving them is the likelier cause.
   absl::StatusOr<std::unique_ptr<UnixServer>> server = UnixServer::Bind(
-      {{.path = options.agent_socket, .service = daemon->agent_service_.get(), .policy = *policy},
+      {{.path = options.agent_socket,
+        .service = daemon->agent_service_.get(),
+        .policy = *policy,
+        .max_threads = options.agent_max_threads},
        {.path = memory_socket, .handler = daemon->memory_handoff_.get(), .policy = *policy},
        {.path = options.admin_socket,
         .service = daemon->admin_service_.get(),
-        .policy = *std::move(admin_policy)}},
+        .policy = *std::move(admin_policy),
+        .max_threads = kAdminMaxThreads}},
       &daemon->connection_peers_);
   if (!server.ok()) return server.status();
   daemon->server_ = *std::move(server);

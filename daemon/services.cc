@@ -26,6 +26,12 @@ metrics::Histogram& snapshot_blocking_seconds = metrics::Registry::Default().Add
     metrics::DurationBuckets());
 metrics::Counter& snapshot_bytes = metrics::Registry::Default().AddCounter(
     "moesnap_snapshot_bytes_total", "Bytes trainers' Snapshot calls asked the daemon to capture");
+metrics::Counter& trainer_calls_refused = metrics::Registry::Default().AddCounter(
+    "moesnap_trainer_calls_refused_total",
+    "Trainer calls refused because their rank had as many calls in flight as one rank may have");
+
+// The default thread cap leaves every rank of a node sized for its whole bound.
+static_assert(kDefaultAgentMaxThreads >= kAgentRanksSized * AgentService::kCallsPerRank);
 
 // Waits without a client deadline are bounded so a forgotten call cannot pin a thread forever.
 constexpr absl::Duration kLongestWait = absl::Hours(1);
@@ -40,6 +46,12 @@ std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::str
 }
 
 }  // namespace
+
+AgentService::AgentService(Store* store, TrainerSessions* sessions, UpstreamLog* log,
+                           Cluster* cluster, durable::RestoreTiers* tiers,
+                           const ConnectionPeers* peers, NodeFacts facts)
+    : store_(store), sessions_(sessions), log_(log), cluster_(cluster), tiers_(tiers),
+      peers_(peers), facts_(std::move(facts)), gate_(kCallsPerRank, &trainer_calls_refused) {}
 
 absl::Status AgentService::WaitRestorable(absl::Time deadline) const {
   return cluster_ != nullptr ? cluster_->WaitRestorable(deadline) : absl::OkStatus();
@@ -66,6 +78,12 @@ absl::Status AgentService::CheckRank(const grpc::ServerContext& context, uint32_
         " (bound at its Hello): a trainer acts for its own rank only"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CallerGate::Pass> AgentService::Admit(const grpc::ServerContext& context,
+                                                     uint32_t rank) {
+  if (absl::Status bound = CheckRank(context, rank); !bound.ok()) return bound;
+  return gate_.Enter(absl::StrCat("rank ", rank));
 }
 
 grpc::Status AgentService::Hello(grpc::ServerContext* context, const v1::HelloRequest* request,
@@ -98,9 +116,8 @@ grpc::Status AgentService::Hello(grpc::ServerContext* context, const v1::HelloRe
 grpc::Status AgentService::RegisterRegions(grpc::ServerContext* context,
                                            const v1::RegisterRegionsRequest* request,
                                            v1::RegisterRegionsResponse*) {
-  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status valid = CheckRegisterRegions(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::vector<v1::RegionSpec> regions(request->regions().begin(), request->regions().end());
   return ToGrpcStatus(store_->RegisterRegions(request->rank(), regions));
@@ -108,9 +125,8 @@ grpc::Status AgentService::RegisterRegions(grpc::ServerContext* context,
 
 grpc::Status AgentService::Snapshot(grpc::ServerContext* context, const v1::SnapshotRequest* request,
                                     v1::SnapshotResponse* response) {
-  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status valid = CheckSnapshot(*request); !valid.ok()) return ToGrpcStatus(valid);
   // The rank's process registered what it takes over before snapshotting: the rest may go.
   sessions_->ExpireKept(request->rank());
@@ -138,9 +154,8 @@ grpc::Status AgentService::Snapshot(grpc::ServerContext* context, const v1::Snap
 
 grpc::Status AgentService::WaitCaptured(grpc::ServerContext* context, const v1::WaitRequest* request,
                                         v1::WaitResponse* response) {
-  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status valid = CheckWait(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::StepState> state = store_->WaitCaptured(
       request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
@@ -152,9 +167,8 @@ grpc::Status AgentService::WaitCaptured(grpc::ServerContext* context, const v1::
 grpc::Status AgentService::WaitCommitted(grpc::ServerContext* context,
                                          const v1::WaitRequest* request,
                                          v1::WaitResponse* response) {
-  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status valid = CheckWait(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::StepState> state = store_->WaitCommitted(
       request->rank(), request->step(), DeadlineOf(context), [context] { return context->IsCancelled(); });
@@ -165,9 +179,8 @@ grpc::Status AgentService::WaitCommitted(grpc::ServerContext* context,
 
 grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
                                    v1::RestoreResponse* response) {
-  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status valid = CheckRestore(*request); !valid.ok()) return ToGrpcStatus(valid);
   std::optional<int64_t> step;
   if (request->has_step()) step = request->step();
@@ -204,9 +217,8 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const v1::Resto
 grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
                                            const v1::LatestCommittedRequest* request,
                                            v1::LatestCommittedResponse* response) {
-  if (absl::Status bound = CheckRank(*context, request->rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   // A replacement node answers once its rebuild has brought back what the group committed; with
   // the committed state gone from memory, from the durable tier.
   absl::StatusOr<v1::LatestCommittedResponse> latest =
@@ -218,9 +230,8 @@ grpc::Status AgentService::LatestCommitted(grpc::ServerContext* context,
 
 grpc::Status AgentService::AppendLog(grpc::ServerContext* context, const v1::AppendLogRequest* request,
                                      v1::AppendLogResponse* response) {
-  if (absl::Status bound = CheckRank(*context, request->record().rank()); !bound.ok()) {
-    return ToGrpcStatus(bound);
-  }
+  const absl::StatusOr<CallerGate::Pass> admitted = Admit(*context, request->record().rank());
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
   if (absl::Status valid = CheckAppendLog(*request); !valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<v1::AppendLogResponse> appended =
       log_->Append(request->record());

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "daemon/caller_gate.h"
 #include "daemon/cluster/cluster.h"
 #include "daemon/durable/restore_tiers.h"
 #include "daemon/store.h"
@@ -29,9 +30,15 @@ class AgentService final : public v1::Agent::Service {
   // `cluster` is null on a single node. LatestCommitted and Restore go through `tiers`. `peers`
   // tells who called Hello.
   AgentService(Store* store, TrainerSessions* sessions, UpstreamLog* log, Cluster* cluster,
-               durable::RestoreTiers* tiers, const ConnectionPeers* peers, NodeFacts facts)
-      : store_(store), sessions_(sessions), log_(log), cluster_(cluster), tiers_(tiers),
-        peers_(peers), facts_(std::move(facts)) {}
+               durable::RestoreTiers* tiers, const ConnectionPeers* peers, NodeFacts facts);
+
+  // Calls one rank may have in flight at once (caller_gate.h), well above what a trainer has: the
+  // client library starts no threads and makes one call at a time per method called, so a rank
+  // has one call in flight per trainer thread calling it. The Python package calls from the
+  // training thread only (its one background thread, the elastic keep-alive, talks to the torch
+  // store; pipeline logging appends on the training thread): one call. A C++ trainer that waits
+  // for commits on a thread of its own while its training thread snapshots and logs: about three.
+  static constexpr int kCallsPerRank = 16;
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override;
   grpc::Status RegisterRegions(grpc::ServerContext*, const v1::RegisterRegionsRequest*,
@@ -57,6 +64,11 @@ class AgentService final : public v1::Agent::Service {
   // OK when the call presents a current session bound to `rank` at its Hello; PERMISSION_DENIED
   // naming both ranks when it is bound to another, or when the call presents no current session.
   absl::Status CheckRank(const grpc::ServerContext& context, uint32_t rank) const;
+  // A call for `rank`: CheckRank, then one of the rank's slots, held until the call ends
+  // (RESOURCE_EXHAUSTED when the rank has kCallsPerRank in flight). Checked first, so that no
+  // caller fills another rank's slots. Calls that name no rank (Hello, FetchLog) are bounded by
+  // the agent server's thread cap only (agent.max_threads).
+  absl::StatusOr<CallerGate::Pass> Admit(const grpc::ServerContext& context, uint32_t rank);
 
   Store* store_;
   TrainerSessions* sessions_;
@@ -65,6 +77,7 @@ class AgentService final : public v1::Agent::Service {
   durable::RestoreTiers* tiers_;
   const ConnectionPeers* peers_;
   NodeFacts facts_;
+  CallerGate gate_;
 };
 
 class AdminService final : public v1::Admin::Service {

@@ -168,6 +168,11 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Bind(std::vector<Endpoin
   std::unique_ptr<UnixServer> server(new UnixServer());
   server->peers_ = peers;
   for (Endpoint& endpoint : endpoints) {
+    if (endpoint.service != nullptr && endpoint.max_threads < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the server of ", endpoint.path, " needs at least 2 threads (one polls for calls), got ",
+          endpoint.max_threads));
+    }
     // Listed uids are admitted by the credential check, whatever their groups: the file's mode
     // must not refuse them first.
     const mode_t mode = endpoint.policy.lists_uids() ? 0666 : 0660;
@@ -195,6 +200,16 @@ absl::Status UnixServer::Serve() {
     grpc::ServerBuilder builder;
     builder.SetMaxReceiveMessageSize(64 << 20);
     builder.RegisterService(listener.endpoint.service);
+    // gRPC's sync server runs each call on a thread of its own, and calls may wait long (a
+    // trainer's WaitCommitted, an operator's export): without a cap one client grows the threads
+    // until the process cannot make any. Every thread of the server counts against the cap, its
+    // polling thread too; a poller that takes a call first reserves its replacement, and when the
+    // cap leaves none it answers the call RESOURCE_EXHAUSTED itself and polls on (gRPC 1.51,
+    // ThreadManager::MainWorkLoop): calls beyond the cap are refused, never queued, and the
+    // server never loses its poller.
+    grpc::ResourceQuota quota(absl::StrCat("moesnap ", listener.endpoint.path));
+    quota.SetMaxThreads(listener.endpoint.max_threads);
+    builder.SetResourceQuota(quota);
     listener.server = builder.BuildAndStart();
     grpc::EnableDefaultHealthCheckService(false);
     listener.refusal_service = std::make_unique<RefusalService>(absl::StrCat(

@@ -77,6 +77,9 @@ class UnixServer {
     grpc::Service* service = nullptr;
     ConnectionHandler* handler = nullptr;
     AccessPolicy policy;  // who may connect to this socket
+    // With a service: the most threads its server runs at once, gRPC's waiting poller among them
+    // (at least 2). A call beyond them is refused RESOURCE_EXHAUSTED at once.
+    int max_threads = 0;
   };
 
   // Binds every endpoint's socket (mode 0660 and its policy's group; 0666 when the policy lists

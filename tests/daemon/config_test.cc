@@ -21,6 +21,7 @@ TEST(ConfigTest, EmptyFileTakesEveryDefault) {
   EXPECT_EQ(options->pool.lock, PoolLockMode::kAuto);
   EXPECT_EQ(options->upstream_log.max_bytes, uint64_t{1} << 30);
   EXPECT_EQ(options->exited_trainer_memory_max_bytes, std::nullopt);  // half the host's memory
+  EXPECT_EQ(options->agent_max_threads, kDefaultAgentMaxThreads);
 }
 
 TEST(ConfigTest, ReadsEveryKey) {
@@ -30,6 +31,7 @@ id = 7
 [agent]
 socket = "/tmp/a.sock"
 exited_trainer_memory_max_bytes = "64GiB"
+max_threads = 300
 [admin]
 socket = "/tmp/b.sock"
 group = "operators"
@@ -65,6 +67,7 @@ format = "json"
   EXPECT_EQ(options->node_id, 7u);
   EXPECT_EQ(options->admin_socket, "/tmp/b.sock");
   EXPECT_EQ(options->exited_trainer_memory_max_bytes, uint64_t{64} << 30);
+  EXPECT_EQ(options->agent_max_threads, 300);
   EXPECT_EQ(options->access.group, "moesnap");
   EXPECT_EQ(options->access.allowed_uids, (std::vector<uid_t>{1000, 1001}));
   EXPECT_EQ(options->admin_access.group, "operators");
@@ -109,6 +112,10 @@ TEST(ConfigTest, ErrorsNameTheKeyAndTheFile) {
       {"[durable]\nbytes_per_second = \"fast\"\n", "site.toml: durable.bytes_per_second"},
       {"[agent]\nexited_trainer_memory_max_bytes = -1\n",
        "site.toml: agent.exited_trainer_memory_max_bytes"},
+      // gRPC keeps one of the threads polling: one thread would serve no call.
+      {"[agent]\nmax_threads = 1\n", "site.toml: agent.max_threads: must be in [2, 65536], got 1"},
+      {"[agent]\nmax_threads = 100000\n", "site.toml: agent.max_threads: must be in [2, 65536]"},
+      {"[agent]\nmax_threads = \"many\"\n", "site.toml: agent.max_threads: expected an integer"},
       {"[durable]\nevery = 2\n", "unknown key durable.every"},
       {"[access]\nallowed_uids = [-3]\n", "site.toml: access.allowed_uids"},
       {"[pool]\nname = \"p\"\ncolor = \"red\"\n[extra]\nx = 1\n", "unknown keys extra.x, pool.color"},
@@ -191,6 +198,7 @@ TEST(ConfigTest, ExampleConfigLoadsWithTheDefaults) {
   const DaemonOptions defaults;
   EXPECT_EQ(example->agent_socket, defaults.agent_socket);
   EXPECT_EQ(example->admin_socket, defaults.admin_socket);
+  EXPECT_EQ(example->agent_max_threads, defaults.agent_max_threads);
   EXPECT_EQ(example->pool.name, defaults.pool.name);
   EXPECT_EQ(example->pool.bytes, defaults.pool.bytes);
   EXPECT_EQ(example->pool.journal_bytes, defaults.pool.journal_bytes);

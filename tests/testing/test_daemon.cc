@@ -55,8 +55,10 @@ TestDaemon::TestDaemon(const TestDaemonOptions& options) {
   config_path_ = directory_ + "/moesnapd.toml";
   http_port_ = UnusedLoopbackPort();
   std::ofstream(config_path_) << absl::StrCat(
-      "[node]\nid = ", options.node_id, "\n[agent]\nsocket = \"", agent_socket_,
-      "\"\n[admin]\nsocket = \"", admin_socket_, "\"\n[http]\naddress = \"127.0.0.1:", http_port_,
+      "[node]\nid = ", options.node_id, "\n[agent]\nsocket = \"", agent_socket_, "\"\n",
+      options.agent_max_threads > 0 ? absl::StrCat("max_threads = ", options.agent_max_threads, "\n")
+                                    : "",
+      "[admin]\nsocket = \"", admin_socket_, "\"\n[http]\naddress = \"127.0.0.1:", http_port_,
       "\"\n[pool]\nname = \"", pool_name_, "\"\nbytes = \"", options.pool_bytes,
       "\"\njournal_bytes = \"", options.journal_bytes, "\"\nlock = \"", options.pool_lock,
       "\"\n[capture]\nthreads = ", options.capture_threads, "\n", options.extra_config);

@@ -21,6 +21,7 @@ struct TestDaemonOptions {
   std::string pool_lock = "off";  // [pool] lock: off, so tests need no locked-memory allowance
   int capture_threads = 2;
   uint32_t node_id = 0;
+  int agent_max_threads = 0;  // [agent] max_threads; 0: the daemon's default
   std::string extra_config = "";  // appended to the TOML (tables must not repeat generated ones)
 };
 
