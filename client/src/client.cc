@@ -502,17 +502,21 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       mark->set_memory(state_->shared[state_->abandon_mark_handle - 1].daemon_id);
       mark->set_take(taken.take);
     }
+    // Unless the answer comes back, the daemon may have taken the step: the mark is raised on every
+    // way out, an exception (out of memory) included.
+    bool answered = false;
+    absl::Cleanup abandon_unless_answered = [&] {
+      if (answered) return;
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->AbandonLocked(taken.take);
+    };
     grpc::ClientContext context;
     state_->PrepareCall(context, state_->options.call_timeout);
     v1::SnapshotResponse response;
-    const absl::Status called =
-        state_->Check(state_->stub->Snapshot(&context, request, &response), "Snapshot");
+    const grpc::Status answer = state_->stub->Snapshot(&context, request, &response);
+    answered = answer.ok();
+    if (!answered) return state_->Check(answer, "Snapshot");
     std::lock_guard<std::mutex> lock(state_->mutex);
-    if (!called.ok()) {
-      // The daemon may have taken the step without the answer coming back.
-      state_->AbandonLocked(taken.take);
-      return called;
-    }
     if (!response.skipped().empty()) {
       state_->skipped_steps.emplace_back(request.step(), response.skipped());
       return uint64_t{0};
@@ -536,6 +540,16 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
   // the whole wait timeout.
   const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
   absl::Status status;
+  // The caller goes on without having heard that the capture ended: on every way out but an
+  // answer, an exception (out of memory) included.
+  bool heard = false;
+  absl::Cleanup abandon_unless_heard = [&] {
+    if (heard) return;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (auto it = state_->taken_steps.find(step); it != state_->taken_steps.end()) {
+      state_->AbandonLocked(it->second.take);
+    }
+  };
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -552,11 +566,11 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
     });
     if (!absl::IsDeadlineExceeded(status) || left <= state_->options.call_timeout) break;
   }
-  if (status.ok()) return status;
+  heard = status.ok();
+  if (heard) return status;
+  std::move(abandon_unless_heard).Invoke();
   std::lock_guard<std::mutex> lock(state_->mutex);
   auto it = state_->taken_steps.find(step);
-  // The caller goes on without having heard that the capture ended.
-  if (it != state_->taken_steps.end()) state_->AbandonLocked(it->second.take);
   if (!absl::IsNotFound(status)) return status;
   // Snapshotted in an earlier session: its capture went away with that daemon.
   if (it == state_->taken_steps.end() || it->second.session == state_->session) return status;

@@ -22,14 +22,15 @@ DaemonProbe::DaemonProbe(std::shared_ptr<grpc::Channel> channel, std::string soc
       check_timeout_(check_timeout) {}
 
 DaemonProbe::~DaemonProbe() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   stopping_ = true;
   if (in_flight_ != nullptr) in_flight_->context.TryCancel();
-  check_ended_.wait(lock, [this] { return in_flight_ == nullptr; });
+  mutex_.Await(absl::Condition(
+      +[](std::unique_ptr<Check>* in_flight) { return *in_flight == nullptr; }, &in_flight_));
 }
 
 absl::Status DaemonProbe::Admit() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   if (answers_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
       "moesnapd at ", socket_path_, " has answered nothing since ", unanswered_,
@@ -38,11 +39,14 @@ absl::Status DaemonProbe::Admit() {
 }
 
 void DaemonProbe::RanOut(absl::string_view call) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   unanswered_ = std::string(call);
   const uint64_t ended_before = checks_ended_;
   if (in_flight_ == nullptr) StartCheckLocked();
-  check_ended_.wait(lock, [&] { return checks_ended_ != ended_before || stopping_; });
+  auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return checks_ended_ != ended_before || stopping_;
+  };
+  mutex_.Await(absl::Condition(&ended));
 }
 
 void DaemonProbe::StartCheckLocked() {
@@ -55,7 +59,7 @@ void DaemonProbe::StartCheckLocked() {
 }
 
 void DaemonProbe::Ended(const grpc::Status& status) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  absl::MutexLock lock(&mutex_);
   // Any answer says the daemon runs: SERVING or not, a refusal, even "unavailable" from a daemon
   // that is gone (the reconnection to the next one is the calls' business). Only silence until the
   // deadline says it hangs; a check cancelled by the destructor decides nothing.
@@ -67,7 +71,6 @@ void DaemonProbe::Ended(const grpc::Status& status) {
   // Silent: the next check waits in the daemon's socket, answered the moment the daemon runs.
   if (!answers_ && !stopping_) StartCheckLocked();
   ended_check_ = std::move(ended);  // freed later, outside gRPC's callback
-  check_ended_.notify_all();
 }
 
 }  // namespace moesnap

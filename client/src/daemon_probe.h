@@ -11,13 +11,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace moesnap {
 
@@ -42,7 +42,7 @@ class DaemonProbe {
  private:
   struct Check;  // one health check in flight
 
-  void StartCheckLocked();
+  void StartCheckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Ended(const grpc::Status& status);
 
   grpc::GenericStub stub_;
@@ -50,14 +50,13 @@ class DaemonProbe {
   const std::chrono::milliseconds check_timeout_;
   const std::string method_ = "/grpc.health.v1.Health/Check";
 
-  std::mutex mutex_;
-  std::condition_variable check_ended_;
-  std::unique_ptr<Check> in_flight_;    // null when no check is in flight
-  std::unique_ptr<Check> ended_check_;  // the last one, once it ended
-  uint64_t checks_ended_ = 0;
-  bool answers_ = true;     // the last check's verdict (true before any)
-  bool stopping_ = false;   // the destructor runs: no check starts again
-  std::string unanswered_;  // the call that ran out of time, for refusals
+  absl::Mutex mutex_;
+  std::unique_ptr<Check> in_flight_ ABSL_GUARDED_BY(mutex_);    // null when none is in flight
+  std::unique_ptr<Check> ended_check_ ABSL_GUARDED_BY(mutex_);  // the last one, once it ended
+  uint64_t checks_ended_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool answers_ ABSL_GUARDED_BY(mutex_) = true;     // the last check's verdict (true before any)
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;   // the destructor runs: no check starts again
+  std::string unanswered_ ABSL_GUARDED_BY(mutex_);  // the call that ran out of time
 };
 
 }  // namespace moesnap
