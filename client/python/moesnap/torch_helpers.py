@@ -520,10 +520,14 @@ class Client:
         # the same size: no fresh memory to allocate, fill and map (the daemon's mapping stays).
         # The storages move into it as into a fresh one: copying their bytes, or after a whole
         # restore wrote them, so nothing the exited process left is ever read. Taking it over is
-        # only a shortcut: when it fails, the file is allocated as a first start does.
+        # only a shortcut: when it fails, the file is allocated as a first start does. Not while
+        # the daemon is gone or hung: the file could not be handed over either, and allocating
+        # (and dropping) the state's bytes at every snapshot until it is back costs the trainer.
         try:
             adopted = self._native.adopt_memory(offsets[-1])
-        except Error:
+        except Error as error:
+            if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                raise
             adopted = None
         if adopted is None:
             file = _storage.SharedFile(library, offsets[-1])

@@ -62,13 +62,20 @@ def assert_next_step_is_snapshotted_whole(daemon: Daemon, client: moesnap.Client
 
 
 def test_optimizer_state_created_with_the_daemon_down_is_snapshotted_once_it_is_back(
-        daemon: Daemon):
+        daemon: Daemon, monkeypatch):
     client = moesnap.Client(daemon.agent_socket, 0)
     optimizer, train = adam_trainer(client)
     train()
     daemon.kill()
-    assert client.snapshot(1) == 0
-    assert [step for step, _ in client.skipped_steps] == [1]
+    # The state's shared memory is allocated once it can be handed over, not at every snapshot.
+    allocated = []
+    original = moesnap._storage.SharedFile
+    monkeypatch.setattr(moesnap._storage, "SharedFile",
+                        lambda *args: allocated.append(args[1]) or original(*args))
+    for step in (1, 2):
+        assert client.snapshot(step) == 0
+    assert allocated == []
+    assert [step for step, _ in client.skipped_steps] == [1, 2]
     assert "registered" in client.skipped_steps[0][1], client.skipped_steps
     daemon.start()
     wait_until_answering(client)
