@@ -31,8 +31,8 @@ namespace {
 constexpr size_t kRegionsPerCall = 8192;
 // Steps whose session is remembered, to tell a capture lost with a daemon from a wrong step.
 constexpr size_t kStepsRemembered = 64;
-// How long a daemon that runs may take to answer a health check (gRPC answers it on a thread of its
-// own, whatever the daemon's calls are doing).
+// How long a daemon that serves may take to answer the health check that follows a call that ran out
+// of time (gRPC answers it on a thread of its own, whatever the daemon's calls are doing).
 constexpr std::chrono::milliseconds kHealthCheckTimeout{1000};
 
 }  // namespace
@@ -111,7 +111,7 @@ struct Client::State {
           " (is the daemon running?): ", status.error_message()));
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      probe->RanOut(call);  // a slow step, or a daemon that answers nothing: the probe tells
+      probe->RanOut(call);  // a slow step, or a daemon that serves nothing: the probe tells
       return absl::DeadlineExceededError(absl::StrCat(
           "moesnapd at ", options.socket_path, " did not complete ", call, " in time"));
     }
@@ -240,6 +240,13 @@ struct Client::State {
     std::atomic_thread_fence(std::memory_order_seq_cst);  // before the caller writes its memory
   }
 
+  // Whether `step`, taken by this rank, went away with the daemon that took it: that session ended
+  // (the daemon's end of the memory channel closed, or another session began since).
+  bool LostWithItsDaemonLocked(int64_t step) const {
+    auto it = taken_steps.find(step);
+    return memory.PeerClosed() || it == taken_steps.end() || it->second.session != session;
+  }
+
   static absl::Status Status(const absl::Status& status) { return status; }
   template <typename T>
   static absl::Status Status(const absl::StatusOr<T>& result) {
@@ -287,7 +294,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                              grpc::InsecureChannelCredentials(), arguments);
   state->stub = v1::Agent::NewStub(state->channel);
   state->probe = std::make_unique<DaemonProbe>(state->channel, options.socket_path,
-                                               std::min(options.call_timeout, kHealthCheckTimeout));
+                                               std::min(options.call_timeout, kHealthCheckTimeout),
+                                               options.call_timeout);
   absl::StatusOr<std::shared_ptr<SharedBuffer>> abandon_mark =
       SharedBuffer::Allocate(sizeof(uint64_t), "moesnap-abandon-mark");
   if (!abandon_mark.ok()) return abandon_mark.status();
@@ -493,6 +501,16 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
   }
   request.set_rank(state_->options.rank);
   for (const std::string& region : regions) request.add_regions(region);
+  // The caller goes on when the call fails: unless the daemon answered it, it may have taken the
+  // step, and an earlier capture may still copy (a Snapshot the daemon sees aborts that one; one
+  // refused before it was sent, while the daemon answers nothing, does not). The mark covers every
+  // take on every way out but an answer, an exception (out of memory) included.
+  bool answered = false;
+  absl::Cleanup abandon_unless_answered = [&] {
+    if (answered) return;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->AbandonLocked(state_->takes);
+  };
   return state_->WithReconnect([&]() -> absl::StatusOr<uint64_t> {
     State::Taken taken;
     {
@@ -502,14 +520,6 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
       mark->set_memory(state_->shared[state_->abandon_mark_handle - 1].daemon_id);
       mark->set_take(taken.take);
     }
-    // Unless the answer comes back, the daemon may have taken the step: the mark is raised on every
-    // way out, an exception (out of memory) included.
-    bool answered = false;
-    absl::Cleanup abandon_unless_answered = [&] {
-      if (answered) return;
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      state_->AbandonLocked(taken.take);
-    };
     grpc::ClientContext context;
     state_->PrepareCall(context, state_->options.call_timeout);
     v1::SnapshotResponse response;
@@ -534,25 +544,37 @@ absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
 }
 
 absl::Status Client::Wait(int64_t step, bool until_committed) {
+  std::optional<uint64_t> take;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (auto it = state_->taken_steps.find(step); it != state_->taken_steps.end()) {
+      take = it->second.take;
+    }
+  }
+  // The caller goes on without having heard that the capture ended: on every way out but an
+  // answer, an exception (out of memory) included.
+  bool heard = false;
+  absl::Cleanup abandon_unless_heard = [&] {
+    if (heard || !take) return;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->AbandonLocked(*take);
+  };
+  const absl::Status status = WaitWithoutGivingUp(step, until_committed);
+  heard = status.ok();
+  return status;
+}
+
+absl::Status Client::WaitWithoutGivingUp(int64_t step, bool until_committed) {
   const char* call = until_committed ? "WaitCommitted" : "WaitCaptured";
   // In calls of at most a call timeout each: one that runs out has the daemon's health checked
   // (DaemonProbe), so a daemon that answers nothing ends the wait after one such call, not after
   // the whole wait timeout.
   const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
   absl::Status status;
-  // The caller goes on without having heard that the capture ended: on every way out but an
-  // answer, an exception (out of memory) included.
-  bool heard = false;
-  absl::Cleanup abandon_unless_heard = [&] {
-    if (heard) return;
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (auto it = state_->taken_steps.find(step); it != state_->taken_steps.end()) {
-      state_->AbandonLocked(it->second.take);
-    }
-  };
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 && !status.ok()) break;  // the last call's answer stands
     status = state_->WithReconnect([&] {
       grpc::ClientContext context;
       state_->PrepareCall(context, std::min(left, state_->options.call_timeout));
@@ -566,9 +588,7 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
     });
     if (!absl::IsDeadlineExceeded(status) || left <= state_->options.call_timeout) break;
   }
-  heard = status.ok();
-  if (heard) return status;
-  std::move(abandon_unless_heard).Invoke();
+  if (status.ok()) return status;
   std::lock_guard<std::mutex> lock(state_->mutex);
   auto it = state_->taken_steps.find(step);
   if (!absl::IsNotFound(status)) return status;
@@ -586,20 +606,52 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
 absl::Status Client::WaitCaptured(int64_t step) { return Wait(step, false); }
 
 absl::Status Client::Commit(int64_t step) {
+  // Its waits give nothing up while it tries: the caller goes on only when it returns, and then,
+  // unless `step` committed, nothing it took may commit after its memory changed.
+  bool committed = false;
+  absl::Cleanup abandon_unless_committed = [&] {
+    if (committed) return;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->AbandonLocked(state_->takes);
+  };
+  absl::Status status = CommitTrying(step);
+  committed = status.ok();
+  return status;
+}
+
+absl::Status Client::CommitTrying(int64_t step) {
   const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
   std::chrono::milliseconds retry_pause(10);
+  const auto ran_out = [&] {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "step ", step, " of rank ", state_->options.rank, " could not be snapshotted within ",
+        state_->options.wait_timeout.count(), " ms (see TakeSkippedSteps for why)"));
+  };
   while (true) {
     const std::optional<int64_t> last_taken = [&] {
       std::lock_guard<std::mutex> lock(state_->mutex);
       return state_->last_taken;
     }();
     if (last_taken == step) {
-      absl::Status committed = WaitCommitted(step);
-      // Taken here but lost with a daemon that went away: take it again. A step the cluster
-      // aborted cannot be taken again (its decision is final): that is the answer.
-      if (!absl::IsUnavailable(committed)) return committed;
-      std::lock_guard<std::mutex> lock(state_->mutex);
-      if (state_->last_taken == step) state_->last_taken.reset();
+      const absl::Status committed = WaitWithoutGivingUp(step, /*until_committed=*/true);
+      if (committed.ok()) return committed;
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      if (state_->LostWithItsDaemonLocked(step)) {
+        // Taken here but lost with a daemon that went away: take it again.
+        if (state_->last_taken == step) state_->last_taken.reset();
+      } else if (!absl::IsUnavailable(committed)) {
+        // A step the cluster aborted cannot be taken again (its decision is final): that is the
+        // answer. So is a wait that ran out.
+        return committed;
+      } else {
+        // Refused while the daemon that took the step serves nothing (DaemonProbe): it is not
+        // gone, may still commit the step, and would refuse it taken again. Wait for it again.
+        lock.unlock();
+        if (std::chrono::steady_clock::now() >= deadline) return ran_out();
+        std::this_thread::sleep_for(retry_pause);
+        retry_pause = std::min(retry_pause * 2, std::chrono::milliseconds(1000));
+        continue;
+      }
     }
     // A step taken before this try, other than `step` itself (lost with its daemon).
     const bool earlier_taken = last_taken && *last_taken != step;
@@ -608,13 +660,9 @@ absl::Status Client::Commit(int64_t step) {
         latest.ok() && *latest == step) {
       return absl::OkStatus();
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "step ", step, " of rank ", state_->options.rank, " could not be snapshotted within ",
-          state_->options.wait_timeout.count(), " ms (see TakeSkippedSteps for why)"));
-    }
+    if (std::chrono::steady_clock::now() >= deadline) return ran_out();
     // Earlier steps settle (committed, superseded or aborted) before the step is taken again.
-    if (earlier_taken) (void)WaitCommitted(*last_taken);
+    if (earlier_taken) (void)WaitWithoutGivingUp(*last_taken, /*until_committed=*/true);
     absl::StatusOr<uint64_t> snapshot = Snapshot(step);
     // The daemon restarting: it will be back (the deadline bounds how long this waits for it).
     if (!snapshot.ok() && !absl::IsUnavailable(snapshot.status())) return snapshot.status();

@@ -9,7 +9,7 @@
 
 namespace moesnap {
 
-struct DaemonProbe::Check {
+struct DaemonProbe::HealthCheck {
   grpc::ClientContext context;
   grpc::Slice empty;  // an empty HealthCheckRequest: the daemon as a whole
   grpc::ByteBuffer request{&empty, 1};
@@ -17,16 +17,17 @@ struct DaemonProbe::Check {
 };
 
 DaemonProbe::DaemonProbe(std::shared_ptr<grpc::Channel> channel, std::string socket_path,
-                         std::chrono::milliseconds check_timeout)
+                         std::chrono::milliseconds verdict_timeout,
+                         std::chrono::milliseconds recheck_timeout)
     : stub_(std::move(channel)), socket_path_(std::move(socket_path)),
-      check_timeout_(check_timeout) {}
+      verdict_timeout_(verdict_timeout), recheck_timeout_(recheck_timeout) {}
 
 DaemonProbe::~DaemonProbe() {
   absl::MutexLock lock(&mutex_);
   stopping_ = true;
   if (in_flight_ != nullptr) in_flight_->context.TryCancel();
   mutex_.Await(absl::Condition(
-      +[](std::unique_ptr<Check>* in_flight) { return *in_flight == nullptr; }, &in_flight_));
+      +[](std::unique_ptr<HealthCheck>* in_flight) { return *in_flight == nullptr; }, &in_flight_));
 }
 
 absl::Status DaemonProbe::Admit() {
@@ -34,7 +35,7 @@ absl::Status DaemonProbe::Admit() {
   if (answers_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
       "moesnapd at ", socket_path_, " has answered nothing since ", unanswered_,
-      " ran out of time (nor a health check within ", check_timeout_.count(),
+      " ran out of time (nor a health check within ", verdict_timeout_.count(),
       " ms): calls are refused at once until it answers one"));
 }
 
@@ -42,18 +43,18 @@ void DaemonProbe::RanOut(absl::string_view call) {
   absl::MutexLock lock(&mutex_);
   unanswered_ = std::string(call);
   const uint64_t ended_before = checks_ended_;
-  if (in_flight_ == nullptr) StartCheckLocked();
+  if (in_flight_ == nullptr) StartCheckLocked(verdict_timeout_);
   auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     return checks_ended_ != ended_before || stopping_;
   };
   mutex_.Await(absl::Condition(&ended));
 }
 
-void DaemonProbe::StartCheckLocked() {
-  ended_check_.reset();  // its callback has returned: the one in flight ended after it
-  in_flight_ = std::make_unique<Check>();
-  Check* check = in_flight_.get();
-  check->context.set_deadline(std::chrono::system_clock::now() + check_timeout_);
+void DaemonProbe::StartCheckLocked(std::chrono::milliseconds timeout) {
+  ended_.reset();
+  in_flight_ = std::make_unique<HealthCheck>();
+  HealthCheck* check = in_flight_.get();
+  check->context.set_deadline(std::chrono::system_clock::now() + timeout);
   stub_.UnaryCall(&check->context, method_, grpc::StubOptions(), &check->request,
                   &check->response, [this](grpc::Status status) { Ended(status); });
 }
@@ -67,10 +68,10 @@ void DaemonProbe::Ended(const grpc::Status& status) {
     answers_ = status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
   }
   ++checks_ended_;
-  std::unique_ptr<Check> ended = std::move(in_flight_);
-  // Silent: the next check waits in the daemon's socket, answered the moment the daemon runs.
-  if (!answers_ && !stopping_) StartCheckLocked();
-  ended_check_ = std::move(ended);  // freed later, outside gRPC's callback
+  std::unique_ptr<HealthCheck> ended = std::move(in_flight_);
+  // Silent: the next check waits in the daemon's socket, answered the moment the daemon serves.
+  if (!answers_ && !stopping_) StartCheckLocked(recheck_timeout_);
+  ended_ = std::move(ended);
 }
 
 }  // namespace moesnap

@@ -1,9 +1,11 @@
 // Whether the daemon answers at all. A call that ran out of time met either a slow step (a wait for
-// a commit the cluster has not decided) or a daemon that answers nothing (stopped, stuck on a disk);
-// a health check on the same channel tells which. While the daemon answers nothing, the client's
-// calls are refused at once instead of each waiting out its timeout, so a hung daemon costs the
-// training loop one timeout, not one every step; a health check stays in flight meanwhile, so the
-// daemon's answer to it, the moment it runs again, lets calls through again.
+// a commit the cluster has not decided) or a daemon that answers nothing (stopped, or not serving
+// yet); a health check on the same channel tells which. gRPC answers health checks on threads of
+// its own, so a daemon whose calls are blocked still answers them: only a daemon that serves no
+// gRPC at all is found out. While it answers nothing, the client's calls are refused at once instead
+// of each waiting out its timeout, so such a daemon costs the training loop one call timeout and a
+// health check, not a call timeout every step. A health check stays in flight meanwhile, so the
+// daemon's answer to it, however late, lets calls through again.
 #ifndef MOESNAP_CLIENT_SRC_DAEMON_PROBE_H_
 #define MOESNAP_CLIENT_SRC_DAEMON_PROBE_H_
 
@@ -11,6 +13,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -24,10 +27,11 @@ namespace moesnap {
 // Thread-safe.
 class DaemonProbe {
  public:
-  // A health check waits up to `check_timeout` for its answer. `socket_path` names the daemon in
-  // refusals.
+  // The health check that follows a call that ran out of time waits up to `verdict_timeout` for its
+  // answer; the ones that follow an unanswered check, up to `recheck_timeout` each. `socket_path`
+  // names the daemon in refusals.
   DaemonProbe(std::shared_ptr<grpc::Channel> channel, std::string socket_path,
-              std::chrono::milliseconds check_timeout);
+              std::chrono::milliseconds verdict_timeout, std::chrono::milliseconds recheck_timeout);
   // Cancels a health check in flight and waits for it to end.
   ~DaemonProbe();
   DaemonProbe(const DaemonProbe&) = delete;
@@ -40,19 +44,23 @@ class DaemonProbe {
   void RanOut(absl::string_view call);
 
  private:
-  struct Check;  // one health check in flight
+  struct HealthCheck;  // one in flight
 
-  void StartCheckLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void StartCheckLocked(std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Ended(const grpc::Status& status);
 
   grpc::GenericStub stub_;
   const std::string socket_path_;
-  const std::chrono::milliseconds check_timeout_;
+  const std::chrono::milliseconds verdict_timeout_;
+  const std::chrono::milliseconds recheck_timeout_;
+  // gRPC keeps a pointer to the name in each call's context: it outlives them (declared before).
   const std::string method_ = "/grpc.health.v1.Health/Check";
 
   absl::Mutex mutex_;
-  std::unique_ptr<Check> in_flight_ ABSL_GUARDED_BY(mutex_);    // null when none is in flight
-  std::unique_ptr<Check> ended_check_ ABSL_GUARDED_BY(mutex_);  // the last one, once it ended
+  std::unique_ptr<HealthCheck> in_flight_ ABSL_GUARDED_BY(mutex_);  // null when none is
+  // The check that ended last. A context is freed only once its call is over, and a new check
+  // starts from the callback of the one before: that callback's context is freed by the next one.
+  std::unique_ptr<HealthCheck> ended_ ABSL_GUARDED_BY(mutex_);
   uint64_t checks_ended_ ABSL_GUARDED_BY(mutex_) = 0;
   bool answers_ ABSL_GUARDED_BY(mutex_) = true;     // the last check's verdict (true before any)
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;   // the destructor runs: no check starts again

@@ -40,9 +40,11 @@ struct ClientOptions {
   // variable that is set but is not a rank.
   static absl::StatusOr<ClientOptions> FromEnvironment();
   // How long Connect and each short call may take. A call that runs out of it has the daemon's
-  // health checked (within a second at most): while the daemon answers nothing (stopped, stuck),
-  // every call is refused at once with UNAVAILABLE, until it answers again. A hung daemon costs a
-  // trainer one call timeout, not one every step.
+  // health checked (gRPC's health check, answered within a second by any daemon that serves):
+  // while the daemon serves nothing (stopped), every call is refused at once with UNAVAILABLE,
+  // until it answers a check again. Such a daemon costs a trainer one call timeout and a second,
+  // not a call timeout every step. (A daemon that serves but whose calls are blocked answers
+  // health checks: its calls run out one by one.)
   std::chrono::milliseconds call_timeout{30000};
   // How long WaitCaptured / WaitCommitted / Restore may wait for copies in flight. WaitCaptured
   // and WaitCommitted ask in calls of at most call_timeout each, so a daemon that stops answering
@@ -236,8 +238,10 @@ class Client {
   // Makes the regions' present state committed as `step`: call it for the last step of training
   // (or before a planned stop) instead of Snapshot. It lets the rank's earlier steps settle first,
   // so the pool has room, then takes `step` (again, if the daemon skipped it or went away) until
-  // it commits or wait_timeout runs out. ABORTED when the cluster aborted `step` (a node lost
-  // during its commit): a cluster's decision on a step is final.
+  // it commits or wait_timeout runs out, waiting meanwhile for a daemon that serves nothing (it
+  // may still commit the step it took). ABORTED when the cluster aborted `step` (a node lost during
+  // its commit): a cluster's decision on a step is final. When it fails, it first marks what it
+  // took abandoned, as WaitCaptured does.
   absl::Status Commit(int64_t step);
 
   // Writes the latest committed state (or `step`, which must be the latest) into the registered
@@ -285,7 +289,12 @@ class Client {
                                             const std::vector<std::string>& regions);
   absl::StatusOr<uint64_t> SnapshotWith(v1::SnapshotRequest request,
                                         const std::vector<std::string>& regions);
+  // WaitCaptured / WaitCommitted: the wait, and the abandon mark raised unless it heard the answer.
   absl::Status Wait(int64_t step, bool until_committed);
+  // The wait alone, for a caller that does not go on when it fails (Commit, which waits again).
+  absl::Status WaitWithoutGivingUp(int64_t step, bool until_committed);
+  // Commit's tries, until `step` commits, cannot, or wait_timeout runs out.
+  absl::Status CommitTrying(int64_t step);
   std::unique_ptr<State> state_;
 };
 

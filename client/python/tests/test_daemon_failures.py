@@ -98,10 +98,10 @@ def test_a_final_commit_with_the_daemon_down_says_why_and_a_later_one_commits_ev
 
 
 def test_a_hung_daemon_costs_the_training_loop_one_timeout_not_one_every_step(daemon: Daemon):
-    """A daemon that answers nothing (stopped, as a stuck disk or a host short of memory can leave
-    it) costs one call's timeout: the steps after it are skipped at once, saying why, until it
-    answers again, and then the rank snapshots whole as before."""
-    call_timeout = 0.5
+    """A daemon that serves nothing (stopped) costs one call's timeout: the steps after it are
+    skipped at once, saying why, until it answers again, and then the rank snapshots whole as
+    before."""
+    call_timeout = 2.0  # long enough for a loaded machine to answer what it should
     client = moesnap.Client(daemon.agent_socket, 0, call_timeout_s=call_timeout)
     optimizer, train = adam_trainer(client)
     train()
@@ -124,11 +124,17 @@ def test_a_hung_daemon_costs_the_training_loop_one_timeout_not_one_every_step(da
     assert all("answered nothing since Snapshot" in reason
                for _, reason in client.skipped_steps[1:]), client.skipped_steps
     wait_until_answering(client)
-    train()
-    assert client.snapshot(13) > 0
-    client.wait_committed(13)
+    step = steps[-1]
+    deadline = time.monotonic() + 60
+    while True:  # taken once the daemon answers this client's calls again
+        step += 1
+        train()
+        if client.snapshot(step) > 0:
+            break
+        assert time.monotonic() < deadline, client.skipped_steps
+    client.wait_committed(step)
     client.close()
-    assert_restarted_trainer_restores(daemon, 13, optimizer)
+    assert_restarted_trainer_restores(daemon, step, optimizer)
 
 
 @pytest.mark.parametrize("refused_call", [0, 1])  # the shared moments', the staged tensors'

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Collection, Dict, List
 
 from conftest import BIN_DIR, ChildProcess, Daemon
 
@@ -77,14 +77,14 @@ def captures(daemon: Daemon) -> Dict[int, dict]:
             for capture in json.loads(answer.stdout).get("rank_captures", [])}
 
 
-def assert_shares(daemon: Daemon, world: int, step: int) -> None:
-    """Each rank's last captured step copied 1/world of the state it registered, within the
-    alignment at both ends of its shard."""
+def assert_shares(daemon: Daemon, world: int, steps: Collection[int]) -> None:
+    """Each rank's last captured step, one of `steps`, copied 1/world of the state it registered,
+    within the alignment at both ends of its shard."""
     found = {rank: capture for rank, capture in captures(daemon).items() if rank < world}
     assert sorted(found) == list(range(world)), found
     total = 0
     for capture in found.values():
-        assert capture["step"] == step, found
+        assert capture["step"] in steps, found
         share = capture["state_bytes"] / world
         assert abs(capture["bytes"] - share) <= 2 * ALIGNMENT, (capture, share)
         total += capture["bytes"]
@@ -95,7 +95,10 @@ def test_replicas_copy_one_shard_each_and_restore_bit_identically(daemon: Daemon
     # A job of four ranks; rank 2 is SIGKILLed once past step 4.
     before = digests(killed(launch(daemon, 4, steps=30), 2,
                             r"step [4-9] digest .*|step \d\d+ digest .*"))
-    assert_shares(daemon, 4, max(capture["step"] for capture in captures(daemon).values()))
+    # A rank whose process died while its last capture still copied gave that capture up (its
+    # client closed): its last capture is then the step before.
+    newest = max(capture["step"] for capture in captures(daemon).values())
+    assert_shares(daemon, 4, {newest - 1, newest})
 
     # The job restarted: every rank restores the last committed step, whose shards the four
     # ranks captured, bit-identically; then trains on.
@@ -107,12 +110,12 @@ def test_replicas_copy_one_shard_each_and_restore_bit_identically(daemon: Daemon
     for lines in second:
         assert f"restored {step} digest {digest}" in lines, lines
     after = digests(second)
-    assert_shares(daemon, 4, 12)
+    assert_shares(daemon, 4, {12})
 
     # Restarted with three ranks: restored from the four old shards, then thirds.
     third = finished(launch(daemon, 3, steps=14))
     assert digests(third, "restored") == {12: after[12]}, third
-    assert_shares(daemon, 3, 14)
+    assert_shares(daemon, 3, {14})
 
 
 def test_replicas_resume_from_the_durable_tier_after_the_pool_is_lost(tmp_path: Path) -> None:
