@@ -496,21 +496,21 @@ absl::StatusOr<uint64_t> Client::SnapshotSparse(int64_t step, const std::vector<
 
 absl::StatusOr<uint64_t> Client::SnapshotWith(v1::SnapshotRequest request,
                                               const std::vector<std::string>& regions) {
-  if (absl::Status status = state_->device_regions->RecordCaptureEvents(regions); !status.ok()) {
-    return status;
-  }
-  request.set_rank(state_->options.rank);
-  for (const std::string& region : regions) request.add_regions(region);
   // The caller goes on when the call fails: unless the daemon answered it, it may have taken the
   // step, and an earlier capture may still copy (a Snapshot the daemon sees aborts that one; one
-  // refused before it was sent, while the daemon answers nothing, does not). The mark covers every
-  // take on every way out but an answer, an exception (out of memory) included.
+  // not sent, refused while the daemon serves nothing, does not). The mark covers every take on
+  // every way out but an answer, an exception (out of memory) included.
   bool answered = false;
   absl::Cleanup abandon_unless_answered = [&] {
     if (answered) return;
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->AbandonLocked(state_->takes);
   };
+  if (absl::Status status = state_->device_regions->RecordCaptureEvents(regions); !status.ok()) {
+    return status;
+  }
+  request.set_rank(state_->options.rank);
+  for (const std::string& region : regions) request.add_regions(region);
   return state_->WithReconnect([&]() -> absl::StatusOr<uint64_t> {
     State::Taken taken;
     {
@@ -559,17 +559,18 @@ absl::Status Client::Wait(int64_t step, bool until_committed) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->AbandonLocked(*take);
   };
-  const absl::Status status = WaitWithoutGivingUp(step, until_committed);
+  const absl::Status status = WaitWithoutGivingUp(
+      step, until_committed, std::chrono::steady_clock::now() + state_->options.wait_timeout);
   heard = status.ok();
   return status;
 }
 
-absl::Status Client::WaitWithoutGivingUp(int64_t step, bool until_committed) {
+absl::Status Client::WaitWithoutGivingUp(int64_t step, bool until_committed,
+                                         std::chrono::steady_clock::time_point deadline) {
   const char* call = until_committed ? "WaitCommitted" : "WaitCaptured";
   // In calls of at most a call timeout each: one that runs out has the daemon's health checked
   // (DaemonProbe), so a daemon that answers nothing ends the wait after one such call, not after
   // the whole wait timeout.
-  const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
   absl::Status status;
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -616,16 +617,21 @@ absl::Status Client::Commit(int64_t step) {
   };
   absl::Status status = CommitTrying(step);
   committed = status.ok();
+  if (committed) {  // taken again after a skip or a daemon lost: its skips are no news
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::erase_if(state_->skipped_steps,
+                  [step](const auto& skipped) { return skipped.first == step; });
+  }
   return status;
 }
 
 absl::Status Client::CommitTrying(int64_t step) {
   const auto deadline = std::chrono::steady_clock::now() + state_->options.wait_timeout;
   std::chrono::milliseconds retry_pause(10);
-  const auto ran_out = [&] {
+  const auto ran_out = [&](absl::string_view why) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "step ", step, " of rank ", state_->options.rank, " could not be snapshotted within ",
-        state_->options.wait_timeout.count(), " ms (see TakeSkippedSteps for why)"));
+        "step ", step, " of rank ", state_->options.rank, " could not be committed within ",
+        state_->options.wait_timeout.count(), " ms: ", why));
   };
   while (true) {
     const std::optional<int64_t> last_taken = [&] {
@@ -633,21 +639,24 @@ absl::Status Client::CommitTrying(int64_t step) {
       return state_->last_taken;
     }();
     if (last_taken == step) {
-      const absl::Status committed = WaitWithoutGivingUp(step, /*until_committed=*/true);
+      const absl::Status committed = WaitWithoutGivingUp(step, /*until_committed=*/true, deadline);
       if (committed.ok()) return committed;
       std::unique_lock<std::mutex> lock(state_->mutex);
+      // The wait forgets a step lost with a daemon restarted since (its ABORTED is the client's).
+      const bool forgotten = !state_->taken_steps.contains(step);
+      if (!forgotten && !absl::IsUnavailable(committed)) {
+        // The daemon's answer: a step the cluster aborted cannot be taken again (its decision is
+        // final), and a wait that ran out is the end.
+        return committed;
+      }
       if (state_->LostWithItsDaemonLocked(step)) {
         // Taken here but lost with a daemon that went away: take it again.
         if (state_->last_taken == step) state_->last_taken.reset();
-      } else if (!absl::IsUnavailable(committed)) {
-        // A step the cluster aborted cannot be taken again (its decision is final): that is the
-        // answer. So is a wait that ran out.
-        return committed;
       } else {
         // Refused while the daemon that took the step serves nothing (DaemonProbe): it is not
         // gone, may still commit the step, and would refuse it taken again. Wait for it again.
         lock.unlock();
-        if (std::chrono::steady_clock::now() >= deadline) return ran_out();
+        if (std::chrono::steady_clock::now() >= deadline) return ran_out(committed.message());
         std::this_thread::sleep_for(retry_pause);
         retry_pause = std::min(retry_pause * 2, std::chrono::milliseconds(1000));
         continue;
@@ -660,9 +669,13 @@ absl::Status Client::CommitTrying(int64_t step) {
         latest.ok() && *latest == step) {
       return absl::OkStatus();
     }
-    if (std::chrono::steady_clock::now() >= deadline) return ran_out();
+    constexpr absl::string_view kSkipped = "its snapshots were skipped (TakeSkippedSteps says why)";
+    if (std::chrono::steady_clock::now() >= deadline) return ran_out(kSkipped);
     // Earlier steps settle (committed, superseded or aborted) before the step is taken again.
-    if (earlier_taken) (void)WaitWithoutGivingUp(*last_taken, /*until_committed=*/true);
+    if (earlier_taken) {
+      (void)WaitWithoutGivingUp(*last_taken, /*until_committed=*/true, deadline);
+      if (std::chrono::steady_clock::now() >= deadline) return ran_out(kSkipped);
+    }
     absl::StatusOr<uint64_t> snapshot = Snapshot(step);
     // The daemon restarting: it will be back (the deadline bounds how long this waits for it).
     if (!snapshot.ok() && !absl::IsUnavailable(snapshot.status())) return snapshot.status();

@@ -41,6 +41,7 @@ absl::Status DaemonProbe::Admit() {
 
 void DaemonProbe::RanOut(absl::string_view call) {
   absl::MutexLock lock(&mutex_);
+  if (!answers_) return;  // the verdict is out: the checks in flight now only wait for an answer
   unanswered_ = std::string(call);
   const uint64_t ended_before = checks_ended_;
   if (in_flight_ == nullptr) StartCheckLocked(verdict_timeout_);

@@ -40,7 +40,8 @@ class DaemonProbe {
   // OK unless the daemon has answered nothing since a call ran out of time: then UNAVAILABLE,
   // naming that call.
   absl::Status Admit();
-  // `call` ran out of its time: checks the daemon's health, and returns once a check has ended.
+  // `call` ran out of its time: checks the daemon's health, and returns once a check has ended
+  // (at once when the daemon is known to serve nothing already).
   void RanOut(absl::string_view call);
 
  private:

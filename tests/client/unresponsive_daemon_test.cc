@@ -148,10 +148,11 @@ TEST_F(UnresponsiveDaemonTest, AWaitOnADaemonThatStopsAnsweringEndsAfterOneCallT
 // A final commit whose wait the client refuses while the daemon serves nothing waits for that
 // daemon, which still holds the step: taking it again there would be refused ("not after step 1").
 TEST_F(UnresponsiveDaemonTest, ACommitWaitsForThePausedDaemonThatTookItsStep) {
-  // Rank 0's step 1 commits once its replica, rank 9, takes it too.
+  // Rank 0's step 1 commits once its replica, rank 9, takes it too. A commit bounded well below
+  // the test's own time, so a failure ends it.
   Trainer replicas[2];
   for (int i = 0; i < 2; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ConnectTrainer(i == 0 ? 0 : 9, 64 << 10, &replicas[i]));
+    ASSERT_NO_FATAL_FAILURE(ConnectTrainer(i == 0 ? 0 : 9, 64 << 10, &replicas[i], 30s));
     ASSERT_OK(replicas[i].client->SetReplicaGroup({"data-parallel", {0, 9}}));
   }
   Client& rank0 = *replicas[0].client;

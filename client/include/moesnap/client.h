@@ -238,10 +238,10 @@ class Client {
   // Makes the regions' present state committed as `step`: call it for the last step of training
   // (or before a planned stop) instead of Snapshot. It lets the rank's earlier steps settle first,
   // so the pool has room, then takes `step` (again, if the daemon skipped it or went away) until
-  // it commits or wait_timeout runs out, waiting meanwhile for a daemon that serves nothing (it
-  // may still commit the step it took). ABORTED when the cluster aborted `step` (a node lost during
-  // its commit): a cluster's decision on a step is final. When it fails, it first marks what it
-  // took abandoned, as WaitCaptured does.
+  // it commits or wait_timeout runs out; while the daemon that took the step serves nothing, it
+  // waits for that daemon (which may still commit the step). ABORTED when the cluster aborted
+  // `step` (a node lost during its commit): a cluster's decision on a step is final. When it fails,
+  // it first marks what it took abandoned, as WaitCaptured does.
   absl::Status Commit(int64_t step);
 
   // Writes the latest committed state (or `step`, which must be the latest) into the registered
@@ -291,8 +291,10 @@ class Client {
                                         const std::vector<std::string>& regions);
   // WaitCaptured / WaitCommitted: the wait, and the abandon mark raised unless it heard the answer.
   absl::Status Wait(int64_t step, bool until_committed);
-  // The wait alone, for a caller that does not go on when it fails (Commit, which waits again).
-  absl::Status WaitWithoutGivingUp(int64_t step, bool until_committed);
+  // The wait alone, until `deadline`, for a caller that does not go on when it fails (Commit,
+  // which waits again).
+  absl::Status WaitWithoutGivingUp(int64_t step, bool until_committed,
+                                   std::chrono::steady_clock::time_point deadline);
   // Commit's tries, until `step` commits, cannot, or wait_timeout runs out.
   absl::Status CommitTrying(int64_t step);
   std::unique_ptr<State> state_;
