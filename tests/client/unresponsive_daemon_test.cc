@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "client/src/daemon_probe.h"
 #include "moesnap/client.h"
+#include "tests/testing/host_trainer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_daemon.h"
 
@@ -48,23 +49,14 @@ class UnresponsiveDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(daemon_.Start()); }
 
-  struct Trainer {
-    std::unique_ptr<Client> client;
-    std::shared_ptr<SharedBuffer> weights;
-  };
+  using Trainer = testing::HostTrainer;
   // A trainer of `rank` with `bytes` of weights registered, its calls bounded by kCallTimeout.
   void ConnectTrainer(uint32_t rank, size_t bytes, Trainer* trainer,
                       std::chrono::milliseconds wait_timeout = ClientOptions().wait_timeout) {
     ClientOptions options{.socket_path = daemon_.agent_socket(), .rank = rank};
     options.call_timeout = kCallTimeout;
     options.wait_timeout = wait_timeout;
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-    ASSERT_OK(client);
-    absl::StatusOr<std::shared_ptr<SharedBuffer>> weights = (*client)->AllocateHost(bytes);
-    ASSERT_OK(weights);
-    ASSERT_OK((*client)->RegisterHostRegion({"weights", "uint8", {static_cast<int64_t>(bytes)}},
-                                            *weights, 0, bytes));
-    *trainer = {*std::move(client), *std::move(weights)};
+    testing::ConnectHostTrainer(options, bytes, trainer);
   }
 
   TestDaemon daemon_{{.pool_bytes = "64MiB"}};

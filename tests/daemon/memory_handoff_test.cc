@@ -24,6 +24,7 @@
 #include "moesnap/client.h"
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/host_trainer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_daemon.h"
 
@@ -102,21 +103,12 @@ class MemoryHandoffTest : public ::testing::Test {
   std::string MemorySocket() const { return daemon_.agent_socket() + wire::kSocketSuffix; }
 
   // A process of rank 0 through the client library: its "weights", a host region of `bytes`.
-  struct Trainer {
-    std::unique_ptr<Client> client;
-    std::shared_ptr<SharedBuffer> weights;
-  };
+  using Trainer = testing::HostTrainer;
   void ConnectTrainer(size_t bytes, Trainer* trainer,
                       std::chrono::milliseconds wait_timeout = ClientOptions().wait_timeout) {
     ClientOptions options{.socket_path = daemon_.agent_socket(), .rank = 0};
     options.wait_timeout = wait_timeout;
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-    ASSERT_OK(client);
-    absl::StatusOr<std::shared_ptr<SharedBuffer>> weights = (*client)->AllocateHost(bytes);
-    ASSERT_OK(weights);
-    const RegionInfo info{"weights", "uint8", {static_cast<int64_t>(bytes)}};
-    ASSERT_OK((*client)->RegisterHostRegion(info, *weights, 0, bytes));
-    *trainer = {*std::move(client), *std::move(weights)};
+    testing::ConnectHostTrainer(options, bytes, trainer);
   }
 
   // The trainer's weights filled with `step`'s number, snapshotted as `step` and committed.
