@@ -51,8 +51,9 @@ endfunction()
 # moesnap_test(NAME SOURCES x_test.cc DEPS lib LABELS unit): a GoogleTest binary whose cases
 # CTest discovers one by one, so `ctest -R` can run a single case. A test may carry several labels
 # (LABELS unit unit-threads); the target tests-<label> builds every test binary of a label.
+# RESOURCE_LOCK name: no two cases holding the same lock run at once (a system setting they move).
 function(moesnap_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "RESOURCE_LOCK" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   moesnap_target_defaults(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} moesnap_testing GTest::gmock GTest::gtest_main)
@@ -69,9 +70,13 @@ function(moesnap_test name)
     set_property(GLOBAL APPEND PROPERTY MOESNAP_TESTS_OF_LABEL_${label} ${name})
   endforeach()
   list(GET ARG_LABELS 0 first_label)
+  set(lock_property)
+  if(ARG_RESOURCE_LOCK)
+    set(lock_property RESOURCE_LOCK ${ARG_RESOURCE_LOCK})
+  endif()
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS ${first_label}
+    PROPERTIES LABELS ${first_label} ${lock_property}
     DISCOVERY_TIMEOUT 60)
   list(LENGTH ARG_LABELS label_count)
   if(label_count GREATER 1)

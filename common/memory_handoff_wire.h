@@ -42,8 +42,18 @@ struct Response {
   uint32_t reserved = 0;
 };
 
-// Asks for a file of exactly `bytes` bytes that an exited process of the session's rank handed over,
-// on a connection already bound to the session. Answered by a Response: code 0 with the file's
+// The size of the file that holds `bytes` in huge pages of `huge_page_bytes` (hugetlbfs sizes files
+// in whole pages), or in ordinary shared memory (`huge_page_bytes` 0: to the byte); 0 when that
+// does not fit in 64 bits.
+inline constexpr uint64_t FileBytesFor(uint64_t bytes, uint64_t huge_page_bytes) {
+  if (huge_page_bytes == 0 || bytes % huge_page_bytes == 0) return bytes;
+  const uint64_t padding = huge_page_bytes - bytes % huge_page_bytes;
+  return bytes > UINT64_MAX - padding ? 0 : bytes + padding;
+}
+
+// Asks for a file that holds `bytes` bytes (FileBytesFor: of exactly `bytes`, or in huge pages
+// rounded up to whole ones) that an exited process of the session's rank handed over, on a
+// connection already bound to the session. Answered by a Response: code 0 with the file's
 // descriptor attached (SCM_RIGHTS) and its id in first_id, or NOT_FOUND saying why none is to be
 // had (then the trainer allocates). The file holds the earlier process's bytes, not zeros.
 struct AdoptRequest {

@@ -13,7 +13,14 @@
 namespace moesnap::daemon {
 namespace {
 
-void CollectRetention(const TrainerSessions::Retention& retention, metrics::Collection& out) {
+void CollectTrainerMemory(const TrainerSessions& sessions, metrics::Collection& out) {
+  const TrainerSessions::Shared shared = sessions.shared();
+  const std::string help =
+      "Shared memory trainers handed over, mapped by this daemon, by the pages it is made of";
+  out.AddGauge("moesnap_trainer_memory_bytes", help, shared.huge_page_bytes, {{"pages", "huge"}});
+  out.AddGauge("moesnap_trainer_memory_bytes", help, shared.ordinary_bytes,
+               {{"pages", "ordinary"}});
+  const TrainerSessions::Retention retention = sessions.retention();
   out.AddGauge("moesnap_exited_trainer_memory_bytes",
                "Shared memory of exited trainers kept for their ranks' next processes",
                retention.kept_bytes);
@@ -165,7 +172,7 @@ metrics::CollectorHandle CollectDaemonMetrics(metrics::Registry& registry, Store
                                               Cluster* cluster, durable::RestoreTiers* tiers) {
   return registry.AddCollector([store, sessions, log, cluster, tiers](metrics::Collection& out) {
     CollectStore(*store, out);
-    CollectRetention(sessions->retention(), out);
+    CollectTrainerMemory(*sessions, out);
     CollectLog(*log, out);
     if (cluster != nullptr) CollectCluster(*cluster, out);
     if (tiers != nullptr) CollectDurable(*tiers, out);

@@ -240,8 +240,9 @@ bool MemoryHandoff::HandleAdopt(int fd, Connection& connection,
         " bytes afresh: ", adopted.status().message());
     return Answer(fd, adopted.status(), 0);
   }
-  Log(LogLevel::kInfo, "pid ", connection.peer.pid, " took a file of ", request.bytes,
-      " bytes that an exited process of its rank left");
+  Log(LogLevel::kInfo, "pid ", connection.peer.pid, " took a file of ", adopted->memory->bytes(),
+      " bytes", adopted->memory->huge_page_bytes() > 0 ? " in huge pages" : "",
+      " that an exited process of its rank left");
   return Answer(fd, absl::OkStatus(), adopted->id, adopted->memory->kept_fd());
 }
 

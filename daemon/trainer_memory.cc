@@ -5,8 +5,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/memory_handoff_wire.h"
 
 namespace moesnap::daemon {
 
@@ -54,6 +57,10 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerMemory::Map(
                                                    " bytes; 1 to ", kMaxBytes, " are accepted"));
   }
   const auto bytes = static_cast<uint64_t>(info.st_size);
+  struct statfs file_system {};
+  const bool huge_pages = fstatfs(fd, &file_system) == 0 &&
+                          static_cast<uint64_t>(file_system.f_type) == HUGETLBFS_MAGIC;
+  const uint64_t huge_page_bytes = huge_pages ? static_cast<uint64_t>(info.st_blksize) : 0;
   const int seals = fcntl(fd, F_GET_SEALS);
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) {
@@ -68,8 +75,8 @@ absl::StatusOr<std::shared_ptr<TrainerMemory>> TrainerMemory::Map(
   const int kept_fd = keep_descriptor && fixed_size && bytes >= kMinKeptBytes
                           ? fcntl(fd, F_DUPFD_CLOEXEC, 0)
                           : -1;
-  return std::shared_ptr<TrainerMemory>(new TrainerMemory(static_cast<uint8_t*>(data), bytes,
-                                                          shrink_sealed, info.st_uid, kept_fd));
+  return std::shared_ptr<TrainerMemory>(new TrainerMemory(
+      static_cast<uint8_t*>(data), bytes, huge_page_bytes, shrink_sealed, info.st_uid, kept_fd));
 }
 
 TrainerMemory::~TrainerMemory() {
@@ -299,7 +306,8 @@ absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(const std::strin
   }
   std::vector<std::shared_ptr<TrainerMemory>>& memories = kept->second.memories;
   auto fits = std::find_if(memories.begin(), memories.end(), [&](const auto& memory) {
-    return memory->bytes() == bytes && memory->owner() == caller;
+    return memory->bytes() == memory_handoff::FileBytesFor(bytes, memory->huge_page_bytes()) &&
+           memory->owner() == caller;
   });
   if (fits == memories.end()) {
     return absl::NotFoundError(absl::StrCat("rank ", state.rank, " keeps ", memories.size(),
@@ -311,7 +319,7 @@ absl::StatusOr<TrainerSessions::Adopted> TrainerSessions::Adopt(const std::strin
   Adopted adopted{.id = *id, .memory = std::move(*fits)};
   memories.erase(fits);
   if (memories.empty()) kept_.erase(kept);
-  adopted_bytes_ += bytes;
+  adopted_bytes_ += adopted.memory->bytes();
   return adopted;
 }
 
@@ -347,6 +355,18 @@ TrainerSessions::Retention TrainerSessions::retention() const {
     }
   }
   return retention;
+}
+
+TrainerSessions::Shared TrainerSessions::shared() const {
+  absl::MutexLock lock(&mutex_);
+  Shared shared;
+  for (const auto& [token, session] : sessions_) {
+    for (const auto& [id, memory] : session.memories) {
+      (memory->huge_page_bytes() > 0 ? shared.huge_page_bytes : shared.ordinary_bytes) +=
+          memory->bytes();
+    }
+  }
+  return shared;
 }
 
 }  // namespace moesnap::daemon

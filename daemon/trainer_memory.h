@@ -56,6 +56,8 @@ class TrainerMemory {
 
   uint8_t* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
+  // The size of the huge pages the file is made of (hugetlbfs); 0 for ordinary shared memory.
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }
   // The trainer can no longer shrink the file (memfd seal), so reading it can never fault.
   bool shrink_sealed() const { return shrink_sealed_; }
   // The uid that owns the file.
@@ -65,11 +67,18 @@ class TrainerMemory {
   int kept_fd() const { return fd_; }
 
  private:
-  TrainerMemory(uint8_t* data, uint64_t bytes, bool shrink_sealed, uid_t owner, int fd)
-      : data_(data), bytes_(bytes), shrink_sealed_(shrink_sealed), owner_(owner), fd_(fd) {}
+  TrainerMemory(uint8_t* data, uint64_t bytes, uint64_t huge_page_bytes, bool shrink_sealed,
+                uid_t owner, int fd)
+      : data_(data),
+        bytes_(bytes),
+        huge_page_bytes_(huge_page_bytes),
+        shrink_sealed_(shrink_sealed),
+        owner_(owner),
+        fd_(fd) {}
 
   uint8_t* const data_;
   const uint64_t bytes_;
+  const uint64_t huge_page_bytes_;
   const bool shrink_sealed_;
   const uid_t owner_;
   const int fd_;
@@ -162,8 +171,9 @@ class TrainerSessions {
     uint64_t id = 0;  // in the session, as Add's ids
     std::shared_ptr<TrainerMemory> memory;
   };
-  // Adds to the session `token` names a file of exactly `bytes` bytes kept from an earlier process
-  // of its rank, with a new id. The file holds that process's bytes, not zeros. NOT_FOUND, saying
+  // Adds to the session `token` names a file holding `bytes` bytes kept from an earlier process of
+  // its rank (memory_handoff::FileBytesFor: of exactly that size, or in huge pages rounded up to
+  // whole ones), with a new id. The file holds that process's bytes, not zeros. NOT_FOUND, saying
   // why, when none is to be had: none kept of that size, the earlier process still runs or its
   // memory connection is still open, the file belongs to another uid than `caller`, or `copying`
   // (the store's word) says a capture or restore of the rank's memory is queued or running.
@@ -183,6 +193,13 @@ class TrainerSessions {
     uint64_t bound_released_bytes_total = 0;  // released early to stay within max_kept_bytes
   };
   Retention retention() const;
+
+  // The memory the sessions handed over (or took over), by the pages it is made of.
+  struct Shared {
+    uint64_t huge_page_bytes = 0;
+    uint64_t ordinary_bytes = 0;
+  };
+  Shared shared() const;
 
  private:
   struct State {

@@ -1,6 +1,6 @@
 // The memory handoff against a real moesnapd: hostile requests are refused and the daemon serves
 // on; a trainer that exits releases its registrations, and its rank's next process takes the
-// memory it left; a client rides through a daemon restart, and makes a reconnection that failed
+// memory it left (in ordinary or huge pages); a client rides through a daemon restart, and makes a reconnection that failed
 // half-way again at its next call; a capture its trainer gave up waiting for is never restored; a
 // client without a daemon fails at once, naming the socket.
 #include <fcntl.h>
@@ -18,6 +18,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "common/descriptor_passing.h"
 #include "common/memory_handoff_wire.h"
@@ -25,6 +26,8 @@
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/host_trainer.h"
+#include "tests/testing/http_client.h"
+#include "tests/testing/huge_pages.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_daemon.h"
 
@@ -293,9 +296,11 @@ TEST_F(MemoryHandoffTest, ARanksNextProcessTakesTheMemoryItsExitedProcessLeft) {
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 2});
   ASSERT_OK(client);
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> other_size = (*client)->AdoptHost(kBytes / 2);
-  ASSERT_OK(other_size);
-  EXPECT_EQ(*other_size, nullptr);
+  for (const size_t other_size : {kBytes / 2, kBytes - 1000}) {
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> other = (*client)->AdoptHost(other_size);
+    ASSERT_OK(other);
+    EXPECT_EQ(*other, nullptr) << other_size;
+  }
   absl::StatusOr<std::shared_ptr<SharedBuffer>> left = (*client)->AdoptHost(kBytes);
   ASSERT_OK(left);
   ASSERT_NE(*left, nullptr);
@@ -320,6 +325,41 @@ TEST_F(MemoryHandoffTest, ARanksNextProcessTakesTheMemoryItsExitedProcessLeft) {
   absl::StatusOr<std::shared_ptr<SharedBuffer>> taken = (*again)->AdoptHost(kBytes);
   ASSERT_OK(taken);
   EXPECT_EQ(*taken, nullptr);
+}
+
+// The same in huge pages (MOESNAP_HUGE_PAGES=1): the next process takes the huge-page file, also
+// when it asks for bytes that are not whole pages (the file holds them rounded up, where a file of
+// ordinary pages is handed on for exactly its size only), and the daemon's metrics count the
+// memory as huge pages.
+TEST_F(MemoryHandoffTest, ARanksNextProcessTakesTheHugePagesItsExitedProcessLeft) {
+  constexpr size_t kBytes = 8 << 20;
+  absl::StatusOr<std::unique_ptr<testing::HugePageReservation>> reserved =
+      testing::HugePageReservation::Reserve(2 * kBytes / testing::HugePageReservation::PageBytes());
+  if (!reserved.ok()) GTEST_SKIP() << reserved.status();
+  const std::string pages = absl::StrCat(testing::HugePageReservation::PageBytes());
+  ASSERT_EQ(setenv(SharedBuffer::kHugePagesVariable, "1", 1), 0);
+  absl::Cleanup unset = [] { unsetenv(SharedBuffer::kHugePagesVariable); };
+  const std::string first = RunTrainer(daemon_, "train", 3);
+  ASSERT_TRUE(absl::StrContains(first, "done 3")) << first;
+  const std::string second = RunTrainer(daemon_, "train", 6);
+  EXPECT_TRUE(absl::StrContains(second, "verified step 3\n")) << second;
+  EXPECT_TRUE(absl::StrContains(second, absl::StrCat("into adopted memory in pages of ", pages,
+                                                     " bytes")))
+      << second;
+
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect({.socket_path = daemon_.agent_socket(), .rank = 2});
+  ASSERT_OK(client);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> left = (*client)->AdoptHost(kBytes - 1000);
+  ASSERT_OK(left);
+  ASSERT_NE(*left, nullptr);
+  EXPECT_EQ((*left)->size(), kBytes);
+  EXPECT_EQ(absl::StrCat((*left)->page_bytes()), pages);
+  absl::StatusOr<testing::HttpReply> metrics = testing::HttpGet(daemon_.http_port(), "/metrics");
+  ASSERT_OK(metrics);
+  EXPECT_TRUE(absl::StrContains(metrics->body,
+                                absl::StrCat("moesnap_trainer_memory_bytes{pages=\"huge\"} ", kBytes)))
+      << metrics->body;
 }
 
 TEST_F(MemoryHandoffTest, AClientRidesThroughADaemonRestart) {

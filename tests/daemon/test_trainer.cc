@@ -10,7 +10,8 @@
 //           aborted the step first).
 //   verify: restore the latest committed step into fresh regions and compare every byte; print
 //           "verified step S", "tier memory|durable" (where the restore came from) and "restored
-//           B bytes in T ms into fresh|adopted memory" (exit 0) or the first mismatches (exit 1).
+//           B bytes in T ms into fresh|adopted memory in pages of P bytes" (huge pages under
+//           MOESNAP_HUGE_PAGES=1) (exit 0) or the first mismatches (exit 1).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -112,8 +113,8 @@ int Run(const TrainerOptions& options) {
     if (int result = CheckRegions(options, **buffer, step); result != 0) return result;
     std::printf("verified step %lld\n", static_cast<long long>(step));
     std::printf("tier %s\n", restored->tier == moesnap::RestoreTier::kDurable ? "durable" : "memory");
-    std::printf("restored %zu bytes in %.1f ms into %s memory\n", state_bytes, milliseconds,
-                adopted ? "adopted" : "fresh");
+    std::printf("restored %zu bytes in %.1f ms into %s memory in pages of %zu bytes\n",
+                state_bytes, milliseconds, adopted ? "adopted" : "fresh", (*buffer)->page_bytes());
     std::fflush(stdout);
   }
   if (options.mode == "verify") return 0;

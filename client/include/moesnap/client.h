@@ -170,7 +170,8 @@ struct LoggedMessage {
 class Client {
  public:
   // Connects and starts a session for `options.rank` (forgetting regions an earlier process of the
-  // rank registered). UNAVAILABLE at once, naming the socket, when no daemon answers there.
+  // rank registered). UNAVAILABLE at once, naming the socket, when no daemon answers there;
+  // INVALID_ARGUMENT when MOESNAP_HUGE_PAGES holds neither 0 nor 1 (see SharedBuffer).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   // Ends the session. A snapshot whose capture has not ended is abandoned (as when WaitCaptured
   // fails): the regions may change at once, and that capture is aborted.
@@ -178,7 +179,8 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // Allocates host memory the daemon can map (SharedBuffer::Allocate).
+  // Allocates host memory the daemon can map (SharedBuffer::Allocate: in huge pages under
+  // MOESNAP_HUGE_PAGES=1).
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateHost(size_t bytes) const;
 
   // Hands shared-memory files (memfd, or /dev/shm files such as PyTorch's shared storages) to the
@@ -186,7 +188,8 @@ class Client {
   // stay open, and the files unshrunk, while regions in them are registered: the client keeps the
   // numbers, not copies, to hand them over again after a daemon restart.
   absl::StatusOr<std::vector<MemoryHandle>> ShareMemory(const std::vector<int>& fds);
-  // Takes a shared-memory file of exactly `bytes` bytes that an exited process of this rank left
+  // Takes a shared-memory file holding `bytes` bytes (of exactly that size, or in huge pages
+  // rounded up to whole ones, as SharedBuffer allocates it) that an exited process of this rank left
   // with the daemon (kept for [agent] exited_trainer_memory_seconds), handed over and mapped by the
   // daemon already: a restarted trainer skips allocating fresh memory, filling it and the daemon's
   // mapping of it. Its bytes are the exited process's, not zeros: restore or write every byte

@@ -57,9 +57,11 @@ MOESNAP_C_API void moesnap_free(void* pointer);
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
 
-/* A sealed, zeroed shared-memory file of `bytes` bytes, reserved now (moesnap::SharedBuffer's file,
- * not mapped): the caller maps it, hands it to the daemon with moesnap_client_share_memory and
- * owns the descriptor. RESOURCE_EXHAUSTED when the system has no room. */
+/* A sealed, zeroed shared-memory file of at least `bytes` bytes, reserved now (moesnap::SharedBuffer's
+ * file, not mapped; in huge pages under MOESNAP_HUGE_PAGES=1, rounded up to whole ones): the caller
+ * maps the file's whole size (fstat), hands it to the daemon with moesnap_client_share_memory and
+ * owns the descriptor. RESOURCE_EXHAUSTED when the system has no room; INVALID_ARGUMENT when
+ * MOESNAP_HUGE_PAGES holds neither 0 nor 1. */
 MOESNAP_C_API moesnap_status moesnap_shared_memory_create(size_t bytes, int* fd);
 
 /* ---- Client: moesnap::Client -------------------------------------------------------------- */

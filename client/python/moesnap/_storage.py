@@ -109,16 +109,21 @@ def _load():
 
 
 class SharedFile:
-    """A sealed shared-memory file of ``size`` bytes, mapped once at ``address``: a fresh one, or
-    ``fd``, one of that size the daemon handed back. ``fd`` is for handing it to the daemon (and
-    again to a restarted one); the file and its mapping stay while this object, or any storage
-    moved into it, lives."""
+    """A sealed shared-memory file holding ``size`` bytes, mapped once, whole, at ``address``: a
+    fresh one, or ``fd``, one the daemon handed back. ``size`` becomes the file's, larger than asked
+    when it is made of huge pages (``MOESNAP_HUGE_PAGES=1``). ``fd`` is for handing it to the daemon
+    (and again to a restarted one); the file and its mapping stay while this object, or any
+    storage moved into it, lives."""
 
     def __init__(self, library: ctypes.CDLL, size: int, fd: Optional[int] = None) -> None:
         if fd is None:
             created = c_int(-1)
             check(lib.moesnap_shared_memory_create(size, byref(created)))
             fd = created.value
+        asked, size = size, os.fstat(fd).st_size
+        if size < asked:
+            os.close(fd)
+            raise Error("DATA_LOSS", f"a shared-memory file of {size} bytes cannot hold {asked}")
         mapping = c_void_p()
         error = library.moesnap_storage_mapping_open(fd, size, byref(mapping))
         if error != 0:

@@ -36,8 +36,9 @@ _LOG_DIRECTIONS = {"forward": 0, "backward": 1}
 
 
 class SharedBuffer(mmap.mmap):
-    """Host memory shared with moesnapd: a sealed shared-memory file of ``bytes`` bytes (zeroed,
-    reserved now) mapped here. It is an ``mmap``, so it has the buffer protocol: wrap it with
+    """Host memory shared with moesnapd: a sealed shared-memory file of at least ``bytes`` bytes
+    (zeroed, reserved now; in huge pages under ``MOESNAP_HUGE_PAGES=1``, rounded up to whole ones)
+    mapped here whole. It is an ``mmap``, so it has the buffer protocol: wrap it with
     ``torch.frombuffer`` or ``numpy.frombuffer`` (keep this object alive while they use it), and
     hand ``fd`` to ``Client.share_memory``."""
 
@@ -45,9 +46,10 @@ class SharedBuffer(mmap.mmap):
         fd = c_int(-1)
         check(lib.moesnap_shared_memory_create(bytes, byref(fd)))
         try:
-            # MAP_POPULATE: page tables filled now (first-touch faults cost about 10 us each on
-            # virtual machines).
-            self = super().__new__(cls, fd.value, bytes, flags=mmap.MAP_SHARED | _MAP_POPULATE,
+            # The whole file: one in huge pages unmaps in whole pages only. MAP_POPULATE: page
+            # tables filled now (first-touch faults cost about 10 us each on virtual machines).
+            self = super().__new__(cls, fd.value, os.fstat(fd.value).st_size,
+                                   flags=mmap.MAP_SHARED | _MAP_POPULATE,
                                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd.value)
@@ -59,6 +61,7 @@ class SharedBuffer(mmap.mmap):
 
     @property
     def size(self) -> int:
+        """The file's bytes: those asked for, or more when it is made of huge pages."""
         return len(self)
 
     @property

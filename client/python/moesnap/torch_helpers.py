@@ -355,12 +355,16 @@ class Client:
             raise Error("RESOURCE_EXHAUSTED",
                         f"state '{name}' pickles to {size} bytes but its region would hold "
                         f"{capacity}: register it with a larger capacity")
-        buffer = self._native.allocate_host(capacity + _LENGTH_PREFIX.size)
+        # The region is the bytes asked for, not the buffer's (larger in huge pages): a restarted
+        # process registers the same size whichever pages it gets.
+        region_bytes = capacity + _LENGTH_PREFIX.size
+        buffer = self._native.allocate_host(region_bytes)
         (handle,) = self._native.share_memory([buffer.fd])
-        self._native.register_host_regions([(name, handle, 0, buffer.size, "pickle", [])])
+        self._native.register_host_regions([(name, handle, 0, region_bytes, "pickle", [])])
         self._buffers.append(buffer)
-        self._states[name] = (provider, memoryview(buffer).cast("B"))
-        self._regions[name] = _Region(name, torch.frombuffer(buffer, dtype=torch.uint8),
+        self._states[name] = (provider, memoryview(buffer).cast("B")[:region_bytes])
+        self._regions[name] = _Region(name, torch.frombuffer(buffer, dtype=torch.uint8,
+                                                             count=region_bytes),
                                       buffer.address, memory=(handle, 0), pickled=True)
         self._registrations[name] = [name]
 

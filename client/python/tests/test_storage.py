@@ -1,13 +1,14 @@
 """Storages registered whole move into one shared-memory file per registration (the storage
 library, client/python/native/torch_storage.h) and stay the storages every view uses; the file
-goes with the last tensor; a restarted trainer takes the file its killed process left; under another
-torch release each storage gets a file of its own."""
+goes with the last tensor; a restarted trainer takes the file its killed process left (in ordinary
+or huge pages); under another torch release each storage gets a file of its own."""
 
 import gc
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -199,6 +200,14 @@ def digest():
 client = moesnap.Client(socket_path, 0)
 client.register_module("model", model)
 print("adopted", client.adopted_bytes, flush=True)
+with open("/proc/self/smaps") as smaps:  # the page size of the registration's file
+    mapping = ""
+    for line in smaps:
+        if line[:1] in "0123456789abcdef" and " " in line:
+            mapping = line
+        elif line.startswith("KernelPageSize:") and "moesnap-region" in mapping:
+            print("pages", line.split(":", 1)[1].strip(), flush=True)
+            break
 if mode == "crash":
     client.snapshot(1)
     client.wait_committed(1)
@@ -218,11 +227,14 @@ elif mode == "snapshot":
 """
 
 
-def run_trainer(daemon: Daemon, mode: str, layers: int, width: int, seed: int) -> dict:
-    """Runs _TRAINER to its end; returns its printed values by key."""
+def run_trainer(daemon: Daemon, mode: str, layers: int, width: int, seed: int,
+                huge_pages: bool = False) -> dict:
+    """Runs _TRAINER to its end (with MOESNAP_HUGE_PAGES=1 when ``huge_pages``); returns its
+    printed values by key."""
+    environment = dict(os.environ, MOESNAP_HUGE_PAGES="1" if huge_pages else "0")
     finished = subprocess.run([sys.executable, "-c", _TRAINER, daemon.agent_socket, mode,
                                str(layers), str(width), str(seed)],
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, env=environment)
     assert finished.returncode == (-9 if mode == "crash" else 0), finished.stderr
     return dict(line.split(" ", 1) for line in finished.stdout.splitlines())
 
@@ -245,3 +257,43 @@ def test_a_restarted_trainer_takes_the_memory_its_killed_process_left(daemon: Da
     # A model of another size finds no file of its size: it allocates, as a first process does.
     other = run_trainer(daemon, "register", layers=32, width=128, seed=4)
     assert other["adopted"] == "0"
+    assert restarted["pages"] == other["pages"] == "4 kB"
+
+
+@pytest.fixture
+def huge_pages() -> Iterator[int]:
+    """At least 48 huge pages free while the test runs (vm.nr_hugepages raised as root, and put
+    back); their size in bytes."""
+    def meminfo(field: str) -> int:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        return 0
+    needed, pool = 48, Path("/proc/sys/vm/nr_hugepages")
+    before = int(pool.read_text())
+    missing = needed - meminfo("HugePages_Free")
+    if missing > 0:
+        if os.geteuid() != 0:
+            pytest.skip(f"{needed} huge pages must be free, and reserving them "
+                        f"(vm.nr_hugepages) needs root")
+        pool.write_text(f"{before + missing}\n")
+    try:
+        assert meminfo("HugePages_Free") >= needed, "the kernel could not reserve huge pages"
+        yield meminfo("Hugepagesize") * 1024
+    finally:
+        if missing > 0:
+            pool.write_text(f"{before}\n")
+
+
+def test_a_trainer_in_huge_pages_restarts_into_the_huge_pages_its_killed_process_left(
+        daemon: Daemon, huge_pages: int):
+    # 64 MiB of weights and 64 KiB of biases: the file rounds up to whole huge pages.
+    file_bytes = _storage.layout([4 * 1024 * 1024, 4 * 1024] * 16)[-1]
+    assert file_bytes % huge_pages != 0
+    crashed = run_trainer(daemon, "crash", layers=16, width=1024, seed=1, huge_pages=True)
+    assert crashed["pages"] == f"{huge_pages // 1024} kB"
+    restarted = run_trainer(daemon, "restore", layers=16, width=1024, seed=2, huge_pages=True)
+    assert int(restarted["adopted"]) == file_bytes
+    assert restarted["pages"] == f"{huge_pages // 1024} kB"
+    assert restarted["restored"] == "1"
+    assert restarted["digest"] == crashed["digest"]
