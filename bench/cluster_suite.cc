@@ -44,6 +44,7 @@
 #include "proto/moesnap.grpc.pb.h"
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/huge_pages.h"
 
 namespace moesnap::bench {
 namespace {
@@ -224,13 +225,15 @@ class LoopbackCluster {
     }
   }
 
-  // Restores every region of `source_rank` into a new rank on `node`, in one call; returns seconds.
-  absl::StatusOr<double> RestoreRankElsewhere(int node, uint32_t source_rank, uint32_t new_rank) {
+  // Restores every region of `source_rank` into a new rank on `node`, in one call, into memory of
+  // `pages`; returns seconds.
+  absl::StatusOr<double> RestoreRankElsewhere(
+      int node, uint32_t source_rank, uint32_t new_rank,
+      SharedBuffer::Pages pages = SharedBuffer::Pages::kOrdinary) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
         {.socket_path = absl::StrCat(directory_, "/agent", node, ".sock"), .rank = new_rank});
     if (!client.ok()) return client.status();
-    absl::StatusOr<std::shared_ptr<SharedBuffer>> state =
-        (*client)->AllocateHost(sizes_.node_bytes());
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> state = AllocateRestored(sizes_.node_bytes(), pages);
     if (!state.ok()) return state.status();
     if (absl::Status status = RegisterAll(**client, **state, sizes_); !status.ok()) return status;
     std::vector<std::string> names;
@@ -243,14 +246,16 @@ class LoopbackCluster {
     return Seconds(Clock::now() - start);
   }
 
-  // Restores region `expert<region>` of `source_rank` into a new rank on `node`; returns seconds.
+  // Restores region `expert<region>` of `source_rank` into a new rank on `node`, into memory of
+  // `pages`; returns seconds.
   absl::StatusOr<double> RestoreElsewhere(int node, uint32_t source_rank, int region,
-                                          uint32_t new_rank) {
+                                          uint32_t new_rank,
+                                          SharedBuffer::Pages pages = SharedBuffer::Pages::kOrdinary) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
         {.socket_path = absl::StrCat(directory_, "/agent", node, ".sock"), .rank = new_rank});
     if (!client.ok()) return client.status();
     absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer =
-        (*client)->AllocateHost(sizes_.region_bytes);
+        AllocateRestored(sizes_.region_bytes, pages);
     if (!buffer.ok()) return buffer.status();
     const std::string name = absl::StrCat("expert", region);
     if (absl::Status status = (*client)->RegisterHostRegion({name, "float32", {}}, *buffer, 0,
@@ -266,6 +271,20 @@ class LoopbackCluster {
 
  private:
   LoopbackCluster() = default;
+
+  // A new rank's memory for a restore, in `pages`: an error when huge pages were asked for and
+  // not had, so that no figure is labelled with pages it did not use.
+  static absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateRestored(size_t bytes,
+                                                                       SharedBuffer::Pages pages) {
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer =
+        SharedBuffer::Allocate(bytes, SharedBuffer::kRegionFile, pages);
+    if (buffer.ok() && pages == SharedBuffer::Pages::kHuge &&
+        (*buffer)->page_bytes() != testing::HugePageReservation::PageBytes()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a restore's ", bytes, " bytes got no huge pages"));
+    }
+    return buffer;
+  }
 
   // Registers `sizes.regions` regions `expert<i>` back to back in `state`, in one call.
   static absl::Status RegisterAll(Client& client, const SharedBuffer& state, const Sizes& sizes) {
@@ -459,6 +478,22 @@ absl::StatusOr<double> RawFetchIntoNewMemorySeconds(size_t bytes, int fetches) {
   return fetch.MedianSecondsIntoNewMemory(fetches, kIdleBeforeRestore);
 }
 
+// Huge pages for `restores` restores of `bytes` each into new ranks' memory (which their daemon
+// keeps a while after, for the ranks' next processes): raised as root for the rows that restore
+// into huge pages. On failure those rows are left out, and the report says why.
+absl::StatusOr<std::unique_ptr<testing::HugePageReservation>> HugePagesForRestores(
+    Report& report, size_t bytes, int restores) {
+  const uint64_t page = testing::HugePageReservation::PageBytes();
+  absl::StatusOr<std::unique_ptr<testing::HugePageReservation>> reserved =
+      page == 0 ? absl::FailedPreconditionError("this kernel has no huge pages")
+                : testing::HugePageReservation::Reserve((bytes + page - 1) / page * restores);
+  if (!reserved.ok()) {
+    report.AddNote("cluster", absl::StrCat("Restores into huge pages (", bytes >> 20,
+                                           " MiB) not measured: ", reserved.status().message()));
+  }
+  return reserved;
+}
+
 // The faster of two measurements of a limit, taken before and after the figures it bounds: a
 // limit measured in a slow minute alone would flatter them.
 absl::StatusOr<double> Faster(const absl::StatusOr<double>& before,
@@ -578,12 +613,32 @@ absl::Status RunClusterSuite(Report& report) {
           absl::StrCat("expert restored onto another node, from its holder (",
                        shape.sizes.region_bytes >> 20, " MiB), median of ", shape.expert_restores);
       const double seconds = Median(restores);
+      // The same restores into huge pages, where the host charges the first access per page.
+      std::vector<double> into_huge_pages;
+      if (auto huge = HugePagesForRestores(report, shape.sizes.region_bytes, shape.expert_restores);
+          huge.ok()) {
+        for (int i = 0; i < shape.expert_restores; ++i) {
+          absl::StatusOr<double> restored = (*cluster)->RestoreElsewhere(
+              0, 1 + i % 2, i / 2 % shape.sizes.regions, 2500 + static_cast<uint32_t>(i),
+              SharedBuffer::Pages::kHuge);
+          if (!restored.ok()) return restored.status();
+          into_huge_pages.push_back(*restored);
+        }
+      }
+      const std::string huge_name = absl::StrCat(
+          "expert restored onto another node, from its holder, into huge pages (",
+          shape.sizes.region_bytes >> 20, " MiB), median of ", shape.expert_restores);
       figures.push_back([=, &report](const Limits&) {
         report.Add({"cluster", name, expert / seconds / 1e9, "GB/s", "raw TCP fetch of the bytes",
                     expert / limit / 1e9, limit / seconds});
         report.Add({"cluster", name, expert / seconds / 1e9, "GB/s",
                     "raw TCP fetch of the bytes into newly mapped shared memory",
                     expert / *new_memory_limit / 1e9, *new_memory_limit / seconds});
+        if (!into_huge_pages.empty()) {
+          const double huge_seconds = Median(into_huge_pages);
+          report.Add({"cluster", huge_name, expert / huge_seconds / 1e9, "GB/s",
+                      "raw TCP fetch of the bytes", expert / limit / 1e9, limit / huge_seconds});
+        }
       });
     }
 
@@ -681,6 +736,18 @@ absl::Status RunClusterSuite(Report& report) {
         return absl::OkStatus();
       };
       if (absl::Status restored = restore_rank3(4, 0, held); !restored.ok()) return restored;
+      // The same 16 restores into huge pages.
+      std::vector<double> held_huge;
+      if (auto huge = HugePagesForRestores(report, kRegionBytes, 16); huge.ok()) {
+        for (int round = 0; round < 4; ++round) {
+          for (int region = 0; region < 4; ++region) {
+            absl::StatusOr<double> seconds = (*cluster)->RestoreElsewhere(
+                0, 3, region, 1500 + 8 * round + region, SharedBuffer::Pages::kHuge);
+            if (!seconds.ok()) return seconds.status();
+            held_huge.push_back(*seconds);
+          }
+        }
+      }
       (*cluster)->Lose(3);
       if (absl::Status restored = restore_rank3(2, 4, decoded); !restored.ok()) return restored;
       const double expert = static_cast<double>(kRegionBytes);
@@ -699,6 +766,13 @@ absl::Status RunClusterSuite(Report& report) {
                     expert / held_seconds / 1e9, "GB/s",
                     "raw TCP fetch of the bytes into newly mapped shared memory",
                     expert / *held_new_memory_limit / 1e9, *held_new_memory_limit / held_seconds});
+        if (!held_huge.empty()) {
+          const double huge_seconds = Median(held_huge);
+          report.Add({"cluster",
+                      "expert restored onto another node, from its holder, into huge pages (4 MiB)",
+                      expert / huge_seconds / 1e9, "GB/s", "raw TCP fetch of the bytes",
+                      expert / held_limit / 1e9, held_limit / huge_seconds});
+        }
         report.Add(
             {"cluster",
              "expert restored onto another node, from its holder, first of its rank (4 MiB)",
@@ -735,9 +809,19 @@ absl::Status RunClusterSuite(Report& report) {
         RawFetchIntoNewMemorySeconds(many.node_bytes(), 9);
     std::vector<double> restores;
     for (uint32_t attempt = 0; attempt < 9; ++attempt) {
-      absl::StatusOr<double> seconds = (*cluster)->RestoreRankElsewhere(0, 1, 300 + attempt);
+      absl::StatusOr<double> seconds =
+          (*cluster)->RestoreRankElsewhere(0, 1, 300 + attempt);
       if (!seconds.ok()) return seconds.status();
       restores.push_back(*seconds);
+    }
+    std::vector<double> into_huge_pages;
+    if (auto huge = HugePagesForRestores(report, many.node_bytes(), 9); huge.ok()) {
+      for (uint32_t attempt = 0; attempt < 9; ++attempt) {
+        absl::StatusOr<double> seconds =
+            (*cluster)->RestoreRankElsewhere(0, 1, 400 + attempt, SharedBuffer::Pages::kHuge);
+        if (!seconds.ok()) return seconds.status();
+        into_huge_pages.push_back(*seconds);
+      }
     }
     const double bytes = static_cast<double>(many.node_bytes());
     const double seconds = Median(restores);
@@ -753,6 +837,14 @@ absl::Status RunClusterSuite(Report& report) {
       report.Add({"cluster", name, bytes / seconds / 1e9, "GB/s",
                   "raw TCP fetch of the bytes into newly mapped shared memory",
                   bytes / *new_memory_limit / 1e9, *new_memory_limit / seconds});
+      if (!into_huge_pages.empty()) {
+        const double huge_seconds = Median(into_huge_pages);
+        report.Add({"cluster",
+                    "a rank of 2,048 tensors (64 MiB) restored onto another node, from its holder, "
+                    "into huge pages, median of 9",
+                    bytes / huge_seconds / 1e9, "GB/s", "raw TCP of the bytes", bytes / limit / 1e9,
+                    limit / huge_seconds});
+      }
     });
   }
   {

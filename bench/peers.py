@@ -11,9 +11,10 @@ Then what a restarted trainer feels end to end: a fresh process connecting, regi
 1 GiB in 2,048 tensors and restoring it, against a fresh process's torch.load of the same state
 from /dev/shm (each timed from after its imports and model construction, best of 3; both end with
 every tensor in memory and usable, the model's for moesnap, the returned state dict's for
-torch.load, which is not loaded into a model). Twice: as the rank's first process on the node
-(allocating its shared memory), and as the process after a killed one, which takes over the memory
-the daemon kept from it.
+torch.load, which is not loaded into a model). Three times: as the rank's first process on the
+node (allocating its shared memory), the same in huge pages (MOESNAP_HUGE_PAGES=1; the pages
+reserved for the run as root, else the row is left out saying why), and as the process after a
+killed one, which takes over the memory the daemon kept from it.
 """
 
 import argparse
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -81,6 +84,37 @@ def forget_kept_memory(socket_path: str) -> None:
     holder.close()
 
 
+HUGE_PAGE_POOL = Path("/proc/sys/vm/nr_hugepages")
+
+
+def meminfo(field: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reserve_huge_pages(state_bytes: int) -> Optional[int]:
+    """Makes room in huge pages for two of the restart's states (a child's, and the one the daemon
+    keeps from the child before it until it is replaced); returns vm.nr_hugepages to put back.
+    Raises RuntimeError saying why when they cannot be had."""
+    page = meminfo("Hugepagesize") * 1024
+    if page == 0:
+        raise RuntimeError("this kernel has no huge pages")
+    needed = 2 * (state_bytes // page + 2)
+    missing = needed - meminfo("HugePages_Free")
+    if missing <= 0:
+        return None
+    if os.geteuid() != 0:
+        raise RuntimeError(f"{needed} huge pages must be free, and reserving them needs root")
+    before = int(HUGE_PAGE_POOL.read_text())
+    HUGE_PAGE_POOL.write_text(f"{before + missing}\n")
+    if meminfo("HugePages_Free") < needed:
+        HUGE_PAGE_POOL.write_text(f"{before}\n")
+        raise RuntimeError(f"the kernel could not reserve {needed} huge pages")
+    return before
+
+
 def restart_rows(socket_path: str):
     torch.manual_seed(0)
     model = restart_model(initialize=True)
@@ -96,28 +130,42 @@ def restart_rows(socket_path: str):
         client.close()
         del client, model
 
-        def fresh(kind: str):
+        def fresh(kind: str, huge_pages: bool = False):
             """(seconds, the child's figures)."""
+            environment = dict(os.environ, MOESNAP_HUGE_PAGES="1" if huge_pages else "0")
             child = subprocess.run([sys.executable, __file__, "--socket", socket_path,
                                     "--restart-child", kind, "--shm-path", shm_path],
-                                   capture_output=True, text=True)
+                                   capture_output=True, text=True, env=environment)
             if child.returncode != (-signal.SIGKILL if kind == "moesnap" else 0):
                 raise RuntimeError(f"the restart child failed: {child.stderr}")
             figures = [float(figure) for figure in child.stdout.split()]
             return figures[-1], figures
 
-        def allocating():
+        def allocating(huge_pages: bool = False):
             forget_kept_memory(socket_path)
-            return fresh("moesnap")
+            return fresh("moesnap", huge_pages)
 
         first_start, first_phases = min(allocating() for _ in range(3))
+        huge_start, huge_phases, huge_missing = None, None, None
+        try:
+            restore_pool = reserve_huge_pages(state_bytes)
+        except RuntimeError as error:
+            huge_missing = str(error)
+        else:
+            try:
+                huge_start, huge_phases = min(allocating(huge_pages=True) for _ in range(3))
+                forget_kept_memory(socket_path)  # gives the last child's huge pages back
+            finally:
+                if restore_pool is not None:
+                    HUGE_PAGE_POOL.write_text(f"{restore_pool}\n")
         # Each child takes the memory the one before it left when it was killed.
         fresh("moesnap")
         restart, restart_phases = min(fresh("moesnap") for _ in range(3))
         torch_restart, _ = min(fresh("torch") for _ in range(3))
     finally:
         os.unlink(shm_path)
-    if first_phases[3] != 0 or restart_phases[3] != state_bytes:
+    if first_phases[3] != 0 or restart_phases[3] != state_bytes or (
+            huge_phases is not None and huge_phases[3] != 0):
         raise RuntimeError(f"a first start took over {first_phases[3]:.0f} bytes and a restart "
                            f"{restart_phases[3]:.0f} of {state_bytes}")
     shape = f"({state_bytes / (1 << 30):.2f} GiB, {tensors} tensors)"
@@ -126,13 +174,18 @@ def restart_rows(socket_path: str):
              baseline, torch_restart * 1e3),
             (f"restarted process, taking over its killed process's memory: connect, register and "
              f"restore {shape}", restart * 1e3, "ms", baseline, torch_restart * 1e3)]
+    if huge_start is not None:
+        rows.insert(1, (f"fresh process in huge pages: connect, register and restore {shape}",
+                        huge_start * 1e3, "ms", baseline, torch_restart * 1e3))
 
     def by_phase(phases):
         return (f"connect {phases[0] * 1e3:.0f} ms, register {phases[1] * 1e3:.0f} ms, restore "
                 f"{phases[2] * 1e3:.0f} ms")
 
+    huge = (f"In huge pages: {by_phase(huge_phases)}." if huge_phases is not None else
+            f"In huge pages: not measured ({huge_missing}).")
     note = (f"note|Fresh process (the rank's first), best of 3 by phase: {by_phase(first_phases)}. "
-            f"Restarted process, best of 3: {by_phase(restart_phases)}.")
+            f"{huge} Restarted process, best of 3: {by_phase(restart_phases)}.")
     return rows, note
 
 
