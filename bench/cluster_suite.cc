@@ -478,20 +478,35 @@ absl::StatusOr<double> RawFetchIntoNewMemorySeconds(size_t bytes, int fetches) {
   return fetch.MedianSecondsIntoNewMemory(fetches, kIdleBeforeRestore);
 }
 
-// Huge pages for `restores` restores of `bytes` each into new ranks' memory (which their daemon
-// keeps a while after, for the ranks' next processes): raised as root for the rows that restore
-// into huge pages. On failure those rows are left out, and the report says why.
-absl::StatusOr<std::unique_ptr<testing::HugePageReservation>> HugePagesForRestores(
-    Report& report, size_t bytes, int restores) {
+// The seconds of `restores` restores of `bytes` each into new ranks' memory in huge pages
+// (`restore(i)` makes the i-th, SharedBuffer::Pages::kHuge), with the pages reserved for them as
+// root (their daemon keeps each new rank's memory a while after, for the rank's next process).
+// None, and a note saying why, when the pages cannot be had; an error when a restore fails.
+absl::StatusOr<std::vector<double>> RestoresIntoHugePages(
+    Report& report, size_t bytes, int restores,
+    const std::function<absl::StatusOr<double>(int)>& restore) {
   const uint64_t page = testing::HugePageReservation::PageBytes();
   absl::StatusOr<std::unique_ptr<testing::HugePageReservation>> reserved =
       page == 0 ? absl::FailedPreconditionError("this kernel has no huge pages")
                 : testing::HugePageReservation::Reserve((bytes + page - 1) / page * restores);
-  if (!reserved.ok()) {
-    report.AddNote("cluster", absl::StrCat("Restores into huge pages (", bytes >> 20,
-                                           " MiB) not measured: ", reserved.status().message()));
+  std::vector<double> seconds;
+  absl::Status missing = reserved.status();
+  for (int i = 0; missing.ok() && i < restores; ++i) {
+    absl::StatusOr<double> restored = restore(i);
+    if (absl::IsResourceExhausted(restored.status())) {
+      missing = restored.status();  // a restore's memory got no huge pages
+    } else if (!restored.ok()) {
+      return restored.status();
+    } else {
+      seconds.push_back(*restored);
+    }
   }
-  return reserved;
+  if (!missing.ok()) {
+    report.AddNote("cluster", absl::StrCat("Restores into huge pages (", bytes >> 20,
+                                           " MiB) not measured: ", missing.message()));
+    seconds.clear();
+  }
+  return seconds;
 }
 
 // The faster of two measurements of a limit, taken before and after the figures it bounds: a
@@ -614,17 +629,13 @@ absl::Status RunClusterSuite(Report& report) {
                        shape.sizes.region_bytes >> 20, " MiB), median of ", shape.expert_restores);
       const double seconds = Median(restores);
       // The same restores into huge pages, where the host charges the first access per page.
-      std::vector<double> into_huge_pages;
-      if (auto huge = HugePagesForRestores(report, shape.sizes.region_bytes, shape.expert_restores);
-          huge.ok()) {
-        for (int i = 0; i < shape.expert_restores; ++i) {
-          absl::StatusOr<double> restored = (*cluster)->RestoreElsewhere(
-              0, 1 + i % 2, i / 2 % shape.sizes.regions, 2500 + static_cast<uint32_t>(i),
-              SharedBuffer::Pages::kHuge);
-          if (!restored.ok()) return restored.status();
-          into_huge_pages.push_back(*restored);
-        }
-      }
+      const absl::StatusOr<std::vector<double>> into_huge_pages = RestoresIntoHugePages(
+          report, shape.sizes.region_bytes, shape.expert_restores, [&](int i) {
+            return (*cluster)->RestoreElsewhere(0, 1 + i % 2, i / 2 % shape.sizes.regions,
+                                                2500 + static_cast<uint32_t>(i),
+                                                SharedBuffer::Pages::kHuge);
+          });
+      if (!into_huge_pages.ok()) return into_huge_pages.status();
       const std::string huge_name = absl::StrCat(
           "expert restored onto another node, from its holder, into huge pages (",
           shape.sizes.region_bytes >> 20, " MiB), median of ", shape.expert_restores);
@@ -634,8 +645,8 @@ absl::Status RunClusterSuite(Report& report) {
         report.Add({"cluster", name, expert / seconds / 1e9, "GB/s",
                     "raw TCP fetch of the bytes into newly mapped shared memory",
                     expert / *new_memory_limit / 1e9, *new_memory_limit / seconds});
-        if (!into_huge_pages.empty()) {
-          const double huge_seconds = Median(into_huge_pages);
+        if (!into_huge_pages->empty()) {
+          const double huge_seconds = Median(*into_huge_pages);
           report.Add({"cluster", huge_name, expert / huge_seconds / 1e9, "GB/s",
                       "raw TCP fetch of the bytes", expert / limit / 1e9, limit / huge_seconds});
         }
@@ -737,17 +748,12 @@ absl::Status RunClusterSuite(Report& report) {
       };
       if (absl::Status restored = restore_rank3(4, 0, held); !restored.ok()) return restored;
       // The same 16 restores into huge pages.
-      std::vector<double> held_huge;
-      if (auto huge = HugePagesForRestores(report, kRegionBytes, 16); huge.ok()) {
-        for (int round = 0; round < 4; ++round) {
-          for (int region = 0; region < 4; ++region) {
-            absl::StatusOr<double> seconds = (*cluster)->RestoreElsewhere(
-                0, 3, region, 1500 + 8 * round + region, SharedBuffer::Pages::kHuge);
-            if (!seconds.ok()) return seconds.status();
-            held_huge.push_back(*seconds);
-          }
-        }
-      }
+      const absl::StatusOr<std::vector<double>> held_huge =
+          RestoresIntoHugePages(report, kRegionBytes, 16, [&](int i) {
+            return (*cluster)->RestoreElsewhere(0, 3, i % 4, 1500 + 8 * (i / 4) + i % 4,
+                                                SharedBuffer::Pages::kHuge);
+          });
+      if (!held_huge.ok()) return held_huge.status();
       (*cluster)->Lose(3);
       if (absl::Status restored = restore_rank3(2, 4, decoded); !restored.ok()) return restored;
       const double expert = static_cast<double>(kRegionBytes);
@@ -766,8 +772,8 @@ absl::Status RunClusterSuite(Report& report) {
                     expert / held_seconds / 1e9, "GB/s",
                     "raw TCP fetch of the bytes into newly mapped shared memory",
                     expert / *held_new_memory_limit / 1e9, *held_new_memory_limit / held_seconds});
-        if (!held_huge.empty()) {
-          const double huge_seconds = Median(held_huge);
+        if (!held_huge->empty()) {
+          const double huge_seconds = Median(*held_huge);
           report.Add({"cluster",
                       "expert restored onto another node, from its holder, into huge pages (4 MiB)",
                       expert / huge_seconds / 1e9, "GB/s", "raw TCP fetch of the bytes",
@@ -814,15 +820,12 @@ absl::Status RunClusterSuite(Report& report) {
       if (!seconds.ok()) return seconds.status();
       restores.push_back(*seconds);
     }
-    std::vector<double> into_huge_pages;
-    if (auto huge = HugePagesForRestores(report, many.node_bytes(), 9); huge.ok()) {
-      for (uint32_t attempt = 0; attempt < 9; ++attempt) {
-        absl::StatusOr<double> seconds =
-            (*cluster)->RestoreRankElsewhere(0, 1, 400 + attempt, SharedBuffer::Pages::kHuge);
-        if (!seconds.ok()) return seconds.status();
-        into_huge_pages.push_back(*seconds);
-      }
-    }
+    const absl::StatusOr<std::vector<double>> into_huge_pages =
+        RestoresIntoHugePages(report, many.node_bytes(), 9, [&](int i) {
+          return (*cluster)->RestoreRankElsewhere(0, 1, 400 + static_cast<uint32_t>(i),
+                                                  SharedBuffer::Pages::kHuge);
+        });
+    if (!into_huge_pages.ok()) return into_huge_pages.status();
     const double bytes = static_cast<double>(many.node_bytes());
     const double seconds = Median(restores);
     const absl::StatusOr<double> new_memory_limit =
@@ -837,8 +840,8 @@ absl::Status RunClusterSuite(Report& report) {
       report.Add({"cluster", name, bytes / seconds / 1e9, "GB/s",
                   "raw TCP fetch of the bytes into newly mapped shared memory",
                   bytes / *new_memory_limit / 1e9, *new_memory_limit / seconds});
-      if (!into_huge_pages.empty()) {
-        const double huge_seconds = Median(into_huge_pages);
+      if (!into_huge_pages->empty()) {
+        const double huge_seconds = Median(*into_huge_pages);
         report.Add({"cluster",
                     "a rank of 2,048 tensors (64 MiB) restored onto another node, from its holder, "
                     "into huge pages, median of 9",

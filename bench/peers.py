@@ -68,11 +68,25 @@ def restart_child(kind: str, socket_path: str, shm_path: str) -> None:
         client.restore()
         end = time.perf_counter()
         print(connected - start, registered - connected, end - registered, client.adopted_bytes,
-              end - start, flush=True)
+              registration_page_kb(), end - start, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     else:
         torch.load(shm_path)
         print(time.perf_counter() - start, flush=True)
+
+
+def registration_page_kb() -> int:
+    """The page size, in KiB, of this process's largest moesnap shared-memory mapping."""
+    largest, page, mapping = 0, 0, None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line
+            mapping = line if "moesnap-region" in line else None
+        elif mapping and fields[0] == "KernelPageSize:":
+            start, end = (int(address, 16) for address in mapping.split()[0].split("-"))
+            if end - start > largest:
+                largest, page = end - start, int(fields[1])
+    return page
 
 
 def forget_kept_memory(socket_path: str) -> None:
@@ -102,14 +116,17 @@ def reserve_huge_pages(state_bytes: int) -> Optional[int]:
     if page == 0:
         raise RuntimeError("this kernel has no huge pages")
     needed = 2 * (state_bytes // page + 2)
-    missing = needed - meminfo("HugePages_Free")
+    missing = needed - (meminfo("HugePages_Free") - meminfo("HugePages_Rsvd"))
     if missing <= 0:
         return None
     if os.geteuid() != 0:
         raise RuntimeError(f"{needed} huge pages must be free, and reserving them needs root")
-    before = int(HUGE_PAGE_POOL.read_text())
-    HUGE_PAGE_POOL.write_text(f"{before + missing}\n")
-    if meminfo("HugePages_Free") < needed:
+    try:
+        before = int(HUGE_PAGE_POOL.read_text())
+        HUGE_PAGE_POOL.write_text(f"{before + missing}\n")
+    except OSError as error:
+        raise RuntimeError(f"cannot raise vm.nr_hugepages: {error}") from error
+    if meminfo("HugePages_Free") - meminfo("HugePages_Rsvd") < needed:
         HUGE_PAGE_POOL.write_text(f"{before}\n")
         raise RuntimeError(f"the kernel could not reserve {needed} huge pages")
     return before
@@ -168,6 +185,9 @@ def restart_rows(socket_path: str):
             huge_phases is not None and huge_phases[3] != 0):
         raise RuntimeError(f"a first start took over {first_phases[3]:.0f} bytes and a restart "
                            f"{restart_phases[3]:.0f} of {state_bytes}")
+    if huge_phases is not None and huge_phases[4] != meminfo("Hugepagesize"):
+        huge_missing = f"the child got pages of {huge_phases[4]:.0f} KiB"
+        huge_start, huge_phases = None, None
     shape = f"({state_bytes / (1 << 30):.2f} GiB, {tensors} tensors)"
     baseline = "fresh process: torch.load from /dev/shm"
     rows = [(f"fresh process: connect, register and restore {shape}", first_start * 1e3, "ms",

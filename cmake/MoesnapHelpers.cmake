@@ -74,9 +74,10 @@ function(moesnap_test name)
   if(ARG_RESOURCE_LOCK)
     set(lock_property RESOURCE_LOCK ${ARG_RESOURCE_LOCK})
   endif()
+  # Ordinary pages unless a test asks for huge ones itself, whatever the caller's environment.
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES LABELS ${first_label} ${lock_property}
+    PROPERTIES LABELS ${first_label} ${lock_property} ENVIRONMENT MOESNAP_HUGE_PAGES=0
     DISCOVERY_TIMEOUT 60)
   list(LENGTH ARG_LABELS label_count)
   if(label_count GREATER 1)

@@ -345,14 +345,11 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AdoptHost(size_t bytes) {
   absl::StatusOr<std::optional<AdoptedMemory>> adopted = AdoptMemory(bytes);
   if (!adopted.ok()) return adopted.status();
   if (!adopted->has_value()) return nullptr;
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = SharedBuffer::Map((*adopted)->fd);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer =
+      SharedBuffer::Map((*adopted)->fd, bytes);
   // On failure the descriptor stays open, handed over as the handle says (a reconnection hands
   // every handle's descriptor over again).
   if (!buffer.ok()) return buffer.status();
-  if ((*buffer)->size() < bytes) {
-    return absl::DataLossError(absl::StrCat("moesnapd handed over a file of ", (*buffer)->size(),
-                                            " bytes for ", bytes));
-  }
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->buffer_handles[buffer->get()] = (*adopted)->memory;
   state_->adopted_buffers.push_back(*buffer);

@@ -30,8 +30,9 @@ class MemoryChannel {
     int fd = -1;      // owned by the caller
     uint64_t id = 0;  // the daemon's id of it in this session, as Share returns
   };
-  // Asks for a file of exactly `bytes` bytes that an exited process of this rank left with the
-  // daemon (its bytes are that process's, not zeros); nullopt when there is none to be had.
+  // Asks for a file holding `bytes` bytes (memory_handoff::FileBytesFor) that an exited process of
+  // this rank left with the daemon (its bytes are that process's, not zeros); nullopt when there is
+  // none to be had.
   absl::StatusOr<std::optional<Adopted>> Adopt(uint64_t bytes);
   // True when the daemon's end of the connection is gone: the daemon that holds this session's
   // memory exited (or never connected).

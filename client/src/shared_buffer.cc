@@ -64,13 +64,14 @@ struct SharedBuffer::State {
   int fd = -1;
   uint8_t* data = nullptr;
   size_t bytes = 0;
+  size_t file_bytes = 0;  // mapped, and unmapped, whole: huge pages unmap in whole pages only
   size_t page_bytes = 0;
 };
 
 SharedBuffer::SharedBuffer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 SharedBuffer::~SharedBuffer() {
-  munmap(state_->data, state_->bytes);
+  munmap(state_->data, state_->file_bytes);
   close(state_->fd);
 }
 
@@ -104,32 +105,36 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Allocate(size_t byte
                                                                     Pages pages) {
   absl::StatusOr<int> fd = CreateFile(bytes, name, pages);
   if (!fd.ok()) return fd.status();
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = Map(*fd);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = Map(*fd, bytes);
   if (!buffer.ok()) close(*fd);
   return buffer;
 }
 
-absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Map(int fd) {
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SharedBuffer::Map(int fd, size_t bytes) {
   struct stat info {};
   if (fstat(fd, &info) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot stat a shared-memory file: ", std::strerror(errno)));
   }
-  const auto bytes = static_cast<size_t>(info.st_size);
-  void* data = bytes == 0 ? MAP_FAILED
-                          : mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                                 MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (data == MAP_FAILED) {
-    const int error = bytes == 0 ? EINVAL : errno;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map ", bytes, " shared bytes: ", std::strerror(error)));
+  const auto file_bytes = static_cast<size_t>(info.st_size);
+  if (bytes == 0 || file_bytes < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a shared-memory file of ", file_bytes,
+                                                   " bytes cannot hold ", bytes));
   }
-  return std::shared_ptr<SharedBuffer>(new SharedBuffer(std::make_unique<State>(
-      State{fd, static_cast<uint8_t*>(data), bytes, static_cast<size_t>(info.st_blksize)})));
+  void* data =
+      mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (data == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", file_bytes, " shared bytes: ", std::strerror(errno)));
+  }
+  return std::shared_ptr<SharedBuffer>(new SharedBuffer(
+      std::make_unique<State>(State{fd, static_cast<uint8_t*>(data), bytes, file_bytes,
+                                    static_cast<size_t>(info.st_blksize)})));
 }
 
 uint8_t* SharedBuffer::data() const { return state_->data; }
 size_t SharedBuffer::size() const { return state_->bytes; }
+size_t SharedBuffer::file_bytes() const { return state_->file_bytes; }
 size_t SharedBuffer::page_bytes() const { return state_->page_bytes; }
 int SharedBuffer::fd() const { return state_->fd; }
 

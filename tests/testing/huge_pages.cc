@@ -45,7 +45,11 @@ bool SetPoolSize(uint64_t pages) {
 }  // namespace
 
 uint64_t HugePageReservation::PageBytes() { return MemInfo("Hugepagesize:") * 1024; }
-uint64_t HugePageReservation::FreePages() { return MemInfo("HugePages_Free:"); }
+uint64_t HugePageReservation::FreePages() {
+  const uint64_t free = MemInfo("HugePages_Free:");
+  const uint64_t promised = MemInfo("HugePages_Rsvd:");
+  return free > promised ? free - promised : 0;
+}
 
 absl::StatusOr<std::unique_ptr<HugePageReservation>> HugePageReservation::Reserve(uint64_t pages) {
   const uint64_t free = FreePages();
@@ -61,13 +65,27 @@ absl::StatusOr<std::unique_ptr<HugePageReservation>> HugePageReservation::Reserv
         "needs root"));
   }
   const uint64_t before = PoolSize();
+  if (!SetPoolSize(before + (pages - free))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", kPoolSize, " (a read-only /proc/sys, as in a container)"));
+  }
   auto reservation = std::unique_ptr<HugePageReservation>(new HugePageReservation(before));
-  if (!SetPoolSize(before + (pages - free)) || FreePages() < pages) {
+  if (FreePages() < pages) {
     return absl::FailedPreconditionError(absl::StrCat(
         "vm.nr_hugepages raised from ", before, " by ", pages - free, " left ", FreePages(),
         " huge pages free of the ", pages, " needed (memory too fragmented or short)"));
   }
   return reservation;
+}
+
+absl::StatusOr<std::unique_ptr<HugePageReservation>> HugePageReservation::ReserveForTest(
+    uint64_t pages) {
+  if (PageBytes() != kTestPageBytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the test's sizes are made for huge pages of ", kTestPageBytes, " bytes; this system's are ",
+        PageBytes(), " bytes"));
+  }
+  return Reserve(pages);
 }
 
 HugePageReservation::~HugePageReservation() {

@@ -13,16 +13,23 @@ namespace moesnap::testing {
 
 class HugePageReservation {
  public:
+  static constexpr uint64_t kTestPageBytes = uint64_t{2} << 20;  // what tests size their files for
+
   // Makes at least `pages` huge pages free. FAILED_PRECONDITION, saying why, when they cannot be
-  // (not root and too few free, or the kernel could not find the memory).
+  // (no huge pages, not root and too few free, vm.nr_hugepages not writable, or the kernel could
+  // not find the memory).
   static absl::StatusOr<std::unique_ptr<HugePageReservation>> Reserve(uint64_t pages);
+  // The same for a test whose sizes are made for kTestPageBytes: FAILED_PRECONDITION also when the
+  // system's default huge page is another size.
+  static absl::StatusOr<std::unique_ptr<HugePageReservation>> ReserveForTest(uint64_t pages);
   // Puts vm.nr_hugepages back (pages still in use stay until let go, as surplus pages).
   ~HugePageReservation();
   HugePageReservation(const HugePageReservation&) = delete;
   HugePageReservation& operator=(const HugePageReservation&) = delete;
 
-  static uint64_t PageBytes();  // the default huge page size (Hugepagesize)
-  static uint64_t FreePages();  // HugePages_Free
+  static uint64_t PageBytes();  // the default huge page size (Hugepagesize); 0 without them
+  // Free and not promised to a mapping already (HugePages_Free - HugePages_Rsvd).
+  static uint64_t FreePages();
 
  private:
   explicit HugePageReservation(uint64_t restore_to) : restore_to_(restore_to) {}

@@ -57,9 +57,9 @@ MOESNAP_C_API void moesnap_free(void* pointer);
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
 
-/* A sealed, zeroed shared-memory file of at least `bytes` bytes, reserved now (moesnap::SharedBuffer's
+/* A sealed, zeroed shared-memory file holding `bytes` bytes, reserved now (moesnap::SharedBuffer's
  * file, not mapped; in huge pages under MOESNAP_HUGE_PAGES=1, rounded up to whole ones): the caller
- * maps the file's whole size (fstat), hands it to the daemon with moesnap_client_share_memory and
+ * maps the file's whole size (fstat: a mapping of huge pages unmaps in whole pages only), hands it to the daemon with moesnap_client_share_memory and
  * owns the descriptor. RESOURCE_EXHAUSTED when the system has no room; INVALID_ARGUMENT when
  * MOESNAP_HUGE_PAGES holds neither 0 nor 1. */
 MOESNAP_C_API moesnap_status moesnap_shared_memory_create(size_t bytes, int* fd);
@@ -85,8 +85,9 @@ MOESNAP_C_API uint32_t moesnap_client_node_id(const moesnap_client* client);
 MOESNAP_C_API moesnap_status moesnap_client_share_memory(moesnap_client* client, const int* fds,
                                                          size_t count, uint64_t* handles);
 
-/* Client::AdoptMemory: a shared-memory file of exactly `bytes` bytes that an exited process of this
- * rank left with the daemon, handed over already (*handle) and holding that process's bytes, not
+/* Client::AdoptMemory: a shared-memory file holding `bytes` bytes (of exactly that size, or in huge
+ * pages rounded up to whole ones: map its whole fstat size) that an exited process of this rank
+ * left with the daemon, handed over already (*handle) and holding that process's bytes, not
  * zeros. *fd is the caller's (kept open while regions in it are registered); *fd is -1 and
  * *handle 0 when the daemon keeps no such file for this rank (allocate then). */
 MOESNAP_C_API moesnap_status moesnap_client_adopt_memory(moesnap_client* client, size_t bytes,

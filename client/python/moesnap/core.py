@@ -36,11 +36,12 @@ _LOG_DIRECTIONS = {"forward": 0, "backward": 1}
 
 
 class SharedBuffer(mmap.mmap):
-    """Host memory shared with moesnapd: a sealed shared-memory file of at least ``bytes`` bytes
-    (zeroed, reserved now; in huge pages under ``MOESNAP_HUGE_PAGES=1``, rounded up to whole ones)
-    mapped here whole. It is an ``mmap``, so it has the buffer protocol: wrap it with
-    ``torch.frombuffer`` or ``numpy.frombuffer`` (keep this object alive while they use it), and
-    hand ``fd`` to ``Client.share_memory``."""
+    """Host memory shared with moesnapd: a sealed shared-memory file holding ``bytes`` bytes
+    (zeroed, reserved now) mapped here whole. It is an ``mmap``, so it has the buffer protocol:
+    wrap it with ``torch.frombuffer`` or ``numpy.frombuffer`` (keep this object alive while they
+    use it), and hand ``fd`` to ``Client.share_memory``. Under ``MOESNAP_HUGE_PAGES=1`` the file
+    may be made of huge pages and rounded up to whole ones: ``len()`` is the mapping's, ``size``
+    the bytes asked for, which is what to register."""
 
     def __new__(cls, bytes: int) -> SharedBuffer:
         fd = c_int(-1)
@@ -55,14 +56,15 @@ class SharedBuffer(mmap.mmap):
             os.close(fd.value)
             raise
         self._fd = fd.value
+        self._size = bytes
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self))
         weakref.finalize(self, os.close, fd.value)
         return self
 
     @property
     def size(self) -> int:
-        """The file's bytes: those asked for, or more when it is made of huge pages."""
-        return len(self)
+        """The bytes asked for (the mapping, ``len()``, may hold more: whole huge pages)."""
+        return self._size
 
     @property
     def fd(self) -> int:
@@ -148,9 +150,11 @@ class Client:
         return list(handles)
 
     def adopt_memory(self, bytes: int) -> Optional[Tuple[int, int]]:
-        """A shared-memory file of exactly ``bytes`` bytes that an exited process of this rank left
-        with the daemon, as (descriptor, handle): handed over already, holding that process's
-        bytes (restore or write them before reading). None when the daemon keeps none."""
+        """A shared-memory file holding ``bytes`` bytes (of exactly that size, or in huge pages
+        rounded up to whole ones: map its whole ``os.fstat`` size) that an exited process of this
+        rank left with the daemon, as (descriptor, handle): handed over already, holding that
+        process's bytes (restore or write them before reading). None when the daemon keeps
+        none."""
         fd, handle = c_int(-1), c_uint64(0)
         check(lib.moesnap_client_adopt_memory(self._handle, bytes, byref(fd), byref(handle)))
         return None if handle.value == 0 else (fd.value, handle.value)

@@ -33,7 +33,7 @@ def main() -> int:
         print(f"moesnap from {moesnap.__file__}", flush=True)
         for step in itertools.count(1):
             for name, buffer in buffers.items():
-                buffer[:] = content(name, step)
+                buffer[:buffer.size] = content(name, step)
             client.snapshot(step)
             if step <= 3:
                 client.wait_committed(step)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "moesnap/moesnap.h"
 
@@ -22,7 +23,11 @@ int main(int argc, char** argv) {
   const size_t bytes = 1 << 20;
   int fd = -1;
   if ((status = moesnap_shared_memory_create(bytes, &fd)) != MOESNAP_OK) return fail(status);
-  unsigned char* memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* The whole file: in huge pages (MOESNAP_HUGE_PAGES=1) it is rounded up to whole ones. */
+  struct stat file;
+  if (fstat(fd, &file) != 0) return 4;
+  unsigned char* memory =
+      mmap(NULL, (size_t)file.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (memory == MAP_FAILED) return 4;
   for (size_t i = 0; i < bytes; ++i) memory[i] = (unsigned char)(i * 13 + 1);
   uint64_t handle = 0;
