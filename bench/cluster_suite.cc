@@ -233,7 +233,8 @@ class LoopbackCluster {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
         {.socket_path = absl::StrCat(directory_, "/agent", node, ".sock"), .rank = new_rank});
     if (!client.ok()) return client.status();
-    absl::StatusOr<std::shared_ptr<SharedBuffer>> state = AllocateRestored(sizes_.node_bytes(), pages);
+    absl::StatusOr<std::shared_ptr<SharedBuffer>> state =
+        AllocateRestored(sizes_.node_bytes(), pages);
     if (!state.ok()) return state.status();
     if (absl::Status status = RegisterAll(**client, **state, sizes_); !status.ok()) return status;
     std::vector<std::string> names;
@@ -248,9 +249,9 @@ class LoopbackCluster {
 
   // Restores region `expert<region>` of `source_rank` into a new rank on `node`, into memory of
   // `pages`; returns seconds.
-  absl::StatusOr<double> RestoreElsewhere(int node, uint32_t source_rank, int region,
-                                          uint32_t new_rank,
-                                          SharedBuffer::Pages pages = SharedBuffer::Pages::kOrdinary) {
+  absl::StatusOr<double> RestoreElsewhere(
+      int node, uint32_t source_rank, int region, uint32_t new_rank,
+      SharedBuffer::Pages pages = SharedBuffer::Pages::kOrdinary) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
         {.socket_path = absl::StrCat(directory_, "/agent", node, ".sock"), .rank = new_rank});
     if (!client.ok()) return client.status();
@@ -815,8 +816,7 @@ absl::Status RunClusterSuite(Report& report) {
         RawFetchIntoNewMemorySeconds(many.node_bytes(), 9);
     std::vector<double> restores;
     for (uint32_t attempt = 0; attempt < 9; ++attempt) {
-      absl::StatusOr<double> seconds =
-          (*cluster)->RestoreRankElsewhere(0, 1, 300 + attempt);
+      absl::StatusOr<double> seconds = (*cluster)->RestoreRankElsewhere(0, 1, 300 + attempt);
       if (!seconds.ok()) return seconds.status();
       restores.push_back(*seconds);
     }

@@ -345,8 +345,7 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AdoptHost(size_t bytes) {
   absl::StatusOr<std::optional<AdoptedMemory>> adopted = AdoptMemory(bytes);
   if (!adopted.ok()) return adopted.status();
   if (!adopted->has_value()) return nullptr;
-  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer =
-      SharedBuffer::Map((*adopted)->fd, bytes);
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> buffer = SharedBuffer::Map((*adopted)->fd, bytes);
   // On failure the descriptor stays open, handed over as the handle says (a reconnection hands
   // every handle's descriptor over again).
   if (!buffer.ok()) return buffer.status();

@@ -27,12 +27,13 @@ absl::StatusOr<SharedBuffer::Pages> PagesAsked(SharedBuffer::Pages pages) {
   const std::string_view asked = value == nullptr ? "" : value;
   if (asked.empty() || asked == "0") return SharedBuffer::Pages::kOrdinary;
   if (asked == "1") return SharedBuffer::Pages::kHuge;
-  return absl::InvalidArgumentError(absl::StrCat(
-      SharedBuffer::kHugePagesVariable, " is '", std::string(asked), "': 1 puts trainer memory in huge pages "
-      "where the host has them free, 0 (or leaving it unset) in ordinary pages"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(SharedBuffer::kHugePagesVariable, " is '", std::string(asked),
+                   "': 1 puts trainer memory in huge pages where the host has them free, 0 (or "
+                   "leaving it unset) in ordinary pages"));
 }
 
-// Seals the file's size, so that the daemon reading it can never fault.
+// Seals the file's size, so that the daemon reading it does not fault.
 bool SealSize(int fd) {
   return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
 }
