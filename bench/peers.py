@@ -108,6 +108,11 @@ def meminfo(field: str) -> int:
     return 0
 
 
+def free_huge_pages() -> int:
+    """Huge pages free and not promised to a mapping already."""
+    return meminfo("HugePages_Free") - meminfo("HugePages_Rsvd")
+
+
 def reserve_huge_pages(state_bytes: int) -> Optional[int]:
     """Makes room in huge pages for two of the restart's states (a child's, and the one the daemon
     keeps from the child before it until it is replaced); returns vm.nr_hugepages to put back.
@@ -116,7 +121,7 @@ def reserve_huge_pages(state_bytes: int) -> Optional[int]:
     if page == 0:
         raise RuntimeError("this kernel has no huge pages")
     needed = 2 * (state_bytes // page + 2)
-    missing = needed - (meminfo("HugePages_Free") - meminfo("HugePages_Rsvd"))
+    missing = needed - free_huge_pages()
     if missing <= 0:
         return None
     if os.geteuid() != 0:
@@ -126,7 +131,7 @@ def reserve_huge_pages(state_bytes: int) -> Optional[int]:
         HUGE_PAGE_POOL.write_text(f"{before + missing}\n")
     except OSError as error:
         raise RuntimeError(f"cannot raise vm.nr_hugepages: {error}") from error
-    if meminfo("HugePages_Free") - meminfo("HugePages_Rsvd") < needed:
+    if free_huge_pages() < needed:
         HUGE_PAGE_POOL.write_text(f"{before}\n")
         raise RuntimeError(f"the kernel could not reserve {needed} huge pages")
     return before

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
